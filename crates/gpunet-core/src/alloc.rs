@@ -1,0 +1,925 @@
+//! Free resources and placement.
+//!
+//! Nodes are grouped into *classes*: nodes with the same GPU model, MIG layout, labels (all but `rack`) and taints.
+//! A job's selector, tolerations and model list are checked once per class, not per node. Inside a class, schedulable
+//! nodes sit in *buckets* by free whole-GPU count, so best-fit ("the node whose free GPUs match the request") is a
+//! walk up from bucket `need`, usually one step. Racks are tracked per class with their free GPU counts.
+//!
+//! [`Topology`] is static between node changes; [`Free`] is the dynamic part, cheap to clone: a scheduling pass clones
+//! it and places jobs one by one on its copy.
+
+use crate::gpu::{GpuModel, MigProfile};
+use crate::ids::NodeId;
+use crate::job::{JobSpec, Placement, TaskPlacement, TopologyScope};
+use crate::node::{labels, NodeSpec};
+use crate::units::{MiB, MilliCpu};
+use std::collections::{BTreeMap, HashMap};
+
+/// Static facts of one node that placement needs.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeTopo {
+    /// Whole (non-MIG) GPUs.
+    pub(crate) gpu_mask: u64,
+    /// Masks of whole GPUs per NVLink domain.
+    pub(crate) domains: Vec<u64>,
+    /// MIG slots: (GPU index, profile).
+    pub(crate) mig_slots: Vec<(u8, MigProfile)>,
+    pub(crate) cpu: MilliCpu,
+    pub(crate) mem: MiB,
+    pub(crate) class: u32,
+    /// Index of the node's rack within its class.
+    pub(crate) rack: u32,
+    pub(crate) present: bool,
+}
+
+/// A class of interchangeable nodes.
+#[derive(Debug, Clone)]
+pub(crate) struct ClassInfo {
+    /// A representative spec: labels without `rack`; used for eligibility checks.
+    pub(crate) spec: NodeSpec,
+    pub(crate) model: Option<GpuModel>,
+    pub(crate) zone: u32,
+    pub(crate) max_gpus: u32,
+    /// Largest NVLink domain of a node (whole GPUs).
+    pub(crate) max_domain: u32,
+    pub(crate) max_cpu: MilliCpu,
+    pub(crate) max_mem: MiB,
+    /// Whole GPUs over all nodes of the class.
+    pub(crate) total_gpus: u64,
+    pub(crate) has_mig: bool,
+    /// Racks of the class: their nodes.
+    pub(crate) racks: Vec<Vec<NodeId>>,
+    pub(crate) rack_names: Vec<String>,
+    pub(crate) nodes: Vec<NodeId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ClassKey {
+    labels: Vec<(String, String)>,
+    taints: Vec<(String, String)>,
+    mig: Vec<Vec<MigProfile>>,
+}
+
+/// Static placement topology.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Topology {
+    pub(crate) nodes: Vec<NodeTopo>,
+    pub(crate) classes: Vec<ClassInfo>,
+    class_by_key: HashMap<ClassKey, u32>,
+    zones: Vec<String>,
+}
+
+/// Free resources of one node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeFree {
+    pub(crate) mask: u64,
+    pub(crate) cpu: MilliCpu,
+    pub(crate) mem: MiB,
+    /// Free MIG slots (bit per slot).
+    pub(crate) mig: u64,
+    pub(crate) schedulable: bool,
+    pos: u32,
+}
+
+/// Dynamic per-class index.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClassFree {
+    buckets: Vec<Vec<NodeId>>,
+    /// Free whole GPUs on schedulable nodes.
+    pub(crate) free_gpus: u64,
+    /// Free whole GPUs per rack (schedulable nodes).
+    pub(crate) rack_free: Vec<u32>,
+}
+
+/// The dynamic free-resource state.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Free {
+    pub(crate) nodes: Vec<NodeFree>,
+    pub(crate) classes: Vec<ClassFree>,
+}
+
+/// What a backfill job that outlasts the reservation may not touch on a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(crate) gpus: u64,
+    pub(crate) cpu: MilliCpu,
+    pub(crate) mem: MiB,
+    pub(crate) mig: u64,
+}
+
+/// Per-node holds of a reservation.
+pub(crate) type Holdback = HashMap<NodeId, Hold>;
+
+/// One placement request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) spec: &'a JobSpec,
+    pub(crate) tasks: u32,
+    /// Eligible classes (selector, tolerations, models and quota already applied).
+    pub(crate) classes: &'a [u32],
+    pub(crate) hold: Option<&'a Holdback>,
+    /// The selector names `rack`, which classes do not capture: check nodes one by one.
+    pub(crate) per_node: bool,
+}
+
+fn low_bits(mask: u64, n: u32) -> Option<u64> {
+    if mask.count_ones() < n {
+        return None;
+    }
+    let mut out = 0u64;
+    let mut m = mask;
+    for _ in 0..n {
+        let b = m & m.wrapping_neg();
+        out |= b;
+        m &= !b;
+    }
+    Some(out)
+}
+
+impl Topology {
+    /// Registers a node: finds or makes its class. Returns (class, rack-in-class).
+    pub(crate) fn add_node(&mut self, id: NodeId, spec: &NodeSpec) {
+        let mut labels: Vec<(String, String)> = spec
+            .labels
+            .iter()
+            .filter(|(k, _)| k.as_str() != labels::RACK)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.sort();
+        let mut taints: Vec<(String, String)> = spec
+            .taints
+            .iter()
+            .map(|t| (t.key.clone(), t.value.clone()))
+            .collect();
+        taints.sort();
+        let mig: Vec<Vec<MigProfile>> = spec.gpus.iter().map(|g| g.mig.clone()).collect();
+        let has_mig = mig.iter().any(|m| !m.is_empty());
+        let key = ClassKey {
+            labels,
+            taints,
+            mig,
+        };
+        let zone_name = spec.zone().to_string();
+        let zone = match self.zones.iter().position(|z| *z == zone_name) {
+            Some(z) => z as u32,
+            None => {
+                self.zones.push(zone_name);
+                (self.zones.len() - 1) as u32
+            }
+        };
+        let class = *self.class_by_key.entry(key).or_insert_with(|| {
+            let mut rep = spec.clone();
+            rep.labels.remove(labels::RACK);
+            self.classes.push(ClassInfo {
+                spec: rep,
+                model: spec.gpu_model(),
+                zone,
+                max_gpus: 0,
+                max_domain: 0,
+                max_cpu: MilliCpu(0),
+                max_mem: MiB(0),
+                total_gpus: 0,
+                has_mig,
+                racks: Vec::new(),
+                rack_names: Vec::new(),
+                nodes: Vec::new(),
+            });
+            (self.classes.len() - 1) as u32
+        });
+        let c = &mut self.classes[class as usize];
+        let rack_name = spec.rack().to_string();
+        let rack = match c.rack_names.iter().position(|r| *r == rack_name) {
+            Some(r) => r,
+            None => {
+                c.rack_names.push(rack_name);
+                c.racks.push(Vec::new());
+                c.racks.len() - 1
+            }
+        };
+        c.racks[rack].push(id);
+        c.nodes.push(id);
+        let mut gpu_mask = 0u64;
+        let mut dom: BTreeMap<u8, u64> = BTreeMap::new();
+        let mut mig_slots = Vec::new();
+        for (i, g) in spec.gpus.iter().enumerate() {
+            if g.mig.is_empty() {
+                gpu_mask |= 1 << i;
+                *dom.entry(g.nvlink_domain).or_default() |= 1 << i;
+            } else {
+                for p in &g.mig {
+                    mig_slots.push((i as u8, *p));
+                }
+            }
+        }
+        c.max_gpus = c.max_gpus.max(gpu_mask.count_ones());
+        c.max_domain = c
+            .max_domain
+            .max(dom.values().map(|d| d.count_ones()).max().unwrap_or(0));
+        c.max_cpu = c.max_cpu.max(spec.cpu);
+        c.max_mem = c.max_mem.max(spec.mem);
+        c.total_gpus += gpu_mask.count_ones() as u64;
+        let topo = NodeTopo {
+            gpu_mask,
+            domains: dom.into_values().collect(),
+            mig_slots,
+            cpu: spec.cpu,
+            mem: spec.mem,
+            class,
+            rack: rack as u32,
+            present: true,
+        };
+        let idx = id.index();
+        if self.nodes.len() <= idx {
+            self.nodes.resize(idx + 1, topo.clone());
+        }
+        self.nodes[idx] = topo;
+    }
+
+    /// Zone name of an index.
+    pub(crate) fn zone_name(&self, z: u32) -> &str {
+        &self.zones[z as usize]
+    }
+}
+
+impl Free {
+    /// Makes room for a node added to `topo` (not yet schedulable).
+    pub(crate) fn add_node(&mut self, topo: &Topology, id: NodeId) {
+        let t = &topo.nodes[id.index()];
+        while self.classes.len() < topo.classes.len() {
+            self.classes.push(ClassFree::default());
+        }
+        let cf = &mut self.classes[t.class as usize];
+        let racks = topo.classes[t.class as usize].racks.len();
+        if cf.rack_free.len() < racks {
+            cf.rack_free.resize(racks, 0);
+        }
+        let nf = NodeFree {
+            mask: t.gpu_mask,
+            cpu: t.cpu,
+            mem: t.mem,
+            mig: if t.mig_slots.is_empty() {
+                0
+            } else {
+                u64::MAX >> (64 - t.mig_slots.len())
+            },
+            schedulable: false,
+            pos: u32::MAX,
+        };
+        if self.nodes.len() <= id.index() {
+            self.nodes.resize(id.index() + 1, nf);
+        }
+        self.nodes[id.index()] = nf;
+    }
+
+    fn bucket_insert(&mut self, topo: &Topology, id: NodeId) {
+        let t = &topo.nodes[id.index()];
+        let n = &self.nodes[id.index()];
+        let f = n.mask.count_ones() as usize;
+        let cf = &mut self.classes[t.class as usize];
+        if cf.buckets.len() <= f {
+            cf.buckets.resize(f + 1, Vec::new());
+        }
+        cf.buckets[f].push(id);
+        let pos = (cf.buckets[f].len() - 1) as u32;
+        cf.free_gpus += f as u64;
+        cf.rack_free[t.rack as usize] += f as u32;
+        self.nodes[id.index()].pos = pos;
+    }
+
+    fn bucket_remove(&mut self, topo: &Topology, id: NodeId) {
+        let t = &topo.nodes[id.index()];
+        let n = self.nodes[id.index()];
+        let f = n.mask.count_ones() as usize;
+        let cf = &mut self.classes[t.class as usize];
+        let b = &mut cf.buckets[f];
+        let pos = n.pos as usize;
+        debug_assert_eq!(b[pos], id, "bucket position out of sync");
+        b.swap_remove(pos);
+        if pos < b.len() {
+            let moved = b[pos];
+            self.nodes[moved.index()].pos = pos as u32;
+        }
+        cf.free_gpus -= f as u64;
+        cf.rack_free[t.rack as usize] -= f as u32;
+        self.nodes[id.index()].pos = u32::MAX;
+    }
+
+    /// Makes a node (un)schedulable.
+    pub(crate) fn set_schedulable(&mut self, topo: &Topology, id: NodeId, on: bool) {
+        let cur = self.nodes[id.index()].schedulable;
+        if cur == on {
+            return;
+        }
+        if on {
+            self.nodes[id.index()].schedulable = true;
+            self.bucket_insert(topo, id);
+        } else {
+            self.bucket_remove(topo, id);
+            self.nodes[id.index()].schedulable = false;
+        }
+    }
+
+    /// Whether the task's resources are free on its node.
+    pub(crate) fn can_take(&self, topo: &Topology, t: &TaskPlacement) -> Result<(), String> {
+        let Some(n) = self.nodes.get(t.node.index()) else {
+            return Err(format!("{} does not exist", t.node));
+        };
+        if t.gpu_mask & !n.mask != 0 {
+            return Err(format!(
+                "GPUs {:#x} of {} are not free",
+                t.gpu_mask & !n.mask,
+                t.node
+            ));
+        }
+        if t.cpu > n.cpu || t.mem > n.mem {
+            return Err(format!("{} lacks CPU or memory", t.node));
+        }
+        if let Some(s) = t.mig_slot {
+            if s as usize >= topo.nodes[t.node.index()].mig_slots.len() || n.mig & (1 << s) == 0 {
+                return Err(format!("MIG slot {s} of {} is not free", t.node));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a task's resources. The caller has checked `can_take`.
+    pub(crate) fn take(&mut self, topo: &Topology, t: &TaskPlacement) {
+        let sched = self.nodes[t.node.index()].schedulable;
+        if sched {
+            self.bucket_remove(topo, t.node);
+        }
+        let n = &mut self.nodes[t.node.index()];
+        n.mask &= !t.gpu_mask;
+        n.cpu -= t.cpu;
+        n.mem -= t.mem;
+        if let Some(s) = t.mig_slot {
+            n.mig &= !(1 << s);
+        }
+        if sched {
+            self.bucket_insert(topo, t.node);
+        }
+    }
+
+    /// Gives a task's resources back.
+    pub(crate) fn give(&mut self, topo: &Topology, t: &TaskPlacement) {
+        let sched = self.nodes[t.node.index()].schedulable;
+        if sched {
+            self.bucket_remove(topo, t.node);
+        }
+        let n = &mut self.nodes[t.node.index()];
+        debug_assert_eq!(n.mask & t.gpu_mask, 0, "GPU freed twice");
+        n.mask |= t.gpu_mask;
+        n.cpu += t.cpu;
+        n.mem += t.mem;
+        if let Some(s) = t.mig_slot {
+            n.mig |= 1 << s;
+        }
+        if sched {
+            self.bucket_insert(topo, t.node);
+        }
+    }
+
+    /// Free whole GPUs in the given classes.
+    pub(crate) fn free_in(&self, classes: &[u32]) -> u64 {
+        classes
+            .iter()
+            .map(|c| self.classes.get(*c as usize).map_or(0, |cf| cf.free_gpus))
+            .sum()
+    }
+
+    /// Largest number of free whole GPUs on one schedulable node of the classes, and in one NVLink domain.
+    pub(crate) fn largest_block(&self, topo: &Topology, classes: &[u32]) -> (u32, u32) {
+        let mut node_best = 0;
+        let mut dom_best = 0;
+        for c in classes {
+            let Some(cf) = self.classes.get(*c as usize) else {
+                continue;
+            };
+            if let Some((f, b)) = cf
+                .buckets
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, b)| !b.is_empty())
+            {
+                node_best = node_best.max(f as u32);
+                for id in b.iter().take(64) {
+                    let free = self.nodes[id.index()].mask;
+                    for d in &topo.nodes[id.index()].domains {
+                        dom_best = dom_best.max((free & d).count_ones());
+                    }
+                }
+            }
+        }
+        (node_best, dom_best)
+    }
+
+    /// Available resources of a node for a request, with the reservation hold and what this placement already took.
+    fn avail(
+        &self,
+        id: NodeId,
+        hold: Option<&Holdback>,
+        used: &[TaskPlacement],
+    ) -> (u64, MilliCpu, MiB, u64) {
+        let n = &self.nodes[id.index()];
+        let (mut mask, mut cpu, mut mem, mut mig) = (n.mask, n.cpu, n.mem, n.mig);
+        if let Some(h) = hold.and_then(|h| h.get(&id)) {
+            mask &= !h.gpus;
+            cpu -= h.cpu;
+            mem -= h.mem;
+            mig &= !h.mig;
+        }
+        for u in used.iter().filter(|u| u.node == id) {
+            mask &= !u.gpu_mask;
+            cpu -= u.cpu;
+            mem -= u.mem;
+            if let Some(s) = u.mig_slot {
+                mig &= !(1 << s);
+            }
+        }
+        (mask, cpu, mem, mig)
+    }
+
+    /// Picks `g` GPUs of a free mask: inside one NVLink domain when any fits (best fit: the fullest such domain),
+    /// else (unless `nvlink` is required) from the domains with most free GPUs first.
+    fn pick_gpus(topo: &NodeTopo, free: u64, g: u32, nvlink: bool) -> Option<u64> {
+        if g == 0 {
+            return Some(0);
+        }
+        if free.count_ones() < g {
+            return None;
+        }
+        let mut best: Option<(u32, u64)> = None;
+        for d in &topo.domains {
+            let f = (free & d).count_ones();
+            if f >= g && best.is_none_or(|(bf, _)| f < bf) {
+                best = Some((f, free & d));
+            }
+        }
+        if let Some((_, m)) = best {
+            return low_bits(m, g);
+        }
+        if nvlink {
+            return None;
+        }
+        let mut doms: Vec<u64> = topo
+            .domains
+            .iter()
+            .map(|d| free & d)
+            .filter(|m| *m != 0)
+            .collect();
+        doms.sort_by_key(|m| std::cmp::Reverse(m.count_ones()));
+        let mut out = 0u64;
+        let mut left = g;
+        for m in doms {
+            let take = left.min(m.count_ones());
+            out |= low_bits(m, take)?;
+            left -= take;
+            if left == 0 {
+                return Some(out);
+            }
+        }
+        None
+    }
+
+    /// Tries to put `k` more tasks of the request on node `id`; on success appends them to `out`.
+    fn fit_on_node(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        id: NodeId,
+        k: u32,
+        out: &mut Vec<TaskPlacement>,
+    ) -> bool {
+        let nt = &topo.nodes[id.index()];
+        let ts = &req.spec.task;
+        let (mut mask, mut cpu, mut mem, mut mig) = self.avail(id, req.hold, out);
+        let kk = k as u64;
+        if cpu.0 < ts.cpu.0.saturating_mul(kk) || mem.0 < ts.mem.0.saturating_mul(kk) {
+            return false;
+        }
+        let nvlink = req.spec.topology == TopologyScope::NvLink;
+        if nvlink && k > 1 {
+            // The whole set must sit in one domain.
+            let total = ts.gpus * k;
+            if !nt.domains.iter().any(|d| (mask & d).count_ones() >= total) {
+                return false;
+            }
+        }
+        let start = out.len();
+        for _ in 0..k {
+            let mut tp = TaskPlacement {
+                node: id,
+                gpu_mask: 0,
+                mig_slot: None,
+                cpu: ts.cpu,
+                mem: ts.mem,
+            };
+            if let Some(p) = ts.mig {
+                let slot = nt
+                    .mig_slots
+                    .iter()
+                    .enumerate()
+                    .find(|(i, (_, sp))| *sp == p && mig & (1 << i) != 0);
+                match slot {
+                    Some((i, _)) => {
+                        tp.mig_slot = Some(i as u16);
+                        mig &= !(1 << i);
+                    }
+                    None => {
+                        out.truncate(start);
+                        return false;
+                    }
+                }
+            } else {
+                match Self::pick_gpus(nt, mask, ts.gpus, nvlink) {
+                    Some(m) => {
+                        tp.gpu_mask = m;
+                        mask &= !m;
+                    }
+                    None => {
+                        out.truncate(start);
+                        return false;
+                    }
+                }
+            }
+            cpu -= ts.cpu;
+            mem -= ts.mem;
+            out.push(tp);
+        }
+        true
+    }
+
+    fn node_ok(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        id: NodeId,
+        nodes_spec: Option<&[NodeSpec]>,
+    ) -> bool {
+        if !req.per_node {
+            return true;
+        }
+        let _ = topo;
+        match nodes_spec {
+            Some(specs) => req.spec.node_eligible(&specs[id.index()]),
+            None => true,
+        }
+    }
+
+    /// Finds a placement for the request, or `None`. Pure: `self` is not changed.
+    pub(crate) fn place(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<Placement> {
+        let ts = &req.spec.task;
+        let total_g = ts.gpus as u64 * req.tasks as u64;
+        if req.classes.is_empty() || self.free_in(req.classes) < total_g {
+            return None;
+        }
+        let mut out: Vec<TaskPlacement> = Vec::with_capacity(req.tasks as usize);
+        // MIG tasks and CPU-only tasks: first fit over the classes' nodes (rare; no buckets for them).
+        if ts.mig.is_some() || ts.gpus == 0 {
+            return self.place_first_fit(topo, req, specs);
+        }
+        // Model groups: one gang never spans two models unless allowed.
+        let mut groups: Vec<Vec<u32>> = Vec::new();
+        if req.spec.allow_mixed_models {
+            groups.push(req.classes.to_vec());
+        } else {
+            let mut by_model: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
+            for &c in req.classes {
+                let m = topo.classes[c as usize].model;
+                // Fastest model first.
+                let speed = m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64);
+                by_model
+                    .entry((u64::MAX - speed, m.map_or(0, |m| m.index())))
+                    .or_default()
+                    .push(c);
+            }
+            groups.extend(by_model.into_values());
+        }
+        let scope = if req.tasks <= 1 {
+            TopologyScope::Node
+        } else {
+            req.spec.topology
+        };
+        // Tightest level first: one node, one rack, one zone, anywhere; stop at the required scope.
+        let single_node_possible = total_g <= 64;
+        if single_node_possible {
+            for g in &groups {
+                if let Some(id) = self.best_fit_node(topo, req, g, req.tasks, specs) {
+                    out.clear();
+                    if self.fit_on_node(topo, req, id, req.tasks, &mut out) {
+                        return Some(Placement { tasks: out });
+                    }
+                }
+            }
+        }
+        if matches!(scope, TopologyScope::Node | TopologyScope::NvLink) {
+            return None;
+        }
+        for g in &groups {
+            if let Some(p) = self.place_in_racks(topo, req, g, specs) {
+                return Some(p);
+            }
+        }
+        if scope == TopologyScope::Rack {
+            return None;
+        }
+        for g in &groups {
+            // Zones of this model group, smallest sufficient free first.
+            let mut zones: BTreeMap<u32, (u64, Vec<u32>)> = BTreeMap::new();
+            for &c in g {
+                let e = zones.entry(topo.classes[c as usize].zone).or_default();
+                e.0 += self.classes[c as usize].free_gpus;
+                e.1.push(c);
+            }
+            let mut zl: Vec<(u64, u32, Vec<u32>)> = zones
+                .into_iter()
+                .filter(|(_, (f, _))| *f >= total_g)
+                .map(|(z, (f, cs))| (f, z, cs))
+                .collect();
+            zl.sort();
+            for (_, _, cs) in &zl {
+                if let Some(p) = self.place_spread(topo, req, cs, specs) {
+                    return Some(p);
+                }
+            }
+        }
+        if scope == TopologyScope::Zone {
+            return None;
+        }
+        for g in &groups {
+            if let Some(p) = self.place_spread(topo, req, g, specs) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// The schedulable node with the fewest free GPUs that still holds `k` tasks (best fit), over `classes`.
+    fn best_fit_node(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        classes: &[u32],
+        k: u32,
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<NodeId> {
+        let ts = &req.spec.task;
+        let need = (ts.gpus * k) as usize;
+        let max = classes
+            .iter()
+            .map(|c| self.classes[*c as usize].buckets.len())
+            .max()
+            .unwrap_or(0);
+        let mut scratch = Vec::new();
+        for f in need..max {
+            for &c in classes {
+                let Some(b) = self.classes[c as usize].buckets.get(f) else {
+                    continue;
+                };
+                for &id in b {
+                    let n = &self.nodes[id.index()];
+                    if n.cpu.0 < ts.cpu.0 * k as u64 || n.mem.0 < ts.mem.0 * k as u64 {
+                        continue;
+                    }
+                    if !self.node_ok(topo, req, id, specs) {
+                        continue;
+                    }
+                    let held = req.hold.is_some_and(|h| h.contains_key(&id));
+                    let nvlink = req.spec.topology == TopologyScope::NvLink;
+                    if held || nvlink {
+                        scratch.clear();
+                        if !self.fit_on_node(topo, req, id, k, &mut scratch) {
+                            continue;
+                        }
+                    }
+                    return Some(id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Gang over several nodes of one rack: the racks with the fewest sufficient free GPUs first; inside a rack the
+    /// nodes with most free GPUs first (fewest nodes per gang).
+    fn place_in_racks(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        classes: &[u32],
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<Placement> {
+        let need = req.spec.task.gpus as u64 * req.tasks as u64;
+        let mut cands: Vec<(u32, u32, u32)> = Vec::new();
+        for &c in classes {
+            let info = &topo.classes[c as usize];
+            if info.rack_names.len() == 1 && info.rack_names[0].is_empty() {
+                continue; // nodes without a rack label are not a rack
+            }
+            for (r, &f) in self.classes[c as usize].rack_free.iter().enumerate() {
+                if f as u64 >= need {
+                    cands.push((f, c, r as u32));
+                }
+            }
+        }
+        cands.sort_unstable();
+        let mut out = Vec::with_capacity(req.tasks as usize);
+        for (_, c, r) in cands.into_iter().take(64) {
+            let mut nodes: Vec<(u32, NodeId)> = topo.classes[c as usize].racks[r as usize]
+                .iter()
+                .filter(|id| self.nodes[id.index()].schedulable)
+                .map(|id| (self.nodes[id.index()].mask.count_ones(), *id))
+                .collect();
+            nodes.sort_unstable_by_key(|(f, id)| (std::cmp::Reverse(*f), *id));
+            out.clear();
+            if self.fill(
+                topo,
+                req,
+                nodes.into_iter().map(|(_, id)| id),
+                &mut out,
+                specs,
+            ) {
+                return Some(Placement { tasks: out });
+            }
+        }
+        None
+    }
+
+    /// Gang spread over the classes' nodes, most free GPUs first.
+    fn place_spread(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        classes: &[u32],
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<Placement> {
+        let g = req.spec.task.gpus as usize;
+        let max = classes
+            .iter()
+            .map(|c| self.classes[*c as usize].buckets.len())
+            .max()
+            .unwrap_or(0);
+        let iter = (g.max(1)..max)
+            .rev()
+            .flat_map(move |f| {
+                classes.iter().flat_map(move |c| {
+                    self.classes[*c as usize]
+                        .buckets
+                        .get(f)
+                        .into_iter()
+                        .flatten()
+                })
+            })
+            .copied();
+        let mut out = Vec::with_capacity(req.tasks as usize);
+        if self.fill(topo, req, iter, &mut out, specs) {
+            Some(Placement { tasks: out })
+        } else {
+            None
+        }
+    }
+
+    fn fill(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        nodes: impl Iterator<Item = NodeId>,
+        out: &mut Vec<TaskPlacement>,
+        specs: Option<&[NodeSpec]>,
+    ) -> bool {
+        let mut left = req.tasks;
+        for id in nodes {
+            if !self.node_ok(topo, req, id, specs) {
+                continue;
+            }
+            while left > 0 && self.fit_on_node(topo, req, id, 1, out) {
+                left -= 1;
+            }
+            if left == 0 {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn place_first_fit(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<Placement> {
+        let mut out = Vec::new();
+        let single = matches!(
+            req.spec.topology,
+            TopologyScope::Node | TopologyScope::NvLink
+        );
+        for &c in req.classes {
+            if req.spec.task.mig.is_some() && !topo.classes[c as usize].has_mig {
+                continue;
+            }
+            for &id in &topo.classes[c as usize].nodes {
+                if !self.nodes[id.index()].schedulable || !self.node_ok(topo, req, id, specs) {
+                    continue;
+                }
+                if single {
+                    out.clear();
+                    if self.fit_on_node(topo, req, id, req.tasks, &mut out) {
+                        return Some(Placement { tasks: out });
+                    }
+                    continue;
+                }
+                while (out.len() as u32) < req.tasks && self.fit_on_node(topo, req, id, 1, &mut out)
+                {
+                }
+                if out.len() as u32 == req.tasks {
+                    return Some(Placement { tasks: out });
+                }
+            }
+        }
+        None
+    }
+
+    /// Checks the bucket index against the node table (for `check_invariants`).
+    pub(crate) fn check(&self, topo: &Topology) -> Result<(), String> {
+        let mut class_free = vec![0u64; self.classes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !topo.nodes[i].present {
+                continue;
+            }
+            let t = &topo.nodes[i];
+            if n.mask & !t.gpu_mask != 0 {
+                return Err(format!(
+                    "node-{i}: free mask has GPUs the node does not have"
+                ));
+            }
+            if n.schedulable {
+                let f = n.mask.count_ones() as usize;
+                let cf = &self.classes[t.class as usize];
+                if cf.buckets.get(f).and_then(|b| b.get(n.pos as usize)) != Some(&NodeId(i as u32))
+                {
+                    return Err(format!("node-{i}: not in bucket {f} at its position"));
+                }
+                class_free[t.class as usize] += f as u64;
+            }
+        }
+        for (c, cf) in self.classes.iter().enumerate() {
+            if cf.free_gpus != class_free[c] {
+                return Err(format!(
+                    "class {c}: free count {} but nodes hold {}",
+                    cf.free_gpus, class_free[c]
+                ));
+            }
+            let total: u64 = cf.buckets.iter().map(|b| b.len() as u64).sum();
+            let sched = topo.classes[c]
+                .nodes
+                .iter()
+                .filter(|id| self.nodes[id.index()].schedulable)
+                .count() as u64;
+            if total != sched {
+                return Err(format!(
+                    "class {c}: {total} nodes in buckets, {sched} schedulable"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn low_bits_takes_the_lowest() {
+        assert_eq!(low_bits(0b1011_0100, 2), Some(0b0001_0100));
+        assert_eq!(low_bits(0b1, 2), None);
+    }
+
+    #[test]
+    fn gpus_are_picked_inside_one_nvlink_domain_when_possible() {
+        let t = NodeTopo {
+            gpu_mask: 0xff,
+            domains: vec![0x0f, 0xf0],
+            mig_slots: vec![],
+            cpu: MilliCpu(0),
+            mem: MiB(0),
+            class: 0,
+            rack: 0,
+            present: true,
+        };
+        // Domain 0 has 1 free, domain 1 has 3 free: a 2-GPU task goes to domain 1, a 1-GPU task to domain 0 (best fit).
+        let free = 0b0111_0001;
+        assert_eq!(Free::pick_gpus(&t, free, 2, true), Some(0b0011_0000));
+        assert_eq!(Free::pick_gpus(&t, free, 1, true), Some(0b0000_0001));
+        assert_eq!(Free::pick_gpus(&t, free, 4, true), None);
+        assert_eq!(
+            Free::pick_gpus(&t, free, 4, false).map(u64::count_ones),
+            Some(4)
+        );
+    }
+}

@@ -1,0 +1,700 @@
+//! Jobs: what is asked for (`JobSpec`), where it runs (`Placement`), and the job state machine.
+//!
+//! ```text
+//!            start                 exit 0
+//! Pending ─────────────► Running ───────────► Succeeded
+//!   ▲  │                 │  │  │  exit≠0, restarts left
+//!   │  │ cancel          │  │  └──────────────► Restarting ──(start)──► Running
+//!   │  ▼                 │  │ evict                 │
+//!   │ Cancelled ◄────────┘  └──────────► Preempted ──(start)──► Running
+//!   │                      exit≠0, no restarts left ──► Failed
+//! ```
+//! Preempted and Restarting jobs wait in the queue like Pending ones (Restarting only after its backoff).
+//! Succeeded, Failed and Cancelled are terminal.
+
+use crate::error::CoreError;
+use crate::gpu::{GpuModel, MigProfile};
+use crate::ids::{JobId, NodeId, TenantId};
+use crate::node::{NodeSpec, MAX_GPUS_PER_NODE};
+use crate::units::{Dur, MiB, MilliCpu, Resources, Time};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// What one task (replica) needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Whole GPUs.
+    pub gpus: u32,
+    /// A MIG slice instead of whole GPUs.
+    pub mig: Option<MigProfile>,
+    /// CPU.
+    pub cpu: MilliCpu,
+    /// Memory.
+    pub mem: MiB,
+}
+
+impl TaskSpec {
+    /// The task's resources as a vector (a MIG slice counts as no whole GPU).
+    pub fn resources(&self) -> Resources {
+        Resources {
+            gpus: self.gpus,
+            cpu: self.cpu,
+            mem: self.mem,
+        }
+    }
+}
+
+/// How tightly a multi-task job's tasks must be placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyScope {
+    /// Anywhere, across zones too.
+    Any,
+    /// Within one zone (no cross-zone traffic).
+    Zone,
+    /// Within one rack.
+    Rack,
+    /// On one node.
+    Node,
+    /// On one node, within one NVLink domain.
+    NvLink,
+}
+
+impl fmt::Display for TopologyScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TopologyScope::Any => "anywhere",
+            TopologyScope::Zone => "one zone",
+            TopologyScope::Rack => "one rack",
+            TopologyScope::Node => "one node",
+            TopologyScope::NvLink => "one NVLink domain",
+        })
+    }
+}
+
+/// Operator of a node-selector term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SelectorOp {
+    /// The label's value is one of `values`.
+    In,
+    /// The label is absent or its value is none of `values`.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+/// One required node-affinity term; all terms of a job must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SelectorTerm {
+    /// Label key.
+    pub key: String,
+    /// Operator.
+    pub op: SelectorOp,
+    /// Values for `In` / `NotIn`.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+impl SelectorTerm {
+    /// `key in (value)`.
+    pub fn eq(key: &str, value: &str) -> SelectorTerm {
+        SelectorTerm {
+            key: key.into(),
+            op: SelectorOp::In,
+            values: vec![value.into()],
+        }
+    }
+
+    /// Whether the node's labels satisfy the term.
+    pub fn matches(&self, node: &NodeSpec) -> bool {
+        let v = node.labels.get(&self.key);
+        match self.op {
+            SelectorOp::In => {
+                v.is_some_and(|v| self.values.iter().any(|x| x.eq_ignore_ascii_case(v)))
+            }
+            SelectorOp::NotIn => {
+                v.is_none_or(|v| !self.values.iter().any(|x| x.eq_ignore_ascii_case(v)))
+            }
+            SelectorOp::Exists => v.is_some(),
+            SelectorOp::DoesNotExist => v.is_none(),
+        }
+    }
+}
+
+/// Lets a job onto nodes with a matching taint (`value: None` tolerates any value of the key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Toleration {
+    /// Taint key.
+    pub key: String,
+    /// Taint value, or any.
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// Elastic bounds: the job runs with between `min` and `max` tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Elastic {
+    /// Fewest tasks the job runs with.
+    pub min_tasks: u32,
+    /// Most tasks the job can use.
+    pub max_tasks: u32,
+}
+
+/// Everything a job asks for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Owner.
+    pub tenant: TenantId,
+    /// Human name.
+    pub name: String,
+    /// Higher runs first under the `priority` policy and may preempt lower.
+    pub priority: i32,
+    /// Number of tasks (replicas) wanted.
+    pub tasks: u32,
+    /// What each task needs.
+    pub task: TaskSpec,
+    /// Allowed GPU models (empty: any).
+    pub gpu_models: Vec<GpuModel>,
+    /// Allow one gang to span GPU models (mixed gangs lose AllReduce efficiency).
+    pub allow_mixed_models: bool,
+    /// All tasks start together or none does.
+    pub gang: bool,
+    /// Required placement scope for the tasks.
+    pub topology: TopologyScope,
+    /// Node selector / required affinity.
+    pub selector: Vec<SelectorTerm>,
+    /// Tolerations (spot nodes carry the taint `lifecycle=spot`).
+    pub tolerations: Vec<Toleration>,
+    /// Estimated run time, if known.
+    pub estimated_duration: Option<Dur>,
+    /// May be evicted (and resumed from its checkpoint).
+    pub preemptible: bool,
+    /// How often the job checkpoints.
+    pub checkpoint_interval: Option<Dur>,
+    /// Restarts after failure before the job is Failed.
+    pub max_restarts: u32,
+    /// Elastic bounds.
+    pub elastic: Option<Elastic>,
+}
+
+impl JobSpec {
+    /// A job of `tasks` tasks of `gpus` GPUs each, with defaults: priority 0, 1 CPU and 4 GiB per GPU (at least one of
+    /// each), gang when it has several tasks and then no cross-zone placement, preemptible, 3 restarts.
+    pub fn new(tenant: TenantId, name: impl Into<String>, gpus: u32, tasks: u32) -> JobSpec {
+        let per = gpus.max(1) as u64;
+        JobSpec {
+            tenant,
+            name: name.into(),
+            priority: 0,
+            tasks,
+            task: TaskSpec {
+                gpus,
+                mig: None,
+                cpu: MilliCpu::cores(per),
+                mem: MiB::gib(4 * per),
+            },
+            gpu_models: Vec::new(),
+            allow_mixed_models: false,
+            gang: tasks > 1,
+            topology: if tasks > 1 {
+                TopologyScope::Zone
+            } else {
+                TopologyScope::Any
+            },
+            selector: Vec::new(),
+            tolerations: Vec::new(),
+            estimated_duration: None,
+            preemptible: true,
+            checkpoint_interval: None,
+            max_restarts: 3,
+            elastic: None,
+        }
+    }
+
+    /// Sets the estimate.
+    pub fn estimate(mut self, d: Dur) -> JobSpec {
+        self.estimated_duration = Some(d);
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, p: i32) -> JobSpec {
+        self.priority = p;
+        self
+    }
+
+    /// Sets CPU and memory per task.
+    pub fn cpu_mem(mut self, cpu: MilliCpu, mem: MiB) -> JobSpec {
+        self.task.cpu = cpu;
+        self.task.mem = mem;
+        self
+    }
+
+    /// Whole GPUs over all tasks.
+    pub fn total_gpus(&self) -> u32 {
+        self.task.gpus.saturating_mul(self.tasks)
+    }
+
+    /// Resources over all tasks.
+    pub fn total_resources(&self) -> Resources {
+        self.task.resources().times(self.tasks)
+    }
+
+    /// Whether a node's taints are all tolerated.
+    pub fn tolerates(&self, node: &NodeSpec) -> bool {
+        node.taints.iter().all(|t| {
+            self.tolerations
+                .iter()
+                .any(|tol| tol.key == t.key && tol.value.as_ref().is_none_or(|v| *v == t.value))
+        })
+    }
+
+    /// Whether the node passes selector, tolerations and model restrictions (not capacity).
+    pub fn node_eligible(&self, node: &NodeSpec) -> bool {
+        if (self.task.gpus > 0 || self.task.mig.is_some()) && node.gpus.is_empty() {
+            return false;
+        }
+        if let Some(m) = node.gpu_model() {
+            if !self.gpu_models.is_empty()
+                && !self.gpu_models.contains(&m)
+                && self.task.gpus + self.task.mig.is_some() as u32 > 0
+            {
+                return false;
+            }
+            if let Some(p) = self.task.mig {
+                if !node.gpus.iter().any(|g| g.mig.contains(&p)) {
+                    return false;
+                }
+            }
+        }
+        self.tolerates(node) && self.selector.iter().all(|t| t.matches(node))
+    }
+
+    /// Checks the spec; errors name the field.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        let bad = |field: &'static str, value: String, allowed: &str| {
+            Err(CoreError::InvalidField {
+                field,
+                value,
+                allowed: allowed.into(),
+            })
+        };
+        if self.name.trim().is_empty() || self.name.len() > 253 {
+            return bad("name", self.name.clone(), "1 to 253 characters");
+        }
+        if self.tasks == 0 || self.tasks > 4096 {
+            return bad("tasks", self.tasks.to_string(), "1 to 4096");
+        }
+        if self.task.gpus as usize > MAX_GPUS_PER_NODE {
+            return bad(
+                "task.gpus",
+                self.task.gpus.to_string(),
+                "0 to 64 GPUs per task",
+            );
+        }
+        if let Some(p) = self.task.mig {
+            if self.task.gpus > 0 {
+                return bad(
+                    "task.mig",
+                    p.to_string(),
+                    "either whole GPUs or a MIG slice, not both",
+                );
+            }
+            let models: Vec<GpuModel> = if self.gpu_models.is_empty() {
+                GpuModel::ALL.to_vec()
+            } else {
+                self.gpu_models.clone()
+            };
+            if !models.iter().any(|m| m.supports_mig(p)) {
+                return bad(
+                    "task.mig",
+                    p.to_string(),
+                    "a MIG profile of an allowed model (A100, H100, H200)",
+                );
+            }
+        }
+        if self.task.cpu.0 == 0
+            && self.task.mem.0 == 0
+            && self.task.gpus == 0
+            && self.task.mig.is_none()
+        {
+            return bad(
+                "task",
+                "no resources".into(),
+                "a task asking for at least one GPU, CPU or memory",
+            );
+        }
+        if let Some(e) = self.elastic {
+            if e.min_tasks == 0
+                || e.min_tasks > e.max_tasks
+                || self.tasks < e.min_tasks
+                || self.tasks > e.max_tasks
+            {
+                return bad(
+                    "elastic",
+                    format!(
+                        "min {} max {} tasks {}",
+                        e.min_tasks, e.max_tasks, self.tasks
+                    ),
+                    "1 <= min_tasks <= tasks <= max_tasks",
+                );
+            }
+        }
+        if matches!(self.topology, TopologyScope::NvLink | TopologyScope::Node)
+            && self.total_gpus() as usize > MAX_GPUS_PER_NODE
+        {
+            return bad(
+                "topology",
+                self.topology.to_string(),
+                "one node holds at most 64 GPUs; use rack or zone",
+            );
+        }
+        if self.estimated_duration == Some(Dur::ZERO) {
+            return bad(
+                "estimated_duration",
+                "0s".into(),
+                "a positive duration, or none",
+            );
+        }
+        if self.checkpoint_interval == Some(Dur::ZERO) {
+            return bad(
+                "checkpoint_interval",
+                "0s".into(),
+                "a positive duration, or none",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where one task runs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskPlacement {
+    /// Node.
+    pub node: NodeId,
+    /// Bit `i` set: GPU index `i` of the node.
+    pub gpu_mask: u64,
+    /// MIG slot of the node (index into its MIG slot list), for a MIG task.
+    pub mig_slot: Option<u16>,
+    /// CPU held.
+    pub cpu: MilliCpu,
+    /// Memory held.
+    pub mem: MiB,
+}
+
+impl TaskPlacement {
+    /// GPU indexes on the node.
+    pub fn gpu_indexes(&self) -> Vec<u32> {
+        (0..64)
+            .filter(|i| self.gpu_mask & (1u64 << i) != 0)
+            .collect()
+    }
+}
+
+/// Where all tasks of a job run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Placement {
+    /// One entry per task, in rank order.
+    pub tasks: Vec<TaskPlacement>,
+}
+
+impl Placement {
+    /// Whole GPUs held.
+    pub fn gpus(&self) -> u32 {
+        self.tasks.iter().map(|t| t.gpu_mask.count_ones()).sum()
+    }
+}
+
+/// A job's state. See the module docs for the transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting to start for the first time.
+    Pending,
+    /// Holding resources.
+    Running,
+    /// Evicted; waiting to resume from its last checkpoint.
+    Preempted,
+    /// Failed with restarts left; waiting out its backoff, then to restart from its last checkpoint.
+    Restarting,
+    /// Exited 0.
+    Succeeded,
+    /// Failed with no restarts left, or could never run.
+    Failed,
+    /// Cancelled by a user or admin.
+    Cancelled,
+}
+
+impl JobState {
+    /// Whether the job is waiting in the queue.
+    pub const fn is_queued(self) -> bool {
+        matches!(
+            self,
+            JobState::Pending | JobState::Preempted | JobState::Restarting
+        )
+    }
+
+    /// Whether the job is finished for good.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// Whether the state machine allows `self → to`.
+    pub const fn can_become(self, to: JobState) -> bool {
+        use JobState::*;
+        matches!(
+            (self, to),
+            (Pending | Preempted | Restarting, Running)
+                | (Pending | Preempted | Restarting, Cancelled)
+                | (Pending, Failed)
+                | (
+                    Running,
+                    Succeeded | Failed | Cancelled | Preempted | Restarting
+                )
+        )
+    }
+
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Preempted => "preempted",
+            JobState::Restarting => "restarting",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a running job holds and since when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Start of this attempt.
+    pub started: Time,
+    /// Where it runs.
+    pub placement: Placement,
+    /// Admitted beyond its tenant's guarantee: reclaimable.
+    pub borrowed: bool,
+    /// Last checkpoint reported in this attempt.
+    pub last_checkpoint: Option<Time>,
+    /// An eviction was decided and is under way; not a victim candidate again.
+    pub evicting: bool,
+}
+
+/// A job as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Id.
+    pub id: JobId,
+    /// What it asks for.
+    pub spec: JobSpec,
+    /// State.
+    pub state: JobState,
+    /// Submission time.
+    pub submitted: Time,
+    /// Restarts after failure so far.
+    pub restarts: u32,
+    /// Evictions so far.
+    pub preemptions: u32,
+    /// GPU-milliseconds of service received in earlier attempts (for LAS).
+    pub attained_gpu_ms: u64,
+    /// Work kept by checkpoints from earlier attempts (counts towards the estimate for SRTF).
+    pub progress: Dur,
+    /// Earliest time a Restarting job may start again.
+    pub not_before: Time,
+    /// When running: where and since when.
+    pub run: Option<RunInfo>,
+    /// When it reached a terminal state.
+    pub finished: Option<Time>,
+}
+
+impl Job {
+    /// A new pending job.
+    pub fn new(id: JobId, spec: JobSpec, submitted: Time) -> Job {
+        Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            submitted,
+            restarts: 0,
+            preemptions: 0,
+            attained_gpu_ms: 0,
+            progress: Dur::ZERO,
+            not_before: Time::ZERO,
+            run: None,
+            finished: None,
+        }
+    }
+
+    /// Moves to `to` if the state machine allows it.
+    pub fn transition(&mut self, to: JobState) -> Result<(), CoreError> {
+        if !self.state.can_become(to) {
+            return Err(CoreError::InvalidTransition {
+                job: self.id,
+                from: self.state,
+                to,
+            });
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    /// GPUs held now (0 when not running).
+    pub fn held_gpus(&self) -> u32 {
+        self.run.as_ref().map_or(0, |r| r.placement.gpus())
+    }
+
+    /// GPU-ms of service including the current attempt up to `now`.
+    pub fn attained_at(&self, now: Time) -> u64 {
+        let cur = self.run.as_ref().map_or(0, |r| {
+            now.since(r.started)
+                .0
+                .saturating_mul(r.placement.gpus() as u64)
+        });
+        self.attained_gpu_ms.saturating_add(cur)
+    }
+
+    /// Remaining estimated time given kept progress (`Dur::MAX` without estimate).
+    pub fn remaining_estimate(&self) -> Dur {
+        match self.spec.estimated_duration {
+            Some(e) => Dur(e.0.saturating_sub(self.progress.0).max(1)),
+            None => Dur::MAX,
+        }
+    }
+
+    /// When the last checkpoint of the current attempt was taken: the reported one, else the last multiple of the
+    /// checkpoint interval since start, else the start (all work since then would be lost).
+    pub fn last_checkpoint_at(&self, now: Time) -> Option<Time> {
+        let run = self.run.as_ref()?;
+        if let Some(t) = run.last_checkpoint {
+            return Some(t);
+        }
+        Some(match self.spec.checkpoint_interval {
+            Some(iv) if iv.0 > 0 => {
+                let elapsed = now.since(run.started).0;
+                run.started + Dur(elapsed / iv.0 * iv.0)
+            }
+            _ => run.started,
+        })
+    }
+
+    /// GPU-ms of work that evicting the job at `now` would lose.
+    pub fn lost_work_if_evicted(&self, now: Time) -> u64 {
+        match (&self.run, self.last_checkpoint_at(now)) {
+            (Some(r), Some(ck)) => now
+                .since(ck)
+                .0
+                .saturating_mul(r.placement.gpus().max(1) as u64),
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transition_is_checked() {
+        use JobState::*;
+        let all = [
+            Pending, Running, Preempted, Restarting, Succeeded, Failed, Cancelled,
+        ];
+        let allowed = [
+            (Pending, Running),
+            (Pending, Cancelled),
+            (Pending, Failed),
+            (Preempted, Running),
+            (Preempted, Cancelled),
+            (Restarting, Running),
+            (Restarting, Cancelled),
+            (Running, Succeeded),
+            (Running, Failed),
+            (Running, Cancelled),
+            (Running, Preempted),
+            (Running, Restarting),
+        ];
+        for from in all {
+            for to in all {
+                assert_eq!(
+                    from.can_become(to),
+                    allowed.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+        let mut j = Job::new(JobId(1), JobSpec::new(TenantId(0), "x", 1, 1), Time::ZERO);
+        j.transition(Succeeded).unwrap_err();
+        j.transition(Running).unwrap();
+        j.transition(Succeeded).unwrap();
+        let e = j.transition(Running).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "move job-1 from succeeded to running: not a valid transition"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut s = JobSpec::new(TenantId(0), "x", 1, 0);
+        assert!(s.validate().unwrap_err().to_string().contains("tasks"));
+        s.tasks = 2;
+        s.elastic = Some(Elastic {
+            min_tasks: 3,
+            max_tasks: 4,
+        });
+        assert!(s.validate().unwrap_err().to_string().contains("elastic"));
+        s.elastic = None;
+        s.task.mig = Some("1g.10gb".parse().unwrap());
+        assert!(s.validate().unwrap_err().to_string().contains("task.mig"));
+        s.task.gpus = 0;
+        s.validate().unwrap();
+        s.gpu_models = vec![GpuModel::V100_16GB];
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn lost_work_counts_from_the_last_checkpoint() {
+        let mut spec = JobSpec::new(TenantId(0), "x", 2, 1);
+        spec.checkpoint_interval = Some(Dur::from_mins(10));
+        let mut j = Job::new(JobId(1), spec, Time::ZERO);
+        j.state = JobState::Running;
+        j.run = Some(RunInfo {
+            started: Time::ZERO,
+            placement: Placement {
+                tasks: vec![TaskPlacement {
+                    node: NodeId(0),
+                    gpu_mask: 0b11,
+                    mig_slot: None,
+                    cpu: MilliCpu(0),
+                    mem: MiB(0),
+                }],
+            },
+            borrowed: false,
+            last_checkpoint: None,
+            evicting: false,
+        });
+        let now = Time::ZERO + Dur::from_mins(25);
+        assert_eq!(
+            j.last_checkpoint_at(now),
+            Some(Time::ZERO + Dur::from_mins(20))
+        );
+        assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(5).0);
+        j.run.as_mut().unwrap().last_checkpoint = Some(Time::ZERO + Dur::from_mins(24));
+        assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(1).0);
+        assert_eq!(j.attained_at(now), 2 * Dur::from_mins(25).0);
+    }
+}

@@ -1,0 +1,40 @@
+//! gpunet's scheduling core: the domain model (GPU models, nodes, tenants, jobs), the job state machine, queue
+//! policies, topology-aware gang placement, quotas with borrowing and reclaim, preemption, EASY backfill,
+//! explain-pending and the autoscaler decision.
+//!
+//! It is pure: no I/O, no clock reads, no threads, no randomness. The driver (the server or the simulator) owns a
+//! [`ClusterState`], feeds it events (`submit`, `finish`, `set_node_state`, …), calls [`schedule`] with the current
+//! time and applies the returned [`Decision`]s with [`ClusterState::apply`]. The same code therefore runs live and
+//! in simulation.
+
+pub mod alloc;
+pub mod autoscale;
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod ids;
+pub mod job;
+pub mod node;
+pub mod quota;
+pub mod schedule;
+pub mod state;
+pub mod tenant;
+pub mod units;
+
+pub use config::{Policy, PreemptionConfig, SchedConfig};
+pub use error::CoreError;
+pub use gpu::{GpuModel, MigProfile};
+pub use ids::{JobId, NodeId, TenantId};
+pub use job::{
+    Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec,
+    Toleration, TopologyScope,
+};
+pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
+pub use quota::QuotaBlock;
+pub use schedule::{
+    dry_run_placement, explain, schedule, schedule_with_stats, Decision, Explanation, PassStats,
+    PendingReason, PreemptReason,
+};
+pub use state::{ClusterState, NodeView};
+pub use tenant::{Quota, TenantSpec};
+pub use units::{Dur, MiB, MilliCpu, Resources, Time};

@@ -1,0 +1,212 @@
+//! Quota accounting: usage per tenant, per cohort and of the root pool, and admission.
+//!
+//! See [`crate::tenant`] for the model. Only the dimensions a tenant's quota constrains count towards its cohort and
+//! the root pool. The book is small (one vector per tenant and cohort) so a scheduling pass clones it.
+
+use crate::gpu::GpuModel;
+use crate::ids::TenantId;
+use crate::job::JobSpec;
+use crate::tenant::{dim_model, dim_name, QVec, Quota, DIM_CPU, DIM_GPUS, DIM_MEM, QDIMS};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Static quota facts: who is in which cohort and what they are guaranteed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QuotaShape {
+    /// Per tenant: its quota and cohort index.
+    pub(crate) tenants: Vec<(Option<Quota>, Option<u32>)>,
+    /// Per cohort: name and summed guarantee of members.
+    pub(crate) cohorts: Vec<(String, QVec)>,
+    /// Cluster capacity (schedulable nodes) minus all guarantees, floored at 0.
+    pub(crate) unguaranteed: QVec,
+}
+
+/// Dynamic usage.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QuotaBook {
+    /// Every dimension, constrained or not.
+    pub(crate) usage: Vec<QVec>,
+    /// Per cohort: members' usage in dimensions they constrain.
+    pub(crate) cohort_usage: Vec<QVec>,
+    /// What groups (cohorts, and tenants without cohort) borrow from the root pool.
+    pub(crate) root_borrowed: QVec,
+}
+
+/// Why a job is held by quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaBlock {
+    /// Dimension name (`gpus`, `cpu_milli`, `memory_mib`, `gpus/A100-80GB`).
+    pub resource: String,
+    /// Tenant's current use.
+    pub used: u64,
+    /// What the job asks for.
+    pub requested: u64,
+    /// Tenant's guarantee.
+    pub guarantee: u64,
+    /// Tenant's limit.
+    pub limit: u64,
+    /// What could be borrowed now (from the cohort and the root pool).
+    pub borrowable: u64,
+    /// Cohort name, if any.
+    pub cohort: Option<String>,
+}
+
+impl fmt::Display for QuotaBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let src = match &self.cohort {
+            Some(c) => format!(
+                "cohort {c} and the shared pool have {} idle to lend",
+                self.borrowable
+            ),
+            None => format!("the shared pool has {} idle to lend", self.borrowable),
+        };
+        if self.used + self.requested > self.limit {
+            write!(
+                f,
+                "uses {} of {} guaranteed {} (limit {}); this job needs {} more, over the limit",
+                self.used, self.guarantee, self.resource, self.limit, self.requested
+            )
+        } else {
+            write!(
+                f,
+                "uses {} of {} guaranteed {} (limit {}); this job needs {} more; {}",
+                self.used, self.guarantee, self.resource, self.limit, self.requested, src
+            )
+        }
+    }
+}
+
+/// The quota request vector of a job placed on `model` (None: model not known yet, per-model dimension not set).
+pub(crate) fn job_qvec(spec: &JobSpec, tasks: u32, model: Option<GpuModel>) -> QVec {
+    let mut v = [0u64; QDIMS];
+    let r = spec.task.resources().times(tasks);
+    v[DIM_GPUS] = r.gpus as u64;
+    v[DIM_CPU] = r.cpu.0;
+    v[DIM_MEM] = r.mem.0;
+    if let Some(m) = model {
+        v[dim_model(m)] = r.gpus as u64;
+    }
+    v
+}
+
+impl QuotaBook {
+    fn excess(used: u64, guarantee: u64) -> u64 {
+        used.saturating_sub(guarantee)
+    }
+
+    /// Checks whether tenant `t` may take `req`; `Ok(borrowed)` says whether it goes beyond its guarantee.
+    pub(crate) fn admit(
+        &self,
+        shape: &QuotaShape,
+        t: TenantId,
+        req: &QVec,
+    ) -> Result<bool, QuotaBlock> {
+        let (quota, cohort) = &shape.tenants[t.index()];
+        let Some(q) = quota else { return Ok(false) };
+        let mut borrowed = false;
+        for (d, lim) in q.dims.iter().enumerate() {
+            let Some(lim) = lim else { continue };
+            let r = req[d];
+            if r == 0 {
+                continue;
+            }
+            let used = self.usage[t.index()][d];
+            let new = used.saturating_add(r);
+            let block = |borrowable: u64| QuotaBlock {
+                resource: dim_name(d),
+                used,
+                requested: r,
+                guarantee: lim.guarantee,
+                limit: lim.limit,
+                borrowable,
+                cohort: cohort.map(|c| shape.cohorts[c as usize].0.clone()),
+            };
+            if new > lim.limit {
+                return Err(block(self.borrowable(shape, t, d)));
+            }
+            if new <= lim.guarantee {
+                continue;
+            }
+            borrowed = true;
+            let (old_ex, new_ex) = match cohort {
+                Some(c) => {
+                    let cu = self.cohort_usage[*c as usize][d];
+                    let cg = shape.cohorts[*c as usize].1[d];
+                    (Self::excess(cu, cg), Self::excess(cu + r, cg))
+                }
+                None => (
+                    Self::excess(used, lim.guarantee),
+                    Self::excess(new, lim.guarantee),
+                ),
+            };
+            let root_new = self.root_borrowed[d] - old_ex + new_ex;
+            if root_new > shape.unguaranteed[d] {
+                return Err(block(self.borrowable(shape, t, d)));
+            }
+        }
+        Ok(borrowed)
+    }
+
+    /// What tenant `t` could borrow now in dimension `d` beyond its guarantee.
+    pub(crate) fn borrowable(&self, shape: &QuotaShape, t: TenantId, d: usize) -> u64 {
+        let root_idle = shape.unguaranteed[d].saturating_sub(self.root_borrowed[d]);
+        match shape.tenants[t.index()].1 {
+            Some(c) => {
+                let cu = self.cohort_usage[c as usize][d];
+                let cg = shape.cohorts[c as usize].1[d];
+                cg.saturating_sub(cu) + root_idle
+            }
+            None => root_idle,
+        }
+    }
+
+    /// Adds (or with `sub`, removes) a usage vector for tenant `t`.
+    pub(crate) fn charge(&mut self, shape: &QuotaShape, t: TenantId, req: &QVec, sub: bool) {
+        let (quota, cohort) = &shape.tenants[t.index()];
+        for d in 0..QDIMS {
+            let r = req[d];
+            if r == 0 {
+                continue;
+            }
+            let used = self.usage[t.index()][d];
+            let new = if sub {
+                used.saturating_sub(r)
+            } else {
+                used.saturating_add(r)
+            };
+            self.usage[t.index()][d] = new;
+            let Some(q) = quota else { continue };
+            let Some(lim) = q.dims[d] else { continue };
+            let (old_ex, new_ex) = match cohort {
+                Some(c) => {
+                    let cu = &mut self.cohort_usage[*c as usize][d];
+                    let old = *cu;
+                    *cu = if sub {
+                        old.saturating_sub(r)
+                    } else {
+                        old.saturating_add(r)
+                    };
+                    let cg = shape.cohorts[*c as usize].1[d];
+                    (Self::excess(old, cg), Self::excess(*cu, cg))
+                }
+                None => (
+                    Self::excess(used, lim.guarantee),
+                    Self::excess(new, lim.guarantee),
+                ),
+            };
+            self.root_borrowed[d] = self.root_borrowed[d]
+                .saturating_sub(old_ex)
+                .saturating_add(new_ex);
+        }
+    }
+
+    /// Whether tenant `t` uses more GPUs than its guarantee (its borrowed work is reclaimable).
+    pub(crate) fn over_guarantee(&self, shape: &QuotaShape, t: TenantId) -> bool {
+        match &shape.tenants[t.index()].0 {
+            Some(q) => {
+                q.dims[DIM_GPUS].is_some_and(|l| self.usage[t.index()][DIM_GPUS] > l.guarantee)
+            }
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,2194 @@
+//! One scheduling pass: `schedule(&state, now) -> decisions`, pure and deterministic.
+//!
+//! The pass walks queued jobs in policy order and, for each:
+//! 1. skips it while a restart backoff runs;
+//! 2. checks its tenant's quota (a quota-held job does not block others: it is not eligible, like a job held by a
+//!    Slurm QOS limit or a Kueue ClusterQueue without quota);
+//! 3. skips it if it can never fit (no node class could ever hold it);
+//! 4. places it (best fit, gang all-or-nothing, topology, one GPU model per gang).
+//!
+//! The first job that does not fit for capacity is the *head*: the scheduler may preempt for it (quota reclaim,
+//! priority, LAS demotion); without backfill it blocks every job behind it. With backfill (EASY) the head gets a
+//! reservation: the earliest estimated time its placement becomes free (from running jobs' estimated ends) and the
+//! GPUs it will take; later jobs start only if they end before that time or keep off the reserved resources.
+//! When every queued job has been placed, elastic jobs grow towards their maximum.
+
+use crate::alloc::{Free, Hold, Holdback, Request};
+use crate::config::Policy;
+use crate::error::CoreError;
+use crate::gpu::GpuModel;
+use crate::ids::{JobId, TenantId};
+use crate::job::{Job, JobSpec, JobState, Placement, TaskPlacement, TopologyScope};
+use crate::node::labels;
+use crate::quota::{job_qvec, QuotaBlock, QuotaBook};
+use crate::state::{ClusterState, QueueKey};
+use crate::tenant::{DIM_CPU, DIM_GPUS, DIM_MEM};
+use crate::units::Time;
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::iter::Peekable;
+use std::rc::Rc;
+
+/// Why a job is evicted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PreemptReason {
+    /// The owner of a guarantee needs it back from a borrower.
+    QuotaReclaim {
+        /// Tenant reclaiming.
+        owner: TenantId,
+    },
+    /// A higher-priority job needs the resources.
+    Priority {
+        /// Victim's priority.
+        victim: i32,
+        /// Preemptor's priority.
+        preemptor: i32,
+    },
+    /// LAS: the victim was demoted to a lower queue than a waiting job's.
+    LasDemotion {
+        /// Victim's queue.
+        victim_queue: usize,
+        /// Waiting job's queue.
+        waiting_queue: usize,
+    },
+}
+
+/// What the driver should do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Start a job on this placement.
+    Start {
+        /// Job.
+        job: JobId,
+        /// Where.
+        placement: Placement,
+        /// Admitted beyond its tenant's guarantee.
+        borrowed: bool,
+    },
+    /// Evict a running job (it resumes later from its last checkpoint).
+    Preempt {
+        /// Victim.
+        job: JobId,
+        /// Why.
+        reason: PreemptReason,
+        /// The job the room is made for.
+        for_job: JobId,
+    },
+    /// The head job's reservation: where it is expected to start and when (`None`: waiting for evictions now).
+    Reserve {
+        /// Job.
+        job: JobId,
+        /// Expected start; `Time::MAX` if unknown.
+        at: Time,
+        /// Expected placement.
+        placement: Placement,
+    },
+    /// Grow an elastic running job by these tasks.
+    Scale {
+        /// Job.
+        job: JobId,
+        /// New tasks.
+        add: Vec<TaskPlacement>,
+    },
+}
+
+/// Why a queued job is not running, with numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PendingReason {
+    /// It would start in the next pass.
+    Starting,
+    /// Waiting out the backoff before a restart.
+    Backoff {
+        /// Earliest restart.
+        until: Time,
+    },
+    /// Its tenant's quota holds it.
+    Quota {
+        /// Tenant name.
+        tenant: String,
+        /// The dimension that blocks and its numbers.
+        block: QuotaBlock,
+    },
+    /// No node could ever hold it.
+    NeverFits {
+        /// What is impossible.
+        detail: String,
+    },
+    /// Not enough free resources in the right shape.
+    Capacity {
+        /// What it needs.
+        needs: String,
+        /// Largest free block of whole GPUs on one eligible node.
+        largest_free_block: u32,
+        /// Largest free block inside one NVLink domain.
+        largest_free_nvlink: u32,
+        /// Free whole GPUs on eligible nodes.
+        free_eligible_gpus: u64,
+        /// When it is expected to start (its reservation), if known.
+        eta: Option<Time>,
+        /// Jobs being evicted to make room for it.
+        preempting: Vec<JobId>,
+    },
+    /// It fits, but only on resources reserved for the head job, and it would outlast the reservation.
+    Reservation {
+        /// Holder of the reservation.
+        holder: JobId,
+        /// When the holder is expected to start.
+        until: Time,
+    },
+    /// Jobs ahead of it in policy order are waiting and it may not pass them.
+    Order {
+        /// Queued jobs ahead of it.
+        ahead: usize,
+        /// Policy.
+        policy: Policy,
+        /// The first job that does not fit, blocking the rest.
+        blocked_by: Option<JobId>,
+    },
+    /// Not queued at all.
+    NotQueued {
+        /// Its state.
+        state: JobState,
+    },
+}
+
+/// A pending job's explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// Job.
+    pub job: JobId,
+    /// Structured reason.
+    pub reason: PendingReason,
+    /// The reason in one sentence with its numbers.
+    pub message: String,
+    /// Queued jobs ahead of it in policy order.
+    pub position: usize,
+}
+
+/// Counters of one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassStats {
+    /// Jobs examined.
+    pub considered: usize,
+    /// Jobs started.
+    pub started: usize,
+    /// Jobs started by backfill.
+    pub backfilled: usize,
+    /// Evictions decided.
+    pub preempted: usize,
+}
+
+/// Runs one scheduling pass and returns its decisions.
+pub fn schedule(state: &ClusterState, now: Time) -> Vec<Decision> {
+    schedule_with_stats(state, now).0
+}
+
+/// Runs one scheduling pass and returns its decisions and counters.
+pub fn schedule_with_stats(state: &ClusterState, now: Time) -> (Vec<Decision>, PassStats) {
+    let mut p = Pass::new(state, now, None);
+    p.run();
+    (p.decisions, p.stats)
+}
+
+/// Explains why a queued job is not running.
+pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanation, CoreError> {
+    let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
+    if !j.state.is_queued() {
+        let reason = PendingReason::NotQueued { state: j.state };
+        return Ok(Explanation {
+            job,
+            message: format!("{job} is {}, not queued", j.state),
+            reason,
+            position: 0,
+        });
+    }
+    let mut p = Pass::new(state, now, Some(job));
+    p.run();
+    let ahead = p.traced_position.unwrap_or_else(|| p.count_ahead(job));
+    let reason = match p.outcome.take() {
+        Some(r) => r,
+        None => PendingReason::Order {
+            ahead,
+            policy: state.cfg.policy,
+            blocked_by: p.blocked_by,
+        },
+    };
+    let message = describe(state, j, &reason);
+    Ok(Explanation {
+        job,
+        reason,
+        message,
+        position: ahead,
+    })
+}
+
+fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
+    let tenant = state.tenant(j.spec.tenant).map_or("?", |t| t.name.as_str());
+    match r {
+        PendingReason::Starting => format!("{} fits now and starts in the next scheduling pass", j.id),
+        PendingReason::Backoff { until } => {
+            format!("restart {} of {} waits for its backoff until {until}", j.restarts, j.spec.max_restarts)
+        }
+        PendingReason::Quota { tenant, block } => format!("quota: {tenant} {block}"),
+        PendingReason::NeverFits { detail } => format!("never fits: {detail}"),
+        PendingReason::Capacity { needs, largest_free_block, largest_free_nvlink, free_eligible_gpus, eta, preempting } => {
+            let mut s = format!(
+                "capacity: needs {needs}; largest free block is {largest_free_block} GPUs on one node \
+                 ({largest_free_nvlink} in one NVLink domain), {free_eligible_gpus} GPUs free on eligible nodes"
+            );
+            if !preempting.is_empty() {
+                s += &format!("; evicting {} job(s) to make room", preempting.len());
+            }
+            match eta {
+                Some(t) if *t != Time::MAX => s += &format!("; expected to start at {t}"),
+                _ => {}
+            }
+            s
+        }
+        PendingReason::Reservation { holder, until } => format!(
+            "waiting for the reservation of {holder} (expected to start at {until}); this job would outlast it"
+        ),
+        PendingReason::Order { ahead, policy, blocked_by } => match blocked_by {
+            Some(b) => format!("order: {ahead} jobs ahead under {policy}; {b} does not fit and blocks the queue (tenant {tenant})"),
+            None => format!("order: {ahead} jobs ahead under {policy}"),
+        },
+        PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
+    }
+}
+
+fn needs_text(state: &ClusterState, spec: &JobSpec, tasks: u32) -> String {
+    let _ = state;
+    let models = if spec.gpu_models.is_empty() {
+        String::new()
+    } else {
+        spec.gpu_models
+            .iter()
+            .map(|m| m.name())
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let per = match spec.task.mig {
+        Some(p) => format!("MIG {p}"),
+        None if spec.task.gpus == 0 => format!("{} and {}", spec.task.cpu, spec.task.mem),
+        None => format!(
+            "{}×{}",
+            spec.task.gpus,
+            if models.is_empty() {
+                "GPU".into()
+            } else {
+                models
+            }
+        ),
+    };
+    if tasks > 1 {
+        format!("{tasks} tasks of {per} in {}", spec.topology)
+    } else {
+        per
+    }
+}
+
+/// The reservation of the blocked head job.
+#[derive(Debug)]
+struct Res {
+    head: JobId,
+    at: Time,
+    hold: Holdback,
+    /// When the reservation time is unknown: classes that backfill jobs may not use at all.
+    forbid: Vec<u32>,
+    placement: Option<Placement>,
+}
+
+enum Order<'a> {
+    Jobs {
+        heap: BinaryHeap<Reverse<(QueueKey, u32)>>,
+        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        dropped: Vec<bool>,
+    },
+    Tenants {
+        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        dropped: Vec<bool>,
+    },
+}
+
+impl<'a> Order<'a> {
+    fn new(st: &'a ClusterState) -> Order<'a> {
+        let mut iters: Vec<_> = (0..st.tenants.len())
+            .map(|t| st.tenant_queue(TenantId(t as u32)).peekable())
+            .collect();
+        let dropped = vec![false; iters.len()];
+        if st.cfg.policy.orders_tenants() {
+            Order::Tenants { iters, dropped }
+        } else {
+            let mut heap = BinaryHeap::with_capacity(iters.len());
+            for (t, it) in iters.iter_mut().enumerate() {
+                if let Some(k) = it.next() {
+                    heap.push(Reverse((*k, t as u32)));
+                }
+            }
+            Order::Jobs {
+                heap,
+                iters,
+                dropped,
+            }
+        }
+    }
+
+    fn drop_tenant(&mut self, t: TenantId) {
+        match self {
+            Order::Jobs { dropped, .. } | Order::Tenants { dropped, .. } => {
+                dropped[t.index()] = true
+            }
+        }
+    }
+
+    fn next(&mut self, share: impl Fn(usize) -> f64) -> Option<(TenantId, JobId)> {
+        match self {
+            Order::Jobs {
+                heap,
+                iters,
+                dropped,
+            } => loop {
+                let Reverse((k, t)) = heap.pop()?;
+                if dropped[t as usize] {
+                    continue;
+                }
+                if let Some(n) = iters[t as usize].next() {
+                    heap.push(Reverse((*n, t)));
+                }
+                return Some((TenantId(t), k.job));
+            },
+            Order::Tenants { iters, dropped } => {
+                let mut best: Option<(f64, usize)> = None;
+                for (t, it) in iters.iter_mut().enumerate() {
+                    if dropped[t] || it.peek().is_none() {
+                        continue;
+                    }
+                    let s = share(t);
+                    if best.is_none_or(|(bs, _)| s < bs) {
+                        best = Some((s, t));
+                    }
+                }
+                let (_, t) = best?;
+                let k = iters[t].next()?;
+                Some((TenantId(t as u32), k.job))
+            }
+        }
+    }
+}
+
+struct Pass<'a> {
+    st: &'a ClusterState,
+    now: Time,
+    free: Free,
+    book: QuotaBook,
+    elig: HashMap<u64, Rc<[u32]>>,
+    decisions: Vec<Decision>,
+    /// Jobs started in this pass with their estimated ends (for the reservation).
+    started: Vec<(Time, JobId, Placement)>,
+    preempted: HashSet<JobId>,
+    stats: PassStats,
+    trace: Option<JobId>,
+    outcome: Option<PendingReason>,
+    traced_position: Option<usize>,
+    blocked_by: Option<JobId>,
+}
+
+fn spec_sig(spec: &JobSpec) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    spec.gpu_models.hash(&mut h);
+    spec.task.mig.hash(&mut h);
+    spec.selector.hash(&mut h);
+    spec.tolerations.hash(&mut h);
+    (spec.task.gpus > 0).hash(&mut h);
+    h.finish()
+}
+
+impl<'a> Pass<'a> {
+    fn new(st: &'a ClusterState, now: Time, trace: Option<JobId>) -> Pass<'a> {
+        Pass {
+            st,
+            now,
+            free: st.free.clone(),
+            book: st.book.clone(),
+            elig: HashMap::new(),
+            decisions: Vec::new(),
+            started: Vec::new(),
+            preempted: HashSet::new(),
+            stats: PassStats::default(),
+            trace,
+            outcome: None,
+            traced_position: None,
+            blocked_by: None,
+        }
+    }
+
+    fn share(&self, t: usize) -> f64 {
+        let st = self.st;
+        let w = st.tenants[t].spec.weight;
+        let u = &self.book.usage[t];
+        match st.cfg.policy {
+            Policy::Drf => {
+                let mut s: f64 = 0.0;
+                for d in [DIM_GPUS, DIM_CPU, DIM_MEM] {
+                    if st.capacity[d] > 0 {
+                        s = s.max(u[d] as f64 / st.capacity[d] as f64);
+                    }
+                }
+                s / w
+            }
+            _ => {
+                let h = st.cfg.fairshare_half_life.0 as f64;
+                (st.decayed_usage(TenantId(t as u32), self.now)
+                    + u[DIM_GPUS] as f64 * h / std::f64::consts::LN_2)
+                    / w
+            }
+        }
+    }
+
+    /// Classes that pass the job's selector, tolerations and model list.
+    fn eligible(&mut self, spec: &JobSpec) -> Rc<[u32]> {
+        let sig = spec_sig(spec);
+        if let Some(c) = self.elig.get(&sig) {
+            return c.clone();
+        }
+        let topo = &self.st.topo;
+        let v: Rc<[u32]> = topo
+            .classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| spec.node_eligible(&c.spec))
+            .map(|(i, _)| i as u32)
+            .collect();
+        self.elig.insert(sig, v.clone());
+        v
+    }
+
+    /// Why no node could ever hold the job, if so.
+    fn never_fits(&self, spec: &JobSpec, classes: &[u32]) -> Option<String> {
+        let topo = &self.st.topo;
+        if classes.is_empty() {
+            return Some("no node matches its selector, tolerations and GPU models".into());
+        }
+        let ts = &spec.task;
+        let fit: Vec<&crate::alloc::ClassInfo> = classes
+            .iter()
+            .map(|c| &topo.classes[*c as usize])
+            .filter(|c| c.max_gpus >= ts.gpus && c.max_cpu >= ts.cpu && c.max_mem >= ts.mem)
+            .collect();
+        if fit.is_empty() {
+            return Some(format!(
+                "no eligible node has {} GPUs, {} and {} for one task",
+                ts.gpus, ts.cpu, ts.mem
+            ));
+        }
+        let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+        let total = ts.gpus as u64 * min_tasks as u64;
+        if ts.gpus == 0 {
+            return None;
+        }
+        match spec.topology {
+            TopologyScope::NvLink if min_tasks > 1 || spec.tasks > 1 => {
+                if !fit.iter().any(|c| c.max_domain as u64 >= total) {
+                    return Some(format!("no node has {total} GPUs in one NVLink domain"));
+                }
+            }
+            TopologyScope::NvLink => {
+                if !fit.iter().any(|c| c.max_domain >= ts.gpus) {
+                    return Some(format!("no node has {} GPUs in one NVLink domain", ts.gpus));
+                }
+            }
+            TopologyScope::Node => {
+                if !fit.iter().any(|c| c.max_gpus as u64 >= total) {
+                    return Some(format!("no node has {total} GPUs"));
+                }
+            }
+            _ => {
+                // Per model group (and per zone unless Any), enough GPUs in total.
+                let mut groups: BTreeMap<(Option<GpuModel>, Option<u32>), u64> = BTreeMap::new();
+                for c in &fit {
+                    let m = if spec.allow_mixed_models {
+                        None
+                    } else {
+                        c.model
+                    };
+                    let z = if spec.topology == TopologyScope::Any {
+                        None
+                    } else {
+                        Some(c.zone)
+                    };
+                    *groups.entry((m, z)).or_default() += c.total_gpus;
+                }
+                if !groups.values().any(|g| *g >= total) {
+                    return Some(format!(
+                        "needs {total} GPUs of one model in {}; the largest such group has {}",
+                        spec.topology,
+                        groups.values().max().copied().unwrap_or(0)
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Classes whose model the tenant's per-model quota admits.
+    fn quota_classes(
+        &self,
+        t: TenantId,
+        spec: &JobSpec,
+        tasks: u32,
+        classes: &[u32],
+    ) -> Result<Vec<u32>, QuotaBlock> {
+        let shape = &self.st.shape;
+        let per_model = shape.tenants[t.index()]
+            .0
+            .as_ref()
+            .is_some_and(|q| q.dims[3..].iter().any(Option::is_some));
+        if !per_model || spec.task.gpus == 0 {
+            return Ok(classes.to_vec());
+        }
+        let mut out = Vec::with_capacity(classes.len());
+        let mut last_err = None;
+        let mut verdict: BTreeMap<Option<GpuModel>, bool> = BTreeMap::new();
+        for &c in classes {
+            let m = self.st.topo.classes[c as usize].model;
+            let ok = *verdict.entry(m).or_insert_with(|| {
+                match self.book.admit(shape, t, &job_qvec(spec, tasks, m)) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        last_err = Some(e);
+                        false
+                    }
+                }
+            });
+            if ok {
+                out.push(c);
+            }
+        }
+        match (out.is_empty(), last_err) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    fn request<'r>(
+        &self,
+        spec: &'r JobSpec,
+        tasks: u32,
+        classes: &'r [u32],
+        hold: Option<&'r Holdback>,
+    ) -> Request<'r> {
+        Request {
+            spec,
+            tasks,
+            classes,
+            hold,
+            per_node: spec.selector.iter().any(|s| s.key == labels::RACK),
+        }
+    }
+
+    fn place_on(
+        &self,
+        free: &Free,
+        spec: &JobSpec,
+        tasks: u32,
+        classes: &[u32],
+        hold: Option<&Holdback>,
+    ) -> Option<Placement> {
+        let req = self.request(spec, tasks, classes, hold);
+        free.place(&self.st.topo, &req, Some(&self.st.node_specs))
+    }
+
+    /// Places with the desired number of tasks, or for an elastic job down to its minimum.
+    fn try_place(&self, job: &Job, classes: &[u32], hold: Option<&Holdback>) -> Option<Placement> {
+        let spec = &job.spec;
+        if let Some(p) = self.place_on(&self.free, spec, spec.tasks, classes, hold) {
+            return Some(p);
+        }
+        if let Some(e) = spec.elastic {
+            // Largest size that fits, down to the minimum.
+            for n in (e.min_tasks..spec.tasks).rev() {
+                if let Some(p) = self.place_on(&self.free, spec, n, classes, hold) {
+                    return Some(p);
+                }
+            }
+        }
+        None
+    }
+
+    fn commit_start(&mut self, job: &Job, placement: Placement, backfill: bool) {
+        let st = self.st;
+        let q = st.placement_qvec(&job.spec, &placement);
+        let borrowed = self
+            .book
+            .admit(&st.shape, job.spec.tenant, &q)
+            .unwrap_or(true);
+        for t in &placement.tasks {
+            self.free.take(&st.topo, t);
+        }
+        self.book.charge(&st.shape, job.spec.tenant, &q, false);
+        if st.cfg.backfill {
+            self.started.push((
+                ClusterState::est_end(job, self.now),
+                job.id,
+                placement.clone(),
+            ));
+        }
+        self.stats.started += 1;
+        if backfill {
+            self.stats.backfilled += 1;
+        }
+        if self.trace == Some(job.id) {
+            self.outcome = Some(PendingReason::Starting);
+        }
+        self.decisions.push(Decision::Start {
+            job: job.id,
+            placement,
+            borrowed,
+        });
+    }
+
+    fn run(&mut self) {
+        let st = self.st;
+        let cfg = &st.cfg;
+        let mut order = Order::new(st);
+        let mut res: Option<Res> = None;
+        let mut after_block = 0usize;
+        let mut streak = vec![0u32; st.tenants.len()];
+        let mut position = 0usize;
+        let mut exhausted = true;
+        // Jobs that evictions were made for go first, so the victims do not take their resources back.
+        let mut served: HashSet<JobId> = HashSet::new();
+        for &jid in &st.preempting_for {
+            let Some(job) = st.jobs.get(&jid) else {
+                continue;
+            };
+            if !job.state.is_queued() {
+                continue;
+            }
+            served.insert(jid);
+            let spec = &job.spec;
+            let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+            if self
+                .book
+                .admit(&st.shape, spec.tenant, &job_qvec(spec, min_tasks, None))
+                .is_err()
+            {
+                continue;
+            }
+            let base = self.eligible(spec);
+            let Ok(classes) = self.quota_classes(spec.tenant, spec, min_tasks, &base) else {
+                continue;
+            };
+            match self.try_place(job, &classes, None) {
+                Some(p) => self.commit_start(job, p, false),
+                None => {
+                    // Still waiting for its victims to exit: keep what it will use off-limits for the others.
+                    if let Some((_, r)) = self.find_victims(job, &classes) {
+                        let mut holds: Vec<_> = r.hold.into_iter().collect();
+                        holds.sort_by_key(|(n, _)| *n);
+                        for (n, h) in holds {
+                            let f = self.free.nodes[n.index()];
+                            let tp = TaskPlacement {
+                                node: n,
+                                gpu_mask: h.gpus & f.mask,
+                                mig_slot: None,
+                                cpu: h.cpu.min(f.cpu),
+                                mem: h.mem.min(f.mem),
+                            };
+                            self.free.take(&st.topo, &tp);
+                        }
+                    }
+                    if self.trace == Some(jid) {
+                        let (lb, ln) = self.free.largest_block(&st.topo, &classes);
+                        self.outcome = Some(PendingReason::Capacity {
+                            needs: needs_text(st, spec, spec.tasks),
+                            largest_free_block: lb,
+                            largest_free_nvlink: ln,
+                            free_eligible_gpus: self.free.free_in(&classes),
+                            eta: Some(self.now),
+                            preempting: st.evicting.iter().copied().collect(),
+                        });
+                    }
+                }
+            }
+        }
+        loop {
+            let next = {
+                let this = &*self;
+                order.next(|t| this.share(t))
+            };
+            let Some((t, jid)) = next else { break };
+            if served.contains(&jid) {
+                continue;
+            }
+            let job = &st.jobs[&jid];
+            let traced = self.trace == Some(jid);
+            if traced {
+                self.traced_position = Some(position);
+            }
+            position += 1;
+            if job.state == JobState::Restarting && job.not_before > self.now {
+                if traced {
+                    self.outcome = Some(PendingReason::Backoff {
+                        until: job.not_before,
+                    });
+                }
+                continue;
+            }
+            self.stats.considered += 1;
+            if res.is_some() {
+                after_block += 1;
+                if after_block > cfg.backfill_depth {
+                    exhausted = false;
+                    break;
+                }
+            }
+            let spec = &job.spec;
+            // 1. Quota.
+            let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+            let admit = self
+                .book
+                .admit(&st.shape, t, &job_qvec(spec, min_tasks, None));
+            if let Err(block) = admit {
+                if traced {
+                    self.outcome = Some(PendingReason::Quota {
+                        tenant: st.tenants[t.index()].spec.name.clone(),
+                        block,
+                    });
+                }
+                streak[t.index()] += 1;
+                if streak[t.index()] >= cfg.quota_lookahead {
+                    order.drop_tenant(t);
+                }
+                continue;
+            }
+            streak[t.index()] = 0;
+            // 2. Eligibility.
+            let base = self.eligible(spec);
+            if let Some(detail) = self.never_fits(spec, &base) {
+                if traced {
+                    self.outcome = Some(PendingReason::NeverFits { detail });
+                }
+                continue;
+            }
+            let classes = match self.quota_classes(t, spec, min_tasks, &base) {
+                Ok(c) => c,
+                Err(block) => {
+                    if traced {
+                        self.outcome = Some(PendingReason::Quota {
+                            tenant: st.tenants[t.index()].spec.name.clone(),
+                            block,
+                        });
+                    }
+                    continue;
+                }
+            };
+            // 3. Placement.
+            match &res {
+                None => {
+                    if let Some(p) = self.try_place(job, &classes, None) {
+                        self.commit_start(job, p, false);
+                        continue;
+                    }
+                    // The head: blocked for capacity.
+                    self.blocked_by = Some(jid);
+                    let mut preempting = Vec::new();
+                    let mut r = None;
+                    if cfg.preemption.enabled {
+                        if let Some((victims, reservation)) = self.find_victims(job, &classes) {
+                            preempting = victims;
+                            r = Some(reservation);
+                        }
+                    }
+                    if cfg.backfill && r.is_none() {
+                        let rr = self.reservation(job, &classes);
+                        if let Some(p) = &rr.placement {
+                            self.decisions.push(Decision::Reserve {
+                                job: jid,
+                                at: rr.at,
+                                placement: p.clone(),
+                            });
+                        }
+                        r = Some(rr);
+                    }
+                    if traced {
+                        let (lb, ln) = self.free.largest_block(&st.topo, &classes);
+                        self.outcome = Some(PendingReason::Capacity {
+                            needs: needs_text(st, spec, spec.tasks),
+                            largest_free_block: lb,
+                            largest_free_nvlink: ln,
+                            free_eligible_gpus: self.free.free_in(&classes),
+                            eta: r.as_ref().map(|r| r.at),
+                            preempting: preempting.clone(),
+                        });
+                    }
+                    if !cfg.backfill {
+                        exhausted = false;
+                        break;
+                    }
+                    res = r;
+                }
+                Some(r) => {
+                    if r.forbid.iter().any(|c| classes.contains(c)) && r.at == Time::MAX {
+                        // No reservation time is known: keep off the head's node classes entirely.
+                        let allowed: Vec<u32> = classes
+                            .iter()
+                            .copied()
+                            .filter(|c| !r.forbid.contains(c))
+                            .collect();
+                        if let Some(p) = self.try_place(job, &allowed, None) {
+                            self.commit_start(job, p, true);
+                        } else if traced {
+                            self.outcome = Some(PendingReason::Reservation {
+                                holder: r.head,
+                                until: r.at,
+                            });
+                        }
+                        continue;
+                    }
+                    let end = ClusterState::est_end(job, self.now);
+                    let short = end <= r.at;
+                    let hold = if short { None } else { Some(&r.hold) };
+                    if let Some(p) = self.try_place(job, &classes, hold) {
+                        self.commit_start(job, p, true);
+                    } else if traced {
+                        if !short && self.try_place(job, &classes, None).is_some() {
+                            self.outcome = Some(PendingReason::Reservation {
+                                holder: r.head,
+                                until: r.at,
+                            });
+                        } else {
+                            let (lb, ln) = self.free.largest_block(&st.topo, &classes);
+                            self.outcome = Some(PendingReason::Capacity {
+                                needs: needs_text(st, spec, spec.tasks),
+                                largest_free_block: lb,
+                                largest_free_nvlink: ln,
+                                free_eligible_gpus: self.free.free_in(&classes),
+                                eta: None,
+                                preempting: Vec::new(),
+                            });
+                        }
+                    }
+                }
+            }
+            if traced
+                && self.outcome.is_some()
+                && self.trace.is_some()
+                && res.is_none()
+                && !cfg.backfill
+            {
+                break;
+            }
+        }
+        if exhausted && res.is_none() && self.blocked_by.is_none() && self.trace.is_none() {
+            self.grow_elastic();
+        }
+    }
+
+    /// Counts queued jobs ahead of `job` in policy order (for explain when the pass stopped before it).
+    fn count_ahead(&self, job: JobId) -> usize {
+        let mut order = Order::new(self.st);
+        let mut n = 0;
+        while let Some((_, j)) = order.next(|t| self.share(t)) {
+            if j == job {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// EASY reservation for the head: release running jobs in order of estimated end until it fits.
+    fn reservation(&self, job: &Job, classes: &[u32]) -> Res {
+        let st = self.st;
+        let spec = &job.spec;
+        let need = spec.task.gpus as u64 * spec.elastic.map_or(spec.tasks, |e| e.min_tasks) as u64;
+        let mut fut = self.free.clone();
+        let mut started: Vec<&(Time, JobId, Placement)> = self.started.iter().collect();
+        started.sort_by_key(|(t, j, _)| (*t, *j));
+        let mut a = st
+            .running_by_end
+            .iter()
+            .filter(|(_, j)| !self.preempted.contains(j))
+            .peekable();
+        let mut b = started.into_iter().peekable();
+        let mut attempts = 0;
+        let unknown = Res {
+            head: job.id,
+            at: Time::MAX,
+            hold: Holdback::new(),
+            forbid: classes.to_vec(),
+            placement: None,
+        };
+        loop {
+            let take_a = match (a.peek(), b.peek()) {
+                (Some((ta, ja)), Some((tb, jb, _))) => (ta, ja) <= (tb, jb),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => return unknown,
+            };
+            let (end, placement): (Time, &Placement) = if take_a {
+                let (end, id) = a.next().expect("peeked");
+                (
+                    *end,
+                    &st.jobs[id]
+                        .run
+                        .as_ref()
+                        .expect("running job has a run")
+                        .placement,
+                )
+            } else {
+                let (end, _, p) = b.next().expect("peeked");
+                (*end, p)
+            };
+            if end == Time::MAX {
+                return unknown;
+            }
+            for t in &placement.tasks {
+                fut.give(&st.topo, t);
+            }
+            if fut.free_in(classes) < need {
+                continue;
+            }
+            attempts += 1;
+            if attempts > 256 {
+                return unknown;
+            }
+            let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                let hold = self.hold_for(&fut, spec, &p);
+                return Res {
+                    head: job.id,
+                    at: end.max(self.now),
+                    hold,
+                    forbid: Vec::new(),
+                    placement: Some(p),
+                };
+            }
+        }
+    }
+
+    /// What long backfill jobs may not take on each node of the head's future placement: its GPUs, and CPU/memory
+    /// beyond what is left over at the reservation time.
+    fn hold_for(&self, fut: &Free, spec: &JobSpec, p: &Placement) -> Holdback {
+        let _ = spec;
+        let mut hold = Holdback::new();
+        for t in &p.tasks {
+            let h: &mut Hold = hold.entry(t.node).or_default();
+            h.gpus |= t.gpu_mask;
+            h.cpu += t.cpu;
+            h.mem += t.mem;
+            if let Some(s) = t.mig_slot {
+                h.mig |= 1 << s;
+            }
+        }
+        for (node, h) in hold.iter_mut() {
+            let now_free = &self.free.nodes[node.index()];
+            let later = &fut.nodes[node.index()];
+            // Long jobs may use min(free now, free later − needed); hold back the rest of what is free now.
+            let spare_cpu = later.cpu - h.cpu;
+            let spare_mem = later.mem - h.mem;
+            h.cpu = now_free.cpu - spare_cpu.min(now_free.cpu);
+            h.mem = now_free.mem - spare_mem.min(now_free.mem);
+        }
+        hold
+    }
+
+    /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
+    fn find_victims(&mut self, job: &Job, classes: &[u32]) -> Option<(Vec<JobId>, Res)> {
+        let st = self.st;
+        let cfg = &st.cfg.preemption;
+        let spec = &job.spec;
+        let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+        let need = spec.task.gpus as u64 * tasks as u64;
+        let t = spec.tenant;
+        let shape = &st.shape;
+        let within_guarantee = shape.tenants[t.index()].0.is_some()
+            && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
+        let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
+        let class_set: HashSet<u32> = classes.iter().copied().collect();
+        let on_eligible = |j: &Job| {
+            j.run.as_ref().is_some_and(|r| {
+                r.placement
+                    .tasks
+                    .iter()
+                    .any(|tp| class_set.contains(&st.topo.nodes[tp.node.index()].class))
+            })
+        };
+        // Evictions already under way count first: if they make room, wait for them.
+        let mut fut = self.free.clone();
+        let mut pending_evictions = false;
+        for id in &st.evicting {
+            let j = &st.jobs[id];
+            if on_eligible(j) {
+                for tp in &j.run.as_ref().expect("evicting job runs").placement.tasks {
+                    fut.give(&st.topo, tp);
+                }
+                pending_evictions = true;
+            }
+        }
+        if pending_evictions {
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                let hold = self.hold_for(&fut, spec, &p);
+                return Some((
+                    Vec::new(),
+                    Res {
+                        head: job.id,
+                        at: self.now,
+                        hold,
+                        forbid: Vec::new(),
+                        placement: None,
+                    },
+                ));
+            }
+        }
+        let budget = cfg
+            .max_per_interval
+            .saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
+        if budget == 0 {
+            return None;
+        }
+        let eligible_victim = |v: &Job| -> Option<PreemptReason> {
+            let r = v.run.as_ref()?;
+            if !v.spec.preemptible || r.evicting || v.id == job.id || self.preempted.contains(&v.id)
+            {
+                return None;
+            }
+            if self.now.since(r.started) < cfg.min_run_time {
+                return None;
+            }
+            let vt = v.spec.tenant;
+            let lendable = vt == t
+                || r.borrowed
+                || (shape.tenants[vt.index()].0.is_none() && shape.tenants[t.index()].0.is_none());
+            if within_guarantee && vt != t && r.borrowed && self.book.over_guarantee(shape, vt) {
+                return Some(PreemptReason::QuotaReclaim { owner: t });
+            }
+            if v.spec.priority < spec.priority && lendable {
+                return Some(PreemptReason::Priority {
+                    victim: v.spec.priority,
+                    preemptor: spec.priority,
+                });
+            }
+            if st.cfg.policy == Policy::Las && lendable {
+                let vq = st.cfg.las_queue(v.attained_at(self.now));
+                if vq > my_queue {
+                    return Some(PreemptReason::LasDemotion {
+                        victim_queue: vq,
+                        waiting_queue: my_queue,
+                    });
+                }
+            }
+            None
+        };
+        let mut ids: BTreeSet<JobId> = BTreeSet::new();
+        if within_guarantee {
+            ids.extend(st.running_borrowed.iter().copied());
+        }
+        ids.extend(
+            st.running_by_prio
+                .range(..(spec.priority, JobId(0)))
+                .map(|(_, j)| *j),
+        );
+        if st.cfg.policy == Policy::Las {
+            ids.extend(st.running_by_end.iter().map(|(_, j)| *j));
+        }
+        let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let v = &st.jobs[&id];
+                if !on_eligible(v) {
+                    return None;
+                }
+                let reason = eligible_victim(v)?;
+                Some((v.lost_work_if_evicted(self.now), v.held_gpus(), id, reason))
+            })
+            .collect();
+        if cands.is_empty() {
+            return None;
+        }
+        cands.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut placed = None;
+        for (i, c) in cands.iter().enumerate() {
+            for tp in &st.jobs[&c.2].run.as_ref().expect("running").placement.tasks {
+                fut.give(&st.topo, tp);
+            }
+            chosen.push(i);
+            if fut.free_in(classes) < need {
+                continue;
+            }
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                placed = Some(p);
+                break;
+            }
+        }
+        placed.as_ref()?;
+        // Drop victims that turn out not to be needed, most expensive first.
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            let id = cands[chosen[i]].2;
+            let tasks_v = &st.jobs[&id].run.as_ref().expect("running").placement.tasks;
+            for tp in tasks_v {
+                fut.take(&st.topo, tp);
+            }
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                placed = Some(p);
+                chosen.remove(i);
+            } else {
+                for tp in tasks_v {
+                    fut.give(&st.topo, tp);
+                }
+            }
+        }
+        if chosen.len() as u32 > budget {
+            return None;
+        }
+        let p = placed.expect("checked above");
+        let hold = self.hold_for(&fut, spec, &p);
+        let mut victims = Vec::new();
+        for i in chosen {
+            let (_, _, id, reason) = cands[i].clone();
+            self.preempted.insert(id);
+            self.stats.preempted += 1;
+            victims.push(id);
+            self.decisions.push(Decision::Preempt {
+                job: id,
+                reason,
+                for_job: job.id,
+            });
+        }
+        self.decisions.push(Decision::Reserve {
+            job: job.id,
+            at: self.now,
+            placement: p,
+        });
+        Some((
+            victims,
+            Res {
+                head: job.id,
+                at: self.now,
+                hold,
+                forbid: Vec::new(),
+                placement: None,
+            },
+        ))
+    }
+
+    /// With nothing left waiting, grows running elastic jobs towards their maximum, one task at a time.
+    fn grow_elastic(&mut self) {
+        let st = self.st;
+        let mut elastic: Vec<&Job> = st
+            .running_by_end
+            .iter()
+            .map(|(_, id)| &st.jobs[id])
+            .filter(|j| {
+                j.spec.elastic.is_some_and(|e| {
+                    (j.run.as_ref().map_or(0, |r| r.placement.tasks.len()) as u32) < e.max_tasks
+                })
+            })
+            .collect();
+        if elastic.is_empty() {
+            return;
+        }
+        elastic.sort_by_key(|j| j.id);
+        for j in elastic {
+            let e = j.spec.elastic.expect("filtered");
+            let run = j.run.as_ref().expect("running");
+            let have = run.placement.tasks.len() as u32;
+            let model = run
+                .placement
+                .tasks
+                .first()
+                .and_then(|tp| st.node_specs[tp.node.index()].gpu_model());
+            let mut spec = j.spec.clone();
+            if let Some(m) = model {
+                spec.gpu_models = vec![m];
+            }
+            spec.topology = TopologyScope::Any;
+            let zone = run
+                .placement
+                .tasks
+                .first()
+                .map(|tp| st.node_specs[tp.node.index()].zone().to_string());
+            let classes: Vec<u32> = self
+                .eligible(&spec)
+                .iter()
+                .copied()
+                .filter(|c| {
+                    j.spec.topology == TopologyScope::Any
+                        || zone.as_deref()
+                            == Some(st.topo.zone_name(st.topo.classes[*c as usize].zone))
+                })
+                .collect();
+            if matches!(
+                j.spec.topology,
+                TopologyScope::Node | TopologyScope::NvLink | TopologyScope::Rack
+            ) {
+                continue; // growing would break the required scope; such jobs stay at their size
+            }
+            let mut add: Vec<TaskPlacement> = Vec::new();
+            for _ in have..e.max_tasks {
+                if self
+                    .book
+                    .admit(&st.shape, spec.tenant, &job_qvec(&spec, 1, model))
+                    .is_err()
+                {
+                    break;
+                }
+                let Some(p) = self.place_on(&self.free, &spec, 1, &classes, None) else {
+                    break;
+                };
+                let q = st.placement_qvec(&spec, &p);
+                for tp in &p.tasks {
+                    self.free.take(&st.topo, tp);
+                }
+                self.book.charge(&st.shape, spec.tenant, &q, false);
+                add.extend(p.tasks);
+            }
+            if !add.is_empty() {
+                self.decisions.push(Decision::Scale { job: j.id, add });
+            }
+        }
+    }
+}
+
+/// Placement helper for tests and tools: where would this job go on the current free resources, ignoring quota and
+/// queue order?
+pub fn dry_run_placement(state: &ClusterState, spec: &JobSpec) -> Option<Placement> {
+    let mut p = Pass::new(state, Time::ZERO, None);
+    let classes = p.eligible(spec);
+    p.place_on(&p.free, spec, spec.tasks, &classes, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PreemptionConfig, SchedConfig};
+    use crate::ids::NodeId;
+    use crate::job::{Elastic, SelectorTerm, Toleration};
+    use crate::node::{NodeSpec, NodeState};
+    use crate::tenant::{Quota, TenantSpec};
+    use crate::units::{Dur, MiB, MilliCpu};
+
+    fn cfg(policy: Policy) -> SchedConfig {
+        SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: false,
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(policy)
+        }
+    }
+
+    fn node(name: &str, model: GpuModel, gpus: usize) -> NodeSpec {
+        NodeSpec::with_gpus(name, model, gpus, MilliCpu::cores(64), MiB::gib(1024))
+            .label("zone", "z1")
+            .label("rack", "r1")
+    }
+
+    fn cluster(c: SchedConfig, nodes: Vec<NodeSpec>, tenants: &[&str]) -> ClusterState {
+        let mut s = ClusterState::new(c).unwrap();
+        for n in nodes {
+            s.add_node(n).unwrap();
+        }
+        for t in tenants {
+            s.add_tenant(TenantSpec::new(*t)).unwrap();
+        }
+        s
+    }
+
+    fn started(ds: &[Decision]) -> Vec<u64> {
+        ds.iter()
+            .filter_map(|d| match d {
+                Decision::Start { job, .. } => Some(job.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn t0() -> TenantId {
+        TenantId(0)
+    }
+
+    fn submit(s: &mut ClusterState, id: u64, spec: JobSpec, at: u64) {
+        s.submit(JobId(id), spec, Time::from_secs(at)).unwrap();
+    }
+
+    #[test]
+    fn fifo_is_strict_without_backfill() {
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("n", GpuModel::V100_16GB, 8)],
+            &["a"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 4, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 8, 1), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "c", 1, 1), 2);
+        let ds = s.step(Time::from_secs(10)).unwrap();
+        assert_eq!(
+            started(&ds),
+            vec![1],
+            "job 3 must not pass the blocked job 2"
+        );
+        s.check_invariants().unwrap();
+        let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
+        assert_eq!(
+            e.reason,
+            PendingReason::Order {
+                ahead: 1,
+                policy: Policy::Fifo,
+                blocked_by: Some(JobId(2))
+            }
+        );
+        let e2 = explain(&s, JobId(2), Time::from_secs(10)).unwrap();
+        match e2.reason {
+            PendingReason::Capacity {
+                largest_free_block,
+                free_eligible_gpus,
+                ..
+            } => {
+                assert_eq!((largest_free_block, free_eligible_gpus), (4, 4));
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn easy_backfill_lets_short_jobs_pass_but_protects_the_head() {
+        let c = SchedConfig {
+            backfill: true,
+            ..cfg(Policy::Fifo)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::V100_16GB, 8)], &["a"]);
+        submit(
+            &mut s,
+            1,
+            JobSpec::new(t0(), "running", 4, 1).estimate(Dur::from_secs(100)),
+            0,
+        );
+        s.step(Time::ZERO).unwrap();
+        submit(
+            &mut s,
+            2,
+            JobSpec::new(t0(), "head", 8, 1).estimate(Dur::from_secs(50)),
+            1,
+        );
+        // Ends before the head's reservation (t=100): may run on the free GPUs.
+        submit(
+            &mut s,
+            3,
+            JobSpec::new(t0(), "short", 2, 1).estimate(Dur::from_secs(60)),
+            2,
+        );
+        // Would outlast t=100 on GPUs the head needs: must wait.
+        submit(
+            &mut s,
+            4,
+            JobSpec::new(t0(), "long", 2, 1).estimate(Dur::from_secs(500)),
+            3,
+        );
+        let now = Time::from_secs(10);
+        let ds = s.step(now).unwrap();
+        assert_eq!(started(&ds), vec![3]);
+        assert!(ds.iter().any(|d| matches!(d, Decision::Reserve { job: JobId(2), at, .. } if *at == Time::from_secs(100))));
+        match explain(&s, JobId(4), now).unwrap().reason {
+            PendingReason::Reservation { holder, until } => {
+                assert_eq!(holder, JobId(2));
+                assert_eq!(until, Time::from_secs(100));
+            }
+            r => panic!("{r:?}"),
+        }
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn backfill_may_use_gpus_the_reservation_does_not_need() {
+        let c = SchedConfig {
+            backfill: true,
+            ..cfg(Policy::Fifo)
+        };
+        let mut s = cluster(
+            c,
+            vec![
+                node("n1", GpuModel::V100_16GB, 8),
+                node("n2", GpuModel::V100_16GB, 8),
+            ],
+            &["a"],
+        );
+        submit(
+            &mut s,
+            1,
+            JobSpec::new(t0(), "r1", 4, 1).estimate(Dur::from_secs(100)),
+            0,
+        );
+        submit(
+            &mut s,
+            2,
+            JobSpec::new(t0(), "r2", 6, 1).estimate(Dur::from_secs(1000)),
+            0,
+        );
+        s.step(Time::ZERO).unwrap();
+        // n1: 4 free (r1 ends at 100); n2: 2 free (r2 ends at 1000). The head needs 8 on one node: n1 at t=100.
+        submit(
+            &mut s,
+            3,
+            JobSpec::new(t0(), "head", 8, 1).estimate(Dur::from_secs(10)),
+            1,
+        );
+        submit(
+            &mut s,
+            4,
+            JobSpec::new(t0(), "long", 2, 1).estimate(Dur::from_secs(5000)),
+            2,
+        );
+        let ds = s.step(Time::from_secs(5)).unwrap();
+        let st = started(&ds);
+        assert_eq!(st, vec![4]);
+        let p = ds.iter().find_map(|d| match d {
+            Decision::Start {
+                job: JobId(4),
+                placement,
+                ..
+            } => Some(placement.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            p.unwrap().tasks[0].node,
+            NodeId(1),
+            "the long job must keep off the reserved node"
+        );
+    }
+
+    #[test]
+    fn priority_orders_by_priority_then_submission() {
+        let mut s = cluster(
+            cfg(Policy::Priority),
+            vec![node("n", GpuModel::T4, 1)],
+            &["a"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "low", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "high", 1, 1).priority(10), 5);
+        assert_eq!(started(&s.step(Time::from_secs(6)).unwrap()), vec![2]);
+    }
+
+    #[test]
+    fn sjf_orders_by_estimate_per_gpu() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        // keys: job1 400s/1 = 400; job2 800s/4 = 200; job3 300s/1 = 300; job4 no estimate = last.
+        submit(
+            &mut s,
+            1,
+            JobSpec::new(t0(), "j1", 1, 1).estimate(Dur::from_secs(400)),
+            0,
+        );
+        submit(
+            &mut s,
+            2,
+            JobSpec::new(t0(), "j2", 4, 1).estimate(Dur::from_secs(800)),
+            1,
+        );
+        submit(
+            &mut s,
+            3,
+            JobSpec::new(t0(), "j3", 1, 1).estimate(Dur::from_secs(300)),
+            2,
+        );
+        submit(&mut s, 4, JobSpec::new(t0(), "j4", 1, 1), 3);
+        let mut order = Vec::new();
+        let mut now = Time::from_secs(10);
+        for _ in 0..4 {
+            let ds = s.step(now).unwrap();
+            for id in started(&ds) {
+                order.push(id);
+                now = now + Dur::from_secs(1);
+                s.finish(JobId(id), now, true).unwrap();
+            }
+        }
+        assert_eq!(order, vec![2, 3, 1, 4]);
+    }
+
+    #[test]
+    fn srtf_counts_progress_kept_by_checkpoints() {
+        let mut s = cluster(cfg(Policy::Srtf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut long = JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(1000));
+        long.checkpoint_interval = Some(Dur::from_secs(100));
+        submit(&mut s, 1, long, 0);
+        s.step(Time::ZERO).unwrap();
+        s.evict(JobId(1), Time::from_secs(950)).unwrap(); // 900 s kept: 100 s remain
+        submit(
+            &mut s,
+            2,
+            JobSpec::new(t0(), "mid", 1, 1).estimate(Dur::from_secs(200)),
+            951,
+        );
+        assert_eq!(
+            s.job(JobId(1)).unwrap().remaining_estimate(),
+            Dur::from_secs(100)
+        );
+        assert_eq!(started(&s.step(Time::from_secs(960)).unwrap()), vec![1]);
+    }
+
+    #[test]
+    fn drf_paper_example_gives_a_three_tasks_and_b_two() {
+        // DRF paper (Ghodsi et al., NSDI'11): 9 CPUs, 18 GB; A tasks <1 CPU, 4 GB>, B tasks <3 CPU, 1 GB>.
+        let n = NodeSpec {
+            gpus: vec![],
+            ..NodeSpec::with_gpus("n", GpuModel::T4, 0, MilliCpu::cores(9), MiB::gib(18))
+        };
+        let mut s = cluster(cfg(Policy::Drf), vec![n], &["A", "B"]);
+        for i in 0..10u64 {
+            let a = JobSpec::new(TenantId(0), "a", 0, 1).cpu_mem(MilliCpu::cores(1), MiB::gib(4));
+            let b = JobSpec::new(TenantId(1), "b", 0, 1).cpu_mem(MilliCpu::cores(3), MiB::gib(1));
+            submit(&mut s, 100 + i, a, i);
+            submit(&mut s, 200 + i, b, i);
+        }
+        s.step(Time::from_secs(100)).unwrap();
+        s.check_invariants().unwrap();
+        let count = |t: u32| {
+            s.jobs()
+                .filter(|j| j.state == JobState::Running && j.spec.tenant == TenantId(t))
+                .count()
+        };
+        assert_eq!((count(0), count(1)), (3, 2));
+        assert_eq!(s.tenant_usage(TenantId(0)).cpu, MilliCpu::cores(3));
+        assert_eq!(s.tenant_usage(TenantId(1)).cpu, MilliCpu::cores(6));
+    }
+
+    #[test]
+    fn drf_weights_divide_the_dominant_share() {
+        let mut s = cluster(cfg(Policy::Drf), vec![node("n", GpuModel::T4, 6)], &[]);
+        s.add_tenant(TenantSpec::new("heavy").weight(2.0)).unwrap();
+        s.add_tenant(TenantSpec::new("light")).unwrap();
+        for i in 0..6u64 {
+            submit(&mut s, 10 + i, JobSpec::new(TenantId(0), "h", 1, 1), 0);
+            submit(&mut s, 20 + i, JobSpec::new(TenantId(1), "l", 1, 1), 0);
+        }
+        s.step(Time::from_secs(1)).unwrap();
+        assert_eq!(s.tenant_usage(TenantId(0)).gpus, 4);
+        assert_eq!(s.tenant_usage(TenantId(1)).gpus, 2);
+    }
+
+    #[test]
+    fn fairshare_prefers_the_tenant_with_less_decayed_usage() {
+        let c = SchedConfig {
+            fairshare_half_life: Dur::from_hours(1),
+            ..cfg(Policy::FairShare)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["used", "fresh"]);
+        submit(&mut s, 1, JobSpec::new(TenantId(0), "old", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        s.finish(JobId(1), Time::from_secs(3600), true).unwrap();
+        s.accrue_usage(Time::from_secs(3600));
+        let u = s.tenant_decayed_usage_gpu_s(TenantId(0), Time::from_secs(3600));
+        // One GPU for one half-life: h/ln2·(1 − 1/2) = 3600/0.693·0.5 ≈ 2597 GPU-s.
+        assert!(
+            (u - 3600.0 / std::f64::consts::LN_2 * 0.5).abs() < 1.0,
+            "{u}"
+        );
+        let later = Time::from_secs(7200);
+        assert!((s.tenant_decayed_usage_gpu_s(TenantId(0), later) - u / 2.0).abs() < 1.0);
+        submit(&mut s, 2, JobSpec::new(TenantId(0), "again", 1, 1), 3601);
+        submit(&mut s, 3, JobSpec::new(TenantId(1), "first", 1, 1), 3602);
+        assert_eq!(started(&s.step(Time::from_secs(3700)).unwrap()), vec![3]);
+    }
+
+    #[test]
+    fn las_serves_least_attained_first_and_preempts_demoted_jobs() {
+        let c = SchedConfig {
+            las_thresholds_gpu_s: vec![100],
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::from_secs(10),
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(Policy::Las)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut old = JobSpec::new(t0(), "old", 1, 1);
+        old.checkpoint_interval = Some(Dur::from_secs(60));
+        submit(&mut s, 1, old, 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "new", 1, 1), 50);
+        // At t=60 job 1 has 60 GPU-s: same queue as job 2, no preemption.
+        let ds = s.step(Time::from_secs(60)).unwrap();
+        assert!(
+            ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })),
+            "{ds:?}"
+        );
+        // At t=130 job 1 has crossed 100 GPU-s: demoted, preempted for job 2.
+        let ds = s.step(Time::from_secs(130)).unwrap();
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt {
+                    job: JobId(1),
+                    reason: PreemptReason::LasDemotion {
+                        victim_queue: 1,
+                        waiting_queue: 0
+                    },
+                    ..
+                }
+            )),
+            "{ds:?}"
+        );
+        let ds = s.step(Time::from_secs(131)).unwrap();
+        assert_eq!(started(&ds), vec![2]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!(j1.state, JobState::Preempted);
+        assert_eq!(
+            j1.progress,
+            Dur::from_secs(120),
+            "work up to the last checkpoint is kept"
+        );
+        assert_eq!(j1.attained_gpu_ms, 130_000);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn gangs_are_all_or_nothing_and_never_mix_models() {
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![
+                node("v", GpuModel::V100_16GB, 8),
+                node("a", GpuModel::A100_80GB, 8),
+            ],
+            &["a"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "gang", 8, 2), 0);
+        let ds = s.step(Time::ZERO).unwrap();
+        assert!(
+            started(&ds).is_empty(),
+            "a V100+A100 gang must not be formed"
+        );
+        match explain(&s, JobId(1), Time::ZERO).unwrap().reason {
+            PendingReason::NeverFits { detail } => {
+                assert!(detail.contains("16 GPUs of one model"), "{detail}")
+            }
+            r => panic!("{r:?}"),
+        }
+        let mut mixed = JobSpec::new(t0(), "mixed", 8, 2);
+        mixed.allow_mixed_models = true;
+        submit(&mut s, 2, mixed, 1);
+        assert_eq!(started(&s.step(Time::from_secs(2)).unwrap()), vec![2]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn best_fit_packs_into_the_fullest_node() {
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)],
+            &["a"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "six", 6, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let six_node = s
+            .job(JobId(1))
+            .unwrap()
+            .run
+            .as_ref()
+            .unwrap()
+            .placement
+            .tasks[0]
+            .node;
+        submit(&mut s, 2, JobSpec::new(t0(), "two", 2, 1), 1);
+        let ds = s.step(Time::from_secs(1)).unwrap();
+        match &ds[0] {
+            Decision::Start { placement, .. } => assert_eq!(placement.tasks[0].node, six_node),
+            d => panic!("{d:?}"),
+        }
+        submit(&mut s, 3, JobSpec::new(t0(), "eight", 8, 1), 2);
+        assert_eq!(
+            started(&s.step(Time::from_secs(2)).unwrap()),
+            vec![3],
+            "packing kept a whole node free"
+        );
+    }
+
+    #[test]
+    fn gangs_stay_in_one_rack_and_nvlink_domain_when_possible() {
+        let mk = |n: &str, rack: &str| {
+            NodeSpec::with_gpus(
+                n,
+                GpuModel::A100_80GB,
+                8,
+                MilliCpu::cores(64),
+                MiB::gib(1024),
+            )
+            .label("zone", "z")
+            .label("rack", rack)
+        };
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![
+                mk("a1", "ra"),
+                mk("b1", "rb"),
+                mk("b2", "rb"),
+                mk("a2", "ra"),
+            ],
+            &["t"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "fill-a1", 4, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let mut g = JobSpec::new(t0(), "gang", 8, 2);
+        g.topology = TopologyScope::Rack;
+        submit(&mut s, 2, g, 1);
+        let ds = s.step(Time::from_secs(1)).unwrap();
+        let Decision::Start { placement, .. } = &ds[0] else {
+            panic!("{ds:?}")
+        };
+        let racks: BTreeSet<&str> = placement
+            .tasks
+            .iter()
+            .map(|t| s.node_specs[t.node.index()].rack())
+            .collect();
+        assert_eq!(racks.len(), 1);
+        // NVLink requirement on PCIe GPUs never fits.
+        let mut s2 = cluster(cfg(Policy::Fifo), vec![node("t", GpuModel::T4, 4)], &["a"]);
+        let mut nv = JobSpec::new(t0(), "nv", 2, 1);
+        nv.topology = TopologyScope::NvLink;
+        submit(&mut s2, 1, nv, 0);
+        assert!(started(&s2.step(Time::ZERO).unwrap()).is_empty());
+        let e = explain(&s2, JobId(1), Time::ZERO).unwrap();
+        assert!(e.message.contains("NVLink"), "{}", e.message);
+    }
+
+    #[test]
+    fn selectors_and_spot_taints_are_honoured() {
+        let spot = node("spot", GpuModel::V100_16GB, 8)
+            .label("lifecycle", "spot")
+            .taint("lifecycle", "spot");
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("a100", GpuModel::A100_80GB, 8), spot],
+            &["a"],
+        );
+        let mut v = JobSpec::new(t0(), "v100", 1, 1);
+        v.selector = vec![SelectorTerm::eq("gpu-type", "v100")];
+        submit(&mut s, 1, v.clone(), 0);
+        assert!(
+            started(&s.step(Time::ZERO).unwrap()).is_empty(),
+            "the only V100 node is spot"
+        );
+        v.tolerations = vec![Toleration {
+            key: "lifecycle".into(),
+            value: Some("spot".into()),
+        }];
+        submit(&mut s, 2, v, 1);
+        let ds = s.step(Time::from_secs(1)).unwrap();
+        assert_eq!(started(&ds), vec![2]);
+        let e = explain(&s, JobId(1), Time::from_secs(1)).unwrap();
+        assert!(matches!(e.reason, PendingReason::NeverFits { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn quota_guarantee_limit_and_borrowing() {
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)],
+            &[],
+        );
+        let a = s
+            .add_tenant(TenantSpec::new("team-a").quota(Quota::gpus(4, 6)))
+            .unwrap();
+        let b = s
+            .add_tenant(TenantSpec::new("team-b").quota(Quota::gpus(8, 8)))
+            .unwrap();
+        // Unguaranteed capacity: 16 - 12 = 4 GPUs in the root pool.
+        submit(&mut s, 1, JobSpec::new(a, "a1", 4, 1), 0);
+        submit(&mut s, 2, JobSpec::new(a, "a2", 2, 1), 1); // borrows 2 from the root pool
+        submit(&mut s, 3, JobSpec::new(a, "a3", 1, 1), 2); // over the limit of 6
+        submit(&mut s, 4, JobSpec::new(b, "b1", 8, 1), 3);
+        let ds = s.step(Time::from_secs(5)).unwrap();
+        assert_eq!(
+            started(&ds),
+            vec![1, 2, 4],
+            "a quota-held job does not block others"
+        );
+        assert!(ds.iter().any(|d| matches!(
+            d,
+            Decision::Start {
+                job: JobId(2),
+                borrowed: true,
+                ..
+            }
+        )));
+        assert!(ds.iter().any(|d| matches!(
+            d,
+            Decision::Start {
+                job: JobId(1),
+                borrowed: false,
+                ..
+            }
+        )));
+        let e = explain(&s, JobId(3), Time::from_secs(5)).unwrap();
+        match &e.reason {
+            PendingReason::Quota { tenant, block } => {
+                assert_eq!(tenant, "team-a");
+                assert_eq!(
+                    (block.used, block.guarantee, block.limit, block.requested),
+                    (6, 4, 6, 1)
+                );
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(
+            e.message.contains("team-a uses 6 of 4 guaranteed gpus"),
+            "{}",
+            e.message
+        );
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cohort_members_lend_unused_guarantee_and_reclaim_it() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::from_secs(60),
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(Policy::Fifo)
+        };
+        let mut s = cluster(
+            c,
+            vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)],
+            &[],
+        );
+        let a = s
+            .add_tenant(TenantSpec::new("a").quota(Quota::gpus(8, 16)).cohort("lab"))
+            .unwrap();
+        let b = s
+            .add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 16)).cohort("lab"))
+            .unwrap();
+        for i in 0..4 {
+            let mut j = JobSpec::new(b, "b", 4, 1);
+            j.checkpoint_interval = Some(Dur::from_secs(30 + i * 10));
+            submit(&mut s, 10 + i, j, 0);
+        }
+        let ds = s.step(Time::ZERO).unwrap();
+        assert_eq!(started(&ds).len(), 4, "b borrows a's idle guarantee");
+        assert_eq!(
+            ds.iter()
+                .filter(|d| matches!(d, Decision::Start { borrowed: true, .. }))
+                .count(),
+            2
+        );
+        submit(&mut s, 1, JobSpec::new(a, "owner", 4, 1), 10);
+        // Too young to preempt at t=30.
+        let ds = s.step(Time::from_secs(30)).unwrap();
+        assert!(ds.is_empty(), "{ds:?}");
+        // At t=100: reclaim one borrowed job, the one that loses least work since its last checkpoint.
+        let ds = schedule(&s, Time::from_secs(100));
+        let victims: Vec<JobId> = ds
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Preempt {
+                    job,
+                    reason: PreemptReason::QuotaReclaim { owner },
+                    ..
+                } if *owner == a => Some(*job),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(victims.len(), 1, "{ds:?}");
+        let v = s.job(victims[0]).unwrap();
+        assert!(v.run.as_ref().unwrap().borrowed);
+        s.apply(&ds[0], Time::from_secs(100)).unwrap();
+        let ds = s.step(Time::from_secs(101)).unwrap();
+        assert_eq!(started(&ds), vec![1]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn priority_preemption_minimises_lost_work_and_is_rate_limited() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::from_secs(10),
+                max_per_interval: 1,
+                interval: Dur::from_mins(10),
+            },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 4)], &["a"]);
+        let mut recent_ck = JobSpec::new(t0(), "ck", 2, 1);
+        recent_ck.checkpoint_interval = Some(Dur::from_secs(50));
+        submit(&mut s, 1, JobSpec::new(t0(), "no-ck", 2, 1), 0);
+        submit(&mut s, 2, recent_ck, 0);
+        s.step(Time::ZERO).unwrap();
+        submit(
+            &mut s,
+            3,
+            JobSpec::new(t0(), "urgent", 2, 1).priority(5),
+            50,
+        );
+        let ds = schedule(&s, Time::from_secs(60));
+        // Job 1 would lose 60 s × 2 GPUs; job 2 only 10 s × 2 GPUs since its checkpoint at 50 s.
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt {
+                    job: JobId(2),
+                    reason: PreemptReason::Priority {
+                        victim: 0,
+                        preemptor: 5
+                    },
+                    for_job: JobId(3)
+                }
+            )),
+            "{ds:?}"
+        );
+        assert_eq!(
+            ds.iter()
+                .filter(|d| matches!(d, Decision::Preempt { .. }))
+                .count(),
+            1
+        );
+        s.apply(&ds[0], Time::from_secs(60)).unwrap();
+        s.step(Time::from_secs(61)).unwrap();
+        submit(
+            &mut s,
+            4,
+            JobSpec::new(t0(), "urgent2", 2, 1).priority(5),
+            62,
+        );
+        let ds = s.step(Time::from_secs(120)).unwrap();
+        assert!(
+            ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })),
+            "rate limit: 1 per 10 min: {ds:?}"
+        );
+        let ds = s.step(Time::from_secs(700)).unwrap();
+        assert!(
+            ds.iter().any(|d| matches!(d, Decision::Preempt { .. })),
+            "{ds:?}"
+        );
+    }
+
+    #[test]
+    fn evictions_under_way_are_waited_for_not_repeated() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::ZERO,
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "hi", 1, 1).priority(9), 1);
+        let ds = crate::schedule::schedule(&s, Time::from_secs(2));
+        let victim = ds.iter().find_map(|d| match d {
+            Decision::Preempt { job, .. } => Some(*job),
+            _ => None,
+        });
+        s.begin_eviction(victim.unwrap()).unwrap();
+        let ds = crate::schedule::schedule(&s, Time::from_secs(3));
+        assert!(
+            ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })),
+            "{ds:?}"
+        );
+    }
+
+    #[test]
+    fn explain_reports_order_position_and_nvlink_block() {
+        let mut s = cluster(
+            cfg(Policy::Drf),
+            vec![node("a", GpuModel::A100_80GB, 8)],
+            &["t"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "hold", 4, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let mut big = JobSpec::new(t0(), "big", 8, 1);
+        big.topology = TopologyScope::NvLink;
+        submit(&mut s, 2, big, 1);
+        for i in 0..17 {
+            submit(&mut s, 10 + i, JobSpec::new(t0(), "w", 1, 1), 2 + i);
+        }
+        submit(&mut s, 99, JobSpec::new(t0(), "me", 1, 1), 100);
+        let e = explain(&s, JobId(99), Time::from_secs(200)).unwrap();
+        assert_eq!(
+            e.reason,
+            PendingReason::Order {
+                ahead: 18,
+                policy: Policy::Drf,
+                blocked_by: Some(JobId(2))
+            }
+        );
+        assert!(
+            e.message.contains("18 jobs ahead under drf"),
+            "{}",
+            e.message
+        );
+        let e = explain(&s, JobId(2), Time::from_secs(200)).unwrap();
+        assert!(
+            e.message.contains("needs 8×GPU") && e.message.contains("largest free block is 4"),
+            "{}",
+            e.message
+        );
+        let e = explain(&s, JobId(1), Time::from_secs(200)).unwrap();
+        assert_eq!(
+            e.reason,
+            PendingReason::NotQueued {
+                state: JobState::Running
+            }
+        );
+    }
+
+    #[test]
+    fn elastic_jobs_start_small_and_grow_when_the_queue_is_empty() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "fill", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let mut e = JobSpec::new(t0(), "elastic", 1, 4);
+        e.elastic = Some(Elastic {
+            min_tasks: 1,
+            max_tasks: 4,
+        });
+        submit(&mut s, 2, e, 1);
+        s.step(Time::from_secs(1)).unwrap();
+        let tasks = |s: &ClusterState| {
+            s.job(JobId(2))
+                .unwrap()
+                .run
+                .as_ref()
+                .map_or(0, |r| r.placement.tasks.len())
+        };
+        assert_eq!(
+            tasks(&s),
+            2,
+            "starts with the largest size that fits (>= min): the 2 free GPUs"
+        );
+        s.finish(JobId(1), Time::from_secs(5), true).unwrap();
+        let ds = s.step(Time::from_secs(6)).unwrap();
+        assert!(
+            ds.iter()
+                .any(|d| matches!(d, Decision::Scale { job: JobId(2), add } if add.len() == 2)),
+            "{ds:?}"
+        );
+        assert_eq!(tasks(&s), 4);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn failures_restart_with_backoff_then_fail() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut j = JobSpec::new(t0(), "flaky", 1, 1);
+        j.max_restarts = 1;
+        submit(&mut s, 1, j, 0);
+        s.step(Time::ZERO).unwrap();
+        assert_eq!(
+            s.finish(JobId(1), Time::from_secs(5), false).unwrap(),
+            JobState::Restarting
+        );
+        assert!(
+            started(&s.step(Time::from_secs(6)).unwrap()).is_empty(),
+            "backoff of 10 s"
+        );
+        let e = explain(&s, JobId(1), Time::from_secs(6)).unwrap();
+        assert_eq!(
+            e.reason,
+            PendingReason::Backoff {
+                until: Time::from_secs(15)
+            }
+        );
+        assert_eq!(started(&s.step(Time::from_secs(15)).unwrap()), vec![1]);
+        assert_eq!(
+            s.finish(JobId(1), Time::from_secs(20), false).unwrap(),
+            JobState::Failed
+        );
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lost_and_draining_nodes_requeue_their_jobs() {
+        let mut s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("n0", GpuModel::T4, 2), node("n1", GpuModel::T4, 2)],
+            &["a"],
+        );
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 2, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let n_of = |s: &ClusterState, j: u64| {
+            s.job(JobId(j))
+                .unwrap()
+                .run
+                .as_ref()
+                .unwrap()
+                .placement
+                .tasks[0]
+                .node
+        };
+        let (n1, n2) = (n_of(&s, 1), n_of(&s, 2));
+        assert_eq!(
+            s.set_node_state(n1, NodeState::Lost, Time::from_secs(10))
+                .unwrap(),
+            vec![JobId(1)]
+        );
+        assert_eq!(s.job(JobId(1)).unwrap().state, JobState::Restarting);
+        assert_eq!(
+            s.set_node_state(n2, NodeState::Draining, Time::from_secs(10))
+                .unwrap(),
+            vec![JobId(2)]
+        );
+        assert_eq!(s.job(JobId(2)).unwrap().state, JobState::Preempted);
+        assert_eq!(s.capacity_gpus(), 0);
+        s.check_invariants().unwrap();
+        s.set_node_state(n1, NodeState::Ready, Time::from_secs(20))
+            .unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(30)).unwrap()), vec![1]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn mig_slices_are_allocated_one_per_task() {
+        let mut n = node("mig", GpuModel::A100_80GB, 2);
+        n.gpus[0].mig = vec!["3g.40gb".parse().unwrap(), "3g.40gb".parse().unwrap()];
+        let mut s = cluster(cfg(Policy::Fifo), vec![n], &["a"]);
+        for i in 0..3 {
+            let mut j = JobSpec::new(t0(), "m", 0, 1);
+            j.task.mig = Some("3g.40gb".parse().unwrap());
+            submit(&mut s, i + 1, j, i);
+        }
+        submit(&mut s, 10, JobSpec::new(t0(), "whole", 1, 1), 10);
+        let ds = s.step(Time::from_secs(20)).unwrap();
+        assert_eq!(
+            started(&ds),
+            vec![1, 2],
+            "two slices, the third waits (strict FIFO)"
+        );
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn bad_placements_are_errors_not_panics() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 2, 1), 0);
+        let bad = Placement {
+            tasks: vec![TaskPlacement {
+                node: NodeId(0),
+                gpu_mask: 0b100,
+                mig_slot: None,
+                cpu: MilliCpu::cores(2),
+                mem: MiB::gib(8),
+            }],
+        };
+        assert!(s.start(JobId(1), bad, false, Time::ZERO).is_err());
+        assert!(s
+            .start(JobId(9), Placement::default(), false, Time::ZERO)
+            .is_err());
+        assert!(s.finish(JobId(1), Time::ZERO, true).is_err());
+        s.check_invariants().unwrap();
+    }
+}

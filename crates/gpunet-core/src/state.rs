@@ -1,0 +1,1048 @@
+//! The cluster state: nodes, tenants, jobs, free resources, queues and usage. It is changed only through the methods
+//! here (events from the driver and the decisions of [`crate::schedule`]), each of which keeps the invariants that
+//! [`ClusterState::check_invariants`] verifies.
+
+use crate::alloc::{Free, Topology};
+use crate::config::{Policy, SchedConfig};
+use crate::error::CoreError;
+use crate::gpu::GpuModel;
+use crate::ids::{JobId, NodeId, TenantId};
+use crate::job::{Job, JobSpec, JobState, Placement, RunInfo, TopologyScope};
+use crate::node::{NodeSpec, NodeState};
+use crate::quota::{QuotaBook, QuotaShape};
+use crate::schedule::Decision;
+use crate::tenant::{dim_model, QVec, Quota, TenantSpec, DIM_CPU, DIM_GPUS, DIM_MEM, QDIMS};
+use crate::units::{MiB, MilliCpu, Resources, Time};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// Order of a queued job within its tenant's queue (and across tenants for job-ordering policies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct QueueKey {
+    pub(crate) major: u64,
+    pub(crate) minor: u64,
+    pub(crate) job: JobId,
+}
+
+/// A tenant and what the scheduler tracks for it.
+#[derive(Debug, Clone)]
+pub(crate) struct TenantEntry {
+    pub(crate) spec: TenantSpec,
+    pub(crate) queue: BTreeSet<QueueKey>,
+    /// Decayed GPU-ms of past usage as of `usage_as_of`.
+    pub(crate) decayed_gpu_ms: f64,
+    pub(crate) usage_as_of: Time,
+}
+
+/// A read-only view of a node.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a> {
+    /// Id.
+    pub id: NodeId,
+    /// Spec.
+    pub spec: &'a NodeSpec,
+    /// State.
+    pub state: NodeState,
+    /// Free whole GPUs (bit per index).
+    pub free_gpu_mask: u64,
+    /// Free CPU.
+    pub free_cpu: MilliCpu,
+    /// Free memory.
+    pub free_mem: MiB,
+    /// Jobs with a task on the node.
+    pub jobs: &'a BTreeSet<JobId>,
+}
+
+/// The whole cluster as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub struct ClusterState {
+    pub(crate) cfg: SchedConfig,
+    pub(crate) topo: Topology,
+    pub(crate) free: Free,
+    pub(crate) node_specs: Vec<NodeSpec>,
+    pub(crate) node_states: Vec<NodeState>,
+    pub(crate) node_jobs: Vec<BTreeSet<JobId>>,
+    node_names: HashMap<String, NodeId>,
+    pub(crate) tenants: Vec<TenantEntry>,
+    tenant_names: HashMap<String, TenantId>,
+    pub(crate) shape: QuotaShape,
+    pub(crate) book: QuotaBook,
+    pub(crate) jobs: HashMap<JobId, Job>,
+    /// Running jobs by estimated end (`Time::MAX` without estimate).
+    pub(crate) running_by_end: BTreeSet<(Time, JobId)>,
+    /// Running jobs admitted beyond their tenant's guarantee.
+    pub(crate) running_borrowed: BTreeSet<JobId>,
+    /// Running jobs by priority.
+    pub(crate) running_by_prio: BTreeSet<(i32, JobId)>,
+    /// Running jobs whose eviction is under way.
+    pub(crate) evicting: BTreeSet<JobId>,
+    /// Queued jobs that evictions were made for: they get the first claim on what is freed.
+    pub(crate) preempting_for: BTreeSet<JobId>,
+    pub(crate) preemption_log: VecDeque<Time>,
+    /// Capacity of schedulable nodes, per quota dimension.
+    pub(crate) capacity: QVec,
+    pub(crate) queued: usize,
+}
+
+impl ClusterState {
+    /// An empty cluster.
+    pub fn new(cfg: SchedConfig) -> Result<ClusterState, CoreError> {
+        cfg.validate()?;
+        Ok(ClusterState {
+            cfg,
+            topo: Topology::default(),
+            free: Free::default(),
+            node_specs: Vec::new(),
+            node_states: Vec::new(),
+            node_jobs: Vec::new(),
+            node_names: HashMap::new(),
+            tenants: Vec::new(),
+            tenant_names: HashMap::new(),
+            shape: QuotaShape::default(),
+            book: QuotaBook::default(),
+            jobs: HashMap::new(),
+            running_by_end: BTreeSet::new(),
+            running_borrowed: BTreeSet::new(),
+            running_by_prio: BTreeSet::new(),
+            evicting: BTreeSet::new(),
+            preempting_for: BTreeSet::new(),
+            preemption_log: VecDeque::new(),
+            capacity: [0; QDIMS],
+            queued: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// Changes the configuration; queues are re-sorted when the policy or LAS thresholds change.
+    pub fn set_config(&mut self, cfg: SchedConfig) -> Result<(), CoreError> {
+        cfg.validate()?;
+        self.cfg = cfg;
+        for t in &mut self.tenants {
+            t.queue.clear();
+        }
+        let keys: Vec<(TenantId, QueueKey)> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_queued())
+            .map(|j| (j.spec.tenant, queue_key(&self.cfg, j)))
+            .collect();
+        for (t, k) in keys {
+            self.tenants[t.index()].queue.insert(k);
+        }
+        Ok(())
+    }
+
+    // ----- nodes -----
+
+    /// Registers a node (state Ready).
+    pub fn add_node(&mut self, mut spec: NodeSpec) -> Result<NodeId, CoreError> {
+        spec.validate()?;
+        if self.node_names.contains_key(&spec.name) {
+            return Err(CoreError::DuplicateName {
+                kind: "node",
+                name: spec.name,
+            });
+        }
+        let id = NodeId(self.node_specs.len() as u32);
+        self.topo.add_node(id, &spec);
+        self.free.add_node(&self.topo, id);
+        self.node_names.insert(spec.name.clone(), id);
+        self.node_specs.push(spec);
+        self.node_states.push(NodeState::Lost);
+        self.node_jobs.push(BTreeSet::new());
+        self.set_node_state(id, NodeState::Ready, Time::ZERO)?;
+        Ok(id)
+    }
+
+    /// Looks a node up by name.
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.node_names.get(name).copied()
+    }
+
+    /// A node.
+    pub fn node(&self, id: NodeId) -> Option<NodeView<'_>> {
+        let spec = self.node_specs.get(id.index())?;
+        let f = &self.free.nodes[id.index()];
+        Some(NodeView {
+            id,
+            spec,
+            state: self.node_states[id.index()],
+            free_gpu_mask: f.mask,
+            free_cpu: f.cpu,
+            free_mem: f.mem,
+            jobs: &self.node_jobs[id.index()],
+        })
+    }
+
+    /// All nodes.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeView<'_>> {
+        (0..self.node_specs.len()).filter_map(|i| self.node(NodeId(i as u32)))
+    }
+
+    fn node_capacity(&self, id: NodeId) -> QVec {
+        let s = &self.node_specs[id.index()];
+        let t = &self.topo.nodes[id.index()];
+        let mut v = [0; QDIMS];
+        let g = t.gpu_mask.count_ones() as u64;
+        v[DIM_GPUS] = g;
+        v[DIM_CPU] = s.cpu.0;
+        v[DIM_MEM] = s.mem.0;
+        if let Some(m) = s.gpu_model() {
+            v[dim_model(m)] = g;
+        }
+        v
+    }
+
+    /// Changes a node's state. Draining evicts its jobs (they resume from their checkpoints); Lost fails them (they
+    /// restart under their restart policy). Returns the jobs that were moved off the node.
+    pub fn set_node_state(
+        &mut self,
+        id: NodeId,
+        state: NodeState,
+        now: Time,
+    ) -> Result<Vec<JobId>, CoreError> {
+        let old = *self
+            .node_states
+            .get(id.index())
+            .ok_or(CoreError::UnknownNode(id))?;
+        if old == state {
+            return Ok(Vec::new());
+        }
+        let cap = self.node_capacity(id);
+        if old == NodeState::Ready {
+            for d in 0..QDIMS {
+                self.capacity[d] -= cap[d];
+            }
+        }
+        if state == NodeState::Ready {
+            for d in 0..QDIMS {
+                self.capacity[d] += cap[d];
+            }
+        }
+        self.node_states[id.index()] = state;
+        self.free
+            .set_schedulable(&self.topo, id, state == NodeState::Ready);
+        self.refresh_shape();
+        let affected: Vec<JobId> = self.node_jobs[id.index()].iter().copied().collect();
+        match state {
+            NodeState::Draining => {
+                for j in &affected {
+                    self.evict(*j, now)?;
+                }
+                Ok(affected)
+            }
+            NodeState::Lost => {
+                for j in &affected {
+                    self.finish(*j, now, false)?;
+                }
+                Ok(affected)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    // ----- tenants -----
+
+    /// Registers a tenant.
+    pub fn add_tenant(&mut self, spec: TenantSpec) -> Result<TenantId, CoreError> {
+        spec.validate()?;
+        if self.tenant_names.contains_key(&spec.name) {
+            return Err(CoreError::DuplicateName {
+                kind: "tenant",
+                name: spec.name,
+            });
+        }
+        let id = TenantId(self.tenants.len() as u32);
+        self.tenant_names.insert(spec.name.clone(), id);
+        self.tenants.push(TenantEntry {
+            spec,
+            queue: BTreeSet::new(),
+            decayed_gpu_ms: 0.0,
+            usage_as_of: Time::ZERO,
+        });
+        self.book.usage.push([0; QDIMS]);
+        self.rebuild_quota();
+        Ok(id)
+    }
+
+    /// Changes a tenant's quota (running work is not evicted; new admissions follow the new quota).
+    pub fn set_quota(&mut self, t: TenantId, quota: Option<Quota>) -> Result<(), CoreError> {
+        if let Some(q) = &quota {
+            q.validate()?;
+        }
+        self.tenants
+            .get_mut(t.index())
+            .ok_or(CoreError::UnknownTenant(t))?
+            .spec
+            .quota = quota;
+        self.rebuild_quota();
+        Ok(())
+    }
+
+    /// Looks a tenant up by name.
+    pub fn tenant_id(&self, name: &str) -> Option<TenantId> {
+        self.tenant_names.get(name).copied()
+    }
+
+    /// A tenant's spec.
+    pub fn tenant(&self, t: TenantId) -> Option<&TenantSpec> {
+        self.tenants.get(t.index()).map(|e| &e.spec)
+    }
+
+    /// Number of tenants.
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// A tenant's current usage: whole GPUs, CPU, memory.
+    pub fn tenant_usage(&self, t: TenantId) -> Resources {
+        let u = &self.book.usage[t.index()];
+        Resources {
+            gpus: u[DIM_GPUS] as u32,
+            cpu: MilliCpu(u[DIM_CPU]),
+            mem: MiB(u[DIM_MEM]),
+        }
+    }
+
+    /// A tenant's decayed historical GPU usage in GPU-seconds at `now` (fair share's measure).
+    pub fn tenant_decayed_usage_gpu_s(&self, t: TenantId, now: Time) -> f64 {
+        self.decayed_usage(t, now) / 1000.0
+    }
+
+    pub(crate) fn decayed_usage(&self, t: TenantId, now: Time) -> f64 {
+        let e = &self.tenants[t.index()];
+        let h = self.cfg.fairshare_half_life.0 as f64;
+        let dt = now.since(e.usage_as_of).0 as f64;
+        let decay = (-dt / h).exp2();
+        let a = self.book.usage[t.index()][DIM_GPUS] as f64;
+        // Integral of a constant allocation `a` over dt with decay: a·h/ln2·(1 − 2^(−dt/h)).
+        e.decayed_gpu_ms * decay + a * h / std::f64::consts::LN_2 * (1.0 - decay)
+    }
+
+    fn accrue_tenant(&mut self, t: TenantId, now: Time) {
+        let u = self.decayed_usage(t, now);
+        let e = &mut self.tenants[t.index()];
+        if now > e.usage_as_of {
+            e.decayed_gpu_ms = u;
+            e.usage_as_of = now;
+        }
+    }
+
+    /// Brings the decayed usage of every tenant up to `now` (call periodically; fair share reads it).
+    pub fn accrue_usage(&mut self, now: Time) {
+        for i in 0..self.tenants.len() {
+            let u = self.decayed_usage(TenantId(i as u32), now);
+            let e = &mut self.tenants[i];
+            if now > e.usage_as_of {
+                e.decayed_gpu_ms = u;
+                e.usage_as_of = now;
+            }
+        }
+    }
+
+    fn rebuild_quota(&mut self) {
+        let mut cohort_names: Vec<String> = Vec::new();
+        let mut tenants = Vec::with_capacity(self.tenants.len());
+        for t in &self.tenants {
+            let c =
+                t.spec
+                    .cohort
+                    .as_ref()
+                    .map(|c| match cohort_names.iter().position(|n| n == c) {
+                        Some(i) => i as u32,
+                        None => {
+                            cohort_names.push(c.clone());
+                            (cohort_names.len() - 1) as u32
+                        }
+                    });
+            tenants.push((t.spec.quota.clone(), c));
+        }
+        let mut cohorts: Vec<(String, QVec)> =
+            cohort_names.into_iter().map(|n| (n, [0; QDIMS])).collect();
+        for (q, c) in &tenants {
+            if let (Some(q), Some(c)) = (q, c) {
+                let g = q.guarantee_vec();
+                for d in 0..QDIMS {
+                    cohorts[*c as usize].1[d] += g[d];
+                }
+            }
+        }
+        self.shape.tenants = tenants;
+        self.shape.cohorts = cohorts;
+        self.refresh_shape();
+        // Recompute the book from the tenants' usage.
+        let usage = std::mem::take(&mut self.book.usage);
+        self.book = QuotaBook {
+            usage: vec![[0; QDIMS]; usage.len()],
+            cohort_usage: vec![[0; QDIMS]; self.shape.cohorts.len()],
+            root_borrowed: [0; QDIMS],
+        };
+        for (i, u) in usage.iter().enumerate() {
+            self.book.charge(&self.shape, TenantId(i as u32), u, false);
+        }
+    }
+
+    fn refresh_shape(&mut self) {
+        let mut g = [0u64; QDIMS];
+        for (q, _) in &self.shape.tenants {
+            if let Some(q) = q {
+                let v = q.guarantee_vec();
+                for d in 0..QDIMS {
+                    g[d] = g[d].saturating_add(v[d]);
+                }
+            }
+        }
+        for d in 0..QDIMS {
+            self.shape.unguaranteed[d] = self.capacity[d].saturating_sub(g[d]);
+        }
+    }
+
+    // ----- jobs -----
+
+    /// Submits a job at `now`.
+    pub fn submit(&mut self, id: JobId, spec: JobSpec, now: Time) -> Result<(), CoreError> {
+        spec.validate()?;
+        if spec.tenant.index() >= self.tenants.len() {
+            return Err(CoreError::UnknownTenant(spec.tenant));
+        }
+        if self.jobs.contains_key(&id) {
+            return Err(CoreError::DuplicateJob(id));
+        }
+        let job = Job::new(id, spec, now);
+        self.enqueue(&job);
+        self.jobs.insert(id, job);
+        Ok(())
+    }
+
+    fn enqueue(&mut self, job: &Job) {
+        let k = queue_key(&self.cfg, job);
+        self.tenants[job.spec.tenant.index()].queue.insert(k);
+        self.queued += 1;
+    }
+
+    fn dequeue(&mut self, job: &Job) {
+        let k = queue_key(&self.cfg, job);
+        let removed = self.tenants[job.spec.tenant.index()].queue.remove(&k);
+        debug_assert!(removed, "queued job missing from its queue");
+        self.queued -= 1;
+    }
+
+    /// A job.
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// All jobs, in no particular order.
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    /// Jobs waiting in queues.
+    pub fn queued_count(&self) -> usize {
+        self.queued
+    }
+
+    /// Running jobs.
+    pub fn running_count(&self) -> usize {
+        self.running_by_end.len()
+    }
+
+    /// Total whole GPUs on schedulable nodes.
+    pub fn capacity_gpus(&self) -> u64 {
+        self.capacity[DIM_GPUS]
+    }
+
+    /// Total whole GPUs held by running jobs.
+    pub fn allocated_gpus(&self) -> u64 {
+        self.book.usage.iter().map(|u| u[DIM_GPUS]).sum()
+    }
+
+    pub(crate) fn placement_qvec(&self, spec: &JobSpec, p: &Placement) -> QVec {
+        let mut v = [0u64; QDIMS];
+        for t in &p.tasks {
+            let g = t.gpu_mask.count_ones() as u64;
+            v[DIM_GPUS] += g;
+            v[DIM_CPU] += t.cpu.0;
+            v[DIM_MEM] += t.mem.0;
+            if let Some(m) = self.node_specs[t.node.index()].gpu_model() {
+                v[dim_model(m)] += g;
+            }
+        }
+        let _ = spec;
+        v
+    }
+
+    /// Estimated end of a job started at `start`.
+    pub(crate) fn est_end(job: &Job, start: Time) -> Time {
+        match job.spec.estimated_duration {
+            Some(_) => start + job.remaining_estimate(),
+            None => Time::MAX,
+        }
+    }
+
+    /// Applies a scheduling decision.
+    pub fn apply(&mut self, d: &Decision, now: Time) -> Result<(), CoreError> {
+        match d {
+            Decision::Start {
+                job,
+                placement,
+                borrowed,
+            } => self.start(*job, placement.clone(), *borrowed, now),
+            Decision::Preempt { job, for_job, .. } => {
+                self.evict(*job, now)?;
+                self.note_preemption_for(*for_job);
+                Ok(())
+            }
+            Decision::Reserve { .. } => Ok(()),
+            Decision::Scale { job, add } => {
+                let j = self.jobs.get(job).ok_or(CoreError::UnknownJob(*job))?;
+                if j.state != JobState::Running {
+                    return Err(CoreError::InvalidPlacement {
+                        job: *job,
+                        reason: "scale of a job that is not running".into(),
+                    });
+                }
+                for t in add {
+                    self.free
+                        .can_take(&self.topo, t)
+                        .map_err(|reason| CoreError::InvalidPlacement { job: *job, reason })?;
+                }
+                let spec = j.spec.clone();
+                let extra = Placement { tasks: add.clone() };
+                let q = self.placement_qvec(&spec, &extra);
+                for t in add {
+                    self.free.take(&self.topo, t);
+                    self.node_jobs[t.node.index()].insert(*job);
+                }
+                self.accrue_tenant(spec.tenant, now);
+                self.book.charge(&self.shape, spec.tenant, &q, false);
+                let j = self.jobs.get_mut(job).expect("checked above");
+                j.run
+                    .as_mut()
+                    .expect("running job has a run")
+                    .placement
+                    .tasks
+                    .extend(add.iter().cloned());
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs one scheduling pass at `now` and applies all its decisions (what the simulator does; the server applies
+    /// them as agents confirm). Returns the decisions.
+    pub fn step(&mut self, now: Time) -> Result<Vec<Decision>, CoreError> {
+        let decisions = crate::schedule::schedule(self, now);
+        for d in &decisions {
+            self.apply(d, now)?;
+        }
+        Ok(decisions)
+    }
+
+    /// Starts a queued job on a placement.
+    pub fn start(
+        &mut self,
+        id: JobId,
+        placement: Placement,
+        borrowed: bool,
+        now: Time,
+    ) -> Result<(), CoreError> {
+        let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
+        if !job.state.can_become(JobState::Running) {
+            return Err(CoreError::InvalidTransition {
+                job: id,
+                from: job.state,
+                to: JobState::Running,
+            });
+        }
+        self.validate_placement(job, &placement)?;
+        let job = job.clone();
+        self.dequeue(&job);
+        self.preempting_for.remove(&id);
+        let q = self.placement_qvec(&job.spec, &placement);
+        for t in &placement.tasks {
+            self.free.take(&self.topo, t);
+            self.node_jobs[t.node.index()].insert(id);
+        }
+        self.accrue_tenant(job.spec.tenant, now);
+        self.book.charge(&self.shape, job.spec.tenant, &q, false);
+        let j = self.jobs.get_mut(&id).expect("looked up above");
+        j.transition(JobState::Running)?;
+        j.run = Some(RunInfo {
+            started: now,
+            placement,
+            borrowed,
+            last_checkpoint: None,
+            evicting: false,
+        });
+        let end = Self::est_end(j, now);
+        self.running_by_end.insert((end, id));
+        self.running_by_prio.insert((j.spec.priority, id));
+        if borrowed {
+            self.running_borrowed.insert(id);
+        }
+        Ok(())
+    }
+
+    fn validate_placement(&self, job: &Job, p: &Placement) -> Result<(), CoreError> {
+        let err = |reason: String| CoreError::InvalidPlacement {
+            job: job.id,
+            reason,
+        };
+        let spec = &job.spec;
+        let n = p.tasks.len() as u32;
+        let (min, max) = spec
+            .elastic
+            .map_or((spec.tasks, spec.tasks), |e| (e.min_tasks, e.max_tasks));
+        if n < min || n > max {
+            return Err(err(format!(
+                "{n} tasks placed, the job needs {min} to {max}"
+            )));
+        }
+        let mut models: Vec<Option<GpuModel>> = Vec::new();
+        let mut seen: HashMap<NodeId, (u64, u64)> = HashMap::new();
+        for t in &p.tasks {
+            self.free.can_take(&self.topo, t).map_err(err)?;
+            if self.node_states.get(t.node.index()) != Some(&NodeState::Ready) {
+                return Err(err(format!("{} is not ready", t.node)));
+            }
+            if t.gpu_mask.count_ones() != spec.task.gpus
+                || t.cpu != spec.task.cpu
+                || t.mem != spec.task.mem
+            {
+                return Err(err(format!(
+                    "a task on {} does not hold what the task spec asks",
+                    t.node
+                )));
+            }
+            if spec.task.mig.is_some() != t.mig_slot.is_some() {
+                return Err(err("MIG slot mismatch".into()));
+            }
+            let e = seen.entry(t.node).or_default();
+            if e.0 & t.gpu_mask != 0 || t.mig_slot.is_some_and(|s| e.1 & (1 << s) != 0) {
+                return Err(err(format!("two tasks share a GPU on {}", t.node)));
+            }
+            e.0 |= t.gpu_mask;
+            if let Some(s) = t.mig_slot {
+                e.1 |= 1 << s;
+            }
+            if !spec.node_eligible(&self.node_specs[t.node.index()]) {
+                return Err(err(format!(
+                    "{} does not match the job's selector, tolerations or models",
+                    t.node
+                )));
+            }
+            let m = self.node_specs[t.node.index()].gpu_model();
+            if !models.contains(&m) {
+                models.push(m);
+            }
+        }
+        let total_cpu: u64 = p.tasks.iter().map(|t| t.cpu.0).sum();
+        let _ = total_cpu;
+        for (node, (mask, _)) in &seen {
+            let f = &self.free.nodes[node.index()];
+            if mask & !f.mask != 0 {
+                return Err(err(format!("GPUs of {node} are not free")));
+            }
+            let cpu: u64 = p
+                .tasks
+                .iter()
+                .filter(|t| t.node == *node)
+                .map(|t| t.cpu.0)
+                .sum();
+            let mem: u64 = p
+                .tasks
+                .iter()
+                .filter(|t| t.node == *node)
+                .map(|t| t.mem.0)
+                .sum();
+            if cpu > f.cpu.0 || mem > f.mem.0 {
+                return Err(err(format!(
+                    "{node} lacks CPU or memory for the tasks placed on it"
+                )));
+            }
+        }
+        if spec.task.gpus > 0 && models.len() > 1 && !spec.allow_mixed_models {
+            return Err(err(
+                "the gang spans GPU models and the job does not allow it".into(),
+            ));
+        }
+        if !self.scope_met(spec.topology, p) {
+            return Err(err(format!("tasks are not within {}", spec.topology)));
+        }
+        Ok(())
+    }
+
+    /// Whether a placement satisfies a topology scope.
+    pub(crate) fn scope_met(&self, scope: TopologyScope, p: &Placement) -> bool {
+        let Some(first) = p.tasks.first() else {
+            return true;
+        };
+        let s0 = &self.node_specs[first.node.index()];
+        match scope {
+            TopologyScope::Any => true,
+            TopologyScope::Zone => p
+                .tasks
+                .iter()
+                .all(|t| self.node_specs[t.node.index()].zone() == s0.zone()),
+            TopologyScope::Rack => p.tasks.iter().all(|t| {
+                let s = &self.node_specs[t.node.index()];
+                s.zone() == s0.zone() && s.rack() == s0.rack()
+            }),
+            TopologyScope::Node => p.tasks.iter().all(|t| t.node == first.node),
+            TopologyScope::NvLink => {
+                if !p.tasks.iter().all(|t| t.node == first.node) {
+                    return false;
+                }
+                let all: u64 = p.tasks.iter().fold(0, |a, t| a | t.gpu_mask);
+                all == 0
+                    || self.topo.nodes[first.node.index()]
+                        .domains
+                        .iter()
+                        .any(|d| all & !d == 0)
+            }
+        }
+    }
+
+    fn release(&mut self, id: JobId, now: Time) -> Result<Job, CoreError> {
+        let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.clone();
+        let run = job.run.as_ref().ok_or(CoreError::InvalidTransition {
+            job: id,
+            from: job.state,
+            to: JobState::Preempted,
+        })?;
+        let q = self.placement_qvec(&job.spec, &run.placement);
+        for t in &run.placement.tasks {
+            self.free.give(&self.topo, t);
+            self.node_jobs[t.node.index()].remove(&id);
+        }
+        self.accrue_tenant(job.spec.tenant, now);
+        self.book.charge(&self.shape, job.spec.tenant, &q, true);
+        self.running_by_end
+            .remove(&(Self::est_end(&job, run.started), id));
+        self.running_by_prio.remove(&(job.spec.priority, id));
+        self.running_borrowed.remove(&id);
+        self.evicting.remove(&id);
+        let j = self.jobs.get_mut(&id).expect("looked up above");
+        j.attained_gpu_ms = j.attained_at(now);
+        Ok(job)
+    }
+
+    /// A running job exited: `success` means exit 0. A failure with restarts left goes to Restarting (after a
+    /// backoff, from its last checkpoint), otherwise to Failed. Returns the new state.
+    pub fn finish(&mut self, id: JobId, now: Time, success: bool) -> Result<JobState, CoreError> {
+        let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
+        if state != JobState::Running {
+            let to = if success {
+                JobState::Succeeded
+            } else {
+                JobState::Failed
+            };
+            return Err(CoreError::InvalidTransition {
+                job: id,
+                from: state,
+                to,
+            });
+        }
+        let old = self.release(id, now)?;
+        let restartable = !success && old.restarts < old.spec.max_restarts;
+        let j = self.jobs.get_mut(&id).expect("released above");
+        if success {
+            j.transition(JobState::Succeeded)?;
+            j.finished = Some(now);
+            j.run = None;
+        } else if restartable {
+            let ck = j.last_checkpoint_at(now).unwrap_or(now);
+            let started = j.run.as_ref().map_or(now, |r| r.started);
+            j.progress = j.progress + ck.since(started);
+            j.transition(JobState::Restarting)?;
+            j.restarts += 1;
+            j.not_before = now + self.cfg.backoff(j.restarts);
+            j.run = None;
+            let j = j.clone();
+            self.enqueue(&j);
+        } else {
+            j.transition(JobState::Failed)?;
+            j.finished = Some(now);
+            j.run = None;
+        }
+        Ok(self.jobs[&id].state)
+    }
+
+    /// Records that evictions are made for a queued job, so that it has the first claim on what they free.
+    pub fn note_preemption_for(&mut self, job: JobId) {
+        if self.jobs.get(&job).is_some_and(|j| j.state.is_queued()) {
+            self.preempting_for.insert(job);
+        }
+    }
+
+    /// Marks a running job as being evicted (its processes are being stopped); it is not picked as a victim again.
+    pub fn begin_eviction(&mut self, id: JobId) -> Result<(), CoreError> {
+        let j = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
+        match j.run.as_mut() {
+            Some(r) => {
+                r.evicting = true;
+                self.evicting.insert(id);
+                Ok(())
+            }
+            None => Err(CoreError::InvalidTransition {
+                job: id,
+                from: j.state,
+                to: JobState::Preempted,
+            }),
+        }
+    }
+
+    /// Evicts a running job: resources are freed, work since its last checkpoint is lost, and it waits in the queue
+    /// as Preempted.
+    pub fn evict(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
+        let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
+        if state != JobState::Running {
+            return Err(CoreError::InvalidTransition {
+                job: id,
+                from: state,
+                to: JobState::Preempted,
+            });
+        }
+        self.release(id, now)?;
+        let j = self.jobs.get_mut(&id).expect("released above");
+        let ck = j.last_checkpoint_at(now).unwrap_or(now);
+        let started = j.run.as_ref().map_or(now, |r| r.started);
+        j.progress = j.progress + ck.since(started);
+        j.transition(JobState::Preempted)?;
+        j.preemptions += 1;
+        j.run = None;
+        let j = j.clone();
+        self.enqueue(&j);
+        self.preemption_log.push_back(now);
+        let horizon = now - self.cfg.preemption.interval;
+        while self.preemption_log.front().is_some_and(|t| *t < horizon) {
+            self.preemption_log.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Cancels a queued or running job.
+    pub fn cancel(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
+        let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.clone();
+        if !job.state.can_become(JobState::Cancelled) {
+            return Err(CoreError::InvalidTransition {
+                job: id,
+                from: job.state,
+                to: JobState::Cancelled,
+            });
+        }
+        if job.state == JobState::Running {
+            self.release(id, now)?;
+        } else {
+            self.dequeue(&job);
+            self.preempting_for.remove(&id);
+        }
+        let j = self.jobs.get_mut(&id).expect("looked up above");
+        j.transition(JobState::Cancelled)?;
+        j.run = None;
+        j.finished = Some(now);
+        Ok(())
+    }
+
+    /// Records a checkpoint of a running job taken at `at`.
+    pub fn record_checkpoint(&mut self, id: JobId, at: Time) -> Result<(), CoreError> {
+        let j = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
+        match j.run.as_mut() {
+            Some(r) => {
+                r.last_checkpoint = Some(at.max(r.started));
+                Ok(())
+            }
+            None => Err(CoreError::InvalidField {
+                field: "checkpoint",
+                value: id.to_string(),
+                allowed: "a checkpoint of a running job".into(),
+            }),
+        }
+    }
+
+    /// Drops terminal jobs that finished before `before` (the driver keeps its own history).
+    pub fn forget_finished(&mut self, before: Time) {
+        self.jobs
+            .retain(|_, j| !(j.state.is_terminal() && j.finished.is_some_and(|f| f < before)));
+    }
+
+    /// Evictions in the current rate-limit window ending at `now`.
+    pub(crate) fn recent_preemptions(&self, now: Time) -> u32 {
+        let horizon = now - self.cfg.preemption.interval;
+        self.preemption_log
+            .iter()
+            .filter(|t| **t >= horizon)
+            .count() as u32
+    }
+
+    /// Checks every invariant: no resource allocated twice or beyond capacity, gangs whole, topology met, usage
+    /// books match running jobs, every job in exactly one place, quota limits respected.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.free.check(&self.topo)?;
+        let n = self.node_specs.len();
+        let mut used_mask = vec![0u64; n];
+        let mut used_cpu = vec![0u64; n];
+        let mut used_mem = vec![0u64; n];
+        let mut usage = vec![[0u64; QDIMS]; self.tenants.len()];
+        let mut queued = 0usize;
+        let mut in_queue: HashMap<JobId, usize> = HashMap::new();
+        for t in &self.tenants {
+            for k in &t.queue {
+                *in_queue.entry(k.job).or_default() += 1;
+            }
+        }
+        for j in self.jobs.values() {
+            let q = in_queue.get(&j.id).copied().unwrap_or(0);
+            if j.state.is_queued() {
+                queued += 1;
+                if q != 1 {
+                    return Err(format!("{} is {} but sits in {q} queues", j.id, j.state));
+                }
+                if j.run.is_some() {
+                    return Err(format!("{} is {} but holds resources", j.id, j.state));
+                }
+            } else if q != 0 {
+                return Err(format!("{} is {} but sits in a queue", j.id, j.state));
+            }
+            match (&j.run, j.state) {
+                (Some(r), JobState::Running) => {
+                    if !self
+                        .running_by_end
+                        .contains(&(Self::est_end(j, r.started), j.id))
+                    {
+                        return Err(format!("{} is running but not in the running index", j.id));
+                    }
+                    let (min, max) = j
+                        .spec
+                        .elastic
+                        .map_or((j.spec.tasks, j.spec.tasks), |e| (e.min_tasks, e.max_tasks));
+                    let nt = r.placement.tasks.len() as u32;
+                    if nt < min || nt > max {
+                        return Err(format!(
+                            "{} runs {nt} tasks, gang needs {min}..={max}",
+                            j.id
+                        ));
+                    }
+                    if !self.scope_met(j.spec.topology, &r.placement) {
+                        return Err(format!("{} is not within {}", j.id, j.spec.topology));
+                    }
+                    let mut models = BTreeSet::new();
+                    for t in &r.placement.tasks {
+                        let i = t.node.index();
+                        if used_mask[i] & t.gpu_mask != 0 {
+                            return Err(format!(
+                                "GPU {:#x} of {} allocated twice",
+                                used_mask[i] & t.gpu_mask,
+                                t.node
+                            ));
+                        }
+                        used_mask[i] |= t.gpu_mask;
+                        used_cpu[i] += t.cpu.0;
+                        used_mem[i] += t.mem.0;
+                        if t.gpu_mask != 0 {
+                            models.insert(self.node_specs[i].gpu_model());
+                        }
+                        if !self.node_jobs[i].contains(&j.id) {
+                            return Err(format!(
+                                "{} runs on {} but the node does not list it",
+                                j.id, t.node
+                            ));
+                        }
+                    }
+                    if models.len() > 1 && !j.spec.allow_mixed_models {
+                        return Err(format!("{} spans GPU models", j.id));
+                    }
+                    let qv = self.placement_qvec(&j.spec, &r.placement);
+                    for d in 0..QDIMS {
+                        usage[j.spec.tenant.index()][d] += qv[d];
+                    }
+                }
+                (None, JobState::Running) => {
+                    return Err(format!("{} is running without a placement", j.id))
+                }
+                (Some(_), s) => return Err(format!("{} is {s} but holds a placement", j.id)),
+                (None, _) => {}
+            }
+        }
+        if queued != self.queued {
+            return Err(format!(
+                "queued count {} but {queued} jobs are queued",
+                self.queued
+            ));
+        }
+        let running = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Running)
+            .count();
+        if running != self.running_by_end.len() {
+            return Err(format!(
+                "{running} running jobs but {} in the running index",
+                self.running_by_end.len()
+            ));
+        }
+        for i in 0..n {
+            let t = &self.topo.nodes[i];
+            let f = &self.free.nodes[i];
+            if used_mask[i] & f.mask != 0 {
+                return Err(format!("node-{i}: a GPU is both free and allocated"));
+            }
+            if (used_mask[i] | f.mask) & t.gpu_mask != t.gpu_mask && t.present {
+                return Err(format!("node-{i}: a GPU is neither free nor allocated"));
+            }
+            if used_cpu[i] + f.cpu.0 != t.cpu.0 || used_mem[i] + f.mem.0 != t.mem.0 {
+                return Err(format!("node-{i}: CPU or memory over-allocated or leaked"));
+            }
+        }
+        for (i, u) in usage.iter().enumerate() {
+            if *u != self.book.usage[i] {
+                return Err(format!(
+                    "tenant-{i}: usage book {:?} but running jobs hold {:?}",
+                    self.book.usage[i], u
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tenant's queue in order (for explain and the portal).
+    pub(crate) fn tenant_queue(
+        &self,
+        t: TenantId,
+    ) -> std::collections::btree_set::Iter<'_, QueueKey> {
+        self.tenants[t.index()].queue.iter()
+    }
+
+    /// Policy in force.
+    pub fn policy(&self) -> Policy {
+        self.cfg.policy
+    }
+
+    /// The estimated end times of running jobs (for ETA predictions).
+    pub fn running_ends(&self) -> impl Iterator<Item = (Time, JobId)> + '_ {
+        self.running_by_end.iter().copied()
+    }
+}
+
+/// The queue key of a job under the configured policy.
+pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
+    let prio = (i32::MAX as i64 - j.spec.priority as i64) as u64;
+    let major = match cfg.policy {
+        Policy::Fifo => 0,
+        Policy::Priority | Policy::Drf | Policy::FairShare => prio,
+        Policy::Sjf => match j.spec.estimated_duration {
+            Some(e) => e.0 / j.spec.total_gpus().max(1) as u64,
+            None => u64::MAX,
+        },
+        Policy::Srtf => j.remaining_estimate().0,
+        Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
+    };
+    QueueKey {
+        major,
+        minor: j.submitted.0,
+        job: j.id,
+    }
+}
