@@ -807,22 +807,27 @@ impl Free {
         false
     }
 
-    fn place_first_fit(
-        &self,
-        topo: &Topology,
-        req: &Request<'_>,
-        specs: Option<&[NodeSpec]>,
-    ) -> Option<Placement> {
-        let mut out = Vec::new();
-        let single = matches!(
-            req.spec.topology,
-            TopologyScope::Node | TopologyScope::NvLink
-        );
+    fn place_first_fit(&self, topo: &Topology, req: &Request<'_>, specs: Option<&[NodeSpec]>) -> Option<Placement> {
+        let single = req.tasks <= 1 || matches!(req.spec.topology, TopologyScope::Node | TopologyScope::NvLink);
+        // Groups that a gang may not leave: model (unless mixing is allowed), then zone / rack by scope.
+        let mut groups: BTreeMap<(usize, u32, &str), Vec<NodeId>> = BTreeMap::new();
         for &c in req.classes {
-            if req.spec.task.mig.is_some() && !topo.classes[c as usize].has_mig {
+            let info = &topo.classes[c as usize];
+            if req.spec.task.mig.is_some() && !info.has_mig {
                 continue;
             }
-            for &id in &topo.classes[c as usize].nodes {
+            let model = if req.spec.allow_mixed_models { 0 } else { info.model.map_or(0, |m| m.index() + 1) };
+            let zone = if req.spec.topology == TopologyScope::Any { u32::MAX } else { info.zone };
+            for (r, nodes) in info.racks.iter().enumerate() {
+                let rack = if req.spec.topology == TopologyScope::Rack { info.rack_names[r].as_str() } else { "" };
+                groups.entry((model, zone, rack)).or_default().extend(nodes.iter().copied());
+            }
+        }
+        let mut out = Vec::new();
+        for nodes in groups.values_mut() {
+            nodes.sort_unstable();
+            out.clear();
+            for &id in nodes.iter() {
                 if !self.nodes[id.index()].schedulable || !self.node_ok(topo, req, id, specs) {
                     continue;
                 }
@@ -833,9 +838,7 @@ impl Free {
                     }
                     continue;
                 }
-                while (out.len() as u32) < req.tasks && self.fit_on_node(topo, req, id, 1, &mut out)
-                {
-                }
+                while (out.len() as u32) < req.tasks && self.fit_on_node(topo, req, id, 1, &mut out) {}
                 if out.len() as u32 == req.tasks {
                     return Some(Placement { tasks: out });
                 }

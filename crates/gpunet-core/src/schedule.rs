@@ -603,21 +603,43 @@ impl<'a> Pass<'a> {
         free.place(&self.st.topo, &req, Some(&self.st.node_specs))
     }
 
-    /// Places with the desired number of tasks, or for an elastic job down to its minimum.
+    /// Places with the desired number of tasks, or for an elastic job the largest size, down to its minimum, that
+    /// both fits and the tenant's quota admits.
     fn try_place(&self, job: &Job, classes: &[u32], hold: Option<&Holdback>) -> Option<Placement> {
         let spec = &job.spec;
-        if let Some(p) = self.place_on(&self.free, spec, spec.tasks, classes, hold) {
-            return Some(p);
-        }
-        if let Some(e) = spec.elastic {
-            // Largest size that fits, down to the minimum.
-            for n in (e.min_tasks..spec.tasks).rev() {
-                if let Some(p) = self.place_on(&self.free, spec, n, classes, hold) {
+        let Some(e) = spec.elastic else {
+            return self.place_on(&self.free, spec, spec.tasks, classes, hold);
+        };
+        for n in (e.min_tasks..=spec.tasks).rev() {
+            if n > e.min_tasks && self.book.admit(&self.st.shape, spec.tenant, &job_qvec(spec, n, None)).is_err() {
+                continue;
+            }
+            if let Some(p) = self.place_on(&self.free, spec, n, classes, hold) {
+                if n == e.min_tasks || self.book.admit(&self.st.shape, spec.tenant, &self.st.placement_qvec(spec, &p)).is_ok() {
                     return Some(p);
                 }
             }
         }
         None
+    }
+
+    /// Takes the currently free part of a reservation's resources out of this pass's free pool, so that no later
+    /// job of the pass uses them.
+    fn claim(&mut self, hold: &Holdback) {
+        let st = self.st;
+        let mut holds: Vec<_> = hold.iter().collect();
+        holds.sort_by_key(|(n, _)| **n);
+        for (n, h) in holds {
+            let f = self.free.nodes[n.index()];
+            let tp = TaskPlacement {
+                node: *n,
+                gpu_mask: h.gpus & f.mask,
+                mig_slot: None,
+                cpu: h.cpu.min(f.cpu),
+                mem: h.mem.min(f.mem),
+            };
+            self.free.take(&st.topo, &tp);
+        }
     }
 
     fn commit_start(&mut self, job: &Job, placement: Placement, backfill: bool) {
@@ -689,19 +711,7 @@ impl<'a> Pass<'a> {
                 None => {
                     // Still waiting for its victims to exit: keep what it will use off-limits for the others.
                     if let Some((_, r)) = self.find_victims(job, &classes) {
-                        let mut holds: Vec<_> = r.hold.into_iter().collect();
-                        holds.sort_by_key(|(n, _)| *n);
-                        for (n, h) in holds {
-                            let f = self.free.nodes[n.index()];
-                            let tp = TaskPlacement {
-                                node: n,
-                                gpu_mask: h.gpus & f.mask,
-                                mig_slot: None,
-                                cpu: h.cpu.min(f.cpu),
-                                mem: h.mem.min(f.mem),
-                            };
-                            self.free.take(&st.topo, &tp);
-                        }
+                        self.claim(&r.hold);
                     }
                     if self.trace == Some(jid) {
                         let (lb, ln) = self.free.largest_block(&st.topo, &classes);
@@ -797,12 +807,25 @@ impl<'a> Pass<'a> {
                     }
                     // The head: blocked for capacity.
                     self.blocked_by = Some(jid);
-                    let mut preempting = Vec::new();
+                    let preempting = Vec::new();
                     let mut r = None;
                     if cfg.preemption.enabled {
                         if let Some((victims, reservation)) = self.find_victims(job, &classes) {
-                            preempting = victims;
-                            r = Some(reservation);
+                            // Room is being made: the job no longer blocks; what it will use is claimed.
+                            self.claim(&reservation.hold);
+                            if traced {
+                                let (lb, ln) = self.free.largest_block(&st.topo, &classes);
+                                self.outcome = Some(PendingReason::Capacity {
+                                    needs: needs_text(st, spec, spec.tasks),
+                                    largest_free_block: lb,
+                                    largest_free_nvlink: ln,
+                                    free_eligible_gpus: self.free.free_in(&classes),
+                                    eta: Some(self.now),
+                                    preempting: victims,
+                                });
+                            }
+                            self.blocked_by = None;
+                            continue;
                         }
                     }
                     if cfg.backfill && r.is_none() {
