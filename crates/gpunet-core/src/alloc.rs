@@ -96,6 +96,8 @@ pub(crate) struct ClassFree {
 pub(crate) struct Free {
     pub(crate) nodes: Vec<NodeFree>,
     pub(crate) classes: Vec<ClassFree>,
+    /// Free whole GPUs on all schedulable nodes.
+    pub(crate) total_gpus: u64,
 }
 
 /// What a backfill job that outlasts the reservation may not touch on a node.
@@ -146,19 +148,11 @@ impl Topology {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         labels.sort();
-        let mut taints: Vec<(String, String)> = spec
-            .taints
-            .iter()
-            .map(|t| (t.key.clone(), t.value.clone()))
-            .collect();
+        let mut taints: Vec<(String, String)> = spec.taints.iter().map(|t| (t.key.clone(), t.value.clone())).collect();
         taints.sort();
         let mig: Vec<Vec<MigProfile>> = spec.gpus.iter().map(|g| g.mig.clone()).collect();
         let has_mig = mig.iter().any(|m| !m.is_empty());
-        let key = ClassKey {
-            labels,
-            taints,
-            mig,
-        };
+        let key = ClassKey { labels, taints, mig };
         let zone_name = spec.zone().to_string();
         let zone = match self.zones.iter().position(|z| *z == zone_name) {
             Some(z) => z as u32,
@@ -212,9 +206,7 @@ impl Topology {
             }
         }
         c.max_gpus = c.max_gpus.max(gpu_mask.count_ones());
-        c.max_domain = c
-            .max_domain
-            .max(dom.values().map(|d| d.count_ones()).max().unwrap_or(0));
+        c.max_domain = c.max_domain.max(dom.values().map(|d| d.count_ones()).max().unwrap_or(0));
         c.max_cpu = c.max_cpu.max(spec.cpu);
         c.max_mem = c.max_mem.max(spec.mem);
         c.total_gpus += gpu_mask.count_ones() as u64;
@@ -257,11 +249,7 @@ impl Free {
             mask: t.gpu_mask,
             cpu: t.cpu,
             mem: t.mem,
-            mig: if t.mig_slots.is_empty() {
-                0
-            } else {
-                u64::MAX >> (64 - t.mig_slots.len())
-            },
+            mig: if t.mig_slots.is_empty() { 0 } else { u64::MAX >> (64 - t.mig_slots.len()) },
             schedulable: false,
             pos: u32::MAX,
         };
@@ -283,6 +271,7 @@ impl Free {
         let pos = (cf.buckets[f].len() - 1) as u32;
         cf.free_gpus += f as u64;
         cf.rack_free[t.rack as usize] += f as u32;
+        self.total_gpus += f as u64;
         self.nodes[id.index()].pos = pos;
     }
 
@@ -301,6 +290,7 @@ impl Free {
         }
         cf.free_gpus -= f as u64;
         cf.rack_free[t.rack as usize] -= f as u32;
+        self.total_gpus -= f as u64;
         self.nodes[id.index()].pos = u32::MAX;
     }
 
@@ -325,11 +315,7 @@ impl Free {
             return Err(format!("{} does not exist", t.node));
         };
         if t.gpu_mask & !n.mask != 0 {
-            return Err(format!(
-                "GPUs {:#x} of {} are not free",
-                t.gpu_mask & !n.mask,
-                t.node
-            ));
+            return Err(format!("GPUs {:#x} of {} are not free", t.gpu_mask & !n.mask, t.node));
         }
         if t.cpu > n.cpu || t.mem > n.mem {
             return Err(format!("{} lacks CPU or memory", t.node));
@@ -381,10 +367,7 @@ impl Free {
 
     /// Free whole GPUs in the given classes.
     pub(crate) fn free_in(&self, classes: &[u32]) -> u64 {
-        classes
-            .iter()
-            .map(|c| self.classes.get(*c as usize).map_or(0, |cf| cf.free_gpus))
-            .sum()
+        classes.iter().map(|c| self.classes.get(*c as usize).map_or(0, |cf| cf.free_gpus)).sum()
     }
 
     /// Largest number of free whole GPUs on one schedulable node of the classes, and in one NVLink domain.
@@ -395,13 +378,7 @@ impl Free {
             let Some(cf) = self.classes.get(*c as usize) else {
                 continue;
             };
-            if let Some((f, b)) = cf
-                .buckets
-                .iter()
-                .enumerate()
-                .rev()
-                .find(|(_, b)| !b.is_empty())
-            {
+            if let Some((f, b)) = cf.buckets.iter().enumerate().rev().find(|(_, b)| !b.is_empty()) {
                 node_best = node_best.max(f as u32);
                 for id in b.iter().take(64) {
                     let free = self.nodes[id.index()].mask;
@@ -415,12 +392,7 @@ impl Free {
     }
 
     /// Available resources of a node for a request, with the reservation hold and what this placement already took.
-    fn avail(
-        &self,
-        id: NodeId,
-        hold: Option<&Holdback>,
-        used: &[TaskPlacement],
-    ) -> (u64, MilliCpu, MiB, u64) {
+    fn avail(&self, id: NodeId, hold: Option<&Holdback>, used: &[TaskPlacement]) -> (u64, MilliCpu, MiB, u64) {
         let n = &self.nodes[id.index()];
         let (mut mask, mut cpu, mut mem, mut mig) = (n.mask, n.cpu, n.mem, n.mig);
         if let Some(h) = hold.and_then(|h| h.get(&id)) {
@@ -462,12 +434,7 @@ impl Free {
         if nvlink {
             return None;
         }
-        let mut doms: Vec<u64> = topo
-            .domains
-            .iter()
-            .map(|d| free & d)
-            .filter(|m| *m != 0)
-            .collect();
+        let mut doms: Vec<u64> = topo.domains.iter().map(|d| free & d).filter(|m| *m != 0).collect();
         doms.sort_by_key(|m| std::cmp::Reverse(m.count_ones()));
         let mut out = 0u64;
         let mut left = g;
@@ -508,19 +475,9 @@ impl Free {
         }
         let start = out.len();
         for _ in 0..k {
-            let mut tp = TaskPlacement {
-                node: id,
-                gpu_mask: 0,
-                mig_slot: None,
-                cpu: ts.cpu,
-                mem: ts.mem,
-            };
+            let mut tp = TaskPlacement { node: id, gpu_mask: 0, mig_slot: None, cpu: ts.cpu, mem: ts.mem };
             if let Some(p) = ts.mig {
-                let slot = nt
-                    .mig_slots
-                    .iter()
-                    .enumerate()
-                    .find(|(i, (_, sp))| *sp == p && mig & (1 << i) != 0);
+                let slot = nt.mig_slots.iter().enumerate().find(|(i, (_, sp))| *sp == p && mig & (1 << i) != 0);
                 match slot {
                     Some((i, _)) => {
                         tp.mig_slot = Some(i as u16);
@@ -550,13 +507,7 @@ impl Free {
         true
     }
 
-    fn node_ok(
-        &self,
-        topo: &Topology,
-        req: &Request<'_>,
-        id: NodeId,
-        nodes_spec: Option<&[NodeSpec]>,
-    ) -> bool {
+    fn node_ok(&self, topo: &Topology, req: &Request<'_>, id: NodeId, nodes_spec: Option<&[NodeSpec]>) -> bool {
         if !req.per_node {
             return true;
         }
@@ -568,16 +519,27 @@ impl Free {
     }
 
     /// Finds a placement for the request, or `None`. Pure: `self` is not changed.
-    pub(crate) fn place(
-        &self,
-        topo: &Topology,
-        req: &Request<'_>,
-        specs: Option<&[NodeSpec]>,
-    ) -> Option<Placement> {
+    pub(crate) fn place(&self, topo: &Topology, req: &Request<'_>, specs: Option<&[NodeSpec]>) -> Option<Placement> {
         let ts = &req.spec.task;
         let total_g = ts.gpus as u64 * req.tasks as u64;
         if req.classes.is_empty() || self.free_in(req.classes) < total_g {
             return None;
+        }
+        // Upper bound from the buckets: how many tasks of `g` GPUs the eligible nodes could hold at most.
+        if ts.gpus > 0 && req.hold.is_none() {
+            let g = ts.gpus as usize;
+            let mut cap = 0u64;
+            'classes: for &c in req.classes {
+                for (f, b) in self.classes[c as usize].buckets.iter().enumerate().skip(g) {
+                    cap += (f / g) as u64 * b.len() as u64;
+                    if cap >= req.tasks as u64 {
+                        break 'classes;
+                    }
+                }
+            }
+            if cap < req.tasks as u64 {
+                return None;
+            }
         }
         let mut out: Vec<TaskPlacement> = Vec::with_capacity(req.tasks as usize);
         // MIG tasks and CPU-only tasks: first fit over the classes' nodes (rare; no buckets for them).
@@ -594,18 +556,11 @@ impl Free {
                 let m = topo.classes[c as usize].model;
                 // Fastest model first.
                 let speed = m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64);
-                by_model
-                    .entry((u64::MAX - speed, m.map_or(0, |m| m.index())))
-                    .or_default()
-                    .push(c);
+                by_model.entry((u64::MAX - speed, m.map_or(0, |m| m.index()))).or_default().push(c);
             }
             groups.extend(by_model.into_values());
         }
-        let scope = if req.tasks <= 1 {
-            TopologyScope::Node
-        } else {
-            req.spec.topology
-        };
+        let scope = if req.tasks <= 1 { TopologyScope::Node } else { req.spec.topology };
         // Tightest level first: one node, one rack, one zone, anywhere; stop at the required scope.
         let single_node_possible = total_g <= 64;
         if single_node_possible {
@@ -637,11 +592,8 @@ impl Free {
                 e.0 += self.classes[c as usize].free_gpus;
                 e.1.push(c);
             }
-            let mut zl: Vec<(u64, u32, Vec<u32>)> = zones
-                .into_iter()
-                .filter(|(_, (f, _))| *f >= total_g)
-                .map(|(z, (f, cs))| (f, z, cs))
-                .collect();
+            let mut zl: Vec<(u64, u32, Vec<u32>)> =
+                zones.into_iter().filter(|(_, (f, _))| *f >= total_g).map(|(z, (f, cs))| (f, z, cs)).collect();
             zl.sort();
             for (_, _, cs) in &zl {
                 if let Some(p) = self.place_spread(topo, req, cs, specs) {
@@ -671,11 +623,7 @@ impl Free {
     ) -> Option<NodeId> {
         let ts = &req.spec.task;
         let need = (ts.gpus * k) as usize;
-        let max = classes
-            .iter()
-            .map(|c| self.classes[*c as usize].buckets.len())
-            .max()
-            .unwrap_or(0);
+        let max = classes.iter().map(|c| self.classes[*c as usize].buckets.len()).max().unwrap_or(0);
         let mut scratch = Vec::new();
         for f in need..max {
             for &c in classes {
@@ -735,15 +683,14 @@ impl Free {
                 .filter(|id| self.nodes[id.index()].schedulable)
                 .map(|id| (self.nodes[id.index()].mask.count_ones(), *id))
                 .collect();
+            // Whole tasks the rack could hold at most; fragmented free GPUs do not make a gang.
+            let g = req.spec.task.gpus.max(1);
+            if nodes.iter().map(|(f, _)| (f / g) as u64).sum::<u64>() < req.tasks as u64 {
+                continue;
+            }
             nodes.sort_unstable_by_key(|(f, id)| (std::cmp::Reverse(*f), *id));
             out.clear();
-            if self.fill(
-                topo,
-                req,
-                nodes.into_iter().map(|(_, id)| id),
-                &mut out,
-                specs,
-            ) {
+            if self.fill(topo, req, nodes.into_iter().map(|(_, id)| id), &mut out, specs) {
                 return Some(Placement { tasks: out });
             }
         }
@@ -759,21 +706,11 @@ impl Free {
         specs: Option<&[NodeSpec]>,
     ) -> Option<Placement> {
         let g = req.spec.task.gpus as usize;
-        let max = classes
-            .iter()
-            .map(|c| self.classes[*c as usize].buckets.len())
-            .max()
-            .unwrap_or(0);
+        let max = classes.iter().map(|c| self.classes[*c as usize].buckets.len()).max().unwrap_or(0);
         let iter = (g.max(1)..max)
             .rev()
             .flat_map(move |f| {
-                classes.iter().flat_map(move |c| {
-                    self.classes[*c as usize]
-                        .buckets
-                        .get(f)
-                        .into_iter()
-                        .flatten()
-                })
+                classes.iter().flat_map(move |c| self.classes[*c as usize].buckets.get(f).into_iter().flatten())
             })
             .copied();
         let mut out = Vec::with_capacity(req.tasks as usize);
@@ -856,15 +793,12 @@ impl Free {
             }
             let t = &topo.nodes[i];
             if n.mask & !t.gpu_mask != 0 {
-                return Err(format!(
-                    "node-{i}: free mask has GPUs the node does not have"
-                ));
+                return Err(format!("node-{i}: free mask has GPUs the node does not have"));
             }
             if n.schedulable {
                 let f = n.mask.count_ones() as usize;
                 let cf = &self.classes[t.class as usize];
-                if cf.buckets.get(f).and_then(|b| b.get(n.pos as usize)) != Some(&NodeId(i as u32))
-                {
+                if cf.buckets.get(f).and_then(|b| b.get(n.pos as usize)) != Some(&NodeId(i as u32)) {
                     return Err(format!("node-{i}: not in bucket {f} at its position"));
                 }
                 class_free[t.class as usize] += f as u64;
@@ -872,21 +806,12 @@ impl Free {
         }
         for (c, cf) in self.classes.iter().enumerate() {
             if cf.free_gpus != class_free[c] {
-                return Err(format!(
-                    "class {c}: free count {} but nodes hold {}",
-                    cf.free_gpus, class_free[c]
-                ));
+                return Err(format!("class {c}: free count {} but nodes hold {}", cf.free_gpus, class_free[c]));
             }
             let total: u64 = cf.buckets.iter().map(|b| b.len() as u64).sum();
-            let sched = topo.classes[c]
-                .nodes
-                .iter()
-                .filter(|id| self.nodes[id.index()].schedulable)
-                .count() as u64;
+            let sched = topo.classes[c].nodes.iter().filter(|id| self.nodes[id.index()].schedulable).count() as u64;
             if total != sched {
-                return Err(format!(
-                    "class {c}: {total} nodes in buckets, {sched} schedulable"
-                ));
+                return Err(format!("class {c}: {total} nodes in buckets, {sched} schedulable"));
             }
         }
         Ok(())
@@ -920,9 +845,6 @@ mod tests {
         assert_eq!(Free::pick_gpus(&t, free, 2, true), Some(0b0011_0000));
         assert_eq!(Free::pick_gpus(&t, free, 1, true), Some(0b0000_0001));
         assert_eq!(Free::pick_gpus(&t, free, 4, true), None);
-        assert_eq!(
-            Free::pick_gpus(&t, free, 4, false).map(u64::count_ones),
-            Some(4)
-        );
+        assert_eq!(Free::pick_gpus(&t, free, 4, false).map(u64::count_ones), Some(4));
     }
 }

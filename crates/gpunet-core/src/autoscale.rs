@@ -109,15 +109,11 @@ pub struct AutoscaleInput<'a> {
 pub fn decide(cfg: &AutoscaleConfig, input: &AutoscaleInput<'_>) -> ScaleDecision {
     let w = &input.samples[input.samples.len().saturating_sub(cfg.window.max(1))..];
     let Some(load) = weighted_load(w) else {
-        return ScaleDecision::Hold {
-            reason: "no load samples yet".into(),
-        };
+        return ScaleDecision::Hold { reason: "no load samples yet".into() };
     };
     if let Some(t) = input.last_action {
         if input.now.since(t) < cfg.cooldown {
-            return ScaleDecision::Hold {
-                reason: format!("cooling down until {}", t + cfg.cooldown),
-            };
+            return ScaleDecision::Hold { reason: format!("cooling down until {}", t + cfg.cooldown) };
         }
     }
     let per = input.gpus_per_spot_node.max(1) as f64;
@@ -126,10 +122,7 @@ pub fn decide(cfg: &AutoscaleConfig, input: &AutoscaleInput<'_>) -> ScaleDecisio
         let room = cfg.max_nodes.saturating_sub(input.spot_nodes);
         if room == 0 {
             return ScaleDecision::Hold {
-                reason: format!(
-                    "load {load:.2} but the pool is at its maximum of {}",
-                    cfg.max_nodes
-                ),
+                reason: format!("load {load:.2} but the pool is at its maximum of {}", cfg.max_nodes),
             };
         }
         // Demand in GPUs is load × capacity; capacity needed to bring it to target.
@@ -139,34 +132,23 @@ pub fn decide(cfg: &AutoscaleConfig, input: &AutoscaleInput<'_>) -> ScaleDecisio
     }
     if load < cfg.low {
         let spare = input.spot_nodes.saturating_sub(cfg.min_nodes);
-        let want_cap = if cfg.target > 0.0 {
-            load * cap / cfg.target
-        } else {
-            0.0
-        };
+        let want_cap = if cfg.target > 0.0 { load * cap / cfg.target } else { 0.0 };
         let excess = ((cap - want_cap) / per).floor().max(0.0) as u32;
         let n = excess.min(spare).min(cfg.max_step) as usize;
         let nodes: Vec<NodeId> = input.idle_spot.iter().take(n).copied().collect();
         if nodes.is_empty() {
-            return ScaleDecision::Hold {
-                reason: format!("load {load:.2} is low but no idle spot node can go"),
-            };
+            return ScaleDecision::Hold { reason: format!("load {load:.2} is low but no idle spot node can go") };
         }
         return ScaleDecision::In { nodes, load };
     }
-    ScaleDecision::Hold {
-        reason: format!("load {load:.2} within [{:.2}, {:.2}]", cfg.low, cfg.high),
-    }
+    ScaleDecision::Hold { reason: format!("load {load:.2} within [{:.2}, {:.2}]", cfg.low, cfg.high) }
 }
 
 struct ScaleOut(u32, f64);
 
 impl From<ScaleOut> for ScaleDecision {
     fn from(s: ScaleOut) -> ScaleDecision {
-        ScaleDecision::Out {
-            nodes: s.0,
-            load: s.1,
-        }
+        ScaleDecision::Out { nodes: s.0, load: s.1 }
     }
 }
 
@@ -183,12 +165,7 @@ mod tests {
         assert_eq!(weighted_load(&[]), None);
     }
 
-    fn input<'a>(
-        samples: &'a [f64],
-        idle: &'a [NodeId],
-        spot: u32,
-        last: Option<Time>,
-    ) -> AutoscaleInput<'a> {
+    fn input<'a>(samples: &'a [f64], idle: &'a [NodeId], spot: u32, last: Option<Time>) -> AutoscaleInput<'a> {
         AutoscaleInput {
             samples,
             capacity_gpus: 80,
@@ -208,10 +185,7 @@ mod tests {
             ScaleDecision::Out { nodes, .. } => assert_eq!(nodes, 10),
             d => panic!("{d:?}"),
         }
-        let capped = AutoscaleConfig {
-            max_nodes: 5,
-            ..cfg.clone()
-        };
+        let capped = AutoscaleConfig { max_nodes: 5, ..cfg.clone() };
         match decide(&capped, &input(&[1.4], &[], 2, None)) {
             ScaleDecision::Out { nodes, .. } => assert_eq!(nodes, 3),
             d => panic!("{d:?}"),
@@ -220,37 +194,22 @@ mod tests {
 
     #[test]
     fn scales_in_only_idle_spot_nodes_and_respects_min_and_cooldown() {
-        let cfg = AutoscaleConfig {
-            min_nodes: 1,
-            ..AutoscaleConfig::default()
-        };
+        let cfg = AutoscaleConfig { min_nodes: 1, ..AutoscaleConfig::default() };
         let idle = [NodeId(7), NodeId(9), NodeId(3)];
         match decide(&cfg, &input(&[0.0, 0.0], &idle, 3, None)) {
             ScaleDecision::In { nodes, .. } => assert_eq!(nodes, vec![NodeId(7), NodeId(9)]),
             d => panic!("{d:?}"),
         }
         let recent = Some(Time::from_secs(900));
-        assert!(matches!(
-            decide(&cfg, &input(&[0.0], &idle, 3, recent)),
-            ScaleDecision::Hold { .. }
-        ));
-        assert!(matches!(
-            decide(&cfg, &input(&[0.0], &[], 3, None)),
-            ScaleDecision::Hold { .. }
-        ));
-        assert!(matches!(
-            decide(&cfg, &input(&[0.6], &idle, 3, None)),
-            ScaleDecision::Hold { .. }
-        ));
+        assert!(matches!(decide(&cfg, &input(&[0.0], &idle, 3, recent)), ScaleDecision::Hold { .. }));
+        assert!(matches!(decide(&cfg, &input(&[0.0], &[], 3, None)), ScaleDecision::Hold { .. }));
+        assert!(matches!(decide(&cfg, &input(&[0.6], &idle, 3, None)), ScaleDecision::Hold { .. }));
     }
 
     #[test]
     fn a_spike_is_damped_by_the_window() {
         let cfg = AutoscaleConfig::default();
         // One spike of 1.0 after low samples: WMA is (1 + .5·.3 + .25·.3 + .125·.3)/1.875 ≈ .65, below high.
-        assert!(matches!(
-            decide(&cfg, &input(&[0.3, 0.3, 0.3, 1.0], &[], 0, None)),
-            ScaleDecision::Hold { .. }
-        ));
+        assert!(matches!(decide(&cfg, &input(&[0.3, 0.3, 0.3, 1.0], &[], 0, None)), ScaleDecision::Hold { .. }));
     }
 }

@@ -28,15 +28,8 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Policy; 7] = [
-        Policy::Fifo,
-        Policy::Priority,
-        Policy::Sjf,
-        Policy::Srtf,
-        Policy::Drf,
-        Policy::FairShare,
-        Policy::Las,
-    ];
+    pub const ALL: [Policy; 7] =
+        [Policy::Fifo, Policy::Priority, Policy::Sjf, Policy::Srtf, Policy::Drf, Policy::FairShare, Policy::Las];
 
     /// Name as accepted on the command line.
     pub const fn name(self) -> &'static str {
@@ -66,18 +59,13 @@ impl fmt::Display for Policy {
 impl FromStr for Policy {
     type Err = CoreError;
     fn from_str(s: &str) -> Result<Policy, CoreError> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| CoreError::InvalidField {
+        Policy::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| {
+            CoreError::InvalidField {
                 field: "policy",
                 value: s.into(),
-                allowed: Policy::ALL
-                    .iter()
-                    .map(|p| p.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+                allowed: Policy::ALL.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
+            }
+        })
     }
 }
 
@@ -112,8 +100,11 @@ pub struct SchedConfig {
     pub policy: Policy,
     /// EASY backfill behind the first job that does not fit.
     pub backfill: bool,
-    /// Most jobs examined behind a blocked head per pass (like Slurm's `bf_max_job_test`).
+    /// Most jobs examined behind a blocked head per pass (like Slurm's `bf_max_job_test`, default 500 there).
     pub backfill_depth: usize,
+    /// Most running-job completions the backfill reservation looks ahead (like Slurm's `bf_window`); a head that
+    /// cannot start within them gets no reservation time, and backfill then keeps off its node classes.
+    pub reservation_horizon: usize,
     /// Half-life of historical usage under fair share.
     pub fairshare_half_life: Dur,
     /// LAS queue thresholds in GPU-seconds of attained service; `n` thresholds make `n + 1` queues.
@@ -131,7 +122,8 @@ impl Default for SchedConfig {
         SchedConfig {
             policy: Policy::Fifo,
             backfill: false,
-            backfill_depth: 10_000,
+            backfill_depth: 1_000,
+            reservation_horizon: 2_048,
             fairshare_half_life: Dur::from_hours(24),
             las_thresholds_gpu_s: vec![3_600, 36_000],
             preemption: PreemptionConfig::default(),
@@ -144,27 +136,18 @@ impl Default for SchedConfig {
 impl SchedConfig {
     /// The default configuration with a policy.
     pub fn with_policy(policy: Policy) -> SchedConfig {
-        SchedConfig {
-            policy,
-            ..SchedConfig::default()
-        }
+        SchedConfig { policy, ..SchedConfig::default() }
     }
 
     /// The LAS queue of an attained service.
     pub fn las_queue(&self, attained_gpu_ms: u64) -> usize {
         let s = attained_gpu_ms / 1000;
-        self.las_thresholds_gpu_s
-            .iter()
-            .take_while(|t| s >= **t)
-            .count()
+        self.las_thresholds_gpu_s.iter().take_while(|t| s >= **t).count()
     }
 
     /// Backoff before the `n`-th restart (1-based).
     pub fn backoff(&self, n: u32) -> Dur {
-        Dur(self
-            .restart_backoff
-            .0
-            .saturating_mul(1 << n.saturating_sub(1).min(5)))
+        Dur(self.restart_backoff.0.saturating_mul(1 << n.saturating_sub(1).min(5)))
     }
 
     /// Checks the configuration.

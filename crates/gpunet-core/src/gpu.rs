@@ -221,37 +221,24 @@ impl FromStr for GpuModel {
     /// aliases of trace files (`V100` is the 16 GB part, `A100` the 40 GB part, `H100` the 80 GB part,
     /// `H200` the 141 GB part, `A100-SXM4-80GB` style names).
     fn from_str(s: &str) -> Result<Self, CoreError> {
-        let norm: String = s
-            .trim()
-            .to_ascii_uppercase()
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .collect();
+        let norm: String = s.trim().to_ascii_uppercase().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
         let m = match norm.as_str() {
             "K80" | "TESLAK80" => GpuModel::K80,
             "P100" | "TESLAP100" | "P10016GB" => GpuModel::P100,
             "T4" | "TESLAT4" | "T416GB" => GpuModel::T4,
-            "V100" | "V10016GB" | "TESLAV100" | "V100SXM216GB" | "V100PCIE16GB" => {
-                GpuModel::V100_16GB
-            }
+            "V100" | "V10016GB" | "TESLAV100" | "V100SXM216GB" | "V100PCIE16GB" => GpuModel::V100_16GB,
             "V10032GB" | "V100M32" | "V100SXM232GB" | "V100PCIE32GB" => GpuModel::V100_32GB,
             "A10" | "A1024GB" => GpuModel::A10,
             "L40S" | "L40S48GB" => GpuModel::L40S,
             "A100" | "A10040GB" | "A100SXM440GB" | "A100PCIE40GB" => GpuModel::A100_40GB,
             "A10080GB" | "A100SXM480GB" | "A100PCIE80GB" => GpuModel::A100_80GB,
-            "H100" | "H10080GB" | "H100SXM580GB" | "H100PCIE80GB" | "H10080GBHBM3" => {
-                GpuModel::H100_80GB
-            }
+            "H100" | "H10080GB" | "H100SXM580GB" | "H100PCIE80GB" | "H10080GBHBM3" => GpuModel::H100_80GB,
             "H200" | "H200141GB" | "H200SXM141GB" => GpuModel::H200_141GB,
             _ => {
                 return Err(CoreError::InvalidField {
                     field: "gpu_model",
                     value: s.to_string(),
-                    allowed: GpuModel::ALL
-                        .iter()
-                        .map(|m| m.name())
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    allowed: GpuModel::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "),
                 })
             }
         };
@@ -274,10 +261,7 @@ mod tests {
     #[test]
     fn aliases_and_case_are_accepted() {
         assert_eq!("v100".parse::<GpuModel>().unwrap(), GpuModel::V100_16GB);
-        assert_eq!(
-            "A100-SXM4-80GB".parse::<GpuModel>().unwrap(),
-            GpuModel::A100_80GB
-        );
+        assert_eq!("A100-SXM4-80GB".parse::<GpuModel>().unwrap(), GpuModel::A100_80GB);
         assert_eq!("h200".parse::<GpuModel>().unwrap(), GpuModel::H200_141GB);
     }
 
@@ -292,13 +276,7 @@ mod tests {
     #[test]
     fn mig_profiles_parse_and_belong_to_models() {
         let p: MigProfile = "1g.10gb".parse().unwrap();
-        assert_eq!(
-            p,
-            MigProfile {
-                compute: 1,
-                memory_gb: 10
-            }
-        );
+        assert_eq!(p, MigProfile { compute: 1, memory_gb: 10 });
         assert!(GpuModel::A100_80GB.supports_mig(p));
         assert!(GpuModel::H100_80GB.supports_mig("7g.80gb".parse().unwrap()));
         assert!(GpuModel::H200_141GB.supports_mig("3g.71gb".parse().unwrap()));

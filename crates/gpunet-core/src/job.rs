@@ -36,11 +36,7 @@ pub struct TaskSpec {
 impl TaskSpec {
     /// The task's resources as a vector (a MIG slice counts as no whole GPU).
     pub fn resources(&self) -> Resources {
-        Resources {
-            gpus: self.gpus,
-            cpu: self.cpu,
-            mem: self.mem,
-        }
+        Resources { gpus: self.gpus, cpu: self.cpu, mem: self.mem }
     }
 }
 
@@ -100,23 +96,15 @@ pub struct SelectorTerm {
 impl SelectorTerm {
     /// `key in (value)`.
     pub fn eq(key: &str, value: &str) -> SelectorTerm {
-        SelectorTerm {
-            key: key.into(),
-            op: SelectorOp::In,
-            values: vec![value.into()],
-        }
+        SelectorTerm { key: key.into(), op: SelectorOp::In, values: vec![value.into()] }
     }
 
     /// Whether the node's labels satisfy the term.
     pub fn matches(&self, node: &NodeSpec) -> bool {
         let v = node.labels.get(&self.key);
         match self.op {
-            SelectorOp::In => {
-                v.is_some_and(|v| self.values.iter().any(|x| x.eq_ignore_ascii_case(v)))
-            }
-            SelectorOp::NotIn => {
-                v.is_none_or(|v| !self.values.iter().any(|x| x.eq_ignore_ascii_case(v)))
-            }
+            SelectorOp::In => v.is_some_and(|v| self.values.iter().any(|x| x.eq_ignore_ascii_case(v))),
+            SelectorOp::NotIn => v.is_none_or(|v| !self.values.iter().any(|x| x.eq_ignore_ascii_case(v))),
             SelectorOp::Exists => v.is_some(),
             SelectorOp::DoesNotExist => v.is_none(),
         }
@@ -189,20 +177,11 @@ impl JobSpec {
             name: name.into(),
             priority: 0,
             tasks,
-            task: TaskSpec {
-                gpus,
-                mig: None,
-                cpu: MilliCpu::cores(per),
-                mem: MiB::gib(4 * per),
-            },
+            task: TaskSpec { gpus, mig: None, cpu: MilliCpu::cores(per), mem: MiB::gib(4 * per) },
             gpu_models: Vec::new(),
             allow_mixed_models: false,
             gang: tasks > 1,
-            topology: if tasks > 1 {
-                TopologyScope::Zone
-            } else {
-                TopologyScope::Any
-            },
+            topology: if tasks > 1 { TopologyScope::Zone } else { TopologyScope::Any },
             selector: Vec::new(),
             tolerations: Vec::new(),
             estimated_duration: None,
@@ -245,9 +224,7 @@ impl JobSpec {
     /// Whether a node's taints are all tolerated.
     pub fn tolerates(&self, node: &NodeSpec) -> bool {
         node.taints.iter().all(|t| {
-            self.tolerations
-                .iter()
-                .any(|tol| tol.key == t.key && tol.value.as_ref().is_none_or(|v| *v == t.value))
+            self.tolerations.iter().any(|tol| tol.key == t.key && tol.value.as_ref().is_none_or(|v| *v == t.value))
         })
     }
 
@@ -275,11 +252,7 @@ impl JobSpec {
     /// Checks the spec; errors name the field.
     pub fn validate(&self) -> Result<(), CoreError> {
         let bad = |field: &'static str, value: String, allowed: &str| {
-            Err(CoreError::InvalidField {
-                field,
-                value,
-                allowed: allowed.into(),
-            })
+            Err(CoreError::InvalidField { field, value, allowed: allowed.into() })
         };
         if self.name.trim().is_empty() || self.name.len() > 253 {
             return bad("name", self.name.clone(), "1 to 253 characters");
@@ -288,56 +261,26 @@ impl JobSpec {
             return bad("tasks", self.tasks.to_string(), "1 to 4096");
         }
         if self.task.gpus as usize > MAX_GPUS_PER_NODE {
-            return bad(
-                "task.gpus",
-                self.task.gpus.to_string(),
-                "0 to 64 GPUs per task",
-            );
+            return bad("task.gpus", self.task.gpus.to_string(), "0 to 64 GPUs per task");
         }
         if let Some(p) = self.task.mig {
             if self.task.gpus > 0 {
-                return bad(
-                    "task.mig",
-                    p.to_string(),
-                    "either whole GPUs or a MIG slice, not both",
-                );
+                return bad("task.mig", p.to_string(), "either whole GPUs or a MIG slice, not both");
             }
-            let models: Vec<GpuModel> = if self.gpu_models.is_empty() {
-                GpuModel::ALL.to_vec()
-            } else {
-                self.gpu_models.clone()
-            };
+            let models: Vec<GpuModel> =
+                if self.gpu_models.is_empty() { GpuModel::ALL.to_vec() } else { self.gpu_models.clone() };
             if !models.iter().any(|m| m.supports_mig(p)) {
-                return bad(
-                    "task.mig",
-                    p.to_string(),
-                    "a MIG profile of an allowed model (A100, H100, H200)",
-                );
+                return bad("task.mig", p.to_string(), "a MIG profile of an allowed model (A100, H100, H200)");
             }
         }
-        if self.task.cpu.0 == 0
-            && self.task.mem.0 == 0
-            && self.task.gpus == 0
-            && self.task.mig.is_none()
-        {
-            return bad(
-                "task",
-                "no resources".into(),
-                "a task asking for at least one GPU, CPU or memory",
-            );
+        if self.task.cpu.0 == 0 && self.task.mem.0 == 0 && self.task.gpus == 0 && self.task.mig.is_none() {
+            return bad("task", "no resources".into(), "a task asking for at least one GPU, CPU or memory");
         }
         if let Some(e) = self.elastic {
-            if e.min_tasks == 0
-                || e.min_tasks > e.max_tasks
-                || self.tasks < e.min_tasks
-                || self.tasks > e.max_tasks
-            {
+            if e.min_tasks == 0 || e.min_tasks > e.max_tasks || self.tasks < e.min_tasks || self.tasks > e.max_tasks {
                 return bad(
                     "elastic",
-                    format!(
-                        "min {} max {} tasks {}",
-                        e.min_tasks, e.max_tasks, self.tasks
-                    ),
+                    format!("min {} max {} tasks {}", e.min_tasks, e.max_tasks, self.tasks),
                     "1 <= min_tasks <= tasks <= max_tasks",
                 );
             }
@@ -345,25 +288,13 @@ impl JobSpec {
         if matches!(self.topology, TopologyScope::NvLink | TopologyScope::Node)
             && self.total_gpus() as usize > MAX_GPUS_PER_NODE
         {
-            return bad(
-                "topology",
-                self.topology.to_string(),
-                "one node holds at most 64 GPUs; use rack or zone",
-            );
+            return bad("topology", self.topology.to_string(), "one node holds at most 64 GPUs; use rack or zone");
         }
         if self.estimated_duration == Some(Dur::ZERO) {
-            return bad(
-                "estimated_duration",
-                "0s".into(),
-                "a positive duration, or none",
-            );
+            return bad("estimated_duration", "0s".into(), "a positive duration, or none");
         }
         if self.checkpoint_interval == Some(Dur::ZERO) {
-            return bad(
-                "checkpoint_interval",
-                "0s".into(),
-                "a positive duration, or none",
-            );
+            return bad("checkpoint_interval", "0s".into(), "a positive duration, or none");
         }
         Ok(())
     }
@@ -387,9 +318,7 @@ pub struct TaskPlacement {
 impl TaskPlacement {
     /// GPU indexes on the node.
     pub fn gpu_indexes(&self) -> Vec<u32> {
-        (0..64)
-            .filter(|i| self.gpu_mask & (1u64 << i) != 0)
-            .collect()
+        (0..64).filter(|i| self.gpu_mask & (1u64 << i) != 0).collect()
     }
 }
 
@@ -430,18 +359,12 @@ pub enum JobState {
 impl JobState {
     /// Whether the job is waiting in the queue.
     pub const fn is_queued(self) -> bool {
-        matches!(
-            self,
-            JobState::Pending | JobState::Preempted | JobState::Restarting
-        )
+        matches!(self, JobState::Pending | JobState::Preempted | JobState::Restarting)
     }
 
     /// Whether the job is finished for good.
     pub const fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
     }
 
     /// Whether the state machine allows `self → to`.
@@ -452,10 +375,7 @@ impl JobState {
             (Pending | Preempted | Restarting, Running)
                 | (Pending | Preempted | Restarting, Cancelled)
                 | (Pending, Failed)
-                | (
-                    Running,
-                    Succeeded | Failed | Cancelled | Preempted | Restarting
-                )
+                | (Running, Succeeded | Failed | Cancelled | Preempted | Restarting)
         )
     }
 
@@ -542,11 +462,7 @@ impl Job {
     /// Moves to `to` if the state machine allows it.
     pub fn transition(&mut self, to: JobState) -> Result<(), CoreError> {
         if !self.state.can_become(to) {
-            return Err(CoreError::InvalidTransition {
-                job: self.id,
-                from: self.state,
-                to,
-            });
+            return Err(CoreError::InvalidTransition { job: self.id, from: self.state, to });
         }
         self.state = to;
         Ok(())
@@ -559,11 +475,7 @@ impl Job {
 
     /// GPU-ms of service including the current attempt up to `now`.
     pub fn attained_at(&self, now: Time) -> u64 {
-        let cur = self.run.as_ref().map_or(0, |r| {
-            now.since(r.started)
-                .0
-                .saturating_mul(r.placement.gpus() as u64)
-        });
+        let cur = self.run.as_ref().map_or(0, |r| now.since(r.started).0.saturating_mul(r.placement.gpus() as u64));
         self.attained_gpu_ms.saturating_add(cur)
     }
 
@@ -594,10 +506,7 @@ impl Job {
     /// GPU-ms of work that evicting the job at `now` would lose.
     pub fn lost_work_if_evicted(&self, now: Time) -> u64 {
         match (&self.run, self.last_checkpoint_at(now)) {
-            (Some(r), Some(ck)) => now
-                .since(ck)
-                .0
-                .saturating_mul(r.placement.gpus().max(1) as u64),
+            (Some(r), Some(ck)) => now.since(ck).0.saturating_mul(r.placement.gpus().max(1) as u64),
             _ => 0,
         }
     }
@@ -610,9 +519,7 @@ mod tests {
     #[test]
     fn every_transition_is_checked() {
         use JobState::*;
-        let all = [
-            Pending, Running, Preempted, Restarting, Succeeded, Failed, Cancelled,
-        ];
+        let all = [Pending, Running, Preempted, Restarting, Succeeded, Failed, Cancelled];
         let allowed = [
             (Pending, Running),
             (Pending, Cancelled),
@@ -629,11 +536,7 @@ mod tests {
         ];
         for from in all {
             for to in all {
-                assert_eq!(
-                    from.can_become(to),
-                    allowed.contains(&(from, to)),
-                    "{from} -> {to}"
-                );
+                assert_eq!(from.can_become(to), allowed.contains(&(from, to)), "{from} -> {to}");
             }
         }
         let mut j = Job::new(JobId(1), JobSpec::new(TenantId(0), "x", 1, 1), Time::ZERO);
@@ -641,10 +544,7 @@ mod tests {
         j.transition(Running).unwrap();
         j.transition(Succeeded).unwrap();
         let e = j.transition(Running).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "move job-1 from succeeded to running: not a valid transition"
-        );
+        assert_eq!(e, "move job-1 from succeeded to running: not a valid transition");
     }
 
     #[test]
@@ -652,10 +552,7 @@ mod tests {
         let mut s = JobSpec::new(TenantId(0), "x", 1, 0);
         assert!(s.validate().unwrap_err().to_string().contains("tasks"));
         s.tasks = 2;
-        s.elastic = Some(Elastic {
-            min_tasks: 3,
-            max_tasks: 4,
-        });
+        s.elastic = Some(Elastic { min_tasks: 3, max_tasks: 4 });
         assert!(s.validate().unwrap_err().to_string().contains("elastic"));
         s.elastic = None;
         s.task.mig = Some("1g.10gb".parse().unwrap());
@@ -688,10 +585,7 @@ mod tests {
             evicting: false,
         });
         let now = Time::ZERO + Dur::from_mins(25);
-        assert_eq!(
-            j.last_checkpoint_at(now),
-            Some(Time::ZERO + Dur::from_mins(20))
-        );
+        assert_eq!(j.last_checkpoint_at(now), Some(Time::ZERO + Dur::from_mins(20)));
         assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(5).0);
         j.run.as_mut().unwrap().last_checkpoint = Some(Time::ZERO + Dur::from_mins(24));
         assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(1).0);

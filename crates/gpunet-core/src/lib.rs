@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod autoscale;
 pub mod config;
 pub mod error;
+pub mod fxhash;
 pub mod gpu;
 pub mod ids;
 pub mod job;
@@ -26,14 +27,14 @@ pub use error::CoreError;
 pub use gpu::{GpuModel, MigProfile};
 pub use ids::{JobId, NodeId, TenantId};
 pub use job::{
-    Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec,
-    Toleration, TopologyScope,
+    Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec, Toleration,
+    TopologyScope,
 };
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, schedule, schedule_with_stats, Decision, Explanation, PassStats,
-    PendingReason, PreemptReason,
+    dry_run_placement, explain, schedule, schedule_with_stats, Decision, Explanation, PassStats, PendingReason,
+    PreemptReason,
 };
 pub use state::{ClusterState, NodeView};
 pub use tenant::{Quota, TenantSpec};

@@ -125,13 +125,7 @@ impl NodeSpec {
     /// A node of `count` GPUs of `model` with the usual topology for it: SXM parts (V100, A100, H100, H200) share one
     /// NVLink domain per 8 GPUs, PCIe parts have no NVLink (one domain per GPU); the first half of the GPUs sit on
     /// NUMA node 0, the second on 1; two GPUs per PCIe switch.
-    pub fn with_gpus(
-        name: impl Into<String>,
-        model: GpuModel,
-        count: usize,
-        cpu: MilliCpu,
-        mem: MiB,
-    ) -> NodeSpec {
+    pub fn with_gpus(name: impl Into<String>, model: GpuModel, count: usize, cpu: MilliCpu, mem: MiB) -> NodeSpec {
         let nvlinked = matches!(
             model,
             GpuModel::V100_16GB
@@ -169,10 +163,7 @@ impl NodeSpec {
 
     /// Adds a taint.
     pub fn taint(mut self, key: &str, value: &str) -> NodeSpec {
-        self.taints.push(Taint {
-            key: key.into(),
-            value: value.into(),
-        });
+        self.taints.push(Taint { key: key.into(), value: value.into() });
         self
     }
 
@@ -184,18 +175,12 @@ impl NodeSpec {
 
     /// Zone label, or "" when unset.
     pub fn zone(&self) -> &str {
-        self.labels
-            .get(labels::ZONE)
-            .map(String::as_str)
-            .unwrap_or("")
+        self.labels.get(labels::ZONE).map(String::as_str).unwrap_or("")
     }
 
     /// Rack label, or "" when unset.
     pub fn rack(&self) -> &str {
-        self.labels
-            .get(labels::RACK)
-            .map(String::as_str)
-            .unwrap_or("")
+        self.labels.get(labels::RACK).map(String::as_str).unwrap_or("")
     }
 
     /// Lifecycle from the `lifecycle` label (default on-demand).
@@ -244,12 +229,7 @@ impl NodeSpec {
                         allowed: format!(
                             "profiles of {}: {}",
                             g.model,
-                            g.model
-                                .mig_profiles()
-                                .iter()
-                                .map(|p| p.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            g.model.mig_profiles().iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
                         ),
                     });
                 }
@@ -261,10 +241,8 @@ impl NodeSpec {
                     });
                 }
             }
-            self.labels
-                .insert(labels::GPU_TYPE.into(), first.family().into());
-            self.labels
-                .insert(labels::GPU_MODEL.into(), first.name().into());
+            self.labels.insert(labels::GPU_TYPE.into(), first.family().into());
+            self.labels.insert(labels::GPU_MODEL.into(), first.name().into());
         }
         if !self.price_per_gpu_hour.is_finite() || self.price_per_gpu_hour < 0.0 {
             return Err(CoreError::InvalidField {
@@ -275,8 +253,7 @@ impl NodeSpec {
         }
         match self.labels.get(labels::LIFECYCLE).map(String::as_str) {
             None => {
-                self.labels
-                    .insert(labels::LIFECYCLE.into(), "on-demand".into());
+                self.labels.insert(labels::LIFECYCLE.into(), "on-demand".into());
             }
             Some("spot") | Some("on-demand") => {}
             Some(other) => {
@@ -297,13 +274,7 @@ mod tests {
 
     #[test]
     fn sxm_nodes_share_nvlink_and_pcie_nodes_do_not() {
-        let n = NodeSpec::with_gpus(
-            "a",
-            GpuModel::A100_80GB,
-            8,
-            MilliCpu::cores(64),
-            MiB::gib(512),
-        );
+        let n = NodeSpec::with_gpus("a", GpuModel::A100_80GB, 8, MilliCpu::cores(64), MiB::gib(512));
         assert!(n.gpus.iter().all(|g| g.nvlink_domain == 0));
         assert_eq!(n.gpus[5].numa, 1);
         let t = NodeSpec::with_gpus("t", GpuModel::T4, 4, MilliCpu::cores(32), MiB::gib(128));
@@ -313,32 +284,17 @@ mod tests {
 
     #[test]
     fn validate_sets_labels_and_rejects_bad_values() {
-        let mut n = NodeSpec::with_gpus(
-            "a",
-            GpuModel::V100_32GB,
-            4,
-            MilliCpu::cores(8),
-            MiB::gib(64),
-        );
+        let mut n = NodeSpec::with_gpus("a", GpuModel::V100_32GB, 4, MilliCpu::cores(8), MiB::gib(64));
         n.validate().unwrap();
         assert_eq!(n.labels["gpu-type"], "v100");
         assert_eq!(n.lifecycle(), Lifecycle::OnDemand);
         let mut bad = n.clone().label("lifecycle", "cheap");
         let e = bad.validate().unwrap_err().to_string();
-        assert!(
-            e.contains("lifecycle") && e.contains("cheap") && e.contains("spot"),
-            "{e}"
-        );
+        assert!(e.contains("lifecycle") && e.contains("cheap") && e.contains("spot"), "{e}");
         let mut mixed = n.clone();
         mixed.gpus[1].model = GpuModel::T4;
         assert!(mixed.validate().is_err());
-        let mut mig = NodeSpec::with_gpus(
-            "m",
-            GpuModel::V100_16GB,
-            1,
-            MilliCpu::cores(8),
-            MiB::gib(64),
-        );
+        let mut mig = NodeSpec::with_gpus("m", GpuModel::V100_16GB, 1, MilliCpu::cores(8), MiB::gib(64));
         mig.gpus[0].mig = vec!["1g.10gb".parse().unwrap()];
         assert!(mig.validate().unwrap_err().to_string().contains("mig"));
     }

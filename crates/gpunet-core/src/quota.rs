@@ -54,10 +54,7 @@ pub struct QuotaBlock {
 impl fmt::Display for QuotaBlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let src = match &self.cohort {
-            Some(c) => format!(
-                "cohort {c} and the shared pool have {} idle to lend",
-                self.borrowable
-            ),
+            Some(c) => format!("cohort {c} and the shared pool have {} idle to lend", self.borrowable),
             None => format!("the shared pool has {} idle to lend", self.borrowable),
         };
         if self.used + self.requested > self.limit {
@@ -95,12 +92,7 @@ impl QuotaBook {
     }
 
     /// Checks whether tenant `t` may take `req`; `Ok(borrowed)` says whether it goes beyond its guarantee.
-    pub(crate) fn admit(
-        &self,
-        shape: &QuotaShape,
-        t: TenantId,
-        req: &QVec,
-    ) -> Result<bool, QuotaBlock> {
+    pub(crate) fn admit(&self, shape: &QuotaShape, t: TenantId, req: &QVec) -> Result<bool, QuotaBlock> {
         let (quota, cohort) = &shape.tenants[t.index()];
         let Some(q) = quota else { return Ok(false) };
         let mut borrowed = false;
@@ -134,10 +126,7 @@ impl QuotaBook {
                     let cg = shape.cohorts[*c as usize].1[d];
                     (Self::excess(cu, cg), Self::excess(cu + r, cg))
                 }
-                None => (
-                    Self::excess(used, lim.guarantee),
-                    Self::excess(new, lim.guarantee),
-                ),
+                None => (Self::excess(used, lim.guarantee), Self::excess(new, lim.guarantee)),
             };
             let root_new = self.root_borrowed[d] - old_ex + new_ex;
             if root_new > shape.unguaranteed[d] {
@@ -169,11 +158,7 @@ impl QuotaBook {
                 continue;
             }
             let used = self.usage[t.index()][d];
-            let new = if sub {
-                used.saturating_sub(r)
-            } else {
-                used.saturating_add(r)
-            };
+            let new = if sub { used.saturating_sub(r) } else { used.saturating_add(r) };
             self.usage[t.index()][d] = new;
             let Some(q) = quota else { continue };
             let Some(lim) = q.dims[d] else { continue };
@@ -181,31 +166,20 @@ impl QuotaBook {
                 Some(c) => {
                     let cu = &mut self.cohort_usage[*c as usize][d];
                     let old = *cu;
-                    *cu = if sub {
-                        old.saturating_sub(r)
-                    } else {
-                        old.saturating_add(r)
-                    };
+                    *cu = if sub { old.saturating_sub(r) } else { old.saturating_add(r) };
                     let cg = shape.cohorts[*c as usize].1[d];
                     (Self::excess(old, cg), Self::excess(*cu, cg))
                 }
-                None => (
-                    Self::excess(used, lim.guarantee),
-                    Self::excess(new, lim.guarantee),
-                ),
+                None => (Self::excess(used, lim.guarantee), Self::excess(new, lim.guarantee)),
             };
-            self.root_borrowed[d] = self.root_borrowed[d]
-                .saturating_sub(old_ex)
-                .saturating_add(new_ex);
+            self.root_borrowed[d] = self.root_borrowed[d].saturating_sub(old_ex).saturating_add(new_ex);
         }
     }
 
     /// Whether tenant `t` uses more GPUs than its guarantee (its borrowed work is reclaimable).
     pub(crate) fn over_guarantee(&self, shape: &QuotaShape, t: TenantId) -> bool {
         match &shape.tenants[t.index()].0 {
-            Some(q) => {
-                q.dims[DIM_GPUS].is_some_and(|l| self.usage[t.index()][DIM_GPUS] > l.guarantee)
-            }
+            Some(q) => q.dims[DIM_GPUS].is_some_and(|l| self.usage[t.index()][DIM_GPUS] > l.guarantee),
             None => false,
         }
     }

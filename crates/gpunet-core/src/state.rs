@@ -5,6 +5,7 @@
 use crate::alloc::{Free, Topology};
 use crate::config::{Policy, SchedConfig};
 use crate::error::CoreError;
+use crate::fxhash::FxHashMap;
 use crate::gpu::GpuModel;
 use crate::ids::{JobId, NodeId, TenantId};
 use crate::job::{Job, JobSpec, JobState, Placement, RunInfo, TopologyScope};
@@ -21,6 +22,23 @@ pub(crate) struct QueueKey {
     pub(crate) major: u64,
     pub(crate) minor: u64,
     pub(crate) job: JobId,
+    /// The job's placement-constraint signature (never decides order: `job` is unique).
+    pub(crate) sig: u64,
+    /// Whole GPUs of the job at its minimum size.
+    pub(crate) gpus: u64,
+    /// Remaining estimate in ms (`u64::MAX` without).
+    pub(crate) est: u64,
+    /// Earliest start (restart backoff).
+    pub(crate) not_before: Time,
+    pub(crate) shape_hash: u64,
+}
+
+impl QueueKey {
+    /// Everything placement depends on besides the free resources, hashed: signature, GPUs, tasks, topology, CPU,
+    /// memory. Filled at enqueue time into `shape_hash`.
+    pub(crate) fn shape(&self) -> u64 {
+        self.shape_hash
+    }
 }
 
 /// A tenant and what the scheduler tracks for it.
@@ -31,6 +49,37 @@ pub(crate) struct TenantEntry {
     /// Decayed GPU-ms of past usage as of `usage_as_of`.
     pub(crate) decayed_gpu_ms: f64,
     pub(crate) usage_as_of: Time,
+}
+
+/// What victim selection needs of a running job, kept compact for a linear scan.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunRow {
+    pub(crate) id: JobId,
+    pub(crate) tenant: TenantId,
+    pub(crate) priority: i32,
+    pub(crate) started: Time,
+    pub(crate) borrowed: bool,
+    pub(crate) preemptible: bool,
+    pub(crate) evicting: bool,
+    pub(crate) gpus: u32,
+    pub(crate) ckpt_interval: u64,
+    /// Last reported checkpoint; `Time::MAX` when none.
+    pub(crate) last_ckpt: Time,
+    pub(crate) attained_before: u64,
+    /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
+    pub(crate) classes: u64,
+}
+
+impl RunRow {
+    /// GPU-ms lost if evicted at `now` (same rule as [`Job::lost_work_if_evicted`]).
+    pub(crate) fn lost_work(&self, now: Time) -> u64 {
+        let ck = match (self.last_ckpt, self.ckpt_interval) {
+            (t, _) if t != Time::MAX => t,
+            (_, iv) if iv > 0 => self.started + crate::units::Dur(now.since(self.started).0 / iv * iv),
+            _ => self.started,
+        };
+        now.since(ck).0.saturating_mul(self.gpus.max(1) as u64)
+    }
 }
 
 /// A read-only view of a node.
@@ -66,13 +115,15 @@ pub struct ClusterState {
     tenant_names: HashMap<String, TenantId>,
     pub(crate) shape: QuotaShape,
     pub(crate) book: QuotaBook,
-    pub(crate) jobs: HashMap<JobId, Job>,
+    pub(crate) jobs: FxHashMap<JobId, Job>,
     /// Running jobs by estimated end (`Time::MAX` without estimate).
     pub(crate) running_by_end: BTreeSet<(Time, JobId)>,
-    /// Running jobs admitted beyond their tenant's guarantee.
-    pub(crate) running_borrowed: BTreeSet<JobId>,
-    /// Running jobs by priority.
-    pub(crate) running_by_prio: BTreeSet<(i32, JobId)>,
+    /// Compact rows of running jobs, scanned when looking for preemption victims: `[0]` within guarantee (or
+    /// without quota), `[1]` borrowed.
+    pub(crate) run_rows: [Vec<RunRow>; 2],
+    pub(crate) run_row_of: FxHashMap<JobId, (usize, usize)>,
+    /// Running jobs per priority.
+    pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Queued jobs that evictions were made for: they get the first claim on what is freed.
@@ -81,6 +132,8 @@ pub struct ClusterState {
     /// Capacity of schedulable nodes, per quota dimension.
     pub(crate) capacity: QVec,
     pub(crate) queued: usize,
+    /// Queued jobs whose tasks hold no whole GPU (CPU-only or MIG).
+    pub(crate) queued_no_gpu: usize,
 }
 
 impl ClusterState {
@@ -99,15 +152,17 @@ impl ClusterState {
             tenant_names: HashMap::new(),
             shape: QuotaShape::default(),
             book: QuotaBook::default(),
-            jobs: HashMap::new(),
+            jobs: FxHashMap::default(),
             running_by_end: BTreeSet::new(),
-            running_borrowed: BTreeSet::new(),
-            running_by_prio: BTreeSet::new(),
+            run_rows: [Vec::new(), Vec::new()],
+            run_row_of: FxHashMap::default(),
+            prio_counts: std::collections::BTreeMap::new(),
             evicting: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
             preemption_log: VecDeque::new(),
             capacity: [0; QDIMS],
             queued: 0,
+            queued_no_gpu: 0,
         })
     }
 
@@ -141,10 +196,7 @@ impl ClusterState {
     pub fn add_node(&mut self, mut spec: NodeSpec) -> Result<NodeId, CoreError> {
         spec.validate()?;
         if self.node_names.contains_key(&spec.name) {
-            return Err(CoreError::DuplicateName {
-                kind: "node",
-                name: spec.name,
-            });
+            return Err(CoreError::DuplicateName { kind: "node", name: spec.name });
         }
         let id = NodeId(self.node_specs.len() as u32);
         self.topo.add_node(id, &spec);
@@ -198,16 +250,8 @@ impl ClusterState {
 
     /// Changes a node's state. Draining evicts its jobs (they resume from their checkpoints); Lost fails them (they
     /// restart under their restart policy). Returns the jobs that were moved off the node.
-    pub fn set_node_state(
-        &mut self,
-        id: NodeId,
-        state: NodeState,
-        now: Time,
-    ) -> Result<Vec<JobId>, CoreError> {
-        let old = *self
-            .node_states
-            .get(id.index())
-            .ok_or(CoreError::UnknownNode(id))?;
+    pub fn set_node_state(&mut self, id: NodeId, state: NodeState, now: Time) -> Result<Vec<JobId>, CoreError> {
+        let old = *self.node_states.get(id.index()).ok_or(CoreError::UnknownNode(id))?;
         if old == state {
             return Ok(Vec::new());
         }
@@ -223,8 +267,7 @@ impl ClusterState {
             }
         }
         self.node_states[id.index()] = state;
-        self.free
-            .set_schedulable(&self.topo, id, state == NodeState::Ready);
+        self.free.set_schedulable(&self.topo, id, state == NodeState::Ready);
         self.refresh_shape();
         let affected: Vec<JobId> = self.node_jobs[id.index()].iter().copied().collect();
         match state {
@@ -250,19 +293,11 @@ impl ClusterState {
     pub fn add_tenant(&mut self, spec: TenantSpec) -> Result<TenantId, CoreError> {
         spec.validate()?;
         if self.tenant_names.contains_key(&spec.name) {
-            return Err(CoreError::DuplicateName {
-                kind: "tenant",
-                name: spec.name,
-            });
+            return Err(CoreError::DuplicateName { kind: "tenant", name: spec.name });
         }
         let id = TenantId(self.tenants.len() as u32);
         self.tenant_names.insert(spec.name.clone(), id);
-        self.tenants.push(TenantEntry {
-            spec,
-            queue: BTreeSet::new(),
-            decayed_gpu_ms: 0.0,
-            usage_as_of: Time::ZERO,
-        });
+        self.tenants.push(TenantEntry { spec, queue: BTreeSet::new(), decayed_gpu_ms: 0.0, usage_as_of: Time::ZERO });
         self.book.usage.push([0; QDIMS]);
         self.rebuild_quota();
         Ok(id)
@@ -273,11 +308,7 @@ impl ClusterState {
         if let Some(q) = &quota {
             q.validate()?;
         }
-        self.tenants
-            .get_mut(t.index())
-            .ok_or(CoreError::UnknownTenant(t))?
-            .spec
-            .quota = quota;
+        self.tenants.get_mut(t.index()).ok_or(CoreError::UnknownTenant(t))?.spec.quota = quota;
         self.rebuild_quota();
         Ok(())
     }
@@ -300,11 +331,7 @@ impl ClusterState {
     /// A tenant's current usage: whole GPUs, CPU, memory.
     pub fn tenant_usage(&self, t: TenantId) -> Resources {
         let u = &self.book.usage[t.index()];
-        Resources {
-            gpus: u[DIM_GPUS] as u32,
-            cpu: MilliCpu(u[DIM_CPU]),
-            mem: MiB(u[DIM_MEM]),
-        }
+        Resources { gpus: u[DIM_GPUS] as u32, cpu: MilliCpu(u[DIM_CPU]), mem: MiB(u[DIM_MEM]) }
     }
 
     /// A tenant's decayed historical GPU usage in GPU-seconds at `now` (fair share's measure).
@@ -347,21 +374,16 @@ impl ClusterState {
         let mut cohort_names: Vec<String> = Vec::new();
         let mut tenants = Vec::with_capacity(self.tenants.len());
         for t in &self.tenants {
-            let c =
-                t.spec
-                    .cohort
-                    .as_ref()
-                    .map(|c| match cohort_names.iter().position(|n| n == c) {
-                        Some(i) => i as u32,
-                        None => {
-                            cohort_names.push(c.clone());
-                            (cohort_names.len() - 1) as u32
-                        }
-                    });
+            let c = t.spec.cohort.as_ref().map(|c| match cohort_names.iter().position(|n| n == c) {
+                Some(i) => i as u32,
+                None => {
+                    cohort_names.push(c.clone());
+                    (cohort_names.len() - 1) as u32
+                }
+            });
             tenants.push((t.spec.quota.clone(), c));
         }
-        let mut cohorts: Vec<(String, QVec)> =
-            cohort_names.into_iter().map(|n| (n, [0; QDIMS])).collect();
+        let mut cohorts: Vec<(String, QVec)> = cohort_names.into_iter().map(|n| (n, [0; QDIMS])).collect();
         for (q, c) in &tenants {
             if let (Some(q), Some(c)) = (q, c) {
                 let g = q.guarantee_vec();
@@ -421,13 +443,23 @@ impl ClusterState {
         let k = queue_key(&self.cfg, job);
         self.tenants[job.spec.tenant.index()].queue.insert(k);
         self.queued += 1;
+        if job.spec.task.gpus == 0 {
+            self.queued_no_gpu += 1;
+        }
     }
 
     fn dequeue(&mut self, job: &Job) {
         let k = queue_key(&self.cfg, job);
-        let removed = self.tenants[job.spec.tenant.index()].queue.remove(&k);
+        self.dequeue_key(job.spec.tenant, k, job.spec.task.gpus == 0);
+    }
+
+    fn dequeue_key(&mut self, tenant: TenantId, k: QueueKey, no_gpu: bool) {
+        let removed = self.tenants[tenant.index()].queue.remove(&k);
         debug_assert!(removed, "queued job missing from its queue");
         self.queued -= 1;
+        if no_gpu {
+            self.queued_no_gpu -= 1;
+        }
     }
 
     /// A job.
@@ -486,11 +518,7 @@ impl ClusterState {
     /// Applies a scheduling decision.
     pub fn apply(&mut self, d: &Decision, now: Time) -> Result<(), CoreError> {
         match d {
-            Decision::Start {
-                job,
-                placement,
-                borrowed,
-            } => self.start(*job, placement.clone(), *borrowed, now),
+            Decision::Start { job, placement, borrowed } => self.start(*job, placement.clone(), *borrowed, now),
             Decision::Preempt { job, for_job, .. } => {
                 self.evict(*job, now)?;
                 self.note_preemption_for(*for_job);
@@ -520,12 +548,7 @@ impl ClusterState {
                 self.accrue_tenant(spec.tenant, now);
                 self.book.charge(&self.shape, spec.tenant, &q, false);
                 let j = self.jobs.get_mut(job).expect("checked above");
-                j.run
-                    .as_mut()
-                    .expect("running job has a run")
-                    .placement
-                    .tasks
-                    .extend(add.iter().cloned());
+                j.run.as_mut().expect("running job has a run").placement.tasks.extend(add.iter().cloned());
                 Ok(())
             }
         }
@@ -542,85 +565,83 @@ impl ClusterState {
     }
 
     /// Starts a queued job on a placement.
-    pub fn start(
-        &mut self,
-        id: JobId,
-        placement: Placement,
-        borrowed: bool,
-        now: Time,
-    ) -> Result<(), CoreError> {
+    pub fn start(&mut self, id: JobId, placement: Placement, borrowed: bool, now: Time) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
         if !job.state.can_become(JobState::Running) {
-            return Err(CoreError::InvalidTransition {
-                job: id,
-                from: job.state,
-                to: JobState::Running,
-            });
+            return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Running });
         }
         self.validate_placement(job, &placement)?;
-        let job = job.clone();
-        self.dequeue(&job);
-        self.preempting_for.remove(&id);
+        let key = queue_key(&self.cfg, job);
+        let (tenant, no_gpu) = (job.spec.tenant, job.spec.task.gpus == 0);
         let q = self.placement_qvec(&job.spec, &placement);
+        self.dequeue_key(tenant, key, no_gpu);
+        self.preempting_for.remove(&id);
         for t in &placement.tasks {
             self.free.take(&self.topo, t);
             self.node_jobs[t.node.index()].insert(id);
         }
-        self.accrue_tenant(job.spec.tenant, now);
-        self.book.charge(&self.shape, job.spec.tenant, &q, false);
+        self.accrue_tenant(tenant, now);
+        self.book.charge(&self.shape, tenant, &q, false);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
-        j.run = Some(RunInfo {
-            started: now,
-            placement,
-            borrowed,
-            last_checkpoint: None,
-            evicting: false,
-        });
+        j.run = Some(RunInfo { started: now, placement, borrowed, last_checkpoint: None, evicting: false });
         let end = Self::est_end(j, now);
         self.running_by_end.insert((end, id));
-        self.running_by_prio.insert((j.spec.priority, id));
-        if borrowed {
-            self.running_borrowed.insert(id);
+        let mut classes = 0u64;
+        for t in &j.run.as_ref().expect("just set").placement.tasks {
+            let c = self.topo.nodes[t.node.index()].class;
+            classes |= if c < 64 { 1u64 << c } else { u64::MAX };
         }
+        let row = RunRow {
+            id,
+            tenant: j.spec.tenant,
+            priority: j.spec.priority,
+            started: now,
+            borrowed,
+            preemptible: j.spec.preemptible,
+            evicting: false,
+            gpus: j.run.as_ref().expect("just set").placement.gpus(),
+            ckpt_interval: j.spec.checkpoint_interval.map_or(0, |d| d.0),
+            last_ckpt: Time::MAX,
+            attained_before: j.attained_gpu_ms,
+            classes,
+        };
+        let part = borrowed as usize;
+        self.run_row_of.insert(id, (part, self.run_rows[part].len()));
+        self.run_rows[part].push(row);
+        *self.prio_counts.entry(row.priority).or_default() += 1;
         Ok(())
     }
 
     fn validate_placement(&self, job: &Job, p: &Placement) -> Result<(), CoreError> {
-        let err = |reason: String| CoreError::InvalidPlacement {
-            job: job.id,
-            reason,
-        };
+        let err = |reason: String| CoreError::InvalidPlacement { job: job.id, reason };
         let spec = &job.spec;
         let n = p.tasks.len() as u32;
-        let (min, max) = spec
-            .elastic
-            .map_or((spec.tasks, spec.tasks), |e| (e.min_tasks, e.max_tasks));
+        let (min, max) = spec.elastic.map_or((spec.tasks, spec.tasks), |e| (e.min_tasks, e.max_tasks));
         if n < min || n > max {
-            return Err(err(format!(
-                "{n} tasks placed, the job needs {min} to {max}"
-            )));
+            return Err(err(format!("{n} tasks placed, the job needs {min} to {max}")));
         }
         let mut models: Vec<Option<GpuModel>> = Vec::new();
-        let mut seen: HashMap<NodeId, (u64, u64)> = HashMap::new();
+        let mut seen: Vec<(NodeId, (u64, u64))> = Vec::with_capacity(p.tasks.len());
         for t in &p.tasks {
             self.free.can_take(&self.topo, t).map_err(err)?;
             if self.node_states.get(t.node.index()) != Some(&NodeState::Ready) {
                 return Err(err(format!("{} is not ready", t.node)));
             }
-            if t.gpu_mask.count_ones() != spec.task.gpus
-                || t.cpu != spec.task.cpu
-                || t.mem != spec.task.mem
-            {
-                return Err(err(format!(
-                    "a task on {} does not hold what the task spec asks",
-                    t.node
-                )));
+            if t.gpu_mask.count_ones() != spec.task.gpus || t.cpu != spec.task.cpu || t.mem != spec.task.mem {
+                return Err(err(format!("a task on {} does not hold what the task spec asks", t.node)));
             }
             if spec.task.mig.is_some() != t.mig_slot.is_some() {
                 return Err(err("MIG slot mismatch".into()));
             }
-            let e = seen.entry(t.node).or_default();
+            let i = match seen.iter().position(|(n, _)| *n == t.node) {
+                Some(i) => i,
+                None => {
+                    seen.push((t.node, (0, 0)));
+                    seen.len() - 1
+                }
+            };
+            let e = &mut seen[i].1;
             if e.0 & t.gpu_mask != 0 || t.mig_slot.is_some_and(|s| e.1 & (1 << s) != 0) {
                 return Err(err(format!("two tasks share a GPU on {}", t.node)));
             }
@@ -629,10 +650,7 @@ impl ClusterState {
                 e.1 |= 1 << s;
             }
             if !spec.node_eligible(&self.node_specs[t.node.index()]) {
-                return Err(err(format!(
-                    "{} does not match the job's selector, tolerations or models",
-                    t.node
-                )));
+                return Err(err(format!("{} does not match the job's selector, tolerations or models", t.node)));
             }
             let m = self.node_specs[t.node.index()].gpu_model();
             if !models.contains(&m) {
@@ -646,28 +664,14 @@ impl ClusterState {
             if mask & !f.mask != 0 {
                 return Err(err(format!("GPUs of {node} are not free")));
             }
-            let cpu: u64 = p
-                .tasks
-                .iter()
-                .filter(|t| t.node == *node)
-                .map(|t| t.cpu.0)
-                .sum();
-            let mem: u64 = p
-                .tasks
-                .iter()
-                .filter(|t| t.node == *node)
-                .map(|t| t.mem.0)
-                .sum();
+            let cpu: u64 = p.tasks.iter().filter(|t| t.node == *node).map(|t| t.cpu.0).sum();
+            let mem: u64 = p.tasks.iter().filter(|t| t.node == *node).map(|t| t.mem.0).sum();
             if cpu > f.cpu.0 || mem > f.mem.0 {
-                return Err(err(format!(
-                    "{node} lacks CPU or memory for the tasks placed on it"
-                )));
+                return Err(err(format!("{node} lacks CPU or memory for the tasks placed on it")));
             }
         }
         if spec.task.gpus > 0 && models.len() > 1 && !spec.allow_mixed_models {
-            return Err(err(
-                "the gang spans GPU models and the job does not allow it".into(),
-            ));
+            return Err(err("the gang spans GPU models and the job does not allow it".into()));
         }
         if !self.scope_met(spec.topology, p) {
             return Err(err(format!("tasks are not within {}", spec.topology)));
@@ -683,10 +687,7 @@ impl ClusterState {
         let s0 = &self.node_specs[first.node.index()];
         match scope {
             TopologyScope::Any => true,
-            TopologyScope::Zone => p
-                .tasks
-                .iter()
-                .all(|t| self.node_specs[t.node.index()].zone() == s0.zone()),
+            TopologyScope::Zone => p.tasks.iter().all(|t| self.node_specs[t.node.index()].zone() == s0.zone()),
             TopologyScope::Rack => p.tasks.iter().all(|t| {
                 let s = &self.node_specs[t.node.index()];
                 s.zone() == s0.zone() && s.rack() == s0.rack()
@@ -697,11 +698,7 @@ impl ClusterState {
                     return false;
                 }
                 let all: u64 = p.tasks.iter().fold(0, |a, t| a | t.gpu_mask);
-                all == 0
-                    || self.topo.nodes[first.node.index()]
-                        .domains
-                        .iter()
-                        .any(|d| all & !d == 0)
+                all == 0 || self.topo.nodes[first.node.index()].domains.iter().any(|d| all & !d == 0)
             }
         }
     }
@@ -720,10 +717,19 @@ impl ClusterState {
         }
         self.accrue_tenant(job.spec.tenant, now);
         self.book.charge(&self.shape, job.spec.tenant, &q, true);
-        self.running_by_end
-            .remove(&(Self::est_end(&job, run.started), id));
-        self.running_by_prio.remove(&(job.spec.priority, id));
-        self.running_borrowed.remove(&id);
+        self.running_by_end.remove(&(Self::est_end(&job, run.started), id));
+        if let Some((part, i)) = self.run_row_of.remove(&id) {
+            let row = self.run_rows[part].swap_remove(i);
+            if let Some(moved) = self.run_rows[part].get(i) {
+                self.run_row_of.insert(moved.id, (part, i));
+            }
+            if let Some(c) = self.prio_counts.get_mut(&row.priority) {
+                *c -= 1;
+                if *c == 0 {
+                    self.prio_counts.remove(&row.priority);
+                }
+            }
+        }
         self.evicting.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.attained_gpu_ms = j.attained_at(now);
@@ -735,16 +741,8 @@ impl ClusterState {
     pub fn finish(&mut self, id: JobId, now: Time, success: bool) -> Result<JobState, CoreError> {
         let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
         if state != JobState::Running {
-            let to = if success {
-                JobState::Succeeded
-            } else {
-                JobState::Failed
-            };
-            return Err(CoreError::InvalidTransition {
-                job: id,
-                from: state,
-                to,
-            });
+            let to = if success { JobState::Succeeded } else { JobState::Failed };
+            return Err(CoreError::InvalidTransition { job: id, from: state, to });
         }
         let old = self.release(id, now)?;
         let restartable = !success && old.restarts < old.spec.max_restarts;
@@ -785,13 +783,12 @@ impl ClusterState {
             Some(r) => {
                 r.evicting = true;
                 self.evicting.insert(id);
+                if let Some((p, i)) = self.run_row_of.get(&id) {
+                    self.run_rows[*p][*i].evicting = true;
+                }
                 Ok(())
             }
-            None => Err(CoreError::InvalidTransition {
-                job: id,
-                from: j.state,
-                to: JobState::Preempted,
-            }),
+            None => Err(CoreError::InvalidTransition { job: id, from: j.state, to: JobState::Preempted }),
         }
     }
 
@@ -800,11 +797,7 @@ impl ClusterState {
     pub fn evict(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
         let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
         if state != JobState::Running {
-            return Err(CoreError::InvalidTransition {
-                job: id,
-                from: state,
-                to: JobState::Preempted,
-            });
+            return Err(CoreError::InvalidTransition { job: id, from: state, to: JobState::Preempted });
         }
         self.release(id, now)?;
         let j = self.jobs.get_mut(&id).expect("released above");
@@ -828,11 +821,7 @@ impl ClusterState {
     pub fn cancel(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.clone();
         if !job.state.can_become(JobState::Cancelled) {
-            return Err(CoreError::InvalidTransition {
-                job: id,
-                from: job.state,
-                to: JobState::Cancelled,
-            });
+            return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Cancelled });
         }
         if job.state == JobState::Running {
             self.release(id, now)?;
@@ -853,6 +842,9 @@ impl ClusterState {
         match j.run.as_mut() {
             Some(r) => {
                 r.last_checkpoint = Some(at.max(r.started));
+                if let Some((p, i)) = self.run_row_of.get(&id) {
+                    self.run_rows[*p][*i].last_ckpt = r.last_checkpoint.unwrap_or(Time::MAX);
+                }
                 Ok(())
             }
             None => Err(CoreError::InvalidField {
@@ -865,17 +857,13 @@ impl ClusterState {
 
     /// Drops terminal jobs that finished before `before` (the driver keeps its own history).
     pub fn forget_finished(&mut self, before: Time) {
-        self.jobs
-            .retain(|_, j| !(j.state.is_terminal() && j.finished.is_some_and(|f| f < before)));
+        self.jobs.retain(|_, j| !(j.state.is_terminal() && j.finished.is_some_and(|f| f < before)));
     }
 
     /// Evictions in the current rate-limit window ending at `now`.
     pub(crate) fn recent_preemptions(&self, now: Time) -> u32 {
         let horizon = now - self.cfg.preemption.interval;
-        self.preemption_log
-            .iter()
-            .filter(|t| **t >= horizon)
-            .count() as u32
+        self.preemption_log.iter().filter(|t| **t >= horizon).count() as u32
     }
 
     /// Checks every invariant: no resource allocated twice or beyond capacity, gangs whole, topology met, usage
@@ -909,22 +897,14 @@ impl ClusterState {
             }
             match (&j.run, j.state) {
                 (Some(r), JobState::Running) => {
-                    if !self
-                        .running_by_end
-                        .contains(&(Self::est_end(j, r.started), j.id))
-                    {
+                    if !self.running_by_end.contains(&(Self::est_end(j, r.started), j.id)) {
                         return Err(format!("{} is running but not in the running index", j.id));
                     }
-                    let (min, max) = j
-                        .spec
-                        .elastic
-                        .map_or((j.spec.tasks, j.spec.tasks), |e| (e.min_tasks, e.max_tasks));
+                    let (min, max) =
+                        j.spec.elastic.map_or((j.spec.tasks, j.spec.tasks), |e| (e.min_tasks, e.max_tasks));
                     let nt = r.placement.tasks.len() as u32;
                     if nt < min || nt > max {
-                        return Err(format!(
-                            "{} runs {nt} tasks, gang needs {min}..={max}",
-                            j.id
-                        ));
+                        return Err(format!("{} runs {nt} tasks, gang needs {min}..={max}", j.id));
                     }
                     if !self.scope_met(j.spec.topology, &r.placement) {
                         return Err(format!("{} is not within {}", j.id, j.spec.topology));
@@ -933,11 +913,7 @@ impl ClusterState {
                     for t in &r.placement.tasks {
                         let i = t.node.index();
                         if used_mask[i] & t.gpu_mask != 0 {
-                            return Err(format!(
-                                "GPU {:#x} of {} allocated twice",
-                                used_mask[i] & t.gpu_mask,
-                                t.node
-                            ));
+                            return Err(format!("GPU {:#x} of {} allocated twice", used_mask[i] & t.gpu_mask, t.node));
                         }
                         used_mask[i] |= t.gpu_mask;
                         used_cpu[i] += t.cpu.0;
@@ -946,10 +922,7 @@ impl ClusterState {
                             models.insert(self.node_specs[i].gpu_model());
                         }
                         if !self.node_jobs[i].contains(&j.id) {
-                            return Err(format!(
-                                "{} runs on {} but the node does not list it",
-                                j.id, t.node
-                            ));
+                            return Err(format!("{} runs on {} but the node does not list it", j.id, t.node));
                         }
                     }
                     if models.len() > 1 && !j.spec.allow_mixed_models {
@@ -960,29 +933,23 @@ impl ClusterState {
                         usage[j.spec.tenant.index()][d] += qv[d];
                     }
                 }
-                (None, JobState::Running) => {
-                    return Err(format!("{} is running without a placement", j.id))
-                }
+                (None, JobState::Running) => return Err(format!("{} is running without a placement", j.id)),
                 (Some(_), s) => return Err(format!("{} is {s} but holds a placement", j.id)),
                 (None, _) => {}
             }
         }
         if queued != self.queued {
-            return Err(format!(
-                "queued count {} but {queued} jobs are queued",
-                self.queued
-            ));
+            return Err(format!("queued count {} but {queued} jobs are queued", self.queued));
         }
-        let running = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Running)
-            .count();
+        let running = self.jobs.values().filter(|j| j.state == JobState::Running).count();
+        let rows_ok = (0..2)
+            .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
+        let counted: u32 = self.prio_counts.values().sum();
+        if running != self.run_rows[0].len() + self.run_rows[1].len() || !rows_ok || counted as usize != running {
+            return Err("running rows out of sync".into());
+        }
         if running != self.running_by_end.len() {
-            return Err(format!(
-                "{running} running jobs but {} in the running index",
-                self.running_by_end.len()
-            ));
+            return Err(format!("{running} running jobs but {} in the running index", self.running_by_end.len()));
         }
         for i in 0..n {
             let t = &self.topo.nodes[i];
@@ -999,20 +966,14 @@ impl ClusterState {
         }
         for (i, u) in usage.iter().enumerate() {
             if *u != self.book.usage[i] {
-                return Err(format!(
-                    "tenant-{i}: usage book {:?} but running jobs hold {:?}",
-                    self.book.usage[i], u
-                ));
+                return Err(format!("tenant-{i}: usage book {:?} but running jobs hold {:?}", self.book.usage[i], u));
             }
         }
         Ok(())
     }
 
     /// Tenant's queue in order (for explain and the portal).
-    pub(crate) fn tenant_queue(
-        &self,
-        t: TenantId,
-    ) -> std::collections::btree_set::Iter<'_, QueueKey> {
+    pub(crate) fn tenant_queue(&self, t: TenantId) -> std::collections::btree_set::Iter<'_, QueueKey> {
         self.tenants[t.index()].queue.iter()
     }
 
@@ -1040,9 +1001,30 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
         Policy::Srtf => j.remaining_estimate().0,
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
     };
+    let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
     QueueKey {
         major,
         minor: j.submitted.0,
         job: j.id,
+        sig: crate::schedule::spec_sig(&j.spec),
+        gpus: j.spec.task.gpus as u64 * min_tasks as u64,
+        est: j.spec.estimated_duration.map_or(u64::MAX, |_| j.remaining_estimate().0),
+        not_before: if j.state == JobState::Restarting { j.not_before } else { Time::ZERO },
+        shape_hash: {
+            use std::hash::{Hash, Hasher};
+            let mut h = crate::fxhash::FxHasher::default();
+            (
+                crate::schedule::spec_sig(&j.spec),
+                j.spec.task.gpus,
+                min_tasks,
+                j.spec.topology as u32,
+                j.spec.task.cpu.0,
+                j.spec.task.mem.0,
+                j.spec.allow_mixed_models,
+                j.spec.elastic.is_some(),
+            )
+                .hash(&mut h);
+            h.finish()
+        },
     }
 }

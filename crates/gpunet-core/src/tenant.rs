@@ -100,12 +100,7 @@ impl Quota {
                 if l.limit < l.guarantee {
                     return Err(CoreError::InvalidField {
                         field: "quota.limit",
-                        value: format!(
-                            "{}: limit {} < guarantee {}",
-                            dim_name(d),
-                            l.limit,
-                            l.guarantee
-                        ),
+                        value: format!("{}: limit {} < guarantee {}", dim_name(d), l.limit, l.guarantee),
                         allowed: "a limit at least as large as the guarantee".into(),
                     });
                 }
@@ -131,12 +126,7 @@ pub struct TenantSpec {
 impl TenantSpec {
     /// A tenant of weight 1 without quota or cohort.
     pub fn new(name: impl Into<String>) -> TenantSpec {
-        TenantSpec {
-            name: name.into(),
-            weight: 1.0,
-            quota: None,
-            cohort: None,
-        }
+        TenantSpec { name: name.into(), weight: 1.0, quota: None, cohort: None }
     }
 
     /// Sets the quota.

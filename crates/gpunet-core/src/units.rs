@@ -7,16 +7,12 @@ use std::fmt;
 use std::ops::{Add, AddAssign, Sub, SubAssign};
 
 /// A point in time, in milliseconds since the driver's epoch.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Time(pub u64);
 
 /// A span of time in milliseconds.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Dur(pub u64);
 
@@ -109,16 +105,12 @@ impl fmt::Display for Time {
 }
 
 /// CPU in thousandths of a core.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct MilliCpu(pub u64);
 
 /// Memory in mebibytes.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct MiB(pub u64);
 
@@ -198,11 +190,7 @@ pub struct Resources {
 
 impl Resources {
     /// Nothing.
-    pub const ZERO: Resources = Resources {
-        gpus: 0,
-        cpu: MilliCpu(0),
-        mem: MiB(0),
-    };
+    pub const ZERO: Resources = Resources { gpus: 0, cpu: MilliCpu(0), mem: MiB(0) };
 
     /// `self` scaled by `n` tasks.
     pub fn times(self, n: u32) -> Resources {
@@ -222,22 +210,14 @@ impl Resources {
 impl Add for Resources {
     type Output = Resources;
     fn add(self, o: Resources) -> Resources {
-        Resources {
-            gpus: self.gpus.saturating_add(o.gpus),
-            cpu: self.cpu + o.cpu,
-            mem: self.mem + o.mem,
-        }
+        Resources { gpus: self.gpus.saturating_add(o.gpus), cpu: self.cpu + o.cpu, mem: self.mem + o.mem }
     }
 }
 
 impl Sub for Resources {
     type Output = Resources;
     fn sub(self, o: Resources) -> Resources {
-        Resources {
-            gpus: self.gpus.saturating_sub(o.gpus),
-            cpu: self.cpu - o.cpu,
-            mem: self.mem - o.mem,
-        }
+        Resources { gpus: self.gpus.saturating_sub(o.gpus), cpu: self.cpu - o.cpu, mem: self.mem - o.mem }
     }
 }
 
@@ -263,16 +243,8 @@ mod tests {
 
     #[test]
     fn resources_fit_per_dimension() {
-        let a = Resources {
-            gpus: 2,
-            cpu: MilliCpu(100),
-            mem: MiB(10),
-        };
-        let b = Resources {
-            gpus: 2,
-            cpu: MilliCpu(99),
-            mem: MiB(10),
-        };
+        let a = Resources { gpus: 2, cpu: MilliCpu(100), mem: MiB(10) };
+        let b = Resources { gpus: 2, cpu: MilliCpu(99), mem: MiB(10) };
         assert!(!a.fits_in(&b));
         assert!(b.fits_in(&a));
         assert_eq!(a.times(3).gpus, 6);

@@ -31,14 +31,17 @@ struct JobGen {
 const MODELS: [GpuModel; 3] = [GpuModel::V100_16GB, GpuModel::A100_80GB, GpuModel::T4];
 
 fn node_gen() -> impl Strategy<Value = NodeGen> {
-    (0u8..3, 1u8..=8, 0u8..2, 0u8..3, proptest::bool::weighted(0.2), 4u8..64).prop_map(|(model, gpus, zone, rack, spot, cpu)| {
-        NodeGen { model, gpus, zone, rack, spot, cpu }
-    })
+    (0u8..3, 1u8..=8, 0u8..2, 0u8..3, proptest::bool::weighted(0.2), 4u8..64)
+        .prop_map(|(model, gpus, zone, rack, spot, cpu)| NodeGen { model, gpus, zone, rack, spot, cpu })
 }
 
 fn job_gen() -> impl Strategy<Value = JobGen> {
     (
-        (0u8..3, prop_oneof![6 => Just(1u8), 2 => Just(2u8), 1 => Just(4u8), 1 => Just(8u8), 1 => Just(0u8)], prop_oneof![6 => Just(1u8), 2 => Just(2u8), 1 => Just(3u8)]),
+        (
+            0u8..3,
+            prop_oneof![6 => Just(1u8), 2 => Just(2u8), 1 => Just(4u8), 1 => Just(8u8), 1 => Just(0u8)],
+            prop_oneof![6 => Just(1u8), 2 => Just(2u8), 1 => Just(3u8)],
+        ),
         (0u8..5, 1u16..2000, -2i8..3, 1u16..2000),
         (proptest::bool::weighted(0.3), proptest::bool::weighted(0.1), proptest::bool::weighted(0.1)),
     )

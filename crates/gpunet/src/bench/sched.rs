@@ -1,0 +1,261 @@
+//! `gpunet bench sched`: one full scheduling pass over a synthetic cluster and queue, then a stream of
+//! arrival/completion events, each followed by a pass.
+//!
+//! The cluster mixes GPU models (A100-80GB 40%, H100-80GB 30%, V100-32GB 20%, T4 10%) in racks of 16 nodes, each rack
+//! of one model in one of 4 zones, and 10% of the racks spot (tainted). Jobs follow the Philly size mix (≈93% 1 GPU, then 2, 4, 8, 16, 32, 64
+//! GPUs; jobs above 8 GPUs are gangs of 8-GPU tasks within a zone), 20% ask for one model, 30% tolerate spot, with
+//! log-uniform estimates from 1 minute to 1 day, checkpoints every 10 minutes, 5% of them at a higher priority
+//! class (Philly itself has no priorities; production clusters use a few classes sparingly), across 20 tenants
+//! whose guarantees share 90% of the GPUs (limit 2×, one cohort).
+
+use crate::bench::{peak_rss_mib, quantile};
+use crate::rng::Rng;
+use anyhow::{Context, Result};
+use gpunet_core::tenant::Quota;
+use gpunet_core::*;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Options of the benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct SchedArgs {
+    /// Nodes in the synthetic cluster.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) nodes: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) gpus_per_node: u32,
+    /// Pending jobs before the full pass.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) pending: u32,
+    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare, las.
+    #[arg(long, default_value = "fifo")]
+    pub(crate) policy: String,
+    /// Turn EASY backfill on.
+    #[arg(long)]
+    pub(crate) backfill: bool,
+    /// Turn preemption off (it is on by default, as in `SchedConfig`).
+    #[arg(long)]
+    pub(crate) no_preemption: bool,
+    /// Arrival/completion events after the full pass.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) events: u32,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// `table` or `json`.
+    #[arg(long, default_value = "table")]
+    pub(crate) output: String,
+}
+
+/// What the benchmark reports.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SchedReport {
+    /// Policy.
+    pub(crate) policy: String,
+    /// Milliseconds of the full pass (computing its decisions).
+    pub(crate) full_pass_ms: f64,
+    /// Jobs the full pass started.
+    pub(crate) placed: usize,
+    /// Median time of one event: the event, a pass and applying its decisions.
+    pub event_p50_us: f64,
+    /// 99th percentile of the same.
+    pub event_p99_us: f64,
+    /// Peak resident memory of the process.
+    pub(crate) peak_rss_mib: f64,
+}
+
+const MODELS: [(GpuModel, f64, f64); 4] = [
+    (GpuModel::A100_80GB, 0.4, 2.5),
+    (GpuModel::H100_80GB, 0.3, 4.0),
+    (GpuModel::V100_32GB, 0.2, 1.2),
+    (GpuModel::T4, 0.1, 0.5),
+];
+
+fn pick_model(r: &mut Rng) -> usize {
+    let x = r.f64();
+    let mut acc = 0.0;
+    for (i, (_, p, _)) in MODELS.iter().enumerate() {
+        acc += p;
+        if x < acc {
+            return i;
+        }
+    }
+    MODELS.len() - 1
+}
+
+/// Builds the synthetic cluster with its tenants.
+pub(crate) fn build_cluster(cfg: SchedConfig, nodes: u32, gpus: u32, seed: u64) -> Result<ClusterState> {
+    let mut r = Rng::new(seed);
+    let mut s = ClusterState::new(cfg)?;
+    let gpus = gpus.clamp(1, 64) as usize;
+    // Racks of 16 nodes, each of one GPU model in one zone (as datacenters are built); 10% of racks are spot.
+    let mut rack_model = GpuModel::T4;
+    let mut rack_price = 0.0;
+    let mut rack_spot = false;
+    for i in 0..nodes {
+        let rack = i / 16;
+        if i % 16 == 0 {
+            let (m, _, p) = MODELS[pick_model(&mut r)];
+            rack_model = m;
+            rack_price = p;
+            rack_spot = r.f64() < 0.1;
+        }
+        let zone = rack % 4;
+        let mut n = NodeSpec::with_gpus(
+            format!("node-{i:05}"),
+            rack_model,
+            gpus,
+            MilliCpu::cores(16 * gpus as u64),
+            MiB::gib(128 * gpus as u64),
+        )
+        .label("zone", &format!("zone-{zone}"))
+        .label("region", "r1")
+        .label("rack", &format!("rack-{rack:04}"))
+        .price(rack_price);
+        if rack_spot {
+            n = n.label("lifecycle", "spot").taint("lifecycle", "spot").price(rack_price * 0.35);
+        }
+        s.add_node(n)?;
+    }
+    let cap = s.capacity_gpus();
+    // 20 tenants, guarantees sharing 90% of the GPUs with unequal weights.
+    let weights: Vec<f64> = (0..20).map(|i| 1.0 + (i % 5) as f64).collect();
+    let total: f64 = weights.iter().sum();
+    for (i, w) in weights.iter().enumerate() {
+        let g = (cap as f64 * 0.9 * w / total).floor() as u64;
+        s.add_tenant(
+            TenantSpec::new(format!("tenant-{i:02}")).weight(*w).quota(Quota::gpus(g, (2 * g).min(cap))).cohort("org"),
+        )?;
+    }
+    Ok(s)
+}
+
+/// One synthetic job with the Philly size mix.
+pub(crate) fn synth_job(r: &mut Rng, tenants: u32) -> JobSpec {
+    let x = r.f64();
+    let gpus = match x {
+        x if x < 0.93 => 1,
+        x if x < 0.955 => 2,
+        x if x < 0.975 => 4,
+        x if x < 0.99 => 8,
+        x if x < 0.996 => 16,
+        x if x < 0.999 => 32,
+        _ => 64,
+    };
+    let (per, tasks) = if gpus > 8 { (8, gpus / 8) } else { (gpus, 1) };
+    let tenant = TenantId(r.below(tenants as u64) as u32);
+    let est = (60.0 * (1440f64).powf(r.f64())) as u64; // 1 min .. 1 day, log-uniform
+    let mut spec = JobSpec::new(tenant, "synthetic", per, tasks)
+        .estimate(Dur::from_secs(est))
+        .priority(if r.f64() < 0.05 { 1 } else { 0 });
+    spec.checkpoint_interval = Some(Dur::from_mins(10));
+    if r.f64() < 0.2 {
+        spec.gpu_models = vec![MODELS[pick_model(r)].0];
+    }
+    if r.f64() < 0.3 {
+        spec.tolerations = vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+    }
+    spec
+}
+
+/// Runs the benchmark.
+pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
+    let policy: Policy = args.policy.parse().context("--policy")?;
+    let mut cfg = SchedConfig { backfill: args.backfill, ..SchedConfig::with_policy(policy) };
+    cfg.preemption.enabled = !args.no_preemption;
+    let mut s = build_cluster(cfg, args.nodes, args.gpus_per_node, args.seed)?;
+    let tenants = s.tenant_count() as u32;
+    let mut r = Rng::new(args.seed.wrapping_add(1));
+    let mut next_id = 1u64;
+    for i in 0..args.pending {
+        s.submit(JobId(next_id), synth_job(&mut r, tenants), Time(i as u64))?;
+        next_id += 1;
+    }
+    let mut now = Time::from_secs(3600);
+    let t0 = Instant::now();
+    let decisions = schedule(&s, now);
+    let full_pass_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut running: Vec<JobId> = Vec::new();
+    let mut pos: HashMap<JobId, usize> = HashMap::new();
+    let track = |ds: &[Decision], running: &mut Vec<JobId>, pos: &mut HashMap<JobId, usize>| {
+        for d in ds {
+            match d {
+                Decision::Start { job, .. } => {
+                    pos.insert(*job, running.len());
+                    running.push(*job);
+                }
+                Decision::Preempt { job, .. } => {
+                    if let Some(i) = pos.remove(job) {
+                        running.swap_remove(i);
+                        if let Some(m) = running.get(i) {
+                            pos.insert(*m, i);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    };
+    let placed = decisions.iter().filter(|d| matches!(d, Decision::Start { .. })).count();
+    for d in &decisions {
+        s.apply(d, now)?;
+    }
+    track(&decisions, &mut running, &mut pos);
+    let mut samples = Vec::with_capacity(args.events as usize);
+    for _ in 0..args.events {
+        now = now + Dur::from_secs(1);
+        let complete = !running.is_empty() && r.f64() < 0.5;
+        let victim = if complete {
+            let i = r.below(running.len() as u64) as usize;
+            let id = running.swap_remove(i);
+            pos.remove(&id);
+            if let Some(m) = running.get(i) {
+                pos.insert(*m, i);
+            }
+            Some(id)
+        } else {
+            None
+        };
+        let spec = synth_job(&mut r, tenants);
+        let t = Instant::now();
+        match victim {
+            Some(id) => {
+                s.finish(id, now, true)?;
+            }
+            None => {
+                s.submit(JobId(next_id), spec, now)?;
+                next_id += 1;
+            }
+        }
+        let (ds, st) = schedule_with_stats(&s, now);
+        for d in &ds {
+            s.apply(d, now)?;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if std::env::var("GPUNET_BENCH_DEBUG").is_ok() {
+            eprintln!(
+                "{} {} {} {} {:.0} {} {}",
+                st.considered,
+                st.started,
+                st.backfilled,
+                st.preempted,
+                samples.last().unwrap(),
+                st.placement_attempts,
+                st.reservation_releases
+            );
+        }
+        track(&ds, &mut running, &mut pos);
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    debug_assert!(s.check_invariants().is_ok());
+    Ok(SchedReport {
+        policy: policy.name().to_string(),
+        full_pass_ms,
+        placed,
+        event_p50_us: quantile(&samples, 0.5),
+        event_p99_us: quantile(&samples, 0.99),
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
