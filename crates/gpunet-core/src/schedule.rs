@@ -311,6 +311,9 @@ fn pull_releases<'x>(
     }
 }
 
+/// Signature, GPUs per task, tasks, topology, CPU, memory, mixed models: what decides whether a job can ever fit.
+type ShapeKey = (u64, u32, u32, u32, u64, u64, bool);
+
 /// The reservation of the blocked head job.
 #[derive(Debug)]
 struct Res {
@@ -396,7 +399,7 @@ struct Pass<'a> {
     free: Free,
     book: QuotaBook,
     elig: FxHashMap<u64, Rc<[u32]>>,
-    never: FxHashMap<(u64, u32, u32, u32, u64, u64, bool), Option<String>>,
+    never: FxHashMap<ShapeKey, Option<String>>,
     /// Request shapes that failed to place in this pass (free resources only shrink within a pass, so they keep
     /// failing): (shape, held), where held says whether the reservation's hold applied.
     failed: FxHashSet<(u64, bool)>,

@@ -1,0 +1,45 @@
+//! Runs the real `gpunet` binary.
+
+use std::process::Command;
+
+fn gpunet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpunet")).args(args).output().expect("run gpunet")
+}
+
+#[test]
+fn bench_sched_json_has_exactly_the_documented_keys() {
+    let out = gpunet(&[
+        "bench", "sched", "--nodes", "64", "--pending", "2000", "--events", "300", "--policy", "drf", "--seed", "3",
+        "--output", "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let obj = v.as_object().unwrap();
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["event_p50_us", "event_p99_us", "full_pass_ms", "peak_rss_mib", "placed", "policy"]);
+    assert_eq!(obj["policy"], "drf");
+    assert!(obj["placed"].as_u64().unwrap() > 0);
+    assert!(obj["event_p99_us"].as_f64().unwrap() >= obj["event_p50_us"].as_f64().unwrap());
+    assert!(obj["peak_rss_mib"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_sched_is_deterministic_in_what_it_places() {
+    let run = || {
+        let out = gpunet(&["bench", "sched", "--nodes", "32", "--pending", "800", "--events", "50", "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["placed"].as_u64().unwrap()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn bad_policy_is_a_clear_error() {
+    let out = gpunet(&["bench", "sched", "--policy", "lottery"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--policy") && err.contains("lottery") && err.contains("fairshare"), "{err}");
+    let out = gpunet(&["bench", "sched", "--output", "yaml"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("table or json"));
+}
