@@ -10,15 +10,10 @@ fn cluster(nodes: u32, policy: Policy, backfill: bool) -> ClusterState {
     let models = [GpuModel::A100_80GB, GpuModel::H100_80GB, GpuModel::V100_32GB];
     for i in 0..nodes {
         let rack = i / 16;
-        let spec = NodeSpec::with_gpus(
-            format!("n{i}"),
-            models[(rack % 3) as usize],
-            8,
-            MilliCpu::cores(128),
-            MiB::gib(1024),
-        )
-        .label("zone", &format!("z{}", rack % 4))
-        .label("rack", &format!("r{rack}"));
+        let spec =
+            NodeSpec::with_gpus(format!("n{i}"), models[(rack % 3) as usize], 8, MilliCpu::cores(128), MiB::gib(1024))
+                .label("zone", &format!("z{}", rack % 4))
+                .label("rack", &format!("r{rack}"));
         s.add_node(spec).unwrap();
     }
     for t in 0..20 {
@@ -35,7 +30,8 @@ fn fill(s: &mut ClusterState, jobs: u64) {
             96..=97 => 4,
             _ => 8,
         };
-        let spec = JobSpec::new(TenantId((i % 20) as u32), "b", gpus, 1).estimate(Dur::from_secs(60 + (i * 7919) % 86_400));
+        let spec =
+            JobSpec::new(TenantId((i % 20) as u32), "b", gpus, 1).estimate(Dur::from_secs(60 + (i * 7919) % 86_400));
         s.submit(JobId(i + 1), spec, Time(i)).unwrap();
     }
 }
@@ -46,7 +42,9 @@ fn benches(c: &mut Criterion) {
     for policy in [Policy::Fifo, Policy::Drf, Policy::Las] {
         let mut s = cluster(1_000, policy, false);
         fill(&mut s, 10_000);
-        g.bench_function(format!("full_pass_1k_nodes_10k_jobs_{policy}"), |b| b.iter(|| schedule(&s, Time::from_secs(1))));
+        g.bench_function(format!("full_pass_1k_nodes_10k_jobs_{policy}"), |b| {
+            b.iter(|| schedule(&s, Time::from_secs(1)))
+        });
     }
     // One event on a full cluster: a completion, a pass, applying its decisions.
     let mut s = cluster(1_000, Policy::Fifo, true);
@@ -66,7 +64,9 @@ fn benches(c: &mut Criterion) {
     });
     let empty = cluster(1_000, Policy::Fifo, false);
     let one = JobSpec::new(TenantId(0), "one", 1, 1);
-    g.bench_function("dry_run_placement_single_gpu_task_incl_pool_copy", |b| b.iter(|| dry_run_placement(&empty, &one)));
+    g.bench_function("dry_run_placement_single_gpu_task_incl_pool_copy", |b| {
+        b.iter(|| dry_run_placement(&empty, &one))
+    });
     let mut gang = JobSpec::new(TenantId(0), "gang", 8, 8);
     gang.topology = TopologyScope::Zone;
     g.bench_function("dry_run_placement_64_gpu_gang_incl_pool_copy", |b| b.iter(|| dry_run_placement(&empty, &gang)));

@@ -16,6 +16,8 @@ pub enum GpuModel {
     K80,
     /// NVIDIA P100 16 GB.
     P100,
+    /// NVIDIA P40 24 GB (Philly's 8-GPU machines).
+    P40,
     /// NVIDIA T4 16 GB.
     T4,
     /// NVIDIA V100 16 GB.
@@ -40,6 +42,12 @@ pub enum GpuModel {
     /// NVIDIA H200 141 GB.
     #[serde(rename = "H200-141GB")]
     H200_141GB,
+    /// Undisclosed GPU type `G1` of the Alibaba PAI 2023 trace (memory and speed unknown; speed taken as 1.0).
+    G1,
+    /// Undisclosed GPU type `G2` of the Alibaba PAI 2023 trace.
+    G2,
+    /// Undisclosed GPU type `G3` of the Alibaba PAI 2023 trace.
+    G3,
 }
 
 /// A MIG profile: `Ng.Mgb` (N compute slices of 7, M GB of memory).
@@ -110,9 +118,10 @@ const H200_MIG: &[MigProfile] = &[
 
 impl GpuModel {
     /// Every model, in catalogue order.
-    pub const ALL: [GpuModel; 11] = [
+    pub const ALL: [GpuModel; 15] = [
         GpuModel::K80,
         GpuModel::P100,
+        GpuModel::P40,
         GpuModel::T4,
         GpuModel::V100_16GB,
         GpuModel::V100_32GB,
@@ -122,6 +131,9 @@ impl GpuModel {
         GpuModel::A100_80GB,
         GpuModel::H100_80GB,
         GpuModel::H200_141GB,
+        GpuModel::G1,
+        GpuModel::G2,
+        GpuModel::G3,
     ];
 
     /// Dense index of the model in [`GpuModel::ALL`].
@@ -134,6 +146,7 @@ impl GpuModel {
         match self {
             GpuModel::K80 => "K80",
             GpuModel::P100 => "P100",
+            GpuModel::P40 => "P40",
             GpuModel::T4 => "T4",
             GpuModel::V100_16GB => "V100-16GB",
             GpuModel::V100_32GB => "V100-32GB",
@@ -143,6 +156,9 @@ impl GpuModel {
             GpuModel::A100_80GB => "A100-80GB",
             GpuModel::H100_80GB => "H100-80GB",
             GpuModel::H200_141GB => "H200-141GB",
+            GpuModel::G1 => "G1",
+            GpuModel::G2 => "G2",
+            GpuModel::G3 => "G3",
         }
     }
 
@@ -151,6 +167,7 @@ impl GpuModel {
         match self {
             GpuModel::K80 => "k80",
             GpuModel::P100 => "p100",
+            GpuModel::P40 => "p40",
             GpuModel::T4 => "t4",
             GpuModel::V100_16GB | GpuModel::V100_32GB => "v100",
             GpuModel::A10 => "a10",
@@ -158,16 +175,20 @@ impl GpuModel {
             GpuModel::A100_40GB | GpuModel::A100_80GB => "a100",
             GpuModel::H100_80GB => "h100",
             GpuModel::H200_141GB => "h200",
+            GpuModel::G1 => "g1",
+            GpuModel::G2 => "g2",
+            GpuModel::G3 => "g3",
         }
     }
 
-    /// Memory per GPU in MiB.
+    /// Memory per GPU in MiB (0 where unknown).
     pub const fn memory_mib(self) -> u64 {
         let gb = match self {
             GpuModel::K80 => 12,
             GpuModel::P100 | GpuModel::T4 | GpuModel::V100_16GB => 16,
             GpuModel::V100_32GB => 32,
-            GpuModel::A10 => 24,
+            GpuModel::A10 | GpuModel::P40 => 24,
+            GpuModel::G1 | GpuModel::G2 | GpuModel::G3 => 0,
             GpuModel::L40S => 48,
             GpuModel::A100_40GB => 40,
             GpuModel::A100_80GB | GpuModel::H100_80GB => 80,
@@ -181,6 +202,8 @@ impl GpuModel {
         match self {
             GpuModel::K80 => 0.2,
             GpuModel::P100 => 0.5,
+            GpuModel::P40 => 0.45,
+            GpuModel::G1 | GpuModel::G2 | GpuModel::G3 => 1.0,
             GpuModel::T4 => 0.4,
             GpuModel::V100_16GB => 1.0,
             GpuModel::V100_32GB => 1.05,
@@ -225,9 +248,14 @@ impl FromStr for GpuModel {
         let m = match norm.as_str() {
             "K80" | "TESLAK80" => GpuModel::K80,
             "P100" | "TESLAP100" | "P10016GB" => GpuModel::P100,
+            "P40" | "TESLAP40" | "P4024GB" => GpuModel::P40,
+            "G1" => GpuModel::G1,
+            "G2" => GpuModel::G2,
+            "G3" => GpuModel::G3,
             "T4" | "TESLAT4" | "T416GB" => GpuModel::T4,
             "V100" | "V10016GB" | "TESLAV100" | "V100SXM216GB" | "V100PCIE16GB" => GpuModel::V100_16GB,
             "V10032GB" | "V100M32" | "V100SXM232GB" | "V100PCIE32GB" => GpuModel::V100_32GB,
+            "V100M16" => GpuModel::V100_16GB,
             "A10" | "A1024GB" => GpuModel::A10,
             "L40S" | "L40S48GB" => GpuModel::L40S,
             "A100" | "A10040GB" | "A100SXM440GB" | "A100PCIE40GB" => GpuModel::A100_40GB,

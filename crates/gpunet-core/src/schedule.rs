@@ -672,6 +672,7 @@ impl<'a> Pass<'a> {
         let mut streak = vec![0u32; st.tenants.len()];
         let mut position = 0usize;
         let mut exhausted = true;
+        let mut quota_searches = 0u32;
         // Jobs that evictions were made for go first, so the victims do not take their resources back.
         let mut served: HashSet<JobId> = HashSet::new();
         for &jid in &st.preempting_for {
@@ -695,7 +696,7 @@ impl<'a> Pass<'a> {
                 Some(p) => self.commit_start(job, p, false),
                 None => {
                     // Still waiting for its victims to exit: keep what it will use off-limits for the others.
-                    if let Some((_, r)) = self.find_victims(job, &classes) {
+                    if let Some((_, r)) = self.find_victims(job, &classes, false) {
                         self.claim(&r.hold);
                     }
                     if self.trace == Some(jid) {
@@ -764,6 +765,16 @@ impl<'a> Pass<'a> {
             let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
             let admit = self.book.admit(&st.shape, t, &job_qvec(spec, min_tasks, None));
             if let Err(block) = admit {
+                // Held by its own tenant's quota: the tenant's lower-priority (or demoted) jobs may make room.
+                if cfg.preemption.enabled && quota_searches < 4 && !traced && st.tenants[t.index()].spec.quota.is_some()
+                {
+                    quota_searches += 1;
+                    let base = self.eligible_sig(spec, sig);
+                    if let Some((_, r)) = self.find_victims(job, &base, true) {
+                        self.claim(&r.hold);
+                        continue;
+                    }
+                }
                 if traced {
                     self.outcome =
                         Some(PendingReason::Quota { tenant: st.tenants[t.index()].spec.name.clone(), block });
@@ -823,7 +834,7 @@ impl<'a> Pass<'a> {
                     let preempting = Vec::new();
                     let mut r = None;
                     if cfg.preemption.enabled {
-                        if let Some((victims, reservation)) = self.find_victims(job, &classes) {
+                        if let Some((victims, reservation)) = self.find_victims(job, &classes, false) {
                             // Room is being made: the job no longer blocks; what it will use is claimed.
                             self.claim(&reservation.hold);
                             if traced {
@@ -1109,7 +1120,9 @@ impl<'a> Pass<'a> {
     }
 
     /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
-    fn find_victims(&mut self, job: &Job, classes: &[u32]) -> Option<(Vec<JobId>, Res)> {
+    /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
+    /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
+    fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
         let spec = &job.spec;
@@ -1126,19 +1139,26 @@ impl<'a> Pass<'a> {
                 r.placement.tasks.iter().any(|tp| class_set.contains(&st.topo.nodes[tp.node.index()].class))
             })
         };
+        let req = job_qvec(spec, tasks, None);
         // Evictions already under way count first: if they make room, wait for them.
         let mut fut = self.free.clone();
+        let mut fut_book = if quota_blocked { Some(self.book.clone()) } else { None };
         let mut pending_evictions = false;
         for id in &st.evicting {
             let j = &st.jobs[id];
-            if on_eligible(j) {
-                for tp in &j.run.as_ref().expect("evicting job runs").placement.tasks {
+            if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
+                let run = j.run.as_ref().expect("evicting job runs");
+                for tp in &run.placement.tasks {
                     fut.give(&st.topo, tp);
+                }
+                if let Some(b) = fut_book.as_mut() {
+                    b.charge(shape, j.spec.tenant, &st.placement_qvec(&j.spec, &run.placement), true);
                 }
                 pending_evictions = true;
             }
         }
-        if pending_evictions {
+        let quota_ok = |b: &Option<QuotaBook>| b.as_ref().is_none_or(|b| b.admit(shape, t, &req).is_ok());
+        if pending_evictions && quota_ok(&fut_book) {
             if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
                 let hold = self.hold_for(&fut, spec, &p);
                 return Some((
@@ -1165,6 +1185,8 @@ impl<'a> Pass<'a> {
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible {
             &st.run_rows[..]
+        } else if quota_blocked {
+            return None;
         } else if reclaim_possible {
             &st.run_rows[1..]
         } else {
@@ -1176,11 +1198,13 @@ impl<'a> Pass<'a> {
                 || self.now.since(r.started) < cfg.min_run_time
                 || r.classes & class_mask == 0
                 || r.id == job.id
+                || (quota_blocked && r.tenant != t)
             {
                 continue;
             }
             let lendable = r.tenant == t || r.borrowed || (no_quota[r.tenant.index()] && no_quota[t.index()]);
-            let reason = if within_guarantee && r.tenant != t && r.borrowed && over[r.tenant.index()] {
+            let reason = if !quota_blocked && within_guarantee && r.tenant != t && r.borrowed && over[r.tenant.index()]
+            {
                 PreemptReason::QuotaReclaim { owner: t }
             } else if r.priority < spec.priority && lendable {
                 PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
@@ -1217,12 +1241,16 @@ impl<'a> Pass<'a> {
             if !on_eligible(v) {
                 continue;
             }
-            for tp in &v.run.as_ref().expect("running").placement.tasks {
+            let run = v.run.as_ref().expect("running");
+            for tp in &run.placement.tasks {
                 fut.give(&st.topo, tp);
+            }
+            if let Some(b) = fut_book.as_mut() {
+                b.charge(shape, t, &st.placement_qvec(&v.spec, &run.placement), true);
             }
             chosen.push(i);
             let last = i + 1 == cands.len();
-            if fut.free_in(classes) < need || (chosen.len() < next_try && !last) {
+            if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
                 continue;
             }
             if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
@@ -1239,16 +1267,25 @@ impl<'a> Pass<'a> {
         while i > floor {
             i -= 1;
             let id = cands[chosen[i]].2;
-            let tasks_v = &st.jobs[&id].run.as_ref().expect("running").placement.tasks;
+            let vj = &st.jobs[&id];
+            let tasks_v = &vj.run.as_ref().expect("running").placement.tasks;
+            let vq = st.placement_qvec(&vj.spec, &vj.run.as_ref().expect("running").placement);
             for tp in tasks_v {
                 fut.take(&st.topo, tp);
             }
-            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+            if let Some(b) = fut_book.as_mut() {
+                b.charge(shape, t, &vq, false);
+            }
+            let fits = if quota_ok(&fut_book) { self.place_on(&fut, spec, tasks, classes, None) } else { None };
+            if let Some(p) = fits {
                 placed = Some(p);
                 chosen.remove(i);
             } else {
                 for tp in tasks_v {
                     fut.give(&st.topo, tp);
+                }
+                if let Some(b) = fut_book.as_mut() {
+                    b.charge(shape, t, &vq, true);
                 }
             }
         }
@@ -2006,5 +2043,58 @@ mod tests {
         }
         let (_, st) = schedule_with_stats(&s, Time::from_secs(5));
         assert!(st.considered <= 3, "{st:?}");
+    }
+
+    #[test]
+    fn a_tenant_at_its_quota_preempts_its_own_lower_priority_or_demoted_jobs() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        // Plenty of GPUs, but the tenant may hold 2.
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+        let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
+        let other = s.add_tenant(TenantSpec::new("other").quota(Quota::gpus(2, 2))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t, "low", 2, 1), 0);
+        submit(&mut s, 2, JobSpec::new(other, "theirs", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t, "high", 2, 1).priority(5), 20);
+        let ds = schedule(&s, Time::from_secs(30));
+        assert_eq!(
+            ds.iter()
+                .filter_map(|d| match d {
+                    Decision::Preempt { job, .. } => Some(*job),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+            vec![JobId(1)],
+            "only the tenant's own lower-priority job: {ds:?}"
+        );
+        for d in &ds {
+            s.apply(d, Time::from_secs(30)).unwrap();
+        }
+        assert_eq!(started(&s.step(Time::from_secs(31)).unwrap()), vec![3]);
+        s.check_invariants().unwrap();
+
+        // LAS: a demoted job of the same tenant makes room under the tenant's quota.
+        let c = SchedConfig {
+            las_thresholds_gpu_s: vec![100],
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Las)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+        let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(1, 1))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t, "old", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t, "new", 1, 1), 50);
+        assert!(schedule(&s, Time::from_secs(60)).is_empty(), "not yet demoted");
+        let ds = schedule(&s, Time::from_secs(150));
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt { job: JobId(1), reason: PreemptReason::LasDemotion { .. }, .. }
+            )),
+            "{ds:?}"
+        );
     }
 }

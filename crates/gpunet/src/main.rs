@@ -1,7 +1,7 @@
 //! `gpunet`: the one binary of the gpunet compute network.
 
 mod bench;
-mod rng;
+mod sim_cmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Replay a cluster trace on a virtual clock through the real scheduler.
+    Sim(Box<sim_cmd::SimCmd>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -31,6 +33,7 @@ enum BenchCmd {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Sim(cmd) => sim_cmd::run(*cmd)?,
         Cmd::Bench { what: BenchCmd::Sched(args) } => {
             if !matches!(args.output.as_str(), "table" | "json") {
                 bail!("invalid --output {:?}: allowed is table or json", args.output);

@@ -9,8 +9,20 @@ fn gpunet(args: &[&str]) -> std::process::Output {
 #[test]
 fn bench_sched_json_has_exactly_the_documented_keys() {
     let out = gpunet(&[
-        "bench", "sched", "--nodes", "64", "--pending", "2000", "--events", "300", "--policy", "drf", "--seed", "3",
-        "--output", "json",
+        "bench",
+        "sched",
+        "--nodes",
+        "64",
+        "--pending",
+        "2000",
+        "--events",
+        "300",
+        "--policy",
+        "drf",
+        "--seed",
+        "3",
+        "--output",
+        "json",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -27,7 +39,8 @@ fn bench_sched_json_has_exactly_the_documented_keys() {
 #[test]
 fn bench_sched_is_deterministic_in_what_it_places() {
     let run = || {
-        let out = gpunet(&["bench", "sched", "--nodes", "32", "--pending", "800", "--events", "50", "--output", "json"]);
+        let out =
+            gpunet(&["bench", "sched", "--nodes", "32", "--pending", "800", "--events", "50", "--output", "json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v["placed"].as_u64().unwrap()
     };

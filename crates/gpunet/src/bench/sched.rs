@@ -9,10 +9,10 @@
 //! whose guarantees share 90% of the GPUs (limit 2×, one cohort).
 
 use crate::bench::{peak_rss_mib, quantile};
-use crate::rng::Rng;
 use anyhow::{Context, Result};
 use gpunet_core::tenant::Quota;
 use gpunet_core::*;
+use gpunet_sim::rng::Rng;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Instant;

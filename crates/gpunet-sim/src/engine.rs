@@ -1,0 +1,907 @@
+//! The discrete-event engine: replays a trace on a virtual clock through `gpunet-core`, unchanged.
+//!
+//! **Run-time model.** A job's remaining work is kept in seconds on the GPU model its trace duration was measured on
+//! (any model when the trace names none). On a node of model `m` it progresses at `speed(m) ÷ speed(measured)` (the
+//! catalogue's relative speeds; a gang spanning models runs at its slowest member's pace). Evicted or failed jobs keep
+//! the work up to their last checkpoint (jobs checkpoint every `checkpoint_interval`; a spot-reclaim notice lets them
+//! checkpoint before they go), lose the rest, and restart, failures counting against their restart limit.
+//!
+//! **Events.** Arrivals come from the trace in submission order; completions, restart back-offs, node failures and
+//! recoveries (MTBF/MTTR, exponential), spot reclaims with notice, periodic scheduling ticks (for LAS demotion,
+//! fair-share decay and preemption when those can change the outcome) and metric samples come from a heap. All
+//! events at one instant are applied, then one scheduling pass runs and its decisions are applied.
+
+use crate::cluster::ClusterSpec;
+use crate::error::SimError;
+use crate::rng::Rng;
+use crate::trace::{Trace, TraceJob};
+use gpunet_core::tenant::Quota;
+use gpunet_core::{
+    schedule, ClusterState, Decision, Dur, GpuModel, JobId, JobSpec, JobState, NodeId, NodeState, Policy, SchedConfig,
+    TenantId, TenantSpec, Time,
+};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::str::FromStr;
+
+/// How tenants get quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuotaMode {
+    /// No quotas.
+    None,
+    /// Each tenant is guaranteed an equal share of the GPUs.
+    Equal,
+    /// Guarantees proportional to each tenant's GPU-time in the trace.
+    Proportional,
+    /// Philly's virtual clusters: fixed partitions (nodes per VC from Helios, 8 GPUs a node); VCs not listed share
+    /// the rest.
+    PhillyVc,
+}
+
+impl FromStr for QuotaMode {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<QuotaMode, SimError> {
+        Ok(match s {
+            "none" => QuotaMode::None,
+            "equal" => QuotaMode::Equal,
+            "proportional" => QuotaMode::Proportional,
+            "philly-vc" => QuotaMode::PhillyVc,
+            _ => {
+                return Err(SimError::invalid(
+                    "--quotas",
+                    format!("unknown mode {s:?}; allowed are none, equal, proportional, philly-vc"),
+                ))
+            }
+        })
+    }
+}
+
+/// Where job estimates come from (an estimate given in the trace is always used as is).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum EstimateMode {
+    /// The true duration.
+    Oracle,
+    /// The true duration times a log-normal error: `d · exp(σ·N(0,1))`.
+    Noisy {
+        /// σ of the log error.
+        sigma: f64,
+    },
+    /// Learned online from the tenant's completed jobs (mean duration of its jobs of the same size, else of all its
+    /// jobs, else of all jobs); no estimate before the first completion.
+    History,
+}
+
+impl FromStr for EstimateMode {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<EstimateMode, SimError> {
+        let bad = || {
+            SimError::invalid(
+                "--estimates",
+                format!("{s:?}; allowed are oracle, noisy:SIGMA (e.g. noisy:0.5), history"),
+            )
+        };
+        match s {
+            "oracle" => Ok(EstimateMode::Oracle),
+            "history" => Ok(EstimateMode::History),
+            _ => {
+                let sigma: f64 = s.strip_prefix("noisy:").ok_or_else(bad)?.parse().map_err(|_| bad())?;
+                if !(sigma.is_finite() && sigma >= 0.0) {
+                    return Err(bad());
+                }
+                Ok(EstimateMode::Noisy { sigma })
+            }
+        }
+    }
+}
+
+/// Simulation settings.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Scheduler configuration (policy, backfill, preemption, …).
+    pub sched: SchedConfig,
+    /// Quota mode for tenants the cluster spec does not define.
+    pub quotas: QuotaMode,
+    /// Turn guarantees into a shared pool with borrowing and reclaim.
+    pub borrowing: bool,
+    /// Estimates.
+    pub estimates: EstimateMode,
+    /// Seed for noise, failures and reclaims.
+    pub seed: u64,
+    /// Mean time between failures of one node, if failures are simulated.
+    pub mtbf: Option<Dur>,
+    /// Time a failed node stays down (and a reclaimed spot node stays away).
+    pub mttr: Dur,
+    /// Reclaims per spot node per hour, if spot reclaim is simulated.
+    pub spot_reclaims_per_hour: Option<f64>,
+    /// Notice before a spot node goes.
+    pub spot_notice: Dur,
+    /// How often jobs checkpoint.
+    pub checkpoint_interval: Dur,
+    /// Restarts after failure.
+    pub max_restarts: u32,
+    /// Scheduling tick while jobs wait and time alone can change decisions.
+    pub tick: Dur,
+    /// Metric samples over the run.
+    pub samples: usize,
+    /// Stop after this many jobs of the trace (in submission order).
+    pub max_jobs: Option<usize>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            sched: SchedConfig::default(),
+            quotas: QuotaMode::None,
+            borrowing: false,
+            estimates: EstimateMode::Oracle,
+            seed: 1,
+            mtbf: None,
+            mttr: Dur::from_hours(1),
+            spot_reclaims_per_hour: None,
+            spot_notice: Dur::from_secs(120),
+            checkpoint_interval: Dur::from_mins(30),
+            max_restarts: 3,
+            tick: Dur::from_secs(60),
+            samples: 400,
+            max_jobs: None,
+        }
+    }
+}
+
+/// One point of the time series.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    /// Seconds since the first submission.
+    pub t_s: f64,
+    /// Allocated ÷ schedulable GPUs.
+    pub utilization: f64,
+    /// Queued jobs.
+    pub queued: usize,
+    /// Free GPUs on nodes with fewer free GPUs than the smallest queued task asks, ÷ schedulable GPUs.
+    pub fragmentation: f64,
+}
+
+/// Per-tenant results.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantResult {
+    /// Name.
+    pub tenant: String,
+    /// Jobs completed.
+    pub jobs: usize,
+    /// Mean JCT of its completed jobs.
+    pub avg_jct_s: f64,
+    /// Mean bounded slowdown of its completed jobs.
+    pub avg_bounded_slowdown: f64,
+    /// Its share of all GPU-time used.
+    pub gpu_share: f64,
+}
+
+/// What a simulation measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimResult {
+    /// Policy.
+    pub policy: String,
+    /// Backfill on.
+    pub backfill: bool,
+    /// Jobs simulated.
+    pub jobs: usize,
+    /// Jobs that succeeded.
+    pub completed: usize,
+    /// Jobs that failed for good (restart limit).
+    pub failed: usize,
+    /// Jobs still waiting when nothing more could happen (e.g. larger than a quota or any node group).
+    pub unfinished: usize,
+    /// Mean job completion time (submit → finish) of completed jobs.
+    pub avg_jct_s: f64,
+    /// Median JCT.
+    pub median_jct_s: f64,
+    /// 95th percentile JCT.
+    pub p95_jct_s: f64,
+    /// 99th percentile JCT.
+    pub p99_jct_s: f64,
+    /// Mean queueing delay (submit → first start).
+    pub avg_queue_s: f64,
+    /// 99th percentile queueing delay.
+    pub p99_queue_s: f64,
+    /// Mean bounded slowdown: JCT ÷ max(trace duration, 10 s), at least 1.
+    pub avg_bounded_slowdown: f64,
+    /// Allocated GPU-time ÷ schedulable GPU-time between the first submission and the last completion.
+    pub utilization: f64,
+    /// Mean fragmentation over the samples taken while jobs waited.
+    pub fragmentation: f64,
+    /// First submission → last completion.
+    pub makespan_s: f64,
+    /// Jain's index over tenants of 1 ÷ mean bounded slowdown (1 = all tenants slowed down alike).
+    pub jain_fairness: f64,
+    /// Evictions.
+    pub preemptions: usize,
+    /// Restarts after failures.
+    pub restarts: usize,
+    /// GPU-hours of work lost to evictions and failures.
+    pub lost_gpu_hours: f64,
+    /// Cost of on-demand GPU-time under per-second billing.
+    pub cost_on_demand: f64,
+    /// Cost of spot GPU-time.
+    pub cost_spot: f64,
+    /// Total cost.
+    pub cost: f64,
+    /// Scheduling passes run.
+    pub passes: usize,
+    /// Malformed trace rows skipped.
+    pub skipped_rows: usize,
+    /// Wall-clock time of the simulation, milliseconds.
+    pub wall_ms: f64,
+    /// Per tenant.
+    pub per_tenant: Vec<TenantResult>,
+    /// Time series (for reports; not in JSON output).
+    #[serde(skip)]
+    pub series: Vec<Sample>,
+    /// Completed jobs' JCTs in seconds, sorted (for the CDF).
+    #[serde(skip)]
+    pub jcts: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Completion { job: u32, attempt: u32 },
+    Wake,
+    Tick,
+    Sample,
+    NodeFail(u32),
+    NodeRecover(u32),
+    SpotNotice(u32),
+    SpotGone(u32),
+}
+
+#[derive(Debug, Clone, Default)]
+struct JobRec {
+    tenant: u32,
+    gpus: u32,
+    per_task: u32,
+    duration_ms: f64,
+    remaining_ms: f64,
+    measured: Option<GpuModel>,
+    first_start: Option<u64>,
+    finish: Option<u64>,
+    failed: bool,
+    attempt: u32,
+    run_start: u64,
+    run_factor: f64,
+    run_gpus: u32,
+    run_cost_per_ms: f64,
+    run_spot: bool,
+}
+
+const PHILLY_VC: &str = include_str!("../../../data/traces/philly/philly_vc_from_helios_qssf.csv");
+
+struct Engine<'a> {
+    cfg: &'a SimConfig,
+    st: ClusterState,
+    jobs: Vec<JobRec>,
+    heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    rng: Rng,
+    alloc_gpus: u64,
+    last_t: u64,
+    alloc_area: f64,
+    cap_area: f64,
+    queued_sizes: BTreeMap<u32, u32>,
+    preemptions: usize,
+    restarts: usize,
+    lost_gpu_ms: f64,
+    cost_od: f64,
+    cost_spot: f64,
+    passes: usize,
+    tick_pending: bool,
+    needs_tick: bool,
+    history: HashMap<(u32, u32), (f64, u32)>,
+    history_tenant: HashMap<u32, (f64, u32)>,
+    history_all: (f64, u32),
+    series: Vec<Sample>,
+    t0: u64,
+    node_spot: Vec<bool>,
+    node_price_per_gpu_ms: Vec<f64>,
+    gpu_time_by_tenant: Vec<f64>,
+}
+
+fn ms(s: f64) -> u64 {
+    (s * 1000.0).round().max(0.0) as u64
+}
+
+impl Engine<'_> {
+    fn push(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn advance(&mut self, t: u64) {
+        if t > self.last_t {
+            let dt = (t - self.last_t) as f64;
+            self.alloc_area += self.alloc_gpus as f64 * dt;
+            self.cap_area += self.st.capacity_gpus() as f64 * dt;
+            self.last_t = t;
+        }
+    }
+
+    fn queued_add(&mut self, idx: usize, delta: i32) {
+        let k = self.jobs[idx].per_task;
+        let e = self.queued_sizes.entry(k).or_default();
+        if delta > 0 {
+            *e += 1;
+        } else {
+            *e -= 1;
+            if *e == 0 {
+                self.queued_sizes.remove(&k);
+            }
+        }
+    }
+
+    /// Ends the current run of a job at `now`: cost, allocation, and the work kept up to `kept_until`.
+    fn end_run(&mut self, idx: usize, now: u64, kept_until: u64) {
+        let j = &mut self.jobs[idx];
+        let ran = now.saturating_sub(j.run_start) as f64;
+        let kept = kept_until.saturating_sub(j.run_start).min(now - j.run_start) as f64;
+        j.remaining_ms = (j.remaining_ms - kept * j.run_factor).max(0.0);
+        let lost = ran - kept;
+        self.lost_gpu_ms += lost * j.run_gpus as f64;
+        let cost = j.run_cost_per_ms * ran;
+        if j.run_spot {
+            self.cost_spot += cost;
+        } else {
+            self.cost_od += cost;
+        }
+        self.gpu_time_by_tenant[j.tenant as usize] += ran * j.run_gpus as f64;
+        self.alloc_gpus -= j.run_gpus as u64;
+    }
+
+    fn estimate(&mut self, job: &TraceJob, tenant: u32, gpus: u32) -> Option<Dur> {
+        if let Some(e) = job.est_duration_s {
+            return Some(Dur(ms(e).max(1)));
+        }
+        let s = match self.cfg.estimates {
+            EstimateMode::Oracle => Some(job.duration_s),
+            EstimateMode::Noisy { sigma } => Some(job.duration_s * (sigma * self.rng.normal()).exp()),
+            EstimateMode::History => {
+                let mean = |(sum, n): (f64, u32)| (n > 0).then(|| sum / n as f64);
+                self.history
+                    .get(&(tenant, gpus))
+                    .and_then(|v| mean(*v))
+                    .or_else(|| self.history_tenant.get(&tenant).and_then(|v| mean(*v)))
+                    .or_else(|| mean(self.history_all))
+            }
+        };
+        s.map(|s| Dur(ms(s).max(1)))
+    }
+
+    fn learn(&mut self, idx: usize) {
+        let j = &self.jobs[idx];
+        let d = j.duration_ms / 1000.0;
+        let e = self.history.entry((j.tenant, j.gpus)).or_default();
+        e.0 += d;
+        e.1 += 1;
+        let e = self.history_tenant.entry(j.tenant).or_default();
+        e.0 += d;
+        e.1 += 1;
+        self.history_all.0 += d;
+        self.history_all.1 += 1;
+    }
+
+    fn run_jobs_on(&self, node: NodeId) -> Vec<JobId> {
+        self.st.node(node).map(|n| n.jobs.iter().copied().collect()).unwrap_or_default()
+    }
+
+    /// Applies one pass's decisions.
+    fn pass(&mut self, now: u64) -> Result<(), SimError> {
+        self.passes += 1;
+        let t = Time(now);
+        let ds = schedule(&self.st, t);
+        for d in &ds {
+            match d {
+                Decision::Start { job, placement, .. } => {
+                    let idx = (job.0 - 1) as usize;
+                    self.st.apply(d, t)?;
+                    let mut factor = f64::INFINITY;
+                    let mut cost = 0.0;
+                    let mut spot = false;
+                    for tp in &placement.tasks {
+                        let n = self.st.node(tp.node).expect("placed node exists");
+                        let g = tp.gpu_mask.count_ones().max(if tp.mig_slot.is_some() { 1 } else { 0 });
+                        if let Some(m) = n.spec.gpu_model() {
+                            let f = match self.jobs[idx].measured {
+                                Some(r) => m.relative_speed() / r.relative_speed(),
+                                None => 1.0,
+                            };
+                            factor = factor.min(f);
+                        }
+                        cost += g as f64 * self.node_price_per_gpu_ms[tp.node.index()];
+                        spot |= self.node_spot[tp.node.index()];
+                    }
+                    if !factor.is_finite() {
+                        factor = 1.0;
+                    }
+                    self.queued_add(idx, -1);
+                    let gpus = placement.gpus();
+                    let j = &mut self.jobs[idx];
+                    j.first_start.get_or_insert(now);
+                    j.run_start = now;
+                    j.run_factor = factor;
+                    j.run_gpus = gpus;
+                    j.run_cost_per_ms = cost;
+                    j.run_spot = spot;
+                    j.attempt += 1;
+                    let runtime = (j.remaining_ms / factor).ceil().max(1.0) as u64;
+                    let attempt = j.attempt;
+                    self.alloc_gpus += gpus as u64;
+                    self.push(now + runtime, Ev::Completion { job: idx as u32, attempt });
+                }
+                Decision::Preempt { job, .. } => {
+                    let idx = (job.0 - 1) as usize;
+                    let ck = self.st.job(*job).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0);
+                    self.end_run(idx, now, ck);
+                    self.st.apply(d, t)?;
+                    self.jobs[idx].attempt += 1;
+                    self.preemptions += 1;
+                    self.queued_add(idx, 1);
+                }
+                Decision::Scale { .. } | Decision::Reserve { .. } => self.st.apply(d, t)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A node goes away: its jobs fail (`fail`) or are evicted after a checkpoint (spot notice).
+    fn node_down(&mut self, node: NodeId, now: u64, state: NodeState) -> Result<(), SimError> {
+        let t = Time(now);
+        let jobs = self.run_jobs_on(node);
+        for id in &jobs {
+            let idx = (id.0 - 1) as usize;
+            let ck = if state == NodeState::Draining {
+                self.st.record_checkpoint(*id, t)?;
+                now
+            } else {
+                self.st.job(*id).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0)
+            };
+            self.end_run(idx, now, ck);
+            self.jobs[idx].attempt += 1;
+        }
+        self.st.set_node_state(node, state, t)?;
+        for id in &jobs {
+            let idx = (id.0 - 1) as usize;
+            match self.st.job(*id).map(|j| (j.state, j.not_before)) {
+                Some((JobState::Restarting, nb)) => {
+                    self.restarts += 1;
+                    self.queued_add(idx, 1);
+                    self.push(nb.0, Ev::Wake);
+                }
+                Some((JobState::Preempted, _)) => {
+                    self.preemptions += 1;
+                    self.queued_add(idx, 1);
+                }
+                Some((JobState::Failed, _)) => {
+                    self.jobs[idx].failed = true;
+                    self.jobs[idx].finish = Some(now);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, now: u64) {
+        let cap = self.st.capacity_gpus().max(1) as f64;
+        let queued = self.st.queued_count();
+        let frag = match self.queued_sizes.keys().next() {
+            Some(&min) if queued > 0 && min > 0 => {
+                let stranded: u64 = self
+                    .st
+                    .nodes()
+                    .filter(|n| n.state == NodeState::Ready)
+                    .map(|n| n.free_gpu_mask.count_ones())
+                    .filter(|f| *f < min)
+                    .map(u64::from)
+                    .sum();
+                stranded as f64 / cap
+            }
+            _ => 0.0,
+        };
+        self.series.push(Sample {
+            t_s: (now - self.t0) as f64 / 1000.0,
+            utilization: self.alloc_gpus as f64 / cap,
+            queued,
+            fragmentation: frag,
+        });
+    }
+}
+
+fn tenant_quotas(
+    cfg: &SimConfig,
+    spec: &ClusterSpec,
+    names: &[String],
+    demand: &[f64],
+    capacity: u64,
+) -> Result<Vec<TenantSpec>, SimError> {
+    let mut out: Vec<TenantSpec> = names.iter().map(|n| TenantSpec::new(n.clone())).collect();
+    let defined: HashMap<&str, &crate::cluster::TenantDef> = spec.tenant.iter().map(|t| (t.name.as_str(), t)).collect();
+    let n = names.len().max(1) as u64;
+    let total_demand: f64 = demand.iter().sum::<f64>().max(1e-9);
+    let vc: HashMap<String, u64> = PHILLY_VC
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            l.split_once(',').and_then(|(v, n)| n.trim().parse::<u64>().ok().map(|n| (v.trim().to_string(), n * 8)))
+        })
+        .collect();
+    let listed: u64 = names.iter().filter_map(|n| vc.get(n)).sum();
+    if cfg.quotas == QuotaMode::PhillyVc && listed > capacity {
+        return Err(SimError::invalid(
+            "--quotas philly-vc",
+            format!("the VC partitions need {listed} GPUs but the cluster has {capacity}; use --cluster philly"),
+        ));
+    }
+    for (i, t) in out.iter_mut().enumerate() {
+        if let Some(d) = defined.get(t.name.as_str()) {
+            t.weight = d.weight.unwrap_or(1.0);
+            t.cohort = d.cohort.clone();
+            if let Some(g) = d.guarantee_gpus {
+                t.quota = Some(Quota::gpus(g, d.limit_gpus.unwrap_or(g)));
+            }
+            continue;
+        }
+        let g = match cfg.quotas {
+            QuotaMode::None => continue,
+            QuotaMode::Equal => capacity / n,
+            QuotaMode::Proportional => (capacity as f64 * demand[i] / total_demand).floor() as u64,
+            QuotaMode::PhillyVc => vc.get(&t.name).copied().unwrap_or(0),
+        };
+        let limit = if cfg.borrowing {
+            capacity
+        } else if cfg.quotas == QuotaMode::PhillyVc && !vc.contains_key(&t.name) {
+            capacity - listed // the VCs not listed share what the partitions leave
+        } else {
+            g
+        };
+        t.quota = Some(Quota::gpus(g, limit.max(g)));
+        if cfg.borrowing {
+            t.cohort = Some("shared".into());
+        }
+    }
+    Ok(out)
+}
+
+/// Runs one simulation.
+pub fn simulate(
+    trace: &Trace,
+    cluster: &ClusterSpec,
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SimResult, SimError> {
+    let wall = std::time::Instant::now();
+    let mut order: Vec<usize> = (0..trace.jobs.len()).collect();
+    order.sort_by(|a, b| trace.jobs[*a].submit_s.total_cmp(&trace.jobs[*b].submit_s).then(a.cmp(b)));
+    if let Some(m) = cfg.max_jobs {
+        order.truncate(m);
+    }
+    let mut st = ClusterState::new(cfg.sched.clone())?;
+    let nodes = cluster.build_nodes();
+    if nodes.is_empty() {
+        return Err(SimError::invalid("cluster", "it has no nodes"));
+    }
+    let max_gpus = nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(1).max(1);
+    let mut node_spot = Vec::new();
+    let mut node_price = Vec::new();
+    for n in nodes {
+        node_spot.push(n.lifecycle() == gpunet_core::Lifecycle::Spot);
+        node_price.push(n.price_per_gpu_hour / 3_600_000.0);
+        st.add_node(n)?;
+    }
+    // Tenants, in order of first appearance.
+    let mut tenant_of: HashMap<&str, u32> = HashMap::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut demand: Vec<f64> = Vec::new();
+    for &i in &order {
+        let j = &trace.jobs[i];
+        let t = *tenant_of.entry(j.tenant.as_str()).or_insert_with(|| {
+            names.push(j.tenant.clone());
+            demand.push(0.0);
+            (names.len() - 1) as u32
+        });
+        demand[t as usize] += j.duration_s * j.gpus as f64;
+    }
+    for t in tenant_quotas(cfg, cluster, &names, &demand, st.capacity_gpus())? {
+        st.add_tenant(t)?;
+    }
+    let needs_tick = matches!(cfg.sched.policy, Policy::Las | Policy::FairShare)
+        || (cfg.sched.preemption.enabled && (cfg.borrowing || order.iter().any(|i| trace.jobs[*i].priority != 0)));
+    let t0 = order.first().map_or(0, |i| ms(trace.jobs[*i].submit_s));
+    let mut e = Engine {
+        cfg,
+        st,
+        jobs: vec![JobRec::default(); order.len()],
+        heap: BinaryHeap::new(),
+        seq: 0,
+        rng: Rng::new(cfg.seed),
+        alloc_gpus: 0,
+        last_t: t0,
+        alloc_area: 0.0,
+        cap_area: 0.0,
+        queued_sizes: BTreeMap::new(),
+        preemptions: 0,
+        restarts: 0,
+        lost_gpu_ms: 0.0,
+        cost_od: 0.0,
+        cost_spot: 0.0,
+        passes: 0,
+        tick_pending: false,
+        needs_tick,
+        history: HashMap::new(),
+        history_tenant: HashMap::new(),
+        history_all: (0.0, 0),
+        series: Vec::new(),
+        t0,
+        node_spot,
+        node_price_per_gpu_ms: node_price,
+        gpu_time_by_tenant: vec![0.0; names.len()],
+    };
+    // Sampling step: the submission span plus the median duration, over the sample count.
+    let last_submit = order.last().map_or(0, |i| ms(trace.jobs[*i].submit_s));
+    let mut durs: Vec<f64> = order.iter().map(|i| trace.jobs[*i].duration_s).collect();
+    durs.sort_by(f64::total_cmp);
+    let median = durs.get(durs.len() / 2).copied().unwrap_or(0.0);
+    let sample_dt = ((last_submit - t0) as f64 + median * 1000.0) / cfg.samples.max(1) as f64;
+    let sample_dt = (sample_dt as u64).max(60_000);
+    e.push(t0, Ev::Sample);
+    // Failures and spot reclaims.
+    let node_count = e.st.nodes().count();
+    if let Some(mtbf) = cfg.mtbf {
+        for n in 0..node_count {
+            let dt = e.rng.exp(mtbf.0 as f64) as u64;
+            e.push(t0 + dt, Ev::NodeFail(n as u32));
+        }
+    }
+    if let Some(rate) = cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
+        for n in 0..node_count {
+            if e.node_spot[n] {
+                let dt = e.rng.exp(3_600_000.0 / rate) as u64;
+                e.push(t0 + dt, Ev::SpotNotice(n as u32));
+            }
+        }
+    }
+    let total = order.len();
+    let mut next = 0usize;
+    let mut done = 0usize;
+    let report_every = (total / 100).max(1);
+    loop {
+        let next_arrival = order.get(next).map(|i| ms(trace.jobs[*i].submit_s));
+        let next_event = e.heap.peek().map(|Reverse((t, _, _))| *t);
+        let now = match (next_arrival, next_event) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (Some(a), Some(b)) => a.min(b),
+        };
+        // Nothing left but samples, failures and reclaims: stop.
+        if next_arrival.is_none() && e.st.running_count() == 0 && e.st.queued_count() == 0 {
+            break;
+        }
+        if next_arrival.is_none()
+            && e.st.running_count() == 0
+            && !e
+                .heap
+                .iter()
+                .any(|Reverse((_, _, ev))| matches!(ev, Ev::Wake | Ev::NodeRecover(_) | Ev::Completion { .. }))
+        {
+            break; // only jobs that can never be placed are left
+        }
+        e.advance(now);
+        let mut changed = false;
+        while next < order.len() && ms(trace.jobs[order[next]].submit_s) == now {
+            let tj = &trace.jobs[order[next]];
+            let idx = next;
+            let tenant = tenant_of[tj.tenant.as_str()];
+            let gpus = tj.gpus;
+            let tasks = match tj.tasks {
+                Some(t) => t.max(1),
+                None if gpus > max_gpus => gpus.div_ceil(max_gpus),
+                None => 1,
+            };
+            let per = gpus.div_ceil(tasks);
+            let mut spec = JobSpec::new(TenantId(tenant), tj.id.clone(), per, tasks);
+            if let Some(c) = tj.cpu_milli {
+                spec.task.cpu = gpunet_core::MilliCpu((c / tasks as u64).max(1));
+            }
+            if let Some(m) = tj.memory_mib {
+                spec.task.mem = gpunet_core::MiB((m / tasks as u64).max(1));
+            }
+            spec.priority = tj.priority;
+            spec.preemptible = tj.preemptible;
+            spec.gpu_models = tj.allowed_models.clone();
+            spec.checkpoint_interval = Some(cfg.checkpoint_interval);
+            spec.max_restarts = cfg.max_restarts;
+            spec.estimated_duration = e.estimate(tj, tenant, gpus);
+            e.jobs[idx] = JobRec {
+                tenant,
+                gpus,
+                per_task: per,
+                duration_ms: tj.duration_s * 1000.0,
+                remaining_ms: tj.duration_s * 1000.0,
+                measured: tj.gpu_model,
+                ..JobRec::default()
+            };
+            e.st.submit(JobId(idx as u64 + 1), spec, Time(now))?;
+            e.queued_add(idx, 1);
+            next += 1;
+            changed = true;
+        }
+        while let Some(Reverse((t, _, _))) = e.heap.peek() {
+            if *t != now {
+                break;
+            }
+            let Reverse((_, _, ev)) = e.heap.pop().expect("peeked");
+            match ev {
+                Ev::Completion { job, attempt } => {
+                    let idx = job as usize;
+                    if e.jobs[idx].attempt != attempt {
+                        continue; // a stale completion of an evicted attempt
+                    }
+                    e.end_run(idx, now, now);
+                    e.st.finish(JobId(idx as u64 + 1), Time(now), true)?;
+                    e.jobs[idx].finish = Some(now);
+                    e.learn(idx);
+                    done += 1;
+                    if done % report_every == 0 {
+                        progress(done, total);
+                    }
+                    changed = true;
+                }
+                Ev::Wake => changed = true,
+                Ev::Tick => {
+                    e.tick_pending = false;
+                    changed = true;
+                }
+                Ev::Sample => {
+                    e.sample(now);
+                    e.push(now + sample_dt, Ev::Sample);
+                }
+                Ev::NodeFail(n) => {
+                    let id = NodeId(n);
+                    if e.st.node(id).is_some_and(|v| v.state == NodeState::Ready) {
+                        e.node_down(id, now, NodeState::Lost)?;
+                        e.push(now + cfg.mttr.0, Ev::NodeRecover(n));
+                        changed = true;
+                    }
+                }
+                Ev::NodeRecover(n) => {
+                    e.st.set_node_state(NodeId(n), NodeState::Ready, Time(now))?;
+                    if let Some(mtbf) = cfg.mtbf {
+                        let dt = e.rng.exp(mtbf.0 as f64) as u64;
+                        e.push(now + dt.max(1), Ev::NodeFail(n));
+                    }
+                    if let Some(rate) = cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0 && e.node_spot[n as usize]) {
+                        let dt = e.rng.exp(3_600_000.0 / rate) as u64;
+                        e.push(now + dt.max(1), Ev::SpotNotice(n));
+                    }
+                    changed = true;
+                }
+                Ev::SpotNotice(n) => {
+                    let id = NodeId(n);
+                    if e.st.node(id).is_some_and(|v| v.state == NodeState::Ready) {
+                        e.node_down(id, now, NodeState::Draining)?;
+                        e.push(now + cfg.spot_notice.0, Ev::SpotGone(n));
+                        changed = true;
+                    }
+                }
+                Ev::SpotGone(n) => {
+                    e.st.set_node_state(NodeId(n), NodeState::Lost, Time(now))?;
+                    e.push(now + cfg.mttr.0, Ev::NodeRecover(n));
+                }
+            }
+        }
+        if changed {
+            e.st.accrue_usage(Time(now));
+            e.pass(now)?;
+            if e.needs_tick && !e.tick_pending && e.st.queued_count() > 0 {
+                e.tick_pending = true;
+                e.push(now + cfg.tick.0, Ev::Tick);
+            }
+        }
+    }
+    progress(total, total);
+    let end = e.last_t;
+    // Results.
+    let mut jcts = Vec::new();
+    let mut queues = Vec::new();
+    let mut slow = Vec::new();
+    let mut per: Vec<(usize, f64, f64)> = vec![(0, 0.0, 0.0); names.len()];
+    let (mut completed, mut failed, mut unfinished) = (0, 0, 0);
+    let mut last_finish = t0;
+    for j in &e.jobs {
+        match (j.finish, j.failed) {
+            (Some(f), false) => {
+                completed += 1;
+                let submit = f.saturating_sub(0);
+                let _ = submit;
+                last_finish = last_finish.max(f);
+            }
+            (Some(f), true) => {
+                failed += 1;
+                last_finish = last_finish.max(f);
+            }
+            (None, _) => unfinished += 1,
+        }
+    }
+    for (k, &i) in order.iter().enumerate() {
+        let j = &e.jobs[k];
+        let (Some(f), false) = (j.finish, j.failed) else { continue };
+        let submit = ms(trace.jobs[i].submit_s);
+        let jct = (f - submit) as f64 / 1000.0;
+        let q = (j.first_start.unwrap_or(f) - submit) as f64 / 1000.0;
+        let bs = (jct / (j.duration_ms / 1000.0).max(10.0)).max(1.0);
+        jcts.push(jct);
+        queues.push(q);
+        slow.push(bs);
+        let p = &mut per[j.tenant as usize];
+        p.0 += 1;
+        p.1 += jct;
+        p.2 += bs;
+    }
+    jcts.sort_by(f64::total_cmp);
+    queues.sort_by(f64::total_cmp);
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let q = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { v[(((v.len() - 1) as f64) * p).round() as usize] };
+    let total_gpu_time: f64 = e.gpu_time_by_tenant.iter().sum::<f64>().max(1e-9);
+    let per_tenant: Vec<TenantResult> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| TenantResult {
+            tenant: n.clone(),
+            jobs: per[i].0,
+            avg_jct_s: if per[i].0 > 0 { per[i].1 / per[i].0 as f64 } else { 0.0 },
+            avg_bounded_slowdown: if per[i].0 > 0 { per[i].2 / per[i].0 as f64 } else { 0.0 },
+            gpu_share: e.gpu_time_by_tenant[i] / total_gpu_time,
+        })
+        .collect();
+    let xs: Vec<f64> = per_tenant.iter().filter(|t| t.jobs > 0).map(|t| 1.0 / t.avg_bounded_slowdown).collect();
+    let jain = if xs.is_empty() {
+        1.0
+    } else {
+        let s: f64 = xs.iter().sum();
+        let s2: f64 = xs.iter().map(|x| x * x).sum();
+        s * s / (xs.len() as f64 * s2)
+    };
+    let waiting: Vec<f64> = e.series.iter().filter(|s| s.queued > 0).map(|s| s.fragmentation).collect();
+    let _ = end;
+    Ok(SimResult {
+        policy: cfg.sched.policy.name().to_string(),
+        backfill: cfg.sched.backfill,
+        jobs: total,
+        completed,
+        failed,
+        unfinished,
+        avg_jct_s: mean(&jcts),
+        median_jct_s: q(&jcts, 0.5),
+        p95_jct_s: q(&jcts, 0.95),
+        p99_jct_s: q(&jcts, 0.99),
+        avg_queue_s: mean(&queues),
+        p99_queue_s: q(&queues, 0.99),
+        avg_bounded_slowdown: mean(&slow),
+        utilization: if e.cap_area > 0.0 { (e.alloc_area / e.cap_area).min(1.0) } else { 0.0 },
+        fragmentation: mean(&waiting),
+        makespan_s: (last_finish - t0) as f64 / 1000.0,
+        jain_fairness: jain,
+        preemptions: e.preemptions,
+        restarts: e.restarts,
+        lost_gpu_hours: e.lost_gpu_ms / 3_600_000.0,
+        cost_on_demand: e.cost_od,
+        cost_spot: e.cost_spot,
+        cost: e.cost_od + e.cost_spot,
+        passes: e.passes,
+        skipped_rows: trace.skipped_bad_rows,
+        wall_ms: wall.elapsed().as_secs_f64() * 1000.0,
+        per_tenant,
+        series: e.series,
+        jcts,
+    })
+}

@@ -1,0 +1,275 @@
+//! `gpunet sim` and `gpunet sim compare`.
+
+use anyhow::{bail, Context, Result};
+use gpunet_core::{Dur, Policy, SchedConfig};
+use gpunet_sim::{read_trace, report, simulate, ClusterSpec, ReadOptions, SimConfig, SimResult, Trace};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+/// Options shared by `sim` and `sim compare`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct SimOpts {
+    /// Trace file (CSV, gzip accepted).
+    #[arg(long)]
+    pub(crate) trace: PathBuf,
+    /// gpunet, philly, pai2023, tiresias, pollux or sia; detected from the header when omitted.
+    #[arg(long)]
+    pub(crate) trace_format: Option<String>,
+    /// Skip and count malformed rows instead of stopping at the first.
+    #[arg(long)]
+    pub(crate) skip_bad_rows: bool,
+    /// A preset (philly, pai2023, pollux, tiresias-n32g4, …) or a cluster spec TOML file.
+    #[arg(long, default_value = "philly")]
+    pub(crate) cluster: String,
+    /// EASY backfill.
+    #[arg(long)]
+    pub(crate) backfill: bool,
+    /// Tenant quotas: none, equal, proportional or philly-vc.
+    #[arg(long, default_value = "none")]
+    pub(crate) quotas: String,
+    /// on: guarantees form a shared pool with borrowing and reclaim; off: islands.
+    #[arg(long, default_value = "off")]
+    pub(crate) borrowing: String,
+    /// oracle, noisy:SIGMA or history.
+    #[arg(long, default_value = "oracle")]
+    pub(crate) estimates: String,
+    /// Seed for estimate noise, failures and reclaims.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Mean time between failures of a node, in hours (failures off when omitted).
+    #[arg(long)]
+    pub(crate) mtbf_hours: Option<f64>,
+    /// Hours a failed node (or a reclaimed spot node) stays away.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) mttr_hours: f64,
+    /// Spot reclaims per spot node per hour (off when omitted).
+    #[arg(long)]
+    pub(crate) spot_reclaims_per_hour: Option<f64>,
+    /// Seconds of notice before a spot node goes.
+    #[arg(long, default_value_t = 120)]
+    pub(crate) spot_notice_s: u64,
+    /// Minutes between job checkpoints.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) checkpoint_mins: u64,
+    /// Turn preemption off.
+    #[arg(long)]
+    pub(crate) no_preemption: bool,
+    /// Simulate only the first N jobs (by submission time).
+    #[arg(long)]
+    pub(crate) max_jobs: Option<usize>,
+    /// table or json.
+    #[arg(long, default_value = "table")]
+    pub(crate) output: String,
+    /// Write report.md and SVG charts into this directory.
+    #[arg(long)]
+    pub(crate) report: Option<PathBuf>,
+}
+
+/// `gpunet sim`.
+#[derive(Debug, clap::Args)]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
+pub(crate) struct SimCmd {
+    #[command(subcommand)]
+    pub(crate) sub: Option<SimSub>,
+    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare or las.
+    #[arg(long, default_value = "fifo")]
+    pub(crate) policy: String,
+    #[command(flatten)]
+    pub(crate) opts: Option<SimOpts>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum SimSub {
+    /// Run the same trace under several policies in parallel threads and print them side by side.
+    Compare {
+        /// Comma-separated policies.
+        #[arg(long, default_value = "fifo,sjf,drf,fairshare,las,priority")]
+        policies: String,
+        #[command(flatten)]
+        opts: SimOpts,
+    },
+}
+
+fn config(o: &SimOpts, policy: Policy) -> Result<SimConfig> {
+    let borrowing = match o.borrowing.as_str() {
+        "on" => true,
+        "off" => false,
+        b => bail!("invalid --borrowing {b:?}: allowed are on and off"),
+    };
+    for (name, v) in [("--mttr-hours", Some(o.mttr_hours)), ("--mtbf-hours", o.mtbf_hours)] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("invalid {name} {v}: allowed is a number of hours > 0");
+            }
+        }
+    }
+    if o.spot_reclaims_per_hour.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+        bail!("invalid --spot-reclaims-per-hour: allowed is a number >= 0");
+    }
+    if o.checkpoint_mins == 0 {
+        bail!("invalid --checkpoint-mins 0: allowed is at least 1");
+    }
+    let mut sched = SchedConfig { backfill: o.backfill, ..SchedConfig::with_policy(policy) };
+    sched.preemption.enabled = !o.no_preemption;
+    Ok(SimConfig {
+        sched,
+        quotas: o.quotas.parse()?,
+        borrowing,
+        estimates: o.estimates.parse()?,
+        seed: o.seed,
+        mtbf: o.mtbf_hours.map(|h| Dur((h * 3_600_000.0) as u64)),
+        mttr: Dur((o.mttr_hours * 3_600_000.0) as u64),
+        spot_reclaims_per_hour: o.spot_reclaims_per_hour,
+        spot_notice: Dur::from_secs(o.spot_notice_s),
+        checkpoint_interval: Dur::from_mins(o.checkpoint_mins),
+        max_jobs: o.max_jobs,
+        ..SimConfig::default()
+    })
+}
+
+fn load(o: &SimOpts) -> Result<(Trace, ClusterSpec)> {
+    if !matches!(o.output.as_str(), "table" | "json") {
+        bail!("invalid --output {:?}: allowed are table and json", o.output);
+    }
+    let format = o.trace_format.as_deref().map(str::parse).transpose()?;
+    let trace = read_trace(&o.trace, ReadOptions { format, skip_bad_rows: o.skip_bad_rows })?;
+    if trace.jobs.is_empty() {
+        bail!("read {}: the trace has no jobs", o.trace.display());
+    }
+    let cluster = ClusterSpec::load(&o.cluster)?;
+    Ok((trace, cluster))
+}
+
+fn progress_bar(enabled: bool) -> impl FnMut(usize, usize) {
+    move |done, total| {
+        if enabled {
+            let pct = done * 100 / total.max(1);
+            let bar = "#".repeat(pct / 4);
+            eprint!("\r[{bar:<25}] {pct:>3}% {done}/{total} jobs");
+            if done >= total {
+                eprintln!();
+            }
+            let _ = std::io::stderr().flush();
+        }
+    }
+}
+
+/// A table row: its label and how to print it.
+type Row = (&'static str, fn(&SimResult) -> String);
+
+const ROWS: [Row; 16] = [
+    ("jobs", |r| r.jobs.to_string()),
+    ("completed / unfinished", |r| format!("{} / {}", r.completed, r.unfinished)),
+    ("avg JCT (s)", |r| format!("{:.0}", r.avg_jct_s)),
+    ("median JCT (s)", |r| format!("{:.0}", r.median_jct_s)),
+    ("p95 JCT (s)", |r| format!("{:.0}", r.p95_jct_s)),
+    ("p99 JCT (s)", |r| format!("{:.0}", r.p99_jct_s)),
+    ("avg queue (s)", |r| format!("{:.0}", r.avg_queue_s)),
+    ("p99 queue (s)", |r| format!("{:.0}", r.p99_queue_s)),
+    ("avg bounded slowdown", |r| format!("{:.2}", r.avg_bounded_slowdown)),
+    ("utilization", |r| format!("{:.1}%", r.utilization * 100.0)),
+    ("fragmentation", |r| format!("{:.1}%", r.fragmentation * 100.0)),
+    ("makespan (s)", |r| format!("{:.0}", r.makespan_s)),
+    ("Jain fairness", |r| format!("{:.3}", r.jain_fairness)),
+    ("preemptions / restarts", |r| format!("{} / {}", r.preemptions, r.restarts)),
+    ("lost GPU-hours", |r| format!("{:.1}", r.lost_gpu_hours)),
+    ("wall (ms)", |r| format!("{:.0}", r.wall_ms)),
+];
+
+fn table(results: &[SimResult]) -> String {
+    let heads: Vec<String> =
+        results.iter().map(|r| format!("{}{}", r.policy, if r.backfill { "+bf" } else { "" })).collect();
+    let w0 = ROWS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let cells: Vec<Vec<String>> = ROWS.iter().map(|(_, f)| results.iter().map(f).collect()).collect();
+    let ws: Vec<usize> = (0..results.len())
+        .map(|i| cells.iter().map(|row| row[i].len()).chain([heads[i].len()]).max().unwrap_or(0))
+        .collect();
+    let mut out = format!("{:w0$}", "");
+    for (h, w) in heads.iter().zip(&ws) {
+        out += &format!("  {h:>w$}");
+    }
+    out.push('\n');
+    for ((name, _), row) in ROWS.iter().zip(&cells) {
+        out += &format!("{name:w0$}");
+        for (c, w) in row.iter().zip(&ws) {
+            out += &format!("  {c:>w$}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Runs `gpunet sim …`.
+pub(crate) fn run(cmd: SimCmd) -> Result<()> {
+    match cmd.sub {
+        None => {
+            let o = cmd.opts.context("--trace is required")?;
+            let policy: Policy = cmd.policy.parse().context("--policy")?;
+            let (trace, cluster) = load(&o)?;
+            let cfg = config(&o, policy)?;
+            let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
+            let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
+            if let Some(dir) = &o.report {
+                report::write_report(dir, &format!("{} on {}", o.trace.display(), o.cluster), &r)?;
+            }
+            if o.output == "json" {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", table(std::slice::from_ref(&r)));
+                if trace.skipped_bad_rows + trace.skipped_never_ran > 0 {
+                    println!(
+                        "skipped rows: {} malformed, {} that never ran",
+                        trace.skipped_bad_rows, trace.skipped_never_ran
+                    );
+                }
+            }
+        }
+        Some(SimSub::Compare { policies, opts: o }) => {
+            let policies: Vec<Policy> = policies
+                .split(',')
+                .map(|p| p.trim().parse::<Policy>().map_err(anyhow::Error::from))
+                .collect::<Result<_>>()
+                .context("--policies")?;
+            if policies.is_empty() {
+                bail!("invalid --policies: name at least one policy");
+            }
+            let (trace, cluster) = load(&o)?;
+            let cfgs: Vec<SimConfig> = policies.iter().map(|p| config(&o, *p)).collect::<Result<_>>()?;
+            let tty = std::io::stderr().is_terminal() && o.output == "table";
+            let results: Vec<SimResult> = std::thread::scope(|s| {
+                let handles: Vec<_> = cfgs
+                    .iter()
+                    .map(|cfg| {
+                        let (trace, cluster) = (&trace, &cluster);
+                        s.spawn(move || simulate(trace, cluster, cfg, &mut |_, _| {}))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        let r = h.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))??;
+                        if tty {
+                            eprintln!("done: {} ({:.0} ms)", r.policy, r.wall_ms);
+                        }
+                        Ok(r)
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })?;
+            if let Some(dir) = &o.report {
+                for r in &results {
+                    report::write_report(
+                        &dir.join(&r.policy),
+                        &format!("{} under {}", o.trace.display(), r.policy),
+                        r,
+                    )?;
+                }
+            }
+            if o.output == "json" {
+                println!("{}", serde_json::to_string(&results)?);
+            } else {
+                print!("{}", table(&results));
+            }
+        }
+    }
+    Ok(())
+}
