@@ -128,6 +128,8 @@ pub struct SimConfig {
     pub samples: usize,
     /// Stop after this many jobs of the trace (in submission order).
     pub max_jobs: Option<usize>,
+    /// Check the core's invariants after every pass (slow; for tests).
+    pub check_invariants: bool,
 }
 
 impl Default for SimConfig {
@@ -147,6 +149,7 @@ impl Default for SimConfig {
             tick: Dur::from_secs(60),
             samples: 400,
             max_jobs: None,
+            check_invariants: false,
         }
     }
 }
@@ -228,6 +231,8 @@ pub struct SimResult {
     pub cost_spot: f64,
     /// Total cost.
     pub cost: f64,
+    /// GPU-hours allocated to jobs (useful work plus work lost).
+    pub gpu_hours_used: f64,
     /// Scheduling passes run.
     pub passes: usize,
     /// Malformed trace rows skipped.
@@ -393,8 +398,9 @@ impl Engine<'_> {
         self.st.node(node).map(|n| n.jobs.iter().copied().collect()).unwrap_or_default()
     }
 
-    /// Applies one pass's decisions.
-    fn pass(&mut self, now: u64) -> Result<(), SimError> {
+    /// Applies one pass's decisions; returns whether it evicted anything.
+    fn pass(&mut self, now: u64) -> Result<bool, SimError> {
+        let mut evicted = false;
         self.passes += 1;
         let t = Time(now);
         let ds = schedule(&self.st, t);
@@ -445,11 +451,15 @@ impl Engine<'_> {
                     self.jobs[idx].attempt += 1;
                     self.preemptions += 1;
                     self.queued_add(idx, 1);
+                    evicted = true;
                 }
                 Decision::Scale { .. } | Decision::Reserve { .. } => self.st.apply(d, t)?,
             }
         }
-        Ok(())
+        if self.cfg.check_invariants {
+            self.st.check_invariants().map_err(|e| SimError::invalid(format!("invariant at t={now} ms"), e))?;
+        }
+        Ok(evicted)
     }
 
     /// A node goes away: its jobs fail (`fail`) or are evicted after a checkpoint (spot notice).
@@ -801,7 +811,11 @@ pub fn simulate(
         }
         if changed {
             e.st.accrue_usage(Time(now));
-            e.pass(now)?;
+            // Evictions take effect at once here: a second pass uses what they freed.
+            let mut rounds = 0;
+            while e.pass(now)? && rounds < 4 {
+                rounds += 1;
+            }
             if e.needs_tick && !e.tick_pending && e.st.queued_count() > 0 {
                 e.tick_pending = true;
                 e.push(now + cfg.tick.0, Ev::Tick);
@@ -897,6 +911,7 @@ pub fn simulate(
         cost_on_demand: e.cost_od,
         cost_spot: e.cost_spot,
         cost: e.cost_od + e.cost_spot,
+        gpu_hours_used: e.alloc_area / 3_600_000.0,
         passes: e.passes,
         skipped_rows: trace.skipped_bad_rows,
         wall_ms: wall.elapsed().as_secs_f64() * 1000.0,

@@ -1,4 +1,4 @@
-//! A small seeded pseudo-random generator (SplitMix64) for synthetic workloads: same seed, same cluster and jobs.
+//! A small seeded pseudo-random generator (SplitMix64): same seed, same synthetic workload, noise and failures.
 
 /// SplitMix64.
 #[derive(Debug, Clone)]
@@ -34,6 +34,20 @@ impl Rng {
     }
 }
 
+impl Rng {
+    /// A standard normal sample (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.f64().max(f64::MIN_POSITIVE);
+        let u2 = self.f64();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// An exponential sample with the given mean.
+    pub fn exp(&mut self, mean: f64) -> f64 {
+        -mean * (1.0 - self.f64()).max(f64::MIN_POSITIVE).ln()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,19 +63,5 @@ mod tests {
         let mean: f64 = (0..10_000).map(|_| r.f64()).sum::<f64>() / 10_000.0;
         assert!((mean - 0.5).abs() < 0.02, "{mean}");
         assert!((0..1000).all(|_| r.below(10) < 10));
-    }
-}
-
-impl Rng {
-    /// A standard normal sample (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = self.f64().max(f64::MIN_POSITIVE);
-        let u2 = self.f64();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-
-    /// An exponential sample with the given mean.
-    pub fn exp(&mut self, mean: f64) -> f64 {
-        -mean * (1.0 - self.f64()).max(f64::MIN_POSITIVE).ln()
     }
 }

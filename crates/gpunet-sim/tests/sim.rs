@@ -1,0 +1,217 @@
+//! Simulator tests: hand-computed traces with exact JCTs, conservation invariants, and a reader test per real file.
+
+use gpunet_core::{Dur, Policy, SchedConfig};
+use gpunet_sim::*;
+use std::path::PathBuf;
+
+fn data(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces").join(p)
+}
+
+fn one_node(gpus: u32) -> ClusterSpec {
+    ClusterSpec::from_toml(
+        &format!("version = 1\n[[node_group]]\ncount = 1\ngpus_per_node = {gpus}\ngpu_model = \"T4\"\n"),
+        "tiny",
+    )
+    .unwrap()
+}
+
+fn csv(body: &str) -> Trace {
+    read_trace_from(
+        format!("id,submit_s,duration_s,gpus,tenant\n{body}").as_bytes(),
+        "tiny.csv",
+        ReadOptions::default(),
+    )
+    .unwrap()
+}
+
+fn cfg(policy: Policy) -> SimConfig {
+    let mut sched = SchedConfig::with_policy(policy);
+    sched.preemption.min_run_time = Dur::ZERO;
+    sched.las_thresholds_gpu_s = vec![30];
+    SimConfig {
+        sched,
+        checkpoint_interval: Dur::from_secs(10),
+        tick: Dur::from_secs(10),
+        check_invariants: true,
+        ..SimConfig::default()
+    }
+}
+
+fn jcts_by_id(trace: &Trace, cluster: &ClusterSpec, c: &SimConfig) -> SimResult {
+    simulate(trace, cluster, c, &mut |_, _| {}).unwrap()
+}
+
+const THREE_JOBS: &str = "a,0,100,1,t\nb,10,50,1,t\nc,20,10,1,t\n";
+
+#[test]
+fn fifo_sjf_and_las_give_the_hand_computed_jcts() {
+    let trace = csv(THREE_JOBS);
+    let cluster = one_node(1);
+    // FIFO: a 0–100, b 100–150, c 150–160 → JCTs 100, 140, 140.
+    let r = jcts_by_id(&trace, &cluster, &cfg(Policy::Fifo));
+    assert_eq!(r.jcts, vec![100.0, 140.0, 140.0]);
+    assert!((r.avg_jct_s - 380.0 / 3.0).abs() < 1e-9);
+    assert_eq!((r.makespan_s, r.preemptions), (160.0, 0));
+    // SJF (estimate ÷ GPUs): at t=100 c (10 s) goes before b (50 s): a 100, c 90, b 150.
+    let r = jcts_by_id(&trace, &cluster, &cfg(Policy::Sjf));
+    assert_eq!(r.jcts, vec![90.0, 100.0, 150.0]);
+    // LAS with one threshold at 30 GPU-s, ticks every 10 s, checkpoints every 10 s:
+    // t=30 a is demoted and evicted (keeps 30 s), b runs 30–60 and is demoted and evicted (keeps 30 s),
+    // c runs 60–70; then a (submitted first) 70–140, b 140–160. JCTs: c 50, a 140, b 150.
+    let r = jcts_by_id(&trace, &cluster, &cfg(Policy::Las));
+    assert_eq!(r.jcts, vec![50.0, 140.0, 150.0]);
+    assert_eq!(r.preemptions, 2);
+    assert_eq!(r.lost_gpu_hours, 0.0, "evictions at checkpoint boundaries lose nothing");
+}
+
+#[test]
+fn queueing_delay_and_slowdown_are_measured() {
+    let trace = csv(THREE_JOBS);
+    let r = jcts_by_id(&trace, &one_node(1), &cfg(Policy::Fifo));
+    // Queueing: a 0, b 90, c 130.
+    assert!((r.avg_queue_s - 220.0 / 3.0).abs() < 1e-9);
+    assert_eq!(r.p99_queue_s, 130.0);
+    // Utilisation: 1 GPU busy for all 160 s.
+    assert!((r.utilization - 1.0).abs() < 1e-9);
+    assert!((r.gpu_hours_used - 160.0 / 3600.0).abs() < 1e-9);
+}
+
+fn synthetic(n: usize, seed: u64) -> Trace {
+    let mut r = rng::Rng::new(seed);
+    let mut body = String::new();
+    let mut t = 0.0;
+    for i in 0..n {
+        t += r.exp(30.0);
+        let gpus = [1, 1, 1, 2, 4, 8][r.below(6) as usize];
+        let dur = 10.0 + r.exp(600.0);
+        body += &format!("j{i},{t:.3},{dur:.3},{gpus},team-{}\n", r.below(3));
+    }
+    csv(&body)
+}
+
+fn spec4x8() -> ClusterSpec {
+    ClusterSpec::from_toml(
+        "version = 1\n[[node_group]]\ncount = 3\ngpus_per_node = 8\ngpu_model = \"T4\"\nprice_per_gpu_hour = 1.0\n\
+         [[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"T4\"\nlifecycle = \"spot\"\nprice_per_gpu_hour = 0.3\n",
+        "spec",
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_job_completes_once_and_gpu_time_is_conserved() {
+    let trace = synthetic(300, 7);
+    let demand: f64 = trace.jobs.iter().map(|j| j.duration_s * j.gpus as f64).sum::<f64>() / 3600.0;
+    for policy in Policy::ALL {
+        for backfill in [false, true] {
+            let mut c = cfg(policy);
+            c.sched.backfill = backfill;
+            let r = simulate(&trace, &spec4x8(), &c, &mut |_, _| {}).unwrap();
+            assert_eq!(r.completed + r.failed + r.unfinished, r.jobs, "{policy}");
+            assert_eq!((r.completed, r.unfinished), (300, 0), "{policy}: every job completes exactly once");
+            assert!(r.utilization <= 1.0 + 1e-9 && r.series.iter().all(|s| s.utilization <= 1.0 + 1e-9));
+            // Allocated GPU-time = useful work + work lost to evictions (all GPUs are the same model).
+            let expect = demand + r.lost_gpu_hours;
+            assert!(
+                (r.gpu_hours_used - expect).abs() < 1e-3 * expect,
+                "{policy}: used {} vs {}",
+                r.gpu_hours_used,
+                expect
+            );
+        }
+    }
+}
+
+#[test]
+fn failures_and_spot_reclaims_are_survived_and_conserve_work() {
+    let trace = synthetic(200, 11);
+    let demand: f64 = trace.jobs.iter().map(|j| j.duration_s * j.gpus as f64).sum::<f64>() / 3600.0;
+    let c = SimConfig {
+        mtbf: Some(Dur::from_hours(2)),
+        mttr: Dur::from_mins(10),
+        spot_reclaims_per_hour: Some(1.0),
+        max_restarts: 100,
+        ..cfg(Policy::Fifo)
+    };
+    let mut tolerant = trace.clone();
+    for j in &mut tolerant.jobs {
+        j.preemptible = true;
+    }
+    let r = simulate(&tolerant, &spec4x8(), &c, &mut |_, _| {}).unwrap();
+    assert_eq!(r.completed + r.failed, 200);
+    assert!(r.restarts > 0, "failures happened: {r:?}");
+    let expect = demand + r.lost_gpu_hours;
+    assert!((r.gpu_hours_used - expect).abs() < 1e-3 * expect, "used {} vs {}", r.gpu_hours_used, expect);
+    assert!(r.cost > 0.0 && r.cost_on_demand > 0.0);
+}
+
+#[test]
+fn philly_vc_islands_queue_more_than_a_borrowing_pool() {
+    let trace = read_trace(&data("philly/philly_pollux.csv.gz"), ReadOptions::default()).unwrap();
+    let cluster = ClusterSpec::load("philly").unwrap();
+    let base = SimConfig { quotas: QuotaMode::PhillyVc, max_jobs: Some(20_000), ..SimConfig::default() };
+    let islands = simulate(&trace, &cluster, &base, &mut |_, _| {}).unwrap();
+    let pooled = simulate(&trace, &cluster, &SimConfig { borrowing: true, ..base.clone() }, &mut |_, _| {}).unwrap();
+    assert_eq!(islands.completed, 20_000);
+    assert!(islands.avg_queue_s > pooled.avg_queue_s, "{} vs {}", islands.avg_queue_s, pooled.avg_queue_s);
+}
+
+#[test]
+fn readers_parse_every_shipped_trace() {
+    let read = |p: &str| read_trace(&data(p), ReadOptions::default()).unwrap();
+    let philly = read("philly/philly_pollux.csv.gz");
+    assert_eq!((philly.format, philly.jobs.len()), (TraceFormat::Philly, 82_247));
+    assert_eq!(philly.jobs.iter().map(|j| j.tenant.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 15);
+    assert_eq!(philly.jobs.iter().filter(|j| j.gpus == 128).count(), 3);
+    let pai = read("pai2023/openb_pod_list_default.csv.gz");
+    assert_eq!(pai.format, TraceFormat::Pai2023);
+    assert_eq!((pai.jobs.len(), pai.skipped_never_ran), (8152 - 897, 897));
+    assert!(pai.jobs.iter().any(|j| j.censored), "pods still running at the trace end are flagged");
+    assert!(pai.jobs.iter().any(|j| j.gpus == 0) && pai.jobs.iter().any(|j| j.gpus == 8));
+    let tiresias = read("tiresias/60_job.csv");
+    assert_eq!((tiresias.format, tiresias.jobs.len()), (TraceFormat::Tiresias, 60));
+    for w in [
+        "pollux/workloads/workload-6.csv",
+        "sia/philly/workload-1.csv",
+        "sia/saturn/workload-1.csv",
+        "sia/newtrace/workload-1.csv",
+    ] {
+        let t = read(w);
+        assert_eq!(t.format, TraceFormat::Pollux, "{w}");
+        assert!(t.jobs.len() >= 160 && t.jobs.iter().all(|j| j.duration_s > 0.0), "{w}");
+    }
+    let own = read("examples/tiny.csv");
+    assert_eq!((own.format, own.jobs.len()), (TraceFormat::Gpunet, 6));
+}
+
+#[test]
+fn every_shipped_trace_runs_on_its_preset() {
+    for (trace, cluster, jobs) in [
+        ("tiresias/60_job.csv", "tiresias-n32g4", 60),
+        ("pollux/workloads/workload-6.csv", "pollux", 160),
+        ("pai2023/openb_pod_list_default.csv.gz", "pai2023", 1000),
+    ] {
+        let t = read_trace(&data(trace), ReadOptions::default()).unwrap();
+        let c = SimConfig { max_jobs: Some(jobs), check_invariants: jobs <= 160, ..SimConfig::default() };
+        let r = simulate(&t, &ClusterSpec::load(cluster).unwrap(), &c, &mut |_, _| {}).unwrap();
+        assert_eq!(r.completed + r.unfinished + r.failed, jobs, "{trace}");
+        assert!(r.completed > 0 && r.avg_jct_s > 0.0, "{trace}");
+    }
+}
+
+#[test]
+fn estimates_modes_change_sjf_but_not_fifo() {
+    let trace = synthetic(200, 3);
+    let cluster = one_node(8);
+    let run =
+        |p, e| simulate(&trace, &cluster, &SimConfig { estimates: e, ..cfg(p) }, &mut |_, _| {}).unwrap().avg_jct_s;
+    let fifo = run(Policy::Fifo, EstimateMode::Oracle);
+    assert_eq!(fifo, run(Policy::Fifo, EstimateMode::Noisy { sigma: 1.0 }));
+    let oracle = run(Policy::Sjf, EstimateMode::Oracle);
+    let noisy = run(Policy::Sjf, EstimateMode::Noisy { sigma: 2.0 });
+    let history = run(Policy::Sjf, EstimateMode::History);
+    assert!(oracle < fifo, "SJF with true estimates beats FIFO: {oracle} vs {fifo}");
+    assert!(noisy != oracle && history != oracle);
+    assert!("noisy:x".parse::<EstimateMode>().is_err() && "noisy:0.5".parse::<EstimateMode>().is_ok());
+}
