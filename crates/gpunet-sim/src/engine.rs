@@ -130,6 +130,45 @@ pub struct SimConfig {
     pub max_jobs: Option<usize>,
     /// Check the core's invariants after every pass (slow; for tests).
     pub check_invariants: bool,
+    /// Grow and shrink a spot pool with the core's autoscaler decision.
+    pub autoscale: Option<AutoscaleSim>,
+    /// Which jobs may run on spot nodes (they tolerate the `lifecycle=spot` taint).
+    pub spot_jobs: SpotJobs,
+}
+
+/// Which jobs tolerate spot nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpotJobs {
+    /// None.
+    None,
+    /// Preemptible jobs (the default): they survive reclaim through their checkpoints.
+    Preemptible,
+    /// All jobs.
+    All,
+}
+
+impl FromStr for SpotJobs {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<SpotJobs, SimError> {
+        match s {
+            "none" => Ok(SpotJobs::None),
+            "preemptible" => Ok(SpotJobs::Preemptible),
+            "all" => Ok(SpotJobs::All),
+            _ => Err(SimError::invalid("--spot-jobs", format!("{s:?}; allowed are none, preemptible, all"))),
+        }
+    }
+}
+
+/// Autoscaling in the simulation: new spot nodes are copies of `template`.
+#[derive(Debug, Clone)]
+pub struct AutoscaleSim {
+    /// The autoscaler settings (window, thresholds, pool bounds, cooldown).
+    pub cfg: gpunet_core::autoscale::AutoscaleConfig,
+    /// What a new spot node looks like.
+    pub template: gpunet_core::NodeSpec,
+    /// Time between load samples and decisions.
+    pub interval: Dur,
 }
 
 impl Default for SimConfig {
@@ -150,6 +189,8 @@ impl Default for SimConfig {
             samples: 400,
             max_jobs: None,
             check_invariants: false,
+            autoscale: None,
+            spot_jobs: SpotJobs::Preemptible,
         }
     }
 }
@@ -233,6 +274,10 @@ pub struct SimResult {
     pub cost: f64,
     /// GPU-hours allocated to jobs (useful work plus work lost).
     pub gpu_hours_used: f64,
+    /// Spot nodes added by the autoscaler.
+    pub scaled_out_nodes: usize,
+    /// Spot nodes released by the autoscaler.
+    pub scaled_in_nodes: usize,
     /// Scheduling passes run.
     pub passes: usize,
     /// Malformed trace rows skipped.
@@ -255,6 +300,7 @@ enum Ev {
     Wake,
     Tick,
     Sample,
+    Autoscale,
     NodeFail(u32),
     NodeRecover(u32),
     SpotNotice(u32),
@@ -310,6 +356,12 @@ struct Engine<'a> {
     node_spot: Vec<bool>,
     node_price_per_gpu_ms: Vec<f64>,
     gpu_time_by_tenant: Vec<f64>,
+    queued_gpus: u64,
+    load_window: Vec<f64>,
+    last_scale: Option<Time>,
+    spot_added: u32,
+    scale_outs: usize,
+    scale_ins: usize,
 }
 
 fn ms(s: f64) -> u64 {
@@ -332,6 +384,12 @@ impl Engine<'_> {
     }
 
     fn queued_add(&mut self, idx: usize, delta: i32) {
+        let g = self.jobs[idx].gpus as u64;
+        if delta > 0 {
+            self.queued_gpus += g;
+        } else {
+            self.queued_gpus -= g;
+        }
         let k = self.jobs[idx].per_task;
         let e = self.queued_sizes.entry(k).or_default();
         if delta > 0 {
@@ -500,6 +558,64 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// One autoscaler step: sample the load, decide, add or release spot nodes.
+    fn autoscale(&mut self, now: u64) -> Result<bool, SimError> {
+        let Some(a) = self.cfg.autoscale.as_ref() else { return Ok(false) };
+        let cap = self.st.capacity_gpus().max(1) as f64;
+        self.load_window.push((self.alloc_gpus + self.queued_gpus) as f64 / cap);
+        if self.load_window.len() > a.cfg.window.max(1) {
+            self.load_window.remove(0);
+        }
+        let spot: Vec<(NodeId, bool)> = self
+            .st
+            .nodes()
+            .filter(|n| n.state == NodeState::Ready && self.node_spot[n.id.index()])
+            .map(|n| (n.id, n.jobs.is_empty()))
+            .collect();
+        let idle: Vec<NodeId> = spot.iter().rev().filter(|(_, idle)| *idle).map(|(id, _)| *id).collect();
+        let input = gpunet_core::autoscale::AutoscaleInput {
+            samples: &self.load_window,
+            capacity_gpus: self.st.capacity_gpus(),
+            gpus_per_spot_node: a.template.gpus.len() as u32,
+            spot_nodes: spot.len() as u32,
+            idle_spot: &idle,
+            last_action: self.last_scale,
+            now: Time(now),
+        };
+        match gpunet_core::autoscale::decide(&a.cfg, &input) {
+            gpunet_core::autoscale::ScaleDecision::Out { nodes, .. } => {
+                let template = a.template.clone();
+                for _ in 0..nodes {
+                    self.spot_added += 1;
+                    let mut n = template.clone();
+                    n.name = format!("{}-auto-{:05}", template.name, self.spot_added);
+                    let price = n.price_per_gpu_hour / 3_600_000.0;
+                    let id = self.st.add_node(n)?;
+                    if self.node_spot.len() <= id.index() {
+                        self.node_spot.resize(id.index() + 1, true);
+                        self.node_price_per_gpu_ms.resize(id.index() + 1, price);
+                    }
+                    if let Some(rate) = self.cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
+                        let dt = self.rng.exp(3_600_000.0 / rate) as u64;
+                        self.push(now + dt.max(1), Ev::SpotNotice(id.0));
+                    }
+                }
+                self.scale_outs += nodes as usize;
+                self.last_scale = Some(Time(now));
+                Ok(true)
+            }
+            gpunet_core::autoscale::ScaleDecision::In { nodes, .. } => {
+                for id in &nodes {
+                    self.st.set_node_state(*id, NodeState::Lost, Time(now))?;
+                }
+                self.scale_ins += nodes.len();
+                self.last_scale = Some(Time(now));
+                Ok(true)
+            }
+            gpunet_core::autoscale::ScaleDecision::Hold { .. } => Ok(false),
+        }
+    }
+
     fn sample(&mut self, now: u64) {
         let cap = self.st.capacity_gpus().max(1) as f64;
         let queued = self.st.queued_count();
@@ -654,7 +770,19 @@ pub fn simulate(
         node_spot,
         node_price_per_gpu_ms: node_price,
         gpu_time_by_tenant: vec![0.0; names.len()],
+        queued_gpus: 0,
+        load_window: Vec::new(),
+        last_scale: None,
+        spot_added: 0,
+        scale_outs: 0,
+        scale_ins: 0,
     };
+    if let Some(a) = &cfg.autoscale {
+        if a.template.lifecycle() != gpunet_core::Lifecycle::Spot {
+            return Err(SimError::invalid("autoscale", "the node template must be a spot node (lifecycle=spot)"));
+        }
+        e.push(t0 + a.interval.0, Ev::Autoscale);
+    }
     // Sampling step: the submission span plus the median duration, over the sample count.
     let last_submit = order.last().map_or(0, |i| ms(trace.jobs[*i].submit_s));
     let mut durs: Vec<f64> = order.iter().map(|i| trace.jobs[*i].duration_s).collect();
@@ -727,6 +855,10 @@ pub fn simulate(
             }
             spec.priority = tj.priority;
             spec.preemptible = tj.preemptible;
+            if cfg.spot_jobs == SpotJobs::All || (cfg.spot_jobs == SpotJobs::Preemptible && tj.preemptible) {
+                spec.tolerations =
+                    vec![gpunet_core::Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+            }
             spec.gpu_models = tj.allowed_models.clone();
             spec.checkpoint_interval = Some(cfg.checkpoint_interval);
             spec.max_restarts = cfg.max_restarts;
@@ -775,6 +907,11 @@ pub fn simulate(
                     e.sample(now);
                     e.push(now + sample_dt, Ev::Sample);
                 }
+                Ev::Autoscale => {
+                    changed |= e.autoscale(now)?;
+                    let iv = cfg.autoscale.as_ref().map_or(60_000, |a| a.interval.0.max(1));
+                    e.push(now + iv, Ev::Autoscale);
+                }
                 Ev::NodeFail(n) => {
                     let id = NodeId(n);
                     if e.st.node(id).is_some_and(|v| v.state == NodeState::Ready) {
@@ -784,6 +921,9 @@ pub fn simulate(
                     }
                 }
                 Ev::NodeRecover(n) => {
+                    if e.st.node(NodeId(n)).is_some_and(|v| v.spec.name.contains("-auto-")) {
+                        continue; // an autoscaled spot node that was reclaimed is not replaced by itself
+                    }
                     e.st.set_node_state(NodeId(n), NodeState::Ready, Time(now))?;
                     if let Some(mtbf) = cfg.mtbf {
                         let dt = e.rng.exp(mtbf.0 as f64) as u64;
@@ -912,6 +1052,8 @@ pub fn simulate(
         cost_spot: e.cost_spot,
         cost: e.cost_od + e.cost_spot,
         gpu_hours_used: e.alloc_area / 3_600_000.0,
+        scaled_out_nodes: e.scale_outs,
+        scaled_in_nodes: e.scale_ins,
         passes: e.passes,
         skipped_rows: trace.skipped_bad_rows,
         wall_ms: wall.elapsed().as_secs_f64() * 1000.0,

@@ -10,6 +10,8 @@ pub mod rng;
 pub mod trace;
 
 pub use cluster::ClusterSpec;
-pub use engine::{simulate, EstimateMode, QuotaMode, Sample, SimConfig, SimResult, TenantResult};
+pub use engine::{
+    simulate, AutoscaleSim, EstimateMode, QuotaMode, Sample, SimConfig, SimResult, SpotJobs, TenantResult,
+};
 pub use error::SimError;
 pub use trace::{read_trace, read_trace_from, ReadOptions, Trace, TraceFormat, TraceJob};

@@ -215,3 +215,34 @@ fn estimates_modes_change_sjf_but_not_fifo() {
     assert!(noisy != oracle && history != oracle);
     assert!("noisy:x".parse::<EstimateMode>().is_err() && "noisy:0.5".parse::<EstimateMode>().is_ok());
 }
+
+#[test]
+fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
+    // A burst of 40 one-hour 8-GPU jobs onto 1 on-demand node, then nothing.
+    let mut body = String::new();
+    for i in 0..40 {
+        body += &format!("j{i},{},3600,8,t\n", i * 10);
+    }
+    let trace = csv(&body);
+    let cluster = ClusterSpec::from_toml(
+        "[[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\n\
+         [[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\nlifecycle = \"spot\"\n",
+        "auto",
+    )
+    .unwrap();
+    let mut tolerant = trace.clone();
+    let _ = &mut tolerant;
+    let template = cluster.build_nodes().into_iter().find(|n| n.lifecycle() == gpunet_core::Lifecycle::Spot).unwrap();
+    let auto = engine::AutoscaleSim {
+        cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: 20, ..Default::default() },
+        template,
+        interval: Dur::from_secs(60),
+    };
+    let base = SimConfig { check_invariants: true, ..cfg(Policy::Fifo) };
+    let fixed = simulate(&trace, &cluster, &base, &mut |_, _| {}).unwrap();
+    let scaled = simulate(&trace, &cluster, &SimConfig { autoscale: Some(auto), ..base }, &mut |_, _| {}).unwrap();
+    assert_eq!(fixed.completed, 40);
+    assert_eq!(scaled.completed, 40);
+    assert!(scaled.scaled_out_nodes > 0 && scaled.scaled_in_nodes > 0, "{scaled:?}");
+    assert!(scaled.avg_jct_s < fixed.avg_jct_s / 2.0, "{} vs {}", scaled.avg_jct_s, fixed.avg_jct_s);
+}

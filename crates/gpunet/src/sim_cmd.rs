@@ -54,6 +54,12 @@ pub(crate) struct SimOpts {
     /// Turn preemption off.
     #[arg(long)]
     pub(crate) no_preemption: bool,
+    /// Which jobs may run on spot nodes: none, preemptible or all.
+    #[arg(long, default_value = "preemptible")]
+    pub(crate) spot_jobs: String,
+    /// Autoscale the spot pool up to this many spot nodes (copies of the cluster's first spot node group).
+    #[arg(long)]
+    pub(crate) autoscale_max_nodes: Option<u32>,
     /// Simulate only the first N jobs (by submission time).
     #[arg(long)]
     pub(crate) max_jobs: Option<usize>,
@@ -90,7 +96,7 @@ pub(crate) enum SimSub {
     },
 }
 
-fn config(o: &SimOpts, policy: Policy) -> Result<SimConfig> {
+fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfig> {
     let borrowing = match o.borrowing.as_str() {
         "on" => true,
         "off" => false,
@@ -109,6 +115,21 @@ fn config(o: &SimOpts, policy: Policy) -> Result<SimConfig> {
     if o.checkpoint_mins == 0 {
         bail!("invalid --checkpoint-mins 0: allowed is at least 1");
     }
+    let autoscale = match o.autoscale_max_nodes {
+        None => None,
+        Some(max) => {
+            let template = cluster
+                .build_nodes()
+                .into_iter()
+                .find(|n| n.lifecycle() == gpunet_core::Lifecycle::Spot)
+                .context("--autoscale-max-nodes: the cluster has no spot node group to copy")?;
+            Some(gpunet_sim::engine::AutoscaleSim {
+                cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: max, ..Default::default() },
+                template,
+                interval: Dur::from_secs(60),
+            })
+        }
+    };
     let mut sched = SchedConfig { backfill: o.backfill, ..SchedConfig::with_policy(policy) };
     sched.preemption.enabled = !o.no_preemption;
     Ok(SimConfig {
@@ -123,6 +144,8 @@ fn config(o: &SimOpts, policy: Policy) -> Result<SimConfig> {
         spot_notice: Dur::from_secs(o.spot_notice_s),
         checkpoint_interval: Dur::from_mins(o.checkpoint_mins),
         max_jobs: o.max_jobs,
+        autoscale,
+        spot_jobs: o.spot_jobs.parse()?,
         ..SimConfig::default()
     })
 }
@@ -206,7 +229,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             let o = cmd.opts.context("--trace is required")?;
             let policy: Policy = cmd.policy.parse().context("--policy")?;
             let (trace, cluster) = load(&o)?;
-            let cfg = config(&o, policy)?;
+            let cfg = config(&o, policy, &cluster)?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
             let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
             if let Some(dir) = &o.report {
@@ -234,7 +257,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                 bail!("invalid --policies: name at least one policy");
             }
             let (trace, cluster) = load(&o)?;
-            let cfgs: Vec<SimConfig> = policies.iter().map(|p| config(&o, *p)).collect::<Result<_>>()?;
+            let cfgs: Vec<SimConfig> = policies.iter().map(|p| config(&o, *p, &cluster)).collect::<Result<_>>()?;
             let tty = std::io::stderr().is_terminal() && o.output == "table";
             let results: Vec<SimResult> = std::thread::scope(|s| {
                 let handles: Vec<_> = cfgs

@@ -1,0 +1,110 @@
+//! Runs the real `gpunet sim` binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn data(p: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces").join(p).display().to_string()
+}
+
+fn gpunet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpunet")).args(args).output().expect("run gpunet")
+}
+
+#[test]
+fn sim_json_has_the_documented_keys() {
+    let trace = data("philly/philly_pollux.csv.gz");
+    let out = gpunet(&["sim", "--trace", &trace, "--cluster", "philly", "--max-jobs", "3000", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in [
+        "jobs",
+        "avg_jct_s",
+        "median_jct_s",
+        "p99_jct_s",
+        "avg_queue_s",
+        "p99_queue_s",
+        "utilization",
+        "makespan_s",
+        "jain_fairness",
+        "preemptions",
+        "wall_ms",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k} in {v}");
+    }
+    assert_eq!(v["jobs"], 3000);
+    assert!(v["utilization"].as_f64().unwrap() > 0.0 && v["utilization"].as_f64().unwrap() <= 1.0);
+}
+
+#[test]
+fn sim_compare_runs_each_policy_and_writes_reports() {
+    let dir = std::env::temp_dir().join(format!("gpunet-sim-cli-{}", std::process::id()));
+    let trace = data("tiresias/60_job.csv");
+    let out = gpunet(&[
+        "sim",
+        "compare",
+        "--policies",
+        "fifo,sjf,las",
+        "--backfill",
+        "--trace",
+        &trace,
+        "--cluster",
+        "tiresias-n1g4",
+        "--output",
+        "json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let arr = v.as_array().unwrap();
+    assert_eq!(arr.iter().map(|r| r["policy"].as_str().unwrap()).collect::<Vec<_>>(), ["fifo", "sjf", "las"]);
+    assert!(arr.iter().all(|r| r["backfill"] == true && r["jobs"] == 60));
+    for p in ["fifo", "sjf", "las"] {
+        for f in ["report.md", "utilization.svg", "queue.svg", "jct_cdf.svg"] {
+            let path = dir.join(p).join(f);
+            let body = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!body.is_empty());
+        }
+    }
+    let md = std::fs::read_to_string(dir.join("sjf/report.md")).unwrap();
+    assert!(md.contains("average JCT") && md.contains("![JCT CDF](jct_cdf.svg)"), "{md}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Table output names every policy in its header.
+    let out = gpunet(&["sim", "compare", "--policies", "fifo,drf", "--trace", &trace, "--cluster", "tiresias-n32g4"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().next().unwrap().contains("fifo") && text.contains("drf") && text.contains("avg JCT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("gpunet-sim-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "id,submit_s,duration_s,gpus,tenant\na,0,10,1,t\nb,5,ten,1,t\n").unwrap();
+    let out = gpunet(&["sim", "--trace", bad.to_str().unwrap(), "--cluster", "pollux"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.csv:3") && err.contains("duration_s") && err.contains("\"ten\""), "{err}");
+    let out = gpunet(&["sim", "--trace", bad.to_str().unwrap(), "--cluster", "pollux", "--skip-bad-rows"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 malformed"));
+    for (args, needle) in [
+        (vec!["--cluster", "moon"], "neither a preset"),
+        (vec!["--quotas", "lots"], "philly-vc"),
+        (vec!["--estimates", "psychic"], "noisy:SIGMA"),
+        (vec!["--borrowing", "maybe"], "on and off"),
+        (vec!["--trace-format", "slurm"], "pai2023"),
+    ] {
+        let mut a = vec!["sim", "--trace", bad.to_str().unwrap(), "--skip-bad-rows"];
+        a.extend(args);
+        let out = gpunet(&a);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
