@@ -127,7 +127,7 @@ impl Default for SchedConfig {
             fairshare_half_life: Dur::from_hours(24),
             las_thresholds_gpu_s: vec![3_600, 36_000],
             preemption: PreemptionConfig::default(),
-            quota_lookahead: 64,
+            quota_lookahead: 16,
             restart_backoff: Dur::from_secs(10),
         }
     }

@@ -32,6 +32,13 @@ pub(crate) struct QuotaBook {
     pub(crate) root_borrowed: QVec,
 }
 
+/// A quota refusal: the dimension and what was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deny {
+    pub(crate) dim: usize,
+    pub(crate) requested: u64,
+}
+
 /// Why a job is held by quota.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaBlock {
@@ -91,8 +98,9 @@ impl QuotaBook {
         used.saturating_sub(guarantee)
     }
 
-    /// Checks whether tenant `t` may take `req`; `Ok(borrowed)` says whether it goes beyond its guarantee.
-    pub(crate) fn admit(&self, shape: &QuotaShape, t: TenantId, req: &QVec) -> Result<bool, QuotaBlock> {
+    /// Checks whether tenant `t` may take `req`; `Ok(borrowed)` says whether it goes beyond its guarantee. A refusal
+    /// is a plain value; [`QuotaBook::explain_deny`] turns it into a [`QuotaBlock`] with names when someone asks.
+    pub(crate) fn admit(&self, shape: &QuotaShape, t: TenantId, req: &QVec) -> Result<bool, Deny> {
         let (quota, cohort) = &shape.tenants[t.index()];
         let Some(q) = quota else { return Ok(false) };
         let mut borrowed = false;
@@ -104,17 +112,8 @@ impl QuotaBook {
             }
             let used = self.usage[t.index()][d];
             let new = used.saturating_add(r);
-            let block = |borrowable: u64| QuotaBlock {
-                resource: dim_name(d),
-                used,
-                requested: r,
-                guarantee: lim.guarantee,
-                limit: lim.limit,
-                borrowable,
-                cohort: cohort.map(|c| shape.cohorts[c as usize].0.clone()),
-            };
             if new > lim.limit {
-                return Err(block(self.borrowable(shape, t, d)));
+                return Err(Deny { dim: d, requested: r });
             }
             if new <= lim.guarantee {
                 continue;
@@ -130,10 +129,25 @@ impl QuotaBook {
             };
             let root_new = self.root_borrowed[d] - old_ex + new_ex;
             if root_new > shape.unguaranteed[d] {
-                return Err(block(self.borrowable(shape, t, d)));
+                return Err(Deny { dim: d, requested: r });
             }
         }
         Ok(borrowed)
+    }
+
+    /// The numbers and names behind a refusal.
+    pub(crate) fn explain_deny(&self, shape: &QuotaShape, t: TenantId, deny: Deny) -> QuotaBlock {
+        let (quota, cohort) = &shape.tenants[t.index()];
+        let lim = quota.as_ref().and_then(|q| q.dims[deny.dim]).map_or((0, 0), |l| (l.guarantee, l.limit));
+        QuotaBlock {
+            resource: dim_name(deny.dim),
+            used: self.usage[t.index()][deny.dim],
+            requested: deny.requested,
+            guarantee: lim.0,
+            limit: lim.1,
+            borrowable: self.borrowable(shape, t, deny.dim),
+            cohort: cohort.map(|c| shape.cohorts[c as usize].0.clone()),
+        }
     }
 
     /// What tenant `t` could borrow now in dimension `d` beyond its guarantee.

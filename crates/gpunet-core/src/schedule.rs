@@ -21,7 +21,7 @@ use crate::gpu::GpuModel;
 use crate::ids::{JobId, NodeId, TenantId};
 use crate::job::{Job, JobSpec, JobState, Placement, TaskPlacement, TopologyScope};
 use crate::node::labels;
-use crate::quota::{job_qvec, QuotaBlock, QuotaBook};
+use crate::quota::{job_qvec, Deny, QuotaBlock, QuotaBook};
 use crate::state::{ClusterState, QueueKey};
 use crate::tenant::{DIM_CPU, DIM_GPUS, DIM_MEM};
 use crate::units::{MiB, MilliCpu, Time};
@@ -276,6 +276,8 @@ fn needs_text(state: &ClusterState, spec: &JobSpec, tasks: u32) -> String {
     };
     if tasks > 1 {
         format!("{tasks} tasks of {per} in {}", spec.topology)
+    } else if spec.topology == TopologyScope::NvLink {
+        format!("{per} in {}", spec.topology)
     } else {
         per
     }
@@ -334,6 +336,8 @@ enum Order<'a> {
     Tenants {
         iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
         dropped: Vec<bool>,
+        /// Cached shares; `None` when the tenant's allocation changed since they were computed.
+        shares: Vec<Option<f64>>,
     },
 }
 
@@ -342,7 +346,8 @@ impl<'a> Order<'a> {
         let mut iters: Vec<_> = (0..st.tenants.len()).map(|t| st.tenant_queue(TenantId(t as u32)).peekable()).collect();
         let dropped = vec![false; iters.len()];
         if st.cfg.policy.orders_tenants() {
-            Order::Tenants { iters, dropped }
+            let shares = vec![None; iters.len()];
+            Order::Tenants { iters, dropped, shares }
         } else {
             let mut heap = BinaryHeap::with_capacity(iters.len());
             for (t, it) in iters.iter_mut().enumerate() {
@@ -351,6 +356,13 @@ impl<'a> Order<'a> {
                 }
             }
             Order::Jobs { heap, iters, dropped }
+        }
+    }
+
+    /// The tenant's allocation changed: its share is recomputed at the next pick.
+    fn touch(&mut self, t: TenantId) {
+        if let Order::Tenants { shares, .. } = self {
+            shares[t.index()] = None;
         }
     }
 
@@ -374,13 +386,13 @@ impl<'a> Order<'a> {
                 }
                 return Some((TenantId(t), k));
             },
-            Order::Tenants { iters, dropped } => {
+            Order::Tenants { iters, dropped, shares } => {
                 let mut best: Option<(f64, usize)> = None;
                 for (t, it) in iters.iter_mut().enumerate() {
                     if dropped[t] || it.peek().is_none() {
                         continue;
                     }
-                    let s = share(t);
+                    let s = *shares[t].get_or_insert_with(|| share(t));
                     if best.is_none_or(|(bs, _)| s < bs) {
                         best = Some((s, t));
                     }
@@ -550,7 +562,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Classes whose model the tenant's per-model quota admits.
-    fn quota_classes(&self, t: TenantId, spec: &JobSpec, tasks: u32, classes: &[u32]) -> Result<Vec<u32>, QuotaBlock> {
+    fn quota_classes(&self, t: TenantId, spec: &JobSpec, tasks: u32, classes: &[u32]) -> Result<Vec<u32>, Deny> {
         let shape = &self.st.shape;
         let per_model = shape.tenants[t.index()].0.as_ref().is_some_and(|q| q.dims[3..].iter().any(Option::is_some));
         if !per_model || spec.task.gpus == 0 {
@@ -776,8 +788,10 @@ impl<'a> Pass<'a> {
                     }
                 }
                 if traced {
-                    self.outcome =
-                        Some(PendingReason::Quota { tenant: st.tenants[t.index()].spec.name.clone(), block });
+                    self.outcome = Some(PendingReason::Quota {
+                        tenant: st.tenants[t.index()].spec.name.clone(),
+                        block: self.book.explain_deny(&st.shape, t, block),
+                    });
                 }
                 streak[t.index()] += 1;
                 if streak[t.index()] >= cfg.quota_lookahead {
@@ -816,8 +830,10 @@ impl<'a> Pass<'a> {
                 Ok(c) => c,
                 Err(block) => {
                     if traced {
-                        self.outcome =
-                            Some(PendingReason::Quota { tenant: st.tenants[t.index()].spec.name.clone(), block });
+                        self.outcome = Some(PendingReason::Quota {
+                            tenant: st.tenants[t.index()].spec.name.clone(),
+                            block: self.book.explain_deny(&st.shape, t, block),
+                        });
                     }
                     continue;
                 }
@@ -827,6 +843,7 @@ impl<'a> Pass<'a> {
                 None => {
                     if let Some(p) = self.try_place(job, &classes, None) {
                         self.commit_start(job, p, false);
+                        order.touch(t);
                         continue;
                     }
                     // The head: blocked for capacity.
@@ -882,6 +899,7 @@ impl<'a> Pass<'a> {
                         let allowed: Vec<u32> = classes.iter().copied().filter(|c| !r.forbid.contains(c)).collect();
                         if let Some(p) = self.try_place(job, &allowed, None) {
                             self.commit_start(job, p, true);
+                            order.touch(t);
                         } else if traced {
                             self.outcome = Some(PendingReason::Reservation { holder: r.head, until: r.at });
                         }
@@ -893,6 +911,7 @@ impl<'a> Pass<'a> {
                     let memo = spec.elastic.is_none() && classes.len() == base.len();
                     if let Some(p) = self.try_place(job, &classes, hold) {
                         self.commit_start(job, p, true);
+                        order.touch(t);
                     } else if memo && !traced {
                         self.failed.insert((shape, !short));
                     } else if traced {
@@ -1140,8 +1159,9 @@ impl<'a> Pass<'a> {
             })
         };
         let req = job_qvec(spec, tasks, None);
-        // Evictions already under way count first: if they make room, wait for them.
-        let mut fut = self.free.clone();
+        // Evictions already under way count first: if they make room, wait for them. (The free pool is copied only
+        // when there is something to try on the copy.)
+        let mut fut = if st.evicting.is_empty() { Free::default() } else { self.free.clone() };
         let mut fut_book = if quota_blocked { Some(self.book.clone()) } else { None };
         let mut pending_evictions = false;
         for id in &st.evicting {
@@ -1233,6 +1253,9 @@ impl<'a> Pass<'a> {
             cands.truncate(KEEP);
         }
         cands.sort_unstable_by_key(key);
+        if st.evicting.is_empty() {
+            fut = self.free.clone();
+        }
         let mut chosen: Vec<usize> = Vec::new();
         let mut placed = None;
         let mut next_try = 1usize;
@@ -1249,6 +1272,9 @@ impl<'a> Pass<'a> {
                 b.charge(shape, t, &st.placement_qvec(&v.spec, &run.placement), true);
             }
             chosen.push(i);
+            if chosen.len() > budget as usize + 32 {
+                return None; // pruning removes at most 32: the rate limit could not be met
+            }
             let last = i + 1 == cands.len();
             if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
                 continue;
@@ -1310,9 +1336,9 @@ impl<'a> Pass<'a> {
     fn grow_elastic(&mut self) {
         let st = self.st;
         let mut elastic: Vec<&Job> = st
-            .running_by_end
+            .running_elastic
             .iter()
-            .map(|(_, id)| &st.jobs[id])
+            .map(|id| &st.jobs[id])
             .filter(|j| {
                 j.spec
                     .elastic
@@ -1846,6 +1872,7 @@ mod tests {
         s.step(Time::ZERO).unwrap();
         let mut big = JobSpec::new(t0(), "big", 8, 1);
         big.topology = TopologyScope::NvLink;
+        big.gpu_models = vec![GpuModel::A100_80GB];
         submit(&mut s, 2, big, 1);
         for i in 0..17 {
             submit(&mut s, 10 + i, JobSpec::new(t0(), "w", 1, 1), 2 + i);
@@ -1855,7 +1882,12 @@ mod tests {
         assert_eq!(e.reason, PendingReason::Order { ahead: 18, policy: Policy::Drf, blocked_by: Some(JobId(2)) });
         assert!(e.message.contains("18 jobs ahead under drf"), "{}", e.message);
         let e = explain(&s, JobId(2), Time::from_secs(200)).unwrap();
-        assert!(e.message.contains("needs 8×GPU") && e.message.contains("largest free block is 4"), "{}", e.message);
+        assert!(
+            e.message.contains("needs 8×A100-80GB in one NVLink domain")
+                && e.message.contains("largest free block is 4"),
+            "{}",
+            e.message
+        );
         let e = explain(&s, JobId(1), Time::from_secs(200)).unwrap();
         assert_eq!(e.reason, PendingReason::NotQueued { state: JobState::Running });
     }

@@ -126,6 +126,8 @@ pub struct ClusterState {
     pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
+    /// Running elastic jobs.
+    pub(crate) running_elastic: BTreeSet<JobId>,
     /// Queued jobs that evictions were made for: they get the first claim on what is freed.
     pub(crate) preempting_for: BTreeSet<JobId>,
     pub(crate) preemption_log: VecDeque<Time>,
@@ -158,6 +160,7 @@ impl ClusterState {
             run_row_of: FxHashMap::default(),
             prio_counts: std::collections::BTreeMap::new(),
             evicting: BTreeSet::new(),
+            running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
             preemption_log: VecDeque::new(),
             capacity: [0; QDIMS],
@@ -587,6 +590,9 @@ impl ClusterState {
         j.run = Some(RunInfo { started: now, placement, borrowed, last_checkpoint: None, evicting: false });
         let end = Self::est_end(j, now);
         self.running_by_end.insert((end, id));
+        if j.spec.elastic.is_some() {
+            self.running_elastic.insert(id);
+        }
         let mut classes = 0u64;
         for t in &j.run.as_ref().expect("just set").placement.tasks {
             let c = self.topo.nodes[t.node.index()].class;
@@ -731,6 +737,7 @@ impl ClusterState {
             }
         }
         self.evicting.remove(&id);
+        self.running_elastic.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.attained_gpu_ms = j.attained_at(now);
         Ok(job)
