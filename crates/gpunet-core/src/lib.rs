@@ -6,6 +6,24 @@
 //! [`ClusterState`], feeds it events (`submit`, `finish`, `set_node_state`, …), calls [`schedule`] with the current
 //! time and applies the returned [`Decision`]s with [`ClusterState::apply`]. The same code therefore runs live and
 //! in simulation.
+//!
+//! ```
+//! use gpunet_core::*;
+//!
+//! let mut state = ClusterState::new(SchedConfig::with_policy(Policy::Drf)).unwrap();
+//! state
+//!     .add_node(NodeSpec::with_gpus("node-1", GpuModel::H100_80GB, 8, MilliCpu::cores(96), MiB::gib(1024)))
+//!     .unwrap();
+//! let team = state.add_tenant(TenantSpec::new("team-a").quota(Quota::gpus(8, 8))).unwrap();
+//! state.submit(JobId(1), JobSpec::new(team, "train", 4, 2), Time::ZERO).unwrap(); // a 2×4-GPU gang
+//!
+//! let decisions = schedule(&state, Time::from_secs(1));
+//! assert!(matches!(&decisions[0], Decision::Start { job: JobId(1), placement, .. } if placement.gpus() == 8));
+//! for d in &decisions {
+//!     state.apply(d, Time::from_secs(1)).unwrap();
+//! }
+//! state.check_invariants().unwrap();
+//! ```
 
 pub mod alloc;
 pub mod autoscale;

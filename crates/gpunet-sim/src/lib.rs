@@ -1,5 +1,21 @@
 //! gpunet's trace-driven simulator: reads real cluster traces, builds a cluster from a spec or preset, and replays
 //! the trace on a virtual clock through `gpunet-core` unchanged, so what it predicts is what the live scheduler does.
+//!
+//! ```
+//! use gpunet_sim::*;
+//!
+//! let trace = read_trace_from(
+//!     "id,submit_s,duration_s,gpus,tenant\na,0,100,1,t\nb,10,50,1,t\n".as_bytes(),
+//!     "inline.csv",
+//!     ReadOptions::default(),
+//! )
+//! .unwrap();
+//! let cluster =
+//!     ClusterSpec::from_toml("[[node_group]]\ncount = 1\ngpus_per_node = 1\ngpu_model = \"T4\"\n", "inline").unwrap();
+//! let result = simulate(&trace, &cluster, &SimConfig::default(), &mut |_, _| {}).unwrap();
+//! assert_eq!(result.completed, 2);
+//! assert_eq!(result.jcts, vec![100.0, 140.0]); // b waits for a
+//! ```
 
 pub mod cluster;
 pub mod engine;
