@@ -1089,7 +1089,8 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Holds for a future placement given each node's free CPU and memory at that time.
+    /// Holds for a future placement given each node's free CPU and memory at that time: long jobs may use
+    /// min(free now, free later − needed) and the rest of what is free now is held back.
     fn hold_from(&self, p: &Placement, later: &[(NodeId, MilliCpu, MiB)]) -> Holdback {
         let mut hold = Holdback::new();
         for t in &p.tasks {
@@ -1112,30 +1113,12 @@ impl<'a> Pass<'a> {
         hold
     }
 
-    /// What long backfill jobs may not take on each node of the head's future placement: its GPUs, and CPU/memory
-    /// beyond what is left over at the reservation time.
-    fn hold_for(&self, fut: &Free, spec: &JobSpec, p: &Placement) -> Holdback {
-        let _ = spec;
-        let mut hold = Holdback::new();
-        for t in &p.tasks {
-            let h: &mut Hold = hold.entry(t.node).or_default();
-            h.gpus |= t.gpu_mask;
-            h.cpu += t.cpu;
-            h.mem += t.mem;
-            if let Some(s) = t.mig_slot {
-                h.mig |= 1 << s;
-            }
-        }
-        for (node, h) in hold.iter_mut() {
-            let now_free = &self.free.nodes[node.index()];
-            let later = &fut.nodes[node.index()];
-            // Long jobs may use min(free now, free later − needed); hold back the rest of what is free now.
-            let spare_cpu = later.cpu - h.cpu;
-            let spare_mem = later.mem - h.mem;
-            h.cpu = now_free.cpu - spare_cpu.min(now_free.cpu);
-            h.mem = now_free.mem - spare_mem.min(now_free.mem);
-        }
-        hold
+    /// What long backfill jobs may not take on each node of the head's future placement `p` on the pool `fut`: its
+    /// GPUs, and CPU/memory beyond what is left over then.
+    fn hold_for(&self, fut: &Free, p: &Placement) -> Holdback {
+        let later: Vec<(NodeId, MilliCpu, MiB)> =
+            p.tasks.iter().map(|t| (t.node, fut.nodes[t.node.index()].cpu, fut.nodes[t.node.index()].mem)).collect();
+        self.hold_from(p, &later)
     }
 
     /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
@@ -1180,7 +1163,7 @@ impl<'a> Pass<'a> {
         let quota_ok = |b: &Option<QuotaBook>| b.as_ref().is_none_or(|b| b.admit(shape, t, &req).is_ok());
         if pending_evictions && quota_ok(&fut_book) {
             if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
-                let hold = self.hold_for(&fut, spec, &p);
+                let hold = self.hold_for(&fut, &p);
                 return Some((
                     Vec::new(),
                     Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None },
@@ -1319,7 +1302,7 @@ impl<'a> Pass<'a> {
             return None;
         }
         let p = placed.expect("checked above");
-        let hold = self.hold_for(&fut, spec, &p);
+        let hold = self.hold_for(&fut, &p);
         let mut victims = Vec::new();
         for i in chosen {
             let (_, _, id, reason) = cands[i].clone();
