@@ -1,0 +1,11 @@
+//! gpunet's wire types, shared by the server, the agent, the CLI and the portal: job specs in gpunet's native form
+//! and in the Kubernetes forms (`batch/v1` Job, `v1` ResourceQuota), human quantities, and API errors.
+
+pub mod error;
+pub mod k8s;
+pub mod spec;
+pub mod units;
+
+pub use error::{ApiError, ErrorBody};
+pub use k8s::{job_from_k8s, quota_from_k8s, QuotaSubmission};
+pub use spec::{parse_job, JobSubmission, ParsedJob};

@@ -1,0 +1,405 @@
+//! gpunet's native job spec, in YAML or JSON, and its conversion to the core's `JobSpec`.
+//!
+//! ```yaml
+//! apiVersion: gpunet/v1          # optional
+//! kind: Job                      # optional
+//! name: resnet50
+//! tenant: team-a                 # optional: taken from the token when absent
+//! tasks: 2                       # replicas (default 1)
+//! gpus: 4                        # whole GPUs per task (or mig: 1g.10gb)
+//! gpu_models: [A100-80GB, H100-80GB]
+//! cpu: 16                        # per task: cores or 500m (default 1 core per GPU)
+//! memory: 64Gi                   # per task (default 4 GiB per GPU)
+//! topology: zone                 # any | zone | rack | node | nvlink (default zone for gangs)
+//! selector: {gpu-type: a100}     # node labels that must match
+//! affinity: [{key: zone, operator: In, values: [zone-a]}]
+//! tolerations: [{key: lifecycle, value: spot}]
+//! priority: 0
+//! estimated_duration: 2h
+//! preemptible: true
+//! checkpoint_interval: 10m
+//! max_restarts: 3
+//! elastic: {min_tasks: 1, max_tasks: 4}
+//! command: [python, train.py]
+//! env: {EPOCHS: "90"}
+//! working_dir: /data/run
+//! liveness: {command: [nvidia-smi], initial_delay: 30s, period: 10s}
+//! ```
+//! Unknown fields are errors that name the field.
+
+use crate::error::ApiError;
+use crate::units::{parse_cpu, parse_duration, parse_memory};
+use gpunet_core::{Elastic, GpuModel, JobSpec, SelectorOp, SelectorTerm, TenantId, Toleration, TopologyScope};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A quantity written as a number or a string (`8`, `"500m"`, `"32Gi"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Quantity {
+    /// A number.
+    Num(f64),
+    /// A string with a unit.
+    Str(String),
+}
+
+impl Quantity {
+    /// The quantity as text.
+    pub fn text(&self) -> String {
+        match self {
+            Quantity::Num(n) => n.to_string(),
+            Quantity::Str(s) => s.clone(),
+        }
+    }
+}
+
+/// One required affinity term.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AffinityTerm {
+    /// Label key.
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    pub operator: String,
+    /// Values for `In` / `NotIn`.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// A toleration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TolerationSpec {
+    /// Taint key.
+    pub key: String,
+    /// Taint value (any when absent).
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// Elastic bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElasticSpec {
+    /// Fewest tasks.
+    pub min_tasks: u32,
+    /// Most tasks.
+    pub max_tasks: u32,
+}
+
+/// A liveness probe: a command run in the task's environment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessSpec {
+    /// Command and arguments.
+    pub command: Vec<String>,
+    /// Wait before the first probe (default 0s).
+    #[serde(default)]
+    pub initial_delay: Option<String>,
+    /// Time between probes (default 10s).
+    #[serde(default)]
+    pub period: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A job as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSubmission {
+    /// `gpunet/v1` (optional).
+    #[serde(default, rename = "apiVersion", skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `Job` (optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Name.
+    pub name: String,
+    /// Tenant name (optional; the token's tenant when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// Tasks.
+    #[serde(default = "one")]
+    pub tasks: u32,
+    /// Whole GPUs per task.
+    #[serde(default)]
+    pub gpus: u32,
+    /// Allowed GPU models.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<String>,
+    /// Allow one gang to span models.
+    #[serde(default)]
+    pub allow_mixed_models: bool,
+    /// A MIG slice per task instead of whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// CPU per task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Quantity>,
+    /// Memory per task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    /// All-or-nothing start (default: for multi-task jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<bool>,
+    /// `any`, `zone`, `rack`, `node` or `nvlink`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// Node labels that must equal these values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// Required affinity terms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub affinity: Vec<AffinityTerm>,
+    /// Tolerations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<TolerationSpec>,
+    /// Estimated run time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_duration: Option<String>,
+    /// May be preempted.
+    #[serde(default = "yes")]
+    pub preemptible: bool,
+    /// Checkpoint interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval: Option<String>,
+    /// Restarts after failure (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+    /// Elastic bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticSpec>,
+    /// Command and arguments of each task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Liveness probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<LivenessSpec>,
+}
+
+impl JobSubmission {
+    /// A submission with defaults.
+    pub fn new(name: &str, gpus: u32, tasks: u32) -> JobSubmission {
+        JobSubmission {
+            api_version: None,
+            kind: None,
+            name: name.into(),
+            tenant: None,
+            priority: 0,
+            tasks,
+            gpus,
+            gpu_models: Vec::new(),
+            allow_mixed_models: false,
+            mig: None,
+            cpu: None,
+            memory: None,
+            gang: None,
+            topology: None,
+            selector: BTreeMap::new(),
+            affinity: Vec::new(),
+            tolerations: Vec::new(),
+            estimated_duration: None,
+            preemptible: true,
+            checkpoint_interval: None,
+            max_restarts: None,
+            elastic: None,
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            working_dir: None,
+            liveness: None,
+        }
+    }
+
+    /// Validates and converts to the core's spec for `tenant`.
+    pub fn to_core(&self, tenant: TenantId) -> Result<JobSpec, ApiError> {
+        if let Some(v) = &self.api_version {
+            if v != "gpunet/v1" {
+                return Err(ApiError::invalid("apiVersion", v, "gpunet/v1 (or a batch/v1 Kubernetes Job)"));
+            }
+        }
+        if let Some(k) = &self.kind {
+            if k != "Job" {
+                return Err(ApiError::invalid("kind", k, "Job"));
+            }
+        }
+        let mut spec = JobSpec::new(tenant, self.name.clone(), self.gpus, self.tasks);
+        spec.priority = self.priority;
+        for (i, m) in self.gpu_models.iter().enumerate() {
+            let model: GpuModel = m.parse().map_err(|_| {
+                ApiError::invalid(&format!("gpu_models[{i}]"), m, &GpuModel::ALL.map(|m| m.name()).join(", "))
+            })?;
+            spec.gpu_models.push(model);
+        }
+        spec.allow_mixed_models = self.allow_mixed_models;
+        if let Some(p) = &self.mig {
+            spec.task.mig = Some(p.parse().map_err(|_| ApiError::invalid("mig", p, "a MIG profile like 1g.10gb"))?);
+            if self.cpu.is_none() {
+                spec.task.cpu = gpunet_core::MilliCpu::cores(1);
+            }
+        }
+        if let Some(c) = &self.cpu {
+            spec.task.cpu = parse_cpu("cpu", &c.text())?;
+        }
+        if let Some(m) = &self.memory {
+            spec.task.mem = parse_memory("memory", &m.text())?;
+        }
+        if let Some(g) = self.gang {
+            spec.gang = g;
+        }
+        if let Some(t) = &self.topology {
+            spec.topology = match t.as_str() {
+                "any" => TopologyScope::Any,
+                "zone" => TopologyScope::Zone,
+                "rack" => TopologyScope::Rack,
+                "node" => TopologyScope::Node,
+                "nvlink" => TopologyScope::NvLink,
+                _ => return Err(ApiError::invalid("topology", t, "any, zone, rack, node or nvlink")),
+            };
+        }
+        for (k, v) in &self.selector {
+            spec.selector.push(SelectorTerm::eq(k, v));
+        }
+        for (i, a) in self.affinity.iter().enumerate() {
+            spec.selector.push(affinity_term(&format!("affinity[{i}]"), a)?);
+        }
+        spec.tolerations =
+            self.tolerations.iter().map(|t| Toleration { key: t.key.clone(), value: t.value.clone() }).collect();
+        if let Some(d) = &self.estimated_duration {
+            spec.estimated_duration = Some(parse_duration("estimated_duration", d)?);
+        }
+        spec.preemptible = self.preemptible;
+        if let Some(d) = &self.checkpoint_interval {
+            spec.checkpoint_interval = Some(parse_duration("checkpoint_interval", d)?);
+        }
+        if let Some(r) = self.max_restarts {
+            if r > 100 {
+                return Err(ApiError::invalid("max_restarts", &r.to_string(), "0 to 100"));
+            }
+            spec.max_restarts = r;
+        }
+        spec.elastic = self.elastic.map(|e| Elastic { min_tasks: e.min_tasks, max_tasks: e.max_tasks });
+        if let Some(l) = &self.liveness {
+            if l.command.is_empty() {
+                return Err(ApiError::invalid("liveness.command", "[]", "a command to run"));
+            }
+            for (f, v) in [("liveness.initial_delay", &l.initial_delay), ("liveness.period", &l.period)] {
+                if let Some(v) = v {
+                    parse_duration(f, v)?;
+                }
+            }
+        }
+        if self.env.keys().any(|k| k.is_empty() || k.contains('=')) {
+            return Err(ApiError::invalid("env", "a key with '=' or empty", "names without '='"));
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Converts one affinity term.
+pub fn affinity_term(field: &str, a: &AffinityTerm) -> Result<SelectorTerm, ApiError> {
+    let op = match a.operator.as_str() {
+        "In" => SelectorOp::In,
+        "NotIn" => SelectorOp::NotIn,
+        "Exists" => SelectorOp::Exists,
+        "DoesNotExist" => SelectorOp::DoesNotExist,
+        o => return Err(ApiError::invalid(&format!("{field}.operator"), o, "In, NotIn, Exists or DoesNotExist")),
+    };
+    if matches!(op, SelectorOp::In | SelectorOp::NotIn) && a.values.is_empty() {
+        return Err(ApiError::invalid(&format!("{field}.values"), "[]", "at least one value for In / NotIn"));
+    }
+    Ok(SelectorTerm { key: a.key.clone(), op, values: a.values.clone() })
+}
+
+/// A job spec read from a document, with the warnings of its conversion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedJob {
+    /// The submission.
+    pub job: JobSubmission,
+    /// Fields accepted with a caveat or not honoured, each named.
+    pub warnings: Vec<String>,
+}
+
+fn serde_error(e: &dyn std::fmt::Display) -> ApiError {
+    let msg = e.to_string();
+    if let Some(rest) = msg.split("unknown field `").nth(1) {
+        let field = rest.split('`').next().unwrap_or("").to_string();
+        let allowed = msg.split("expected one of ").nth(1).unwrap_or("the documented fields").replace('`', "");
+        return ApiError::unknown(&field, allowed.trim_end_matches(|c: char| !c.is_alphanumeric()));
+    }
+    if let Some(rest) = msg.split("missing field `").nth(1) {
+        return ApiError::missing(rest.split('`').next().unwrap_or(""));
+    }
+    ApiError::parse(format!("parse the job spec: {msg}"))
+}
+
+/// Parses a job document: gpunet's native spec or a Kubernetes `batch/v1` Job, in YAML or JSON.
+pub fn parse_job(text: &str) -> Result<ParsedJob, ApiError> {
+    let v: serde_norway::Value = serde_norway::from_str(text).map_err(|e| serde_error(&e))?;
+    let api = v.get("apiVersion").and_then(|a| a.as_str()).unwrap_or("");
+    if api == "batch/v1" {
+        return crate::k8s::job_from_k8s(&v);
+    }
+    let job: JobSubmission = serde_norway::from_value(v).map_err(|e| serde_error(&e))?;
+    Ok(ParsedJob { job, warnings: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_yaml_converts_with_every_field() {
+        let p = parse_job(
+            "name: bert\ntasks: 2\ngpus: 4\ngpu_models: [A100-80GB]\ncpu: 16\nmemory: 64Gi\ntopology: rack\n\
+             selector: {gpu-type: a100}\naffinity: [{key: zone, operator: NotIn, values: [z9]}]\n\
+             tolerations: [{key: lifecycle, value: spot}]\npriority: 2\nestimated_duration: 2h\n\
+             checkpoint_interval: 10m\nmax_restarts: 5\ncommand: [python, train.py]\nenv: {EPOCHS: \"90\"}\n",
+        )
+        .unwrap();
+        let s = p.job.to_core(TenantId(0)).unwrap();
+        assert_eq!((s.tasks, s.task.gpus, s.priority, s.max_restarts), (2, 4, 2, 5));
+        assert_eq!(s.task.cpu, gpunet_core::MilliCpu(16_000));
+        assert_eq!(s.topology, TopologyScope::Rack);
+        assert_eq!(s.selector.len(), 2);
+        assert_eq!(s.estimated_duration, Some(gpunet_core::Dur::from_hours(2)));
+        assert!(s.gang);
+    }
+
+    #[test]
+    fn json_works_too_and_errors_name_the_field() {
+        let p = parse_job(r#"{"name": "x", "gpus": 1}"#).unwrap();
+        assert_eq!(p.job.tasks, 1);
+        let e = parse_job("name: x\ngpus: 1\ncolour: red\n").unwrap_err();
+        assert_eq!((e.code.as_str(), e.field.as_deref()), ("unknown_field", Some("colour")));
+        assert!(e.message.contains("gpu_models"), "{}", e.message);
+        let e = parse_job("gpus: 1\n").unwrap_err();
+        assert_eq!((e.code.as_str(), e.field.as_deref()), ("missing_field", Some("name")));
+        let e = parse_job("name: x\ngpus: [1\n").unwrap_err();
+        assert_eq!(e.code, "parse_error");
+        let e = parse_job("name: x\ngpus: 1\ngpu_models: [B300]\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("gpu_models[0]"));
+        let e = parse_job("name: x\ngpus: 1\ntasks: 0\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("tasks"));
+        let e = parse_job("name: x\ngpus: 1\ntopology: galaxy\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
+        assert!(e.message.contains("nvlink"));
+        let e =
+            parse_job("name: x\ngpus: 1\ncheckpoint_interval: often\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_interval"));
+    }
+}

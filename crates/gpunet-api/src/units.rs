@@ -1,0 +1,109 @@
+//! Parsing of human quantities: durations (`90s`, `10m`, `1h30m`, `2d`), CPU (`8`, `500m`, `1.5`) and memory (`32Gi`,
+//! `512Mi`, `1G`, plain bytes), as Kubernetes and gpunet specs write them.
+
+use crate::error::ApiError;
+use gpunet_core::{Dur, MiB, MilliCpu};
+
+/// Parses a duration: a sequence of number+unit (`ms`, `s`, `m`, `h`, `d`), e.g. `1h30m`; a bare number is seconds.
+pub fn parse_duration(field: &str, s: &str) -> Result<Dur, ApiError> {
+    let bad = || ApiError::invalid(field, s, "a duration like 90s, 10m, 1h30m or 2d");
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(secs) = t.parse::<f64>() {
+        return if secs.is_finite() && secs >= 0.0 { Ok(Dur((secs * 1000.0).round() as u64)) } else { Err(bad()) };
+    }
+    let mut total: f64 = 0.0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let n_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        if n_end == 0 {
+            return Err(bad());
+        }
+        let n: f64 = rest[..n_end].parse().map_err(|_| bad())?;
+        rest = &rest[n_end..];
+        let u_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let mult = match &rest[..u_end] {
+            "ms" => 1.0,
+            "s" => 1000.0,
+            "m" => 60_000.0,
+            "h" => 3_600_000.0,
+            "d" => 86_400_000.0,
+            _ => return Err(bad()),
+        };
+        total += n * mult;
+        rest = &rest[u_end..];
+    }
+    Ok(Dur(total.round() as u64))
+}
+
+/// Parses CPU: cores (`8`, `1.5`) or millicores (`500m`).
+pub fn parse_cpu(field: &str, s: &str) -> Result<MilliCpu, ApiError> {
+    let bad = || ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m");
+    let t = s.trim();
+    let m = if let Some(m) = t.strip_suffix('m') {
+        m.parse::<f64>().map_err(|_| bad())?
+    } else {
+        t.parse::<f64>().map_err(|_| bad())? * 1000.0
+    };
+    if !m.is_finite() || m < 0.0 {
+        return Err(bad());
+    }
+    Ok(MilliCpu(m.round() as u64))
+}
+
+/// Parses memory: `Ki`, `Mi`, `Gi`, `Ti` (binary), `k`, `M`, `G`, `T` (decimal) or bytes; rounded up to MiB.
+pub fn parse_memory(field: &str, s: &str) -> Result<MiB, ApiError> {
+    let bad = || ApiError::invalid(field, s, "a size like 32Gi, 512Mi, 1G or a number of bytes");
+    let t = s.trim();
+    let units: [(&str, f64); 8] = [
+        ("Ki", 1024.0),
+        ("Mi", 1024.0 * 1024.0),
+        ("Gi", 1024.0 * 1024.0 * 1024.0),
+        ("Ti", 1024f64.powi(4)),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (num, mult) = units.iter().find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m))).unwrap_or((t, 1.0));
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(bad());
+    }
+    Ok(MiB((v * mult / (1024.0 * 1024.0)).ceil() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("d", "90s").unwrap(), Dur::from_secs(90));
+        assert_eq!(parse_duration("d", "1h30m").unwrap(), Dur::from_mins(90));
+        assert_eq!(parse_duration("d", "2d").unwrap(), Dur::from_hours(48));
+        assert_eq!(parse_duration("d", "30").unwrap(), Dur::from_secs(30));
+        assert_eq!(parse_duration("d", "250ms").unwrap(), Dur(250));
+        let e = parse_duration("checkpoint_interval", "ten minutes").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_interval"));
+        assert!(e.message.contains("1h30m"), "{}", e.message);
+        assert!(
+            parse_duration("d", "5x").is_err() && parse_duration("d", "").is_err() && parse_duration("d", "m").is_err()
+        );
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_cpu("c", "8").unwrap(), MilliCpu(8000));
+        assert_eq!(parse_cpu("c", "500m").unwrap(), MilliCpu(500));
+        assert_eq!(parse_cpu("c", "1.5").unwrap(), MilliCpu(1500));
+        assert!(parse_cpu("c", "-1").is_err() && parse_cpu("c", "lots").is_err());
+        assert_eq!(parse_memory("m", "32Gi").unwrap(), MiB(32 * 1024));
+        assert_eq!(parse_memory("m", "512Mi").unwrap(), MiB(512));
+        assert_eq!(parse_memory("m", "1G").unwrap(), MiB(954));
+        assert_eq!(parse_memory("m", "1048576").unwrap(), MiB(1));
+        assert!(parse_memory("m", "32Gb").is_err());
+    }
+}
