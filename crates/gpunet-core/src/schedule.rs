@@ -2112,4 +2112,40 @@ mod tests {
             "{ds:?}"
         );
     }
+
+    #[test]
+    fn restore_brings_every_job_back_in_its_state() {
+        let build = || {
+            let c = SchedConfig {
+                preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
+                ..SchedConfig::with_policy(Policy::Priority)
+            };
+            cluster(c, vec![node("n0", GpuModel::T4, 2), node("n1", GpuModel::T4, 2)], &["a"])
+        };
+        let mut s = build();
+        for i in 0..4 {
+            submit(&mut s, i + 1, JobSpec::new(t0(), "j", 1, 1), i);
+        }
+        s.step(Time::from_secs(5)).unwrap();
+        submit(&mut s, 9, JobSpec::new(t0(), "hi", 2, 1).priority(5), 6);
+        s.step(Time::from_secs(10)).unwrap(); // evicts two
+        submit(&mut s, 10, JobSpec::new(t0(), "late", 1, 1), 11);
+        s.finish(JobId(1), Time::from_secs(12), true).ok();
+        let docs: Vec<String> = s.jobs().map(|j| serde_json::to_string(j).unwrap()).collect();
+        let mut r = build();
+        for d in &docs {
+            r.restore(serde_json::from_str(d).unwrap(), Time::from_secs(13)).unwrap();
+        }
+        r.check_invariants().unwrap();
+        for j in s.jobs() {
+            let k = r.job(j.id).unwrap();
+            assert_eq!((k.state, &k.run), (j.state, &j.run), "{}", j.id);
+        }
+        assert_eq!(schedule(&s, Time::from_secs(20)), schedule(&r, Time::from_secs(20)));
+        // A running job whose GPUs are taken cannot be restored twice.
+        let running = s.jobs().find(|j| j.state == JobState::Running).unwrap().clone();
+        let mut dup = running.clone();
+        dup.id = JobId(99);
+        assert!(r.restore(dup, Time::from_secs(13)).is_err());
+    }
 }

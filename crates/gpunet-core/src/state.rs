@@ -576,19 +576,31 @@ impl ClusterState {
         self.validate_placement(job, &placement)?;
         let key = queue_key(&self.cfg, job);
         let (tenant, no_gpu) = (job.spec.tenant, job.spec.task.gpus == 0);
-        let q = self.placement_qvec(&job.spec, &placement);
         self.dequeue_key(tenant, key, no_gpu);
         self.preempting_for.remove(&id);
-        for t in &placement.tasks {
+        let j = self.jobs.get_mut(&id).expect("looked up above");
+        j.transition(JobState::Running)?;
+        self.occupy(id, RunInfo { started: now, placement, borrowed, last_checkpoint: None, evicting: false }, now);
+        Ok(())
+    }
+
+    /// Takes a running job's resources and indexes it (the job is already in state Running).
+    fn occupy(&mut self, id: JobId, run: RunInfo, now: Time) {
+        let j = self.jobs.get(&id).expect("caller inserted the job");
+        let tenant = j.spec.tenant;
+        let q = self.placement_qvec(&j.spec, &run.placement);
+        for t in &run.placement.tasks {
             self.free.take(&self.topo, t);
             self.node_jobs[t.node.index()].insert(id);
         }
         self.accrue_tenant(tenant, now);
         self.book.charge(&self.shape, tenant, &q, false);
-        let j = self.jobs.get_mut(&id).expect("looked up above");
-        j.transition(JobState::Running)?;
-        j.run = Some(RunInfo { started: now, placement, borrowed, last_checkpoint: None, evicting: false });
-        let end = Self::est_end(j, now);
+        let j = self.jobs.get_mut(&id).expect("caller inserted the job");
+        let started = run.started;
+        let borrowed = run.borrowed;
+        let last_ckpt = run.last_checkpoint.unwrap_or(Time::MAX);
+        j.run = Some(run);
+        let end = Self::est_end(j, started);
         self.running_by_end.insert((end, id));
         if j.spec.elastic.is_some() {
             self.running_elastic.insert(id);
@@ -602,13 +614,13 @@ impl ClusterState {
             id,
             tenant: j.spec.tenant,
             priority: j.spec.priority,
-            started: now,
+            started,
             borrowed,
             preemptible: j.spec.preemptible,
             evicting: false,
             gpus: j.run.as_ref().expect("just set").placement.gpus(),
             ckpt_interval: j.spec.checkpoint_interval.map_or(0, |d| d.0),
-            last_ckpt: Time::MAX,
+            last_ckpt,
             attained_before: j.attained_gpu_ms,
             classes,
         };
@@ -616,6 +628,44 @@ impl ClusterState {
         self.run_row_of.insert(id, (part, self.run_rows[part].len()));
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
+    }
+
+    /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
+    /// running job takes its placement again (its GPUs must still be free; its nodes may be cordoned or draining),
+    /// a finished job is kept for the record.
+    pub fn restore(&mut self, mut job: Job, now: Time) -> Result<(), CoreError> {
+        job.spec.validate()?;
+        if job.spec.tenant.index() >= self.tenants.len() {
+            return Err(CoreError::UnknownTenant(job.spec.tenant));
+        }
+        if self.jobs.contains_key(&job.id) {
+            return Err(CoreError::DuplicateJob(job.id));
+        }
+        let id = job.id;
+        if job.state.is_queued() {
+            job.run = None;
+            self.enqueue(&job);
+            self.jobs.insert(id, job);
+        } else if job.state == JobState::Running {
+            let run = job.run.take().ok_or_else(|| CoreError::InvalidPlacement {
+                job: id,
+                reason: "a running job without a placement".into(),
+            })?;
+            let mut seen = 0usize;
+            for t in &run.placement.tasks {
+                self.free.can_take(&self.topo, t).map_err(|reason| CoreError::InvalidPlacement { job: id, reason })?;
+                // Tasks of one job on one node must not overlap either.
+                if run.placement.tasks[..seen].iter().any(|o| o.node == t.node && o.gpu_mask & t.gpu_mask != 0) {
+                    return Err(CoreError::InvalidPlacement { job: id, reason: "two tasks share a GPU".into() });
+                }
+                seen += 1;
+            }
+            self.jobs.insert(id, job);
+            self.occupy(id, run, now);
+        } else {
+            job.run = None;
+            self.jobs.insert(id, job);
+        }
         Ok(())
     }
 

@@ -1,0 +1,183 @@
+//! gpunet's persistence behind one trait: [`SqliteStore`] (the embedded default: WAL, `synchronous=FULL`,
+//! versioned migrations, group commit) and [`MemoryStore`] for tests.
+//!
+//! The store keeps documents, not the scheduler's internals: tenants, tokens (hashed), nodes and jobs as JSON
+//! documents with a few indexed columns, job events, and usage-ledger rows. **Durable before acknowledged**:
+//! [`Store::commit`] returns only after the batch is on disk. [`SqliteStore`] runs one writer thread that takes every
+//! batch waiting when it becomes free and writes them in one transaction (group commit), so many concurrent
+//! submissions share one fsync.
+
+mod memory;
+mod sqlite;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+use serde::{Deserialize, Serialize};
+
+/// Errors of a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("write the store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored document does not decode.
+    #[error("decode stored {what} {key}: {source}")]
+    Decode {
+        /// Table.
+        what: &'static str,
+        /// Row key.
+        key: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The database is newer than this binary.
+    #[error("open the store: its schema version {found} is newer than this gpunet's {supported}")]
+    TooNew {
+        /// Version found.
+        found: u32,
+        /// Newest known.
+        supported: u32,
+    },
+    /// The group commit that carried this batch failed.
+    #[error("write the store: {0}")]
+    Commit(String),
+    /// The writer thread is gone.
+    #[error("write the store: the writer stopped")]
+    Closed,
+    /// The data directory could not be used.
+    #[error("open the store at {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One stored change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Write {
+    /// Create or replace a tenant document.
+    Tenant {
+        /// Name.
+        name: String,
+        /// Document.
+        doc: serde_json::Value,
+    },
+    /// Store a token hash for a tenant (`None`: an admin token).
+    Token {
+        /// SHA-256 of the token, hex.
+        hash: String,
+        /// Tenant name.
+        tenant: Option<String>,
+    },
+    /// Create or replace a node document.
+    Node {
+        /// Name.
+        name: String,
+        /// Document.
+        doc: serde_json::Value,
+    },
+    /// Create or replace a job document.
+    Job {
+        /// Id.
+        id: u64,
+        /// Tenant name.
+        tenant: String,
+        /// State name.
+        state: String,
+        /// Document.
+        doc: serde_json::Value,
+    },
+    /// Append a job event.
+    Event {
+        /// Job.
+        job: u64,
+        /// Milliseconds since the Unix epoch.
+        at_ms: u64,
+        /// Kind (`submitted`, `started`, …).
+        kind: String,
+        /// Human text.
+        message: String,
+    },
+    /// Append a usage-ledger row.
+    Usage(UsageRow),
+}
+
+/// One usage-ledger row: a job's resources over an interval, priced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// Job.
+    pub job: u64,
+    /// Tenant.
+    pub tenant: String,
+    /// Start of the interval, ms since the Unix epoch.
+    pub start_ms: u64,
+    /// End of the interval.
+    pub end_ms: u64,
+    /// GPU model of the GPUs billed (empty for CPU-only).
+    pub gpu_model: String,
+    /// `on-demand` or `spot`.
+    pub lifecycle: String,
+    /// GPU-seconds.
+    pub gpu_seconds: f64,
+    /// CPU core-seconds.
+    pub cpu_seconds: f64,
+    /// Memory GiB-seconds.
+    pub mem_gib_seconds: f64,
+    /// Cost of the interval.
+    pub cost: f64,
+}
+
+/// One stored job event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRow {
+    /// Sequence number (increasing).
+    pub seq: u64,
+    /// Job.
+    pub job: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Kind.
+    pub kind: String,
+    /// Human text.
+    pub message: String,
+}
+
+/// Everything a server needs to recover.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Tenants in creation order.
+    pub tenants: Vec<(String, serde_json::Value)>,
+    /// Token hashes with their tenant (`None`: admin).
+    pub tokens: Vec<(String, Option<String>)>,
+    /// Nodes in registration order.
+    pub nodes: Vec<(String, serde_json::Value)>,
+    /// Jobs by id.
+    pub jobs: Vec<(u64, serde_json::Value)>,
+}
+
+/// Called once a batch is durable (or failed).
+pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// A store.
+pub trait Store: Send + Sync + 'static {
+    /// Reads everything back (at start-up).
+    fn load(&self) -> Result<Snapshot, StoreError>;
+    /// Queues a batch to be written atomically, in order after every batch queued before it, and calls `done` once
+    /// it is durable. Never blocks on the disk.
+    fn commit_async(&self, batch: Vec<Write>, done: Done);
+    /// Writes a batch atomically and returns once it is durable.
+    fn commit(&self, batch: Vec<Write>) -> Result<(), StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.commit_async(batch, Box::new(move |r| drop(tx.send(r))));
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+    /// Events of a job, oldest first.
+    fn events(&self, job: u64) -> Result<Vec<EventRow>, StoreError>;
+    /// Usage rows overlapping `[from_ms, to_ms)`, of one tenant or all.
+    fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError>;
+}

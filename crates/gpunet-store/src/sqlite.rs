@@ -1,0 +1,345 @@
+//! SQLite store: WAL journal, `synchronous=FULL` (a commit is on disk when it returns), versioned migrations, and a
+//! single writer thread doing group commit. Reads use their own connection.
+
+use crate::{EventRow, Snapshot, Store, StoreError, UsageRow, Write};
+use rusqlite::{params, Connection};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Mutex;
+
+/// Schema migrations, applied in order; `user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE tenants (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, doc TEXT NOT NULL);
+     CREATE TABLE tokens (hash TEXT PRIMARY KEY, tenant TEXT);
+     CREATE TABLE nodes (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, doc TEXT NOT NULL);
+     CREATE TABLE jobs (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL);
+     CREATE INDEX jobs_tenant_state ON jobs (tenant, state);
+     CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+                          kind TEXT NOT NULL, message TEXT NOT NULL);
+     CREATE INDEX events_job ON events (job, seq);
+     CREATE TABLE usage (seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL, tenant TEXT NOT NULL,
+                         start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL, gpu_model TEXT NOT NULL,
+                         lifecycle TEXT NOT NULL, gpu_seconds REAL NOT NULL, cpu_seconds REAL NOT NULL,
+                         mem_gib_seconds REAL NOT NULL, cost REAL NOT NULL);
+     CREATE INDEX usage_tenant_time ON usage (tenant, start_ms);",
+];
+
+type Request = (Vec<Write>, crate::Done);
+
+/// The SQLite store.
+#[derive(Debug)]
+pub struct SqliteStore {
+    path: PathBuf,
+    tx: Mutex<Sender<Request>>,
+    read: Mutex<Connection>,
+}
+
+fn open(path: &Path) -> Result<Connection, StoreError> {
+    let c = Connection::open(path)?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "synchronous", "FULL")?;
+    c.pragma_update(None, "foreign_keys", "ON")?;
+    c.busy_timeout(std::time::Duration::from_secs(10))?;
+    Ok(c)
+}
+
+fn migrate(c: &mut Connection) -> Result<(), StoreError> {
+    let v: u32 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if v as usize > MIGRATIONS.len() {
+        return Err(StoreError::TooNew { found: v, supported: MIGRATIONS.len() as u32 });
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(v as usize) {
+        let tx = c.transaction()?;
+        tx.execute_batch(m)?;
+        tx.pragma_update(None, "user_version", (i + 1) as u32)?;
+        tx.commit()?;
+        tracing::info!(version = i + 1, "applied store migration");
+    }
+    Ok(())
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
+    match w {
+        Write::Tenant { name, doc } => {
+            tx.execute(
+                "INSERT INTO tenants (name, doc) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET doc = excluded.doc",
+                params![name, doc.to_string()],
+            )?;
+        }
+        Write::Token { hash, tenant } => {
+            tx.execute("INSERT OR REPLACE INTO tokens (hash, tenant) VALUES (?1, ?2)", params![hash, tenant])?;
+        }
+        Write::Node { name, doc } => {
+            tx.execute(
+                "INSERT INTO nodes (name, doc) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET doc = excluded.doc",
+                params![name, doc.to_string()],
+            )?;
+        }
+        Write::Job { id, tenant, state, doc } => {
+            tx.prepare_cached(
+                "INSERT INTO jobs (id, tenant, state, doc) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state, doc = excluded.doc",
+            )?
+            .execute(params![*id as i64, tenant, state, doc.to_string()])?;
+        }
+        Write::Event { job, at_ms, kind, message } => {
+            tx.prepare_cached("INSERT INTO events (job, at_ms, kind, message) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![*job as i64, *at_ms as i64, kind, message])?;
+        }
+        Write::Usage(u) => {
+            tx.prepare_cached(
+                "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
+                                    mem_gib_seconds, cost) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                u.job as i64,
+                u.tenant,
+                u.start_ms as i64,
+                u.end_ms as i64,
+                u.gpu_model,
+                u.lifecycle,
+                u.gpu_seconds,
+                u.cpu_seconds,
+                u.mem_gib_seconds,
+                u.cost
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+fn writer(mut c: Connection, rx: Receiver<Request>) {
+    while let Ok(first) = rx.recv() {
+        // Group commit: everything that queued up while the last transaction was being written goes in this one.
+        let mut group = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            group.push(more);
+            if group.len() >= 4096 {
+                break;
+            }
+        }
+        let result = (|| -> rusqlite::Result<()> {
+            let tx = c.transaction()?;
+            for (batch, _) in &group {
+                for w in batch {
+                    apply(&tx, w)?;
+                }
+            }
+            tx.commit()
+        })();
+        let reply = result.map_err(|e| e.to_string());
+        if let Err(e) = &reply {
+            tracing::error!(error = %e, batches = group.len(), "store commit failed");
+        }
+        for (_, done) in group {
+            done(reply.clone().map_err(StoreError::Commit));
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `DIR/gpunet.db` and migrates it.
+    pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.display().to_string(), source: e })?;
+        let path = dir.join("gpunet.db");
+        let mut w = open(&path)?;
+        migrate(&mut w)?;
+        let read = open(&path)?;
+        let (tx, rx) = channel::<Request>();
+        std::thread::Builder::new()
+            .name("gpunet-store-writer".into())
+            .spawn(move || writer(w, rx))
+            .map_err(|e| StoreError::Io { path: path.display().to_string(), source: e })?;
+        Ok(SqliteStore { path, tx: Mutex::new(tx), read: Mutex::new(read) })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with_read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let c = self.read.lock().map_err(|_| StoreError::Closed)?;
+        f(&c)
+    }
+}
+
+fn decode(what: &'static str, key: String, s: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Decode { what, key, source: e })
+}
+
+impl Store for SqliteStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        self.with_read(|c| {
+            let mut snap = Snapshot::default();
+            let mut q = c.prepare("SELECT name, doc FROM tenants ORDER BY seq")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+                let (n, d) = r?;
+                let doc = decode("tenant", n.clone(), &d)?;
+                snap.tenants.push((n, doc));
+            }
+            let mut q = c.prepare("SELECT hash, tenant FROM tokens")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))? {
+                snap.tokens.push(r?);
+            }
+            let mut q = c.prepare("SELECT name, doc FROM nodes ORDER BY seq")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+                let (n, d) = r?;
+                let doc = decode("node", n.clone(), &d)?;
+                snap.nodes.push((n, doc));
+            }
+            let mut q = c.prepare("SELECT id, doc FROM jobs ORDER BY id")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
+                let (id, d) = r?;
+                let doc = decode("job", id.to_string(), &d)?;
+                snap.jobs.push((id as u64, doc));
+            }
+            Ok(snap)
+        })
+    }
+
+    fn commit_async(&self, batch: Vec<Write>, done: crate::Done) {
+        let sent = self.tx.lock().map_err(|_| ()).and_then(|tx| {
+            tx.send((batch, done)).map_err(|e| {
+                let (_, done) = e.0;
+                done(Err(StoreError::Closed));
+            })
+        });
+        let _ = sent;
+    }
+
+    fn events(&self, job: u64) -> Result<Vec<EventRow>, StoreError> {
+        self.with_read(|c| {
+            let mut q =
+                c.prepare_cached("SELECT seq, job, at_ms, kind, message FROM events WHERE job = ?1 ORDER BY seq")?;
+            let rows = q.query_map(params![job as i64], |r| {
+                Ok(EventRow {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    job: r.get::<_, i64>(1)? as u64,
+                    at_ms: r.get::<_, i64>(2)? as u64,
+                    kind: r.get(3)?,
+                    message: r.get(4)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
+    fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError> {
+        self.with_read(|c| {
+            let mut q = c.prepare_cached(
+                "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds, cost
+                 FROM usage WHERE (?1 IS NULL OR tenant = ?1) AND end_ms > ?2 AND start_ms < ?3 ORDER BY seq",
+            )?;
+            let rows = q.query_map(params![tenant, from_ms as i64, to_ms as i64], |r| {
+                Ok(UsageRow {
+                    job: r.get::<_, i64>(0)? as u64,
+                    tenant: r.get(1)?,
+                    start_ms: r.get::<_, i64>(2)? as u64,
+                    end_ms: r.get::<_, i64>(3)? as u64,
+                    gpu_model: r.get(4)?,
+                    lifecycle: r.get(5)?,
+                    gpu_seconds: r.get(6)?,
+                    cpu_seconds: r.get(7)?,
+                    mem_gib_seconds: r.get(8)?,
+                    cost: r.get(9)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn job(id: u64, state: &str) -> Write {
+        Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}) }
+    }
+
+    #[test]
+    fn writes_survive_reopening_and_upsert() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SqliteStore::open(dir.path()).unwrap();
+            s.commit(vec![
+                Write::Tenant { name: "t".into(), doc: json!({"weight": 1}) },
+                Write::Token { hash: "abc".into(), tenant: Some("t".into()) },
+                job(1, "pending"),
+                job(2, "pending"),
+                Write::Event { job: 1, at_ms: 5, kind: "submitted".into(), message: "hello".into() },
+            ])
+            .unwrap();
+            s.commit(vec![job(1, "running")]).unwrap();
+        }
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let snap = s.load().unwrap();
+        assert_eq!(snap.tenants.len(), 1);
+        assert_eq!(snap.tokens, vec![("abc".to_string(), Some("t".to_string()))]);
+        assert_eq!(snap.jobs.len(), 2);
+        assert_eq!(snap.jobs[0].1["state"], "running");
+        assert_eq!(s.events(1).unwrap()[0].message, "hello");
+    }
+
+    #[test]
+    fn concurrent_commits_are_grouped_and_all_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        s.commit(vec![job(t * 1000 + i, "pending")]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        drop(s);
+        let s = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(s.load().unwrap().jobs.len(), 800);
+    }
+
+    #[test]
+    fn usage_rows_filter_by_tenant_and_time() {
+        let s = SqliteStore::open(tempfile::tempdir().unwrap().path()).unwrap();
+        let row = |tenant: &str, start, end| UsageRow {
+            job: 1,
+            tenant: tenant.into(),
+            start_ms: start,
+            end_ms: end,
+            gpu_model: "A100-80GB".into(),
+            lifecycle: "on-demand".into(),
+            gpu_seconds: 10.0,
+            cpu_seconds: 1.0,
+            mem_gib_seconds: 1.0,
+            cost: 0.5,
+        };
+        s.commit(vec![
+            Write::Usage(row("a", 0, 100)),
+            Write::Usage(row("b", 50, 150)),
+            Write::Usage(row("a", 200, 300)),
+        ])
+        .unwrap();
+        assert_eq!(s.usage(Some("a"), 0, 1000).unwrap().len(), 2);
+        assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
+        assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SqliteStore::open(dir.path()).unwrap());
+        let c = Connection::open(dir.path().join("gpunet.db")).unwrap();
+        c.pragma_update(None, "user_version", 99).unwrap();
+        drop(c);
+        let e = SqliteStore::open(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("99") && e.contains("newer"), "{e}");
+    }
+}
