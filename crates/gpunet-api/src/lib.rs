@@ -4,6 +4,7 @@
 pub mod error;
 pub mod k8s;
 pub mod spec;
+pub mod types;
 pub mod units;
 
 pub use error::{ApiError, ErrorBody};

@@ -355,6 +355,39 @@ pub fn parse_job(text: &str) -> Result<ParsedJob, ApiError> {
     if api == "batch/v1" {
         return crate::k8s::job_from_k8s(&v);
     }
+    if let Some(m) = v.as_mapping() {
+        // Name the field when a value has the wrong type (serde's message does not).
+        let kinds: [(&str, &str); 9] = [
+            ("gpus", "u"),
+            ("tasks", "u"),
+            ("priority", "i"),
+            ("max_restarts", "u"),
+            ("preemptible", "b"),
+            ("gang", "b"),
+            ("allow_mixed_models", "b"),
+            ("gpu_models", "s"),
+            ("command", "s"),
+        ];
+        for (f, k) in kinds {
+            let Some(x) = m.get(f) else { continue };
+            let ok = match k {
+                "u" => x.as_u64().is_some_and(|n| n <= u32::MAX as u64),
+                "i" => x.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+                "b" => x.is_bool(),
+                _ => x.is_sequence(),
+            };
+            if !ok {
+                let shown = serde_json::to_string(x).unwrap_or_default();
+                let allowed = match k {
+                    "u" => "a whole number >= 0",
+                    "i" => "a whole number",
+                    "b" => "true or false",
+                    _ => "a list",
+                };
+                return Err(ApiError::invalid(f, shown.trim_matches('"'), allowed));
+            }
+        }
+    }
     let job: JobSubmission = serde_norway::from_value(v).map_err(|e| serde_error(&e))?;
     Ok(ParsedJob { job, warnings: Vec::new() })
 }

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod pollux;
+pub mod predict;
 pub mod report;
 pub mod rng;
 pub mod trace;

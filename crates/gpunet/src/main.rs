@@ -1,10 +1,15 @@
 //! `gpunet`: the one binary of the gpunet compute network.
 
 mod bench;
+mod client;
 mod sim_cmd;
 
-use anyhow::{bail, Result};
-use clap::{Parser, Subcommand};
+use anyhow::{bail, Context, Result};
+use clap::{CommandFactory, Parser, Subcommand};
+use client::{Client, Conn};
+use gpunet_api::spec::JobSubmission;
+use gpunet_api::types::*;
+use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
 #[command(name = "gpunet", version, about = "An open-source AI compute network: pooled GPUs, fair scheduling, traces.")]
@@ -15,6 +20,37 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Run the control plane.
+    Server(ServerArgs),
+    /// Submit a job: `-f spec.yaml` (gpunet spec or Kubernetes Job), or flags and `-- CMD ARGS…`.
+    Submit(Box<SubmitArgs>),
+    /// List jobs.
+    Jobs(JobsArgs),
+    /// Show one job.
+    Show(IdArg),
+    /// Cancel a job.
+    Cancel(IdArg),
+    /// Why a job is pending, with numbers and an ETA.
+    Why(IdArg),
+    /// Tenants: list, or create with `--create NAME`, or issue a token with `--token-for NAME`.
+    Tenants(TenantsArgs),
+    /// Set a tenant's quota from flags or a ResourceQuota manifest.
+    Quota(QuotaArgs),
+    /// List nodes.
+    Nodes(ConnOnly),
+    /// Cordon a node (no new tasks).
+    Cordon(NodeArg),
+    /// Drain a node (evict its jobs, no new tasks).
+    Drain(NodeArg),
+    /// Uncordon a node.
+    Uncordon(NodeArg),
+    /// Usage and cost per tenant over a period.
+    Bill(BillArgs),
+    /// Print shell completions.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Replay a cluster trace on a virtual clock through the real scheduler.
     Sim(Box<sim_cmd::SimCmd>),
     /// Benchmarks.
@@ -24,15 +60,376 @@ enum Cmd {
     },
 }
 
+#[derive(Debug, clap::Args)]
+struct ServerArgs {
+    /// Data directory (SQLite database).
+    #[arg(long, default_value = "gpunet-data")]
+    data_dir: PathBuf,
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: std::net::SocketAddr,
+    /// Admin token (default GPUNET_ADMIN_TOKEN; generated and printed once if none is stored).
+    #[arg(long, env = "GPUNET_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Join token for node agents (default GPUNET_JOIN_TOKEN; generated and printed once if none is stored).
+    #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// Queue policy.
+    #[arg(long, default_value = "fifo")]
+    policy: String,
+    /// Turn EASY backfill off.
+    #[arg(long)]
+    no_backfill: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct SubmitArgs {
+    /// A spec file (YAML or JSON; gpunet's or a Kubernetes batch/v1 Job); `-` reads standard input.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+    /// Job name (default: the command's name).
+    #[arg(long)]
+    name: Option<String>,
+    /// GPUs per task.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// Tasks (a gang).
+    #[arg(long, default_value_t = 1)]
+    tasks: u32,
+    /// Tenant (admin tokens only; a tenant token submits to its own).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Priority.
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// Estimated run time, e.g. 2h.
+    #[arg(long)]
+    estimate: Option<String>,
+    /// Ask where and when it would start, without queuing.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    conn: Conn,
+    /// Command and arguments.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct JobsArgs {
+    /// Only this tenant's jobs.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only jobs in this state.
+    #[arg(long)]
+    state: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct IdArg {
+    /// Job id (42 or job-42).
+    id: String,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConnOnly {
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct NodeArg {
+    /// Node name.
+    name: String,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct TenantsArgs {
+    /// Create this tenant (admin); prints its token.
+    #[arg(long)]
+    create: Option<String>,
+    /// Weight of the tenant created.
+    #[arg(long)]
+    weight: Option<f64>,
+    /// Cohort of the tenant created.
+    #[arg(long)]
+    cohort: Option<String>,
+    /// Issue another token for this tenant (admin).
+    #[arg(long)]
+    token_for: Option<String>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct QuotaArgs {
+    /// Tenant.
+    tenant: String,
+    /// A Kubernetes v1 ResourceQuota manifest.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+    /// Guaranteed GPUs.
+    #[arg(long)]
+    gpus: Option<u64>,
+    /// GPU limit with borrowing.
+    #[arg(long)]
+    limit: Option<u64>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+struct BillArgs {
+    /// Days back from now.
+    #[arg(long, default_value_t = 30)]
+    days: u64,
+    /// Only this tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
 #[derive(Debug, Subcommand)]
 enum BenchCmd {
     /// One full scheduling pass over a synthetic cluster, then a stream of arrival/completion events.
     Sched(bench::sched::SchedArgs),
+    /// Durable job submissions per second against a running server.
+    Api(bench::api::ApiArgs),
+}
+
+fn read_file(p: &PathBuf) -> Result<String> {
+    if p.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
+}
+
+fn print<T: serde::Serialize>(c: &Client, v: &T, table: impl FnOnce(&T) -> String) -> Result<()> {
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        print!("{}", table(v));
+    }
+    Ok(())
+}
+
+async fn run_client(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Submit(a) => {
+            let c = Client::new(&a.conn)?;
+            let body = match &a.file {
+                Some(f) => read_file(f)?,
+                None => {
+                    if a.command.is_empty() {
+                        bail!("nothing to run: pass -f SPEC or a command after --");
+                    }
+                    let name = a.name.clone().unwrap_or_else(|| {
+                        std::path::Path::new(&a.command[0])
+                            .file_name()
+                            .map_or("job".into(), |n| n.to_string_lossy().into_owned())
+                    });
+                    let mut s = JobSubmission::new(&name, a.gpus, a.tasks);
+                    s.tenant = a.tenant.clone();
+                    s.priority = a.priority;
+                    s.estimated_duration = a.estimate.clone();
+                    s.command = a.command.clone();
+                    serde_json::to_string(&s)?
+                }
+            };
+            let q = a.tenant.as_ref().map_or(String::new(), |t| format!("?tenant={t}"));
+            if a.dry_run {
+                let r: DryRun = c.post(&format!("/v1/jobs/dry-run{q}"), Some(body), "application/yaml").await?;
+                return print(&c, &r, |r| {
+                    let mut s = String::new();
+                    if !r.placement.is_empty() {
+                        s += &format!(
+                            "would start now on {}\n",
+                            r.placement
+                                .iter()
+                                .map(|t| format!("{}:{:?}", t.node, t.gpus))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        );
+                    } else {
+                        s += &format!("would wait: {}\n", r.message);
+                    }
+                    if let Some(e) = r.eta_ms {
+                        s += &format!("predicted start in {}s\n", e.saturating_sub(gpunet_server::now_ms()) / 1000);
+                    }
+                    s
+                });
+            }
+            let r: Submitted = c.post(&format!("/v1/jobs{q}"), Some(body), "application/yaml").await?;
+            for w in &r.warnings {
+                eprintln!("warning: {w}");
+            }
+            print(&c, &r, |r| format!("job-{} submitted ({})\n", r.id, r.state))
+        }
+        Cmd::Jobs(a) => {
+            let c = Client::new(&a.conn)?;
+            let mut q = format!("?limit={}", a.limit.clamp(1, 1000));
+            if let Some(t) = &a.tenant {
+                q += &format!("&tenant={t}");
+            }
+            if let Some(s) = &a.state {
+                q += &format!("&state={s}");
+            }
+            let page: JobPage = c.get(&format!("/v1/jobs{q}")).await?;
+            print(&c, &page, |p| client::jobs_table(&p.jobs))
+        }
+        Cmd::Show(a) => {
+            let c = Client::new(&a.conn)?;
+            let j: JobView = c.get(&format!("/v1/jobs/{}", a.id)).await?;
+            print(&c, &j, |j| {
+                let mut s = client::jobs_table(std::slice::from_ref(j));
+                for t in &j.placement {
+                    s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
+                }
+                s
+            })
+        }
+        Cmd::Cancel(a) => {
+            let c = Client::new(&a.conn)?;
+            let j: JobView = c.post(&format!("/v1/jobs/{}/cancel", a.id), None, "").await?;
+            print(&c, &j, |j| format!("job-{} {}\n", j.id, j.state))
+        }
+        Cmd::Why(a) => {
+            let c = Client::new(&a.conn)?;
+            let e: Explain = c.get(&format!("/v1/jobs/{}/explain", a.id)).await?;
+            print(&c, &e, |e| {
+                let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
+                if let Some(t) = e.eta_ms {
+                    s += &format!("predicted start in {}s\n", t.saturating_sub(gpunet_server::now_ms()) / 1000);
+                }
+                s
+            })
+        }
+        Cmd::Tenants(a) => {
+            let c = Client::new(&a.conn)?;
+            if let Some(name) = &a.create {
+                let req = TenantRequest { name: name.clone(), weight: a.weight, cohort: a.cohort.clone(), quota: None };
+                let t: TokenIssued =
+                    c.post("/v1/tenants", Some(serde_json::to_string(&req)?), "application/json").await?;
+                return print(&c, &t, |t| {
+                    format!("tenant {} created; its token (shown once): {}\n", t.tenant, t.token)
+                });
+            }
+            if let Some(name) = &a.token_for {
+                let t: TokenIssued = c.post(&format!("/v1/tenants/{name}/tokens"), None, "").await?;
+                return print(&c, &t, |t| format!("new token for {} (shown once): {}\n", t.tenant, t.token));
+            }
+            let ts: Vec<TenantView> = c.get("/v1/tenants").await?;
+            print(&c, &ts, |t| client::tenants_table(t))
+        }
+        Cmd::Quota(a) => {
+            let c = Client::new(&a.conn)?;
+            let body = match &a.file {
+                Some(f) => read_file(f)?,
+                None => serde_json::to_string(&QuotaRequest {
+                    guarantee_gpus: a.gpus,
+                    limit_gpus: a.limit,
+                    ..Default::default()
+                })?,
+            };
+            let t: TenantView = c.put(&format!("/v1/tenants/{}/quota", a.tenant), body).await?;
+            print(&c, &t, |t| client::tenants_table(std::slice::from_ref(t)))
+        }
+        Cmd::Nodes(a) => {
+            let c = Client::new(&a.conn)?;
+            let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
+            print(&c, &ns, |n| client::nodes_table(n))
+        }
+        Cmd::Cordon(a) | Cmd::Drain(a) | Cmd::Uncordon(a) => unreachable!("handled with the action: {a:?}"),
+        Cmd::Bill(a) => {
+            let c = Client::new(&a.conn)?;
+            let to = gpunet_server::now_ms();
+            let from = to.saturating_sub(a.days * 86_400_000);
+            let mut q = format!("?from_ms={from}&to_ms={to}");
+            if let Some(t) = &a.tenant {
+                q += &format!("&tenant={t}");
+            }
+            let r: UsageReport = c.get(&format!("/v1/usage{q}")).await?;
+            print(&c, &r, |r| {
+                client::table(
+                    &["TENANT", "GPU-HOURS", "CPU-HOURS", "MEM GIB-HOURS", "COST"],
+                    r.tenants
+                        .iter()
+                        .map(|(t, u)| {
+                            vec![
+                                t.clone(),
+                                format!("{:.2}", u.gpu_hours),
+                                format!("{:.2}", u.cpu_hours),
+                                format!("{:.2}", u.memory_gib_hours),
+                                format!("{:.2}", u.cost),
+                            ]
+                        })
+                        .collect(),
+                )
+            })
+        }
+        _ => unreachable!("not a client command"),
+    }
+}
+
+async fn node_action(a: NodeArg, action: &str) -> Result<()> {
+    let c = Client::new(&a.conn)?;
+    let n: NodeView = c.post(&format!("/v1/nodes/{}/{action}", a.name), None, "").await?;
+    print(&c, &n, |n| client::nodes_table(std::slice::from_ref(n)))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Server(a) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let mut cfg = gpunet_server::Config::new(a.data_dir.clone());
+            cfg.listen = a.listen;
+            cfg.admin_token = a.admin_token.clone();
+            cfg.join_token = a.join_token.clone();
+            cfg.sched.policy = a.policy.parse().context("--policy")?;
+            cfg.sched.backfill = !a.no_backfill;
+            runtime()?.block_on(async move {
+                let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
+                let running = gpunet_server::start(cfg, store).await?;
+                println!("gpunet server listening on http://{}", running.addr);
+                if let Some(t) = &running.generated_admin_token {
+                    println!("admin token (shown once, store it): {t}");
+                }
+                if let Some(t) = &running.generated_join_token {
+                    println!("agent join token (shown once): {t}");
+                }
+                use std::io::Write as _;
+                std::io::stdout().flush()?;
+                tokio::signal::ctrl_c().await?;
+                eprintln!("stopping");
+                running.stop().await;
+                Ok::<(), anyhow::Error>(())
+            })?;
+        }
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "gpunet", &mut std::io::stdout());
+        }
         Cmd::Sim(cmd) => sim_cmd::run(*cmd)?,
         Cmd::Bench { what: BenchCmd::Sched(args) } => {
             if !matches!(args.output.as_str(), "table" | "json") {
@@ -50,6 +447,11 @@ fn main() -> Result<()> {
                 println!("peak_rss_mib    {:.1}", r.peak_rss_mib);
             }
         }
+        Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
+        Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,
+        Cmd::Drain(a) => runtime()?.block_on(node_action(a, "drain"))?,
+        Cmd::Uncordon(a) => runtime()?.block_on(node_action(a, "uncordon"))?,
+        other => runtime()?.block_on(run_client(other))?,
     }
     Ok(())
 }

@@ -1,0 +1,260 @@
+//! Request and response bodies of the `/v1` API.
+
+use crate::spec::JobSubmission;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Answer to a submission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Submitted {
+    /// Job id.
+    pub id: u64,
+    /// Its state when acknowledged (durable).
+    pub state: String,
+    /// Fields accepted with a caveat or not honoured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Where one task runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    /// Node name.
+    pub node: String,
+    /// GPU indexes on the node.
+    pub gpus: Vec<u32>,
+    /// MIG slot, for a MIG task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_slot: Option<u16>,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// Id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Tenant.
+    pub tenant: String,
+    /// State.
+    pub state: String,
+    /// Priority.
+    pub priority: i32,
+    /// Tasks.
+    pub tasks: u32,
+    /// GPUs in total.
+    pub gpus: u32,
+    /// Submitted, ms since the Unix epoch.
+    pub submitted_ms: u64,
+    /// Start of the current or last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// Restarts after failure.
+    pub restarts: u32,
+    /// Evictions.
+    pub preemptions: u32,
+    /// Where it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<TaskView>,
+    /// Warnings from its submission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// The spec as submitted.
+    pub spec: JobSubmission,
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPage {
+    /// Jobs, by id.
+    pub jobs: Vec<JobView>,
+    /// Pass as `after` to get the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
+}
+
+/// Why a job waits, with an ETA.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explain {
+    /// Job.
+    pub id: u64,
+    /// State.
+    pub state: String,
+    /// The reason with its numbers, in one sentence.
+    pub message: String,
+    /// The structured reason (`kind` and its fields).
+    pub reason: serde_json::Value,
+    /// Queued jobs ahead in policy order.
+    pub position: usize,
+    /// Predicted start (ms since the Unix epoch), from replaying the live state forward on estimates; absent when it
+    /// cannot be predicted (e.g. running jobs without estimates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_ms: Option<u64>,
+}
+
+/// The answer to a dry run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DryRun {
+    /// Where it would start now, if it fits now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<TaskView>,
+    /// Predicted start, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_ms: Option<u64>,
+    /// Why it would wait.
+    pub message: String,
+    /// Conversion warnings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// A tenant to create (admin).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRequest {
+    /// Name (letters, digits, `-`, `_`, `.`; 1 to 63 characters).
+    pub name: String,
+    /// Fair-share weight (default 1).
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Cohort.
+    #[serde(default)]
+    pub cohort: Option<String>,
+    /// Quota.
+    #[serde(default)]
+    pub quota: Option<QuotaRequest>,
+}
+
+/// A quota in API form; absent dimensions are not constrained. Limits default to the guarantees.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaRequest {
+    /// Guaranteed GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_gpus: Option<u64>,
+    /// Most GPUs with borrowing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_gpus: Option<u64>,
+    /// Guaranteed CPU (cores or millicores, `64` or `500m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_cpu: Option<String>,
+    /// CPU limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_cpu: Option<String>,
+    /// Guaranteed memory (`256Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_memory: Option<String>,
+    /// Memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_memory: Option<String>,
+    /// Per GPU model: model name → guaranteed GPUs (limit equal).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_model_gpus: BTreeMap<String, u64>,
+}
+
+/// A tenant as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantView {
+    /// Name.
+    pub name: String,
+    /// Weight.
+    pub weight: f64,
+    /// Cohort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
+    /// Quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaRequest>,
+    /// GPUs in use.
+    pub gpus_used: u64,
+    /// CPU millicores in use.
+    pub cpu_milli_used: u64,
+    /// Memory MiB in use.
+    pub memory_mib_used: u64,
+    /// Jobs waiting.
+    pub queued: usize,
+    /// Jobs running.
+    pub running: usize,
+    /// Decayed GPU-hours of past usage (fair share).
+    pub fair_share_usage_gpu_hours: f64,
+}
+
+/// A new token (shown once).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenIssued {
+    /// Tenant.
+    pub tenant: String,
+    /// The bearer token; only its hash is stored.
+    pub token: String,
+}
+
+/// A node as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// `ready`, `cordoned`, `draining` or `lost`.
+    pub state: String,
+    /// GPU model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    /// GPUs.
+    pub gpus: u32,
+    /// Free GPUs.
+    pub free_gpus: u32,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Fake GPUs (no NVIDIA device behind them).
+    pub fake: bool,
+    /// Jobs with a task on the node.
+    pub jobs: Vec<u64>,
+}
+
+/// The cluster at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSummary {
+    /// Policy.
+    pub policy: String,
+    /// Backfill on.
+    pub backfill: bool,
+    /// Nodes by state.
+    pub nodes: BTreeMap<String, usize>,
+    /// Schedulable GPUs.
+    pub gpus_total: u64,
+    /// GPUs held by running jobs.
+    pub gpus_allocated: u64,
+    /// Jobs by state.
+    pub jobs: BTreeMap<String, usize>,
+    /// Jobs waiting.
+    pub queue_length: usize,
+}
+
+/// Usage over a period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageReport {
+    /// Start, ms since the Unix epoch.
+    pub from_ms: u64,
+    /// End.
+    pub to_ms: u64,
+    /// Per tenant: GPU-hours, CPU core-hours, memory GiB-hours, cost.
+    pub tenants: BTreeMap<String, UsageTotals>,
+    /// Per job.
+    pub jobs: BTreeMap<u64, UsageTotals>,
+}
+
+/// Totals of usage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageTotals {
+    /// GPU-hours.
+    pub gpu_hours: f64,
+    /// CPU core-hours.
+    pub cpu_hours: f64,
+    /// Memory GiB-hours.
+    pub memory_gib_hours: f64,
+    /// Cost.
+    pub cost: f64,
+}

@@ -1,0 +1,489 @@
+//! The HTTP API under `/v1`, `/metrics` and the OpenAPI document. Handlers authenticate, parse and validate, then ask
+//! the owner task. Every error is `{"error": {"code", "message", "field"}}` with a 4xx status for client input.
+
+use crate::owner::{quota_from_request, valid_name, Cmd};
+use crate::{hash_token, Principal};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use gpunet_api::spec::parse_job;
+use gpunet_api::types::*;
+use gpunet_api::ApiError;
+use gpunet_core::{NodeSpec, NodeState};
+use gpunet_store::Store;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) tx: mpsc::Sender<Cmd>,
+    pub(crate) auth: Arc<RwLock<HashMap<String, Principal>>>,
+    pub(crate) metrics: Arc<crate::metrics::ServerMetrics>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) events: broadcast::Sender<String>,
+    pub(crate) max_body: usize,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").finish_non_exhaustive()
+    }
+}
+
+/// An error response.
+#[derive(Debug)]
+pub struct Fail(pub ApiError);
+
+impl From<ApiError> for Fail {
+    fn from(e: ApiError) -> Fail {
+        Fail(e)
+    }
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.0.body())).into_response()
+    }
+}
+
+type R<T> = Result<T, Fail>;
+
+fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
+    let token = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::new("unauthorized", "missing bearer token: send Authorization: Bearer <token>"))?;
+    st.auth
+        .read()
+        .expect("auth lock")
+        .get(&hash_token(token))
+        .cloned()
+        .ok_or_else(|| Fail(ApiError::new("unauthorized", "unknown token")))
+}
+
+fn user(st: &AppState, h: &HeaderMap) -> R<Principal> {
+    match who(st, h)? {
+        Principal::Agent => Err(Fail(ApiError::new("forbidden", "the join token only registers nodes"))),
+        p => Ok(p),
+    }
+}
+
+fn admin(st: &AppState, h: &HeaderMap) -> R<()> {
+    match who(st, h)? {
+        Principal::Admin => Ok(()),
+        _ => Err(Fail(ApiError::new("forbidden", "this needs the admin token"))),
+    }
+}
+
+async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Cmd) -> R<T> {
+    let (tx, rx) = oneshot::channel();
+    st.tx.send(make(tx)).await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?;
+    rx.await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?.map_err(Fail)
+}
+
+fn body_text(b: &Bytes) -> R<&str> {
+    std::str::from_utf8(b).map_err(|_| Fail(ApiError::parse("the body is not UTF-8 text")))
+}
+
+fn json<T: Serialize>(status: StatusCode, v: T) -> Response {
+    (status, Json(v)).into_response()
+}
+
+fn parse_id(s: &str) -> R<u64> {
+    let t = s.strip_prefix("job-").unwrap_or(s);
+    t.parse().map_err(|_| Fail(ApiError::invalid("id", s, "a job id like 42 or job-42")))
+}
+
+fn query(q: &Option<String>, allowed: &[&str]) -> R<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for pair in q.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = v.replace('+', " ");
+        let v = percent_decode(&v);
+        if !allowed.contains(&k) {
+            return Err(Fail(ApiError::unknown(k, &allowed.join(", "))));
+        }
+        out.insert(k.to_string(), v);
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 3 <= b.len() {
+            if let Some(x) = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(x);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn with_tenant(mut job: gpunet_api::spec::JobSubmission, q: &Option<String>) -> R<gpunet_api::spec::JobSubmission> {
+    let q = query(q, &["tenant"])?;
+    if job.tenant.is_none() {
+        job.tenant = q.get("tenant").cloned();
+    }
+    Ok(job)
+}
+
+async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
+    let p = user(&st, &h)?;
+    let mut parsed = parse_job(body_text(&body)?)?;
+    parsed.job = with_tenant(parsed.job, &q)?;
+    let mut out = ask(&st, |reply| Cmd::Submit { who: p, subs: vec![(parsed.job, parsed.warnings)], reply }).await?;
+    Ok(json(StatusCode::CREATED, out.remove(0)))
+}
+
+async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
+    let p = user(&st, &h)?;
+    let text = body_text(&body)?;
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| ApiError::parse(format!("parse the batch: {e}")))?;
+    let arr = v.as_array().ok_or_else(|| ApiError::invalid("body", "not an array", "a JSON array of job specs"))?;
+    if arr.is_empty() || arr.len() > 10_000 {
+        return Err(Fail(ApiError::invalid("body", &format!("{} jobs", arr.len()), "1 to 10000 jobs")));
+    }
+    let mut subs = Vec::with_capacity(arr.len());
+    for (i, x) in arr.iter().enumerate() {
+        let p = parse_job(&x.to_string()).map_err(|mut e| {
+            e.message = format!("jobs[{i}]: {}", e.message);
+            e
+        })?;
+        subs.push((p.job, p.warnings));
+    }
+    let out = ask(&st, |reply| Cmd::Submit { who: p, subs, reply }).await?;
+    Ok(json(StatusCode::CREATED, out))
+}
+
+async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
+    let p = user(&st, &h)?;
+    let mut parsed = parse_job(body_text(&body)?)?;
+    parsed.job = with_tenant(parsed.job, &q)?;
+    let r = ask(&st, |reply| Cmd::DryRun { who: p, sub: parsed.job, warnings: parsed.warnings, reply }).await?;
+    Ok(json(StatusCode::OK, r))
+}
+
+async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
+    let p = user(&st, &h)?;
+    let q = query(&q, &["tenant", "state", "after", "limit"])?;
+    let states = ["pending", "running", "preempted", "restarting", "succeeded", "failed", "cancelled"];
+    if let Some(s) = q.get("state") {
+        if !states.contains(&s.as_str()) {
+            return Err(Fail(ApiError::invalid("state", s, &states.join(", "))));
+        }
+    }
+    let after = match q.get("after") {
+        Some(a) => parse_id(a)?,
+        None => 0,
+    };
+    let limit = match q.get("limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=1000).contains(l))
+            .ok_or_else(|| ApiError::invalid("limit", l, "1 to 1000"))?,
+        None => 100,
+    };
+    let r = ask(&st, |reply| Cmd::List {
+        who: p,
+        tenant: q.get("tenant").cloned(),
+        state: q.get("state").cloned(),
+        after,
+        limit,
+        reply,
+    })
+    .await?;
+    Ok(json(StatusCode::OK, r))
+}
+
+async fn get_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Get { who: p, id, reply }).await?))
+}
+
+async fn cancel_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Cancel { who: p, id, reply }).await?))
+}
+
+async fn explain_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Explain { who: p, id, reply }).await?))
+}
+
+async fn job_events(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    ask(&st, |reply| Cmd::Get { who: p, id, reply }).await?; // existence and access
+    let store = st.store.clone();
+    let rows = tokio::task::spawn_blocking(move || store.events(id))
+        .await
+        .map_err(|_| ApiError::new("internal", "read events"))?
+        .map_err(|e| ApiError::new("internal", e.to_string()))?;
+    Ok(json(StatusCode::OK, rows))
+}
+
+async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
+    admin(&st, &h)?;
+    let text = body_text(&body)?;
+    let req: TenantRequest = serde_norway::from_str(text).map_err(|e| {
+        let m = e.to_string();
+        match m.split("unknown field `").nth(1) {
+            Some(r) => ApiError::unknown(r.split('`').next().unwrap_or(""), "name, weight, cohort, quota"),
+            None => ApiError::parse(format!("parse the tenant: {m}")),
+        }
+    })?;
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::CreateTenant { req, reply }).await?))
+}
+
+async fn list_tenants(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    let p = user(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Tenants { who: p, reply }).await?))
+}
+
+async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<String>, body: Bytes) -> R<Response> {
+    admin(&st, &h)?;
+    valid_name("tenant", &name)?;
+    let text = body_text(&body)?;
+    let v: serde_norway::Value =
+        serde_norway::from_str(text).map_err(|e| ApiError::parse(format!("parse the quota: {e}")))?;
+    let quota = if v.get("kind").and_then(|k| k.as_str()) == Some("ResourceQuota") {
+        let (q, warnings) = gpunet_api::quota_from_k8s(text)?;
+        if q.tenant != name {
+            return Err(Fail(ApiError::invalid(
+                "metadata.name",
+                &q.tenant,
+                &format!("the tenant in the path ({name})"),
+            )));
+        }
+        for w in &warnings {
+            tracing::warn!(tenant = %name, warning = %w, "quota conversion");
+        }
+        let req = QuotaRequest {
+            guarantee_gpus: q.gpus,
+            limit_gpus: q.gpus,
+            guarantee_cpu: q.cpu.map(|c| format!("{}m", c.0)),
+            limit_cpu: q.cpu.map(|c| format!("{}m", c.0)),
+            guarantee_memory: q.memory.map(|m| format!("{}Mi", m.0)),
+            limit_memory: q.memory.map(|m| format!("{}Mi", m.0)),
+            per_model_gpus: BTreeMap::new(),
+        };
+        Some((q.to_core(), req))
+    } else if v.is_null() {
+        None
+    } else {
+        let req: QuotaRequest = serde_norway::from_value(v).map_err(|e| {
+            let m = e.to_string();
+            match m.split("unknown field `").nth(1) {
+                Some(r) => ApiError::unknown(r.split('`').next().unwrap_or(""), "guarantee_gpus, limit_gpus, guarantee_cpu, limit_cpu, guarantee_memory, limit_memory, per_model_gpus"),
+                None => ApiError::parse(format!("parse the quota: {m}")),
+            }
+        })?;
+        Some((quota_from_request(&req)?, req))
+    };
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetQuota { tenant: name, quota, reply }).await?))
+}
+
+async fn issue_token(State(st): State<AppState>, h: HeaderMap, Path(name): Path<String>) -> R<Response> {
+    admin(&st, &h)?;
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::IssueToken { tenant: name, reply }).await?))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeRegistration {
+    spec: NodeSpec,
+    #[serde(default)]
+    fake: bool,
+}
+
+async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
+    match who(&st, &h)? {
+        Principal::Admin | Principal::Agent => {}
+        Principal::Tenant(_) => {
+            return Err(Fail(ApiError::new("forbidden", "nodes register with the join or admin token")))
+        }
+    }
+    let reg: NodeRegistration =
+        serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the node registration: {e}")))?;
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
+}
+
+async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    let p = user(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Nodes { who: p, reply }).await?))
+}
+
+async fn node_action(
+    State(st): State<AppState>,
+    h: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+) -> R<Response> {
+    admin(&st, &h)?;
+    let state = match action.as_str() {
+        "cordon" => NodeState::Cordoned,
+        "drain" => NodeState::Draining,
+        "uncordon" => NodeState::Ready,
+        a => return Err(Fail(ApiError::invalid("action", a, "cordon, drain or uncordon"))),
+    };
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetNodeState { name, state, reply }).await?))
+}
+
+async fn cluster(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    user(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Summary { reply }).await?))
+}
+
+async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
+    let p = user(&st, &h)?;
+    let q = query(&q, &["from_ms", "to_ms", "tenant"])?;
+    let now = crate::now_ms();
+    let num = |k: &str, d: u64| -> R<u64> {
+        match q.get(k) {
+            Some(v) => v.parse().map_err(|_| Fail(ApiError::invalid(k, v, "milliseconds since the Unix epoch"))),
+            None => Ok(d),
+        }
+    };
+    let from = num("from_ms", now.saturating_sub(30 * 86_400_000))?;
+    let to = num("to_ms", now)?;
+    if to < from {
+        return Err(Fail(ApiError::invalid("to_ms", &to.to_string(), "a time at or after from_ms")));
+    }
+    let tenant = match (&p, q.get("tenant")) {
+        (Principal::Tenant(t), Some(x)) if x != t => {
+            return Err(Fail(ApiError::new("forbidden", "a tenant token sees only its own usage")))
+        }
+        (Principal::Tenant(t), _) => Some(t.clone()),
+        (_, x) => x.cloned(),
+    };
+    let store = st.store.clone();
+    let t2 = tenant.clone();
+    let mut rows = tokio::task::spawn_blocking(move || store.usage(t2.as_deref(), from, to))
+        .await
+        .map_err(|_| ApiError::new("internal", "read usage"))?
+        .map_err(|e| ApiError::new("internal", e.to_string()))?;
+    let live = ask(&st, |reply| Cmd::LiveUsage { who: p, reply }).await?;
+    rows.extend(live.into_iter().filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant)));
+    let mut report = UsageReport { from_ms: from, to_ms: to, tenants: BTreeMap::new(), jobs: BTreeMap::new() };
+    for r in rows {
+        // Bill only the part of each interval inside [from, to), per second.
+        let span = (r.end_ms.saturating_sub(r.start_ms)).max(1) as f64;
+        let inside = (r.end_ms.min(to).saturating_sub(r.start_ms.max(from))) as f64 / span;
+        for tot in [report.tenants.entry(r.tenant.clone()).or_default(), report.jobs.entry(r.job).or_default()] {
+            tot.gpu_hours += r.gpu_seconds * inside / 3600.0;
+            tot.cpu_hours += r.cpu_seconds * inside / 3600.0;
+            tot.memory_gib_hours += r.mem_gib_seconds * inside / 3600.0;
+            tot.cost += r.cost * inside;
+        }
+    }
+    Ok(json(StatusCode::OK, report))
+}
+
+async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    let p = user(&st, &h)?;
+    let rx = st.events.subscribe();
+    let stream = futures_util::stream::unfold((rx, p), |(mut rx, p)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(msg) => {
+                    if let Principal::Tenant(t) = &p {
+                        let v: serde_json::Value = serde_json::from_str(&msg).unwrap_or_default();
+                        if v.get("tenant").and_then(|x| x.as_str()) != Some(t.as_str()) {
+                            continue;
+                        }
+                    }
+                    return Some((Ok::<Event, std::convert::Infallible>(Event::default().data(msg)), (rx, p)));
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    admin(&st, &h)?;
+    let gauges = ask(&st, |reply| Cmd::Gauges { reply }).await?;
+    Ok(([("content-type", "text/plain; version=0.0.4")], st.metrics.render(&gauges)).into_response())
+}
+
+async fn openapi() -> Response {
+    json(StatusCode::OK, crate::openapi::document())
+}
+
+async fn not_found_route() -> Fail {
+    Fail(ApiError::new("not_found", "no such route; see /v1/openapi.json"))
+}
+
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let t = std::time::Instant::now();
+    let resp = next.run(req).await;
+    st.metrics.observe_api(&method, &route, resp.status().as_u16(), t.elapsed().as_secs_f64());
+    resp
+}
+
+async fn too_large(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return Fail(ApiError::new("too_large", "the request body is larger than the server accepts")).into_response();
+    }
+    resp
+}
+
+/// The router.
+pub fn router(st: AppState) -> Router {
+    let max = st.max_body;
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/batch", post(submit_batch))
+        .route("/v1/jobs/dry-run", post(dry_run))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/jobs/{id}/explain", get(explain_job))
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{name}/quota", put(set_quota))
+        .route("/v1/tenants/{name}/tokens", post(issue_token))
+        .route("/v1/nodes", post(register_node).get(list_nodes))
+        .route("/v1/nodes/{name}/{action}", post(node_action))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/usage", get(usage))
+        .route("/v1/events", get(events))
+        .fallback(not_found_route)
+        .layer(axum::middleware::from_fn_with_state(st.clone(), observe))
+        .layer(axum::middleware::from_fn(too_large))
+        .layer(DefaultBodyLimit::max(max))
+        .with_state(st)
+}

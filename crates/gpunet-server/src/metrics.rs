@@ -1,0 +1,165 @@
+//! Prometheus metrics in the text exposition format: counters and histograms updated in place, and gauges computed
+//! from the owner's state when `/metrics` is read.
+
+use crate::owner::Owner;
+use gpunet_core::JobState;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A histogram with fixed buckets.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    inner: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    pub(crate) fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, inner: Mutex::new((vec![0; bounds.len()], 0.0, 0)) }
+    }
+
+    pub(crate) fn observe(&self, v: f64) {
+        let mut g = self.inner.lock().expect("histogram lock");
+        for (i, b) in self.bounds.iter().enumerate() {
+            if v <= *b {
+                g.0[i] += 1;
+            }
+        }
+        g.1 += v;
+        g.2 += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let g = self.inner.lock().expect("histogram lock");
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, b) in self.bounds.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}", g.0[i]);
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", g.2);
+        let lb = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{lb} {}", g.1);
+        let _ = writeln!(out, "{name}_count{lb} {}", g.2);
+    }
+}
+
+const PASS: &[f64] = &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
+const PENDING: &[f64] = &[1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
+const API: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+/// Metrics the server updates as it works.
+#[derive(Debug)]
+pub(crate) struct ServerMetrics {
+    pub(crate) pass_seconds: Histogram,
+    pub(crate) pending_seconds: Histogram,
+    pub(crate) preemptions: AtomicU64,
+    pub(crate) restarts: AtomicU64,
+    pub(crate) submitted: AtomicU64,
+    pub(crate) api: Mutex<BTreeMap<(String, String, u16), Histogram>>,
+}
+
+impl ServerMetrics {
+    pub(crate) fn new() -> ServerMetrics {
+        ServerMetrics {
+            pass_seconds: Histogram::new(PASS),
+            pending_seconds: Histogram::new(PENDING),
+            preemptions: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            submitted: AtomicU64::new(0),
+            api: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub(crate) fn observe_api(&self, method: &str, route: &str, status: u16, secs: f64) {
+        let mut m = self.api.lock().expect("api metrics lock");
+        m.entry((method.to_string(), route.to_string(), status)).or_insert_with(|| Histogram::new(API)).observe(secs);
+    }
+
+    /// Renders counters and histograms.
+    pub(crate) fn render(&self, gauges: &str) -> String {
+        let mut s = String::from(gauges);
+        let _ = writeln!(s, "# HELP gpunet_scheduling_pass_duration_seconds Duration of one scheduling pass.");
+        let _ = writeln!(s, "# TYPE gpunet_scheduling_pass_duration_seconds histogram");
+        self.pass_seconds.render(&mut s, "gpunet_scheduling_pass_duration_seconds", "");
+        let _ = writeln!(
+            s,
+            "# HELP gpunet_job_pending_duration_seconds Time from submission to start of jobs that started."
+        );
+        let _ = writeln!(s, "# TYPE gpunet_job_pending_duration_seconds histogram");
+        self.pending_seconds.render(&mut s, "gpunet_job_pending_duration_seconds", "");
+        for (name, help, v) in [
+            ("gpunet_preemptions_total", "Jobs evicted by the scheduler.", &self.preemptions),
+            ("gpunet_restarts_total", "Job restarts after failures.", &self.restarts),
+            ("gpunet_jobs_submitted_total", "Jobs accepted.", &self.submitted),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
+        }
+        let _ = writeln!(s, "# HELP gpunet_api_request_duration_seconds Duration of API requests.");
+        let _ = writeln!(s, "# TYPE gpunet_api_request_duration_seconds histogram");
+        for ((m, r, st), h) in self.api.lock().expect("api metrics lock").iter() {
+            h.render(
+                &mut s,
+                "gpunet_api_request_duration_seconds",
+                &format!("method=\"{m}\",route=\"{r}\",status=\"{st}\""),
+            );
+        }
+        s
+    }
+}
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Gauges from the live state.
+pub(crate) fn gauges(o: &Owner) -> String {
+    let mut s = String::new();
+    let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+    for d in o.docs.values() {
+        let state = o.st.job(d.job.id).map_or(d.job.state, |j| j.state);
+        *by.entry((d.tenant.clone(), state.as_str())).or_default() += 1;
+    }
+    let _ = writeln!(s, "# HELP gpunet_jobs Jobs by tenant and state.\n# TYPE gpunet_jobs gauge");
+    for t in o.tenants.keys() {
+        for st in [
+            JobState::Pending,
+            JobState::Running,
+            JobState::Preempted,
+            JobState::Restarting,
+            JobState::Succeeded,
+            JobState::Failed,
+            JobState::Cancelled,
+        ] {
+            let n = by.get(&(t.clone(), st.as_str())).copied().unwrap_or(0);
+            let _ = writeln!(s, "gpunet_jobs{{tenant=\"{}\",state=\"{}\"}} {n}", esc(t), st.as_str());
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_queue_length Jobs waiting.\n# TYPE gpunet_queue_length gauge\ngpunet_queue_length {}",
+        o.st.queued_count()
+    );
+    let mut total: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for n in o.st.nodes() {
+        let model = n.spec.gpu_model().map(|m| m.to_string()).unwrap_or_else(|| "none".into());
+        let e = total.entry((model, n.spec.zone().to_string())).or_default();
+        let whole = n.spec.gpus.iter().filter(|g| g.mig.is_empty()).count() as u64;
+        if n.state == gpunet_core::NodeState::Ready {
+            e.0 += whole;
+        }
+        e.1 += whole - n.free_gpu_mask.count_ones() as u64;
+    }
+    let _ = writeln!(s, "# HELP gpunet_gpus Schedulable GPUs by model and zone.\n# TYPE gpunet_gpus gauge");
+    for ((m, z), (t, _)) in &total {
+        let _ = writeln!(s, "gpunet_gpus{{model=\"{}\",zone=\"{}\"}} {t}", esc(m), esc(z));
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_gpus_allocated GPUs held by running jobs by model and zone.\n# TYPE gpunet_gpus_allocated gauge"
+    );
+    for ((m, z), (_, a)) in &total {
+        let _ = writeln!(s, "gpunet_gpus_allocated{{model=\"{}\",zone=\"{}\"}} {a}", esc(m), esc(z));
+    }
+    s
+}

@@ -1,0 +1,91 @@
+//! The OpenAPI 3 document served at `/v1/openapi.json`. A committed copy (`openapi.json` at the repository root) is
+//! checked against it by a test, so API changes show up in review.
+
+use serde_json::{json, Value};
+
+fn op(summary: &str, tag: &str, body: Option<&str>, ok: (&str, &str)) -> Value {
+    let mut o = json!({
+        "summary": summary,
+        "tags": [tag],
+        "security": [{"bearer": []}],
+        "responses": {
+            ok.0: {"description": ok.1, "content": {"application/json": {}}},
+            "400": {"$ref": "#/components/responses/Error"},
+            "401": {"$ref": "#/components/responses/Error"},
+            "403": {"$ref": "#/components/responses/Error"},
+            "404": {"$ref": "#/components/responses/Error"},
+            "413": {"$ref": "#/components/responses/Error"},
+            "422": {"$ref": "#/components/responses/Error"}
+        }
+    });
+    if let Some(b) = body {
+        o["requestBody"] = json!({"required": true, "description": b,
+            "content": {"application/json": {}, "application/yaml": {}}});
+    }
+    o
+}
+
+fn id_param() -> Value {
+    json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}, "description": "42 or job-42"}])
+}
+
+/// The document.
+pub fn document() -> Value {
+    let job_spec = "A gpunet job spec (YAML or JSON) or a Kubernetes batch/v1 Job";
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "gpunet", "version": "v1",
+                 "description": "The gpunet control-plane API. Errors are {\"error\": {\"code\", \"message\", \"field\"}}."},
+        "paths": {
+            "/v1/jobs": {
+                "post": op("Submit a job (durable when acknowledged)", "jobs", Some(job_spec), ("201", "Submitted")),
+                "get": {
+                    "parameters": [
+                        {"name": "tenant", "in": "query", "schema": {"type": "string"}},
+                        {"name": "state", "in": "query", "schema": {"type": "string",
+                            "enum": ["pending", "running", "preempted", "restarting", "succeeded", "failed", "cancelled"]}},
+                        {"name": "after", "in": "query", "schema": {"type": "integer"}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
+                    ],
+                    "summary": "List jobs (a tenant sees its own)", "tags": ["jobs"], "security": [{"bearer": []}],
+                    "responses": {"200": {"description": "JobPage", "content": {"application/json": {}}},
+                                  "401": {"$ref": "#/components/responses/Error"},
+                                  "422": {"$ref": "#/components/responses/Error"}}
+                }
+            },
+            "/v1/jobs/batch": {"post": op("Submit up to 10000 jobs at once", "jobs", Some("A JSON array of job specs"), ("201", "Submitted[]"))},
+            "/v1/jobs/dry-run": {"post": op("Placement and ETA without queuing", "jobs", Some(job_spec), ("200", "DryRun"))},
+            "/v1/jobs/{id}": {"get": op("A job", "jobs", None, ("200", "JobView")), "parameters": id_param()},
+            "/v1/jobs/{id}/cancel": {"post": op("Cancel a job", "jobs", None, ("200", "JobView")), "parameters": id_param()},
+            "/v1/jobs/{id}/events": {"get": op("A job's events", "jobs", None, ("200", "EventRow[]")), "parameters": id_param()},
+            "/v1/jobs/{id}/explain": {"get": op("Why a job is pending, with numbers and an ETA", "jobs", None, ("200", "Explain")), "parameters": id_param()},
+            "/v1/tenants": {
+                "post": op("Create a tenant (admin); returns its first token", "tenants", Some("TenantRequest"), ("201", "TokenIssued")),
+                "get": op("Tenants with quota use (a tenant sees itself)", "tenants", None, ("200", "TenantView[]"))
+            },
+            "/v1/tenants/{name}/quota": {"put": op("Set a tenant's quota (admin): QuotaRequest or a v1 ResourceQuota", "tenants", Some("QuotaRequest or ResourceQuota"), ("200", "TenantView")),
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]},
+            "/v1/tenants/{name}/tokens": {"post": op("Issue another token for a tenant (admin)", "tenants", None, ("201", "TokenIssued")),
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]},
+            "/v1/nodes": {
+                "post": op("Register a node (join or admin token)", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeView")),
+                "get": op("Nodes", "nodes", None, ("200", "NodeView[]"))
+            },
+            "/v1/nodes/{name}/{action}": {"post": op("cordon, drain or uncordon a node (admin)", "nodes", None, ("200", "NodeView")),
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
+                               {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["cordon", "drain", "uncordon"]}}]},
+            "/v1/cluster": {"get": op("Cluster summary", "cluster", None, ("200", "ClusterSummary"))},
+            "/v1/usage": {"get": op("Usage and cost per tenant and job over a period (per-second billing)", "billing", None, ("200", "UsageReport"))},
+            "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},
+            "/metrics": {"get": op("Prometheus metrics (admin)", "metrics", None, ("200", "text/plain"))}
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "responses": {"Error": {"description": "An error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}},
+            "schemas": {
+                "ErrorBody": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "field": {"type": "string"}}}}}
+            }
+        }
+    })
+}

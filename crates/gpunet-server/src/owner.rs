@@ -1,0 +1,812 @@
+//! The task that owns the live cluster: every change goes through it as a [`Cmd`], in order. It applies the change to
+//! the core state, queues the write to the store, and replies only once the store says the write is durable. After
+//! each batch of commands (and on a periodic tick) it runs a scheduling pass and persists what changed.
+
+use crate::metrics::ServerMetrics;
+use crate::{now_ms, Principal};
+use gpunet_api::spec::JobSubmission;
+use gpunet_api::types::*;
+use gpunet_api::ApiError;
+use gpunet_core::tenant::{dim_model, Quota, DIM_CPU, DIM_GPUS, DIM_MEM};
+use gpunet_core::{
+    explain, schedule, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec, NodeState, Placement,
+    TenantId, TenantSpec, Time,
+};
+use gpunet_store::{Store, UsageRow, Write};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+/// A request to the owner.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Submit {
+        who: Principal,
+        subs: Vec<(JobSubmission, Vec<String>)>,
+        reply: Reply<Vec<Submitted>>,
+    },
+    DryRun {
+        who: Principal,
+        sub: JobSubmission,
+        warnings: Vec<String>,
+        reply: Reply<DryRun>,
+    },
+    Get {
+        who: Principal,
+        id: u64,
+        reply: Reply<JobView>,
+    },
+    List {
+        who: Principal,
+        tenant: Option<String>,
+        state: Option<String>,
+        after: u64,
+        limit: usize,
+        reply: Reply<JobPage>,
+    },
+    Cancel {
+        who: Principal,
+        id: u64,
+        reply: Reply<JobView>,
+    },
+    Explain {
+        who: Principal,
+        id: u64,
+        reply: Reply<Explain>,
+    },
+    CreateTenant {
+        req: TenantRequest,
+        reply: Reply<TokenIssued>,
+    },
+    SetQuota {
+        tenant: String,
+        quota: Option<(Quota, QuotaRequest)>,
+        reply: Reply<TenantView>,
+    },
+    IssueToken {
+        tenant: String,
+        reply: Reply<TokenIssued>,
+    },
+    Tenants {
+        who: Principal,
+        reply: Reply<Vec<TenantView>>,
+    },
+    RegisterNode {
+        spec: NodeSpec,
+        fake: bool,
+        reply: Reply<NodeView>,
+    },
+    Nodes {
+        who: Principal,
+        reply: Reply<Vec<NodeView>>,
+    },
+    SetNodeState {
+        name: String,
+        state: NodeState,
+        reply: Reply<NodeView>,
+    },
+    Summary {
+        reply: Reply<ClusterSummary>,
+    },
+    LiveUsage {
+        who: Principal,
+        reply: Reply<Vec<UsageRow>>,
+    },
+    Gauges {
+        reply: Reply<String>,
+    },
+}
+
+/// A job as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct JobDoc {
+    pub(crate) job: Job,
+    pub(crate) tenant: String,
+    pub(crate) submission: JobSubmission,
+    #[serde(default)]
+    pub(crate) warnings: Vec<String>,
+}
+
+/// A tenant as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TenantDoc {
+    pub(crate) spec: TenantSpec,
+    #[serde(default)]
+    pub(crate) quota: Option<QuotaRequest>,
+}
+
+/// A node as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NodeDoc {
+    pub(crate) spec: NodeSpec,
+    pub(crate) state: NodeState,
+    pub(crate) fake: bool,
+}
+
+pub(crate) struct Owner {
+    pub(crate) st: ClusterState,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) auth: Arc<RwLock<HashMap<String, Principal>>>,
+    pub(crate) docs: BTreeMap<u64, JobDoc>,
+    pub(crate) tenants: BTreeMap<String, TenantDoc>,
+    pub(crate) nodes: BTreeMap<String, NodeDoc>,
+    pub(crate) next_id: u64,
+    pub(crate) metrics: Arc<ServerMetrics>,
+    pub(crate) events: broadcast::Sender<String>,
+    dirty: bool,
+}
+
+fn forbidden() -> ApiError {
+    ApiError::new("forbidden", "this object belongs to another tenant")
+}
+
+fn not_found(what: &str, key: &str) -> ApiError {
+    ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
+}
+
+/// Tenant names: 1–63 of letters, digits, `-`, `_`, `.`.
+pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
+    if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
+    }
+    Ok(())
+}
+
+/// Converts an API quota into the core's.
+pub(crate) fn quota_from_request(q: &QuotaRequest) -> Result<Quota, ApiError> {
+    let mut out = Quota::default();
+    if let Some(g) = q.guarantee_gpus {
+        out = out.with(DIM_GPUS, g, q.limit_gpus.unwrap_or(g));
+    } else if let Some(l) = q.limit_gpus {
+        out = out.with(DIM_GPUS, 0, l);
+    }
+    let cpu = |f: &str, v: &Option<String>| v.as_deref().map(|s| gpunet_api::units::parse_cpu(f, s)).transpose();
+    let mem = |f: &str, v: &Option<String>| v.as_deref().map(|s| gpunet_api::units::parse_memory(f, s)).transpose();
+    let (gc, lc) = (cpu("guarantee_cpu", &q.guarantee_cpu)?, cpu("limit_cpu", &q.limit_cpu)?);
+    if gc.is_some() || lc.is_some() {
+        let g = gc.unwrap_or_default();
+        out = out.with(DIM_CPU, g.0, lc.unwrap_or(g).0.max(if lc.is_none() { g.0 } else { 0 }));
+    }
+    let (gm, lm) = (mem("guarantee_memory", &q.guarantee_memory)?, mem("limit_memory", &q.limit_memory)?);
+    if gm.is_some() || lm.is_some() {
+        let g = gm.unwrap_or_default();
+        out = out.with(DIM_MEM, g.0, lm.unwrap_or(g).0);
+    }
+    for (m, g) in &q.per_model_gpus {
+        let model: GpuModel = m.parse().map_err(|_| {
+            ApiError::invalid(&format!("per_model_gpus.{m}"), m, &GpuModel::ALL.map(|m| m.name()).join(", "))
+        })?;
+        out = out.with(dim_model(model), *g, *g);
+    }
+    out.validate()?;
+    Ok(out)
+}
+
+impl Owner {
+    pub(crate) fn new(
+        st: ClusterState,
+        store: Arc<dyn Store>,
+        auth: Arc<RwLock<HashMap<String, Principal>>>,
+        metrics: Arc<ServerMetrics>,
+        events: broadcast::Sender<String>,
+    ) -> Owner {
+        Owner {
+            st,
+            store,
+            auth,
+            docs: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            next_id: 1,
+            metrics,
+            events,
+            dirty: false,
+        }
+    }
+
+    fn tenant_id(&self, name: &str) -> Result<TenantId, ApiError> {
+        self.st.tenant_id(name).ok_or_else(|| not_found("tenant", name))
+    }
+
+    fn visible(&self, who: &Principal, doc: &JobDoc) -> Result<(), ApiError> {
+        match who {
+            Principal::Admin => Ok(()),
+            Principal::Tenant(t) if *t == doc.tenant => Ok(()),
+            _ => Err(forbidden()),
+        }
+    }
+
+    fn job_doc_write(&self, id: u64) -> Option<Write> {
+        let d = self.docs.get(&id)?;
+        Some(Write::Job {
+            id,
+            tenant: d.tenant.clone(),
+            state: d.job.state.to_string(),
+            doc: serde_json::to_value(d).expect("job documents serialise"),
+        })
+    }
+
+    fn event(&self, job: u64, kind: &str, message: String) -> Write {
+        let _ = self.events.send(
+            serde_json::json!({"job": job, "kind": kind, "message": message, "at_ms": now_ms(),
+                "tenant": self.docs.get(&job).map(|d| d.tenant.clone())})
+            .to_string(),
+        );
+        Write::Event { job, at_ms: now_ms(), kind: kind.into(), message }
+    }
+
+    /// Persists `writes` and replies with `value` once they are durable.
+    fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
+        self.store.commit_async(
+            writes,
+            Box::new(move |r| {
+                let _ = reply.send(match r {
+                    Ok(()) => Ok(value),
+                    Err(e) => Err(ApiError::new("internal", format!("persist the change: {e}"))),
+                });
+            }),
+        );
+    }
+
+    fn placement_view(&self, p: &Placement) -> Vec<TaskView> {
+        p.tasks
+            .iter()
+            .map(|t| TaskView {
+                node: self.st.node(t.node).map(|n| n.spec.name.clone()).unwrap_or_default(),
+                gpus: t.gpu_indexes(),
+                mig_slot: t.mig_slot,
+            })
+            .collect()
+    }
+
+    fn view(&self, id: u64) -> Option<JobView> {
+        let d = self.docs.get(&id)?;
+        let j = self.st.job(JobId(id)).unwrap_or(&d.job);
+        Some(JobView {
+            id,
+            name: j.spec.name.clone(),
+            tenant: d.tenant.clone(),
+            state: j.state.to_string(),
+            priority: j.spec.priority,
+            tasks: j.spec.tasks,
+            gpus: j.spec.total_gpus(),
+            submitted_ms: j.submitted.0,
+            started_ms: j.run.as_ref().map(|r| r.started.0),
+            finished_ms: j.finished.map(|t| t.0),
+            restarts: j.restarts,
+            preemptions: j.preemptions,
+            placement: j.run.as_ref().map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
+            warnings: d.warnings.clone(),
+            spec: d.submission.clone(),
+        })
+    }
+
+    fn sync_doc(&mut self, id: u64) {
+        if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
+            d.job = j.clone();
+        }
+    }
+
+    fn node_view(&self, name: &str, who: &Principal) -> Option<NodeView> {
+        let id = self.st.node_id(name)?;
+        let n = self.st.node(id)?;
+        let fake = self.nodes.get(name).is_some_and(|d| d.fake);
+        let jobs = n
+            .jobs
+            .iter()
+            .filter(|j| match who {
+                Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
+                _ => true,
+            })
+            .map(|j| j.0)
+            .collect();
+        Some(NodeView {
+            name: name.to_string(),
+            state: n.state.to_string(),
+            gpu_model: n.spec.gpu_model().map(|m| m.to_string()),
+            gpus: n.spec.gpus.iter().filter(|g| g.mig.is_empty()).count() as u32,
+            free_gpus: n.free_gpu_mask.count_ones(),
+            labels: n.spec.labels.clone(),
+            fake,
+            jobs,
+        })
+    }
+
+    fn tenant_view(&self, name: &str) -> Option<TenantView> {
+        let d = self.tenants.get(name)?;
+        let id = self.st.tenant_id(name)?;
+        let u = self.st.tenant_usage(id);
+        let (mut queued, mut running) = (0, 0);
+        for doc in self.docs.values().filter(|x| x.tenant == name) {
+            let s = self.st.job(doc.job.id).map_or(doc.job.state, |j| j.state);
+            if s.is_queued() {
+                queued += 1;
+            } else if s == JobState::Running {
+                running += 1;
+            }
+        }
+        Some(TenantView {
+            name: name.to_string(),
+            weight: d.spec.weight,
+            cohort: d.spec.cohort.clone(),
+            quota: d.quota.clone(),
+            gpus_used: u.gpus as u64,
+            cpu_milli_used: u.cpu.0,
+            memory_mib_used: u.mem.0,
+            queued,
+            running,
+            fair_share_usage_gpu_hours: self.st.tenant_decayed_usage_gpu_s(id, Time(now_ms())) / 3600.0,
+        })
+    }
+
+    /// Usage rows of a run that ends at `end`: one per node the job ran on.
+    fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+        let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
+        let secs = end.saturating_sub(run.started.0) as f64 / 1000.0;
+        let mut per_node: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new();
+        for t in &run.placement.tasks {
+            let e = per_node.entry(t.node.0).or_default();
+            e.0 += t.gpu_mask.count_ones() + t.mig_slot.map_or(0, |_| 1);
+            e.1 += t.cpu.0;
+            e.2 += t.mem.0;
+        }
+        per_node
+            .into_iter()
+            .filter_map(|(n, (g, cpu, mem))| {
+                let node = self.st.node(gpunet_core::NodeId(n))?;
+                Some(UsageRow {
+                    job: doc.job.id.0,
+                    tenant: doc.tenant.clone(),
+                    start_ms: run.started.0,
+                    end_ms: end,
+                    gpu_model: node.spec.gpu_model().map(|m| m.to_string()).unwrap_or_default(),
+                    lifecycle: node.spec.lifecycle().as_str().into(),
+                    gpu_seconds: g as f64 * secs,
+                    cpu_seconds: cpu as f64 / 1000.0 * secs,
+                    mem_gib_seconds: mem as f64 / 1024.0 * secs,
+                    cost: g as f64 * secs / 3600.0 * node.spec.price_per_gpu_hour,
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Submit { who, subs, reply } => {
+                let now = now_ms();
+                let mut writes = Vec::with_capacity(subs.len() * 2);
+                let mut out = Vec::with_capacity(subs.len());
+                // Validate every job first: a batch is all or nothing.
+                let mut prepared = Vec::with_capacity(subs.len());
+                for (i, (sub, warnings)) in subs.into_iter().enumerate() {
+                    let tenant = match (&who, &sub.tenant) {
+                        (Principal::Tenant(t), None) => t.clone(),
+                        (Principal::Tenant(t), Some(s)) if s == t => t.clone(),
+                        (Principal::Tenant(_), Some(_)) => {
+                            let _ = reply
+                                .send(Err(ApiError::new("forbidden", "a tenant token submits only to its own tenant")));
+                            return;
+                        }
+                        (_, Some(s)) => s.clone(),
+                        (_, None) => {
+                            let _ = reply.send(Err(ApiError::missing(if i == 0 { "tenant" } else { "jobs[].tenant" })));
+                            return;
+                        }
+                    };
+                    let tid = match self.tenant_id(&tenant) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    };
+                    match sub.to_core(tid) {
+                        Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
+                        Err(mut e) => {
+                            if i > 0 {
+                                e.message = format!("jobs[{i}]: {}", e.message);
+                            }
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                for (tenant, sub, warnings, spec) in prepared {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    if let Err(e) = self.st.submit(JobId(id), spec, Time(now)) {
+                        let _ = reply.send(Err(e.into()));
+                        return;
+                    }
+                    let job = self.st.job(JobId(id)).expect("just submitted").clone();
+                    self.docs.insert(id, JobDoc { job, tenant, submission: sub, warnings: warnings.clone() });
+                    writes.push(self.job_doc_write(id).expect("just inserted"));
+                    writes.push(self.event(id, "submitted", format!("job-{id} submitted")));
+                    self.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    out.push(Submitted { id, state: "pending".into(), warnings });
+                }
+                self.dirty = true;
+                self.durable(writes, reply, out);
+            }
+            Cmd::DryRun { who, sub, warnings, reply } => {
+                let r = (|| {
+                    let tenant = match (&who, &sub.tenant) {
+                        (Principal::Tenant(t), _) => t.clone(),
+                        (_, Some(t)) => t.clone(),
+                        _ => return Err(ApiError::missing("tenant")),
+                    };
+                    let spec = sub.to_core(self.tenant_id(&tenant)?)?;
+                    let mut probe = self.st.clone();
+                    let id = JobId(u64::MAX - 1);
+                    let now = Time(now_ms());
+                    probe.submit(id, spec, now)?;
+                    let message = explain(&probe, id, now).map(|e| e.message).unwrap_or_default();
+                    let pred = gpunet_sim::predict::predict_start(&probe, id, now, 2000);
+                    let placement = match &pred {
+                        Some((t, p)) if *t == now => self.placement_view(p),
+                        _ => Vec::new(),
+                    };
+                    Ok(DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings })
+                })();
+                let _ = reply.send(r);
+            }
+            Cmd::Get { who, id, reply } => {
+                let r = match self.docs.get(&id) {
+                    None => Err(not_found("job", &id.to_string())),
+                    Some(d) => self.visible(&who, d).map(|_| self.view(id).expect("present")),
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::List { who, tenant, state, after, limit, reply } => {
+                let tenant = match (&who, tenant) {
+                    (Principal::Tenant(t), Some(x)) if x != *t => {
+                        let _ = reply.send(Err(ApiError::new("forbidden", "a tenant token lists only its own jobs")));
+                        return;
+                    }
+                    (Principal::Tenant(t), _) => Some(t.clone()),
+                    (_, x) => x,
+                };
+                let mut jobs = Vec::new();
+                let mut next = None;
+                for (id, d) in self.docs.range(after + 1..) {
+                    if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
+                        continue;
+                    }
+                    let s = self.st.job(JobId(*id)).map_or(d.job.state, |j| j.state);
+                    if state.as_ref().is_some_and(|x| x != s.as_str()) {
+                        continue;
+                    }
+                    if jobs.len() == limit {
+                        next = jobs.last().map(|v: &JobView| v.id);
+                        break;
+                    }
+                    jobs.push(self.view(*id).expect("present"));
+                }
+                let _ = reply.send(Ok(JobPage { jobs, next }));
+            }
+            Cmd::Cancel { who, id, reply } => {
+                let Some(d) = self.docs.get(&id) else {
+                    let _ = reply.send(Err(not_found("job", &id.to_string())));
+                    return;
+                };
+                if let Err(e) = self.visible(&who, d) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let before = d.clone();
+                let before = JobDoc { job: self.st.job(JobId(id)).cloned().unwrap_or(before.job), ..before };
+                let now = now_ms();
+                if let Err(e) = self.st.cancel(JobId(id), Time(now)) {
+                    let _ = reply.send(Err(e.into()));
+                    return;
+                }
+                let mut writes: Vec<Write> = self.usage_rows(&before, now).into_iter().map(Write::Usage).collect();
+                self.sync_doc(id);
+                writes.push(self.job_doc_write(id).expect("present"));
+                writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
+                self.dirty = true;
+                let v = self.view(id).expect("present");
+                self.durable(writes, reply, v);
+            }
+            Cmd::Explain { who, id, reply } => {
+                let r = (|| {
+                    let d = self.docs.get(&id).ok_or_else(|| not_found("job", &id.to_string()))?;
+                    self.visible(&who, d)?;
+                    let now = Time(now_ms());
+                    let e = explain(&self.st, JobId(id), now)?;
+                    let state = self.st.job(JobId(id)).map_or(d.job.state, |j| j.state);
+                    let eta = if state.is_queued() {
+                        gpunet_sim::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
+                    } else {
+                        None
+                    };
+                    Ok(Explain {
+                        id,
+                        state: state.to_string(),
+                        message: e.message,
+                        reason: serde_json::to_value(&e.reason).expect("reasons serialise"),
+                        position: e.position,
+                        eta_ms: eta,
+                    })
+                })();
+                let _ = reply.send(r);
+            }
+            Cmd::CreateTenant { req, reply } => {
+                let r = (|| {
+                    valid_name("name", &req.name)?;
+                    if let Some(c) = &req.cohort {
+                        valid_name("cohort", c)?;
+                    }
+                    let mut spec = TenantSpec::new(req.name.clone());
+                    spec.weight = req.weight.unwrap_or(1.0);
+                    spec.cohort = req.cohort.clone();
+                    spec.quota = req.quota.as_ref().map(quota_from_request).transpose()?;
+                    self.st.add_tenant(spec.clone())?;
+                    Ok(spec)
+                })();
+                match r {
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    Ok(spec) => {
+                        let token = crate::new_token();
+                        let hash = crate::hash_token(&token);
+                        self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(req.name.clone()));
+                        let doc = TenantDoc { spec, quota: req.quota.clone() };
+                        let writes = vec![
+                            Write::Tenant {
+                                name: req.name.clone(),
+                                doc: serde_json::to_value(&doc).expect("serialise"),
+                            },
+                            Write::Token { hash, tenant: Some(req.name.clone()) },
+                        ];
+                        self.tenants.insert(req.name.clone(), doc);
+                        self.dirty = true;
+                        self.durable(writes, reply, TokenIssued { tenant: req.name, token });
+                    }
+                }
+            }
+            Cmd::SetQuota { tenant, quota, reply } => {
+                let r = (|| {
+                    let id = self.tenant_id(&tenant)?;
+                    self.st.set_quota(id, quota.as_ref().map(|q| q.0.clone()))?;
+                    Ok(())
+                })();
+                if let Err(e) = r {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let doc = self.tenants.get_mut(&tenant).expect("tenant exists");
+                doc.spec.quota = quota.as_ref().map(|q| q.0.clone());
+                doc.quota = quota.map(|q| q.1);
+                let w = Write::Tenant { name: tenant.clone(), doc: serde_json::to_value(&*doc).expect("serialise") };
+                self.dirty = true;
+                let v = self.tenant_view(&tenant).expect("exists");
+                self.durable(vec![w], reply, v);
+            }
+            Cmd::IssueToken { tenant, reply } => {
+                if !self.tenants.contains_key(&tenant) {
+                    let _ = reply.send(Err(not_found("tenant", &tenant)));
+                    return;
+                }
+                let token = crate::new_token();
+                let hash = crate::hash_token(&token);
+                self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(tenant.clone()));
+                self.durable(
+                    vec![Write::Token { hash, tenant: Some(tenant.clone()) }],
+                    reply,
+                    TokenIssued { tenant, token },
+                );
+            }
+            Cmd::Tenants { who, reply } => {
+                let v = self
+                    .tenants
+                    .keys()
+                    .filter(|n| match &who {
+                        Principal::Tenant(t) => *t == **n,
+                        _ => true,
+                    })
+                    .filter_map(|n| self.tenant_view(n))
+                    .collect();
+                let _ = reply.send(Ok(v));
+            }
+            Cmd::RegisterNode { spec, fake, reply } => {
+                let name = spec.name.clone();
+                let r = if let Some(id) = self.st.node_id(&name) {
+                    // Re-registration of a known node (an agent coming back): it becomes ready again.
+                    self.st.set_node_state(id, NodeState::Ready, Time(now_ms())).map(|_| ()).map_err(ApiError::from)
+                } else {
+                    valid_name("name", &name)
+                        .and_then(|_| self.st.add_node(spec.clone()).map(|_| ()).map_err(ApiError::from))
+                };
+                if let Err(e) = r {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let id = self.st.node_id(&name).expect("registered");
+                let full = self.st.node(id).expect("registered").spec.clone();
+                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake };
+                let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
+                self.nodes.insert(name.clone(), doc);
+                self.dirty = true;
+                let v = self.node_view(&name, &Principal::Admin).expect("registered");
+                self.durable(vec![w], reply, v);
+            }
+            Cmd::Nodes { who, reply } => {
+                let v = self.nodes.keys().filter_map(|n| self.node_view(n, &who)).collect();
+                let _ = reply.send(Ok(v));
+            }
+            Cmd::SetNodeState { name, state, reply } => {
+                let Some(id) = self.st.node_id(&name) else {
+                    let _ = reply.send(Err(not_found("node", &name)));
+                    return;
+                };
+                let now = now_ms();
+                let running: Vec<JobDoc> = self
+                    .st
+                    .node(id)
+                    .map(|n| n.jobs.iter().filter_map(|j| self.docs.get(&j.0).cloned()).collect())
+                    .unwrap_or_default();
+                let running: Vec<JobDoc> = running
+                    .into_iter()
+                    .map(|d| JobDoc { job: self.st.job(d.job.id).cloned().unwrap_or(d.job.clone()), ..d })
+                    .collect();
+                let moved = match self.st.set_node_state(id, state, Time(now)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = reply.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let mut writes = Vec::new();
+                for j in &moved {
+                    if let Some(before) = running.iter().find(|d| d.job.id == *j) {
+                        writes.extend(self.usage_rows(before, now).into_iter().map(Write::Usage));
+                    }
+                    self.sync_doc(j.0);
+                    writes.push(self.job_doc_write(j.0).expect("present"));
+                    let s = self.docs[&j.0].job.state;
+                    writes.push(self.event(j.0, s.as_str(), format!("job-{} {s}: node {name} is {state}", j.0)));
+                }
+                let doc = self.nodes.get_mut(&name).expect("known node");
+                doc.state = state;
+                writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
+                self.dirty = true;
+                let v = self.node_view(&name, &Principal::Admin).expect("known");
+                self.durable(writes, reply, v);
+            }
+            Cmd::Summary { reply } => {
+                let mut nodes = BTreeMap::new();
+                for n in self.st.nodes() {
+                    *nodes.entry(n.state.to_string()).or_insert(0) += 1;
+                }
+                let mut jobs = BTreeMap::new();
+                for d in self.docs.values() {
+                    let s = self.st.job(d.job.id).map_or(d.job.state, |j| j.state);
+                    *jobs.entry(s.to_string()).or_insert(0) += 1;
+                }
+                let _ = reply.send(Ok(ClusterSummary {
+                    policy: self.st.policy().to_string(),
+                    backfill: self.st.config().backfill,
+                    nodes,
+                    gpus_total: self.st.capacity_gpus(),
+                    gpus_allocated: self.st.allocated_gpus(),
+                    jobs,
+                    queue_length: self.st.queued_count(),
+                }));
+            }
+            Cmd::LiveUsage { who, reply } => {
+                let now = now_ms();
+                let rows = self
+                    .docs
+                    .values()
+                    .filter(|d| match &who {
+                        Principal::Tenant(t) => d.tenant == *t,
+                        _ => true,
+                    })
+                    .filter_map(|d| self.st.job(d.job.id).filter(|j| j.state == JobState::Running).map(|j| (d, j)))
+                    .flat_map(|(d, j)| self.usage_rows(&JobDoc { job: j.clone(), ..d.clone() }, now))
+                    .collect();
+                let _ = reply.send(Ok(rows));
+            }
+            Cmd::Gauges { reply } => {
+                let _ = reply.send(Ok(crate::metrics::gauges(self)));
+            }
+        }
+    }
+
+    /// One scheduling pass; persists what changed.
+    pub(crate) fn pass(&mut self) {
+        let t0 = std::time::Instant::now();
+        let now = now_ms();
+        self.st.accrue_usage(Time(now));
+        let ds = schedule(&self.st, Time(now));
+        let mut writes = Vec::new();
+        for d in &ds {
+            let before = match d {
+                Decision::Preempt { job, .. } => self
+                    .docs
+                    .get(&job.0)
+                    .map(|x| JobDoc { job: self.st.job(*job).cloned().unwrap_or(x.job.clone()), ..x.clone() }),
+                _ => None,
+            };
+            if let Err(e) = self.st.apply(d, Time(now)) {
+                tracing::error!(error = %e, "apply a scheduling decision");
+                continue;
+            }
+            match d {
+                Decision::Start { job, .. } => {
+                    self.sync_doc(job.0);
+                    let waited = now.saturating_sub(self.docs[&job.0].job.submitted.0);
+                    self.metrics.pending_seconds.observe(waited as f64 / 1000.0);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                    writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
+                }
+                Decision::Preempt { job, reason, for_job } => {
+                    if let Some(b) = before {
+                        writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+                    }
+                    self.sync_doc(job.0);
+                    self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                    writes.push(self.event(
+                        job.0,
+                        "preempted",
+                        format!(
+                            "job-{} preempted for {for_job}: {}",
+                            job.0,
+                            serde_json::to_string(reason).unwrap_or_default()
+                        ),
+                    ));
+                }
+                Decision::Scale { job, .. } => {
+                    self.sync_doc(job.0);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                }
+                Decision::Reserve { .. } => {}
+            }
+        }
+        if !writes.is_empty() {
+            self.store.commit_async(
+                writes,
+                Box::new(|r| {
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "persist scheduling decisions");
+                    }
+                }),
+            );
+        }
+        self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
+        self.dirty = false;
+    }
+
+    /// Runs until the channel closes.
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tick: std::time::Duration) {
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    self.handle(cmd);
+                    // Take what else is waiting, then schedule once for the whole batch.
+                    let mut n = 0;
+                    while n < 4096 {
+                        match rx.try_recv() {
+                            Ok(c) => self.handle(c),
+                            Err(_) => break,
+                        }
+                        n += 1;
+                    }
+                    if self.dirty {
+                        self.pass();
+                    }
+                }
+                _ = ticker.tick() => self.pass(),
+            }
+        }
+    }
+}

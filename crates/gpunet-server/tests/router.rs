@@ -1,0 +1,234 @@
+//! Router tests without sockets: the real router and owner task over an in-memory store.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use gpunet_server::{build, http::router, Config};
+use gpunet_store::MemoryStore;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tower::ServiceExt;
+
+struct App {
+    router: axum::Router,
+}
+
+impl App {
+    async fn new() -> App {
+        let mut cfg = Config::new("/nonexistent".into());
+        cfg.admin_token = Some("admin".into());
+        cfg.join_token = Some("join".into());
+        cfg.max_body_bytes = 64 * 1024;
+        let (state, _, _) = build(&cfg, Arc::new(MemoryStore::new())).unwrap();
+        App { router: router(state) }
+    }
+
+    async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<String>) -> (StatusCode, Value) {
+        let mut r = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        let req = r.body(body.map(Body::from).unwrap_or_else(Body::empty)).unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
+        let v = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, v)
+    }
+
+    async fn tenant(&self, name: &str, quota: Option<Value>) -> String {
+        let mut body = json!({"name": name});
+        if let Some(q) = quota {
+            body["quota"] = q;
+        }
+        let (s, v) = self.call("POST", "/v1/tenants", Some("admin"), Some(body.to_string())).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    async fn node(&self, name: &str, gpus: usize) {
+        let g: Vec<Value> =
+            (0..gpus).map(|_| json!({"model": "A100-80GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
+        let body = json!({"spec": {"name": name, "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"},
+                                   "price_per_gpu_hour": 2.0}, "fake": true});
+        let (s, v) = self.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+}
+
+fn err(v: &Value) -> (&str, Option<&str>) {
+    (v["error"]["code"].as_str().unwrap_or("?"), v["error"]["field"].as_str())
+}
+
+#[tokio::test]
+async fn submit_schedule_explain_cancel_and_bill() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", Some(json!({"guarantee_gpus": 2, "limit_gpus": 2}))).await;
+    app.node("n1", 4).await;
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some("name: one\ngpus: 2\ncommand: [\"true\"]\n".into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{id}"), Some(&a), None).await;
+    assert_eq!(j["state"], "running", "{j}");
+    assert_eq!(j["placement"][0]["node"], "n1");
+    // A second job exceeds the quota of 2 GPUs: explain names it.
+    let (_, v2) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "two", "gpus": 1}"#.into())).await;
+    let id2 = v2["id"].as_u64().unwrap();
+    let (s, e) = app.call("GET", &format!("/v1/jobs/job-{id2}/explain"), Some(&a), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(e["message"].as_str().unwrap().contains("team-a uses 2 of 2 guaranteed gpus"), "{e}");
+    let (_, ev) = app.call("GET", &format!("/v1/jobs/{id}/events"), Some(&a), None).await;
+    let kinds: Vec<&str> = ev.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["submitted", "started"]);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (s, c) = app.call("POST", &format!("/v1/jobs/{id}/cancel"), Some(&a), None).await;
+    assert_eq!((s, c["state"].as_str()), (StatusCode::OK, Some("cancelled")));
+    let (_, bill) = app.call("GET", "/v1/usage", Some(&a), None).await;
+    assert!(bill["tenants"]["team-a"]["gpu_hours"].as_f64().unwrap() > 0.0, "{bill}");
+    let (_, sum) = app.call("GET", "/v1/cluster", Some(&a), None).await;
+    assert_eq!(sum["gpus_total"], 4);
+    let (s, page) = app.call("GET", "/v1/jobs?state=cancelled&limit=10", Some(&a), None).await;
+    assert_eq!((s, page["jobs"].as_array().unwrap().len()), (StatusCode::OK, 1));
+}
+
+#[tokio::test]
+async fn tenants_are_isolated_on_every_endpoint() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    app.node("n1", 8).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "secret-a", "gpus": 1}"#.into())).await;
+    let id = v["id"].as_u64().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    for (m, p) in [
+        ("GET", format!("/v1/jobs/{id}")),
+        ("POST", format!("/v1/jobs/{id}/cancel")),
+        ("GET", format!("/v1/jobs/{id}/events")),
+        ("GET", format!("/v1/jobs/{id}/explain")),
+    ] {
+        let (s, v) = app.call(m, &p, Some(&b), None).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{m} {p}: {v}");
+        assert!(!v.to_string().contains("secret-a"));
+    }
+    let (_, page) = app.call("GET", "/v1/jobs", Some(&b), None).await;
+    assert_eq!(page["jobs"].as_array().unwrap().len(), 0);
+    let (s, _) = app.call("GET", "/v1/jobs?tenant=team-a", Some(&b), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (_, ts) = app.call("GET", "/v1/tenants", Some(&b), None).await;
+    assert_eq!(ts.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect::<Vec<_>>(), ["team-b"]);
+    let (_, ns) = app.call("GET", "/v1/nodes", Some(&b), None).await;
+    assert_eq!(ns[0]["jobs"].as_array().unwrap().len(), 0, "no other tenant's job ids on nodes");
+    let (_, bill) = app.call("GET", "/v1/usage", Some(&b), None).await;
+    assert!(bill["tenants"].get("team-a").is_none() && bill["jobs"].as_object().unwrap().is_empty(), "{bill}");
+    let (s, _) = app.call("GET", "/v1/usage?tenant=team-a", Some(&b), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _) =
+        app.call("POST", "/v1/jobs", Some(&b), Some(r#"{"name": "x", "gpus": 1, "tenant": "team-a"}"#.into())).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    for (m, p, body) in [
+        ("POST", "/v1/tenants", Some(r#"{"name": "evil"}"#)),
+        ("PUT", "/v1/tenants/team-a/quota", Some(r#"{"guarantee_gpus": 99}"#)),
+        ("POST", "/v1/tenants/team-a/tokens", None),
+        ("POST", "/v1/nodes/n1/drain", None),
+        ("GET", "/metrics", None),
+    ] {
+        let (s, _) = app.call(m, p, Some(&b), body.map(String::from)).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{m} {p}");
+    }
+    // Missing and wrong tokens.
+    for t in [None, Some("nope")] {
+        let (s, v) = app.call("GET", "/v1/jobs", t, None).await;
+        assert_eq!((s, err(&v).0), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    }
+    // The join token only registers nodes.
+    let (s, _) = app.call("GET", "/v1/jobs", Some("join"), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn bad_input_is_4xx_with_a_field() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let cases: Vec<(&str, &str, String, u16, &str, Option<&str>)> = vec![
+        ("POST", "/v1/jobs", r#"{"name": "x", "gpus": "many"}"#.into(), 422, "invalid_field", Some("gpus")),
+        (
+            "POST",
+            "/v1/jobs",
+            r#"{"name": "x", "gpus": 1, "colour": "red"}"#.into(),
+            422,
+            "unknown_field",
+            Some("colour"),
+        ),
+        ("POST", "/v1/jobs", r#"{"gpus": 1}"#.into(), 422, "missing_field", Some("name")),
+        ("POST", "/v1/jobs", "{not json".into(), 400, "parse_error", None),
+        ("POST", "/v1/jobs", r#"{"name": "x", "gpus": 1, "tasks": 0}"#.into(), 422, "invalid_field", Some("tasks")),
+        (
+            "POST",
+            "/v1/jobs",
+            r#"{"name": "x", "gpus": 1, "topology": "galaxy"}"#.into(),
+            422,
+            "invalid_field",
+            Some("topology"),
+        ),
+        ("POST", "/v1/jobs", "x".repeat(70 * 1024), 413, "too_large", None),
+        ("POST", "/v1/jobs/batch", r#"{"name": "x"}"#.into(), 422, "invalid_field", Some("body")),
+        ("GET", "/v1/jobs?limit=0", String::new(), 422, "invalid_field", Some("limit")),
+        ("GET", "/v1/jobs?colour=red", String::new(), 422, "unknown_field", Some("colour")),
+        ("GET", "/v1/jobs?state=sleeping", String::new(), 422, "invalid_field", Some("state")),
+        ("GET", "/v1/jobs/banana", String::new(), 422, "invalid_field", Some("id")),
+        ("GET", "/v1/jobs/999", String::new(), 404, "not_found", None),
+        ("GET", "/v1/nowhere", String::new(), 404, "not_found", None),
+    ];
+    for (m, p, body, status, code, field) in cases {
+        let (s, v) = app.call(m, p, Some(&a), if body.is_empty() { None } else { Some(body) }).await;
+        assert_eq!(s.as_u16(), status, "{m} {p}: {v}");
+        assert_eq!(err(&v), (code, field), "{m} {p}: {v}");
+    }
+    // Admin-only bad input.
+    let (s, v) = app.call("POST", "/v1/tenants", Some("admin"), Some(r#"{"name": "bad name!"}"#.into())).await;
+    assert_eq!((s.as_u16(), err(&v)), (422, ("invalid_field", Some("name"))));
+    let (s, v) = app
+        .call(
+            "PUT",
+            "/v1/tenants/team-a/quota",
+            Some("admin"),
+            Some(r#"{"guarantee_gpus": 8, "limit_gpus": 4}"#.into()),
+        )
+        .await;
+    assert_eq!((s.as_u16(), err(&v).0), (422, "invalid_field"), "{v}");
+    let (s, v) = app.call("POST", "/v1/nodes", Some("admin"), Some(r#"{"spec": 1}"#.into())).await;
+    assert_eq!((s.as_u16(), err(&v).0), (400, "parse_error"), "{v}");
+    let (s, _) = app.call("POST", "/v1/nodes/ghost/cordon", Some("admin"), None).await;
+    assert_eq!(s.as_u16(), 404);
+    let (s, v) = app.call("POST", "/v1/nodes/ghost/explode", Some("admin"), None).await;
+    assert_eq!((s.as_u16(), err(&v).1), (422, Some("action")));
+}
+
+#[tokio::test]
+async fn kubernetes_manifests_are_accepted_unchanged() {
+    let app = App::new().await;
+    app.tenant("team-a", None).await;
+    let quota = include_str!("../../gpunet-api/tests/fixtures/k8s-resourcequota.yaml");
+    let (s, v) = app.call("PUT", "/v1/tenants/team-a/quota", Some("admin"), Some(quota.into())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["quota"]["guarantee_gpus"], 16);
+    let job = include_str!("../../gpunet-api/tests/fixtures/k8s-job.yaml");
+    let (s, v) = app.call("POST", "/v1/jobs?tenant=team-a", Some("admin"), Some(job.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let w = v["warnings"].as_array().unwrap();
+    assert!(w.iter().any(|x| x.as_str().unwrap().contains("affinity is misplaced")), "{v}");
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some("admin"), None).await;
+    assert_eq!((j["gpus"].as_u64(), j["name"].as_str()), (Some(2), Some("resnet50-train")));
+}
+
+#[tokio::test]
+async fn the_openapi_document_matches_the_committed_copy() {
+    let app = App::new().await;
+    let (s, v) = app.call("GET", "/v1/openapi.json", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let committed: Value = serde_json::from_str(include_str!("../../../openapi.json")).unwrap();
+    assert_eq!(v, committed, "the API changed: regenerate openapi.json (curl /v1/openapi.json) and review the diff");
+    for path in v["paths"].as_object().unwrap().keys() {
+        assert!(path.starts_with("/v1/") || path == "/metrics", "{path}");
+    }
+}

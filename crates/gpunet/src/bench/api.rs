@@ -1,0 +1,135 @@
+//! `gpunet bench api`: durable job submissions per second from concurrent clients against a running server.
+
+use crate::bench::quantile;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::io::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Options.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ApiArgs {
+    /// Server URL.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub(crate) server: String,
+    /// Token: a tenant's, or the admin's (then jobs go to a tenant `bench`, created if missing).
+    #[arg(long, env = "GPUNET_TOKEN", hide_env_values = true)]
+    pub(crate) token: String,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) clients: usize,
+    /// Jobs in total.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) jobs: usize,
+    /// Append each acknowledged job id to this file as soon as it is acknowledged.
+    #[arg(long)]
+    pub(crate) ids_file: Option<std::path::PathBuf>,
+    /// table or json.
+    #[arg(long, default_value = "table")]
+    pub(crate) output: String,
+}
+
+/// What it measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct ApiReport {
+    /// Submissions acknowledged (durable).
+    pub(crate) acknowledged: usize,
+    /// Acknowledged submissions per second.
+    pub(crate) submissions_per_s: f64,
+    /// Median latency.
+    pub(crate) p50_ms: f64,
+    /// 99th percentile latency.
+    pub(crate) p99_ms: f64,
+}
+
+pub(crate) async fn run(a: ApiArgs) -> Result<()> {
+    if !matches!(a.output.as_str(), "table" | "json") {
+        bail!("invalid --output {:?}: allowed are table and json", a.output);
+    }
+    if a.clients == 0 || a.jobs == 0 {
+        bail!("invalid --clients/--jobs: both must be at least 1");
+    }
+    let base = a.server.trim_end_matches('/').to_string();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(a.clients * 2).build()?;
+    // An admin token submits for tenant `bench`.
+    let who = http.get(format!("{base}/metrics")).bearer_auth(&a.token).send().await.context("reach the server")?;
+    let tenant_field = if who.status().is_success() {
+        let r = http
+            .post(format!("{base}/v1/tenants"))
+            .bearer_auth(&a.token)
+            .header("content-type", "application/json")
+            .body(r#"{"name":"bench"}"#)
+            .send()
+            .await?;
+        if !(r.status().is_success() || r.status().as_u16() == 409) {
+            bail!("create tenant bench: {}", r.text().await?);
+        }
+        r#","tenant":"bench""#
+    } else {
+        ""
+    };
+    let ids = match &a.ids_file {
+        Some(p) => Some(Arc::new(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("open {}", p.display()))?,
+        ))),
+        None => None,
+    };
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for c in 0..a.clients {
+        let n = a.jobs / a.clients + usize::from(c < a.jobs % a.clients);
+        let (http, base, token, ids) = (http.clone(), base.clone(), a.token.clone(), ids.clone());
+        let body = format!(r#"{{"name":"bench-{c}","gpus":1,"command":["true"]{tenant_field}}}"#);
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = http
+                    .post(format!("{base}/v1/jobs"))
+                    .bearer_auth(&token)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                let Ok(r) = r else { break };
+                if r.status().as_u16() != 201 {
+                    break;
+                }
+                let v: serde_json::Value = r.json().await.unwrap_or_default();
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                if let (Some(ids), Some(id)) = (&ids, v["id"].as_u64()) {
+                    let mut f = ids.lock().expect("ids file lock");
+                    let _ = writeln!(f, "{id}");
+                    let _ = f.flush();
+                }
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await?);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let r = ApiReport {
+        acknowledged: lat.len(),
+        submissions_per_s: lat.len() as f64 / secs,
+        p50_ms: quantile(&lat, 0.5),
+        p99_ms: quantile(&lat, 0.99),
+    };
+    if a.output == "json" {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("acknowledged       {}", r.acknowledged);
+        println!("submissions_per_s  {:.0}", r.submissions_per_s);
+        println!("p50_ms             {:.2}", r.p50_ms);
+        println!("p99_ms             {:.2}", r.p99_ms);
+    }
+    Ok(())
+}

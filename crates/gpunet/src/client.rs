@@ -1,0 +1,209 @@
+//! The CLI's side of the API: `gpunet submit | jobs | show | cancel | why | tenants | quota | nodes | cordon | drain |
+//! uncordon | bill`. The server URL and token come from flags, then `GPUNET_SERVER` / `GPUNET_TOKEN`, then the config
+//! file (`$GPUNET_CONFIG`, else `~/.config/gpunet/config.toml` with `server = "…"` and `token = "…"`).
+
+use anyhow::{bail, Context, Result};
+use gpunet_api::types::*;
+use serde::de::DeserializeOwned;
+use std::path::PathBuf;
+
+/// Connection flags shared by every client command.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Conn {
+    /// Server URL (default `GPUNET_SERVER`, the config file, then http://127.0.0.1:7070).
+    #[arg(long, global = true)]
+    pub(crate) server: Option<String>,
+    /// Bearer token (default `GPUNET_TOKEN`, then the config file).
+    #[arg(long, global = true)]
+    pub(crate) token: Option<String>,
+    /// table or json.
+    #[arg(long, global = true, default_value = "table")]
+    pub(crate) output: String,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    server: Option<String>,
+    token: Option<String>,
+}
+
+fn config_file() -> Result<ConfigFile> {
+    let path = std::env::var_os("GPUNET_CONFIG")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/gpunet/config.toml")));
+    match path {
+        Some(p) if p.exists() => {
+            let text = std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parse {}", p.display()))
+        }
+        _ => Ok(ConfigFile::default()),
+    }
+}
+
+/// A connected client.
+pub(crate) struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+    pub(crate) json: bool,
+}
+
+impl Client {
+    pub(crate) fn new(c: &Conn) -> Result<Client> {
+        let file = config_file()?;
+        let base = c
+            .server
+            .clone()
+            .or_else(|| std::env::var("GPUNET_SERVER").ok())
+            .or(file.server)
+            .unwrap_or_else(|| "http://127.0.0.1:7070".into());
+        let token = c.token.clone().or_else(|| std::env::var("GPUNET_TOKEN").ok()).or(file.token);
+        if !matches!(c.output.as_str(), "table" | "json") {
+            bail!("invalid --output {:?}: allowed are table and json", c.output);
+        }
+        Ok(Client {
+            base: base.trim_end_matches('/').to_string(),
+            token,
+            http: reqwest::Client::builder().pool_max_idle_per_host(64).build()?,
+            json: c.output == "json",
+        })
+    }
+
+    fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(m, format!("{}{}", self.base, path));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(&self, r: reqwest::RequestBuilder) -> Result<T> {
+        let resp = r.send().await.with_context(|| format!("reach the server at {}", self.base))?;
+        let status = resp.status();
+        let body = resp.bytes().await?;
+        if !status.is_success() {
+            if let Ok(e) = serde_json::from_slice::<gpunet_api::ErrorBody>(&body) {
+                bail!("{} ({})", e.error.message, status.as_u16());
+            }
+            bail!("the server answered {status}: {}", String::from_utf8_lossy(&body));
+        }
+        serde_json::from_slice(&body).context("decode the server's answer")
+    }
+
+    pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.send(self.req(reqwest::Method::GET, path)).await
+    }
+
+    pub(crate) async fn post<T: DeserializeOwned>(&self, path: &str, body: Option<String>, ctype: &str) -> Result<T> {
+        let mut r = self.req(reqwest::Method::POST, path);
+        if let Some(b) = body {
+            r = r.header("content-type", ctype).body(b);
+        }
+        self.send(r).await
+    }
+
+    pub(crate) async fn put<T: DeserializeOwned>(&self, path: &str, body: String) -> Result<T> {
+        self.send(self.req(reqwest::Method::PUT, path).header("content-type", "application/yaml").body(body)).await
+    }
+}
+
+/// Prints a table with a header and right-padded columns.
+pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(head.to_vec()) + "\n";
+    for r in &rows {
+        out += &(line(r.iter().map(String::as_str).collect()) + "\n");
+    }
+    out
+}
+
+fn ago(ms: u64) -> String {
+    let now = gpunet_server::now_ms();
+    let s = now.saturating_sub(ms) / 1000;
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86_399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
+}
+
+pub(crate) fn jobs_table(jobs: &[JobView]) -> String {
+    table(
+        &["ID", "TENANT", "NAME", "STATE", "GPUS", "TASKS", "SUBMITTED", "NODES"],
+        jobs.iter()
+            .map(|j| {
+                let mut nodes: Vec<&str> = j.placement.iter().map(|t| t.node.as_str()).collect();
+                nodes.dedup();
+                vec![
+                    j.id.to_string(),
+                    j.tenant.clone(),
+                    j.name.clone(),
+                    j.state.clone(),
+                    j.gpus.to_string(),
+                    j.tasks.to_string(),
+                    ago(j.submitted_ms),
+                    nodes.join(","),
+                ]
+            })
+            .collect(),
+    )
+}
+
+pub(crate) fn nodes_table(nodes: &[NodeView]) -> String {
+    table(
+        &["NAME", "STATE", "MODEL", "GPUS", "FREE", "ZONE", "JOBS", "FAKE"],
+        nodes
+            .iter()
+            .map(|n| {
+                vec![
+                    n.name.clone(),
+                    n.state.clone(),
+                    n.gpu_model.clone().unwrap_or_else(|| "-".into()),
+                    n.gpus.to_string(),
+                    n.free_gpus.to_string(),
+                    n.labels.get("zone").cloned().unwrap_or_default(),
+                    n.jobs.len().to_string(),
+                    if n.fake { "yes".into() } else { "no".into() },
+                ]
+            })
+            .collect(),
+    )
+}
+
+pub(crate) fn tenants_table(ts: &[TenantView]) -> String {
+    table(
+        &["TENANT", "WEIGHT", "GPUS USED", "GUARANTEE", "LIMIT", "QUEUED", "RUNNING", "COHORT"],
+        ts.iter()
+            .map(|t| {
+                let q = t.quota.clone().unwrap_or_default();
+                vec![
+                    t.name.clone(),
+                    format!("{}", t.weight),
+                    t.gpus_used.to_string(),
+                    q.guarantee_gpus.map_or("-".into(), |g| g.to_string()),
+                    q.limit_gpus.or(q.guarantee_gpus).map_or("-".into(), |g| g.to_string()),
+                    t.queued.to_string(),
+                    t.running.to_string(),
+                    t.cohort.clone().unwrap_or_default(),
+                ]
+            })
+            .collect(),
+    )
+}
