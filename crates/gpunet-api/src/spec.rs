@@ -303,6 +303,32 @@ impl JobSubmission {
                 }
             }
         }
+        let cmd_bytes: usize = self.command.iter().map(String::len).sum();
+        if self.command.len() > 4096 || cmd_bytes > 256 * 1024 {
+            return Err(ApiError::invalid(
+                "command",
+                &format!("{} arguments, {cmd_bytes} bytes", self.command.len()),
+                "at most 4096 arguments and 256 KiB",
+            ));
+        }
+        let env_bytes: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if self.env.len() > 1024 || env_bytes > 256 * 1024 {
+            return Err(ApiError::invalid(
+                "env",
+                &format!("{} variables, {env_bytes} bytes", self.env.len()),
+                "at most 1024 variables and 256 KiB",
+            ));
+        }
+        if self.working_dir.as_ref().is_some_and(|w| w.len() > 4096) {
+            return Err(ApiError::invalid("working_dir", "a path over 4096 bytes", "at most 4096 bytes"));
+        }
+        if self.selector.len() + self.affinity.len() > 64 || self.tolerations.len() > 64 || self.gpu_models.len() > 32 {
+            return Err(ApiError::invalid(
+                "selector",
+                "too many terms",
+                "at most 64 selector/affinity terms, 64 tolerations, 32 models",
+            ));
+        }
         if self.env.keys().any(|k| k.is_empty() || k.contains('=')) {
             return Err(ApiError::invalid("env", "a key with '=' or empty", "names without '='"));
         }

@@ -651,14 +651,12 @@ impl ClusterState {
                 job: id,
                 reason: "a running job without a placement".into(),
             })?;
-            let mut seen = 0usize;
-            for t in &run.placement.tasks {
+            for (seen, t) in run.placement.tasks.iter().enumerate() {
                 self.free.can_take(&self.topo, t).map_err(|reason| CoreError::InvalidPlacement { job: id, reason })?;
                 // Tasks of one job on one node must not overlap either.
                 if run.placement.tasks[..seen].iter().any(|o| o.node == t.node && o.gpu_mask & t.gpu_mask != 0) {
                     return Err(CoreError::InvalidPlacement { job: id, reason: "two tasks share a GPU".into() });
                 }
-                seen += 1;
             }
             self.jobs.insert(id, job);
             self.occupy(id, run, now);

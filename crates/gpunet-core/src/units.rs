@@ -159,7 +159,7 @@ unit_ops!(MiB);
 
 impl fmt::Display for MilliCpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1000 == 0 {
+        if self.0.is_multiple_of(1000) {
             write!(f, "{} CPU", self.0 / 1000)
         } else {
             write!(f, "{}m CPU", self.0)
@@ -169,7 +169,7 @@ impl fmt::Display for MilliCpu {
 
 impl fmt::Display for MiB {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1024 == 0 {
+        if self.0.is_multiple_of(1024) {
             write!(f, "{} GiB", self.0 / 1024)
         } else {
             write!(f, "{} MiB", self.0)

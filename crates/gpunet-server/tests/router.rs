@@ -149,7 +149,9 @@ async fn tenants_are_isolated_on_every_endpoint() {
 async fn bad_input_is_4xx_with_a_field() {
     let app = App::new().await;
     let a = app.tenant("team-a", None).await;
-    let cases: Vec<(&str, &str, String, u16, &str, Option<&str>)> = vec![
+    // method, path, body, status, error code, field
+    type Case<'a> = (&'a str, &'a str, String, u16, &'a str, Option<&'a str>);
+    let cases: Vec<Case<'_>> = vec![
         ("POST", "/v1/jobs", r#"{"name": "x", "gpus": "many"}"#.into(), 422, "invalid_field", Some("gpus")),
         (
             "POST",
@@ -230,5 +232,59 @@ async fn the_openapi_document_matches_the_committed_copy() {
     assert_eq!(v, committed, "the API changed: regenerate openapi.json (curl /v1/openapi.json) and review the diff");
     for path in v["paths"].as_object().unwrap().keys() {
         assert!(path.starts_with("/v1/") || path == "/metrics", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn no_client_input_gets_a_5xx() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    // A seeded stream of malformed and mutated bodies against every body-taking endpoint.
+    let seeds = [
+        r#"{"name": "x", "gpus": 1, "tasks": 2, "topology": "rack", "estimated_duration": "1h"}"#,
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: a}\nspec: {template: {spec: {containers: [{name: c}]}}}\n",
+        r#"[{"name": "a", "gpus": 1}]"#,
+        r#"{"guarantee_gpus": 4, "limit_gpus": 8}"#,
+        r#"{"spec": {"name": "n", "gpus": [], "cpu": 1, "mem": 1, "labels": {}, "price_per_gpu_hour": 0}}"#,
+    ];
+    let mut x: u64 = 0x9E3779B97F4A7C15;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let endpoints = [
+        ("POST", "/v1/jobs", a.as_str()),
+        ("POST", "/v1/jobs/batch", a.as_str()),
+        ("POST", "/v1/jobs/dry-run", a.as_str()),
+        ("PUT", "/v1/tenants/team-a/quota", "admin"),
+        ("POST", "/v1/tenants", "admin"),
+        ("POST", "/v1/nodes", "admin"),
+    ];
+    for i in 0..600 {
+        let seed = seeds[(rnd() % seeds.len() as u64) as usize];
+        let mut b: Vec<u8> = seed.as_bytes().to_vec();
+        for _ in 0..(rnd() % 4) {
+            let pos = (rnd() as usize) % b.len().max(1);
+            match rnd() % 3 {
+                0 if !b.is_empty() => b[pos] = (rnd() % 256) as u8,
+                0 => {}
+                1 => {
+                    b.truncate(pos);
+                }
+                _ => {
+                    let alphabet = b"{}[]:,\"-9e99\0";
+                    b.insert(pos, alphabet[(rnd() % alphabet.len() as u64) as usize])
+                }
+            }
+        }
+        let (m, p, t) = endpoints[i % endpoints.len()];
+        let body = String::from_utf8_lossy(&b).into_owned();
+        let (s, v) = app.call(m, p, Some(t), Some(body.clone())).await;
+        assert!(s.as_u16() < 500, "{m} {p} with {body:?}: {s} {v}");
+        if s.is_client_error() {
+            assert!(v["error"]["code"].is_string() && v["error"]["message"].is_string(), "{v}");
+        }
     }
 }

@@ -893,7 +893,7 @@ pub fn simulate(
                     e.jobs[idx].finish = Some(now);
                     e.learn(idx);
                     done += 1;
-                    if done % report_every == 0 {
+                    if done.is_multiple_of(report_every) {
                         progress(done, total);
                     }
                     changed = true;
