@@ -244,6 +244,9 @@ pub struct UsageReport {
     pub tenants: BTreeMap<String, UsageTotals>,
     /// Per job.
     pub jobs: BTreeMap<u64, UsageTotals>,
+    /// Per GPU model and lifecycle (`A100-80GB/spot`).
+    #[serde(default)]
+    pub by_model: BTreeMap<String, UsageTotals>,
 }
 
 /// Totals of usage.

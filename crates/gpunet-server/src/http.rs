@@ -387,16 +387,37 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
         .map_err(|e| ApiError::new("internal", e.to_string()))?;
     let live = ask(&st, |reply| Cmd::LiveUsage { who: p, reply }).await?;
     rows.extend(live.into_iter().filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant)));
-    let mut report = UsageReport { from_ms: from, to_ms: to, tenants: BTreeMap::new(), jobs: BTreeMap::new() };
+    let mut report = UsageReport {
+        from_ms: from,
+        to_ms: to,
+        tenants: BTreeMap::new(),
+        jobs: BTreeMap::new(),
+        by_model: BTreeMap::new(),
+    };
     for r in rows {
         // Bill only the part of each interval inside [from, to), per second.
         let span = (r.end_ms.saturating_sub(r.start_ms)).max(1) as f64;
         let inside = (r.end_ms.min(to).saturating_sub(r.start_ms.max(from))) as f64 / span;
-        for tot in [report.tenants.entry(r.tenant.clone()).or_default(), report.jobs.entry(r.job).or_default()] {
+        let model = format!("{}/{}", if r.gpu_model.is_empty() { "cpu" } else { &r.gpu_model }, r.lifecycle);
+        let mut tots = [UsageTotals::default(), UsageTotals::default(), UsageTotals::default()];
+        for tot in tots.iter_mut() {
             tot.gpu_hours += r.gpu_seconds * inside / 3600.0;
             tot.cpu_hours += r.cpu_seconds * inside / 3600.0;
             tot.memory_gib_hours += r.mem_gib_seconds * inside / 3600.0;
             tot.cost += r.cost * inside;
+        }
+        for (dst, add) in [
+            report.tenants.entry(r.tenant.clone()).or_default(),
+            report.jobs.entry(r.job).or_default(),
+            report.by_model.entry(model).or_default(),
+        ]
+        .into_iter()
+        .zip(tots)
+        {
+            dst.gpu_hours += add.gpu_hours;
+            dst.cpu_hours += add.cpu_hours;
+            dst.memory_gib_hours += add.memory_gib_hours;
+            dst.cost += add.cost;
         }
     }
     Ok(json(StatusCode::OK, report))

@@ -238,6 +238,12 @@ impl Owner {
         Write::Event { job, at_ms: now_ms(), kind: kind.into(), message }
     }
 
+    fn node_event(&self, name: &str, state: &str) {
+        let _ = self
+            .events
+            .send(serde_json::json!({"node": name, "kind": format!("node_{state}"), "at_ms": now_ms()}).to_string());
+    }
+
     /// Persists `writes` and replies with `value` once they are durable.
     fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
         self.store.commit_async(
@@ -632,6 +638,7 @@ impl Owner {
                 let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
                 self.nodes.insert(name.clone(), doc);
                 self.dirty = true;
+                self.node_event(&name, "ready");
                 let v = self.node_view(&name, &Principal::Admin).expect("registered");
                 self.durable(vec![w], reply, v);
             }
@@ -675,6 +682,7 @@ impl Owner {
                 doc.state = state;
                 writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
                 self.dirty = true;
+                self.node_event(&name, state.to_string().as_str());
                 let v = self.node_view(&name, &Principal::Admin).expect("known");
                 self.durable(writes, reply, v);
             }

@@ -85,6 +85,7 @@ async fn submit_schedule_explain_cancel_and_bill() {
     assert_eq!((s, c["state"].as_str()), (StatusCode::OK, Some("cancelled")));
     let (_, bill) = app.call("GET", "/v1/usage", Some(&a), None).await;
     assert!(bill["tenants"]["team-a"]["gpu_hours"].as_f64().unwrap() > 0.0, "{bill}");
+    assert!(bill["by_model"]["A100-80GB/on-demand"]["cost"].as_f64().unwrap() > 0.0, "{bill}");
     let (_, sum) = app.call("GET", "/v1/cluster", Some(&a), None).await;
     assert_eq!(sum["gpus_total"], 4);
     let (s, page) = app.call("GET", "/v1/jobs?state=cancelled&limit=10", Some(&a), None).await;
