@@ -412,6 +412,8 @@ struct Pass<'a> {
     book: QuotaBook,
     elig: FxHashMap<u64, Rc<[u32]>>,
     never: FxHashMap<ShapeKey, Option<String>>,
+    /// Shapes that can never fit (no node class could hold them), by queue-key shape hash.
+    never_shapes: FxHashSet<u64>,
     /// Request shapes that failed to place in this pass (free resources only shrink within a pass, so they keep
     /// failing): (shape, held), where held says whether the reservation's hold applied.
     failed: FxHashSet<(u64, bool)>,
@@ -451,6 +453,7 @@ impl<'a> Pass<'a> {
             elig: FxHashMap::default(),
             never: FxHashMap::default(),
             failed: FxHashSet::default(),
+            never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
             started: Vec::new(),
             preempted: HashSet::new(),
@@ -757,7 +760,7 @@ impl<'a> Pass<'a> {
                     continue;
                 }
             }
-            if served.contains(&jid) {
+            if served.contains(&jid) || (!traced && self.never_shapes.contains(&key.shape())) {
                 continue;
             }
             let job = &st.jobs[&jid];
@@ -821,6 +824,9 @@ impl<'a> Pass<'a> {
                 }
             };
             if let Some(detail) = never {
+                if spec.elastic.is_none() {
+                    self.never_shapes.insert(shape);
+                }
                 if traced {
                     self.outcome = Some(PendingReason::NeverFits { detail });
                 }

@@ -791,16 +791,19 @@ impl Owner {
         self.dirty = false;
     }
 
-    /// Runs until the channel closes.
+    /// Runs until the channel closes. A pass follows a batch of commands at most every 25 ms (so a burst of
+    /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`.
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tick: std::time::Duration) {
-        let mut ticker = tokio::time::interval(tick);
+        let min_gap = std::time::Duration::from_millis(25);
+        let mut ticker = tokio::time::interval(min_gap);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_pass = std::time::Instant::now() - tick;
         loop {
             tokio::select! {
                 cmd = rx.recv() => {
                     let Some(cmd) = cmd else { break };
                     self.handle(cmd);
-                    // Take what else is waiting, then schedule once for the whole batch.
+                    // Take what else is waiting.
                     let mut n = 0;
                     while n < 4096 {
                         match rx.try_recv() {
@@ -809,11 +812,17 @@ impl Owner {
                         }
                         n += 1;
                     }
-                    if self.dirty {
+                    if self.dirty && last_pass.elapsed() >= min_gap {
                         self.pass();
+                        last_pass = std::time::Instant::now();
                     }
                 }
-                _ = ticker.tick() => self.pass(),
+                _ = ticker.tick() => {
+                    if (self.dirty && last_pass.elapsed() >= min_gap) || last_pass.elapsed() >= tick {
+                        self.pass();
+                        last_pass = std::time::Instant::now();
+                    }
+                }
             }
         }
     }
