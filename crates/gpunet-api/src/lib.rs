@@ -1,6 +1,7 @@
 //! gpunet's wire types, shared by the server, the agent, the CLI and the portal: job specs in gpunet's native form
 //! and in the Kubernetes forms (`batch/v1` Job, `v1` ResourceQuota), human quantities, and API errors.
 
+pub mod agent;
 pub mod error;
 pub mod k8s;
 pub mod spec;

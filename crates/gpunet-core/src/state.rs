@@ -734,7 +734,7 @@ impl ClusterState {
     }
 
     /// Whether a placement satisfies a topology scope.
-    pub(crate) fn scope_met(&self, scope: TopologyScope, p: &Placement) -> bool {
+    pub fn scope_met(&self, scope: TopologyScope, p: &Placement) -> bool {
         let Some(first) = p.tasks.first() else {
             return true;
         };

@@ -30,6 +30,7 @@ pub struct AppState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) events: broadcast::Sender<String>,
     pub(crate) max_body: usize,
+    pub(crate) notifies: crate::owner::Notifies,
 }
 
 impl std::fmt::Debug for AppState {
@@ -446,6 +447,32 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 
+/// `POST /v1/agents/{node}/sync`: apply the agent's report; answer with the node's task set, holding the request up to
+/// a second while it does not change.
+async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<String>, body: Bytes) -> R<Response> {
+    match who(&st, &h)? {
+        Principal::Admin | Principal::Agent => {}
+        Principal::Tenant(_) => return Err(Fail(ApiError::new("forbidden", "agents sync with the join token"))),
+    }
+    let sync: gpunet_api::agent::AgentSync =
+        serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
+    let known = sync.known_version;
+    let reported = !sync.exited.is_empty() || !sync.started.is_empty();
+    let notify = crate::owner::notify_of(&st.notifies, &node);
+    let woken = notify.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let n = node.clone();
+    let work = ask(&st, |reply| Cmd::AgentSync { node: n, sync, reply }).await?;
+    if work.version != known || reported {
+        return Ok(json(StatusCode::OK, work));
+    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
+    let again = gpunet_api::agent::AgentSync { known_version: known, ..Default::default() };
+    let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
+    Ok(json(StatusCode::OK, work))
+}
+
 async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     admin(&st, &h)?;
     let gauges = ask(&st, |reply| Cmd::Gauges { reply }).await?;
@@ -499,6 +526,7 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/tenants/{name}/tokens", post(issue_token))
         .route("/v1/nodes", post(register_node).get(list_nodes))
         .route("/v1/nodes/{name}/{action}", post(node_action))
+        .route("/v1/agents/{node}/sync", post(agent_sync))
         .route("/v1/cluster", get(cluster))
         .route("/v1/usage", get(usage))
         .route("/v1/events", get(events))

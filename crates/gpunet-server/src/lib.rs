@@ -47,6 +47,8 @@ pub struct Config {
     pub tick: std::time::Duration,
     /// Largest request body in bytes.
     pub max_body_bytes: usize,
+    /// An agent that has not synced for this long loses its node (its jobs restart elsewhere).
+    pub node_lost_after: std::time::Duration,
 }
 
 impl Config {
@@ -60,6 +62,7 @@ impl Config {
             sched: SchedConfig { backfill: true, ..SchedConfig::default() },
             tick: std::time::Duration::from_secs(1),
             max_body_bytes: 4 << 20,
+            node_lost_after: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -147,6 +150,8 @@ pub fn build(
     let metrics = Arc::new(metrics::ServerMetrics::new());
     let (events, _) = broadcast::channel(1024);
     let mut o = owner::Owner::new(st, store.clone(), auth.clone(), metrics.clone(), events.clone());
+    o.lost_after = cfg.node_lost_after;
+    let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };
     for (name, doc) in &snap.tenants {
@@ -238,7 +243,7 @@ pub fn build(
     let (tx, rx) = mpsc::channel(65_536);
     let tick = cfg.tick;
     tokio::spawn(o.run(rx, tick));
-    let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes };
+    let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes, notifies };
     Ok((app, gen_admin, gen_join))
 }
 

@@ -74,6 +74,8 @@ pub fn document() -> Value {
             "/v1/nodes/{name}/{action}": {"post": op("cordon, drain or uncordon a node (admin)", "nodes", None, ("200", "NodeView")),
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
                                {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["cordon", "drain", "uncordon"]}}]},
+            "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (join token; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
+                "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/cluster": {"get": op("Cluster summary", "cluster", None, ("200", "ClusterSummary"))},
             "/v1/usage": {"get": op("Usage and cost per tenant and job over a period (per-second billing)", "billing", None, ("200", "UsageReport"))},
             "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},

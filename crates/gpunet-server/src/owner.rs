@@ -98,6 +98,19 @@ pub(crate) enum Cmd {
     Gauges {
         reply: Reply<String>,
     },
+    AgentSync {
+        node: String,
+        sync: gpunet_api::agent::AgentSync,
+        reply: Reply<gpunet_api::agent::AgentWork>,
+    },
+}
+
+/// Per-node wake-ups for agents waiting on their task set.
+pub(crate) type Notifies = Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>;
+
+/// The wake-up of a node's long poll.
+pub(crate) fn notify_of(n: &Notifies, node: &str) -> Arc<tokio::sync::Notify> {
+    n.lock().expect("notify lock").entry(node.to_string()).or_default().clone()
 }
 
 /// A job as persisted.
@@ -137,6 +150,15 @@ pub(crate) struct Owner {
     pub(crate) metrics: Arc<ServerMetrics>,
     pub(crate) events: broadcast::Sender<String>,
     dirty: bool,
+    /// Version of each node's task set.
+    versions: HashMap<String, u64>,
+    /// Last sync of each agent-managed node.
+    last_seen: HashMap<String, std::time::Instant>,
+    /// Ranks of a job's current attempt that exited 0.
+    ranks_done: HashMap<u64, std::collections::BTreeSet<u32>>,
+    pub(crate) notifies: Notifies,
+    /// An agent that has not synced for this long loses its node.
+    pub(crate) lost_after: std::time::Duration,
 }
 
 fn forbidden() -> ApiError {
@@ -204,6 +226,233 @@ impl Owner {
             metrics,
             events,
             dirty: false,
+            versions: HashMap::new(),
+            last_seen: HashMap::new(),
+            ranks_done: HashMap::new(),
+            notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            lost_after: std::time::Duration::from_secs(10),
+        }
+    }
+
+    /// The task sets of these nodes changed: bump their versions and wake their agents.
+    fn bump_job(&mut self, nodes: Vec<String>) {
+        for n in nodes {
+            *self.versions.entry(n.clone()).or_default() += 1;
+            notify_of(&self.notifies, &n).notify_waiters();
+        }
+    }
+
+    fn nodes_of(&self, job: JobId) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .st
+            .job(job)
+            .and_then(|j| j.run.as_ref())
+            .map(|r| {
+                r.placement.tasks.iter().filter_map(|t| self.st.node(t.node).map(|n| n.spec.name.clone())).collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Every task that should run on a node, with its environment.
+    fn assignments(&self, node: gpunet_core::NodeId) -> Vec<gpunet_api::agent::TaskAssignment> {
+        let mut out = Vec::new();
+        let Some(n) = self.st.node(node) else { return out };
+        for jid in n.jobs.iter() {
+            let (Some(j), Some(doc)) = (self.st.job(*jid), self.docs.get(&jid.0)) else { continue };
+            let Some(run) = j.run.as_ref() else { continue };
+            let attempt = j.restarts + j.preemptions;
+            let done = self.ranks_done.get(&jid.0);
+            // Node order of the gang (first appearance by rank) for NODE_RANK; rank 0's node is the master.
+            let mut node_order: Vec<gpunet_core::NodeId> = Vec::new();
+            for t in &run.placement.tasks {
+                if !node_order.contains(&t.node) {
+                    node_order.push(t.node);
+                }
+            }
+            let master = run.placement.tasks.first().and_then(|t| self.st.node(t.node));
+            let master_addr = master
+                .map(|m| m.spec.labels.get("address").cloned().unwrap_or_else(|| m.spec.name.clone()))
+                .unwrap_or_default();
+            let one_node = node_order.len() == 1;
+            let all_mask: u64 = run.placement.tasks.iter().fold(0, |a, t| a | t.gpu_mask);
+            let nvlink =
+                one_node && all_mask != 0 && self.st.scope_met(gpunet_core::TopologyScope::NvLink, &run.placement);
+            let local_world = run.placement.tasks.iter().filter(|t| t.node == node).count();
+            let mut local_rank = 0u32;
+            for (rank, t) in run.placement.tasks.iter().enumerate() {
+                if t.node != node {
+                    continue;
+                }
+                let rank = rank as u32;
+                if done.is_some_and(|d| d.contains(&rank)) {
+                    local_rank += 1;
+                    continue;
+                }
+                let gpus = t.gpu_indexes();
+                let visible = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+                let mut env = doc.submission.env.clone();
+                let mut set = |k: &str, v: String| {
+                    env.insert(k.to_string(), v);
+                };
+                set("CUDA_VISIBLE_DEVICES", visible.clone());
+                set("NVIDIA_VISIBLE_DEVICES", if visible.is_empty() { "void".into() } else { visible });
+                set("GPUNET_JOB_ID", jid.0.to_string());
+                set("GPUNET_TENANT", doc.tenant.clone());
+                set("GPUNET_RESTART_COUNT", j.restarts.to_string());
+                set("GPUNET_ATTEMPT", attempt.to_string());
+                set("RANK", rank.to_string());
+                set("WORLD_SIZE", run.placement.tasks.len().to_string());
+                set("LOCAL_RANK", local_rank.to_string());
+                set("LOCAL_WORLD_SIZE", local_world.to_string());
+                set("NODE_RANK", node_order.iter().position(|x| *x == node).unwrap_or(0).to_string());
+                set("NNODES", node_order.len().to_string());
+                set("MASTER_ADDR", master_addr.clone());
+                set("MASTER_PORT", (29_500 + (jid.0 % 10_000)).to_string());
+                // NCCL hints from the placement's topology.
+                set(
+                    "NCCL_P2P_LEVEL",
+                    if nvlink {
+                        "NVL".into()
+                    } else if one_node {
+                        "PXB".into()
+                    } else {
+                        "SYS".into()
+                    },
+                );
+                if one_node {
+                    set("NCCL_IB_DISABLE", "1".into());
+                }
+                local_rank += 1;
+                out.push(gpunet_api::agent::TaskAssignment {
+                    task: gpunet_api::agent::TaskRef { job: jid.0, rank, attempt },
+                    command: doc.submission.command.clone(),
+                    env,
+                    working_dir: doc.submission.working_dir.clone(),
+                    gpus,
+                    cpu_milli: t.cpu.0,
+                    memory_mib: t.mem.0,
+                    grace_ms: 10_000,
+                });
+            }
+        }
+        out
+    }
+
+    /// Applies an agent's report and answers with its node's task set.
+    fn agent_sync(
+        &mut self,
+        node: &str,
+        sync: gpunet_api::agent::AgentSync,
+    ) -> Result<gpunet_api::agent::AgentWork, ApiError> {
+        let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
+        let now = now_ms();
+        self.last_seen.insert(node.to_string(), std::time::Instant::now());
+        let mut writes = Vec::new();
+        if self.st.node(id).is_some_and(|n| n.state == NodeState::Lost) {
+            // The agent is back: its node is ready again; tasks the server no longer wants are stopped by the agent.
+            self.st.set_node_state(id, NodeState::Ready, Time(now))?;
+            if let Some(d) = self.nodes.get_mut(node) {
+                d.state = NodeState::Ready;
+                writes.push(Write::Node { name: node.to_string(), doc: serde_json::to_value(&*d).expect("serialise") });
+            }
+            self.node_event(node, "ready");
+            self.dirty = true;
+        }
+        for s in &sync.started {
+            let jid = JobId(s.task.job);
+            if self
+                .st
+                .job(jid)
+                .is_some_and(|j| j.state == JobState::Running && j.restarts + j.preemptions == s.task.attempt)
+            {
+                let _ = self.events.send(
+                    serde_json::json!({"job": jid.0, "kind": "process_started", "at_ms": s.at_ms, "node": node,
+                        "tenant": self.docs.get(&jid.0).map(|d| d.tenant.clone())})
+                    .to_string(),
+                );
+                writes.push(Write::Event {
+                    job: jid.0,
+                    at_ms: s.at_ms,
+                    kind: "process_started".into(),
+                    message: format!("rank {} started on {node} as pid {}", s.task.rank, s.pid),
+                });
+            }
+        }
+        for e in sync.exited {
+            let jid = JobId(e.task.job);
+            let Some(j) = self.st.job(jid) else { continue };
+            let Some(run) = j.run.as_ref() else { continue };
+            if j.state != JobState::Running || j.restarts + j.preemptions != e.task.attempt || e.stopped {
+                continue; // stale, duplicate, or a stop the server asked for
+            }
+            if run.placement.tasks.get(e.task.rank as usize).is_none_or(|t| t.node != id) {
+                continue;
+            }
+            let tasks = run.placement.tasks.len();
+            let nodes = self.nodes_of(jid);
+            let before = self.docs.get(&jid.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
+            let success = e.code == Some(0);
+            if success {
+                let done = self.ranks_done.entry(jid.0).or_default();
+                done.insert(e.task.rank);
+                if done.len() < tasks {
+                    self.bump_job(nodes);
+                    continue;
+                }
+            }
+            self.ranks_done.remove(&jid.0);
+            let state = self.st.finish(jid, Time(now), success)?;
+            if let Some(b) = before {
+                writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+            }
+            self.sync_doc(jid.0);
+            writes.push(self.job_doc_write(jid.0).expect("present"));
+            let how = match (e.code, e.signal, e.oom) {
+                (_, _, true) => format!("rank {} was killed for exceeding its memory limit (OOM)", e.task.rank),
+                (Some(c), _, _) => format!("rank {} exited with code {c}", e.task.rank),
+                (None, Some(sig), _) => format!("rank {} was killed by signal {sig}", e.task.rank),
+                _ => format!("rank {} ended", e.task.rank),
+            };
+            if state == JobState::Restarting {
+                self.metrics.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let kind = if e.oom { "oom" } else { state.as_str() };
+            writes.push(self.event(jid.0, kind, format!("job-{} {state}: {how}", jid.0)));
+            self.dirty = true;
+            self.bump_job(nodes);
+        }
+        if !writes.is_empty() {
+            self.store.commit_async(
+                writes,
+                Box::new(|r| {
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "persist agent report");
+                    }
+                }),
+            );
+        }
+        Ok(gpunet_api::agent::AgentWork {
+            version: self.versions.get(node).copied().unwrap_or(0),
+            tasks: self.assignments(id),
+        })
+    }
+
+    /// Agents that stopped syncing lose their nodes; their jobs restart elsewhere under their restart policy.
+    fn lose_silent_nodes(&mut self) {
+        let silent: Vec<String> =
+            self.last_seen.iter().filter(|(_, t)| t.elapsed() > self.lost_after).map(|(n, _)| n.clone()).collect();
+        for name in silent {
+            self.last_seen.remove(&name);
+            let Some(id) = self.st.node_id(&name) else { continue };
+            if self.st.node(id).is_some_and(|n| n.state == NodeState::Lost) {
+                continue;
+            }
+            tracing::warn!(node = %name, "agent silent: node lost");
+            let (tx, _rx) = oneshot::channel();
+            self.handle(Cmd::SetNodeState { name, state: NodeState::Lost, reply: tx });
         }
     }
 
@@ -505,10 +754,13 @@ impl Owner {
                 let before = d.clone();
                 let before = JobDoc { job: self.st.job(JobId(id)).cloned().unwrap_or(before.job), ..before };
                 let now = now_ms();
+                let nodes = self.nodes_of(JobId(id));
                 if let Err(e) = self.st.cancel(JobId(id), Time(now)) {
                     let _ = reply.send(Err(e.into()));
                     return;
                 }
+                self.ranks_done.remove(&id);
+                self.bump_job(nodes);
                 let mut writes: Vec<Write> = self.usage_rows(&before, now).into_iter().map(Write::Usage).collect();
                 self.sync_doc(id);
                 writes.push(self.job_doc_write(id).expect("present"));
@@ -661,6 +913,10 @@ impl Owner {
                     .into_iter()
                     .map(|d| JobDoc { job: self.st.job(d.job.id).cloned().unwrap_or(d.job.clone()), ..d })
                     .collect();
+                let mut touched: Vec<String> = vec![name.clone()];
+                for d in &running {
+                    touched.extend(self.nodes_of(d.job.id));
+                }
                 let moved = match self.st.set_node_state(id, state, Time(now)) {
                     Ok(m) => m,
                     Err(e) => {
@@ -683,6 +939,12 @@ impl Owner {
                 writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
                 self.dirty = true;
                 self.node_event(&name, state.to_string().as_str());
+                for j in &moved {
+                    self.ranks_done.remove(&j.0);
+                }
+                touched.sort();
+                touched.dedup();
+                self.bump_job(touched);
                 let v = self.node_view(&name, &Principal::Admin).expect("known");
                 self.durable(writes, reply, v);
             }
@@ -723,11 +985,16 @@ impl Owner {
             Cmd::Gauges { reply } => {
                 let _ = reply.send(Ok(crate::metrics::gauges(self)));
             }
+            Cmd::AgentSync { node, sync, reply } => {
+                let r = self.agent_sync(&node, sync);
+                let _ = reply.send(r);
+            }
         }
     }
 
     /// One scheduling pass; persists what changed.
     pub(crate) fn pass(&mut self) {
+        self.lose_silent_nodes();
         let t0 = std::time::Instant::now();
         let now = now_ms();
         self.st.accrue_usage(Time(now));
@@ -741,9 +1008,26 @@ impl Owner {
                     .map(|x| JobDoc { job: self.st.job(*job).cloned().unwrap_or(x.job.clone()), ..x.clone() }),
                 _ => None,
             };
+            let prior_nodes = match d {
+                Decision::Preempt { job, .. } | Decision::Scale { job, .. } => self.nodes_of(*job),
+                _ => Vec::new(),
+            };
             if let Err(e) = self.st.apply(d, Time(now)) {
                 tracing::error!(error = %e, "apply a scheduling decision");
                 continue;
+            }
+            match d {
+                Decision::Start { job, .. } | Decision::Scale { job, .. } => {
+                    let mut n = self.nodes_of(*job);
+                    n.extend(prior_nodes);
+                    self.ranks_done.remove(&job.0);
+                    self.bump_job(n);
+                }
+                Decision::Preempt { job, .. } => {
+                    self.ranks_done.remove(&job.0);
+                    self.bump_job(prior_nodes);
+                }
+                Decision::Reserve { .. } => {}
             }
             match d {
                 Decision::Start { job, .. } => {

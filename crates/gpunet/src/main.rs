@@ -20,8 +20,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// The whole compute network on this machine: server (SQLite), one local agent (fake GPUs), in one process.
+    Up(UpArgs),
     /// Run the control plane.
     Server(ServerArgs),
+    /// Run a node agent: register this machine and run its tasks.
+    Agent(AgentArgs),
     /// Submit a job: `-f spec.yaml` (gpunet spec or Kubernetes Job), or flags and `-- CMD ARGS…`.
     Submit(Box<SubmitArgs>),
     /// List jobs.
@@ -80,6 +84,82 @@ struct ServerArgs {
     /// Turn EASY backfill off.
     #[arg(long)]
     no_backfill: bool,
+    /// Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
+    #[arg(long, default_value_t = 10.0)]
+    node_lost_after_s: f64,
+    /// Seconds before the first restart of a failed job (doubling after each restart).
+    #[arg(long, default_value_t = 10.0)]
+    restart_backoff_s: f64,
+    /// A job that has run less than this many seconds is never preempted.
+    #[arg(long, default_value_t = 300.0)]
+    preempt_min_run_s: f64,
+}
+
+#[derive(Debug, clap::Args)]
+struct UpArgs {
+    /// Data directory (database, logs, checkpoints, the admin token).
+    #[arg(long, default_value = "gpunet-up")]
+    data_dir: PathBuf,
+    /// Fake GPUs of the local agent (NVML discovery of real GPUs is not built yet).
+    #[arg(long, default_value = "8xA100-80GB")]
+    fake_gpus: String,
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: std::net::SocketAddr,
+    /// Queue policy.
+    #[arg(long, default_value = "fifo")]
+    policy: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// Server URL.
+    #[arg(long, env = "GPUNET_SERVER")]
+    server: String,
+    /// Join token.
+    #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
+    join_token: String,
+    /// Node name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Labels, e.g. zone=a,rack=r1.
+    #[arg(long, default_value = "")]
+    labels: String,
+    /// Fake GPUs, e.g. 8xA100-80GB.
+    #[arg(long)]
+    fake_gpus: Option<String>,
+    /// Where logs and checkpoints go.
+    #[arg(long, default_value = "gpunet-agent")]
+    data_dir: PathBuf,
+    /// Address other nodes reach this node at (MASTER_ADDR of gangs).
+    #[arg(long, default_value = "127.0.0.1")]
+    address: String,
+}
+
+fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
+    let mut labels = std::collections::BTreeMap::new();
+    for kv in a.labels.split(',').filter(|s| !s.trim().is_empty()) {
+        let (k, v) =
+            kv.split_once('=').with_context(|| format!("invalid --labels entry {kv:?}: allowed is key=value"))?;
+        labels.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    let name = match &a.name {
+        Some(n) => n.clone(),
+        None => {
+            std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into())
+        }
+    };
+    Ok(gpunet_agent::AgentConfig {
+        server: a.server.trim_end_matches('/').to_string(),
+        join_token: a.join_token.clone(),
+        name,
+        labels,
+        fake_gpus: a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?,
+        data_dir: a.data_dir.clone(),
+        cpu: None,
+        mem: None,
+        address: a.address.clone(),
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -409,6 +489,15 @@ fn main() -> Result<()> {
             cfg.join_token = a.join_token.clone();
             cfg.sched.policy = a.policy.parse().context("--policy")?;
             cfg.sched.backfill = !a.no_backfill;
+            if !(a.node_lost_after_s > 0.0 && a.restart_backoff_s >= 0.0) {
+                bail!("invalid --node-lost-after-s / --restart-backoff-s: allowed are seconds > 0 and >= 0");
+            }
+            cfg.node_lost_after = std::time::Duration::from_secs_f64(a.node_lost_after_s);
+            cfg.sched.restart_backoff = gpunet_core::Dur((a.restart_backoff_s * 1000.0) as u64);
+            if !(a.preempt_min_run_s >= 0.0) {
+                bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
+            }
+            cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -423,6 +512,92 @@ fn main() -> Result<()> {
                 std::io::stdout().flush()?;
                 tokio::signal::ctrl_c().await?;
                 eprintln!("stopping");
+                running.stop().await;
+                Ok::<(), anyhow::Error>(())
+            })?;
+        }
+        Cmd::Agent(a) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let cfg = agent_config(&a)?;
+            runtime()?.block_on(async move {
+                gpunet_agent::run(cfg, async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await
+            })?;
+        }
+        Cmd::Up(a) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "warn".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let fake = gpunet_agent::parse_fake_gpus(&a.fake_gpus)?;
+            std::fs::create_dir_all(&a.data_dir).with_context(|| format!("create {}", a.data_dir.display()))?;
+            // Single-machine mode keeps the admin token in the data directory so that it can be shown at every start.
+            let token_file = a.data_dir.join("admin.token");
+            let admin = match std::fs::read_to_string(&token_file) {
+                Ok(t) => t.trim().to_string(),
+                Err(_) => {
+                    let t = gpunet_server::new_token();
+                    std::fs::write(&token_file, &t).with_context(|| format!("write {}", token_file.display()))?;
+                    #[cfg(unix)]
+                    {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))?;
+                    }
+                    t
+                }
+            };
+            let join = gpunet_server::new_token();
+            let mut cfg = gpunet_server::Config::new(a.data_dir.join("server"));
+            cfg.listen = a.listen;
+            cfg.admin_token = Some(admin.clone());
+            cfg.join_token = Some(join.clone());
+            cfg.sched.policy = a.policy.parse().context("--policy")?;
+            runtime()?.block_on(async move {
+                let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir.join("server"))?);
+                let running = gpunet_server::start(cfg, store).await?;
+                let url = format!("http://{}", running.addr);
+                let agent = gpunet_agent::AgentConfig {
+                    server: url.clone(),
+                    join_token: join,
+                    name: "local".into(),
+                    labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
+                    fake_gpus: Some(fake),
+                    data_dir: a.data_dir.join("agent"),
+                    cpu: None,
+                    mem: None,
+                    address: "127.0.0.1".into(),
+                };
+                let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+                let agent_task = tokio::spawn(gpunet_agent::run(agent, async {
+                    let _ = stop_rx.await;
+                }));
+                // A tenant to start with.
+                let _ = reqwest::Client::new()
+                    .post(format!("{url}/v1/tenants"))
+                    .bearer_auth(&admin)
+                    .header("content-type", "application/json")
+                    .body(r#"{"name":"default"}"#)
+                    .send()
+                    .await;
+                println!("gpunet is up at {url}");
+                println!("admin token: {admin}");
+                println!("node: local with {}x{} (fake GPUs)", fake.1, fake.0);
+                println!("try:  GPUNET_SERVER={url} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L");
+                use std::io::Write as _;
+                std::io::stdout().flush()?;
+                tokio::signal::ctrl_c().await?;
+                eprintln!("stopping");
+                let _ = stop_tx.send(());
+                let _ = agent_task.await;
                 running.stop().await;
                 Ok::<(), anyhow::Error>(())
             })?;

@@ -1,85 +1,11 @@
 //! The real `gpunet server` binary on loopback with a temporary data directory: crash recovery after `kill -9`,
 //! `promtool check metrics` on a live `/metrics`, and the CLI against it.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{free_port, json, register_node, Server, BIN};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gpunet");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(dir: &Path, port: u16) -> Server {
-        let mut child = Command::new(BIN)
-            .args(["server", "--data-dir", dir.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
-            .env("GPUNET_ADMIN_TOKEN", "admin-secret")
-            .env("GPUNET_JOIN_TOKEN", "join-secret")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        let t = Instant::now();
-        while !line.contains("listening") {
-            line.clear();
-            out.read_line(&mut line).unwrap();
-            assert!(t.elapsed() < Duration::from_secs(20), "server did not start");
-        }
-        std::thread::spawn(move || for _ in out.lines() {});
-        Server { child, url: format!("http://127.0.0.1:{port}") }
-    }
-
-    fn cli(&self, token: &str, args: &[&str]) -> (bool, String, String) {
-        let o =
-            Command::new(BIN).args(args).env("GPUNET_SERVER", &self.url).env("GPUNET_TOKEN", token).output().unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    }
-
-    fn kill9(mut self) {
-        let _ = Command::new("kill").args(["-9", &self.child.id().to_string()]).status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
-}
-
-fn register_node(url: &str, name: &str, gpus: usize) {
-    let g: Vec<String> =
-        (0..gpus).map(|_| r#"{"model":"T4","numa":0,"nvlink_domain":0,"pcie_switch":0}"#.to_string()).collect();
-    let body = format!(
-        r#"{{"spec":{{"name":"{name}","gpus":[{}],"cpu":32000,"mem":131072,"labels":{{"zone":"z1"}},"price_per_gpu_hour":1.0}},"fake":true}}"#,
-        g.join(",")
-    );
-    let o = Command::new("curl")
-        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer join-secret", "-d", &body, &format!("{url}/v1/nodes")])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "register node: {}", String::from_utf8_lossy(&o.stderr));
-}
 
 fn all_jobs(s: &Server) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
@@ -107,7 +33,7 @@ fn all_jobs(s: &Server) -> Vec<serde_json::Value> {
 fn every_acknowledged_job_survives_kill_9_in_its_state() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let s = Server::start(dir.path(), port);
+    let s = Server::start(dir.path(), port, &[]);
     register_node(&s.url, "n1", 2);
     let ids = dir.path().join("ids.txt");
     // Submit from 8 clients and kill the server while they are at it.
@@ -142,12 +68,13 @@ fn every_acknowledged_job_survives_kill_9_in_its_state() {
         json(&out)["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
     };
     assert_eq!(running_before.len(), 2, "two 1-GPU jobs run on the 2-GPU node");
-    s.kill9();
+    let mut s = s;
+    s.proc.kill9();
     let _ = bench.wait();
     let acked: Vec<u64> =
         std::fs::read_to_string(&ids).unwrap().lines().filter_map(|l| l.trim().parse().ok()).collect();
     assert!(acked.len() >= 2000);
-    let s = Server::start(dir.path(), port);
+    let s = Server::start(dir.path(), port, &[]);
     let jobs = all_jobs(&s);
     let state: std::collections::HashMap<u64, String> =
         jobs.iter().map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string())).collect();
@@ -165,7 +92,7 @@ fn every_acknowledged_job_survives_kill_9_in_its_state() {
 #[test]
 fn promtool_accepts_live_metrics_and_the_cli_works() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), free_port());
+    let s = Server::start(dir.path(), free_port(), &[]);
     register_node(&s.url, "n1", 4);
     let (ok, out, err) = s.cli("admin-secret", &["tenants", "--create", "team-a", "--output", "json"]);
     assert!(ok, "{err}");

@@ -1,0 +1,152 @@
+//! Runs tasks as real processes: each in its own process group (so the whole tree is signalled), with its
+//! environment (GPUs, ranks, checkpoint directory), stdout and stderr appended to one log file per attempt.
+//! Stopping sends SIGTERM to the group, then SIGKILL after the grace period.
+
+use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use tokio::sync::mpsc;
+
+/// A running task.
+#[derive(Debug)]
+struct Proc {
+    pgid: i32,
+    stopping: bool,
+}
+
+/// The launcher: spawns tasks and reports their ends on a channel.
+#[derive(Debug)]
+pub struct Launcher {
+    dir: PathBuf,
+    procs: HashMap<TaskRef, Proc>,
+    exits: mpsc::UnboundedSender<TaskExit>,
+    /// Starts not yet reported.
+    pub started: Vec<TaskStart>,
+}
+
+/// Where a task attempt's log goes.
+pub fn log_path(dir: &Path, t: &TaskRef) -> PathBuf {
+    dir.join("logs").join(format!("job-{}", t.job)).join(format!("rank-{}-attempt-{}.log", t.rank, t.attempt))
+}
+
+/// A job's checkpoint directory on this node.
+pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
+    dir.join("checkpoints").join(format!("job-{job}"))
+}
+
+impl Launcher {
+    /// A launcher keeping logs and checkpoints under `dir`; ends are sent to `exits`.
+    pub fn new(dir: PathBuf, exits: mpsc::UnboundedSender<TaskExit>) -> Launcher {
+        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new() }
+    }
+
+    /// Tasks running now.
+    pub fn running(&self) -> Vec<TaskRef> {
+        let mut v: Vec<TaskRef> = self.procs.keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Whether a task is running here.
+    pub fn is_running(&self, t: &TaskRef) -> bool {
+        self.procs.contains_key(t)
+    }
+
+    /// Forgets a task that ended (its exit was reported).
+    pub fn reaped(&mut self, t: &TaskRef) {
+        self.procs.remove(t);
+    }
+
+    /// Starts a task. A task that cannot start (no command, a missing program) ends at once with code 127.
+    pub fn start(&mut self, a: &TaskAssignment) {
+        let t = a.task;
+        let fail = |msg: String, exits: &mpsc::UnboundedSender<TaskExit>| {
+            tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
+            let _ = exits.send(TaskExit { task: t, code: Some(127), signal: None, oom: false, stopped: false });
+        };
+        let Some((prog, args)) = a.command.split_first() else {
+            return fail("the job has no command".into(), &self.exits);
+        };
+        let log = log_path(&self.dir, &t);
+        let ckpt = checkpoint_dir(&self.dir, t.job);
+        let files = (|| -> std::io::Result<(std::fs::File, std::fs::File)> {
+            std::fs::create_dir_all(log.parent().expect("log has a parent"))?;
+            std::fs::create_dir_all(&ckpt)?;
+            let f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+            let g = f.try_clone()?;
+            Ok((f, g))
+        })();
+        let (out, err) = match files {
+            Ok(f) => f,
+            Err(e) => return fail(format!("prepare {}: {e}", log.display()), &self.exits),
+        };
+        let mut cmd = tokio::process::Command::new(prog);
+        cmd.args(args)
+            .envs(&a.env)
+            .env("GPUNET_CHECKPOINT_DIR", &ckpt)
+            .env("GPUNET_LOG_FILE", &log)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(wd) = &a.working_dir {
+            cmd.current_dir(wd);
+        } else {
+            cmd.current_dir(&ckpt);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
+        };
+        let pid = child.id().map_or(0, |p| p as i32);
+        tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
+        self.procs.insert(t, Proc { pgid: pid, stopping: false });
+        let at_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
+        let exits = self.exits.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let (code, signal) = match status {
+                Ok(s) => (s.code(), s.signal()),
+                Err(_) => (None, None),
+            };
+            // Take down anything the task left behind in its group.
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = exits.send(TaskExit { task: t, code, signal, oom: false, stopped: false });
+        });
+    }
+
+    /// Stops a task: SIGTERM to its process group, SIGKILL after `grace`.
+    pub fn stop(&mut self, t: &TaskRef, grace: std::time::Duration) {
+        let Some(p) = self.procs.get_mut(t) else { return };
+        if p.stopping {
+            return;
+        }
+        p.stopping = true;
+        let pgid = Pid::from_raw(p.pgid);
+        tracing::info!(job = t.job, rank = t.rank, "stopping task");
+        let _ = killpg(pgid, Signal::SIGTERM);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let _ = killpg(pgid, Signal::SIGKILL);
+        });
+    }
+
+    /// Whether the end of `t` was asked for.
+    pub fn was_stopped(&self, t: &TaskRef) -> bool {
+        self.procs.get(t).is_some_and(|p| p.stopping)
+    }
+
+    /// Stops everything (agent shutdown).
+    pub fn stop_all(&mut self, grace: std::time::Duration) {
+        let all: Vec<TaskRef> = self.procs.keys().copied().collect();
+        for t in all {
+            self.stop(&t, grace);
+        }
+    }
+}

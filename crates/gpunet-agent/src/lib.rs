@@ -1,0 +1,267 @@
+//! gpunet's node agent: registers its node (GPUs, CPU, memory, labels) with the server using the join token, then
+//! keeps the node's processes equal to the task set the server wants (see `gpunet_api::agent`), reporting every exit.
+//! It reconnects with backoff when the server is away; tasks keep running meanwhile, and once it is back the server's
+//! answer decides which of them stay.
+//!
+//! GPUs: `--fake-gpus 8xA100-80GB` declares fake GPUs (marked `fake` everywhere). NVML discovery of real GPUs is not
+//! built yet; without `--fake-gpus` the agent registers a node without GPUs.
+
+pub mod launcher;
+
+use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
+use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec};
+use launcher::Launcher;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Errors of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A flag is invalid.
+    #[error("invalid {field} {value:?}: {allowed}")]
+    Invalid {
+        /// Flag.
+        field: &'static str,
+        /// Value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The server refused the registration.
+    #[error("register with {server}: {reason}")]
+    Register {
+        /// Server URL.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Agent settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Server URL.
+    pub server: String,
+    /// Join token.
+    pub join_token: String,
+    /// Node name.
+    pub name: String,
+    /// Labels (zone, rack, …).
+    pub labels: BTreeMap<String, String>,
+    /// Fake GPUs.
+    pub fake_gpus: Option<(GpuModel, usize)>,
+    /// Where logs and checkpoints go.
+    pub data_dir: PathBuf,
+    /// CPU to offer (default: the machine's, at least 4 cores per fake GPU).
+    pub cpu: Option<MilliCpu>,
+    /// Memory to offer (default: the machine's, at least 16 GiB per fake GPU).
+    pub mem: Option<MiB>,
+    /// Address other nodes reach this one at (MASTER_ADDR of gangs).
+    pub address: String,
+}
+
+/// Parses `8xA100-80GB` (count `x` model).
+pub fn parse_fake_gpus(s: &str) -> Result<(GpuModel, usize), AgentError> {
+    let bad = || AgentError::Invalid {
+        field: "--fake-gpus",
+        value: s.into(),
+        allowed: "COUNTxMODEL, e.g. 8xA100-80GB, with 1 to 64 GPUs".into(),
+    };
+    let (n, m) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let n: usize = n.trim().parse().map_err(|_| bad())?;
+    if n == 0 || n > 64 {
+        return Err(bad());
+    }
+    let model: GpuModel = m.trim().parse().map_err(|e: gpunet_core::CoreError| AgentError::Invalid {
+        field: "--fake-gpus",
+        value: s.into(),
+        allowed: e.to_string(),
+    })?;
+    Ok((model, n))
+}
+
+fn machine_memory() -> MiB {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(MiB::gib(8), |kb| MiB(kb / 1024))
+}
+
+/// The node this agent offers.
+pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let (model, count) = cfg.fake_gpus.unwrap_or((GpuModel::T4, 0));
+    let cpu = cfg.cpu.unwrap_or(MilliCpu::cores(cores.max(4 * count as u64)));
+    let mem = cfg.mem.unwrap_or(MiB(machine_memory().0.max(16 * 1024 * count as u64)));
+    let mut n = NodeSpec::with_gpus(cfg.name.clone(), model, count, cpu, mem);
+    for (k, v) in &cfg.labels {
+        n.labels.insert(k.clone(), v.clone());
+    }
+    n.labels.insert("address".into(), cfg.address.clone());
+    n
+}
+
+async fn register(http: &reqwest::Client, cfg: &AgentConfig) -> Result<(), AgentError> {
+    let body = serde_json::json!({"spec": node_spec(cfg), "fake": cfg.fake_gpus.is_some()});
+    let r = http
+        .post(format!("{}/v1/nodes", cfg.server))
+        .bearer_auth(&cfg.join_token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+    if !r.status().is_success() {
+        let reason = r.text().await.unwrap_or_default();
+        return Err(AgentError::Register { server: cfg.server.clone(), reason });
+    }
+    Ok(())
+}
+
+/// Runs the agent until `shutdown` resolves; then stops its tasks.
+pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match register(&http, &cfg).await {
+            Ok(()) => break,
+            Err(AgentError::Register { reason, .. }) if reason.contains("error sending request") => {
+                tracing::warn!(server = %cfg.server, "server unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
+    let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
+    let mut launcher = Launcher::new(cfg.data_dir.clone(), tx);
+    let mut pending: Vec<TaskExit> = Vec::new();
+    let mut ended: HashSet<TaskRef> = HashSet::new();
+    let mut known = 0u64;
+    backoff = Duration::from_millis(100);
+    tokio::pin!(shutdown);
+    loop {
+        let sync = AgentSync {
+            known_version: known,
+            running: launcher.running(),
+            exited: pending.clone(),
+            started: launcher.started.clone(),
+        };
+        let sent = pending.len();
+        let sent_starts = launcher.started.len();
+        let req = http
+            .post(format!("{}/v1/agents/{}/sync", cfg.server, cfg.name))
+            .bearer_auth(&cfg.join_token)
+            .json(&sync)
+            .send();
+        tokio::select! {
+            _ = &mut shutdown => {
+                launcher.stop_all(Duration::from_secs(5));
+                // Give the tasks their grace to end before returning.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+                while !launcher.running().is_empty() && tokio::time::Instant::now() < deadline {
+                    match tokio::time::timeout_at(deadline, exits.recv()).await {
+                        Ok(Some(e)) => launcher.reaped(&e.task),
+                        _ => break,
+                    }
+                }
+                return Ok(());
+            }
+            Some(mut e) = exits.recv() => {
+                e.stopped = launcher.was_stopped(&e.task);
+                launcher.reaped(&e.task);
+                ended.insert(e.task);
+                pending.push(e);
+                while let Ok(mut more) = exits.try_recv() {
+                    more.stopped = launcher.was_stopped(&more.task);
+                    launcher.reaped(&more.task);
+                    ended.insert(more.task);
+                    pending.push(more);
+                }
+                // The in-flight request is dropped; the next one carries the exits (reports are idempotent).
+            }
+            r = req => {
+                let work = match r {
+                    Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
+                    Ok(resp) if resp.status().as_u16() == 404 => {
+                        // The server does not know this node (a new server): register again.
+                        let _ = register(&http, &cfg).await;
+                        None
+                    }
+                    Ok(resp) => {
+                        tracing::warn!(status = %resp.status(), "sync refused");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "server unreachable; retrying");
+                        None
+                    }
+                };
+                let Some(work) = work else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                };
+                backoff = Duration::from_millis(100);
+                pending.drain(..sent.min(pending.len()));
+                launcher.started.drain(..sent_starts.min(launcher.started.len()));
+                known = work.version;
+                let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
+                ended.retain(|t| want.contains(t));
+                for t in launcher.running() {
+                    if !want.contains(&t) {
+                        let grace = Duration::from_secs(10);
+                        launcher.stop(&t, grace);
+                    }
+                }
+                for a in &work.tasks {
+                    if !launcher.is_running(&a.task) && !ended.contains(&a.task) {
+                        launcher.start(a);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_gpu_specs_parse() {
+        assert_eq!(parse_fake_gpus("8xA100-80GB").unwrap(), (GpuModel::A100_80GB, 8));
+        assert_eq!(parse_fake_gpus("2XT4").unwrap(), (GpuModel::T4, 2));
+        for bad in ["8", "0xT4", "65xT4", "8xB300", "xT4"] {
+            assert!(parse_fake_gpus(bad).is_err(), "{bad}");
+        }
+        assert!(parse_fake_gpus("8xB300").unwrap_err().to_string().contains("H100-80GB"));
+    }
+
+    #[test]
+    fn fake_nodes_offer_enough_cpu_and_memory_per_gpu() {
+        let cfg = AgentConfig {
+            server: String::new(),
+            join_token: String::new(),
+            name: "n".into(),
+            labels: BTreeMap::from([("zone".to_string(), "z1".to_string())]),
+            fake_gpus: Some((GpuModel::A100_80GB, 8)),
+            data_dir: PathBuf::from("/tmp"),
+            cpu: None,
+            mem: None,
+            address: "127.0.0.1".into(),
+        };
+        let n = node_spec(&cfg);
+        assert_eq!(n.gpus.len(), 8);
+        assert!(n.cpu >= MilliCpu::cores(32) && n.mem >= MiB::gib(128));
+        assert_eq!(n.labels["address"], "127.0.0.1");
+    }
+}

@@ -1,0 +1,92 @@
+//! The agent protocol. It is level-triggered: the agent reports what runs and what exited
+//! (`POST /v1/agents/{node}/sync`), the server answers with the whole set of tasks that should run on the node. The
+//! agent starts what is missing and stops everything else. The server holds the request (up to about a second) while
+//! nothing changes, so a new task reaches its node within milliseconds. Reports are idempotent: an exit reported twice
+//! counts once.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One task attempt: job, rank and attempt number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskRef {
+    /// Job id.
+    pub job: u64,
+    /// Rank within the job (0..tasks).
+    pub rank: u32,
+    /// Attempt (restarts + evictions so far): a new attempt is a new process.
+    pub attempt: u32,
+}
+
+/// How a task attempt ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskExit {
+    /// Which.
+    pub task: TaskRef,
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// Signal, when a signal ended it.
+    pub signal: Option<i32>,
+    /// The kernel's OOM killer ended it.
+    #[serde(default)]
+    pub oom: bool,
+    /// It was stopped because the server no longer wanted it (cancel, eviction).
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+/// The agent's report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentSync {
+    /// The version of the task set the agent last applied (0 at first).
+    pub known_version: u64,
+    /// Tasks running now.
+    pub running: Vec<TaskRef>,
+    /// Task attempts that ended since the last acknowledged report.
+    pub exited: Vec<TaskExit>,
+    /// Task attempts whose process started since the last acknowledged report.
+    #[serde(default)]
+    pub started: Vec<TaskStart>,
+}
+
+/// A task's process started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStart {
+    /// Which.
+    pub task: TaskRef,
+    /// Process id (and process group).
+    pub pid: u32,
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// A task the node should run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskAssignment {
+    /// Which.
+    pub task: TaskRef,
+    /// Command and arguments.
+    pub command: Vec<String>,
+    /// Environment: the job's, then gpunet's (`CUDA_VISIBLE_DEVICES`, `RANK`, …).
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// GPU indexes on the node.
+    pub gpus: Vec<u32>,
+    /// CPU millicores (for cgroup limits).
+    pub cpu_milli: u64,
+    /// Memory MiB (for cgroup limits).
+    pub memory_mib: u64,
+    /// Time between SIGTERM and SIGKILL when the task is stopped.
+    pub grace_ms: u64,
+}
+
+/// The server's answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentWork {
+    /// Version of this task set.
+    pub version: u64,
+    /// Every task that should run on the node; anything else must stop.
+    pub tasks: Vec<TaskAssignment>,
+}

@@ -1,0 +1,141 @@
+//! Jobs as real processes through real agents (fake GPUs) on loopback.
+
+mod common;
+
+use common::{free_port, wait_for, Server};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn setup(extra: &[&str]) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("server"), free_port(), extra);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    (dir, s)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill").args(["-0", pid]).status().is_ok_and(|s| s.success())
+}
+
+#[test]
+fn two_jobs_on_one_agent_get_disjoint_gpus_and_succeed() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "8xA100-80GB", dir.path(), "127.0.0.1");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cmd = format!("echo $CUDA_VISIBLE_DEVICES > {}/$GPUNET_JOB_ID; sleep 1", out.display());
+    let j1 = s.submit(&["--gpus", "3", "--", "sh", "-c", &cmd]);
+    let j2 = s.submit(&["--gpus", "3", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(20), || s.job_state(j1) == "succeeded" && s.job_state(j2) == "succeeded");
+    let g1: BTreeSet<String> = read(&out.join(j1.to_string())).split(',').map(String::from).collect();
+    let g2: BTreeSet<String> = read(&out.join(j2.to_string())).split(',').map(String::from).collect();
+    assert_eq!((g1.len(), g2.len()), (3, 3), "{g1:?} {g2:?}");
+    assert!(g1.is_disjoint(&g2), "{g1:?} {g2:?}");
+    let (_, events, _) = s.cli("admin-secret", &["show", &j1.to_string(), "--output", "json"]);
+    assert!(events.contains("succeeded"));
+}
+
+#[test]
+fn a_gang_across_two_agents_gets_consistent_ranks() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "4xA100-80GB", dir.path(), "127.0.0.2");
+    let _b = s.agent("a2", "4xA100-80GB", dir.path(), "127.0.0.3");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cmd = format!(
+        "echo \"$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $NODE_RANK $LOCAL_RANK $NNODES $CUDA_VISIBLE_DEVICES\" > {}/rank-$RANK",
+        out.display()
+    );
+    let spec = dir.path().join("gang.yaml");
+    std::fs::write(
+        &spec,
+        format!("name: gang\ntenant: t\ntasks: 2\ngpus: 4\ntopology: any\ncommand: [sh, -c, {:?}]\n", cmd),
+    )
+    .unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    let id = common::json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
+    let r0: Vec<String> = read(&out.join("rank-0")).split(' ').map(String::from).collect();
+    let r1: Vec<String> = read(&out.join("rank-1")).split(' ').map(String::from).collect();
+    assert_eq!((r0[0].as_str(), r1[0].as_str()), ("0", "1"));
+    assert_eq!((r0[1].as_str(), r1[1].as_str()), ("2", "2"), "WORLD_SIZE");
+    assert_eq!(r0[2], r1[2], "same MASTER_ADDR");
+    assert!(r0[2] == "127.0.0.2" || r0[2] == "127.0.0.3");
+    assert_eq!(r0[3], r1[3], "same MASTER_PORT");
+    let mut node_ranks = vec![r0[4].clone(), r1[4].clone()];
+    node_ranks.sort();
+    assert_eq!(node_ranks, ["0", "1"]);
+    assert_eq!((r0[5].as_str(), r1[5].as_str(), r0[6].as_str()), ("0", "0", "2"), "LOCAL_RANK and NNODES");
+    assert_eq!((r0[7].as_str(), r1[7].as_str()), ("0,1,2,3", "0,1,2,3"));
+}
+
+#[test]
+fn cancel_kills_the_whole_process_tree() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let pidfile = dir.path().join("child.pid");
+    let cmd = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(20), || !read(&pidfile).is_empty());
+    let child = read(&pidfile);
+    assert!(alive(&child));
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok && out.contains("cancelled"), "{out}{err}");
+    wait_for(Duration::from_secs(5), || !alive(&child));
+    assert_eq!(s.job_state(id), "cancelled");
+}
+
+#[test]
+fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
+    let (dir, s) = setup(&["--node-lost-after-s", "1", "--restart-backoff-s", "0"]);
+    let mut a = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cmd = format!(
+        "if [ \"$GPUNET_RESTART_COUNT\" = 0 ]; then echo $$ > {0}/first; sleep 300; else echo $GPUNET_RESTART_COUNT > {0}/second; fi",
+        out.display()
+    );
+    let id = s.submit(&["--gpus", "4", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(20), || !read(&out.join("first")).is_empty());
+    let _b = s.agent("a2", "4xT4", dir.path(), "127.0.0.1");
+    a.kill9();
+    // The machine "died" with its agent: end the orphaned first attempt too.
+    let first = read(&out.join("first"));
+    let _ = Command::new("kill").args(["-9", &format!("-{first}")]).status();
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
+    assert_eq!(read(&out.join("second")), "1", "restarted once, on the other agent");
+    let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    let v = common::json(&nodes);
+    let a1 = v.as_array().unwrap().iter().find(|n| n["name"] == "a1").unwrap().clone();
+    assert_eq!(a1["state"], "lost");
+}
+
+#[test]
+fn preemption_sends_sigterm_and_the_job_resumes_from_its_checkpoint() {
+    let (dir, s) = setup(&["--policy", "priority", "--preempt-min-run-s", "0"]);
+    let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let low = format!(
+        "trap 'echo term >> {0}/signals; exit 143' TERM; \
+         if [ -f $GPUNET_CHECKPOINT_DIR/state ]; then cat $GPUNET_CHECKPOINT_DIR/state > {0}/restored; exit 0; fi; \
+         echo step-42 > $GPUNET_CHECKPOINT_DIR/state; echo ready > {0}/low; sleep 300 & wait",
+        out.display()
+    );
+    let lo = s.submit(&["--gpus", "2", "--", "sh", "-c", &low]);
+    wait_for(Duration::from_secs(20), || !read(&out.join("low")).is_empty());
+    let hi = s.submit(&["--gpus", "2", "--priority", "10", "--", "sh", "-c", "sleep 0.5"]);
+    wait_for(Duration::from_secs(30), || s.job_state(hi) == "succeeded" && s.job_state(lo) == "succeeded");
+    assert_eq!(read(&out.join("signals")), "term", "the evicted job got SIGTERM");
+    assert_eq!(read(&out.join("restored")), "step-42", "it resumed from its checkpoint");
+    let (_, o, _) = s.cli("admin-secret", &["show", &lo.to_string(), "--output", "json"]);
+    assert_eq!(common::json(&o)["preemptions"], 1);
+}

@@ -1,0 +1,148 @@
+//! Helpers shared by the integration tests: the real binary on loopback.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpunet");
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A child process killed when dropped.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn kill9(&mut self) {
+        let _ = Command::new("kill").args(["-9", &self.0.id().to_string()]).status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub struct Server {
+    pub proc: Proc,
+    pub url: String,
+}
+
+impl Server {
+    pub fn start(dir: &Path, port: u16, extra: &[&str]) -> Server {
+        let mut args = vec!["server", "--data-dir", dir.to_str().unwrap(), "--listen"];
+        let listen = format!("127.0.0.1:{port}");
+        args.push(&listen);
+        args.extend_from_slice(extra);
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env("GPUNET_ADMIN_TOKEN", "admin-secret")
+            .env("GPUNET_JOIN_TOKEN", "join-secret")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let t = Instant::now();
+        while !line.contains("listening") {
+            line.clear();
+            out.read_line(&mut line).unwrap();
+            assert!(t.elapsed() < Duration::from_secs(20), "server did not start");
+        }
+        std::thread::spawn(move || for _ in out.lines() {});
+        Server { proc: Proc(child), url: format!("http://127.0.0.1:{port}") }
+    }
+
+    pub fn cli(&self, token: &str, args: &[&str]) -> (bool, String, String) {
+        let o =
+            Command::new(BIN).args(args).env("GPUNET_SERVER", &self.url).env("GPUNET_TOKEN", token).output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    /// Starts an agent with fake GPUs.
+    pub fn agent(&self, name: &str, gpus: &str, dir: &Path, address: &str) -> Proc {
+        let child = Command::new(BIN)
+            .args([
+                "agent",
+                "--server",
+                &self.url,
+                "--join-token",
+                "join-secret",
+                "--name",
+                name,
+                "--fake-gpus",
+                gpus,
+                "--data-dir",
+                dir.join(name).to_str().unwrap(),
+                "--address",
+                address,
+                "--labels",
+                "zone=z1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let p = Proc(child);
+        wait_for(Duration::from_secs(20), || {
+            let (_, out, _) = self.cli("admin-secret", &["nodes", "--output", "json"]);
+            serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|v| v.as_array().cloned())
+                .is_some_and(|a| a.iter().any(|n| n["name"] == name && n["state"] == "ready"))
+        });
+        p
+    }
+
+    pub fn job_state(&self, id: u64) -> String {
+        let (_, out, _) = self.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+        json(&out)["state"].as_str().unwrap_or("").to_string()
+    }
+
+    pub fn submit(&self, args: &[&str]) -> u64 {
+        let mut a = vec!["submit", "--tenant", "t", "--output", "json"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = self.cli("admin-secret", &a);
+        assert!(ok, "{out}{err}");
+        json(&out)["id"].as_u64().unwrap()
+    }
+}
+
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// Polls `f` every 50 ms until it holds, failing after `limit`.
+pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "condition not met within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn register_node(url: &str, name: &str, gpus: usize) {
+    let g: Vec<String> =
+        (0..gpus).map(|_| r#"{"model":"T4","numa":0,"nvlink_domain":0,"pcie_switch":0}"#.to_string()).collect();
+    let body = format!(
+        r#"{{"spec":{{"name":"{name}","gpus":[{}],"cpu":32000,"mem":131072,"labels":{{"zone":"z1"}},"price_per_gpu_hour":1.0}},"fake":true}}"#,
+        g.join(",")
+    );
+    let o = Command::new("curl")
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer join-secret", "-d", &body, &format!("{url}/v1/nodes")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "register node: {}", String::from_utf8_lossy(&o.stderr));
+}
