@@ -489,12 +489,15 @@ fn main() -> Result<()> {
             cfg.join_token = a.join_token.clone();
             cfg.sched.policy = a.policy.parse().context("--policy")?;
             cfg.sched.backfill = !a.no_backfill;
-            if !(a.node_lost_after_s > 0.0 && a.restart_backoff_s >= 0.0) {
+            if !(a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0)
+                || !a.restart_backoff_s.is_finite()
+                || a.restart_backoff_s < 0.0
+            {
                 bail!("invalid --node-lost-after-s / --restart-backoff-s: allowed are seconds > 0 and >= 0");
             }
             cfg.node_lost_after = std::time::Duration::from_secs_f64(a.node_lost_after_s);
             cfg.sched.restart_backoff = gpunet_core::Dur((a.restart_backoff_s * 1000.0) as u64);
-            if !(a.preempt_min_run_s >= 0.0) {
+            if !a.preempt_min_run_s.is_finite() || a.preempt_min_run_s < 0.0 {
                 bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
             }
             cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
