@@ -489,10 +489,9 @@ fn main() -> Result<()> {
             cfg.join_token = a.join_token.clone();
             cfg.sched.policy = a.policy.parse().context("--policy")?;
             cfg.sched.backfill = !a.no_backfill;
-            if !(a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0)
-                || !a.restart_backoff_s.is_finite()
-                || a.restart_backoff_s < 0.0
-            {
+            let lost_ok = a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0;
+            let backoff_ok = a.restart_backoff_s.is_finite() && a.restart_backoff_s >= 0.0;
+            if !lost_ok || !backoff_ok {
                 bail!("invalid --node-lost-after-s / --restart-backoff-s: allowed are seconds > 0 and >= 0");
             }
             cfg.node_lost_after = std::time::Duration::from_secs_f64(a.node_lost_after_s);
