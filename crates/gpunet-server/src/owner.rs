@@ -1075,10 +1075,10 @@ impl Owner {
         self.dirty = false;
     }
 
-    /// Runs until the channel closes. A pass follows a batch of commands at most every 25 ms (so a burst of
+    /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of
     /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`.
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tick: std::time::Duration) {
-        let min_gap = std::time::Duration::from_millis(25);
+        let min_gap = std::time::Duration::from_millis(5);
         let mut ticker = tokio::time::interval(min_gap);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_pass = std::time::Instant::now() - tick;

@@ -285,6 +285,8 @@ enum BenchCmd {
     Sched(bench::sched::SchedArgs),
     /// Durable job submissions per second against a running server.
     Api(bench::api::ApiArgs),
+    /// N trivial jobs through server and agent on S GPU slots: submit → process start, and drain time.
+    E2e(bench::e2e::E2eArgs),
 }
 
 fn read_file(p: &PathBuf) -> Result<String> {
@@ -625,6 +627,7 @@ fn main() -> Result<()> {
             }
         }
         Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
+        Cmd::Bench { what: BenchCmd::E2e(args) } => runtime()?.block_on(bench::e2e::run(args))?,
         Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,
         Cmd::Drain(a) => runtime()?.block_on(node_action(a, "drain"))?,
         Cmd::Uncordon(a) => runtime()?.block_on(node_action(a, "uncordon"))?,

@@ -56,3 +56,17 @@ fn bad_policy_is_a_clear_error() {
     let out = gpunet(&["bench", "sched", "--output", "yaml"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("table or json"));
 }
+
+#[test]
+fn bench_e2e_runs_jobs_through_server_and_agent() {
+    let out = gpunet(&["bench", "e2e", "--jobs", "40", "--slots", "4", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["drain_s", "start_p50_ms", "start_p99_ms"]);
+    assert!(
+        v["drain_s"].as_f64().unwrap() > 0.0
+            && v["start_p99_ms"].as_f64().unwrap() >= v["start_p50_ms"].as_f64().unwrap()
+    );
+}

@@ -1,6 +1,7 @@
 //! `gpunet bench …`: benchmarks whose figures go into issue notes.
 
 pub(crate) mod api;
+pub(crate) mod e2e;
 pub(crate) mod sched;
 
 /// Peak resident set size of this process in MiB (VmHWM), or 0 where /proc is not there.

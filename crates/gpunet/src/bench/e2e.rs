@@ -1,0 +1,259 @@
+//! `gpunet bench e2e`: N trivial jobs (`true`) through the whole system, server and agent, on S GPU slots. S
+//! submitters each submit a job, wait for it to complete (from the server's event stream), and submit the next: at
+//! most S jobs are outstanding, so the start latency measures the system, not a queue. Reports the time from
+//! submission to the task's process starting (from the job's own events: `submitted` by the server,
+//! `process_started` by the agent, on one machine's clock) and the time to drain them all.
+
+use crate::bench::quantile;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Options.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct E2eArgs {
+    /// Jobs.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) jobs: usize,
+    /// GPU slots (fake GPUs of the local agent; one GPU per job).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) slots: usize,
+    /// Use a running server instead of starting one (it needs agents with free GPUs).
+    #[arg(long)]
+    pub(crate) server: Option<String>,
+    /// Admin token of `--server`.
+    #[arg(long, env = "GPUNET_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// table or json.
+    #[arg(long, default_value = "table")]
+    pub(crate) output: String,
+}
+
+/// What it measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct E2eReport {
+    /// Median submit → process started.
+    pub(crate) start_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub(crate) start_p99_ms: f64,
+    /// First submission → last completion.
+    pub(crate) drain_s: f64,
+}
+
+async fn json<T: serde::de::DeserializeOwned>(r: reqwest::RequestBuilder) -> Result<T> {
+    let resp = r.send().await?;
+    let status = resp.status();
+    let body = resp.bytes().await?;
+    if !status.is_success() {
+        bail!("the server answered {status}: {}", String::from_utf8_lossy(&body));
+    }
+    Ok(serde_json::from_slice(&body)?)
+}
+
+pub(crate) async fn run(a: E2eArgs) -> Result<()> {
+    if !matches!(a.output.as_str(), "table" | "json") {
+        bail!("invalid --output {:?}: allowed are table and json", a.output);
+    }
+    if a.jobs == 0 || a.slots == 0 || a.slots > 64 * 64 {
+        bail!("invalid --jobs/--slots: at least 1 job and 1 to 4096 slots");
+    }
+    let dir = std::env::temp_dir().join(format!("gpunet-bench-e2e-{}", std::process::id()));
+    let mut local: Option<(
+        gpunet_server::Running,
+        Vec<tokio::sync::oneshot::Sender<()>>,
+        Vec<tokio::task::JoinHandle<()>>,
+    )> = None;
+    let (url, token) = match &a.server {
+        Some(u) => (u.trim_end_matches('/').to_string(), a.token.clone().context("--token is required with --server")?),
+        None => {
+            let admin = gpunet_server::new_token();
+            let join = gpunet_server::new_token();
+            let mut cfg = gpunet_server::Config::new(dir.join("server"));
+            cfg.listen = "127.0.0.1:0".parse()?;
+            cfg.admin_token = Some(admin.clone());
+            cfg.join_token = Some(join.clone());
+            let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&dir.join("server"))?);
+            let running = gpunet_server::start(cfg, store).await?;
+            let url = format!("http://{}", running.addr);
+            let mut stops = Vec::new();
+            let mut tasks = Vec::new();
+            let mut left = a.slots;
+            let mut i = 0;
+            while left > 0 {
+                let n = left.min(64);
+                left -= n;
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                stops.push(tx);
+                let cfg = gpunet_agent::AgentConfig {
+                    server: url.clone(),
+                    join_token: join.clone(),
+                    name: format!("bench-{i}"),
+                    labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
+                    fake_gpus: Some((gpunet_core::GpuModel::A100_80GB, n)),
+                    data_dir: dir.join(format!("agent-{i}")),
+                    cpu: None,
+                    mem: None,
+                    address: "127.0.0.1".into(),
+                };
+                tasks.push(tokio::spawn(async move {
+                    let _ = gpunet_agent::run(cfg, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+                }));
+                i += 1;
+            }
+            local = Some((running, stops, tasks));
+            (url, admin)
+        }
+    };
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    // Wait for the GPUs to be there.
+    let t0 = std::time::Instant::now();
+    loop {
+        let c: serde_json::Value = json(http.get(format!("{url}/v1/cluster")).bearer_auth(&token)).await?;
+        if c["gpus_total"].as_u64().unwrap_or(0) as usize >= a.slots.min(1)
+            && c["nodes"]["ready"].as_u64().unwrap_or(0) > 0
+        {
+            if a.server.is_some() || c["gpus_total"].as_u64().unwrap_or(0) as usize >= a.slots {
+                break;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            bail!("no agent registered its GPUs within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = http
+        .post(format!("{url}/v1/tenants"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(r#"{"name":"bench-e2e"}"#)
+        .send()
+        .await?;
+    if !(r.status().is_success() || r.status().as_u16() == 409) {
+        bail!("create tenant bench-e2e: {}", r.text().await?);
+    }
+    // Completions from the event stream.
+    type Waiters = std::sync::Arc<
+        std::sync::Mutex<(
+            std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>,
+            std::collections::HashSet<u64>,
+        )>,
+    >;
+    let waiters: Waiters = Default::default();
+    let mut stream = http.get(format!("{url}/v1/events")).bearer_auth(&token).send().await?;
+    if !stream.status().is_success() {
+        bail!("subscribe to events: {}", stream.status());
+    }
+    let w = waiters.clone();
+    let listener = tokio::spawn(async move {
+        let mut buf = String::new();
+        while let Ok(Some(chunk)) = stream.chunk().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(i) = buf.find('\n') {
+                let line: String = buf.drain(..=i).collect();
+                let Some(data) = line.trim().strip_prefix("data:") else { continue };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(data.trim()) else { continue };
+                if v["kind"] == "succeeded" || v["kind"] == "failed" {
+                    let Some(id) = v["job"].as_u64() else { continue };
+                    let mut g = w.lock().expect("waiters lock");
+                    match g.0.remove(&id) {
+                        Some(tx) => {
+                            let _ = tx.send(());
+                        }
+                        None => {
+                            g.1.insert(id);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let body = r#"{"name":"true","tenant":"bench-e2e","gpus":1,"command":["true"],"cpu":"100m","memory":"64Mi"}"#;
+    let mut handles = Vec::new();
+    for c in 0..a.slots {
+        let n = a.jobs / a.slots + usize::from(c < a.jobs % a.slots);
+        let (http, url, token, waiters) = (http.clone(), url.clone(), token.clone(), waiters.clone());
+        handles.push(tokio::spawn(async move {
+            let mut ids = Vec::with_capacity(n);
+            for _ in 0..n {
+                let v: serde_json::Value = json(
+                    http.post(format!("{url}/v1/jobs"))
+                        .bearer_auth(&token)
+                        .header("content-type", "application/json")
+                        .body(body),
+                )
+                .await?;
+                let id = v["id"].as_u64().context("an id")?;
+                ids.push(id);
+                let rx = {
+                    let mut g = waiters.lock().expect("waiters lock");
+                    if g.1.remove(&id) {
+                        None
+                    } else {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        g.0.insert(id, tx);
+                        Some(rx)
+                    }
+                };
+                if let Some(rx) = rx {
+                    tokio::time::timeout(Duration::from_secs(60), rx)
+                        .await
+                        .context("a job did not finish within 60 s")??;
+                }
+            }
+            Ok::<Vec<u64>, anyhow::Error>(ids)
+        }));
+    }
+    let mut ids = Vec::new();
+    for h in handles {
+        ids.extend(h.await??);
+    }
+    listener.abort();
+    let mut starts = Vec::with_capacity(ids.len());
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    for id in &ids {
+        let ev: Vec<serde_json::Value> =
+            json(http.get(format!("{url}/v1/jobs/{id}/events")).bearer_auth(&token)).await?;
+        let at = |k: &str| ev.iter().find(|e| e["kind"] == k).and_then(|e| e["at_ms"].as_u64());
+        let (Some(sub), Some(st)) = (at("submitted"), at("process_started")) else { continue };
+        starts.push(st.saturating_sub(sub) as f64);
+        first = first.min(sub);
+        if let Some(end) = ev
+            .iter()
+            .rev()
+            .find(|e| e["kind"] == "succeeded" || e["kind"] == "failed")
+            .and_then(|e| e["at_ms"].as_u64())
+        {
+            last = last.max(end);
+        }
+    }
+    starts.sort_by(f64::total_cmp);
+    let report = E2eReport {
+        start_p50_ms: quantile(&starts, 0.5),
+        start_p99_ms: quantile(&starts, 0.99),
+        drain_s: last.saturating_sub(first) as f64 / 1000.0,
+    };
+    if let Some((running, stops, tasks)) = local {
+        for s in stops {
+            let _ = s.send(());
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        running.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if starts.len() < ids.len() {
+        bail!("only {} of {} jobs reported a process start", starts.len(), ids.len());
+    }
+    if a.output == "json" {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("start_p50_ms  {:.1}", report.start_p50_ms);
+        println!("start_p99_ms  {:.1}", report.start_p99_ms);
+        println!("drain_s       {:.2}", report.drain_s);
+    }
+    Ok(())
+}
