@@ -9,6 +9,9 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::time::Duration;
 
+/// The server and agents this benchmark started, and how to stop them.
+type LocalNet = (gpunet_server::Running, Vec<tokio::sync::oneshot::Sender<()>>, Vec<tokio::task::JoinHandle<()>>);
+
 /// Options.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct E2eArgs {
@@ -58,11 +61,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         bail!("invalid --jobs/--slots: at least 1 job and 1 to 4096 slots");
     }
     let dir = std::env::temp_dir().join(format!("gpunet-bench-e2e-{}", std::process::id()));
-    let mut local: Option<(
-        gpunet_server::Running,
-        Vec<tokio::sync::oneshot::Sender<()>>,
-        Vec<tokio::task::JoinHandle<()>>,
-    )> = None;
+    let mut local: Option<LocalNet> = None;
     let (url, token) = match &a.server {
         Some(u) => (u.trim_end_matches('/').to_string(), a.token.clone().context("--token is required with --server")?),
         None => {
@@ -112,12 +111,10 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     loop {
         let c: serde_json::Value = json(http.get(format!("{url}/v1/cluster")).bearer_auth(&token)).await?;
-        if c["gpus_total"].as_u64().unwrap_or(0) as usize >= a.slots.min(1)
-            && c["nodes"]["ready"].as_u64().unwrap_or(0) > 0
-        {
-            if a.server.is_some() || c["gpus_total"].as_u64().unwrap_or(0) as usize >= a.slots {
-                break;
-            }
+        let gpus = c["gpus_total"].as_u64().unwrap_or(0) as usize;
+        let ready = c["nodes"]["ready"].as_u64().unwrap_or(0) > 0;
+        if ready && gpus >= 1 && (a.server.is_some() || gpus >= a.slots) {
+            break;
         }
         if t0.elapsed() > Duration::from_secs(30) {
             bail!("no agent registered its GPUs within 30 s");
