@@ -2,6 +2,7 @@
 //! environment (GPUs, ranks, checkpoint directory), stdout and stderr appended to one log file per attempt.
 //! Stopping sends SIGTERM to the group, then SIGKILL after the grace period.
 
+use crate::cgroups::Cgroups;
 use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -25,6 +26,7 @@ pub struct Launcher {
     exits: mpsc::UnboundedSender<TaskExit>,
     /// Starts not yet reported.
     pub started: Vec<TaskStart>,
+    cgroups: Cgroups,
 }
 
 /// Where a task attempt's log goes.
@@ -39,8 +41,8 @@ pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
 
 impl Launcher {
     /// A launcher keeping logs and checkpoints under `dir`; ends are sent to `exits`.
-    pub fn new(dir: PathBuf, exits: mpsc::UnboundedSender<TaskExit>) -> Launcher {
-        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new() }
+    pub fn new(dir: PathBuf, exits: mpsc::UnboundedSender<TaskExit>, cgroups: Cgroups) -> Launcher {
+        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new(), cgroups }
     }
 
     /// Tasks running now.
@@ -83,9 +85,38 @@ impl Launcher {
             Ok(f) => f,
             Err(e) => return fail(format!("prepare {}: {e}", log.display()), &self.exits),
         };
-        let mut cmd = tokio::process::Command::new(prog);
-        cmd.args(args)
-            .envs(&a.env)
+        // Limits: the task joins its cgroups from a tiny shell before it becomes the command (no pre-exec hook).
+        let group = match self.cgroups.create(
+            &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
+            a.memory_mib,
+            a.cpu_milli,
+        ) {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(job = t.job, error = %e, "could not create the task's cgroups; running without limits");
+                None
+            }
+        };
+        let mut cmd = match &group {
+            Some(g) => {
+                let mut c = tokio::process::Command::new("sh");
+                c.arg("-c")
+                    .arg("for f in $GPUNET_CGROUP_PROCS; do echo $$ > \"$f\" || exit 125; done; exec \"$0\" \"$@\"")
+                    .arg(prog)
+                    .args(args)
+                    .env(
+                        "GPUNET_CGROUP_PROCS",
+                        g.procs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" "),
+                    );
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(prog);
+                c.args(args);
+                c
+            }
+        };
+        cmd.envs(&a.env)
             .env("GPUNET_CHECKPOINT_DIR", &ckpt)
             .env("GPUNET_LOG_FILE", &log)
             .stdin(std::process::Stdio::null())
@@ -102,7 +133,9 @@ impl Launcher {
             Ok(c) => c,
             Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
         };
-        let pid = child.id().map_or(0, |p| p as i32);
+        let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
+            return fail(format!("start {prog}: no process id"), &self.exits);
+        };
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         self.procs.insert(t, Proc { pgid: pid, stopping: false });
         let at_ms =
@@ -115,16 +148,22 @@ impl Launcher {
                 Ok(s) => (s.code(), s.signal()),
                 Err(_) => (None, None),
             };
-            // Take down anything the task left behind in its group.
+            // Take down anything the task left behind in its group (pid > 1 checked at spawn).
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = exits.send(TaskExit { task: t, code, signal, oom: false, stopped: false });
+            let oom = group.as_ref().is_some_and(|g| g.oom_killed());
+            if let Some(g) = &group {
+                // The group empties once the killed processes are reaped.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                g.remove();
+            }
+            let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false });
         });
     }
 
     /// Stops a task: SIGTERM to its process group, SIGKILL after `grace`.
     pub fn stop(&mut self, t: &TaskRef, grace: std::time::Duration) {
         let Some(p) = self.procs.get_mut(t) else { return };
-        if p.stopping {
+        if p.stopping || p.pgid <= 1 {
             return;
         }
         p.stopping = true;

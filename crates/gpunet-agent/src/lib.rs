@@ -6,6 +6,7 @@
 //! GPUs: `--fake-gpus 8xA100-80GB` declares fake GPUs (marked `fake` everywhere). NVML discovery of real GPUs is not
 //! built yet; without `--fake-gpus` the agent registers a node without GPUs.
 
+pub mod cgroups;
 pub mod launcher;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
@@ -107,8 +108,10 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     n
 }
 
-async fn register(http: &reqwest::Client, cfg: &AgentConfig) -> Result<(), AgentError> {
-    let body = serde_json::json!({"spec": node_spec(cfg), "fake": cfg.fake_gpus.is_some()});
+async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) -> Result<(), AgentError> {
+    let mut spec = node_spec(cfg);
+    spec.labels.insert("isolation".into(), isolation.to_string());
+    let body = serde_json::json!({"spec": spec, "fake": cfg.fake_gpus.is_some()});
     let r = http
         .post(format!("{}/v1/nodes", cfg.server))
         .bearer_auth(&cfg.join_token)
@@ -128,9 +131,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let http = reqwest::Client::builder()
         .build()
         .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
+    let isolation = cg.describe();
+    tracing::info!(isolation = %isolation, "isolation");
     let mut backoff = Duration::from_millis(100);
     loop {
-        match register(&http, &cfg).await {
+        match register(&http, &cfg, &isolation).await {
             Ok(()) => break,
             Err(AgentError::Register { reason, .. }) if reason.contains("error sending request") => {
                 tracing::warn!(server = %cfg.server, "server unreachable; retrying");
@@ -142,7 +148,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
-    let mut launcher = Launcher::new(cfg.data_dir.clone(), tx);
+    let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
@@ -193,7 +199,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
                     Ok(resp) if resp.status().as_u16() == 404 => {
                         // The server does not know this node (a new server): register again.
-                        let _ = register(&http, &cfg).await;
+                        let _ = register(&http, &cfg, &isolation).await;
                         None
                     }
                     Ok(resp) => {

@@ -139,3 +139,39 @@ fn preemption_sends_sigterm_and_the_job_resumes_from_its_checkpoint() {
     let (_, o, _) = s.cli("admin-secret", &["show", &lo.to_string(), "--output", "json"]);
     assert_eq!(common::json(&o)["preemptions"], 1);
 }
+
+/// Ignored by default: here (and in CI's sandbox) an OOM kill anywhere in the session's cgroup tree ends the whole
+/// session, so this runs only where that is safe: `GPUNET_TEST_OOM=1 cargo test -p gpunet --test agent -- --ignored`.
+#[test]
+#[ignore = "the OOM killer firing inside this sandbox's cgroup tree ends the session; run with GPUNET_TEST_OOM=1 --ignored"]
+fn a_job_over_its_memory_limit_is_killed_and_reported_oom() {
+    if std::env::var("GPUNET_TEST_OOM").is_err() {
+        eprintln!("set GPUNET_TEST_OOM=1 to run this test");
+        return;
+    }
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    let isolation = common::json(&nodes)[0]["labels"]["isolation"].as_str().unwrap_or("").to_string();
+    assert!(
+        isolation.starts_with("cgroup-v1: memory") || isolation.starts_with("cgroup-v2"),
+        "isolation in force: {isolation:?}"
+    );
+    let spec = dir.path().join("hog.yaml");
+    std::fs::write(
+        &spec,
+        "name: hog\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\n\
+         command: [python3, -c, \"b = bytearray(512 * 1024 * 1024); print(len(b))\"]\n",
+    )
+    .unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    let id = common::json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
+    let o = Command::new("curl")
+        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
+        .output()
+        .unwrap();
+    let events = String::from_utf8_lossy(&o.stdout);
+    assert!(events.contains("\"kind\":\"oom\"") && events.contains("exceeding its memory limit"), "{events}");
+}

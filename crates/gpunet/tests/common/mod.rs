@@ -73,7 +73,9 @@ impl Server {
 
     /// Starts an agent with fake GPUs.
     pub fn agent(&self, name: &str, gpus: &str, dir: &Path, address: &str) -> Proc {
+        use std::os::unix::process::CommandExt;
         let child = Command::new(BIN)
+            .process_group(0)
             .args([
                 "agent",
                 "--server",

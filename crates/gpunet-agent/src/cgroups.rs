@@ -1,0 +1,206 @@
+//! CPU and memory limits through cgroups: v2 where the unified hierarchy has the controllers, else v1 (the memory
+//! and cpu hierarchies), else none. Each task attempt gets its own group; the OOM killer's verdict is read back
+//! from it when the task ends.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// What isolation this machine offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cgroups {
+    /// The unified hierarchy; `base` is where task groups are made.
+    V2 {
+        /// Parent of the task groups.
+        base: PathBuf,
+        /// Controllers enabled for them.
+        controllers: Vec<String>,
+    },
+    /// v1 hierarchies.
+    V1 {
+        /// Parent of task groups in the memory hierarchy.
+        memory: Option<PathBuf>,
+        /// Parent of task groups in the cpu hierarchy.
+        cpu: Option<PathBuf>,
+    },
+    /// No usable cgroups: tasks run without limits.
+    None,
+}
+
+/// One task's groups.
+#[derive(Debug, Clone)]
+pub struct TaskCgroup {
+    dirs: Vec<PathBuf>,
+    /// `cgroup.procs` files the task must join.
+    pub procs: Vec<PathBuf>,
+    oom: Option<(PathBuf, bool)>,
+}
+
+fn own_path(controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        let hit = if controller.is_empty() { ctrls.is_empty() } else { ctrls.split(',').any(|c| c == controller) };
+        hit.then(|| path.to_string())
+    })
+}
+
+fn writable_dir(p: &Path) -> bool {
+    std::fs::create_dir_all(p).is_ok() && std::fs::metadata(p).is_ok_and(|m| !m.permissions().readonly())
+}
+
+impl Cgroups {
+    /// Detects what the machine offers under `root` (normally `/sys/fs/cgroup`); `tag` names this agent's parent group.
+    pub fn detect(root: &Path, tag: &str) -> Cgroups {
+        // v2: a unified hierarchy at the root with controllers that can be delegated to children.
+        if let Ok(ctrls) = std::fs::read_to_string(root.join("cgroup.controllers")) {
+            let own = own_path("").unwrap_or_else(|| "/".into());
+            let base = root.join(own.trim_start_matches('/')).join(tag);
+            let wanted: Vec<String> =
+                ctrls.split_whitespace().filter(|c| *c == "memory" || *c == "cpu").map(String::from).collect();
+            if !wanted.is_empty() && writable_dir(&base) {
+                let enable = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
+                if std::fs::write(base.join("cgroup.subtree_control"), enable).is_ok() {
+                    return Cgroups::V2 { base, controllers: wanted };
+                }
+            }
+        }
+        let v1 = |ctrl: &str| -> Option<PathBuf> {
+            let mount = root.join(ctrl);
+            if !mount.join("cgroup.procs").exists() {
+                return None;
+            }
+            let own = own_path(ctrl).unwrap_or_else(|| "/".into());
+            let base = mount.join(own.trim_start_matches('/')).join(tag);
+            writable_dir(&base).then_some(base)
+        };
+        let (memory, cpu) = (v1("memory"), v1("cpu"));
+        if memory.is_some() || cpu.is_some() {
+            return Cgroups::V1 { memory, cpu };
+        }
+        Cgroups::None
+    }
+
+    /// For the node's status, e.g. `cgroup-v1: memory, cpu`.
+    pub fn describe(&self) -> String {
+        match self {
+            Cgroups::V2 { controllers, .. } => format!("cgroup-v2: {}", controllers.join(", ")),
+            Cgroups::V1 { memory, cpu } => {
+                let mut v = Vec::new();
+                if memory.is_some() {
+                    v.push("memory");
+                }
+                if cpu.is_some() {
+                    v.push("cpu");
+                }
+                format!("cgroup-v1: {}", v.join(", "))
+            }
+            Cgroups::None => "none".into(),
+        }
+    }
+
+    /// Makes the groups of one task with its limits.
+    pub fn create(&self, name: &str, memory_mib: u64, cpu_milli: u64) -> io::Result<Option<TaskCgroup>> {
+        let bytes = memory_mib.max(4) * 1024 * 1024;
+        // CFS: quota per 100 ms period; 1000 millicores = one full period.
+        let quota = (cpu_milli.max(10) * 100).to_string();
+        match self {
+            Cgroups::None => Ok(None),
+            Cgroups::V2 { base, controllers } => {
+                let d = base.join(name);
+                std::fs::create_dir_all(&d)?;
+                if controllers.iter().any(|c| c == "memory") {
+                    std::fs::write(d.join("memory.max"), bytes.to_string())?;
+                    let _ = std::fs::write(d.join("memory.swap.max"), "0");
+                }
+                if controllers.iter().any(|c| c == "cpu") {
+                    std::fs::write(d.join("cpu.max"), format!("{quota} 100000"))?;
+                }
+                Ok(Some(TaskCgroup {
+                    procs: vec![d.join("cgroup.procs")],
+                    oom: Some((d.join("memory.events"), true)),
+                    dirs: vec![d],
+                }))
+            }
+            Cgroups::V1 { memory, cpu } => {
+                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None };
+                if let Some(m) = memory {
+                    let d = m.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    std::fs::write(d.join("memory.limit_in_bytes"), bytes.to_string())?;
+                    let _ = std::fs::write(d.join("memory.memsw.limit_in_bytes"), bytes.to_string());
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.oom = Some((d.join("memory.oom_control"), false));
+                    t.dirs.push(d);
+                }
+                if let Some(c) = cpu {
+                    let d = c.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    std::fs::write(d.join("cpu.cfs_period_us"), "100000")?;
+                    std::fs::write(d.join("cpu.cfs_quota_us"), &quota)?;
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
+                Ok(Some(t))
+            }
+        }
+    }
+}
+
+impl TaskCgroup {
+    /// Whether the OOM killer killed something in the group.
+    pub fn oom_killed(&self) -> bool {
+        let Some((file, _v2)) = &self.oom else { return false };
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        text.lines().any(|l| {
+            let mut it = l.split_whitespace();
+            it.next() == Some("oom_kill") && it.next().and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0)
+        }) || {
+            // Older v1 kernels have no oom_kill counter: a hit limit shows in the fail count.
+            let failcnt = file.with_file_name("memory.failcnt");
+            std::fs::read_to_string(failcnt).ok().and_then(|s| s.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)
+                && !text.contains("oom_kill ")
+        }
+    }
+
+    /// Removes the groups (after the task's processes are gone).
+    pub fn remove(&self) {
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v1_hierarchies_are_detected_and_limits_written() {
+        let root = std::env::temp_dir().join(format!("gpunet-cg-{}", std::process::id()));
+        for c in ["memory", "cpu"] {
+            std::fs::create_dir_all(root.join(c)).unwrap();
+            std::fs::write(root.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        let cg = Cgroups::detect(&root, "gpunet-test");
+        match &cg {
+            Cgroups::V1 { memory: Some(_), cpu: Some(_) } => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(cg.describe(), "cgroup-v1: memory, cpu");
+        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500).unwrap().unwrap();
+        assert_eq!(t.procs.len(), 2);
+        let mem = t.procs[0].with_file_name("memory.limit_in_bytes");
+        assert_eq!(std::fs::read_to_string(mem).unwrap(), (512u64 * 1024 * 1024).to_string());
+        let quota = t.procs[1].with_file_name("cpu.cfs_quota_us");
+        assert_eq!(std::fs::read_to_string(quota).unwrap(), "150000");
+        std::fs::write(
+            t.procs[0].with_file_name("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        assert!(t.oom_killed());
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(Cgroups::detect(Path::new("/nonexistent-cgroup-root"), "x"), Cgroups::None);
+    }
+}
