@@ -27,6 +27,8 @@ pub struct Launcher {
     /// Starts not yet reported.
     pub started: Vec<TaskStart>,
     cgroups: Cgroups,
+    /// Run tasks as this user (uid, gid) instead of the agent's.
+    run_as: Option<(u32, u32)>,
 }
 
 /// Where a task attempt's log goes.
@@ -42,7 +44,16 @@ pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
 impl Launcher {
     /// A launcher keeping logs and checkpoints under `dir`; ends are sent to `exits`.
     pub fn new(dir: PathBuf, exits: mpsc::UnboundedSender<TaskExit>, cgroups: Cgroups) -> Launcher {
-        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new(), cgroups }
+        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new(), cgroups, run_as: None }
+    }
+
+    /// Runs tasks as `user` (the agent must be root for that). Errors name the user when it does not exist.
+    pub fn run_as(&mut self, user: &str) -> Result<(), String> {
+        let u = nix::unistd::User::from_name(user)
+            .map_err(|e| format!("look up user {user:?}: {e}"))?
+            .ok_or_else(|| format!("invalid --run-as {user:?}: no such user"))?;
+        self.run_as = Some((u.uid.as_raw(), u.gid.as_raw()));
+        Ok(())
     }
 
     /// Tasks running now.
@@ -78,6 +89,11 @@ impl Launcher {
             std::fs::create_dir_all(log.parent().expect("log has a parent"))?;
             std::fs::create_dir_all(&ckpt)?;
             let f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+            if let Some((uid, gid)) = self.run_as {
+                // The task's user owns its checkpoint directory.
+                let owner = (Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)));
+                nix::unistd::chown(&ckpt, owner.0, owner.1).map_err(std::io::Error::from)?;
+            }
             let g = f.try_clone()?;
             Ok((f, g))
         })();
@@ -128,6 +144,19 @@ impl Launcher {
             cmd.current_dir(wd);
         } else {
             cmd.current_dir(&ckpt);
+        }
+        if let Some((uid, gid)) = self.run_as {
+            // The task, its cgroup wrapper included, runs as the user: hand it its groups' cgroup.procs files.
+            cmd.uid(uid).gid(gid);
+            if let Some(g) = &group {
+                for p in &g.procs {
+                    let _ = nix::unistd::chown(
+                        p,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    );
+                }
+            }
         }
         let mut child = match cmd.spawn() {
             Ok(c) => c,

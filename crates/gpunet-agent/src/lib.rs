@@ -61,6 +61,8 @@ pub struct AgentConfig {
     pub mem: Option<MiB>,
     /// Address other nodes reach this one at (MASTER_ADDR of gangs).
     pub address: String,
+    /// Run tasks as this unprivileged user.
+    pub run_as: Option<String>,
 }
 
 /// Parses `8xA100-80GB` (count `x` model).
@@ -149,6 +151,13 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
     let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
+    if let Some(u) = &cfg.run_as {
+        launcher.run_as(u).map_err(|reason| AgentError::Invalid {
+            field: "--run-as",
+            value: u.clone(),
+            allowed: reason,
+        })?;
+    }
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
@@ -264,6 +273,7 @@ mod tests {
             cpu: None,
             mem: None,
             address: "127.0.0.1".into(),
+            run_as: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -134,6 +134,9 @@ struct AgentArgs {
     /// Address other nodes reach this node at (MASTER_ADDR of gangs).
     #[arg(long, default_value = "127.0.0.1")]
     address: String,
+    /// Run tasks as this unprivileged user (the agent must run as root).
+    #[arg(long)]
+    run_as: Option<String>,
 }
 
 fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
@@ -159,6 +162,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         cpu: None,
         mem: None,
         address: a.address.clone(),
+        run_as: a.run_as.clone(),
     })
 }
 
@@ -579,6 +583,7 @@ fn main() -> Result<()> {
                     cpu: None,
                     mem: None,
                     address: "127.0.0.1".into(),
+                    run_as: None,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

@@ -175,3 +175,13 @@ fn a_job_over_its_memory_limit_is_killed_and_reported_oom() {
     let events = String::from_utf8_lossy(&o.stdout);
     assert!(events.contains("\"kind\":\"oom\"") && events.contains("exceeding its memory limit"), "{events}");
 }
+
+#[test]
+fn tasks_run_as_the_configured_unprivileged_user() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent_with("a1", "1xT4", dir.path(), "127.0.0.1", &["--run-as", "nobody"]);
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", "id -u; touch $GPUNET_CHECKPOINT_DIR/ok && echo writable"]);
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
+    let log = read(&dir.path().join(format!("a1/logs/job-{id}/rank-0-attempt-0.log")));
+    assert_eq!(log, "65534\nwritable", "runs as nobody and owns its checkpoint directory");
+}

@@ -93,6 +93,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                     cpu: None,
                     mem: None,
                     address: "127.0.0.1".into(),
+                    run_as: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gpunet_agent::run(cfg, async {

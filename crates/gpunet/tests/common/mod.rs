@@ -73,6 +73,11 @@ impl Server {
 
     /// Starts an agent with fake GPUs.
     pub fn agent(&self, name: &str, gpus: &str, dir: &Path, address: &str) -> Proc {
+        self.agent_with(name, gpus, dir, address, &[])
+    }
+
+    /// Starts an agent with fake GPUs and extra flags.
+    pub fn agent_with(&self, name: &str, gpus: &str, dir: &Path, address: &str, extra: &[&str]) -> Proc {
         use std::os::unix::process::CommandExt;
         let child = Command::new(BIN)
             .process_group(0)
@@ -93,6 +98,7 @@ impl Server {
                 "--labels",
                 "zone=z1",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
