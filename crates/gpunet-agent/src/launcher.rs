@@ -78,7 +78,14 @@ impl Launcher {
         let t = a.task;
         let fail = |msg: String, exits: &mpsc::UnboundedSender<TaskExit>| {
             tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
-            let _ = exits.send(TaskExit { task: t, code: Some(127), signal: None, oom: false, stopped: false });
+            let _ = exits.send(TaskExit {
+                task: t,
+                code: Some(127),
+                signal: None,
+                oom: false,
+                stopped: false,
+                reason: None,
+            });
         };
         let Some((prog, args)) = a.command.split_first() else {
             return fail("the job has no command".into(), &self.exits);
@@ -171,6 +178,46 @@ impl Launcher {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
         let exits = self.exits.clone();
+        let probe_failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        if let Some(l) = a.liveness.clone() {
+            let failed = probe_failed.clone();
+            let env = a.env.clone();
+            let dir = ckpt.clone();
+            let log = log.clone();
+            let run_as = self.run_as;
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(l.initial_delay_ms)).await;
+                let period = std::time::Duration::from_millis(l.period_ms.max(100));
+                loop {
+                    if nix::sys::signal::kill(Pid::from_raw(pid), None).is_err() {
+                        return; // the task is gone
+                    }
+                    let Some((p, args)) = l.command.split_first() else { return };
+                    let mut c = tokio::process::Command::new(p);
+                    c.args(args).envs(&env).current_dir(&dir).stdin(std::process::Stdio::null()).kill_on_drop(true);
+                    if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&log) {
+                        if let Ok(g) = f.try_clone() {
+                            c.stdout(f).stderr(g);
+                        }
+                    }
+                    if let Some((uid, gid)) = run_as {
+                        c.uid(uid).gid(gid);
+                    }
+                    let ok = match tokio::time::timeout(period, c.status()).await {
+                        Ok(Ok(s)) => s.success(),
+                        _ => false,
+                    };
+                    if !ok {
+                        tracing::warn!(job = t.job, rank = t.rank, "liveness probe failed");
+                        *failed.lock().expect("probe lock") =
+                            Some(format!("failed its liveness probe ({})", l.command.join(" ")));
+                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        return;
+                    }
+                    tokio::time::sleep(period).await;
+                }
+            });
+        }
         tokio::spawn(async move {
             let status = child.wait().await;
             let (code, signal) = match status {
@@ -185,7 +232,8 @@ impl Launcher {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 g.remove();
             }
-            let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false });
+            let reason = probe_failed.lock().expect("probe lock").clone();
+            let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false, reason });
         });
     }
 

@@ -33,6 +33,20 @@ pub struct TaskExit {
     /// It was stopped because the server no longer wanted it (cancel, eviction).
     #[serde(default)]
     pub stopped: bool,
+    /// Why, when the agent ended it (a failed liveness probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A liveness probe: a command run in the task's environment; a non-zero exit (or a hang past the period) fails it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Liveness {
+    /// Command and arguments.
+    pub command: Vec<String>,
+    /// Wait before the first probe.
+    pub initial_delay_ms: u64,
+    /// Time between probes (and each probe's time limit).
+    pub period_ms: u64,
 }
 
 /// The agent's report.
@@ -80,6 +94,9 @@ pub struct TaskAssignment {
     pub memory_mib: u64,
     /// Time between SIGTERM and SIGKILL when the task is stopped.
     pub grace_ms: u64,
+    /// Liveness probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<Liveness>,
 }
 
 /// The server's answer.

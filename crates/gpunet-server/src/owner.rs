@@ -335,6 +335,19 @@ impl Owner {
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
+                    liveness: doc.submission.liveness.as_ref().map(|l| gpunet_api::agent::Liveness {
+                        command: l.command.clone(),
+                        initial_delay_ms: l
+                            .initial_delay
+                            .as_deref()
+                            .and_then(|d| gpunet_api::units::parse_duration("liveness.initial_delay", d).ok())
+                            .map_or(0, |d| d.0),
+                        period_ms: l
+                            .period
+                            .as_deref()
+                            .and_then(|d| gpunet_api::units::parse_duration("liveness.period", d).ok())
+                            .map_or(10_000, |d| d.0.max(100)),
+                    }),
                 });
             }
         }
@@ -411,6 +424,7 @@ impl Owner {
             self.sync_doc(jid.0);
             writes.push(self.job_doc_write(jid.0).expect("present"));
             let how = match (e.code, e.signal, e.oom) {
+                _ if e.reason.is_some() => format!("rank {} {}", e.task.rank, e.reason.as_deref().unwrap_or_default()),
                 (_, _, true) => format!("rank {} was killed for exceeding its memory limit (OOM)", e.task.rank),
                 (Some(c), _, _) => format!("rank {} exited with code {c}", e.task.rank),
                 (None, Some(sig), _) => format!("rank {} was killed by signal {sig}", e.task.rank),

@@ -185,3 +185,26 @@ fn tasks_run_as_the_configured_unprivileged_user() {
     let log = read(&dir.path().join(format!("a1/logs/job-{id}/rank-0-attempt-0.log")));
     assert_eq!(log, "65534\nwritable", "runs as nobody and owns its checkpoint directory");
 }
+
+#[test]
+fn a_failed_liveness_probe_counts_as_a_failure() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let spec = dir.path().join("live.yaml");
+    std::fs::write(
+        &spec,
+        "name: stuck\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sleep, \"300\"]\n\
+         liveness: {command: [sh, -c, \"exit 3\"], initial_delay: 200ms, period: 300ms}\n",
+    )
+    .unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    let id = common::json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "failed");
+    let o = Command::new("curl")
+        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
+        .output()
+        .unwrap();
+    let events = String::from_utf8_lossy(&o.stdout);
+    assert!(events.contains("failed its liveness probe"), "{events}");
+}
