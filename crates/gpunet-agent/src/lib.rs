@@ -161,14 +161,41 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
+    // How far each task attempt's log has been shipped.
+    let mut shipped: std::collections::HashMap<TaskRef, u64> = std::collections::HashMap::new();
     backoff = Duration::from_millis(100);
     tokio::pin!(shutdown);
     loop {
+        let mut logs = Vec::new();
+        let mut budget = 256 * 1024usize;
+        let mut tasks: Vec<TaskRef> = launcher.running();
+        tasks.extend(pending.iter().map(|e| e.task));
+        for t in tasks {
+            let path = launcher::log_path(&cfg.data_dir, &t);
+            let from = shipped.get(&t).copied().unwrap_or(0);
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            if len > from && budget > 0 {
+                let take = ((len - from) as usize).min(budget);
+                if let Ok(mut f) = std::fs::File::open(&path) {
+                    use std::io::{Read, Seek};
+                    let mut buf = vec![0u8; take];
+                    if f.seek(std::io::SeekFrom::Start(from)).is_ok() && f.read_exact(&mut buf).is_ok() {
+                        budget -= take;
+                        logs.push(gpunet_api::agent::LogChunk {
+                            task: t,
+                            offset: from,
+                            data: String::from_utf8_lossy(&buf).into_owned(),
+                        });
+                    }
+                }
+            }
+        }
         let sync = AgentSync {
             known_version: known,
             running: launcher.running(),
             exited: pending.clone(),
             started: launcher.started.clone(),
+            logs: logs.clone(),
         };
         let sent = pending.len();
         let sent_starts = launcher.started.len();
@@ -226,11 +253,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     continue;
                 };
                 backoff = Duration::from_millis(100);
+                for c in &logs {
+                    shipped.insert(c.task, c.offset + c.data.len() as u64);
+                }
+                // Exits whose logs were fully shipped are done.
                 pending.drain(..sent.min(pending.len()));
                 launcher.started.drain(..sent_starts.min(launcher.started.len()));
                 known = work.version;
                 let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
                 ended.retain(|t| want.contains(t));
+                let live: HashSet<TaskRef> = launcher.running().into_iter().chain(pending.iter().map(|e| e.task)).collect();
+                shipped.retain(|t, _| live.contains(t));
                 for t in launcher.running() {
                     if !want.contains(&t) {
                         let grace = Duration::from_secs(10);

@@ -61,6 +61,20 @@ pub struct AgentSync {
     /// Task attempts whose process started since the last acknowledged report.
     #[serde(default)]
     pub started: Vec<TaskStart>,
+    /// New log output of task attempts (at most 256 KiB per report).
+    #[serde(default)]
+    pub logs: Vec<LogChunk>,
+}
+
+/// Log output of a task attempt, from `offset` bytes into its log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogChunk {
+    /// Which.
+    pub task: TaskRef,
+    /// Byte offset of `data` in the log.
+    pub offset: u64,
+    /// The bytes, as text (invalid UTF-8 replaced).
+    pub data: String,
 }
 
 /// A task's process started.

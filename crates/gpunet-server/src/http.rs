@@ -31,6 +31,8 @@ pub struct AppState {
     pub(crate) events: broadcast::Sender<String>,
     pub(crate) max_body: usize,
     pub(crate) notifies: crate::owner::Notifies,
+    /// Where task logs shipped by agents are kept.
+    pub(crate) logs_dir: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for AppState {
@@ -457,7 +459,15 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
-    let reported = !sync.exited.is_empty() || !sync.started.is_empty();
+    let reported = !sync.exited.is_empty() || !sync.started.is_empty() || !sync.logs.is_empty();
+    if !sync.logs.is_empty() {
+        let dir = st.logs_dir.clone();
+        let chunks = sync.logs.clone();
+        tokio::task::spawn_blocking(move || append_logs(&dir, &chunks))
+            .await
+            .map_err(|_| ApiError::new("internal", "store logs"))?
+            .map_err(|e| ApiError::new("internal", format!("store logs: {e}")))?;
+    }
     let notify = crate::owner::notify_of(&st.notifies, &node);
     let woken = notify.notified();
     tokio::pin!(woken);
@@ -471,6 +481,110 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let again = gpunet_api::agent::AgentSync { known_version: known, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
     Ok(json(StatusCode::OK, work))
+}
+
+fn log_file(dir: &std::path::Path, job: u64, rank: u32, attempt: u32) -> std::path::PathBuf {
+    dir.join(format!("job-{job}")).join(format!("rank-{rank}-attempt-{attempt}.log"))
+}
+
+/// Appends shipped log chunks; a chunk that starts before the file's end was shipped before and is skipped in part.
+fn append_logs(dir: &std::path::Path, chunks: &[gpunet_api::agent::LogChunk]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    for c in chunks {
+        let p = log_file(dir, c.task.job, c.task.rank, c.task.attempt);
+        std::fs::create_dir_all(p.parent().expect("has a parent"))?;
+        let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+        let end = c.offset + c.data.len() as u64;
+        if end <= len || c.offset > len {
+            continue;
+        }
+        let skip = (len - c.offset) as usize;
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p)?;
+        f.write_all(&c.data.as_bytes()[skip.min(c.data.len())..])?;
+    }
+    Ok(())
+}
+
+/// `GET /v1/jobs/{id}/logs?rank=R&follow=true`: the latest attempt's log of a rank; with `follow`, streamed until the
+/// job ends.
+async fn job_logs(
+    State(st): State<AppState>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    let q = query(&q, &["rank", "follow"])?;
+    let rank: u32 = match q.get("rank") {
+        Some(r) => r.parse().map_err(|_| ApiError::invalid("rank", r, "a task rank like 0"))?,
+        None => 0,
+    };
+    let follow = match q.get("follow").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") | Some("") => true,
+        Some(v) => return Err(Fail(ApiError::invalid("follow", v, "true or false"))),
+    };
+    let job = ask(&st, |reply| Cmd::Get { who: p.clone(), id, reply }).await?;
+    if rank >= job.tasks.max(1) {
+        return Err(Fail(ApiError::invalid("rank", &rank.to_string(), &format!("0 to {}", job.tasks.max(1) - 1))));
+    }
+    let dir = st.logs_dir.join(format!("job-{id}"));
+    // The latest attempt of the rank that has a log.
+    let latest = move |dir: &std::path::Path| -> Option<std::path::PathBuf> {
+        let prefix = format!("rank-{rank}-attempt-");
+        std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_prefix(&prefix)?.strip_suffix(".log")?.parse::<u32>().ok().map(|a| (a, e.path()))
+            })
+            .max_by_key(|(a, _)| *a)
+            .map(|(_, p)| p)
+    };
+    if !follow {
+        let text = latest(&dir).and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
+        return Ok(([("content-type", "text/plain; charset=utf-8")], text).into_response());
+    }
+    let stream = futures_util::stream::unfold(
+        (0u64, None::<std::path::PathBuf>, false, st, p, dir),
+        move |(mut off, mut path, done, st, p, dir)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                if let Some(now) = latest(&dir) {
+                    if path.as_ref() != Some(&now) {
+                        path = Some(now);
+                        off = 0;
+                    }
+                }
+                if let Some(pth) = &path {
+                    let data = std::fs::read(pth).unwrap_or_default();
+                    if (data.len() as u64) > off {
+                        let chunk = data[off as usize..].to_vec();
+                        off = data.len() as u64;
+                        return Some((
+                            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
+                            (off, path, false, st, p, dir),
+                        ));
+                    }
+                }
+                let state =
+                    ask(&st, |reply| Cmd::Get { who: p.clone(), id, reply }).await.map(|j| j.state).unwrap_or_default();
+                if ["succeeded", "failed", "cancelled", ""].contains(&state.as_str()) {
+                    // One last look for output shipped with the exit.
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    let data = path.as_ref().and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
+                    let rest = data.get(off as usize..).map(<[u8]>::to_vec).unwrap_or_default();
+                    return Some((Ok(axum::body::Bytes::from(rest)), (off, path, true, st, p, dir)));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        },
+    );
+    Ok(([("content-type", "text/plain; charset=utf-8")], axum::body::Body::from_stream(stream)).into_response())
 }
 
 async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
@@ -521,6 +635,7 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/explain", get(explain_job))
+        .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{name}/quota", put(set_quota))
         .route("/v1/tenants/{name}/tokens", post(issue_token))

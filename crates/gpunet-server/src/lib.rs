@@ -243,7 +243,8 @@ pub fn build(
     let (tx, rx) = mpsc::channel(65_536);
     let tick = cfg.tick;
     tokio::spawn(o.run(rx, tick));
-    let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes, notifies };
+    let logs_dir = cfg.data_dir.join("logs");
+    let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes, notifies, logs_dir };
     Ok((app, gen_admin, gen_join))
 }
 

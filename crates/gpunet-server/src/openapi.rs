@@ -59,6 +59,10 @@ pub fn document() -> Value {
             "/v1/jobs/{id}/cancel": {"post": op("Cancel a job", "jobs", None, ("200", "JobView")), "parameters": id_param()},
             "/v1/jobs/{id}/events": {"get": op("A job's events", "jobs", None, ("200", "EventRow[]")), "parameters": id_param()},
             "/v1/jobs/{id}/explain": {"get": op("Why a job is pending, with numbers and an ETA", "jobs", None, ("200", "Explain")), "parameters": id_param()},
+            "/v1/jobs/{id}/logs": {"get": op("A rank's log (latest attempt); follow=true streams until the job ends", "jobs", None, ("200", "text/plain")),
+                "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}},
+                               {"name": "rank", "in": "query", "schema": {"type": "integer"}},
+                               {"name": "follow", "in": "query", "schema": {"type": "boolean"}}]},
             "/v1/tenants": {
                 "post": op("Create a tenant (admin); returns its first token", "tenants", Some("TenantRequest"), ("201", "TokenIssued")),
                 "get": op("Tenants with quota use (a tenant sees itself)", "tenants", None, ("200", "TenantView[]"))

@@ -91,6 +91,30 @@ impl Client {
         serde_json::from_slice(&body).context("decode the server's answer")
     }
 
+    /// Copies a streamed text answer to standard output as it arrives.
+    pub(crate) async fn stream(&self, path: &str) -> Result<()> {
+        use std::io::Write as _;
+        let mut resp = self
+            .req(reqwest::Method::GET, path)
+            .send()
+            .await
+            .with_context(|| format!("reach the server at {}", self.base))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.bytes().await?;
+            if let Ok(e) = serde_json::from_slice::<gpunet_api::ErrorBody>(&body) {
+                bail!("{} ({})", e.error.message, status.as_u16());
+            }
+            bail!("the server answered {status}");
+        }
+        let mut out = std::io::stdout();
+        while let Some(chunk) = resp.chunk().await? {
+            out.write_all(&chunk)?;
+            out.flush()?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.send(self.req(reqwest::Method::GET, path)).await
     }

@@ -36,6 +36,8 @@ enum Cmd {
     Cancel(IdArg),
     /// Why a job is pending, with numbers and an ETA.
     Why(IdArg),
+    /// A job's output (a rank's latest attempt); `-f` follows it until the job ends.
+    Logs(LogsArgs),
     /// Tenants: list, or create with `--create NAME`, or issue a token with `--token-for NAME`.
     Tenants(TenantsArgs),
     /// Set a tenant's quota from flags or a ResourceQuota manifest.
@@ -223,6 +225,20 @@ struct IdArg {
 }
 
 #[derive(Debug, clap::Args)]
+struct LogsArgs {
+    /// Job id.
+    id: String,
+    /// Follow until the job ends.
+    #[arg(short = 'f', long)]
+    follow: bool,
+    /// Task rank.
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
 struct ConnOnly {
     #[command(flatten)]
     conn: Conn,
@@ -390,6 +406,10 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             let c = Client::new(&a.conn)?;
             let j: JobView = c.post(&format!("/v1/jobs/{}/cancel", a.id), None, "").await?;
             print(&c, &j, |j| format!("job-{} {}\n", j.id, j.state))
+        }
+        Cmd::Logs(a) => {
+            let c = Client::new(&a.conn)?;
+            c.stream(&format!("/v1/jobs/{}/logs?rank={}&follow={}", a.id, a.rank, a.follow)).await
         }
         Cmd::Why(a) => {
             let c = Client::new(&a.conn)?;

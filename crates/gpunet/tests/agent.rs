@@ -208,3 +208,26 @@ fn a_failed_liveness_probe_counts_as_a_failure() {
     let events = String::from_utf8_lossy(&o.stdout);
     assert!(events.contains("failed its liveness probe"), "{events}");
 }
+
+#[test]
+fn logs_are_shipped_to_the_server_and_followed() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let id = s.submit(&[
+        "--gpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3; do echo line-$i; sleep 0.3; done; echo to-stderr >&2",
+    ]);
+    // Follow while it runs: the stream ends when the job does.
+    let (ok, out, err) = s.cli("admin-secret", &["logs", &id.to_string(), "-f"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "line-1\nline-2\nline-3\nto-stderr\n");
+    assert_eq!(s.job_state(id), "succeeded");
+    let (_, again, _) = s.cli("admin-secret", &["logs", &id.to_string()]);
+    assert_eq!(again, out);
+    let (ok, _, err) = s.cli("admin-secret", &["logs", &id.to_string(), "--rank", "5"]);
+    assert!(!ok && err.contains("rank"), "{err}");
+}
