@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 struct Proc {
     pgid: i32,
     stopping: bool,
+    /// Cleared the moment the process is reaped: after that its id may belong to someone else, so no signal may be
+    /// sent to it (PIDs wrap quickly on busy machines).
+    alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The launcher: spawns tasks and reports their ends on a channel.
@@ -29,6 +32,12 @@ pub struct Launcher {
     cgroups: Cgroups,
     /// Run tasks as this user (uid, gid) instead of the agent's.
     run_as: Option<(u32, u32)>,
+    /// Checkpoints copied to a tier, not yet reported: (task, when).
+    pub checkpointed: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Where a task attempt's log goes.
@@ -44,7 +53,15 @@ pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
 impl Launcher {
     /// A launcher keeping logs and checkpoints under `dir`; ends are sent to `exits`.
     pub fn new(dir: PathBuf, exits: mpsc::UnboundedSender<TaskExit>, cgroups: Cgroups) -> Launcher {
-        Launcher { dir, procs: HashMap::new(), exits, started: Vec::new(), cgroups, run_as: None }
+        Launcher {
+            dir,
+            procs: HashMap::new(),
+            exits,
+            started: Vec::new(),
+            cgroups,
+            run_as: None,
+            checkpointed: Default::default(),
+        }
     }
 
     /// Runs tasks as `user` (the agent must be root for that). Errors name the user when it does not exist.
@@ -73,8 +90,9 @@ impl Launcher {
         self.procs.remove(t);
     }
 
-    /// Starts a task. A task that cannot start (no command, a missing program) ends at once with code 127.
-    pub fn start(&mut self, a: &TaskAssignment) {
+    /// Starts a task. A task that cannot start (no command, a missing program) ends at once with code 127. With
+    /// checkpoint tiers, an empty checkpoint directory first gets the newest snapshot of any tier.
+    pub async fn start(&mut self, a: &TaskAssignment) {
         let t = a.task;
         let fail = |msg: String, exits: &mpsc::UnboundedSender<TaskExit>| {
             tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
@@ -108,6 +126,23 @@ impl Launcher {
             Ok(f) => f,
             Err(e) => return fail(format!("prepare {}: {e}", log.display()), &self.exits),
         };
+        let tier_root = self.dir.join("tiers");
+        if !a.tiers.is_empty() && std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()) {
+            match crate::checkpoints::restore(&a.tiers, &tier_root, &t, &ckpt).await {
+                Ok(Some(ts)) => tracing::info!(job = t.job, rank = t.rank, snapshot = ts, "checkpoint restored"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
+            }
+            if let Some((uid, gid)) = self.run_as {
+                for (p, _) in crate::checkpoints::files_of(&ckpt) {
+                    let _ = nix::unistd::chown(
+                        &p,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    );
+                }
+            }
+        }
         // Limits: the task joins its cgroups from a tiny shell before it becomes the command (no pre-exec hook).
         let group = match self.cgroups.create(
             &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
@@ -173,7 +208,8 @@ impl Launcher {
             return fail(format!("start {prog}: no process id"), &self.exits);
         };
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
-        self.procs.insert(t, Proc { pgid: pid, stopping: false });
+        let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone() });
         let at_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
@@ -185,11 +221,12 @@ impl Launcher {
             let dir = ckpt.clone();
             let log = log.clone();
             let run_as = self.run_as;
+            let alive = alive.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(l.initial_delay_ms)).await;
                 let period = std::time::Duration::from_millis(l.period_ms.max(100));
                 loop {
-                    if nix::sys::signal::kill(Pid::from_raw(pid), None).is_err() {
+                    if !alive.load(std::sync::atomic::Ordering::SeqCst) {
                         return; // the task is gone
                     }
                     let Some((p, args)) = l.command.split_first() else { return };
@@ -211,15 +248,53 @@ impl Launcher {
                         tracing::warn!(job = t.job, rank = t.rank, "liveness probe failed");
                         *failed.lock().expect("probe lock") =
                             Some(format!("failed its liveness probe ({})", l.command.join(" ")));
-                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        if alive.load(std::sync::atomic::Ordering::SeqCst) {
+                            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        }
                         return;
                     }
                     tokio::time::sleep(period).await;
                 }
             });
         }
+        if !a.tiers.is_empty() {
+            let (tiers, root, dir, sink) =
+                (a.tiers.clone(), tier_root.clone(), ckpt.clone(), self.checkpointed.clone());
+            let alive = alive.clone();
+            tokio::spawn(async move {
+                let tick = std::time::Duration::from_millis(
+                    tiers.iter().map(|t| t.every_ms).min().unwrap_or(600_000).max(100),
+                );
+                let mut last: Vec<(std::time::Instant, u64)> =
+                    vec![(std::time::Instant::now(), crate::checkpoints::fingerprint(&dir)); tiers.len()];
+                loop {
+                    tokio::time::sleep(tick).await;
+                    if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+                        return; // ended: the final copy is taken after the exit
+                    }
+                    let fp = crate::checkpoints::fingerprint(&dir);
+                    for (i, tier) in tiers.iter().enumerate() {
+                        if last[i].0.elapsed().as_millis() as u64 + 5 < tier.every_ms || last[i].1 == fp {
+                            continue;
+                        }
+                        let at = now_ms();
+                        match crate::checkpoints::snapshot(tier, &root, &t, &dir, at).await {
+                            Ok(()) => {
+                                last[i] = (std::time::Instant::now(), fp);
+                                sink.lock().expect("checkpoint sink").push((t, at));
+                            }
+                            Err(e) => {
+                                tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed")
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        let (final_tiers, final_root, final_dir) = (a.tiers.clone(), tier_root, ckpt.clone());
         tokio::spawn(async move {
             let status = child.wait().await;
+            alive.store(false, std::sync::atomic::Ordering::SeqCst);
             let (code, signal) = match status {
                 Ok(s) => (s.code(), s.signal()),
                 Err(_) => (None, None),
@@ -231,6 +306,15 @@ impl Launcher {
                 // The group empties once the killed processes are reaped.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 g.remove();
+            }
+            // A last copy of what the job wrote (e.g. on SIGTERM) before the exit is reported.
+            if !final_tiers.is_empty() {
+                let at = now_ms();
+                for tier in &final_tiers {
+                    if let Err(e) = crate::checkpoints::snapshot(tier, &final_root, &t, &final_dir, at).await {
+                        tracing::warn!(job = t.job, tier = %tier.name, error = %e, "final checkpoint copy failed");
+                    }
+                }
             }
             let reason = probe_failed.lock().expect("probe lock").clone();
             let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false, reason });
@@ -245,11 +329,17 @@ impl Launcher {
         }
         p.stopping = true;
         let pgid = Pid::from_raw(p.pgid);
+        let alive = p.alive.clone();
         tracing::info!(job = t.job, rank = t.rank, "stopping task");
-        let _ = killpg(pgid, Signal::SIGTERM);
+        if alive.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = killpg(pgid, Signal::SIGTERM);
+        }
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            let _ = killpg(pgid, Signal::SIGKILL);
+            // Only if the task is still there: once reaped, its id may belong to another process.
+            if alive.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
         });
     }
 

@@ -7,6 +7,7 @@
 //! built yet; without `--fake-gpus` the agent registers a node without GPUs.
 
 pub mod cgroups;
+pub mod checkpoints;
 pub mod launcher;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
@@ -196,7 +197,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             exited: pending.clone(),
             started: launcher.started.clone(),
             logs: logs.clone(),
+            checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
         };
+        let sent_ckpts = sync.checkpoints.len();
         let sent = pending.len();
         let sent_starts = launcher.started.len();
         let req = http
@@ -259,6 +262,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 // Exits whose logs were fully shipped are done.
                 pending.drain(..sent.min(pending.len()));
                 launcher.started.drain(..sent_starts.min(launcher.started.len()));
+                {
+                    let mut c = launcher.checkpointed.lock().expect("checkpoint sink");
+                    let n = sent_ckpts.min(c.len());
+                    c.drain(..n);
+                }
                 known = work.version;
                 let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
                 ended.retain(|t| want.contains(t));
@@ -272,7 +280,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 }
                 for a in &work.tasks {
                     if !launcher.is_running(&a.task) && !ended.contains(&a.task) {
-                        launcher.start(a);
+                        launcher.start(a).await;
                     }
                 }
             }

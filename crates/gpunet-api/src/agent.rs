@@ -64,6 +64,9 @@ pub struct AgentSync {
     /// New log output of task attempts (at most 256 KiB per report).
     #[serde(default)]
     pub logs: Vec<LogChunk>,
+    /// Checkpoints copied to a tier since the last report: the task and when the copy was taken (ms since epoch).
+    #[serde(default)]
+    pub checkpoints: Vec<(TaskRef, u64)>,
 }
 
 /// Log output of a task attempt, from `offset` bytes into its log.
@@ -111,6 +114,23 @@ pub struct TaskAssignment {
     /// Liveness probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness: Option<Liveness>,
+    /// Checkpoint tiers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<CheckpointTier>,
+}
+
+/// A checkpoint tier, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointTier {
+    /// Name.
+    pub name: String,
+    /// Period in ms.
+    pub every_ms: u64,
+    /// Copies kept.
+    pub keep: u32,
+    /// Object-store URL; the node's disk when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// The server's answer.

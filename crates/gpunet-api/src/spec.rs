@@ -77,6 +77,23 @@ pub struct TolerationSpec {
     pub value: Option<String>,
 }
 
+/// A checkpoint tier: the agent copies what the job writes to `GPUNET_CHECKPOINT_DIR` every `every`, keeping the
+/// newest `keep` copies, to `url` (an object-store URL such as `file:///mnt/shared/ckpt`; none: the node's disk).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointTierSpec {
+    /// Name (`local`, `shared`, `archive`).
+    pub name: String,
+    /// How often.
+    pub every: String,
+    /// Copies kept (default 2).
+    #[serde(default)]
+    pub keep: Option<u32>,
+    /// Where; the node's own disk when absent.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
 /// Elastic bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -190,6 +207,9 @@ pub struct JobSubmission {
     /// Liveness probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness: Option<LivenessSpec>,
+    /// Checkpoint tiers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoint_tiers: Vec<CheckpointTierSpec>,
 }
 
 impl JobSubmission {
@@ -222,6 +242,7 @@ impl JobSubmission {
             env: BTreeMap::new(),
             working_dir: None,
             liveness: None,
+            checkpoint_tiers: Vec::new(),
         }
     }
 
@@ -303,6 +324,33 @@ impl JobSubmission {
                 }
             }
         }
+        if self.checkpoint_tiers.len() > 8 {
+            return Err(ApiError::invalid(
+                "checkpoint_tiers",
+                &self.checkpoint_tiers.len().to_string(),
+                "at most 8 tiers",
+            ));
+        }
+        for (i, t) in self.checkpoint_tiers.iter().enumerate() {
+            let f = format!("checkpoint_tiers[{i}]");
+            valid_tier_name(&format!("{f}.name"), &t.name)?;
+            let every = parse_duration(&format!("{f}.every"), &t.every)?;
+            if every.0 < 100 {
+                return Err(ApiError::invalid(&format!("{f}.every"), &t.every, "at least 100ms"));
+            }
+            if t.keep == Some(0) || t.keep.is_some_and(|k| k > 1000) {
+                return Err(ApiError::invalid(&format!("{f}.keep"), &t.keep.unwrap_or(0).to_string(), "1 to 1000"));
+            }
+            if let Some(u) = &t.url {
+                if !u.starts_with("file:///") {
+                    return Err(ApiError::invalid(
+                        &format!("{f}.url"),
+                        u,
+                        "a file:///path URL (object stores like s3:// are not built in yet)",
+                    ));
+                }
+            }
+        }
         let cmd_bytes: usize = self.command.iter().map(String::len).sum();
         if self.command.len() > 4096 || cmd_bytes > 256 * 1024 {
             return Err(ApiError::invalid(
@@ -335,6 +383,13 @@ impl JobSubmission {
         spec.validate()?;
         Ok(spec)
     }
+}
+
+fn valid_tier_name(field: &str, n: &str) -> Result<(), ApiError> {
+    if n.is_empty() || n.len() > 32 || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(ApiError::invalid(field, n, "1 to 32 letters, digits, '-' or '_'"));
+    }
+    Ok(())
 }
 
 /// Converts one affinity term.
@@ -460,5 +515,22 @@ mod tests {
         let e =
             parse_job("name: x\ngpus: 1\ncheckpoint_interval: often\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_interval"));
+    }
+
+    #[test]
+    fn checkpoint_tiers_are_checked_field_by_field() {
+        let core = |tiers: &str| {
+            parse_job(&format!("name: x\ngpus: 1\ncheckpoint_tiers: {tiers}\n")).unwrap().job.to_core(TenantId(0))
+        };
+        core("[{name: local, every: 5m, keep: 3}, {name: shared, every: 1h, url: \"file:///mnt/ckpt\"}]").unwrap();
+        let e = core("[{name: shared, every: 1h, url: \"s3://bucket/ckpt\"}]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[0].url"));
+        assert!(e.message.contains("file:///"), "{}", e.message);
+        let e = core("[{name: local, every: 5m}, {name: fast, every: 10ms}]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[1].every"));
+        let e = core("[{name: local, every: 5m, keep: 0}]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[0].keep"));
+        let e = core("[{name: \"../x\", every: 5m}]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[0].name"));
     }
 }

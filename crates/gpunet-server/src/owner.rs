@@ -335,6 +335,18 @@ impl Owner {
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
+                    tiers: doc
+                        .submission
+                        .checkpoint_tiers
+                        .iter()
+                        .map(|t| gpunet_api::agent::CheckpointTier {
+                            name: t.name.clone(),
+                            every_ms: gpunet_api::units::parse_duration("every", &t.every)
+                                .map_or(600_000, |d| d.0.max(100)),
+                            keep: t.keep.unwrap_or(2),
+                            url: t.url.clone(),
+                        })
+                        .collect(),
                     liveness: doc.submission.liveness.as_ref().map(|l| gpunet_api::agent::Liveness {
                         command: l.command.clone(),
                         initial_delay_ms: l
@@ -392,6 +404,14 @@ impl Owner {
                     kind: "process_started".into(),
                     message: format!("rank {} started on {node} as pid {}", s.task.rank, s.pid),
                 });
+            }
+        }
+        for (t, at) in &sync.checkpoints {
+            let jid = JobId(t.job);
+            if self.st.job(jid).is_some_and(|j| j.state == JobState::Running && j.restarts + j.preemptions == t.attempt)
+            {
+                let _ = self.st.record_checkpoint(jid, Time(*at));
+                self.sync_doc(jid.0);
             }
         }
         for e in sync.exited {

@@ -109,7 +109,9 @@ fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
     a.kill9();
     // The machine "died" with its agent: end the orphaned first attempt too.
     let first = read(&out.join("first"));
-    let _ = Command::new("kill").args(["-9", &format!("-{first}")]).status();
+    assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
+    // The task is one process (it execs its sleep): end it as a lost node's task would end.
+    let _ = Command::new("kill").args(["-9", &first]).status();
     wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
     assert_eq!(read(&out.join("second")), "1", "restarted once, on the other agent");
     let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
@@ -230,4 +232,44 @@ fn logs_are_shipped_to_the_server_and_followed() {
     assert_eq!(again, out);
     let (ok, _, err) = s.cli("admin-secret", &["logs", &id.to_string(), "--rank", "5"]);
     assert!(!ok && err.contains("rank"), "{err}");
+}
+
+#[test]
+fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
+    let (dir, s) = setup(&["--node-lost-after-s", "1", "--restart-backoff-s", "0"]);
+    let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let out = dir.path().join("out");
+    let shared = dir.path().join("shared-ckpt");
+    std::fs::create_dir_all(&out).unwrap();
+    let cmd = format!(
+        "if [ -f $GPUNET_CHECKPOINT_DIR/state ]; then cat $GPUNET_CHECKPOINT_DIR/state > {0}/restored; exit 0; fi; \
+         echo step-7 > $GPUNET_CHECKPOINT_DIR/state; echo $$ > {0}/first; exec sleep 300",
+        out.display()
+    );
+    let spec = dir.path().join("tiers.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: tiered\ntenant: t\ngpus: 1\ncommand: [sh, -c, {cmd:?}]\ncheckpoint_tiers:\n\
+             - {{name: local, every: 200ms, keep: 2}}\n\
+             - {{name: shared, every: 300ms, keep: 3, url: \"file://{}\"}}\n",
+            shared.display()
+        ),
+    )
+    .unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    let id = common::json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(20), || !read(&out.join("first")).is_empty());
+    // Wait until the shared tier holds a snapshot of the state.
+    let tier = shared.join(format!("job-{id}/rank-0/shared"));
+    wait_for(Duration::from_secs(20), || std::fs::read_dir(&tier).map(|d| d.count()).unwrap_or(0) > 0);
+    let _b = s.agent("a2", "1xT4", dir.path(), "127.0.0.1");
+    a.kill9();
+    let first = read(&out.join("first"));
+    assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
+    // The task is one process (it execs its sleep): end it as a lost node's task would end.
+    let _ = Command::new("kill").args(["-9", &first]).status();
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    assert_eq!(read(&out.join("restored")), "step-7", "the new node restored the shared checkpoint");
 }
