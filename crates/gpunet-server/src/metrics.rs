@@ -161,5 +161,23 @@ pub(crate) fn gauges(o: &Owner) -> String {
     for ((m, z), (_, a)) in &total {
         let _ = writeln!(s, "gpunet_gpus_allocated{{model=\"{}\",zone=\"{}\"}} {a}", esc(m), esc(z));
     }
+    // Per GPU: allocated or not, with `fake="true"` on GPUs an agent pretends to have (no NVML behind them).
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_gpu_allocated Whether a whole GPU is held by a running job (1) or free (0).\n\
+         # TYPE gpunet_gpu_allocated gauge"
+    );
+    for n in o.st.nodes() {
+        let fake = o.nodes.get(&n.spec.name).is_some_and(|d| d.fake);
+        for (i, g) in n.spec.gpus.iter().enumerate().filter(|(_, g)| g.mig.is_empty()) {
+            let held = u64::from(n.free_gpu_mask & (1u64 << i) == 0);
+            let _ = writeln!(
+                s,
+                "gpunet_gpu_allocated{{node=\"{}\",gpu=\"{i}\",model=\"{}\",fake=\"{fake}\"}} {held}",
+                esc(&n.spec.name),
+                esc(&g.model.to_string())
+            );
+        }
+    }
     s
 }

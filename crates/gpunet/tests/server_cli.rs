@@ -161,6 +161,7 @@ fn promtool_accepts_live_metrics_and_the_cli_works() {
         "gpunet_job_pending_duration_seconds_bucket",
         "gpunet_gpus{",
         "gpunet_gpus_allocated{",
+        "gpunet_gpu_allocated{node=",
         "gpunet_scheduling_pass_duration_seconds_bucket",
         "gpunet_preemptions_total",
         "gpunet_restarts_total",
