@@ -45,6 +45,49 @@ pub fn log_path(dir: &Path, t: &TaskRef) -> PathBuf {
     dir.join("logs").join(format!("job-{}", t.job)).join(format!("rank-{}-attempt-{}.log", t.rank, t.attempt))
 }
 
+/// Where the launcher records the processes it runs, so that an agent started again on the same data directory can
+/// find the ones its previous life left behind.
+fn record_path(dir: &Path, t: &TaskRef) -> PathBuf {
+    dir.join("running").join(format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt))
+}
+
+/// A process's group and start time (clock ticks since boot) from `/proc/PID/stat`; `None` when it is gone.
+fn proc_identity(pid: i32) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields are counted after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ppid(4) pgrp(5) ... starttime(22).
+    let pgrp = f.get(2)?.parse().ok()?;
+    let start = f.get(19)?.parse().ok()?;
+    Some((pgrp, start))
+}
+
+/// Kills the process groups of tasks a previous run of the agent left running (their records under `dir/running`),
+/// so that the server's task set can be started again without two copies of a task. A record is trusted only while
+/// its process still has the recorded start time and leads its own group: a reused process id is never signalled.
+/// Returns how many groups were killed.
+pub fn kill_orphans(dir: &Path) -> usize {
+    let mut killed = 0;
+    let Ok(rd) = std::fs::read_dir(dir.join("running")) else { return 0 };
+    for e in rd.flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let mut it = text.split_whitespace();
+        let pid: Option<i32> = it.next().and_then(|p| p.parse().ok());
+        let start: Option<u64> = it.next().and_then(|p| p.parse().ok());
+        if let (Some(pid), Some(start)) = (pid, start) {
+            if pid > 1 && proc_identity(pid) == Some((pid, start)) {
+                tracing::warn!(pid, record = %e.path().display(), "killing a task left by a previous agent run");
+                if killpg(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                    killed += 1;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(e.path());
+    }
+    killed
+}
+
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
@@ -208,6 +251,11 @@ impl Launcher {
             return fail(format!("start {prog}: no process id"), &self.exits);
         };
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
+        if let Some((_, start)) = proc_identity(pid) {
+            let rec = record_path(&self.dir, &t);
+            let _ = std::fs::create_dir_all(rec.parent().expect("record dir"));
+            let _ = std::fs::write(&rec, format!("{pid} {start}\n"));
+        }
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone() });
         let at_ms =
@@ -292,9 +340,11 @@ impl Launcher {
             });
         }
         let (final_tiers, final_root, final_dir) = (a.tiers.clone(), tier_root, ckpt.clone());
+        let record = record_path(&self.dir, &t);
         tokio::spawn(async move {
             let status = child.wait().await;
             alive.store(false, std::sync::atomic::Ordering::SeqCst);
+            let _ = std::fs::remove_file(&record);
             let (code, signal) = match status {
                 Ok(s) => (s.code(), s.signal()),
                 Err(_) => (None, None),
@@ -354,5 +404,36 @@ impl Launcher {
         for t in all {
             self.stop(&t, grace);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn orphans_are_killed_only_when_the_record_matches_the_live_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let pid = child.id() as i32;
+        let (pgrp, start) = proc_identity(pid).expect("the child is running");
+        assert_eq!(pgrp, pid, "the child leads its own group");
+        let t = TaskRef { job: 1, rank: 0, attempt: 0 };
+        let rec = record_path(dir.path(), &t);
+        std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
+        // A record whose start time differs describes another process that had this id: left alone.
+        std::fs::write(&rec, format!("{pid} {}\n", start + 1)).unwrap();
+        assert_eq!(kill_orphans(dir.path()), 0);
+        assert!(!rec.exists(), "a stale record is dropped");
+        assert!(child.try_wait().unwrap().is_none(), "the process was not signalled");
+        // Garbage and pid 1 are never signalled.
+        std::fs::write(&rec, "1 0\n").unwrap();
+        assert_eq!(kill_orphans(dir.path()), 0);
+        // The true record: the group is killed.
+        std::fs::write(&rec, format!("{pid} {start}\n")).unwrap();
+        assert_eq!(kill_orphans(dir.path()), 1);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9));
     }
 }

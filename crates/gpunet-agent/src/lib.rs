@@ -137,6 +137,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
+    let orphans = launcher::kill_orphans(&cfg.data_dir);
+    if orphans > 0 {
+        tracing::warn!(orphans, "killed tasks left running by a previous run of this agent; the server restarts them");
+    }
     let mut backoff = Duration::from_millis(100);
     loop {
         match register(&http, &cfg, &isolation).await {

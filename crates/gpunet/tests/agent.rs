@@ -273,3 +273,26 @@ fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
     wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
     assert_eq!(read(&out.join("restored")), "step-7", "the new node restored the shared checkpoint");
 }
+
+#[test]
+fn a_restarted_agent_kills_what_its_previous_run_left_and_runs_each_task_once() {
+    let (dir, s) = setup(&["--node-lost-after-s", "60"]);
+    let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let pids = dir.path().join("pids");
+    let cmd = format!("echo $$ >> {}; exec sleep 300", pids.display());
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(20), || read(&pids).lines().count() == 1);
+    let first = read(&pids);
+    assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
+    a.kill9();
+    assert!(alive(&first), "a task outlives its agent");
+    // The same node comes back (same name, same data directory) before the server declares it lost.
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    wait_for(Duration::from_secs(10), || !alive(&first));
+    wait_for(Duration::from_secs(20), || read(&pids).lines().count() == 2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(read(&pids).lines().count(), 2, "exactly one new copy");
+    let second = read(&pids).lines().nth(1).unwrap().to_string();
+    assert!(alive(&second));
+    assert_eq!(s.job_state(id), "running");
+}
