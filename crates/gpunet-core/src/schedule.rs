@@ -262,8 +262,7 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
     }
 }
 
-fn needs_text(state: &ClusterState, spec: &JobSpec, tasks: u32) -> String {
-    let _ = state;
+fn needs_text(spec: &JobSpec) -> String {
     let models = if spec.gpu_models.is_empty() {
         String::new()
     } else {
@@ -274,8 +273,8 @@ fn needs_text(state: &ClusterState, spec: &JobSpec, tasks: u32) -> String {
         None if spec.task.gpus == 0 => format!("{} and {}", spec.task.cpu, spec.task.mem),
         None => format!("{}×{}", spec.task.gpus, if models.is_empty() { "GPU".into() } else { models }),
     };
-    if tasks > 1 {
-        format!("{tasks} tasks of {per} in {}", spec.topology)
+    if spec.tasks > 1 {
+        format!("{} tasks of {per} in {}", spec.tasks, spec.topology)
     } else if spec.topology == TopologyScope::NvLink {
         format!("{per} in {}", spec.topology)
     } else {
@@ -444,6 +443,25 @@ pub(crate) fn spec_sig(spec: &JobSpec) -> u64 {
 }
 
 impl<'a> Pass<'a> {
+    /// Why a job waits for capacity: what it needs against what is free on its node classes now.
+    fn capacity_reason(
+        &self,
+        spec: &JobSpec,
+        classes: &[u32],
+        eta: Option<Time>,
+        preempting: Vec<JobId>,
+    ) -> PendingReason {
+        let (largest_free_block, largest_free_nvlink) = self.free.largest_block(&self.st.topo, classes);
+        PendingReason::Capacity {
+            needs: needs_text(spec),
+            largest_free_block,
+            largest_free_nvlink,
+            free_eligible_gpus: self.free.free_in(classes),
+            eta,
+            preempting,
+        }
+    }
+
     fn new(st: &'a ClusterState, now: Time, trace: Option<JobId>) -> Pass<'a> {
         Pass {
             st,
@@ -715,15 +733,12 @@ impl<'a> Pass<'a> {
                         self.claim(&r.hold);
                     }
                     if self.trace == Some(jid) {
-                        let (lb, ln) = self.free.largest_block(&st.topo, &classes);
-                        self.outcome = Some(PendingReason::Capacity {
-                            needs: needs_text(st, spec, spec.tasks),
-                            largest_free_block: lb,
-                            largest_free_nvlink: ln,
-                            free_eligible_gpus: self.free.free_in(&classes),
-                            eta: Some(self.now),
-                            preempting: st.evicting.iter().copied().collect(),
-                        });
+                        self.outcome = Some(self.capacity_reason(
+                            spec,
+                            &classes,
+                            Some(self.now),
+                            st.evicting.iter().copied().collect(),
+                        ));
                     }
                 }
             }
@@ -854,44 +869,28 @@ impl<'a> Pass<'a> {
                     }
                     // The head: blocked for capacity.
                     self.blocked_by = Some(jid);
-                    let preempting = Vec::new();
-                    let mut r = None;
                     if cfg.preemption.enabled {
                         if let Some((victims, reservation)) = self.find_victims(job, &classes, false) {
                             // Room is being made: the job no longer blocks; what it will use is claimed.
                             self.claim(&reservation.hold);
                             if traced {
-                                let (lb, ln) = self.free.largest_block(&st.topo, &classes);
-                                self.outcome = Some(PendingReason::Capacity {
-                                    needs: needs_text(st, spec, spec.tasks),
-                                    largest_free_block: lb,
-                                    largest_free_nvlink: ln,
-                                    free_eligible_gpus: self.free.free_in(&classes),
-                                    eta: Some(self.now),
-                                    preempting: victims,
-                                });
+                                self.outcome = Some(self.capacity_reason(spec, &classes, Some(self.now), victims));
                             }
                             self.blocked_by = None;
                             continue;
                         }
                     }
-                    if cfg.backfill && r.is_none() {
+                    let r = if cfg.backfill {
                         let rr = self.reservation(job, &classes);
                         if let Some(p) = &rr.placement {
                             self.decisions.push(Decision::Reserve { job: jid, at: rr.at, placement: p.clone() });
                         }
-                        r = Some(rr);
-                    }
+                        Some(rr)
+                    } else {
+                        None
+                    };
                     if traced {
-                        let (lb, ln) = self.free.largest_block(&st.topo, &classes);
-                        self.outcome = Some(PendingReason::Capacity {
-                            needs: needs_text(st, spec, spec.tasks),
-                            largest_free_block: lb,
-                            largest_free_nvlink: ln,
-                            free_eligible_gpus: self.free.free_in(&classes),
-                            eta: r.as_ref().map(|r| r.at),
-                            preempting: preempting.clone(),
-                        });
+                        self.outcome = Some(self.capacity_reason(spec, &classes, r.as_ref().map(|r| r.at), Vec::new()));
                     }
                     if !cfg.backfill {
                         exhausted = false;
@@ -924,15 +923,7 @@ impl<'a> Pass<'a> {
                         if !short && self.try_place(job, &classes, None).is_some() {
                             self.outcome = Some(PendingReason::Reservation { holder: r.head, until: r.at });
                         } else {
-                            let (lb, ln) = self.free.largest_block(&st.topo, &classes);
-                            self.outcome = Some(PendingReason::Capacity {
-                                needs: needs_text(st, spec, spec.tasks),
-                                largest_free_block: lb,
-                                largest_free_nvlink: ln,
-                                free_eligible_gpus: self.free.free_in(&classes),
-                                eta: None,
-                                preempting: Vec::new(),
-                            });
+                            self.outcome = Some(self.capacity_reason(spec, &classes, None, Vec::new()));
                         }
                     }
                 }
