@@ -36,11 +36,7 @@ fn open(tier: &CheckpointTier, local_root: &Path, t: &TaskRef) -> Result<Tier, S
 }
 
 /// Files under `dir` with their relative paths.
-pub fn files_of(dir: &Path) -> Vec<(PathBuf, String)> {
-    files(dir)
-}
-
-fn files(dir: &Path) -> Vec<(PathBuf, String)> {
+pub fn files(dir: &Path) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -40,6 +40,43 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Copies a task's checkpoint directory to its tiers.
+struct TierCopier {
+    tiers: Vec<gpunet_api::agent::CheckpointTier>,
+    /// Where tiers without a URL live on this node.
+    root: PathBuf,
+    dir: PathBuf,
+    task: TaskRef,
+    /// Copies not yet reported to the server.
+    sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// Per tier: when it was last copied and the directory's fingerprint then. Held during a copy, so the periodic
+    /// and the final copy never run at once.
+    last: tokio::sync::Mutex<Vec<(std::time::Instant, u64)>>,
+}
+
+impl TierCopier {
+    /// Copies the directory to every tier that is due (all of them when `at_exit`) and whose copy differs from it.
+    async fn copy(&self, at_exit: bool) {
+        let t = self.task;
+        let mut last = self.last.lock().await;
+        let fp = crate::checkpoints::fingerprint(&self.dir);
+        for (tier, last) in self.tiers.iter().zip(last.iter_mut()) {
+            let due = at_exit || last.0.elapsed().as_millis() as u64 + 5 >= tier.every_ms;
+            if !due || last.1 == fp {
+                continue;
+            }
+            let at = now_ms();
+            match crate::checkpoints::snapshot(tier, &self.root, &t, &self.dir, at).await {
+                Ok(()) => {
+                    *last = (std::time::Instant::now(), fp);
+                    self.sink.lock().expect("checkpoint sink").push((t, at));
+                }
+                Err(e) => tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed"),
+            }
+        }
+    }
+}
+
 /// Where a task attempt's log goes.
 pub fn log_path(dir: &Path, t: &TaskRef) -> PathBuf {
     dir.join("logs").join(format!("job-{}", t.job)).join(format!("rank-{}-attempt-{}.log", t.rank, t.attempt))
@@ -177,7 +214,7 @@ impl Launcher {
                 Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
             }
             if let Some((uid, gid)) = self.run_as {
-                for (p, _) in crate::checkpoints::files_of(&ckpt) {
+                for (p, _) in crate::checkpoints::files(&ckpt) {
                     let _ = nix::unistd::chown(
                         &p,
                         Some(nix::unistd::Uid::from_raw(uid)),
@@ -258,9 +295,7 @@ impl Launcher {
         }
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone() });
-        let at_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
+        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
         let exits = self.exits.clone();
         let probe_failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
         if let Some(l) = a.liveness.clone() {
@@ -305,41 +340,34 @@ impl Launcher {
                 }
             });
         }
-        if !a.tiers.is_empty() {
-            let (tiers, root, dir, sink) =
-                (a.tiers.clone(), tier_root.clone(), ckpt.clone(), self.checkpointed.clone());
+        let copier = (!a.tiers.is_empty()).then(|| {
+            std::sync::Arc::new(TierCopier {
+                tiers: a.tiers.clone(),
+                root: tier_root,
+                dir: ckpt.clone(),
+                task: t,
+                sink: self.checkpointed.clone(),
+                last: tokio::sync::Mutex::new(vec![
+                    (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));
+                    a.tiers.len()
+                ]),
+            })
+        });
+        if let Some(c) = copier.clone() {
             let alive = alive.clone();
             tokio::spawn(async move {
                 let tick = std::time::Duration::from_millis(
-                    tiers.iter().map(|t| t.every_ms).min().unwrap_or(600_000).max(100),
+                    c.tiers.iter().map(|t| t.every_ms).min().unwrap_or(600_000).max(100),
                 );
-                let mut last: Vec<(std::time::Instant, u64)> =
-                    vec![(std::time::Instant::now(), crate::checkpoints::fingerprint(&dir)); tiers.len()];
                 loop {
                     tokio::time::sleep(tick).await;
                     if !alive.load(std::sync::atomic::Ordering::SeqCst) {
                         return; // ended: the final copy is taken after the exit
                     }
-                    let fp = crate::checkpoints::fingerprint(&dir);
-                    for (i, tier) in tiers.iter().enumerate() {
-                        if last[i].0.elapsed().as_millis() as u64 + 5 < tier.every_ms || last[i].1 == fp {
-                            continue;
-                        }
-                        let at = now_ms();
-                        match crate::checkpoints::snapshot(tier, &root, &t, &dir, at).await {
-                            Ok(()) => {
-                                last[i] = (std::time::Instant::now(), fp);
-                                sink.lock().expect("checkpoint sink").push((t, at));
-                            }
-                            Err(e) => {
-                                tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed")
-                            }
-                        }
-                    }
+                    c.copy(false).await;
                 }
             });
         }
-        let (final_tiers, final_root, final_dir) = (a.tiers.clone(), tier_root, ckpt.clone());
         let record = record_path(&self.dir, &t);
         tokio::spawn(async move {
             let status = child.wait().await;
@@ -357,14 +385,9 @@ impl Launcher {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 g.remove();
             }
-            // A last copy of what the job wrote (e.g. on SIGTERM) before the exit is reported.
-            if !final_tiers.is_empty() {
-                let at = now_ms();
-                for tier in &final_tiers {
-                    if let Err(e) = crate::checkpoints::snapshot(tier, &final_root, &t, &final_dir, at).await {
-                        tracing::warn!(job = t.job, tier = %tier.name, error = %e, "final checkpoint copy failed");
-                    }
-                }
+            // A last copy of what the job wrote since (e.g. on SIGTERM) before the exit is reported.
+            if let Some(c) = copier {
+                c.copy(true).await;
             }
             let reason = probe_failed.lock().expect("probe lock").clone();
             let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false, reason });
