@@ -20,6 +20,24 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
 }
 
+/// Submits a job spec file (YAML) written under `dir`; returns the job id.
+fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
+    let spec = dir.join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    common::json(&o)["id"].as_u64().unwrap()
+}
+
+/// A job's events as the API returns them.
+fn events(s: &Server, id: u64) -> String {
+    let o = Command::new("curl")
+        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn alive(pid: &str) -> bool {
     Command::new("kill").args(["-0", pid]).status().is_ok_and(|s| s.success())
 }
@@ -53,15 +71,11 @@ fn a_gang_across_two_agents_gets_consistent_ranks() {
         "echo \"$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $NODE_RANK $LOCAL_RANK $NNODES $CUDA_VISIBLE_DEVICES\" > {}/rank-$RANK",
         out.display()
     );
-    let spec = dir.path().join("gang.yaml");
-    std::fs::write(
-        &spec,
-        format!("name: gang\ntenant: t\ntasks: 2\ngpus: 4\ntopology: any\ncommand: [sh, -c, {:?}]\n", cmd),
-    )
-    .unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    let id = common::json(&o)["id"].as_u64().unwrap();
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!("name: gang\ntenant: t\ntasks: 2\ngpus: 4\ntopology: any\ncommand: [sh, -c, {:?}]\n", cmd),
+    );
     wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
     let r0: Vec<String> = read(&out.join("rank-0")).split(' ').map(String::from).collect();
     let r1: Vec<String> = read(&out.join("rank-1")).split(' ').map(String::from).collect();
@@ -159,22 +173,14 @@ fn a_job_over_its_memory_limit_is_killed_and_reported_oom() {
         isolation.starts_with("cgroup-v1: memory") || isolation.starts_with("cgroup-v2"),
         "isolation in force: {isolation:?}"
     );
-    let spec = dir.path().join("hog.yaml");
-    std::fs::write(
-        &spec,
+    let id = submit_yaml(
+        &s,
+        dir.path(),
         "name: hog\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\n\
          command: [python3, -c, \"b = bytearray(512 * 1024 * 1024); print(len(b))\"]\n",
-    )
-    .unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    let id = common::json(&o)["id"].as_u64().unwrap();
+    );
     wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
-    let o = Command::new("curl")
-        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
-        .output()
-        .unwrap();
-    let events = String::from_utf8_lossy(&o.stdout);
+    let events = events(&s, id);
     assert!(events.contains("\"kind\":\"oom\"") && events.contains("exceeding its memory limit"), "{events}");
 }
 
@@ -192,22 +198,14 @@ fn tasks_run_as_the_configured_unprivileged_user() {
 fn a_failed_liveness_probe_counts_as_a_failure() {
     let (dir, s) = setup(&[]);
     let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
-    let spec = dir.path().join("live.yaml");
-    std::fs::write(
-        &spec,
+    let id = submit_yaml(
+        &s,
+        dir.path(),
         "name: stuck\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sleep, \"300\"]\n\
          liveness: {command: [sh, -c, \"exit 3\"], initial_delay: 200ms, period: 300ms}\n",
-    )
-    .unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    let id = common::json(&o)["id"].as_u64().unwrap();
+    );
     wait_for(Duration::from_secs(20), || s.job_state(id) == "failed");
-    let o = Command::new("curl")
-        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
-        .output()
-        .unwrap();
-    let events = String::from_utf8_lossy(&o.stdout);
+    let events = events(&s, id);
     assert!(events.contains("failed its liveness probe"), "{events}");
 }
 
@@ -246,20 +244,16 @@ fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
          echo step-7 > $GPUNET_CHECKPOINT_DIR/state; echo $$ > {0}/first; exec sleep 300",
         out.display()
     );
-    let spec = dir.path().join("tiers.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
             "name: tiered\ntenant: t\ngpus: 1\ncommand: [sh, -c, {cmd:?}]\ncheckpoint_tiers:\n\
              - {{name: local, every: 200ms, keep: 2}}\n\
              - {{name: shared, every: 300ms, keep: 3, url: \"file://{}\"}}\n",
             shared.display()
         ),
-    )
-    .unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    let id = common::json(&o)["id"].as_u64().unwrap();
+    );
     wait_for(Duration::from_secs(20), || !read(&out.join("first")).is_empty());
     // Wait until the shared tier holds a snapshot of the state.
     let tier = shared.join(format!("job-{id}/rank-0/shared"));
