@@ -202,6 +202,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             started: launcher.started.clone(),
             logs: logs.clone(),
             checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
+            gpu_samples: None,
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent = pending.len();

@@ -67,6 +67,37 @@ pub struct AgentSync {
     /// Checkpoints copied to a tier since the last report: the task and when the copy was taken (ms since epoch).
     #[serde(default)]
     pub checkpoints: Vec<(TaskRef, u64)>,
+    /// The latest per-GPU samples (NVML); empty for fake GPUs, `None` when the report carries no new sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_samples: Option<Vec<GpuSample>>,
+}
+
+/// One GPU's sample from NVML. Fields NVML could not read are absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// GPU index on the node.
+    pub index: u32,
+    /// Utilisation in percent over the driver's last sample period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<f64>,
+    /// Memory used, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<u64>,
+    /// Memory in all, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_total_mib: Option<u64>,
+    /// Power draw, watts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_watts: Option<f64>,
+    /// Temperature, degrees Celsius.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<f64>,
+    /// NVLink bytes sent and received since the agent started, summed over links.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_tx_bytes: Option<u64>,
+    /// NVLink bytes received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_rx_bytes: Option<u64>,
 }
 
 /// Log output of a task attempt, from `offset` bytes into its log.

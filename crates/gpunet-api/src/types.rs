@@ -210,8 +210,104 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// Fake GPUs (no NVIDIA device behind them).
     pub fake: bool,
-    /// Jobs with a task on the node.
+    /// Jobs with a task on the node (a tenant sees only its own).
     pub jobs: Vec<u64>,
+    /// Each whole GPU with what holds it.
+    #[serde(default)]
+    pub devices: Vec<GpuView>,
+}
+
+/// One whole GPU of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// Index on the node.
+    pub index: u32,
+    /// Model.
+    pub model: String,
+    /// NUMA node.
+    pub numa: u8,
+    /// NVLink domain on the node.
+    pub nvlink_domain: u8,
+    /// MIG instances (0 when MIG is off).
+    pub mig_instances: u32,
+    /// Held by a running job (or by one of its MIG slices).
+    pub allocated: bool,
+    /// The job holding it; shown to the admin and to the job's own tenant only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u64>,
+    /// That job's tenant, under the same rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Latest utilisation sample in percent (NVML); absent for fake GPUs and before the first sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<f64>,
+    /// Latest memory-used sample in MiB (NVML), under the same rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<u64>,
+}
+
+/// Who a token belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WhoAmI {
+    /// `admin` or `tenant`.
+    pub role: String,
+    /// The tenant, for a tenant token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// One queued job in policy order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueEntry {
+    /// Queued jobs ahead of it.
+    pub position: usize,
+    /// Job id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Tenant.
+    pub tenant: String,
+    /// State (`pending`, `preempted` or `restarting`).
+    pub state: String,
+    /// Priority.
+    pub priority: i32,
+    /// GPUs in total.
+    pub gpus: u32,
+    /// Submitted, ms since the Unix epoch.
+    pub submitted_ms: u64,
+    /// Why it waits, in one sentence with numbers.
+    pub message: String,
+    /// The structured reason.
+    pub reason: serde_json::Value,
+    /// Predicted start, ms since the Unix epoch; absent when it cannot be told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_ms: Option<u64>,
+}
+
+/// The queue as the policy will consider it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// Policy.
+    pub policy: String,
+    /// Jobs waiting in all (all tenants).
+    pub queue_length: usize,
+    /// The first queued jobs in policy order (a tenant sees only its own, with their positions in the whole queue).
+    pub entries: Vec<QueueEntry>,
+}
+
+/// One sample of the cluster's allocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPoint {
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Schedulable GPUs.
+    pub gpus_total: u64,
+    /// GPUs held by running jobs.
+    pub gpus_allocated: u64,
+    /// Jobs waiting.
+    pub queue_length: usize,
+    /// Jobs running.
+    pub running: usize,
 }
 
 /// The cluster at a glance.

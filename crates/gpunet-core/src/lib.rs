@@ -51,8 +51,8 @@ pub use job::{
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, schedule, schedule_with_stats, Decision, Explanation, PassStats, PendingReason,
-    PreemptReason,
+    dry_run_placement, explain, queue_order, schedule, schedule_with_stats, Decision, Explanation, PassStats,
+    PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};
 pub use tenant::{Quota, TenantSpec};

@@ -201,6 +201,19 @@ pub fn schedule_with_stats(state: &ClusterState, now: Time) -> (Vec<Decision>, P
     (p.decisions, p.stats)
 }
 
+/// Queued jobs in the order the policy considers them now (at most `limit`). Shares are those of the current
+/// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
+pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
+    let p = Pass::new(state, now, None);
+    let mut order = Order::new(state);
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some((_, k)) = order.next(|t| p.share(t)) else { break };
+        out.push(k.job);
+    }
+    out
+}
+
 /// Explains why a queued job is not running.
 pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanation, CoreError> {
     let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
@@ -1870,6 +1883,27 @@ mod tests {
         );
         let e = explain(&s, JobId(1), Time::from_secs(200)).unwrap();
         assert_eq!(e.reason, PendingReason::NotQueued { state: JobState::Running });
+    }
+
+    #[test]
+    fn queue_order_matches_policy_and_explain_positions() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "fill", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(900)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(10)), 2);
+        submit(&mut s, 4, JobSpec::new(t0(), "mid", 1, 1).estimate(Dur::from_secs(100)), 3);
+        let now = Time::from_secs(5);
+        let order = queue_order(&s, now, 10);
+        assert_eq!(
+            order,
+            vec![JobId(3), JobId(4), JobId(2)],
+            "shortest estimated GPU-time first; running job 1 absent"
+        );
+        for (i, j) in order.iter().enumerate() {
+            assert_eq!(explain(&s, *j, now).unwrap().position, i, "{j}");
+        }
+        assert_eq!(queue_order(&s, now, 2), vec![JobId(3), JobId(4)]);
     }
 
     #[test]

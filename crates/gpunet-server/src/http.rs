@@ -587,6 +587,35 @@ async fn job_logs(
     Ok(([("content-type", "text/plain; charset=utf-8")], axum::body::Body::from_stream(stream)).into_response())
 }
 
+async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    let v = match user(&st, &h)? {
+        Principal::Tenant(t) => WhoAmI { role: "tenant".into(), tenant: Some(t) },
+        _ => WhoAmI { role: "admin".into(), tenant: None },
+    };
+    Ok(json(StatusCode::OK, v))
+}
+
+/// `GET /v1/queue?limit=N`: queued jobs in policy order with their reasons and predicted starts.
+async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
+    let p = user(&st, &h)?;
+    let q = query(&q, &["limit"])?;
+    let limit = match q.get("limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=200).contains(l))
+            .ok_or_else(|| ApiError::invalid("limit", l, "1 to 200"))?,
+        None => 50,
+    };
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Queue { who: p, limit, reply }).await?))
+}
+
+/// `GET /v1/cluster/history`: allocation and queue length sampled every 15 s over the last 12 hours.
+async fn history(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    user(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::History { reply }).await?))
+}
+
 async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     admin(&st, &h)?;
     let gauges = ask(&st, |reply| Cmd::Gauges { reply }).await?;
@@ -643,6 +672,11 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/nodes/{name}/{action}", post(node_action))
         .route("/v1/agents/{node}/sync", post(agent_sync))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/history", get(history))
+        .route("/v1/queue", get(queue_view))
+        .route("/v1/whoami", get(whoami))
+        .route("/", get(crate::portal::index))
+        .route("/portal/{file}", get(crate::portal::asset))
         .route("/v1/usage", get(usage))
         .route("/v1/events", get(events))
         .fallback(not_found_route)

@@ -9,6 +9,7 @@ pub mod http;
 pub mod metrics;
 pub mod openapi;
 pub mod owner;
+pub mod portal;
 
 use gpunet_core::{ClusterState, JobId, SchedConfig, Time};
 use gpunet_store::{Store, Write};

@@ -81,6 +81,10 @@ pub fn document() -> Value {
             "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (join token; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
                 "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/cluster": {"get": op("Cluster summary", "cluster", None, ("200", "ClusterSummary"))},
+            "/v1/cluster/history": {"get": op("GPU allocation and queue length, sampled every 15 s over the last 12 hours", "cluster", None, ("200", "HistoryPoint[]"))},
+            "/v1/queue": {"get": op("Queued jobs in policy order with why-pending reasons and ETAs (a tenant sees its own)", "jobs", None, ("200", "QueueView")),
+                "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}]},
+            "/v1/whoami": {"get": op("The role (admin or tenant) of the token", "cluster", None, ("200", "WhoAmI"))},
             "/v1/usage": {"get": op("Usage and cost per tenant and job over a period (per-second billing)", "billing", None, ("200", "UsageReport"))},
             "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},
             "/metrics": {"get": op("Prometheus metrics (admin)", "metrics", None, ("200", "text/plain"))}

@@ -9,8 +9,8 @@ use gpunet_api::types::*;
 use gpunet_api::ApiError;
 use gpunet_core::tenant::{dim_model, Quota, DIM_CPU, DIM_GPUS, DIM_MEM};
 use gpunet_core::{
-    explain, schedule, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec, NodeState, Placement,
-    TenantId, TenantSpec, Time,
+    explain, queue_order, schedule, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec, NodeState,
+    Placement, TenantId, TenantSpec, Time,
 };
 use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
@@ -98,6 +98,14 @@ pub(crate) enum Cmd {
     Gauges {
         reply: Reply<String>,
     },
+    Queue {
+        who: Principal,
+        limit: usize,
+        reply: Reply<QueueView>,
+    },
+    History {
+        reply: Reply<Vec<HistoryPoint>>,
+    },
     AgentSync {
         node: String,
         sync: gpunet_api::agent::AgentSync,
@@ -121,6 +129,9 @@ pub(crate) struct JobDoc {
     pub(crate) submission: JobSubmission,
     #[serde(default)]
     pub(crate) warnings: Vec<String>,
+    /// The latest attempt's run, kept after the job ends so that its start and placement can still be shown.
+    #[serde(default)]
+    pub(crate) last_run: Option<gpunet_core::job::RunInfo>,
 }
 
 /// A tenant as persisted.
@@ -159,7 +170,16 @@ pub(crate) struct Owner {
     pub(crate) notifies: Notifies,
     /// An agent that has not synced for this long loses its node.
     pub(crate) lost_after: std::time::Duration,
+    /// Allocation samples for the portal's charts, oldest first.
+    history: std::collections::VecDeque<HistoryPoint>,
+    last_sample: Option<std::time::Instant>,
+    /// The latest per-GPU samples each agent sent (real GPUs only).
+    pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
 }
+
+/// How often the allocation history is sampled, and how many samples are kept (12 hours).
+const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+const HISTORY_KEEP: usize = 12 * 3600 / 15;
 
 fn forbidden() -> ApiError {
     ApiError::new("forbidden", "this object belongs to another tenant")
@@ -231,7 +251,28 @@ impl Owner {
             ranks_done: HashMap::new(),
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
             lost_after: std::time::Duration::from_secs(10),
+            history: std::collections::VecDeque::new(),
+            last_sample: None,
+            gpu_samples: HashMap::new(),
         }
+    }
+
+    /// Records an allocation sample when one is due.
+    fn sample_history(&mut self, now: u64) {
+        if self.last_sample.is_some_and(|t| t.elapsed() < HISTORY_EVERY) {
+            return;
+        }
+        self.last_sample = Some(std::time::Instant::now());
+        if self.history.len() == HISTORY_KEEP {
+            self.history.pop_front();
+        }
+        self.history.push_back(HistoryPoint {
+            at_ms: now,
+            gpus_total: self.st.capacity_gpus(),
+            gpus_allocated: self.st.allocated_gpus(),
+            queue_length: self.st.queued_count(),
+            running: self.st.running_count(),
+        });
     }
 
     /// The task sets of these nodes changed: bump their versions and wake their agents.
@@ -375,6 +416,9 @@ impl Owner {
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
         let now = now_ms();
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
+        if let Some(samples) = sync.gpu_samples.clone() {
+            self.gpu_samples.insert(node.to_string(), samples);
+        }
         let mut writes = Vec::new();
         if self.st.node(id).is_some_and(|n| n.state == NodeState::Lost) {
             // The agent is back: its node is ready again; tasks the server no longer wants are stopped by the agent.
@@ -412,6 +456,11 @@ impl Owner {
             {
                 let _ = self.st.record_checkpoint(jid, Time(*at));
                 self.sync_doc(jid.0);
+                writes.push(self.event(
+                    jid.0,
+                    "checkpoint",
+                    format!("job-{} rank {} checkpoint of attempt {} copied to its tiers", t.job, t.rank, t.attempt),
+                ));
             }
         }
         for e in sync.exited {
@@ -472,6 +521,44 @@ impl Owner {
             version: self.versions.get(node).copied().unwrap_or(0),
             tasks: self.assignments(id),
         })
+    }
+
+    /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
+    fn queue(&self, who: &Principal, limit: usize) -> Result<QueueView, ApiError> {
+        let now = Time(now_ms());
+        // A tenant sees its own jobs with their places in the whole queue; walk far enough to find `limit` of them.
+        let order = queue_order(&self.st, now, usize::MAX);
+        let mine: Vec<(usize, JobId)> = order
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| match who {
+                Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
+                _ => true,
+            })
+            .take(limit)
+            .map(|(i, j)| (i, *j))
+            .collect();
+        let ids: Vec<JobId> = mine.iter().map(|(_, j)| *j).collect();
+        let etas = gpunet_sim::predict::predict_starts(&self.st, &ids, now, 2000);
+        let mut entries = Vec::with_capacity(mine.len());
+        for (position, j) in mine {
+            let (Some(job), Some(d)) = (self.st.job(j), self.docs.get(&j.0)) else { continue };
+            let e = explain(&self.st, j, now)?;
+            entries.push(QueueEntry {
+                position,
+                id: j.0,
+                name: d.submission.name.clone(),
+                tenant: d.tenant.clone(),
+                state: job.state.to_string(),
+                priority: d.submission.priority,
+                gpus: job.spec.task.gpus * job.spec.tasks,
+                submitted_ms: job.submitted.0,
+                message: e.message,
+                reason: serde_json::to_value(&e.reason).expect("reasons serialise"),
+                eta_ms: etas.get(&j).map(|t| t.0),
+            });
+        }
+        Ok(QueueView { policy: self.st.policy().to_string(), queue_length: self.st.queued_count(), entries })
     }
 
     /// Agents that stopped syncing lose their nodes; their jobs restart elsewhere under their restart policy.
@@ -554,6 +641,8 @@ impl Owner {
     fn view(&self, id: u64) -> Option<JobView> {
         let d = self.docs.get(&id)?;
         let j = self.st.job(JobId(id)).unwrap_or(&d.job);
+        // A finished job shows where and when its last attempt ran; a queued one, nothing.
+        let last = j.run.as_ref().or(if j.state.is_terminal() { d.last_run.as_ref() } else { None });
         Some(JobView {
             id,
             name: j.spec.name.clone(),
@@ -563,11 +652,11 @@ impl Owner {
             tasks: j.spec.tasks,
             gpus: j.spec.total_gpus(),
             submitted_ms: j.submitted.0,
-            started_ms: j.run.as_ref().map(|r| r.started.0),
+            started_ms: last.map(|r| r.started.0),
             finished_ms: j.finished.map(|t| t.0),
             restarts: j.restarts,
             preemptions: j.preemptions,
-            placement: j.run.as_ref().map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
+            placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.warnings.clone(),
             spec: d.submission.clone(),
         })
@@ -576,6 +665,9 @@ impl Owner {
     fn sync_doc(&mut self, id: u64) {
         if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
             d.job = j.clone();
+            if j.run.is_some() {
+                d.last_run = j.run.clone();
+            }
         }
     }
 
@@ -592,6 +684,45 @@ impl Owner {
             })
             .map(|j| j.0)
             .collect();
+        let mut holder: BTreeMap<u32, u64> = BTreeMap::new();
+        for j in n.jobs.iter() {
+            let Some(run) = self.st.job(*j).and_then(|x| x.run.as_ref()) else { continue };
+            for t in run.placement.tasks.iter().filter(|t| t.node == id) {
+                for i in 0..64u32 {
+                    if t.gpu_mask & (1u64 << i) != 0 {
+                        holder.insert(i, j.0);
+                    }
+                }
+            }
+        }
+        let devices = n
+            .spec
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let i = i as u32;
+                let job = holder.get(&i).copied();
+                let tenant = job.and_then(|j| self.docs.get(&j)).map(|d| d.tenant.clone());
+                let shown = match who {
+                    Principal::Tenant(t) => tenant.as_ref() == Some(t),
+                    _ => true,
+                };
+                let sample = self.gpu_samples.get(name).and_then(|v| v.iter().find(|s| s.index == i));
+                GpuView {
+                    index: i,
+                    model: g.model.to_string(),
+                    numa: g.numa,
+                    nvlink_domain: g.nvlink_domain,
+                    mig_instances: g.mig.len() as u32,
+                    allocated: job.is_some(),
+                    job: job.filter(|_| shown),
+                    tenant: tenant.filter(|_| shown),
+                    utilization_pct: sample.and_then(|s| s.utilization_pct),
+                    memory_used_mib: sample.and_then(|s| s.memory_used_mib),
+                }
+            })
+            .collect();
         Some(NodeView {
             name: name.to_string(),
             state: n.state.to_string(),
@@ -601,6 +732,7 @@ impl Owner {
             labels: n.spec.labels.clone(),
             fake,
             jobs,
+            devices,
         })
     }
 
@@ -711,7 +843,10 @@ impl Owner {
                         return;
                     }
                     let job = self.st.job(JobId(id)).expect("just submitted").clone();
-                    self.docs.insert(id, JobDoc { job, tenant, submission: sub, warnings: warnings.clone() });
+                    self.docs.insert(
+                        id,
+                        JobDoc { job, tenant, submission: sub, warnings: warnings.clone(), last_run: None },
+                    );
                     writes.push(self.job_doc_write(id).expect("just inserted"));
                     writes.push(self.event(id, "submitted", format!("job-{id} submitted")));
                     self.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -732,7 +867,9 @@ impl Owner {
                     let id = JobId(u64::MAX - 1);
                     let now = Time(now_ms());
                     probe.submit(id, spec, now)?;
-                    let message = explain(&probe, id, now).map(|e| e.message).unwrap_or_default();
+                    let message = explain(&probe, id, now)
+                        .map(|e| e.message.replace(&id.to_string(), "this job"))
+                        .unwrap_or_default();
                     let pred = gpunet_sim::predict::predict_start(&probe, id, now, 2000);
                     let placement = match &pred {
                         Some((t, p)) if *t == now => self.placement_view(p),
@@ -1019,6 +1156,12 @@ impl Owner {
             Cmd::Gauges { reply } => {
                 let _ = reply.send(Ok(crate::metrics::gauges(self)));
             }
+            Cmd::Queue { who, limit, reply } => {
+                let _ = reply.send(self.queue(&who, limit));
+            }
+            Cmd::History { reply } => {
+                let _ = reply.send(Ok(self.history.iter().cloned().collect()));
+            }
             Cmd::AgentSync { node, sync, reply } => {
                 let r = self.agent_sync(&node, sync);
                 let _ = reply.send(r);
@@ -1107,6 +1250,7 @@ impl Owner {
         }
         self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
         self.dirty = false;
+        self.sample_history(now);
     }
 
     /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of

@@ -289,3 +289,80 @@ async fn no_client_input_gets_a_5xx() {
         }
     }
 }
+
+#[tokio::test]
+async fn portal_apis_queue_in_policy_order_and_mask_other_tenants() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    app.node("n1", 2).await;
+    let (_, who) = app.call("GET", "/v1/whoami", Some("admin"), None).await;
+    assert_eq!(who, json!({"role": "admin"}));
+    let (_, who) = app.call("GET", "/v1/whoami", Some(&b), None).await;
+    assert_eq!(who, json!({"role": "tenant", "tenant": "team-b"}));
+    let (s, v) = app.call("GET", "/v1/whoami", Some("join"), None).await;
+    assert_eq!((s, err(&v).0), (StatusCode::FORBIDDEN, "forbidden"));
+
+    let submit = |tok: String, body: &'static str| {
+        let app = &app;
+        async move {
+            let (s, v) = app.call("POST", "/v1/jobs", Some(&tok), Some(body.into())).await;
+            assert_eq!(s, StatusCode::CREATED, "{v}");
+            v["id"].as_u64().unwrap()
+        }
+    };
+    let holder = submit(a.clone(), r#"{"name": "hold", "gpus": 2, "estimated_duration": "10m"}"#).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let first = submit(a.clone(), r#"{"name": "a-next", "gpus": 1, "estimated_duration": "1h"}"#).await;
+    let second = submit(b.clone(), r#"{"name": "b-next", "gpus": 1, "estimated_duration": "1m"}"#).await;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+
+    let (s, q) = app.call("GET", "/v1/queue", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    assert_eq!(q["queue_length"], 2);
+    let ids: Vec<u64> = q["entries"].as_array().unwrap().iter().map(|e| e["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![first, second], "FIFO order: {q}");
+    for (i, e) in q["entries"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(e["position"], i);
+        let eta = e["eta_ms"].as_u64().unwrap_or_else(|| panic!("no ETA: {e}"));
+        // Both start when the 10-minute holder ends.
+        assert!(eta >= now + 9 * 60_000 && eta <= now + 11 * 60_000, "{e}");
+        assert!(e["message"].as_str().unwrap().contains("capacity"), "{e}");
+    }
+    // A tenant sees its own entries with their places in the whole queue.
+    let (_, qb) = app.call("GET", "/v1/queue", Some(&b), None).await;
+    assert_eq!(qb["entries"].as_array().unwrap().len(), 1, "{qb}");
+    assert_eq!((qb["entries"][0]["id"].as_u64(), qb["entries"][0]["position"].as_u64()), (Some(second), Some(1)));
+    let (s, v) = app.call("GET", "/v1/queue?limit=0", Some("admin"), None).await;
+    assert_eq!((s, err(&v)), (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_field", Some("limit"))), "{v}");
+
+    // Per-GPU allocation: the owner's tenant sees the job, another tenant only that the GPU is taken.
+    let (_, na) = app.call("GET", "/v1/nodes", Some(&a), None).await;
+    let (_, nb) = app.call("GET", "/v1/nodes", Some(&b), None).await;
+    for i in 0..2 {
+        assert_eq!(na[0]["devices"][i]["job"].as_u64(), Some(holder), "{na}");
+        assert_eq!(na[0]["devices"][i]["tenant"], "team-a");
+        assert_eq!(nb[0]["devices"][i]["allocated"], true, "{nb}");
+        assert!(nb[0]["devices"][i].get("job").is_none() && nb[0]["devices"][i].get("tenant").is_none(), "{nb}");
+        assert!(na[0]["devices"][i].get("utilization_pct").is_none(), "fake GPUs report no utilisation");
+    }
+
+    let (s, h) = app.call("GET", "/v1/cluster/history", Some(&b), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let p = &h.as_array().unwrap()[0];
+    assert!(p["at_ms"].as_u64().unwrap() > 0 && p.get("gpus_allocated").is_some() && p.get("queue_length").is_some());
+}
+
+#[tokio::test]
+async fn the_portal_is_served_from_the_binary() {
+    let app = App::new().await;
+    for (path, ct) in [("/", "text/html"), ("/portal/app.js", "text/javascript"), ("/portal/style.css", "text/css")] {
+        let req = Request::builder().uri(path).body(Body::empty()).unwrap();
+        let resp = app.router.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with(ct), "{path}");
+        assert!(resp.headers().contains_key("content-security-policy"), "{path}");
+    }
+    let req = Request::builder().uri("/portal/nope.js").body(Body::empty()).unwrap();
+    assert_eq!(app.router.clone().oneshot(req).await.unwrap().status(), StatusCode::NOT_FOUND);
+}

@@ -2,24 +2,57 @@
 //! at their estimated ends and no new arrivals, to say when a queued job should start.
 
 use gpunet_core::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
+use std::collections::{HashMap, HashSet};
 
 /// When `job` is predicted to start, and where, or `None` when that cannot be told (a running job without an
 /// estimate stands in the way, or nothing would change within `max_steps` completions).
 pub fn predict_start(state: &ClusterState, job: JobId, now: Time, max_steps: usize) -> Option<(Time, Placement)> {
+    let j = state.job(job)?;
+    if j.state == JobState::Running {
+        return j.run.as_ref().map(|r| (now, r.placement.clone()));
+    }
+    let mut out = None;
+    replay(state, now, max_steps, |started, t, p| {
+        if started == job {
+            out = Some((t, p.clone()));
+        }
+        out.is_some()
+    });
+    out
+}
+
+/// Predicted starts of several queued jobs from one replay; jobs whose start cannot be told are absent.
+pub fn predict_starts(state: &ClusterState, jobs: &[JobId], now: Time, max_steps: usize) -> HashMap<JobId, Time> {
+    let mut want: HashSet<JobId> = jobs.iter().copied().collect();
+    let mut out = HashMap::new();
+    if want.is_empty() {
+        return out;
+    }
+    replay(state, now, max_steps, |started, t, _| {
+        if want.remove(&started) {
+            out.insert(started, t);
+        }
+        want.is_empty()
+    });
+    out
+}
+
+/// Replays the state forward: each scheduling pass's starts are reported to `seen` (which answers whether to stop),
+/// then the clock advances to the next estimated completion or restart backoff. Stops when nothing more can be told.
+fn replay(state: &ClusterState, now: Time, max_steps: usize, mut seen: impl FnMut(JobId, Time, &Placement) -> bool) {
     let mut s = state.clone();
     let mut t = now;
     for _ in 0..max_steps {
         let ds = schedule(&s, t);
         for d in &ds {
-            if let Decision::Start { job: j, placement, .. } = d {
-                if *j == job {
-                    return Some((t, placement.clone()));
+            if let Decision::Start { job, placement, .. } = d {
+                if seen(*job, t, placement) {
+                    return;
                 }
             }
-            s.apply(d, t).ok()?;
-        }
-        if s.job(job)?.state == JobState::Running {
-            return s.job(job)?.run.as_ref().map(|r| (t, r.placement.clone()));
+            if s.apply(d, t).is_err() {
+                return;
+            }
         }
         // Advance to the next estimated completion (or restart backoff), finishing everything due then.
         let next_end = s.running_ends().next().map(|(e, _)| e);
@@ -29,18 +62,19 @@ pub fn predict_start(state: &ClusterState, job: JobId, now: Time, max_steps: usi
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,
             (None, Some(b)) => b,
-            (None, None) => return None,
+            (None, None) => return,
         };
         if next == Time::MAX {
-            return None;
+            return;
         }
         t = t.max(next);
         let due: Vec<JobId> = s.running_ends().take_while(|(e, _)| *e <= t).map(|(_, j)| j).collect();
         for j in due {
-            s.finish(j, t, true).ok()?;
+            if s.finish(j, t, true).is_err() {
+                return;
+            }
         }
     }
-    None
 }
 
 #[cfg(test)]
@@ -63,6 +97,9 @@ mod tests {
         assert_eq!(p.gpus(), 2);
         // d is behind c (FIFO): it starts when c ends.
         assert_eq!(predict_start(&s, JobId(4), Time::from_secs(5), 100).unwrap().0, Time::from_secs(310));
+        // One replay answers for both.
+        let all = predict_starts(&s, &[JobId(3), JobId(4)], Time::from_secs(5), 100);
+        assert_eq!(all, HashMap::from([(JobId(3), Time::from_secs(300)), (JobId(4), Time::from_secs(310))]));
         // Without estimates there is nothing to predict from.
         let mut u = s.clone();
         u.submit(JobId(5), JobSpec::new(t, "e", 2, 1), Time::from_secs(3)).unwrap();

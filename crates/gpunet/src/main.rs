@@ -618,6 +618,7 @@ fn main() -> Result<()> {
                     .send()
                     .await;
                 println!("gpunet is up at {url}");
+                println!("portal: {url}/  (log in with the admin token)");
                 println!("admin token: {admin}");
                 println!("node: local with {}x{} (fake GPUs)", fake.1, fake.0);
                 println!("try:  GPUNET_SERVER={url} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L");

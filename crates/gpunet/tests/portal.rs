@@ -1,0 +1,91 @@
+//! The web portal end to end: `gpunet up` on loopback driven by headless Chromium (Playwright through
+//! `playwright-core`, `e2e/portal.mjs`). Screenshots of every page land in `target/portal-screenshots/`.
+//!
+//! Needs Node.js, `npm ci --prefix e2e` and Debian's `chromium` (`.ci/run` installs them). Where they are missing the
+//! test says so and passes, except under CI (`CI` set), where it fails.
+
+mod common;
+
+use common::{Proc, BIN};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn missing_tools() -> Option<String> {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !Path::new(&chromium).exists() {
+        return Some(format!("{chromium} is missing (apt-get install chromium)"));
+    }
+    if Command::new("node").arg("--version").output().map_or(true, |o| !o.status.success()) {
+        return Some("node is missing".into());
+    }
+    if !repo().join("e2e/node_modules/playwright-core").exists() {
+        return Some("e2e/node_modules is missing (npm ci --prefix e2e)".into());
+    }
+    None
+}
+
+#[test]
+fn portal_end_to_end_in_headless_chromium() {
+    if let Some(why) = missing_tools() {
+        assert!(std::env::var_os("CI").is_none(), "the portal test cannot run under CI: {why}");
+        eprintln!("SKIPPED portal end-to-end test: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["up", "--data-dir", dir.path().to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let up = Proc(child);
+    let mut line = String::new();
+    let t = Instant::now();
+    let url = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "gpunet up exited before it was up");
+        if let Some(u) = line.trim().strip_prefix("gpunet is up at ") {
+            break u.to_string();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "gpunet up did not start");
+    };
+    std::thread::spawn(move || for _ in out.lines() {});
+    let token = std::fs::read_to_string(dir.path().join("admin.token")).unwrap();
+    // The page is served with its assets, from the binary.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (status, csp, body) = rt.block_on(async {
+        let r = reqwest::get(format!("{url}/")).await.unwrap();
+        let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
+        (r.status().as_u16(), csp, r.text().await.unwrap())
+    });
+    assert_eq!(status, 200);
+    assert!(csp.contains("default-src 'self'"), "{csp}");
+    assert!(body.contains("/portal/app.js"));
+    let shots = repo().join("target/portal-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    let o = Command::new("node")
+        .arg("portal.mjs")
+        .current_dir(repo().join("e2e"))
+        .env("GPUNET_URL", &url)
+        .env("GPUNET_TOKEN", token.trim())
+        .env("GPUNET_SCREENSHOTS", &shots)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "the browser test failed (see above)");
+    for page in ["overview", "queue", "jobs", "job-succeeded", "submit-dry-run", "tenants", "nodes", "login"] {
+        assert!(
+            std::fs::read_dir(&shots).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains(page)),
+            "no screenshot of {page}"
+        );
+    }
+    drop(up);
+}

@@ -1,0 +1,249 @@
+// End-to-end test of the gpunet portal in headless Chromium, against a running `gpunet up`.
+// Run by crates/gpunet/tests/portal.rs, which starts the server and passes:
+//   GPUNET_URL, GPUNET_TOKEN (admin), GPUNET_SCREENSHOTS (a directory), CHROMIUM (default /usr/bin/chromium).
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const URL = process.env.GPUNET_URL;
+const ADMIN = process.env.GPUNET_TOKEN;
+const OUT = process.env.GPUNET_SCREENSHOTS || "portal-screenshots";
+if (!URL || !ADMIN) throw new Error("set GPUNET_URL and GPUNET_TOKEN");
+mkdirSync(OUT, { recursive: true });
+
+const T = 20000; // generous: CI machines are small and shared
+const shots = [];
+let stepName = "start";
+
+async function api(method, path, body, token = ADMIN) {
+  const r = await fetch(URL + path, {
+    method,
+    headers: { authorization: "Bearer " + token, "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+async function until(what, f, ms = T) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await f();
+    if (v) return v;
+    if (Date.now() > end) throw new Error("timed out waiting for " + what);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+});
+const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+page.setDefaultTimeout(T);
+// Console errors, by step. Requests the test provokes to fail on purpose (a wrong token, an invalid field) make the
+// browser log "Failed to load resource"; those are allowed only in the steps that provoke them.
+const consoleErrors = [];
+page.on("console", (m) => { if (m.type() === "error") consoleErrors.push({ step: stepName, text: m.text() }); });
+page.on("pageerror", (e) => consoleErrors.push({ step: stepName, text: "uncaught: " + e.message }));
+page.on("dialog", (d) => d.accept());
+
+async function step(name, f) {
+  stepName = name;
+  const t = Date.now();
+  await f();
+  console.log(`ok   ${name} (${Date.now() - t} ms)`);
+}
+
+async function shot(name) {
+  const file = join(OUT, name + ".png");
+  await page.screenshot({ path: file, fullPage: true });
+  shots.push(file);
+}
+
+const badge = () => page.locator("#job-state .badge");
+
+try {
+  await step("login page; an unknown token is refused", async () => {
+    await page.goto(URL + "/");
+    await page.locator("#login-token").waitFor();
+    await shot("01-login");
+    await page.fill("#login-token", "gpn_not_a_real_token");
+    await page.click("#login-form button[type=submit]");
+    await page.getByText("This token is not known to the server.").waitFor();
+  });
+
+  await step("log in with the keyboard", async () => {
+    await page.fill("#login-token", "");
+    await page.focus("#login-token");
+    await page.keyboard.type(ADMIN);
+    await page.keyboard.press("Enter");
+    await page.locator("#who").filter({ hasText: "admin" }).waitFor();
+    await page.locator("nav a[aria-current=page]").filter({ hasText: "Overview" }).waitFor();
+  });
+
+  await step("overview shows every GPU as a heatmap cell", async () => {
+    await until("8 GPU cells", async () => (await page.locator(".cell").count()) === 8);
+    await page.getByText("zone local").waitFor();
+    await page.locator(".chart svg").first().waitFor();
+    await shot("02-overview");
+  });
+
+  // A blocker holds all eight GPUs until it is cancelled, so the form's job is seen pending first.
+  const blocker = await api("POST", "/v1/jobs",
+    { name: "blocker", tenant: "default", tasks: 1, gpus: 8, command: ["sleep", "600"] });
+  await until("the blocker to run", async () => (await api("GET", `/v1/jobs/${blocker.id}`)).state === "running");
+
+  await step("overview marks allocated GPUs", async () => {
+    await page.reload();
+    await until("8 allocated cells", async () => (await page.locator(".cell.alloc").count()) === 8);
+    const label = await page.locator(".cell").first().getAttribute("aria-label");
+    if (!label.includes(`job-${blocker.id}`)) throw new Error("cell label lacks the job: " + label);
+    await shot("03-overview-allocated");
+  });
+
+  let formJob;
+  await step("submit form: a bad field is shown next to the field", async () => {
+    await page.click("nav >> text=Submit");
+    await page.locator("#f-name").waitFor();
+    await page.fill("#f-name", "portal-job");
+    await page.fill("#f-command", "sh -c 'echo hello from the portal; sleep 3'");
+    await page.fill("#f-estimated_duration", "soon");
+    await page.click("#dry-run");
+    await page.locator("#err-estimated_duration").filter({ hasText: "estimated_duration" }).waitFor();
+    const invalid = await page.getAttribute("#f-estimated_duration", "aria-invalid");
+    if (invalid !== "true") throw new Error("the field is not marked invalid");
+    await shot("04-submit-field-error");
+  });
+
+  await step("dry run shows that it would wait, with the reason", async () => {
+    await page.fill("#f-estimated_duration", "1m");
+    await page.click("#dry-run");
+    await page.locator("#dry-run-result").filter({ hasText: "Would wait" }).waitFor();
+    await page.locator("#dry-run-result").filter({ hasText: "capacity" }).waitFor();
+    await shot("05-submit-dry-run");
+  });
+
+  await step("submit through the form; the job page shows it pending with why", async () => {
+    await page.click("#panel-form button[type=submit]");
+    await page.waitForURL(/#\/jobs\/\d+$/);
+    formJob = Number(page.url().split("/").pop());
+    await badge().filter({ hasText: "pending" }).waitFor();
+    await page.locator("#why").filter({ hasText: "capacity" }).waitFor();
+    await shot("06-job-pending");
+  });
+
+  await step("cancel the blocker from the jobs list", async () => {
+    await page.click("nav >> text=Jobs");
+    await page.locator("#f-state").waitFor();
+    await page.getByRole("button", { name: `Cancel job-${blocker.id}` }).click();
+    await until("blocker cancelled", async () => (await api("GET", `/v1/jobs/${blocker.id}`)).state === "cancelled");
+  });
+
+  await step("the form's job goes running, then succeeded, with its log", async () => {
+    await page.goto(`${URL}/#/jobs/${formJob}`);
+    await badge().filter({ hasText: /running|succeeded/ }).waitFor();
+    const seen = await badge().textContent();
+    if (seen === "running") await shot("07-job-running");
+    await badge().filter({ hasText: "succeeded" }).waitFor();
+    const events = await page.locator("main table").nth(1).textContent();
+    for (const k of ["submitted", "started", "succeeded"]) {
+      if (!events.includes(k)) throw new Error(`event ${k} missing: ${events}`);
+    }
+    await page.locator("#logs").filter({ hasText: "hello from the portal" }).waitFor();
+    await shot("08-job-succeeded");
+  });
+
+  let stuck;
+  await step("YAML box: a job that cannot fit shows its reason in the queue", async () => {
+    await page.click("nav >> text=Submit");
+    await page.click("#tab-yaml");
+    await page.fill("#f-yaml", "name: needs-h100\ntenant: default\ngpus: 1\ngpu_models: [H100-80GB]\n" +
+      "command: [sleep, '1']\n");
+    await page.click("#panel-yaml button[type=submit]");
+    await page.waitForURL(/#\/jobs\/\d+$/);
+    stuck = Number(page.url().split("/").pop());
+    await page.locator("#why").filter({ hasText: "never fits" }).waitFor();
+    await page.click("nav >> text=Queue");
+    await page.locator("main table tr", { hasText: `job-${stuck}` }).filter({ hasText: "never fits" }).waitFor();
+    await shot("09-queue");
+  });
+
+  await step("cancel a job from its page", async () => {
+    await page.click(`text=job-${stuck}`);
+    await page.getByRole("button", { name: "Cancel job" }).click();
+    await badge().filter({ hasText: "cancelled" }).waitFor();
+    await shot("10-job-cancelled");
+  });
+
+  await step("jobs page filters by state and text", async () => {
+    await page.click("nav >> text=Jobs");
+    await page.selectOption("#f-state", "succeeded");
+    await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();
+    await page.fill("#f-text", "no-such-job-name");
+    await page.getByText("No jobs match.").waitFor();
+    await page.fill("#f-text", "portal-job");
+    await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();
+    await shot("11-jobs");
+  });
+
+  await step("tenants page shows quota use and this month's spend", async () => {
+    await page.click("nav >> text=Tenants");
+    await page.locator("main table tr", { hasText: "default" }).waitFor();
+    await page.getByText("Spend is this month's").waitFor();
+    await shot("12-tenants");
+  });
+
+  await step("nodes page: isolation, labels; an admin cordons and uncordons", async () => {
+    await page.click("nav >> text=Nodes");
+    const row = page.locator("main table tr", { hasText: "local" });
+    await row.filter({ hasText: "cgroup" }).or(row.filter({ hasText: "none" })).first().waitFor();
+    await page.getByRole("button", { name: "Cordon local" }).click();
+    await row.locator(".badge", { hasText: "cordoned" }).waitFor();
+    await shot("13-nodes-cordoned");
+    await page.getByRole("button", { name: "Uncordon local" }).click();
+    await row.locator(".badge", { hasText: "ready" }).waitFor();
+    await shot("14-nodes");
+  });
+
+  await step("a tenant sees only its own jobs", async () => {
+    const t = await api("POST", "/v1/tenants", { name: "team-b" });
+    const own = await api("POST", "/v1/jobs", { name: "b-job", gpus: 1, command: ["sleep", "1"] }, t.token);
+    await page.click("#logout");
+    await page.locator("#login-token").waitFor();
+    await page.fill("#login-token", t.token);
+    await page.click("#login-form button[type=submit]");
+    await page.locator("#who").filter({ hasText: "tenant team-b" }).waitFor();
+    await page.click("nav >> text=Jobs");
+    await page.locator("main table tr", { hasText: `job-${own.id}` }).waitFor();
+    const text = await page.locator("main").textContent();
+    if (text.includes(`job-${formJob}`) || text.includes("portal-job")) throw new Error("a tenant sees another's job");
+    if (await page.locator("#f-tenant").count()) throw new Error("a tenant gets the tenant filter");
+    await shot("15-tenant-jobs");
+    await page.click("nav >> text=Overview");
+    await until("cells", async () => (await page.locator(".cell").count()) === 8);
+    await shot("16-tenant-overview");
+    // Another tenant's job is not reachable by id.
+    await page.goto(`${URL}/#/jobs/${formJob}`);
+    await page.locator(".error-box").filter({ hasText: "another tenant" }).waitFor();
+  });
+
+  const allowed = {
+    "login page; an unknown token is refused": /Failed to load resource.*401/,
+    "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
+    "a tenant sees only its own jobs": /Failed to load resource.*403/,
+  };
+  const bad = consoleErrors.filter((e) => !(allowed[e.step] && allowed[e.step].test(e.text)));
+  if (bad.length) throw new Error("browser console errors:\n" + bad.map((e) => `  [${e.step}] ${e.text}`).join("\n"));
+  console.log("ok   no unexpected errors in the browser console");
+  console.log("screenshots:\n" + shots.map((s) => "  " + s).join("\n"));
+} catch (e) {
+  try { await shot("failed-" + stepName.replace(/[^a-z0-9]+/gi, "-")); } catch (_) { /* best effort */ }
+  console.error(`FAIL ${stepName}: ${e.stack || e}`);
+  if (consoleErrors.length) console.error("console: " + JSON.stringify(consoleErrors, null, 1));
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
