@@ -3,11 +3,13 @@
 //! It reconnects with backoff when the server is away; tasks keep running meanwhile, and once it is back the server's
 //! answer decides which of them stay.
 //!
-//! GPUs: `--fake-gpus 8xA100-80GB` declares fake GPUs (marked `fake` everywhere). NVML discovery of real GPUs is not
-//! built yet; without `--fake-gpus` the agent registers a node without GPUs.
+//! GPUs: real ones are discovered through NVML ([`gpus`]) and sampled every few seconds for the server's metrics;
+//! `--fake-gpus 8xA100-80GB` declares fake GPUs instead (marked `fake` everywhere; they report no samples). Without
+//! either the agent registers a node without GPUs.
 
 pub mod cgroups;
 pub mod checkpoints;
+pub mod gpus;
 pub mod launcher;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
@@ -41,6 +43,9 @@ pub enum AgentError {
     },
 }
 
+/// How often real GPUs are sampled.
+const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -54,6 +59,8 @@ pub struct AgentConfig {
     pub labels: BTreeMap<String, String>,
     /// Fake GPUs.
     pub fake_gpus: Option<(GpuModel, usize)>,
+    /// Real GPUs found by NVML (see [`gpus::discover`]); used when `fake_gpus` is `None`.
+    pub real_gpus: Vec<gpus::DiscoveredGpu>,
     /// Where logs and checkpoints go.
     pub data_dir: PathBuf,
     /// CPU to offer (default: the machine's, at least 4 cores per fake GPU).
@@ -104,6 +111,12 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     let cpu = cfg.cpu.unwrap_or(MilliCpu::cores(cores.max(4 * count as u64)));
     let mem = cfg.mem.unwrap_or(MiB(machine_memory().0.max(16 * 1024 * count as u64)));
     let mut n = NodeSpec::with_gpus(cfg.name.clone(), model, count, cpu, mem);
+    if cfg.fake_gpus.is_none() && !cfg.real_gpus.is_empty() {
+        n.gpus = gpus::to_devices(&cfg.real_gpus);
+        if cfg.real_gpus.iter().any(|g| g.mig_enabled) {
+            n.labels.insert("mig".into(), "enabled".into());
+        }
+    }
     for (k, v) in &cfg.labels {
         n.labels.insert(k.clone(), v.clone());
     }
@@ -169,6 +182,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     // How far each task attempt's log has been shipped.
     let mut shipped: std::collections::HashMap<TaskRef, u64> = std::collections::HashMap::new();
     backoff = Duration::from_millis(100);
+    // Real GPUs are sampled for the server's metrics; fake ones report nothing.
+    let nvml = match (&cfg.fake_gpus, cfg.real_gpus.is_empty()) {
+        (None, false) => match gpus::open() {
+            Ok(n) => Some(std::sync::Arc::new(n)),
+            Err(e) => {
+                tracing::warn!(error = %e, "GPU metrics off");
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut last_sample: Option<std::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         let mut logs = Vec::new();
@@ -195,6 +220,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 }
             }
         }
+        let gpu_samples = match &nvml {
+            Some(n) if last_sample.is_none_or(|t| t.elapsed() >= GPU_SAMPLE_EVERY) => {
+                last_sample = Some(std::time::Instant::now());
+                let n = n.clone();
+                tokio::task::spawn_blocking(move || gpus::sample(&n)).await.ok()
+            }
+            _ => None,
+        };
         let sync = AgentSync {
             known_version: known,
             running: launcher.running(),
@@ -202,7 +235,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             started: launcher.started.clone(),
             logs: logs.clone(),
             checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
-            gpu_samples: None,
+            gpu_samples,
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent = pending.len();
@@ -315,6 +348,7 @@ mod tests {
             name: "n".into(),
             labels: BTreeMap::from([("zone".to_string(), "z1".to_string())]),
             fake_gpus: Some((GpuModel::A100_80GB, 8)),
+            real_gpus: Vec::new(),
             data_dir: PathBuf::from("/tmp"),
             cpu: None,
             mem: None,

@@ -179,5 +179,46 @@ pub(crate) fn gauges(o: &Owner) -> String {
             );
         }
     }
+    // NVML samples of real GPUs, by node, GPU and the job holding it (`job=""` when free). Fake GPUs have none.
+    type Read = fn(&gpunet_api::agent::GpuSample) -> Option<f64>;
+    let families: [(&str, &str, &str, Read); 7] = [
+        ("gpunet_gpu_utilization_ratio", "gauge", "GPU utilisation over NVML's last sample period (0 to 1).", |g| {
+            g.utilization_pct.map(|p| p / 100.0)
+        }),
+        ("gpunet_gpu_memory_used_bytes", "gauge", "GPU memory in use.", |g| {
+            g.memory_used_mib.map(|m| (m * 1024 * 1024) as f64)
+        }),
+        ("gpunet_gpu_memory_total_bytes", "gauge", "GPU memory in all.", |g| {
+            g.memory_total_mib.map(|m| (m * 1024 * 1024) as f64)
+        }),
+        ("gpunet_gpu_power_watts", "gauge", "GPU power draw.", |g| g.power_watts),
+        ("gpunet_gpu_temperature_celsius", "gauge", "GPU temperature.", |g| g.temperature_c),
+        ("gpunet_gpu_nvlink_tx_bytes_total", "counter", "NVLink data sent, all links.", |g| {
+            g.nvlink_tx_bytes.map(|b| b as f64)
+        }),
+        ("gpunet_gpu_nvlink_rx_bytes_total", "counter", "NVLink data received, all links.", |g| {
+            g.nvlink_rx_bytes.map(|b| b as f64)
+        }),
+    ];
+    for (name, kind, help, get) in families {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (node, samples) in &o.gpu_samples {
+            let Some(id) = o.st.node_id(node) else { continue };
+            let Some(n) = o.st.node(id) else { continue };
+            let holders = o.gpu_holders(id);
+            for g in samples {
+                let Some(v) = get(g) else { continue };
+                let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
+                let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "{name}{{node=\"{}\",gpu=\"{}\",model=\"{}\",job=\"{job}\"}} {v}",
+                    esc(node),
+                    g.index,
+                    esc(&model)
+                );
+            }
+        }
+    }
     s
 }

@@ -338,6 +338,8 @@ impl Owner {
                 let mut set = |k: &str, v: String| {
                     env.insert(k.to_string(), v);
                 };
+                // NVML numbers GPUs in PCI bus order; CUDA's default order is fastest first.
+                set("CUDA_DEVICE_ORDER", "PCI_BUS_ID".into());
                 set("CUDA_VISIBLE_DEVICES", visible.clone());
                 set("NVIDIA_VISIBLE_DEVICES", if visible.is_empty() { "void".into() } else { visible });
                 set("GPUNET_JOB_ID", jid.0.to_string());
@@ -671,6 +673,21 @@ impl Owner {
         }
     }
 
+    /// The job holding each whole GPU of a node, by GPU index.
+    pub(crate) fn gpu_holders(&self, id: gpunet_core::NodeId) -> BTreeMap<u32, u64> {
+        let mut holder = BTreeMap::new();
+        let Some(n) = self.st.node(id) else { return holder };
+        for j in n.jobs.iter() {
+            let Some(run) = self.st.job(*j).and_then(|x| x.run.as_ref()) else { continue };
+            for t in run.placement.tasks.iter().filter(|t| t.node == id) {
+                for i in t.gpu_indexes() {
+                    holder.insert(i, j.0);
+                }
+            }
+        }
+        holder
+    }
+
     fn node_view(&self, name: &str, who: &Principal) -> Option<NodeView> {
         let id = self.st.node_id(name)?;
         let n = self.st.node(id)?;
@@ -684,17 +701,7 @@ impl Owner {
             })
             .map(|j| j.0)
             .collect();
-        let mut holder: BTreeMap<u32, u64> = BTreeMap::new();
-        for j in n.jobs.iter() {
-            let Some(run) = self.st.job(*j).and_then(|x| x.run.as_ref()) else { continue };
-            for t in run.placement.tasks.iter().filter(|t| t.node == id) {
-                for i in 0..64u32 {
-                    if t.gpu_mask & (1u64 << i) != 0 {
-                        holder.insert(i, j.0);
-                    }
-                }
-            }
-        }
+        let holder = self.gpu_holders(id);
         let devices = n
             .spec
             .gpus

@@ -366,3 +366,45 @@ async fn the_portal_is_served_from_the_binary() {
     let req = Request::builder().uri("/portal/nope.js").body(Body::empty()).unwrap();
     assert_eq!(app.router.clone().oneshot(req).await.unwrap().status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let g: Vec<Value> =
+        (0..2).map(|_| json!({"model": "H200-141GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
+    let body = json!({"spec": {"name": "gpu1", "gpus": g, "cpu": 64000, "mem": 524288, "labels": {},
+                               "price_per_gpu_hour": 3.0}, "fake": false});
+    let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, j) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "t", "gpus": 1}"#.into())).await;
+    let job = j["id"].as_u64().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let report = json!({"known_version": 0, "running": [], "exited": [], "gpu_samples": [
+        {"index": 0, "utilization_pct": 87.0, "memory_used_mib": 1024, "memory_total_mib": 143771,
+         "power_watts": 412.5, "temperature_c": 61.0, "nvlink_tx_bytes": 2048, "nvlink_rx_bytes": 4096},
+        {"index": 1, "utilization_pct": 0.0, "memory_used_mib": 0}]});
+    let (s, v) = app.call("POST", "/v1/agents/gpu1/sync", Some("join"), Some(report.to_string())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
+    let m = m.as_str().unwrap().to_string();
+    for line in [
+        format!("gpunet_gpu_utilization_ratio{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 0.87"),
+        "gpunet_gpu_utilization_ratio{node=\"gpu1\",gpu=\"1\",model=\"H200-141GB\",job=\"\"} 0".to_string(),
+        format!(
+            "gpunet_gpu_memory_used_bytes{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 1073741824"
+        ),
+        format!("gpunet_gpu_power_watts{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 412.5"),
+        format!("gpunet_gpu_temperature_celsius{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 61"),
+        format!("gpunet_gpu_nvlink_rx_bytes_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 4096"),
+        "gpunet_gpu_allocated{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",fake=\"false\"} 1".to_string(),
+    ] {
+        assert!(m.contains(&line), "missing {line} in\n{m}");
+    }
+    // GPU 1 reported no power: nothing is made up for it.
+    assert!(!m.contains("gpunet_gpu_power_watts{node=\"gpu1\",gpu=\"1\""), "{m}");
+    let (_, n) = app.call("GET", "/v1/nodes", Some(&a), None).await;
+    assert_eq!(n[0]["devices"][0]["utilization_pct"], 87.0, "{n}");
+    assert_eq!(n[0]["devices"][0]["memory_used_mib"], 1024);
+    assert_eq!(n[0]["fake"], false);
+}

@@ -102,9 +102,10 @@ struct UpArgs {
     /// Data directory (database, logs, checkpoints, the admin token).
     #[arg(long, default_value = "gpunet-up")]
     data_dir: PathBuf,
-    /// Fake GPUs of the local agent (NVML discovery of real GPUs is not built yet).
-    #[arg(long, default_value = "8xA100-80GB")]
-    fake_gpus: String,
+    /// Fake GPUs of the local agent, e.g. 8xA100-80GB. Default: the GPUs NVML finds, or 8xA100-80GB fake ones where
+    /// there are none.
+    #[arg(long)]
+    fake_gpus: Option<String>,
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
@@ -127,7 +128,7 @@ struct AgentArgs {
     /// Labels, e.g. zone=a,rack=r1.
     #[arg(long, default_value = "")]
     labels: String,
-    /// Fake GPUs, e.g. 8xA100-80GB.
+    /// Fake GPUs, e.g. 8xA100-80GB, instead of the GPUs NVML finds.
     #[arg(long)]
     fake_gpus: Option<String>,
     /// Where logs and checkpoints go.
@@ -139,6 +140,18 @@ struct AgentArgs {
     /// Run tasks as this unprivileged user (the agent must run as root).
     #[arg(long)]
     run_as: Option<String>,
+}
+
+/// The GPUs NVML finds; none where NVML is absent (no NVIDIA driver).
+fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
+    use gpunet_agent::gpus;
+    match gpus::open() {
+        Ok(nvml) => Ok(gpus::discover(&nvml)?),
+        Err(e) => {
+            tracing::info!(reason = %e, "no NVIDIA GPUs");
+            Ok(Vec::new())
+        }
+    }
 }
 
 fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
@@ -160,6 +173,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         name,
         labels,
         fake_gpus: a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?,
+        real_gpus: if a.fake_gpus.is_some() { Vec::new() } else { real_gpus()? },
         data_dir: a.data_dir.clone(),
         cpu: None,
         mem: None,
@@ -566,7 +580,13 @@ fn main() -> Result<()> {
                 )
                 .with_writer(std::io::stderr)
                 .init();
-            let fake = gpunet_agent::parse_fake_gpus(&a.fake_gpus)?;
+            let asked = a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?;
+            let real = if asked.is_some() { Vec::new() } else { real_gpus()? };
+            let fake = match asked {
+                Some(f) => Some(f),
+                None if real.is_empty() => Some((gpunet_core::GpuModel::A100_80GB, 8)),
+                None => None,
+            };
             std::fs::create_dir_all(&a.data_dir).with_context(|| format!("create {}", a.data_dir.display()))?;
             // Single-machine mode keeps the admin token in the data directory so that it can be shown at every start.
             let token_file = a.data_dir.join("admin.token");
@@ -598,7 +618,8 @@ fn main() -> Result<()> {
                     join_token: join,
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
-                    fake_gpus: Some(fake),
+                    fake_gpus: fake,
+                    real_gpus: real.clone(),
                     data_dir: a.data_dir.join("agent"),
                     cpu: None,
                     mem: None,
@@ -620,7 +641,27 @@ fn main() -> Result<()> {
                 println!("gpunet is up at {url}");
                 println!("portal: {url}/  (log in with the admin token)");
                 println!("admin token: {admin}");
-                println!("node: local with {}x{} (fake GPUs)", fake.1, fake.0);
+                match fake {
+                    Some((m, n)) => println!("node: local with {n}x{m} (fake GPUs)"),
+                    None => {
+                        for g in &real {
+                            println!(
+                                "node: local GPU {} {} ({}, {} MiB, NUMA {}, MIG {}{})",
+                                g.index,
+                                g.name,
+                                g.uuid,
+                                g.memory_mib,
+                                g.numa,
+                                if g.mig_enabled { "on" } else { "off" },
+                                if g.mig.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(": {}", g.mig.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "))
+                                }
+                            );
+                        }
+                    }
+                }
                 println!("try:  GPUNET_SERVER={url} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L");
                 use std::io::Write as _;
                 std::io::stdout().flush()?;
