@@ -147,6 +147,36 @@ impl Cgroups {
     }
 }
 
+impl Cgroups {
+    /// The groups of a task made earlier (by a previous run of the agent), if they are there.
+    pub fn open(&self, name: &str) -> Option<TaskCgroup> {
+        match self {
+            Cgroups::None => None,
+            Cgroups::V2 { base, .. } => {
+                let d = base.join(name);
+                d.is_dir().then(|| TaskCgroup {
+                    procs: vec![d.join("cgroup.procs")],
+                    oom: Some((d.join("memory.events"), true)),
+                    dirs: vec![d],
+                })
+            }
+            Cgroups::V1 { memory, cpu } => {
+                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None };
+                if let Some(d) = memory.as_ref().map(|m| m.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.oom = Some((d.join("memory.oom_control"), false));
+                    t.dirs.push(d);
+                }
+                if let Some(d) = cpu.as_ref().map(|c| c.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
+                (!t.dirs.is_empty()).then_some(t)
+            }
+        }
+    }
+}
+
 impl TaskCgroup {
     /// Whether the OOM killer killed something in the group.
     pub fn oom_killed(&self) -> bool {

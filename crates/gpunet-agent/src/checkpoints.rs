@@ -1,8 +1,8 @@
 //! Tiered checkpoints. Every `every`, if the job's checkpoint directory changed, the agent copies it to each due tier
 //! as a snapshot `job-J/rank-R/TIER/TIMESTAMP/…`, then prunes the tier to its newest `keep` snapshots. A new
 //! attempt whose checkpoint directory is empty (a restart on another node) gets the newest snapshot of any tier
-//! copied back before its process starts. Tiers are object stores (`object_store`); a tier without URL lives on
-//! the node's disk.
+//! copied back before its process starts. Tiers are object stores (`object_store`): `file:///…` (a directory, e.g.
+//! a shared mount) or `s3://bucket/prefix`; a tier without URL lives on the node's disk.
 
 use futures_util::TryStreamExt;
 use gpunet_api::agent::{CheckpointTier, TaskRef};
@@ -29,8 +29,11 @@ fn open(tier: &CheckpointTier, local_root: &Path, t: &TaskRef) -> Result<Tier, S
     if parsed.scheme() == "file" {
         std::fs::create_dir_all(parsed.path()).map_err(|e| format!("create {}: {e}", parsed.path()))?;
     }
-    let (store, base) =
-        object_store::parse_url(&parsed).map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
+    // S3 (and S3-compatible stores) take credentials, region and endpoint from the agent's AWS_* environment
+    // (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
+    let env = std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).map(|(k, v)| (k.to_ascii_lowercase(), v));
+    let (store, base) = object_store::parse_url_opts(&parsed, env)
+        .map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
     let prefix = base.clone().join(format!("job-{}", t.job)).join(format!("rank-{}", t.rank)).join(tier.name.clone());
     Ok(Tier { store: Arc::from(store), prefix, keep: tier.keep.max(1) as usize, local: parsed.scheme() == "file" })
 }
@@ -191,5 +194,84 @@ mod tests {
         assert_eq!(fp, fingerprint(&src));
         std::fs::write(src.join("state"), "changed!").unwrap();
         assert_ne!(fp, fingerprint(&src));
+    }
+
+    /// A real S3 endpoint on loopback (moto's server, from PyPI): `$MOTO_SERVER` or `moto_server` on the PATH.
+    fn moto() -> Option<String> {
+        let exe = std::env::var("MOTO_SERVER").unwrap_or_else(|_| "moto_server".into());
+        std::process::Command::new(&exe).arg("--help").output().ok().filter(|o| o.status.success()).map(|_| exe)
+    }
+
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_s3_tier_keeps_and_restores_snapshots() {
+        let Some(exe) = moto() else {
+            assert!(std::env::var_os("CI").is_none(), "the S3 tier test needs moto_server under CI");
+            eprintln!("SKIPPED: no moto_server (pip install 'moto[server]', or set MOTO_SERVER)");
+            return;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let _server = Kill(
+            std::process::Command::new(exe)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let t0 = std::time::Instant::now();
+        // Create the bucket once the server answers.
+        loop {
+            if let Ok(r) = http.put(format!("{endpoint}/ckpt-bucket")).send().await {
+                assert!(r.status().is_success(), "create bucket: {}", r.status());
+                break;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "moto_server did not start");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // The agent's environment configures S3 (this test binary reads no other AWS_* variable).
+        for (k, v) in [
+            ("AWS_ENDPOINT", endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "gpunet-test"),
+            ("AWS_SECRET_ACCESS_KEY", "gpunet-test-secret"),
+            ("AWS_REGION", "us-east-1"),
+        ] {
+            std::env::set_var(k, v);
+        }
+        let tier = CheckpointTier {
+            name: "archive".into(),
+            every_ms: 100,
+            keep: 2,
+            url: Some("s3://ckpt-bucket/team-a".into()),
+        };
+        let root = tempfile::tempdir().unwrap();
+        let t = TaskRef { job: 3, rank: 1, attempt: 0 };
+        let src = root.path().join("ckpt");
+        std::fs::create_dir_all(src.join("opt")).unwrap();
+        for (i, at) in [1_000u64, 2_000, 3_000].into_iter().enumerate() {
+            std::fs::write(src.join("model.pt"), format!("weights-{i}")).unwrap();
+            std::fs::write(src.join("opt/state"), vec![i as u8; 1 << 16]).unwrap();
+            snapshot(&tier, root.path(), &t, &src, at).await.unwrap();
+        }
+        // The bucket holds the two newest snapshots, under the URL's prefix.
+        let list = http.get(format!("{endpoint}/ckpt-bucket?list-type=2")).send().await.unwrap().text().await.unwrap();
+        assert!(list.contains("team-a/job-3/rank-1/archive/00000000000000003000/model.pt"), "{list}");
+        assert!(list.contains("00000000000000002000/opt/state"), "{list}");
+        assert!(!list.contains("00000000000000001000"), "pruned to keep 2: {list}");
+        let dst = root.path().join("restored");
+        std::fs::create_dir_all(&dst).unwrap();
+        assert_eq!(restore(std::slice::from_ref(&tier), root.path(), &t, &dst).await.unwrap(), Some(3_000));
+        assert_eq!(std::fs::read_to_string(dst.join("model.pt")).unwrap(), "weights-2");
+        assert_eq!(std::fs::read(dst.join("opt/state")).unwrap(), vec![2u8; 1 << 16]);
     }
 }

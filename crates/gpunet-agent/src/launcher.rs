@@ -19,6 +19,17 @@ struct Proc {
     /// Cleared the moment the process is reaped: after that its id may belong to someone else, so no signal may be
     /// sent to it (PIDs wrap quickly on busy machines).
     alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// For a task adopted from a previous run of the agent (not our child): its start time, checked before every
+    /// signal, and the slots its liveness probe and checkpoint copier go into once the server's assignment is known.
+    adopted: Option<(u64, Extras)>,
+}
+
+/// What a task's exit watcher reads at the end: the checkpoint copier (for the final copy) and a failed probe.
+#[derive(Debug, Clone, Default)]
+struct Extras {
+    copier: std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<TierCopier>>>>,
+    probe_failed: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    attached: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The launcher: spawns tasks and reports their ends on a channel.
@@ -34,6 +45,9 @@ pub struct Launcher {
     run_as: Option<(u32, u32)>,
     /// Checkpoints copied to a tier, not yet reported: (task, when).
     pub checkpointed: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// `gpunet task-exec`, which records each task's end so that a restarted agent can adopt it (see
+    /// [`crate::wrapper`]); without it tasks run directly and a restarted agent kills them.
+    wrapper: Option<PathBuf>,
 }
 
 fn now_ms() -> u64 {
@@ -41,6 +55,7 @@ fn now_ms() -> u64 {
 }
 
 /// Copies a task's checkpoint directory to its tiers.
+#[derive(Debug)]
 struct TierCopier {
     tiers: Vec<gpunet_api::agent::CheckpointTier>,
     /// Where tiers without a URL live on this node.
@@ -88,16 +103,51 @@ fn record_path(dir: &Path, t: &TaskRef) -> PathBuf {
     dir.join("running").join(format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt))
 }
 
-/// A process's group and start time (clock ticks since boot) from `/proc/PID/stat`; `None` when it is gone.
-fn proc_identity(pid: i32) -> Option<(i32, u64)> {
+/// Where the wrapper writes how a task attempt ended.
+fn status_path(dir: &Path, t: &TaskRef) -> PathBuf {
+    dir.join("running").join(format!("job-{}-rank-{}-attempt-{}.status", t.job, t.rank, t.attempt))
+}
+
+/// The task of a record's file name (`job-J-rank-R-attempt-A`).
+fn task_of_record(name: &str) -> Option<TaskRef> {
+    let rest = name.strip_prefix("job-")?;
+    let (job, rest) = rest.split_once("-rank-")?;
+    let (rank, attempt) = rest.split_once("-attempt-")?;
+    Some(TaskRef { job: job.parse().ok()?, rank: rank.parse().ok()?, attempt: attempt.parse().ok()? })
+}
+
+/// A process's group, start time (clock ticks since boot) and state letter from `/proc/PID/stat`; `None` when it
+/// is gone.
+fn proc_stat(pid: i32) -> Option<(i32, u64, char)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: fields are counted after the last ')'.
     let rest = &text[text.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state(3) ppid(4) pgrp(5) ... starttime(22).
+    let state = f.first()?.chars().next()?;
     let pgrp = f.get(2)?.parse().ok()?;
     let start = f.get(19)?.parse().ok()?;
-    Some((pgrp, start))
+    Some((pgrp, start, state))
+}
+
+/// A process's group and start time; `None` when it is gone.
+fn proc_identity(pid: i32) -> Option<(i32, u64)> {
+    proc_stat(pid).map(|(g, s, _)| (g, s))
+}
+
+/// Whether `pid` is still the live (not zombie) leader of its group that started at `start`.
+fn same_leader(pid: i32, start: u64) -> bool {
+    matches!(proc_stat(pid), Some((g, s, st)) if g == pid && s == start && st != 'Z')
+}
+
+/// Processes left in group `pgid` that started no earlier than its leader did.
+fn group_members(pgid: i32, since: u64) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else { return Vec::new() };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| *p > 1)
+        .filter(|p| matches!(proc_stat(*p), Some((g, s, st)) if g == pgid && s >= since && st != 'Z'))
+        .collect()
 }
 
 /// Kills the process groups of tasks a previous run of the agent left running (their records under `dir/running`),
@@ -108,6 +158,9 @@ pub fn kill_orphans(dir: &Path) -> usize {
     let mut killed = 0;
     let Ok(rd) = std::fs::read_dir(dir.join("running")) else { return 0 };
     for e in rd.flatten() {
+        if e.path().extension().is_some_and(|x| x == "status") {
+            continue;
+        }
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let mut it = text.split_whitespace();
         let pid: Option<i32> = it.next().and_then(|p| p.parse().ok());
@@ -121,6 +174,7 @@ pub fn kill_orphans(dir: &Path) -> usize {
             }
         }
         let _ = std::fs::remove_file(e.path());
+        let _ = std::fs::remove_file(e.path().with_extension("status"));
     }
     killed
 }
@@ -128,6 +182,30 @@ pub fn kill_orphans(dir: &Path) -> usize {
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
+}
+
+/// The end of a task attempt: OOM check, cgroup removal, the final checkpoint copy, then the report.
+async fn finish(
+    t: TaskRef,
+    code: Option<i32>,
+    signal: Option<i32>,
+    group: Option<crate::cgroups::TaskCgroup>,
+    extras: Extras,
+    exits: mpsc::UnboundedSender<TaskExit>,
+) {
+    let oom = group.as_ref().is_some_and(|g| g.oom_killed());
+    if let Some(g) = &group {
+        // The group empties once the killed processes are reaped.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        g.remove();
+    }
+    // A last copy of what the job wrote since (e.g. on SIGTERM) before the exit is reported.
+    let copier = extras.copier.lock().expect("copier slot").clone();
+    if let Some(c) = copier {
+        c.copy(true).await;
+    }
+    let reason = extras.probe_failed.lock().expect("probe lock").clone();
+    let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false, reason });
 }
 
 impl Launcher {
@@ -141,7 +219,13 @@ impl Launcher {
             cgroups,
             run_as: None,
             checkpointed: Default::default(),
+            wrapper: None,
         }
+    }
+
+    /// Starts tasks through `gpunet task-exec` at `exe`, so that they can be adopted by a restarted agent.
+    pub fn wrap_with(&mut self, exe: PathBuf) {
+        self.wrapper = Some(exe);
     }
 
     /// Runs tasks as `user` (the agent must be root for that). Errors name the user when it does not exist.
@@ -235,13 +319,36 @@ impl Launcher {
                 None
             }
         };
+        // Through the wrapper where there is one: it records how the task ends (see `crate::wrapper`).
+        let status = status_path(&self.dir, &t);
+        let (exe, argv): (String, Vec<String>) = match &self.wrapper {
+            Some(w) => {
+                if let Err(e) = std::fs::create_dir_all(status.parent().expect("status dir"))
+                    .and_then(|_| std::fs::write(&status, b""))
+                {
+                    return fail(format!("prepare {}: {e}", status.display()), &self.exits);
+                }
+                if let Some((uid, gid)) = self.run_as {
+                    let _ = nix::unistd::chown(
+                        &status,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    );
+                }
+                let mut v = vec!["task-exec".to_string(), "--status".into(), status.display().to_string(), "--".into()];
+                v.push(prog.clone());
+                v.extend(args.iter().cloned());
+                (w.display().to_string(), v)
+            }
+            None => (prog.clone(), args.to_vec()),
+        };
         let mut cmd = match &group {
             Some(g) => {
                 let mut c = tokio::process::Command::new("sh");
                 c.arg("-c")
                     .arg("for f in $GPUNET_CGROUP_PROCS; do echo $$ > \"$f\" || exit 125; done; exec \"$0\" \"$@\"")
-                    .arg(prog)
-                    .args(args)
+                    .arg(&exe)
+                    .args(&argv)
                     .env(
                         "GPUNET_CGROUP_PROCS",
                         g.procs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" "),
@@ -249,8 +356,8 @@ impl Launcher {
                 c
             }
             None => {
-                let mut c = tokio::process::Command::new(prog);
-                c.args(args);
+                let mut c = tokio::process::Command::new(&exe);
+                c.args(&argv);
                 c
             }
         };
@@ -291,20 +398,59 @@ impl Launcher {
         if let Some((_, start)) = proc_identity(pid) {
             let rec = record_path(&self.dir, &t);
             let _ = std::fs::create_dir_all(rec.parent().expect("record dir"));
-            let _ = std::fs::write(&rec, format!("{pid} {start}\n"));
+            let _ = std::fs::write(&rec, format!("{pid} {start} {}\n", u8::from(self.wrapper.is_some())));
         }
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone() });
+        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
         self.started.push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
+        let extras = Extras::default();
+        self.attach_extras(a, pid, None, &alive, &extras);
         let exits = self.exits.clone();
-        let probe_failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let record = record_path(&self.dir, &t);
+        tokio::spawn(async move {
+            let status_now = child.wait().await;
+            alive.store(false, std::sync::atomic::Ordering::SeqCst);
+            let _ = std::fs::remove_file(&record);
+            let _ = std::fs::remove_file(&status);
+            let (code, signal) = match status_now {
+                Ok(s) => (s.code(), s.signal()),
+                Err(_) => (None, None),
+            };
+            // Take down anything the task left behind in its group (pid > 1 checked at spawn).
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            finish(t, code, signal, group, extras, exits).await;
+        });
+    }
+
+    /// Starts the liveness probe and the periodic checkpoint copies of a task (our child, or an adopted one once its
+    /// assignment is known), putting the copier and the probe's verdict where the exit watcher finds them.
+    fn attach_extras(
+        &self,
+        a: &TaskAssignment,
+        pid: i32,
+        adopted_start: Option<u64>,
+        alive: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+        extras: &Extras,
+    ) {
+        if extras.attached.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let t = a.task;
+        let ckpt = checkpoint_dir(&self.dir, t.job);
+        let log = log_path(&self.dir, &t);
+        // Signals go to the group only while it is ours: reaped children and adopted processes that ended (or whose
+        // id now names another process) are never signalled.
+        let may_signal = {
+            let alive = alive.clone();
+            move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted_start.is_none_or(|s| same_leader(pid, s))
+        };
         if let Some(l) = a.liveness.clone() {
-            let failed = probe_failed.clone();
+            let failed = extras.probe_failed.clone();
             let env = a.env.clone();
             let dir = ckpt.clone();
-            let log = log.clone();
             let run_as = self.run_as;
             let alive = alive.clone();
+            let may_signal = may_signal.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(l.initial_delay_ms)).await;
                 let period = std::time::Duration::from_millis(l.period_ms.max(100));
@@ -331,7 +477,7 @@ impl Launcher {
                         tracing::warn!(job = t.job, rank = t.rank, "liveness probe failed");
                         *failed.lock().expect("probe lock") =
                             Some(format!("failed its liveness probe ({})", l.command.join(" ")));
-                        if alive.load(std::sync::atomic::Ordering::SeqCst) {
+                        if may_signal() {
                             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                         }
                         return;
@@ -340,58 +486,106 @@ impl Launcher {
                 }
             });
         }
-        let copier = (!a.tiers.is_empty()).then(|| {
-            std::sync::Arc::new(TierCopier {
-                tiers: a.tiers.clone(),
-                root: tier_root,
-                dir: ckpt.clone(),
-                task: t,
-                sink: self.checkpointed.clone(),
-                last: tokio::sync::Mutex::new(vec![
-                    (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));
-                    a.tiers.len()
-                ]),
-            })
+        if a.tiers.is_empty() {
+            return;
+        }
+        let c = std::sync::Arc::new(TierCopier {
+            tiers: a.tiers.clone(),
+            root: self.dir.join("tiers"),
+            dir: ckpt.clone(),
+            task: t,
+            sink: self.checkpointed.clone(),
+            last: tokio::sync::Mutex::new(vec![
+                (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));
+                a.tiers.len()
+            ]),
         });
-        if let Some(c) = copier.clone() {
-            let alive = alive.clone();
-            tokio::spawn(async move {
-                let tick = std::time::Duration::from_millis(
-                    c.tiers.iter().map(|t| t.every_ms).min().unwrap_or(600_000).max(100),
-                );
-                loop {
-                    tokio::time::sleep(tick).await;
-                    if !alive.load(std::sync::atomic::Ordering::SeqCst) {
-                        return; // ended: the final copy is taken after the exit
-                    }
-                    c.copy(false).await;
+        *extras.copier.lock().expect("copier slot") = Some(c.clone());
+        let alive = alive.clone();
+        tokio::spawn(async move {
+            let tick =
+                std::time::Duration::from_millis(c.tiers.iter().map(|t| t.every_ms).min().unwrap_or(600_000).max(100));
+            loop {
+                tokio::time::sleep(tick).await;
+                if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+                    return; // ended: the final copy is taken after the exit
                 }
+                c.copy(false).await;
+            }
+        });
+    }
+
+    /// Adopts the tasks a previous run of the agent started through the wrapper and that still run: they are
+    /// reported as running and watched until they end (their status comes from the wrapper's file). Tasks started
+    /// without the wrapper are killed, as [`kill_orphans`] does. Returns the adopted tasks.
+    pub fn adopt(&mut self) -> Vec<TaskRef> {
+        let mut adopted = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.dir.join("running")) else { return adopted };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(t) = task_of_record(&name) else { continue };
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let f: Vec<u64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            let (pid, start, wrapped) = match f[..] {
+                [p, s, w] => (p as i32, s, w == 1),
+                [p, s] => (p as i32, s, false),
+                _ => (0, 0, false),
+            };
+            if pid <= 1 || !same_leader(pid, start) {
+                // Gone (or the id names another process now): nothing to adopt or kill.
+                let _ = std::fs::remove_file(e.path());
+                let _ = std::fs::remove_file(status_path(&self.dir, &t));
+                continue;
+            }
+            if !wrapped {
+                tracing::warn!(pid, task = ?t, "killing a task a previous agent run started without the wrapper");
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            tracing::info!(pid, job = t.job, rank = t.rank, attempt = t.attempt, "adopted a running task");
+            let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let extras = Extras::default();
+            self.procs.insert(
+                t,
+                Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: Some((start, extras.clone())) },
+            );
+            adopted.push(t);
+            let exits = self.exits.clone();
+            let record = e.path();
+            let status = status_path(&self.dir, &t);
+            let group = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt));
+            tokio::spawn(async move {
+                // Not our child: watch /proc until the wrapper is gone.
+                while same_leader(pid, start) {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                alive.store(false, std::sync::atomic::Ordering::SeqCst);
+                let ended = crate::wrapper::Ended::parse(&std::fs::read_to_string(&status).unwrap_or_default());
+                let _ = std::fs::remove_file(&record);
+                let _ = std::fs::remove_file(&status);
+                for p in group_members(pid, start) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+                let (code, signal) = match ended {
+                    Some(crate::wrapper::Ended::Exit(c)) => (Some(c), None),
+                    Some(crate::wrapper::Ended::Signal(s)) => (None, Some(s)),
+                    // An empty file: the wrapper itself was killed (SIGKILL to the group).
+                    None => (None, Some(9)),
+                };
+                finish(t, code, signal, group, extras, exits).await;
             });
         }
-        let record = record_path(&self.dir, &t);
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            alive.store(false, std::sync::atomic::Ordering::SeqCst);
-            let _ = std::fs::remove_file(&record);
-            let (code, signal) = match status {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
-            };
-            // Take down anything the task left behind in its group (pid > 1 checked at spawn).
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let oom = group.as_ref().is_some_and(|g| g.oom_killed());
-            if let Some(g) = &group {
-                // The group empties once the killed processes are reaped.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                g.remove();
-            }
-            // A last copy of what the job wrote since (e.g. on SIGTERM) before the exit is reported.
-            if let Some(c) = copier {
-                c.copy(true).await;
-            }
-            let reason = probe_failed.lock().expect("probe lock").clone();
-            let _ = exits.send(TaskExit { task: t, code, signal, oom, stopped: false, reason });
-        });
+        adopted.sort();
+        adopted
+    }
+
+    /// Gives an adopted task its liveness probe and checkpoint copies once the server's assignment for it is known.
+    pub fn attach(&mut self, a: &TaskAssignment) {
+        let Some(p) = self.procs.get(&a.task) else { return };
+        let Some((start, extras)) = p.adopted.clone() else { return };
+        let (pid, alive) = (p.pgid, p.alive.clone());
+        self.attach_extras(a, pid, Some(start), &alive, &extras);
     }
 
     /// Stops a task: SIGTERM to its process group, SIGKILL after `grace`.
@@ -401,16 +595,20 @@ impl Launcher {
             return;
         }
         p.stopping = true;
-        let pgid = Pid::from_raw(p.pgid);
+        let raw = p.pgid;
+        let pgid = Pid::from_raw(raw);
         let alive = p.alive.clone();
+        let adopted = p.adopted.as_ref().map(|(s, _)| *s);
+        let ours =
+            move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted.is_none_or(|s| same_leader(raw, s));
         tracing::info!(job = t.job, rank = t.rank, "stopping task");
-        if alive.load(std::sync::atomic::Ordering::SeqCst) {
+        if ours() {
             let _ = killpg(pgid, Signal::SIGTERM);
         }
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             // Only if the task is still there: once reaped, its id may belong to another process.
-            if alive.load(std::sync::atomic::Ordering::SeqCst) {
+            if ours() {
                 let _ = killpg(pgid, Signal::SIGKILL);
             }
         });

@@ -11,6 +11,7 @@ pub mod cgroups;
 pub mod checkpoints;
 pub mod gpus;
 pub mod launcher;
+pub mod wrapper;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
 use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec};
@@ -71,6 +72,9 @@ pub struct AgentConfig {
     pub address: String,
     /// Run tasks as this unprivileged user.
     pub run_as: Option<String>,
+    /// The `gpunet` executable, whose `task-exec` wraps every task so that an agent started again on the same data
+    /// directory adopts the tasks its previous run left (see [`wrapper`]); `None`: such tasks are killed instead.
+    pub wrapper: Option<PathBuf>,
 }
 
 /// Parses `8xA100-80GB` (count `x` model).
@@ -150,9 +154,16 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
-    let orphans = launcher::kill_orphans(&cfg.data_dir);
-    if orphans > 0 {
-        tracing::warn!(orphans, "killed tasks left running by a previous run of this agent; the server restarts them");
+    let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
+    let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
+    if let Some(w) = &cfg.wrapper {
+        launcher.wrap_with(w.clone());
+    }
+    // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
+    // which of them stay (the others are stopped below like any task the server no longer wants).
+    let adopted = launcher.adopt();
+    if !adopted.is_empty() {
+        tracing::info!(tasks = adopted.len(), "adopted tasks left running by a previous run of this agent");
     }
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -167,8 +178,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         }
     }
     tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
-    let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
-    let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
     if let Some(u) = &cfg.run_as {
         launcher.run_as(u).map_err(|reason| AgentError::Invalid {
             field: "--run-as",
@@ -317,7 +326,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     }
                 }
                 for a in &work.tasks {
-                    if !launcher.is_running(&a.task) && !ended.contains(&a.task) {
+                    if launcher.is_running(&a.task) {
+                        launcher.attach(a); // an adopted task gets its probe and checkpoint copies
+                    } else if !ended.contains(&a.task) {
                         launcher.start(a).await;
                     }
                 }
@@ -354,6 +365,7 @@ mod tests {
             mem: None,
             address: "127.0.0.1".into(),
             run_as: None,
+            wrapper: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -342,11 +342,18 @@ impl JobSubmission {
                 return Err(ApiError::invalid(&format!("{f}.keep"), &t.keep.unwrap_or(0).to_string(), "1 to 1000"));
             }
             if let Some(u) = &t.url {
-                if !u.starts_with("file:///") {
+                let bucket = u.strip_prefix("s3://").map(|r| r.split('/').next().unwrap_or_default());
+                let ok = u.starts_with("file:///")
+                    || bucket.is_some_and(|b| {
+                        (3..=63).contains(&b.len())
+                            && b.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                    });
+                if !ok {
                     return Err(ApiError::invalid(
                         &format!("{f}.url"),
                         u,
-                        "a file:///path URL (object stores like s3:// are not built in yet)",
+                        "a file:///path URL (a directory every node mounts) or s3://bucket/prefix (an S3 or \
+                         S3-compatible store; the agent's AWS_* environment gives credentials, region and endpoint)",
                     ));
                 }
             }
@@ -523,9 +530,12 @@ mod tests {
             parse_job(&format!("name: x\ngpus: 1\ncheckpoint_tiers: {tiers}\n")).unwrap().job.to_core(TenantId(0))
         };
         core("[{name: local, every: 5m, keep: 3}, {name: shared, every: 1h, url: \"file:///mnt/ckpt\"}]").unwrap();
-        let e = core("[{name: shared, every: 1h, url: \"s3://bucket/ckpt\"}]").unwrap_err();
+        core("[{name: archive, every: 1d, url: \"s3://ckpt-bucket/team-a/run-7\"}]").unwrap();
+        let e = core("[{name: shared, every: 1h, url: \"gs://bucket/ckpt\"}]").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[0].url"));
-        assert!(e.message.contains("file:///"), "{}", e.message);
+        assert!(e.message.contains("file:///") && e.message.contains("s3://"), "{}", e.message);
+        let e = core("[{name: shared, every: 1h, url: \"s3://Bad_Bucket/x\"}]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[0].url"));
         let e = core("[{name: local, every: 5m}, {name: fast, every: 10ms}]").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[1].every"));
         let e = core("[{name: local, every: 5m, keep: 0}]").unwrap_err();

@@ -20,8 +20,20 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// The whole compute network on this machine: server (SQLite), one local agent (fake GPUs), in one process.
+    /// The whole compute network on this machine: server (SQLite), one local agent (real GPUs through NVML, else
+    /// fake ones) and the web portal, in one process.
     Up(UpArgs),
+    /// Internal: how the agent starts each task (runs it and records how it ended, for adoption after an agent
+    /// restart).
+    #[command(hide = true)]
+    TaskExec {
+        /// Where to write `exit N` or `signal N`.
+        #[arg(long)]
+        status: PathBuf,
+        /// The task's program and arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
     /// Run the control plane.
     Server(ServerArgs),
     /// Run a node agent: register this machine and run its tasks.
@@ -179,6 +191,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         mem: None,
         address: a.address.clone(),
         run_as: a.run_as.clone(),
+        wrapper: std::env::current_exe().ok(),
     })
 }
 
@@ -516,6 +529,10 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::TaskExec { status, command } => {
+            let (prog, args) = command.split_first().context("task-exec needs a command")?;
+            gpunet_agent::wrapper::exit_like(gpunet_agent::wrapper::run(&status, prog, args));
+        }
         Cmd::Server(a) => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -625,6 +642,7 @@ fn main() -> Result<()> {
                     mem: None,
                     address: "127.0.0.1".into(),
                     run_as: None,
+                    wrapper: std::env::current_exe().ok(),
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

@@ -95,6 +95,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                     mem: None,
                     address: "127.0.0.1".into(),
                     run_as: None,
+                    wrapper: std::env::current_exe().ok(),
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gpunet_agent::run(cfg, async {
