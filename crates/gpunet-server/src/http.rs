@@ -123,6 +123,18 @@ fn query(q: &Option<String>, allowed: &[&str]) -> R<HashMap<String, String>> {
     Ok(out)
 }
 
+/// The `limit` query parameter: 1 to `max`, `default` when absent.
+fn limit_param(q: &HashMap<String, String>, max: usize, default: usize) -> R<usize> {
+    match q.get("limit") {
+        Some(l) => Ok(l
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=max).contains(l))
+            .ok_or_else(|| ApiError::invalid("limit", l, &format!("1 to {max}")))?),
+        None => Ok(default),
+    }
+}
+
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -199,14 +211,7 @@ async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQue
         Some(a) => parse_id(a)?,
         None => 0,
     };
-    let limit = match q.get("limit") {
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=1000).contains(l))
-            .ok_or_else(|| ApiError::invalid("limit", l, "1 to 1000"))?,
-        None => 100,
-    };
+    let limit = limit_param(&q, 1000, 100)?;
     let r = ask(&st, |reply| Cmd::List {
         who: p,
         tenant: q.get("tenant").cloned(),
@@ -599,14 +604,7 @@ async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["limit"])?;
-    let limit = match q.get("limit") {
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=200).contains(l))
-            .ok_or_else(|| ApiError::invalid("limit", l, "1 to 200"))?,
-        None => 50,
-    };
+    let limit = limit_param(&q, 200, 50)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Queue { who: p, limit, reply }).await?))
 }
 
