@@ -527,6 +527,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
+    // The task wrapper starts with every task: skip building the whole command line parser for it.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("task-exec") && argv.get(2).map(String::as_str) == Some("--status") {
+        if let (Some(status), Some("--"), Some(prog)) = (argv.get(3), argv.get(4).map(String::as_str), argv.get(5)) {
+            let ended = gpunet_agent::wrapper::run(std::path::Path::new(status), prog, &argv[6..]);
+            gpunet_agent::wrapper::exit_like(ended);
+        }
+    }
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::TaskExec { status, command } => {
