@@ -526,7 +526,7 @@ async function job(id) {
         "Cancel job")] : []));
     facts.replaceChildren(h("dl", { class: "facts" },
       fact("Tenant", j.tenant), fact("Priority", j.priority), fact("Tasks × GPUs", `${j.tasks} × ${j.spec.gpus}`),
-      fact("Command", (j.spec.command || []).join(" ") || "—"),
+      fact("Command", shellJoin(j.spec.command || []) || "—"),
       fact("Submitted", fmtTime(j.submitted_ms)), fact("Started", fmtTime(j.started_ms)),
       fact("Finished", fmtTime(j.finished_ms)),
       fact("Run time", j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—"),
@@ -570,6 +570,11 @@ async function job(id) {
 
 function fact(k, v) { return [h("dt", {}, k), h("dd", {}, String(v))]; }
 
+/** A command line as a shell would need it typed: words with spaces or quotes are single-quoted. */
+function shellJoin(words) {
+  return words.map((w) => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(w) ? w : "'" + w.replace(/'/g, "'\\''") + "'")).join(" ");
+}
+
 function stopLogs() {
   if (S.logs) S.logs.abort();
   S.logs = null;
@@ -580,6 +585,7 @@ async function followLogs(id, rank, pre) {
   const ctl = new AbortController();
   S.logs = ctl;
   pre.textContent = "";
+  pre.dataset.empty = "waiting for output…";
   try {
     const r = await fetch(`/v1/jobs/${id}/logs?rank=${rank}&follow=true`,
       { headers: { authorization: "Bearer " + S.token }, signal: ctl.signal });
@@ -616,7 +622,8 @@ const FORM_FIELDS = [
   { id: "max_restarts", label: "Max restarts", type: "number", value: "3", min: "0" },
   { id: "topology", label: "Topology", type: "select", options: ["", "zone", "rack", "node", "nvlink"],
     hint: "how close a gang's tasks must be; empty: the default" },
-  { id: "preemptible", label: "Preemptible", type: "checkbox" },
+  { id: "preemptible", label: "Preemptible (may be evicted and resumed from its checkpoint)", type: "checkbox",
+    checked: true },
 ];
 
 const YAML_EXAMPLE = `# gpunet/v1 job, or a Kubernetes batch/v1 Job
@@ -667,7 +674,7 @@ async function submit() {
       el = h("select", { id, name: f.id }, f.options.map((o) => h("option", { value: o }, o || f.none || "default")));
     } else {
       el = h("input", { id, name: f.id, type: f.type, value: f.value, min: f.min, placeholder: f.placeholder,
-        required: f.required });
+        required: f.required, checked: f.checked });
     }
     el.setAttribute("aria-describedby", "err-" + f.id + (f.hint ? " hint-" + f.id : ""));
     inputs[f.id] = el;
@@ -732,7 +739,7 @@ async function submit() {
     for (const k of ["tasks", "gpus", "priority", "max_restarts"]) { const n = int(k); if (n !== undefined) spec[k] = n; }
     if (v("gpu_models")) spec.gpu_models = [v("gpu_models")];
     for (const k of ["cpu", "memory", "estimated_duration", "topology"]) if (v(k)) spec[k] = v(k);
-    if (inputs.preemptible.checked) spec.preemptible = true;
+    spec.preemptible = inputs.preemptible.checked;
     return JSON.stringify(spec);
   };
   const fieldOf = (f) => {
@@ -749,7 +756,7 @@ async function submit() {
       const r = await api(path, { method: "POST", body, type: mode === "form" ? "application/json" : "application/yaml" });
       if (dry) {
         r.placement = r.placement || [];
-        result.replaceChildren(h("div", { class: "ok-box", id: "dry-run-result" },
+        result.replaceChildren(h("div", { class: r.placement.length ? "ok-box" : "warn-box", id: "dry-run-result" },
           h("h3", {}, r.placement.length ? "Fits now" : "Would wait"),
           h("p", {}, r.message),
           r.placement.length ? h("ul", {}, r.placement.map((t, i) =>
