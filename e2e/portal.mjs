@@ -189,10 +189,22 @@ try {
     await shot("11-jobs");
   });
 
-  await step("tenants page shows quota use and this month's spend", async () => {
+  let teamToken;
+  await step("tenants page: quota use, this month's spend; an admin creates a tenant", async () => {
     await page.click("nav >> text=Tenants");
     await page.locator("main table tr", { hasText: "default" }).waitFor();
     await page.getByText("Spend is this month's").waitFor();
+    await page.click("summary");
+    await page.fill("#t-name", "bad name!");
+    await page.click("#tenant-form button[type=submit]");
+    await page.locator("#err-t-name").filter({ hasText: "name" }).waitFor();
+    await page.fill("#t-name", "team-b");
+    await page.fill("#t-guarantee", "2");
+    await page.fill("#t-limit", "4");
+    await page.click("#tenant-form button[type=submit]");
+    teamToken = (await page.locator("#new-token").textContent()).trim();
+    if (!teamToken.startsWith("gpn_")) throw new Error("no token shown: " + teamToken);
+    await page.locator("main table tr", { hasText: "team-b" }).filter({ hasText: "0 / 4 GPUs" }).waitFor();
     await shot("12-tenants");
   });
 
@@ -209,7 +221,7 @@ try {
   });
 
   await step("a tenant sees only its own jobs", async () => {
-    const t = await api("POST", "/v1/tenants", { name: "team-b" });
+    const t = { token: teamToken };
     const own = await api("POST", "/v1/jobs", { name: "b-job", gpus: 1, command: ["sleep", "1"] }, t.token);
     await page.click("#logout");
     await page.locator("#login-token").waitFor();
@@ -234,6 +246,7 @@ try {
     "login page; an unknown token is refused": /Failed to load resource.*401/,
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
     "a tenant sees only its own jobs": /Failed to load resource.*403/,
+    "tenants page: quota use, this month's spend; an admin creates a tenant": /Failed to load resource.*(400|422)/,
   };
   const bad = consoleErrors.filter((e) => !(allowed[e.step] && allowed[e.step].test(e.text)));
   if (bad.length) throw new Error("browser console errors:\n" + bad.map((e) => `  [${e.step}] ${e.text}`).join("\n"));

@@ -90,7 +90,10 @@ function eta(ms) {
   return d <= 1000 ? "now" : "in " + fmtDur(d);
 }
 
-function money(x) { return x.toLocaleString(undefined, { style: "currency", currency: "USD" }); }
+function money(x) {
+  // Small amounts (seconds of use) keep their cents' fractions.
+  return x.toLocaleString(undefined, { style: "currency", currency: "USD", maximumFractionDigits: x > 0 && x < 1 ? 4 : 2 });
+}
 function num(x, d = 1) { return Number(x).toLocaleString(undefined, { maximumFractionDigits: d }); }
 function badge(state) { return h("span", { class: "badge " + state }, state); }
 function jobLink(id, text) { return h("a", { href: "#/jobs/" + id }, text || "job-" + id); }
@@ -790,7 +793,7 @@ async function submit() {
 
 async function tenants() {
   const body = h("div", {});
-  setMain("Tenants", body);
+  setMain("Tenants", body, isAdmin() ? tenantAdmin() : null);
   const draw = async () => {
     const now = new Date();
     const month = new Date(now.getFullYear(), now.getMonth(), 1).getTime();
@@ -813,6 +816,57 @@ async function tenants() {
   S.refresh = draw;
   S.timer = setInterval(() => draw().catch(() => {}), 15000);
   await draw();
+}
+
+/** Admin tools: create a tenant (with a GPU quota) and issue tokens; a new token is shown once. */
+function tenantAdmin() {
+  const out = h("div", { id: "tenant-admin-result", "aria-live": "polite" });
+  const field = (id, label, attrs) => {
+    const err = h("p", { class: "field-error", id: "err-" + id });
+    const el = h("input", { id, name: id, "aria-describedby": "err-" + id, ...attrs });
+    return { el, err, box: h("div", {}, h("label", { for: id }, label), el, err) };
+  };
+  const name = field("t-name", "Name", { type: "text", required: true, placeholder: "team-a" });
+  const weight = field("t-weight", "Fair-share weight", { type: "number", value: "1", step: "0.1", min: "0" });
+  const guar = field("t-guarantee", "Guaranteed GPUs", { type: "number", min: "0", placeholder: "none" });
+  const limit = field("t-limit", "GPU limit (with borrowing)", { type: "number", min: "0", placeholder: "= guarantee" });
+  const fields = { name, weight, quota: guar, guarantee_gpus: guar, limit_gpus: limit };
+  const showToken = (t) => out.replaceChildren(h("div", { class: "ok-box", role: "status" },
+    h("p", {}, `Token for ${t.tenant} (shown once; only its hash is stored):`),
+    h("pre", { class: "spec", id: "new-token", tabindex: "0" }, t.token)));
+  const create = async (e) => {
+    e.preventDefault();
+    for (const f of [name, weight, guar, limit]) { f.el.removeAttribute("aria-invalid"); f.err.textContent = ""; }
+    out.replaceChildren();
+    const req = { name: name.el.value.trim() };
+    if (weight.el.value) req.weight = Number(weight.el.value);
+    if (guar.el.value || limit.el.value) {
+      req.quota = {};
+      if (guar.el.value) req.quota.guarantee_gpus = Number(guar.el.value);
+      if (limit.el.value) req.quota.limit_gpus = Number(limit.el.value);
+    }
+    try {
+      showToken(await api("/v1/tenants", { method: "POST", body: JSON.stringify(req) }));
+      if (S.refresh) await S.refresh();
+    } catch (x) {
+      const key = x.field ? x.field.split(/[.[]/).pop() : null;
+      const f = fields[key] || fields[x.field ? x.field.split(/[.[]/)[0] : ""];
+      if (f) { f.el.setAttribute("aria-invalid", "true"); f.err.textContent = x.message; f.el.focus(); }
+      else out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message));
+    }
+  };
+  return h("details", { class: "card", style: null },
+    h("summary", {}, "Admin: create a tenant or issue a token"),
+    h("form", { id: "tenant-form", onsubmit: create, novalidate: true },
+      h("div", { class: "form-grid" }, name.box, weight.box, guar.box, limit.box),
+      h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Create tenant"),
+        h("button", { type: "button", onclick: async () => {
+          const n = name.el.value.trim();
+          if (!n) { name.err.textContent = "Enter the tenant's name."; name.el.focus(); return; }
+          try { showToken(await api(`/v1/tenants/${encodeURIComponent(n)}/tokens`, { method: "POST" })); }
+          catch (x) { out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message)); }
+        } }, "Issue another token for this name"))),
+    out);
 }
 
 function quotaBar(used, guarantee, limit) {
