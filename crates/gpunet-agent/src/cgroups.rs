@@ -33,6 +33,9 @@ pub struct TaskCgroup {
     /// `cgroup.procs` files the task must join.
     pub procs: Vec<PathBuf>,
     oom: Option<(PathBuf, bool)>,
+    /// v1 with `oom_kill_disable` set: a task at its memory limit is held (not killed by the kernel) and the agent
+    /// kills it and reports the OOM (see [`TaskCgroup::under_oom`]).
+    held: bool,
 }
 
 fn own_path(controller: &str) -> Option<String> {
@@ -120,15 +123,19 @@ impl Cgroups {
                     procs: vec![d.join("cgroup.procs")],
                     oom: Some((d.join("memory.events"), true)),
                     dirs: vec![d],
+                    held: false,
                 }))
             }
             Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None };
+                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
                 if let Some(m) = memory {
                     let d = m.join(name);
                     std::fs::create_dir_all(&d)?;
                     std::fs::write(d.join("memory.limit_in_bytes"), bytes.to_string())?;
                     let _ = std::fs::write(d.join("memory.memsw.limit_in_bytes"), bytes.to_string());
+                    // The agent, not the kernel's OOM killer, ends a task at its limit: the end is then certain to be
+                    // reported as OOM, and no kernel OOM kill is logged for the machine.
+                    t.held = std::fs::write(d.join("memory.oom_control"), "1").is_ok();
                     t.procs.push(d.join("cgroup.procs"));
                     t.oom = Some((d.join("memory.oom_control"), false));
                     t.dirs.push(d);
@@ -158,12 +165,15 @@ impl Cgroups {
                     procs: vec![d.join("cgroup.procs")],
                     oom: Some((d.join("memory.events"), true)),
                     dirs: vec![d],
+                    held: false,
                 })
             }
             Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None };
+                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
                 if let Some(d) = memory.as_ref().map(|m| m.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
+                    t.held = std::fs::read_to_string(d.join("memory.oom_control"))
+                        .is_ok_and(|c| c.lines().any(|l| l.trim() == "oom_kill_disable 1"));
                     t.oom = Some((d.join("memory.oom_control"), false));
                     t.dirs.push(d);
                 }
@@ -178,6 +188,17 @@ impl Cgroups {
 }
 
 impl TaskCgroup {
+    /// Whether tasks at the memory limit are held for the agent to kill (v1 `oom_kill_disable`).
+    pub fn holds_at_limit(&self) -> bool {
+        self.held
+    }
+
+    /// Whether the group is at its memory limit with the kernel's OOM killer held back (v1 `under_oom 1`).
+    pub fn under_oom(&self) -> bool {
+        let Some((file, false)) = &self.oom else { return false };
+        std::fs::read_to_string(file).is_ok_and(|c| c.lines().any(|l| l.trim() == "under_oom 1"))
+    }
+
     /// Whether the OOM killer killed something in the group.
     pub fn oom_killed(&self) -> bool {
         let Some((file, _v2)) = &self.oom else { return false };
@@ -230,6 +251,10 @@ mod tests {
         )
         .unwrap();
         assert!(t.oom_killed());
+        assert!(t.holds_at_limit(), "oom_kill_disable was written");
+        assert!(!t.under_oom());
+        std::fs::write(t.procs[0].with_file_name("memory.oom_control"), "oom_kill_disable 1\nunder_oom 1\n").unwrap();
+        assert!(t.under_oom());
         let _ = std::fs::remove_dir_all(&root);
         assert_eq!(Cgroups::detect(Path::new("/nonexistent-cgroup-root"), "x"), Cgroups::None);
     }

@@ -30,6 +30,37 @@ struct Extras {
     copier: std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<TierCopier>>>>,
     probe_failed: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     attached: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The agent killed the task at its memory limit.
+    oom: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Where the kernel holds a task at its memory limit (v1 `oom_kill_disable`), kills the task's group and marks the
+/// end as OOM. `adopted_start`: the leader's start time when it is not our child (checked before the signal).
+fn watch_oom(
+    group: &crate::cgroups::TaskCgroup,
+    pid: i32,
+    adopted_start: Option<u64>,
+    alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    oom: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    if !group.holds_at_limit() {
+        return;
+    }
+    let g = group.clone();
+    tokio::spawn(async move {
+        while alive.load(std::sync::atomic::Ordering::SeqCst) {
+            if g.under_oom() {
+                oom.store(true, std::sync::atomic::Ordering::SeqCst);
+                if alive.load(std::sync::atomic::Ordering::SeqCst) && adopted_start.is_none_or(|s| same_leader(pid, s))
+                {
+                    tracing::warn!(pid, "task at its memory limit: killed (OOM)");
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
 }
 
 /// The launcher: spawns tasks and reports their ends on a channel.
@@ -193,7 +224,7 @@ async fn finish(
     extras: Extras,
     exits: mpsc::UnboundedSender<TaskExit>,
 ) {
-    let oom = group.as_ref().is_some_and(|g| g.oom_killed());
+    let oom = extras.oom.load(std::sync::atomic::Ordering::SeqCst) || group.as_ref().is_some_and(|g| g.oom_killed());
     if let Some(g) = &group {
         // The group empties once the killed processes are reaped.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -405,6 +436,9 @@ impl Launcher {
         self.started.push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
         let extras = Extras::default();
         self.attach_extras(a, pid, None, &alive, &extras);
+        if let Some(g) = &group {
+            watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
+        }
         let exits = self.exits.clone();
         let record = record_path(&self.dir, &t);
         tokio::spawn(async move {
@@ -555,6 +589,9 @@ impl Launcher {
             let record = e.path();
             let status = status_path(&self.dir, &t);
             let group = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt));
+            if let Some(g) = &group {
+                watch_oom(g, pid, Some(start), alive.clone(), extras.oom.clone());
+            }
             tokio::spawn(async move {
                 // Not our child: watch /proc until the wrapper is gone.
                 while same_leader(pid, start) {
