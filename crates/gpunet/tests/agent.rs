@@ -156,23 +156,24 @@ fn preemption_sends_sigterm_and_the_job_resumes_from_its_checkpoint() {
     assert_eq!(common::json(&o)["preemptions"], 1);
 }
 
-/// Ignored by default: here (and in CI's sandbox) an OOM kill anywhere in the session's cgroup tree ends the whole
-/// session, so this runs only where that is safe: `GPUNET_TEST_OOM=1 cargo test -p gpunet --test agent -- --ignored`.
+/// On cgroup v1 (this machine and CI) the task is held at its limit and the agent kills it: no kernel OOM kill, which
+/// in this sandbox once ended the session. Under cgroup v2 the kernel's OOM killer acts, so there the test runs only
+/// with GPUNET_TEST_OOM=1.
 #[test]
-#[ignore = "the OOM killer firing inside this sandbox's cgroup tree ends the session; run with GPUNET_TEST_OOM=1 --ignored"]
 fn a_job_over_its_memory_limit_is_killed_and_reported_oom() {
-    if std::env::var("GPUNET_TEST_OOM").is_err() {
-        eprintln!("set GPUNET_TEST_OOM=1 to run this test");
-        return;
-    }
     let (dir, s) = setup(&[]);
     let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
     let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
     let isolation = common::json(&nodes)[0]["labels"]["isolation"].as_str().unwrap_or("").to_string();
-    assert!(
-        isolation.starts_with("cgroup-v1: memory") || isolation.starts_with("cgroup-v2"),
-        "isolation in force: {isolation:?}"
-    );
+    if isolation.starts_with("cgroup-v2") && std::env::var_os("GPUNET_TEST_OOM").is_none() {
+        eprintln!("SKIPPED: cgroup v2 uses the kernel's OOM killer; set GPUNET_TEST_OOM=1 where that is safe");
+        return;
+    }
+    if !isolation.starts_with("cgroup-v1: memory") && !isolation.starts_with("cgroup-v2") {
+        assert!(std::env::var_os("CI").is_none(), "CI has a writable memory cgroup; isolation here: {isolation:?}");
+        eprintln!("SKIPPED: no memory cgroup here ({isolation})");
+        return;
+    }
     let id = submit_yaml(
         &s,
         dir.path(),
