@@ -119,12 +119,7 @@ impl Cgroups {
                 if controllers.iter().any(|c| c == "cpu") {
                     std::fs::write(d.join("cpu.max"), format!("{quota} 100000"))?;
                 }
-                Ok(Some(TaskCgroup {
-                    procs: vec![d.join("cgroup.procs")],
-                    oom: Some((d.join("memory.events"), true)),
-                    dirs: vec![d],
-                    held: false,
-                }))
+                Ok(Some(TaskCgroup::v2(d)))
             }
             Cgroups::V1 { memory, cpu } => {
                 let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
@@ -161,12 +156,7 @@ impl Cgroups {
             Cgroups::None => None,
             Cgroups::V2 { base, .. } => {
                 let d = base.join(name);
-                d.is_dir().then(|| TaskCgroup {
-                    procs: vec![d.join("cgroup.procs")],
-                    oom: Some((d.join("memory.events"), true)),
-                    dirs: vec![d],
-                    held: false,
-                })
+                d.is_dir().then(|| TaskCgroup::v2(d))
             }
             Cgroups::V1 { memory, cpu } => {
                 let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
@@ -188,6 +178,16 @@ impl Cgroups {
 }
 
 impl TaskCgroup {
+    /// A v2 group: one directory for every controller.
+    fn v2(d: PathBuf) -> TaskCgroup {
+        TaskCgroup {
+            procs: vec![d.join("cgroup.procs")],
+            oom: Some((d.join("memory.events"), true)),
+            dirs: vec![d],
+            held: false,
+        }
+    }
+
     /// Whether tasks at the memory limit are held for the agent to kill (v1 `oom_kill_disable`).
     pub fn holds_at_limit(&self) -> bool {
         self.held
