@@ -190,7 +190,7 @@ try {
   });
 
   let teamToken;
-  await step("tenants page: quota use, this month's spend; an admin creates a tenant", async () => {
+  await step("tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota", async () => {
     await page.click("nav >> text=Tenants");
     await page.locator("main table tr", { hasText: "default" }).waitFor();
     await page.getByText("Spend is this month's").waitFor();
@@ -205,6 +205,10 @@ try {
     teamToken = (await page.locator("#new-token").textContent()).trim();
     if (!teamToken.startsWith("gpn_")) throw new Error("no token shown: " + teamToken);
     await page.locator("main table tr", { hasText: "team-b" }).filter({ hasText: "0 / 4 GPUs" }).waitFor();
+    await page.fill("#t-guarantee", "3");
+    await page.fill("#t-limit", "6");
+    await page.click("#set-quota");
+    await page.locator("main table tr", { hasText: "team-b" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
     await shot("12-tenants");
   });
 
@@ -246,7 +250,8 @@ try {
     "login page; an unknown token is refused": /Failed to load resource.*401/,
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
     "a tenant sees only its own jobs": /Failed to load resource.*403/,
-    "tenants page: quota use, this month's spend; an admin creates a tenant": /Failed to load resource.*(400|422)/,
+    "tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota":
+      /Failed to load resource.*(400|422)/,
   };
   const bad = consoleErrors.filter((e) => !(allowed[e.step] && allowed[e.step].test(e.text)));
   if (bad.length) throw new Error("browser console errors:\n" + bad.map((e) => `  [${e.step}] ${e.text}`).join("\n"));

@@ -856,7 +856,7 @@ function tenantAdmin() {
     }
   };
   return h("details", { class: "card", style: null },
-    h("summary", {}, "Admin: create a tenant or issue a token"),
+    h("summary", {}, "Admin: create a tenant, set a quota or issue a token"),
     h("form", { id: "tenant-form", onsubmit: create, novalidate: true },
       h("div", { class: "form-grid" }, name.box, weight.box, guar.box, limit.box),
       h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Create tenant"),
@@ -865,7 +865,24 @@ function tenantAdmin() {
           if (!n) { name.err.textContent = "Enter the tenant's name."; name.el.focus(); return; }
           try { showToken(await api(`/v1/tenants/${encodeURIComponent(n)}/tokens`, { method: "POST" })); }
           catch (x) { out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message)); }
-        } }, "Issue another token for this name"))),
+        } }, "Issue another token for this name"),
+        h("button", { type: "button", id: "set-quota", onclick: async () => {
+          const n = name.el.value.trim();
+          for (const f of [name, guar, limit]) { f.el.removeAttribute("aria-invalid"); f.err.textContent = ""; }
+          if (!n) { name.err.textContent = "Enter the tenant's name."; name.el.focus(); return; }
+          const q = {};
+          if (guar.el.value) q.guarantee_gpus = Number(guar.el.value);
+          if (limit.el.value) q.limit_gpus = Number(limit.el.value);
+          try {
+            await api(`/v1/tenants/${encodeURIComponent(n)}/quota`, { method: "PUT", body: JSON.stringify(q) });
+            out.replaceChildren(h("div", { class: "ok-box", role: "status" }, `Quota of ${n} set.`));
+            if (S.refresh) await S.refresh();
+          } catch (x) {
+            const f = fields[x.field ? x.field.split(/[.[]/).pop() : ""];
+            if (f) { f.el.setAttribute("aria-invalid", "true"); f.err.textContent = x.message; f.el.focus(); }
+            else out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message));
+          }
+        } }, "Set this GPU quota on the tenant"))),
     out);
 }
 
