@@ -151,6 +151,7 @@ pub fn build(
     let metrics = Arc::new(metrics::ServerMetrics::new());
     let (events, _) = broadcast::channel(1024);
     let mut o = owner::Owner::new(st, store.clone(), auth.clone(), metrics.clone(), events.clone());
+    o.load_history(&store.samples(now_ms().saturating_sub(owner::HISTORY_SPAN_MS))?);
     o.lost_after = cfg.node_lost_after;
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();

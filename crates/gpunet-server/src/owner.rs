@@ -177,9 +177,10 @@ pub(crate) struct Owner {
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
 }
 
-/// How often the allocation history is sampled, and how many samples are kept (12 hours).
+/// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
 const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
-const HISTORY_KEEP: usize = 12 * 3600 / 15;
+pub(crate) const HISTORY_SPAN_MS: u64 = 12 * 3600 * 1000;
+const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
 
 fn forbidden() -> ApiError {
     ApiError::new("forbidden", "this object belongs to another tenant")
@@ -257,22 +258,55 @@ impl Owner {
         }
     }
 
-    /// Records an allocation sample when one is due.
+    /// The samples a previous run of the server stored (at start-up).
+    pub(crate) fn load_history(&mut self, rows: &[gpunet_store::SampleRow]) {
+        self.history = rows
+            .iter()
+            .map(|r| HistoryPoint {
+                at_ms: r.at_ms,
+                gpus_total: r.gpus_total,
+                gpus_allocated: r.gpus_allocated,
+                queue_length: r.queue_length as usize,
+                running: r.running as usize,
+            })
+            .collect();
+        while self.history.len() > HISTORY_KEEP {
+            self.history.pop_front();
+        }
+    }
+
+    /// Records an allocation sample when one is due, in memory and in the store.
     fn sample_history(&mut self, now: u64) {
         if self.last_sample.is_some_and(|t| t.elapsed() < HISTORY_EVERY) {
             return;
         }
         self.last_sample = Some(std::time::Instant::now());
-        if self.history.len() == HISTORY_KEEP {
+        if self.history.len() >= HISTORY_KEEP {
             self.history.pop_front();
         }
-        self.history.push_back(HistoryPoint {
+        let p = HistoryPoint {
             at_ms: now,
             gpus_total: self.st.capacity_gpus(),
             gpus_allocated: self.st.allocated_gpus(),
             queue_length: self.st.queued_count(),
             running: self.st.running_count(),
-        });
+        };
+        let row = gpunet_store::SampleRow {
+            at_ms: p.at_ms,
+            gpus_total: p.gpus_total,
+            gpus_allocated: p.gpus_allocated,
+            queue_length: p.queue_length as u64,
+            running: p.running as u64,
+        };
+        self.history.push_back(p);
+        self.store.commit_async(
+            vec![Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) }],
+            Box::new(|r| {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "persist a cluster sample");
+                }
+            }),
+        );
     }
 
     /// The task sets of these nodes changed: bump their versions and wake their agents.

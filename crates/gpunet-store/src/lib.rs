@@ -105,6 +105,28 @@ pub enum Write {
     },
     /// Append a usage-ledger row.
     Usage(UsageRow),
+    /// Record a cluster sample and forget the samples older than `keep_since_ms`.
+    Sample {
+        /// The sample.
+        sample: SampleRow,
+        /// Samples before this time are deleted.
+        keep_since_ms: u64,
+    },
+}
+
+/// One sample of the cluster's allocation (for the portal's charts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleRow {
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Schedulable GPUs.
+    pub gpus_total: u64,
+    /// GPUs held by running jobs.
+    pub gpus_allocated: u64,
+    /// Jobs waiting.
+    pub queue_length: u64,
+    /// Jobs running.
+    pub running: u64,
 }
 
 /// One usage-ledger row: a job's resources over an interval, priced.
@@ -180,4 +202,6 @@ pub trait Store: Send + Sync + 'static {
     fn events(&self, job: u64) -> Result<Vec<EventRow>, StoreError>;
     /// Usage rows overlapping `[from_ms, to_ms)`, of one tenant or all.
     fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError>;
+    /// Cluster samples taken at or after `since_ms`, oldest first.
+    fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError>;
 }

@@ -1,6 +1,6 @@
 //! An in-memory store with the same behaviour as SQLite's, for tests.
 
-use crate::{Done, EventRow, Snapshot, Store, StoreError, UsageRow, Write};
+use crate::{Done, EventRow, SampleRow, Snapshot, Store, StoreError, UsageRow, Write};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -12,6 +12,7 @@ struct Inner {
     jobs: BTreeMap<u64, serde_json::Value>,
     events: Vec<EventRow>,
     usage: Vec<UsageRow>,
+    samples: BTreeMap<u64, SampleRow>,
 }
 
 /// An in-memory store.
@@ -43,6 +44,10 @@ impl MemoryStore {
                     i.events.push(EventRow { seq, job, at_ms, kind, message });
                 }
                 Write::Usage(u) => i.usage.push(u),
+                Write::Sample { sample, keep_since_ms } => {
+                    i.samples.insert(sample.at_ms, sample);
+                    i.samples = i.samples.split_off(&keep_since_ms);
+                }
             }
         }
         Ok(())
@@ -83,5 +88,10 @@ impl Store for MemoryStore {
             .filter(|u| tenant.is_none_or(|t| u.tenant == t) && u.end_ms > from_ms && u.start_ms < to_ms)
             .cloned()
             .collect())
+    }
+
+    fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError> {
+        let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
+        Ok(i.samples.range(since_ms..).map(|(_, s)| *s).collect())
     }
 }

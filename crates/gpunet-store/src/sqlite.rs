@@ -1,7 +1,7 @@
 //! SQLite store: WAL journal, `synchronous=FULL` (a commit is on disk when it returns), versioned migrations, and a
 //! single writer thread doing group commit. Reads use their own connection.
 
-use crate::{EventRow, Snapshot, Store, StoreError, UsageRow, Write};
+use crate::{EventRow, SampleRow, Snapshot, Store, StoreError, UsageRow, Write};
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -23,6 +23,9 @@ const MIGRATIONS: &[&str] = &[
                          lifecycle TEXT NOT NULL, gpu_seconds REAL NOT NULL, cpu_seconds REAL NOT NULL,
                          mem_gib_seconds REAL NOT NULL, cost REAL NOT NULL);
      CREATE INDEX usage_tenant_time ON usage (tenant, start_ms);",
+    // 2: cluster samples for the portal's charts.
+    "CREATE TABLE samples (at_ms INTEGER PRIMARY KEY, gpus_total INTEGER NOT NULL, gpus_allocated INTEGER NOT NULL,
+                           queue_length INTEGER NOT NULL, running INTEGER NOT NULL);",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -86,6 +89,20 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
         Write::Event { job, at_ms, kind, message } => {
             tx.prepare_cached("INSERT INTO events (job, at_ms, kind, message) VALUES (?1, ?2, ?3, ?4)")?
                 .execute(params![*job as i64, *at_ms as i64, kind, message])?;
+        }
+        Write::Sample { sample: x, keep_since_ms } => {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO samples (at_ms, gpus_total, gpus_allocated, queue_length, running)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                x.at_ms as i64,
+                x.gpus_total as i64,
+                x.gpus_allocated as i64,
+                x.queue_length as i64,
+                x.running as i64
+            ])?;
+            tx.prepare_cached("DELETE FROM samples WHERE at_ms < ?1")?.execute(params![*keep_since_ms as i64])?;
         }
         Write::Usage(u) => {
             tx.prepare_cached(
@@ -249,6 +266,25 @@ impl Store for SqliteStore {
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
     }
+
+    fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError> {
+        self.with_read(|c| {
+            let mut q = c.prepare_cached(
+                "SELECT at_ms, gpus_total, gpus_allocated, queue_length, running FROM samples
+                 WHERE at_ms >= ?1 ORDER BY at_ms",
+            )?;
+            let rows = q.query_map(params![since_ms as i64], |r| {
+                Ok(SampleRow {
+                    at_ms: r.get::<_, i64>(0)? as u64,
+                    gpus_total: r.get::<_, i64>(1)? as u64,
+                    gpus_allocated: r.get::<_, i64>(2)? as u64,
+                    queue_length: r.get::<_, i64>(3)? as u64,
+                    running: r.get::<_, i64>(4)? as u64,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -304,6 +340,20 @@ mod tests {
         drop(s);
         let s = SqliteStore::open(dir.path()).unwrap();
         assert_eq!(s.load().unwrap().jobs.len(), 800);
+    }
+
+    #[test]
+    fn samples_survive_a_reopen_and_old_ones_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let at = |t: u64| SampleRow { at_ms: t, gpus_total: 8, gpus_allocated: t / 10, queue_length: 1, running: 2 };
+        for t in [10, 20, 30] {
+            s.commit(vec![Write::Sample { sample: at(t), keep_since_ms: 15 }]).unwrap();
+        }
+        drop(s);
+        let s = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(s.samples(0).unwrap(), vec![at(20), at(30)], "10 is older than the kept window");
+        assert_eq!(s.samples(25).unwrap(), vec![at(30)]);
     }
 
     #[test]

@@ -68,6 +68,20 @@ fn every_acknowledged_job_survives_kill_9_in_its_state() {
         json(&out)["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
     };
     assert_eq!(running_before.len(), 2, "two 1-GPU jobs run on the 2-GPU node");
+    let history = |s: &Server| -> Vec<u64> {
+        let o = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/cluster/history", s.url)])
+            .output()
+            .unwrap();
+        json(&String::from_utf8_lossy(&o.stdout))
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["at_ms"].as_u64().unwrap())
+            .collect()
+    };
+    let sampled = history(&s);
+    assert!(!sampled.is_empty(), "the first pass takes a sample");
     let mut s = s;
     s.proc.kill9();
     let _ = bench.wait();
@@ -75,6 +89,8 @@ fn every_acknowledged_job_survives_kill_9_in_its_state() {
         std::fs::read_to_string(&ids).unwrap().lines().filter_map(|l| l.trim().parse().ok()).collect();
     assert!(acked.len() >= 2000);
     let s = Server::start(dir.path(), port, &[]);
+    let after = history(&s);
+    assert!(sampled.iter().all(|t| after.contains(t)), "the allocation history survives: {sampled:?} {after:?}");
     let jobs = all_jobs(&s);
     let state: std::collections::HashMap<u64, String> =
         jobs.iter().map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string())).collect();
