@@ -181,35 +181,6 @@ fn group_members(pgid: i32, since: u64) -> Vec<i32> {
         .collect()
 }
 
-/// Kills the process groups of tasks a previous run of the agent left running (their records under `dir/running`),
-/// so that the server's task set can be started again without two copies of a task. A record is trusted only while
-/// its process still has the recorded start time and leads its own group: a reused process id is never signalled.
-/// Returns how many groups were killed.
-pub fn kill_orphans(dir: &Path) -> usize {
-    let mut killed = 0;
-    let Ok(rd) = std::fs::read_dir(dir.join("running")) else { return 0 };
-    for e in rd.flatten() {
-        if e.path().extension().is_some_and(|x| x == "status") {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let mut it = text.split_whitespace();
-        let pid: Option<i32> = it.next().and_then(|p| p.parse().ok());
-        let start: Option<u64> = it.next().and_then(|p| p.parse().ok());
-        if let (Some(pid), Some(start)) = (pid, start) {
-            if pid > 1 && proc_identity(pid) == Some((pid, start)) {
-                tracing::warn!(pid, record = %e.path().display(), "killing a task left by a previous agent run");
-                if killpg(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-                    killed += 1;
-                }
-            }
-        }
-        let _ = std::fs::remove_file(e.path());
-        let _ = std::fs::remove_file(e.path().with_extension("status"));
-    }
-    killed
-}
-
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
@@ -551,7 +522,9 @@ impl Launcher {
 
     /// Adopts the tasks a previous run of the agent started through the wrapper and that still run: they are
     /// reported as running and watched until they end (their status comes from the wrapper's file). Tasks started
-    /// without the wrapper are killed, as [`kill_orphans`] does. Returns the adopted tasks.
+    /// without the wrapper are killed (their exit could not be learned). A record is trusted only while its process still
+    /// has the recorded start time and leads its own group: a reused process id is never signalled. Returns the
+    /// adopted tasks.
     pub fn adopt(&mut self) -> Vec<TaskRef> {
         let mut adopted = Vec::new();
         let Ok(rd) = std::fs::read_dir(self.dir.join("running")) else { return adopted };
@@ -670,9 +643,11 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
 
-    #[test]
-    fn orphans_are_killed_only_when_the_record_matches_the_live_process() {
+    #[tokio::test]
+    async fn left_tasks_are_adopted_or_killed_only_when_the_record_matches_the_live_process() {
         let dir = tempfile::tempdir().unwrap();
+        let (tx, mut exits) = mpsc::unbounded_channel();
+        let mut l = Launcher::new(dir.path().to_path_buf(), tx, Cgroups::None);
         let mut child = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
         let pid = child.id() as i32;
         let (pgrp, start) = proc_identity(pid).expect("the child is running");
@@ -681,17 +656,28 @@ mod tests {
         let rec = record_path(dir.path(), &t);
         std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
         // A record whose start time differs describes another process that had this id: left alone.
-        std::fs::write(&rec, format!("{pid} {}\n", start + 1)).unwrap();
-        assert_eq!(kill_orphans(dir.path()), 0);
+        std::fs::write(&rec, format!("{pid} {} 1\n", start + 1)).unwrap();
+        assert!(l.adopt().is_empty());
         assert!(!rec.exists(), "a stale record is dropped");
         assert!(child.try_wait().unwrap().is_none(), "the process was not signalled");
         // Garbage and pid 1 are never signalled.
-        std::fs::write(&rec, "1 0\n").unwrap();
-        assert_eq!(kill_orphans(dir.path()), 0);
-        // The true record: the group is killed.
-        std::fs::write(&rec, format!("{pid} {start}\n")).unwrap();
-        assert_eq!(kill_orphans(dir.path()), 1);
-        let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(9));
+        std::fs::write(&rec, "1 0 1\n").unwrap();
+        assert!(l.adopt().is_empty());
+        // Started through the wrapper and still there: adopted, and its end is reported when it goes.
+        std::fs::write(&rec, format!("{pid} {start} 1\n")).unwrap();
+        assert_eq!(l.adopt(), vec![t]);
+        assert!(l.is_running(&t) && child.try_wait().unwrap().is_none());
+        nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
+        let e = tokio::time::timeout(std::time::Duration::from_secs(10), exits.recv()).await.unwrap().unwrap();
+        assert_eq!((e.task, e.code, e.signal), (t, None, Some(9)), "no status file: killed");
+        // Started without the wrapper: its exit could not be learned, so it is killed.
+        let mut other = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let opid = other.id() as i32;
+        let (_, ostart) = proc_identity(opid).unwrap();
+        std::fs::write(&rec, format!("{opid} {ostart}\n")).unwrap();
+        assert!(l.adopt().is_empty());
+        assert_eq!(other.wait().unwrap().signal(), Some(9));
+        assert!(!rec.exists());
     }
 }

@@ -198,12 +198,12 @@ function onEvent(data) {
   let ev = null;
   try { ev = JSON.parse(data); } catch (_) { return; }
   document.dispatchEvent(new CustomEvent("gpunet-event", { detail: ev }));
-  // Coalesce bursts: refresh the page's data at most every 400 ms.
+  // Coalesce bursts: refresh the page's data at most every 400 ms (the queue, which explains every entry, every 2 s).
   if (!S.refresh || pending) return;
   pending = setTimeout(() => {
     pending = null;
     if (S.refresh) S.refresh().catch(() => {});
-  }, 400);
+  }, S.page === "queue" ? 2000 : 400);
 }
 
 // ---------------------------------------------------------------- routing
@@ -410,7 +410,7 @@ async function queue() {
   const body = h("div", {});
   setMain("Queue", head, body);
   const draw = async () => {
-    const q = await api("/v1/queue?limit=200");
+    const q = await api("/v1/queue?limit=50");
     head.textContent = `${q.queue_length} job(s) waiting, in the order the ${q.policy} policy considers them` +
       (q.entries.length < q.queue_length ? ` (${q.entries.length} shown)` : "") + ".";
     body.replaceChildren(table(

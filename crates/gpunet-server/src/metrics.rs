@@ -200,23 +200,24 @@ pub(crate) fn gauges(o: &Owner) -> String {
             g.nvlink_rx_bytes.map(|b| b as f64)
         }),
     ];
+    // Each sampled GPU's labels, worked out once for all the families.
+    let mut gpus: Vec<(String, &gpunet_api::agent::GpuSample)> = Vec::new();
+    for (node, samples) in &o.gpu_samples {
+        let Some(id) = o.st.node_id(node) else { continue };
+        let Some(n) = o.st.node(id) else { continue };
+        let holders = o.gpu_holders(id);
+        for g in samples {
+            let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
+            let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
+            let labels = format!("node=\"{}\",gpu=\"{}\",model=\"{}\",job=\"{job}\"", esc(node), g.index, esc(&model));
+            gpus.push((labels, g));
+        }
+    }
     for (name, kind, help, get) in families {
         let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (node, samples) in &o.gpu_samples {
-            let Some(id) = o.st.node_id(node) else { continue };
-            let Some(n) = o.st.node(id) else { continue };
-            let holders = o.gpu_holders(id);
-            for g in samples {
-                let Some(v) = get(g) else { continue };
-                let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
-                let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
-                let _ = writeln!(
-                    s,
-                    "{name}{{node=\"{}\",gpu=\"{}\",model=\"{}\",job=\"{job}\"}} {v}",
-                    esc(node),
-                    g.index,
-                    esc(&model)
-                );
+        for (labels, g) in &gpus {
+            if let Some(v) = get(g) {
+                let _ = writeln!(s, "{name}{{{labels}}} {v}");
             }
         }
     }

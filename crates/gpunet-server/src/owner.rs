@@ -447,12 +447,12 @@ impl Owner {
     fn agent_sync(
         &mut self,
         node: &str,
-        sync: gpunet_api::agent::AgentSync,
+        mut sync: gpunet_api::agent::AgentSync,
     ) -> Result<gpunet_api::agent::AgentWork, ApiError> {
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
         let now = now_ms();
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
-        if let Some(samples) = sync.gpu_samples.clone() {
+        if let Some(samples) = sync.gpu_samples.take() {
             self.gpu_samples.insert(node.to_string(), samples);
         }
         let mut writes = Vec::new();
@@ -562,8 +562,9 @@ impl Owner {
     /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
     fn queue(&self, who: &Principal, limit: usize) -> Result<QueueView, ApiError> {
         let now = Time(now_ms());
-        // A tenant sees its own jobs with their places in the whole queue; walk far enough to find `limit` of them.
-        let order = queue_order(&self.st, now, usize::MAX);
+        // A tenant sees its own jobs with their places in the whole queue: walk far enough to find `limit` of them.
+        let walk = if matches!(who, Principal::Tenant(_)) { usize::MAX } else { limit };
+        let order = queue_order(&self.st, now, walk);
         let mine: Vec<(usize, JobId)> = order
             .iter()
             .enumerate()
