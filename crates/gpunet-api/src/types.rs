@@ -57,6 +57,13 @@ pub struct JobView {
     pub restarts: u32,
     /// Evictions.
     pub preemptions: u32,
+    /// Attempts ended by the loss of a node (not counted as restarts).
+    #[serde(default)]
+    pub losses: u32,
+    /// While the end of its current attempt is under way: why (`preempted`, `cancelled`, `failed`, `drained`,
+    /// `node_lost`, `interrupted`). The job keeps its GPUs until its processes are confirmed gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<String>,
     /// Where it runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<TaskView>,

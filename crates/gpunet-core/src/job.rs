@@ -412,6 +412,21 @@ pub struct RunInfo {
     pub last_checkpoint: Option<Time>,
     /// An eviction was decided and is under way; not a victim candidate again.
     pub evicting: bool,
+    /// Why the end of this attempt was asked for (preemption, cancel, a rank's failure, node loss or drain). While
+    /// set, the attempt still holds its resources: they are released only once every rank is confirmed ended (see
+    /// [`crate::lifecycle`]).
+    #[serde(default)]
+    pub stop: Option<crate::lifecycle::StopCause>,
+    /// Ranks of this attempt confirmed ended (exited, or stopped and gone), in ascending order.
+    #[serde(default)]
+    pub ended: Vec<u32>,
+    /// Whether every rank that ended so far exited 0 of its own accord.
+    #[serde(default = "yes")]
+    pub all_ok: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A job as the cluster knows it.
@@ -429,6 +444,9 @@ pub struct Job {
     pub restarts: u32,
     /// Evictions so far.
     pub preemptions: u32,
+    /// Attempts ended by the loss of a node (they do not count against `max_restarts`).
+    #[serde(default)]
+    pub losses: u32,
     /// GPU-milliseconds of service received in earlier attempts (for LAS).
     pub attained_gpu_ms: u64,
     /// Work kept by checkpoints from earlier attempts (counts towards the estimate for SRTF).
@@ -451,6 +469,7 @@ impl Job {
             submitted,
             restarts: 0,
             preemptions: 0,
+            losses: 0,
             attained_gpu_ms: 0,
             progress: Dur::ZERO,
             not_before: Time::ZERO,
@@ -466,6 +485,17 @@ impl Job {
         }
         self.state = to;
         Ok(())
+    }
+
+    /// The number of the current (or next) attempt: every start after the first follows the confirmed end of the
+    /// previous attempt, by failure, preemption or node loss.
+    pub fn attempt(&self) -> u32 {
+        self.restarts + self.preemptions + self.losses
+    }
+
+    /// Whether the end of the current attempt was asked for and is not confirmed yet.
+    pub fn is_stopping(&self) -> bool {
+        self.run.as_ref().is_some_and(|r| r.stop.is_some())
     }
 
     /// GPUs held now (0 when not running).
@@ -583,6 +613,9 @@ mod tests {
             borrowed: false,
             last_checkpoint: None,
             evicting: false,
+            stop: None,
+            ended: Vec::new(),
+            all_ok: true,
         });
         let now = Time::ZERO + Dur::from_mins(25);
         assert_eq!(j.last_checkpoint_at(now), Some(Time::ZERO + Dur::from_mins(20)));

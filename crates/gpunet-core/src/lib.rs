@@ -4,8 +4,9 @@
 //!
 //! It is pure: no I/O, no clock reads, no threads, no randomness. The driver (the server or the simulator) owns a
 //! [`ClusterState`], feeds it events (`submit`, `finish`, `set_node_state`, …), calls [`schedule`] with the current
-//! time and applies the returned [`Decision`]s with [`ClusterState::apply`]. The same code therefore runs live and
-//! in simulation.
+//! time and applies the returned [`Decision`]s with [`ClusterState::apply_decision`]; what happens to a job after a
+//! decision (starts, stops confirmed by the driver, exits, node loss, restarts) is the shared [`lifecycle`]. The same
+//! code therefore runs live and in simulation.
 //!
 //! ```
 //! use gpunet_core::*;
@@ -33,7 +34,9 @@ pub mod fxhash;
 pub mod gpu;
 pub mod ids;
 pub mod job;
+pub mod lifecycle;
 pub mod node;
+pub mod predict;
 pub mod quota;
 pub mod schedule;
 pub mod state;
@@ -48,6 +51,7 @@ pub use job::{
     Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec, Toleration,
     TopologyScope,
 };
+pub use lifecycle::{AttemptEnded, RankEnd, StopCause};
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use quota::QuotaBlock;
 pub use schedule::{

@@ -1949,9 +1949,14 @@ mod tests {
         let n_of = |s: &ClusterState, j: u64| s.job(JobId(j)).unwrap().run.as_ref().unwrap().placement.tasks[0].node;
         let (n1, n2) = (n_of(&s, 1), n_of(&s, 2));
         assert_eq!(s.set_node_state(n1, NodeState::Lost, Time::from_secs(10)).unwrap(), vec![JobId(1)]);
-        assert_eq!(s.job(JobId(1)).unwrap().state, JobState::Restarting);
         assert_eq!(s.set_node_state(n2, NodeState::Draining, Time::from_secs(10)).unwrap(), vec![JobId(2)]);
-        assert_eq!(s.job(JobId(2)).unwrap().state, JobState::Preempted);
+        // Both are asked to stop and keep their GPUs until that is confirmed (the lost node's by its fence).
+        assert!(s.job(JobId(1)).unwrap().is_stopping() && s.job(JobId(2)).unwrap().is_stopping());
+        assert_eq!(s.allocated_gpus(), 4);
+        s.check_invariants().unwrap();
+        assert_eq!(s.fence_expired(n1, Time::from_secs(10)).unwrap()[0].state, JobState::Preempted);
+        assert_eq!(s.job(JobId(1)).unwrap().restarts, 0, "a lost node is not the job's failure");
+        assert_eq!(s.end_attempt(JobId(2), Time::from_secs(10)).unwrap().state, JobState::Preempted);
         assert_eq!(s.capacity_gpus(), 0);
         s.check_invariants().unwrap();
         s.set_node_state(n1, NodeState::Ready, Time::from_secs(20)).unwrap();

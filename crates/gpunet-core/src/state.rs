@@ -9,6 +9,7 @@ use crate::fxhash::FxHashMap;
 use crate::gpu::GpuModel;
 use crate::ids::{JobId, NodeId, TenantId};
 use crate::job::{Job, JobSpec, JobState, Placement, RunInfo, TopologyScope};
+use crate::lifecycle::StopCause;
 use crate::node::{NodeSpec, NodeState};
 use crate::quota::{QuotaBook, QuotaShape};
 use crate::schedule::Decision;
@@ -251,8 +252,9 @@ impl ClusterState {
         v
     }
 
-    /// Changes a node's state. Draining evicts its jobs (they resume from their checkpoints); Lost fails them (they
-    /// restart under their restart policy). Returns the jobs that were moved off the node.
+    /// Changes a node's state. Draining asks for the end of its jobs' attempts (they resume from their checkpoints);
+    /// Lost asks the same and fences their tasks there (see [`crate::lifecycle`]): in both cases their resources stay
+    /// allocated until the ends are confirmed. Returns the jobs asked to stop.
     pub fn set_node_state(&mut self, id: NodeId, state: NodeState, now: Time) -> Result<Vec<JobId>, CoreError> {
         let old = *self.node_states.get(id.index()).ok_or(CoreError::UnknownNode(id))?;
         if old == state {
@@ -273,21 +275,15 @@ impl ClusterState {
         self.free.set_schedulable(&self.topo, id, state == NodeState::Ready);
         self.refresh_shape();
         let affected: Vec<JobId> = self.node_jobs[id.index()].iter().copied().collect();
-        match state {
-            NodeState::Draining => {
-                for j in &affected {
-                    self.evict(*j, now)?;
-                }
-                Ok(affected)
-            }
-            NodeState::Lost => {
-                for j in &affected {
-                    self.finish(*j, now, false)?;
-                }
-                Ok(affected)
-            }
-            _ => Ok(Vec::new()),
+        let cause = match state {
+            NodeState::Draining => StopCause::Drained,
+            NodeState::Lost => StopCause::NodeLost { node: id },
+            _ => return Ok(Vec::new()),
+        };
+        for j in &affected {
+            self.request_stop(*j, cause, now)?;
         }
+        Ok(affected)
     }
 
     // ----- tenants -----
@@ -518,12 +514,15 @@ impl ClusterState {
         }
     }
 
-    /// Applies a scheduling decision.
+    /// Applies a scheduling decision with stops confirmed at once: a preempted victim releases its resources in the
+    /// same step (the instant-stop model that unit tests and the ETA replay use). Drivers use
+    /// [`ClusterState::apply_decision`], which keeps a victim's resources until its end is confirmed.
     pub fn apply(&mut self, d: &Decision, now: Time) -> Result<(), CoreError> {
         match d {
             Decision::Start { job, placement, borrowed } => self.start(*job, placement.clone(), *borrowed, now),
             Decision::Preempt { job, for_job, .. } => {
-                self.evict(*job, now)?;
+                self.request_stop(*job, StopCause::Preempted { for_job: Some(*for_job) }, now)?;
+                self.end_attempt(*job, now)?;
                 self.note_preemption_for(*for_job);
                 Ok(())
             }
@@ -557,8 +556,8 @@ impl ClusterState {
         }
     }
 
-    /// Runs one scheduling pass at `now` and applies all its decisions (what the simulator does; the server applies
-    /// them as agents confirm). Returns the decisions.
+    /// Runs one scheduling pass at `now` and applies all its decisions with stops confirmed at once (see
+    /// [`ClusterState::apply`]). Returns the decisions.
     pub fn step(&mut self, now: Time) -> Result<Vec<Decision>, CoreError> {
         let decisions = crate::schedule::schedule(self, now);
         for d in &decisions {
@@ -580,7 +579,20 @@ impl ClusterState {
         self.preempting_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
-        self.occupy(id, RunInfo { started: now, placement, borrowed, last_checkpoint: None, evicting: false }, now);
+        self.occupy(
+            id,
+            RunInfo {
+                started: now,
+                placement,
+                borrowed,
+                last_checkpoint: None,
+                evicting: false,
+                stop: None,
+                ended: Vec::new(),
+                all_ok: true,
+            },
+            now,
+        );
         Ok(())
     }
 
@@ -658,8 +670,12 @@ impl ClusterState {
                     return Err(CoreError::InvalidPlacement { job: id, reason: "two tasks share a GPU".into() });
                 }
             }
+            let stopping = run.stop.is_some();
             self.jobs.insert(id, job);
             self.occupy(id, run, now);
+            if stopping {
+                self.begin_eviction(id)?;
+            }
         } else {
             job.run = None;
             self.jobs.insert(id, job);
@@ -757,7 +773,7 @@ impl ClusterState {
         }
     }
 
-    fn release(&mut self, id: JobId, now: Time) -> Result<Job, CoreError> {
+    pub(crate) fn release(&mut self, id: JobId, now: Time) -> Result<Job, CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.clone();
         let run = job.run.as_ref().ok_or(CoreError::InvalidTransition {
             job: id,
@@ -791,14 +807,27 @@ impl ClusterState {
         Ok(job)
     }
 
-    /// A running job exited: `success` means exit 0. A failure with restarts left goes to Restarting (after a
-    /// backoff, from its last checkpoint), otherwise to Failed. Returns the new state.
+    /// A running job's attempt ended with every rank gone at once: `success` means every rank exited 0 (a stopping
+    /// job ends according to why it was stopped). A failure with restarts left goes to Restarting (after a backoff,
+    /// from its last checkpoint), otherwise to Failed. Returns the new state. See [`crate::lifecycle`].
     pub fn finish(&mut self, id: JobId, now: Time, success: bool) -> Result<JobState, CoreError> {
-        let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
-        if state != JobState::Running {
-            let to = if success { JobState::Succeeded } else { JobState::Failed };
-            return Err(CoreError::InvalidTransition { job: id, from: state, to });
+        let j = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
+        match j.run.as_mut().filter(|_| j.state == JobState::Running) {
+            Some(r) => {
+                r.all_ok &= success;
+                r.ended = (0..r.placement.tasks.len() as u32).collect();
+            }
+            None => {
+                let to = if success { JobState::Succeeded } else { JobState::Failed };
+                return Err(CoreError::InvalidTransition { job: id, from: j.state, to });
+            }
         }
+        Ok(self.end_attempt(id, now)?.state)
+    }
+
+    /// Releases an ended attempt and finishes the job: Succeeded, or after a failure Restarting (restarts left) or
+    /// Failed.
+    pub(crate) fn finish_released(&mut self, id: JobId, now: Time, success: bool) -> Result<JobState, CoreError> {
         let old = self.release(id, now)?;
         let restartable = !success && old.restarts < old.spec.max_restarts;
         let j = self.jobs.get_mut(&id).expect("released above");
@@ -824,6 +853,35 @@ impl ClusterState {
         Ok(self.jobs[&id].state)
     }
 
+    /// Releases an ended attempt and queues the job again as Preempted, keeping its work up to the last checkpoint;
+    /// `lost` counts the attempt as lost with its node rather than as a preemption. Neither counts as a restart.
+    pub(crate) fn requeue_released(&mut self, id: JobId, now: Time, lost: bool) -> Result<JobState, CoreError> {
+        self.release(id, now)?;
+        let j = self.jobs.get_mut(&id).expect("released above");
+        let ck = j.last_checkpoint_at(now).unwrap_or(now);
+        let started = j.run.as_ref().map_or(now, |r| r.started);
+        j.progress = j.progress + ck.since(started);
+        j.transition(JobState::Preempted)?;
+        if lost {
+            j.losses += 1;
+        } else {
+            j.preemptions += 1;
+        }
+        j.run = None;
+        let j = j.clone();
+        self.enqueue(&j);
+        Ok(JobState::Preempted)
+    }
+
+    /// Counts an eviction in the preemption rate limit's window.
+    pub(crate) fn note_preemption(&mut self, now: Time) {
+        self.preemption_log.push_back(now);
+        let horizon = now - self.cfg.preemption.interval;
+        while self.preemption_log.front().is_some_and(|t| *t < horizon) {
+            self.preemption_log.pop_front();
+        }
+    }
+
     /// Records that evictions are made for a queued job, so that it has the first claim on what they free.
     pub fn note_preemption_for(&mut self, job: JobId) {
         if self.jobs.get(&job).is_some_and(|j| j.state.is_queued()) {
@@ -847,43 +905,28 @@ impl ClusterState {
         }
     }
 
-    /// Evicts a running job: resources are freed, work since its last checkpoint is lost, and it waits in the queue
-    /// as Preempted.
+    /// Evicts a running job with its stop confirmed at once: resources are freed, work since its last checkpoint is
+    /// lost, and it waits in the queue as Preempted.
     pub fn evict(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
-        let state = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.state;
-        if state != JobState::Running {
-            return Err(CoreError::InvalidTransition { job: id, from: state, to: JobState::Preempted });
-        }
-        self.release(id, now)?;
-        let j = self.jobs.get_mut(&id).expect("released above");
-        let ck = j.last_checkpoint_at(now).unwrap_or(now);
-        let started = j.run.as_ref().map_or(now, |r| r.started);
-        j.progress = j.progress + ck.since(started);
-        j.transition(JobState::Preempted)?;
-        j.preemptions += 1;
-        j.run = None;
-        let j = j.clone();
-        self.enqueue(&j);
-        self.preemption_log.push_back(now);
-        let horizon = now - self.cfg.preemption.interval;
-        while self.preemption_log.front().is_some_and(|t| *t < horizon) {
-            self.preemption_log.pop_front();
-        }
+        self.request_stop(id, StopCause::Preempted { for_job: None }, now)?;
+        self.end_attempt(id, now)?;
         Ok(())
     }
 
-    /// Cancels a queued or running job.
+    /// Cancels a queued job, or a running one with its stop confirmed at once (drivers ask for a running job's end
+    /// with [`ClusterState::request_stop`] and release on confirmation).
     pub fn cancel(&mut self, id: JobId, now: Time) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?.clone();
         if !job.state.can_become(JobState::Cancelled) {
             return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Cancelled });
         }
         if job.state == JobState::Running {
-            self.release(id, now)?;
-        } else {
-            self.dequeue(&job);
-            self.preempting_for.remove(&id);
+            self.request_stop(id, StopCause::Cancelled, now)?;
+            self.end_attempt(id, now)?;
+            return Ok(());
         }
+        self.dequeue(&job);
+        self.preempting_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Cancelled)?;
         j.run = None;

@@ -50,6 +50,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// An agent that has not synced for this long loses its node (its jobs restart elsewhere).
     pub node_lost_after: std::time::Duration,
+    /// A lost node's tasks stay fenced (their resources allocated) until its agent confirms them gone, or this long.
+    pub node_fence_after: std::time::Duration,
 }
 
 impl Config {
@@ -64,6 +66,7 @@ impl Config {
             tick: std::time::Duration::from_secs(1),
             max_body_bytes: 4 << 20,
             node_lost_after: std::time::Duration::from_secs(10),
+            node_fence_after: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -153,6 +156,7 @@ pub fn build(
     let mut o = owner::Owner::new(st, store.clone(), auth.clone(), metrics.clone(), events.clone());
     o.load_history(&store.samples(now_ms().saturating_sub(owner::HISTORY_SPAN_MS))?);
     o.lost_after = cfg.node_lost_after;
+    o.fence_after = cfg.node_fence_after;
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };

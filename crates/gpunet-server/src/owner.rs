@@ -9,8 +9,8 @@ use gpunet_api::types::*;
 use gpunet_api::ApiError;
 use gpunet_core::tenant::{dim_model, Quota, DIM_CPU, DIM_GPUS, DIM_MEM};
 use gpunet_core::{
-    explain, queue_order, schedule, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec, NodeState,
-    Placement, TenantId, TenantSpec, Time,
+    explain, queue_order, schedule, AttemptEnded, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec,
+    NodeState, Placement, RankEnd, StopCause, TenantId, TenantSpec, Time,
 };
 use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
@@ -148,6 +148,10 @@ pub(crate) struct NodeDoc {
     pub(crate) spec: NodeSpec,
     pub(crate) state: NodeState,
     pub(crate) fake: bool,
+    /// An agent has synced for this node, so its tasks are real processes: their ends must be confirmed by that
+    /// agent. A node that never had an agent runs no process, and stops there are confirmed at once.
+    #[serde(default)]
+    pub(crate) managed: bool,
 }
 
 pub(crate) struct Owner {
@@ -165,11 +169,15 @@ pub(crate) struct Owner {
     versions: HashMap<String, u64>,
     /// Last sync of each agent-managed node.
     last_seen: HashMap<String, std::time::Instant>,
-    /// Ranks of a job's current attempt that exited 0.
-    ranks_done: HashMap<u64, std::collections::BTreeSet<u32>>,
+    /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
+    fail_how: HashMap<u64, (String, bool)>,
+    /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
+    lost_since: HashMap<String, std::time::Instant>,
     pub(crate) notifies: Notifies,
     /// An agent that has not synced for this long loses its node.
     pub(crate) lost_after: std::time::Duration,
+    /// A lost node's tasks are taken as gone after this long if its agent has not confirmed it.
+    pub(crate) fence_after: std::time::Duration,
     /// Allocation samples for the portal's charts, oldest first.
     history: std::collections::VecDeque<HistoryPoint>,
     last_sample: Option<std::time::Instant>,
@@ -249,9 +257,11 @@ impl Owner {
             dirty: false,
             versions: HashMap::new(),
             last_seen: HashMap::new(),
-            ranks_done: HashMap::new(),
+            fail_how: HashMap::new(),
+            lost_since: HashMap::new(),
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
             lost_after: std::time::Duration::from_secs(10),
+            fence_after: std::time::Duration::from_secs(60),
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
@@ -338,8 +348,10 @@ impl Owner {
         for jid in n.jobs.iter() {
             let (Some(j), Some(doc)) = (self.st.job(*jid), self.docs.get(&jid.0)) else { continue };
             let Some(run) = j.run.as_ref() else { continue };
-            let attempt = j.restarts + j.preemptions;
-            let done = self.ranks_done.get(&jid.0);
+            if run.stop.is_some() {
+                continue; // its end was asked for: the agent stops its tasks and confirms
+            }
+            let attempt = j.attempt();
             // Node order of the gang (first appearance by rank) for NODE_RANK; rank 0's node is the master.
             let mut node_order: Vec<gpunet_core::NodeId> = Vec::new();
             for t in &run.placement.tasks {
@@ -362,7 +374,7 @@ impl Owner {
                     continue;
                 }
                 let rank = rank as u32;
-                if done.is_some_and(|d| d.contains(&rank)) {
+                if run.ended.binary_search(&rank).is_ok() {
                     local_rank += 1;
                     continue;
                 }
@@ -456,9 +468,17 @@ impl Owner {
             self.gpu_samples.insert(node.to_string(), samples);
         }
         let mut writes = Vec::new();
+        if self.nodes.get(node).is_some_and(|d| !d.managed) {
+            // From now on this node's tasks are real processes: their ends must be confirmed by its agent.
+            let d = self.nodes.get_mut(node).expect("checked above");
+            d.managed = true;
+            writes.push(Write::Node { name: node.to_string(), doc: serde_json::to_value(&*d).expect("serialise") });
+        }
         if self.st.node(id).is_some_and(|n| n.state == NodeState::Lost) {
-            // The agent is back: its node is ready again; tasks the server no longer wants are stopped by the agent.
+            // The agent is back: its node is ready again. Its fenced tasks are not in its task set, so the agent
+            // kills them and confirms; until then their GPUs stay allocated to the old attempts.
             self.st.set_node_state(id, NodeState::Ready, Time(now))?;
+            self.lost_since.remove(node);
             if let Some(d) = self.nodes.get_mut(node) {
                 d.state = NodeState::Ready;
                 writes.push(Write::Node { name: node.to_string(), doc: serde_json::to_value(&*d).expect("serialise") });
@@ -468,11 +488,7 @@ impl Owner {
         }
         for s in &sync.started {
             let jid = JobId(s.task.job);
-            if self
-                .st
-                .job(jid)
-                .is_some_and(|j| j.state == JobState::Running && j.restarts + j.preemptions == s.task.attempt)
-            {
+            if self.st.job(jid).is_some_and(|j| j.state == JobState::Running && j.attempt() == s.task.attempt) {
                 let _ = self.events.send(
                     serde_json::json!({"job": jid.0, "kind": "process_started", "at_ms": s.at_ms, "node": node,
                         "tenant": self.docs.get(&jid.0).map(|d| d.tenant.clone())})
@@ -488,8 +504,7 @@ impl Owner {
         }
         for (t, at) in &sync.checkpoints {
             let jid = JobId(t.job);
-            if self.st.job(jid).is_some_and(|j| j.state == JobState::Running && j.restarts + j.preemptions == t.attempt)
-            {
+            if self.st.job(jid).is_some_and(|j| j.state == JobState::Running && j.attempt() == t.attempt) {
                 let _ = self.st.record_checkpoint(jid, Time(*at));
                 self.sync_doc(jid.0);
                 writes.push(self.event(
@@ -503,45 +518,44 @@ impl Owner {
             let jid = JobId(e.task.job);
             let Some(j) = self.st.job(jid) else { continue };
             let Some(run) = j.run.as_ref() else { continue };
-            if j.state != JobState::Running || j.restarts + j.preemptions != e.task.attempt || e.stopped {
-                continue; // stale, duplicate, or a stop the server asked for
+            if j.state != JobState::Running || j.attempt() != e.task.attempt {
+                continue; // stale or duplicate
             }
             if run.placement.tasks.get(e.task.rank as usize).is_none_or(|t| t.node != id) {
-                continue;
+                continue; // not this node's task
             }
-            let tasks = run.placement.tasks.len();
+            let was_stopping = run.stop.is_some();
             let nodes = self.nodes_of(jid);
             let before = self.docs.get(&jid.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
-            let success = e.code == Some(0);
-            if success {
-                let done = self.ranks_done.entry(jid.0).or_default();
-                done.insert(e.task.rank);
-                if done.len() < tasks {
+            let end = if e.stopped { RankEnd::Stopped } else { RankEnd::Exited { success: e.code == Some(0) } };
+            if !e.stopped && e.code != Some(0) && !was_stopping {
+                let how = match (e.code, e.signal, e.oom) {
+                    _ if e.reason.is_some() => {
+                        format!("rank {} {}", e.task.rank, e.reason.as_deref().unwrap_or_default())
+                    }
+                    (_, _, true) => format!("rank {} was killed for exceeding its memory limit (OOM)", e.task.rank),
+                    (Some(c), _, _) => format!("rank {} exited with code {c}", e.task.rank),
+                    (None, Some(sig), _) => format!("rank {} was killed by signal {sig}", e.task.rank),
+                    _ => format!("rank {} ended", e.task.rank),
+                };
+                self.fail_how.insert(jid.0, (how, e.oom));
+            }
+            let ended = self.st.rank_ended(jid, e.task.attempt, e.task.rank, end, Time(now))?;
+            match ended {
+                Some(x) => self.attempt_ended(x, before, nodes, now, &mut writes),
+                None => {
+                    if !was_stopping && self.st.job(jid).is_some_and(|j| j.is_stopping()) {
+                        // A rank failed: the others are stopped before the job restarts.
+                        let how = self.fail_how.get(&jid.0).map(|h| h.0.clone()).unwrap_or_default();
+                        writes.push(self.event(
+                            jid.0,
+                            "stopping",
+                            format!("job-{} attempt {} stopping its other ranks: {how}", jid.0, e.task.attempt),
+                        ));
+                    }
                     self.bump_job(nodes);
-                    continue;
                 }
             }
-            self.ranks_done.remove(&jid.0);
-            let state = self.st.finish(jid, Time(now), success)?;
-            if let Some(b) = before {
-                writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
-            }
-            self.sync_doc(jid.0);
-            writes.push(self.job_doc_write(jid.0).expect("present"));
-            let how = match (e.code, e.signal, e.oom) {
-                _ if e.reason.is_some() => format!("rank {} {}", e.task.rank, e.reason.as_deref().unwrap_or_default()),
-                (_, _, true) => format!("rank {} was killed for exceeding its memory limit (OOM)", e.task.rank),
-                (Some(c), _, _) => format!("rank {} exited with code {c}", e.task.rank),
-                (None, Some(sig), _) => format!("rank {} was killed by signal {sig}", e.task.rank),
-                _ => format!("rank {} ended", e.task.rank),
-            };
-            if state == JobState::Restarting {
-                self.metrics.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            let kind = if e.oom { "oom" } else { state.as_str() };
-            writes.push(self.event(jid.0, kind, format!("job-{} {state}: {how}", jid.0)));
-            self.dirty = true;
-            self.bump_job(nodes);
         }
         if !writes.is_empty() {
             self.store.commit_async(
@@ -557,6 +571,128 @@ impl Owner {
             version: self.versions.get(node).copied().unwrap_or(0),
             tasks: self.assignments(id),
         })
+    }
+
+    /// An attempt's end was confirmed: bill it, persist the job, say what it became, and wake the agents of its nodes.
+    /// `before` is the job as it was while the attempt ran (for its usage rows).
+    fn attempt_ended(
+        &mut self,
+        e: AttemptEnded,
+        before: Option<JobDoc>,
+        nodes: Vec<String>,
+        now: u64,
+        writes: &mut Vec<Write>,
+    ) {
+        let id = e.job.0;
+        if let Some(b) = before {
+            writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+        }
+        self.sync_doc(id);
+        if let Some(w) = self.job_doc_write(id) {
+            writes.push(w);
+        }
+        let how = self.fail_how.remove(&id);
+        let state = e.state;
+        let (kind, message) = match e.cause {
+            None => ("succeeded".to_string(), format!("job-{id} succeeded: every rank exited 0")),
+            Some(StopCause::Failed { rank }) => {
+                let (how, oom) = how.unwrap_or_else(|| (format!("rank {rank} failed"), false));
+                let kind = if oom { "oom".to_string() } else { state.to_string() };
+                (kind, format!("job-{id} {state}: {how}"))
+            }
+            Some(StopCause::Preempted { for_job }) => (
+                "preempted".into(),
+                match for_job {
+                    Some(f) => format!("job-{id} preempted for {f}: attempt {} ended", e.attempt),
+                    None => format!("job-{id} preempted: attempt {} ended", e.attempt),
+                },
+            ),
+            Some(StopCause::Drained) => {
+                ("preempted".into(), format!("job-{id} preempted: its node is draining (attempt {} ended)", e.attempt))
+            }
+            Some(StopCause::Cancelled) => ("cancelled".into(), format!("job-{id} cancelled")),
+            Some(StopCause::NodeLost { node }) => {
+                let name = self.st.node(node).map(|n| n.spec.name.clone()).unwrap_or_default();
+                (
+                    "requeued".into(),
+                    format!(
+                        "job-{id} requeued: node {name} was lost and attempt {} is confirmed ended (not a restart)",
+                        e.attempt
+                    ),
+                )
+            }
+            Some(StopCause::Interrupted) => (
+                "requeued".into(),
+                format!("job-{id} requeued: its node stopped attempt {} (not a restart)", e.attempt),
+            ),
+        };
+        if state == JobState::Restarting {
+            self.metrics.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        writes.push(self.event(id, &kind, message));
+        self.dirty = true;
+        self.bump_job(nodes);
+    }
+
+    /// Confirms at once the stops of attempts whose tasks are all on nodes without an agent (no process runs there).
+    fn confirm_unmanaged(&mut self, id: JobId, now: u64, writes: &mut Vec<Write>) {
+        let Some(j) = self.st.job(id) else { return };
+        let Some(run) = j.run.as_ref().filter(|r| r.stop.is_some()) else { return };
+        let managed = run
+            .placement
+            .tasks
+            .iter()
+            .any(|t| self.st.node(t.node).and_then(|n| self.nodes.get(&n.spec.name)).is_some_and(|d| d.managed));
+        if managed {
+            return;
+        }
+        let nodes = self.nodes_of(id);
+        let before = self.docs.get(&id.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
+        match self.st.end_attempt(id, Time(now)) {
+            Ok(e) => self.attempt_ended(e, before, nodes, now, writes),
+            Err(err) => tracing::error!(job = %id, error = %err, "end an attempt on agentless nodes"),
+        }
+    }
+
+    /// Lost nodes whose fence timed out: their tasks are taken as gone.
+    fn expire_fences(&mut self, writes: &mut Vec<Write>) {
+        let due: Vec<String> =
+            self.lost_since.iter().filter(|(_, t)| t.elapsed() >= self.fence_after).map(|(n, _)| n.clone()).collect();
+        let now = now_ms();
+        for name in due {
+            self.lost_since.remove(&name);
+            let Some(id) = self.st.node_id(&name) else { continue };
+            let jobs: Vec<(JobId, Option<JobDoc>, Vec<String>)> = self
+                .st
+                .node(id)
+                .map(|n| n.jobs.iter().copied().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|j| {
+                    let before = self
+                        .docs
+                        .get(&j.0)
+                        .map(|d| JobDoc { job: self.st.job(j).cloned().unwrap_or(d.job.clone()), ..d.clone() });
+                    (j, before, self.nodes_of(j))
+                })
+                .collect();
+            tracing::warn!(node = %name, jobs = jobs.len(), "fence of a lost node timed out: its tasks are taken as gone");
+            match self.st.fence_expired(id, Time(now)) {
+                Ok(ended) => {
+                    for e in ended {
+                        if let Some((_, before, nodes)) = jobs.iter().find(|(j, _, _)| *j == e.job).cloned() {
+                            self.attempt_ended(e, before, nodes, now, writes);
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(node = %name, error = %e, "expire a node's fence"),
+            }
+            for (j, _, nodes) in jobs {
+                if self.st.job(j).is_some_and(|x| x.is_stopping()) {
+                    self.bump_job(nodes);
+                }
+            }
+        }
     }
 
     /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
@@ -576,7 +712,7 @@ impl Owner {
             .map(|(i, j)| (i, *j))
             .collect();
         let ids: Vec<JobId> = mine.iter().map(|(_, j)| *j).collect();
-        let etas = gpunet_sim::predict::predict_starts(&self.st, &ids, now, 2000);
+        let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
         let mut entries = Vec::with_capacity(mine.len());
         for (position, j) in mine {
             let (Some(job), Some(d)) = (self.st.job(j), self.docs.get(&j.0)) else { continue };
@@ -693,6 +829,8 @@ impl Owner {
             finished_ms: j.finished.map(|t| t.0),
             restarts: j.restarts,
             preemptions: j.preemptions,
+            losses: j.losses,
+            stopping: j.run.as_ref().and_then(|r| r.stop).map(|c| c.to_string()),
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.warnings.clone(),
             spec: d.submission.clone(),
@@ -912,7 +1050,7 @@ impl Owner {
                     let message = explain(&probe, id, now)
                         .map(|e| e.message.replace(&id.to_string(), "this job"))
                         .unwrap_or_default();
-                    let pred = gpunet_sim::predict::predict_start(&probe, id, now, 2000);
+                    let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
                     let placement = match &pred {
                         Some((t, p)) if *t == now => self.placement_view(p),
                         _ => Vec::new(),
@@ -964,20 +1102,32 @@ impl Owner {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                let before = d.clone();
-                let before = JobDoc { job: self.st.job(JobId(id)).cloned().unwrap_or(before.job), ..before };
                 let now = now_ms();
-                let nodes = self.nodes_of(JobId(id));
-                if let Err(e) = self.st.cancel(JobId(id), Time(now)) {
-                    let _ = reply.send(Err(e.into()));
-                    return;
+                let jid = JobId(id);
+                let running = self.st.job(jid).is_some_and(|j| j.state == JobState::Running);
+                let mut writes = Vec::new();
+                if running {
+                    // A running job is asked to stop; it is cancelled once its agents confirm its processes gone
+                    // (at once on nodes without an agent). Its resources stay allocated until then.
+                    if let Err(e) = self.st.request_stop(jid, StopCause::Cancelled, Time(now)) {
+                        let _ = reply.send(Err(e.into()));
+                        return;
+                    }
+                    self.sync_doc(id);
+                    writes.push(self.job_doc_write(id).expect("present"));
+                    writes.push(self.event(id, "stopping", format!("job-{id} cancel requested: stopping its tasks")));
+                    let nodes = self.nodes_of(jid);
+                    self.bump_job(nodes);
+                    self.confirm_unmanaged(jid, now, &mut writes);
+                } else {
+                    if let Err(e) = self.st.cancel(jid, Time(now)) {
+                        let _ = reply.send(Err(e.into()));
+                        return;
+                    }
+                    self.sync_doc(id);
+                    writes.push(self.job_doc_write(id).expect("present"));
+                    writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
                 }
-                self.ranks_done.remove(&id);
-                self.bump_job(nodes);
-                let mut writes: Vec<Write> = self.usage_rows(&before, now).into_iter().map(Write::Usage).collect();
-                self.sync_doc(id);
-                writes.push(self.job_doc_write(id).expect("present"));
-                writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
                 self.dirty = true;
                 let v = self.view(id).expect("present");
                 self.durable(writes, reply, v);
@@ -990,7 +1140,7 @@ impl Owner {
                     let e = explain(&self.st, JobId(id), now)?;
                     let state = self.st.job(JobId(id)).map_or(d.job.state, |j| j.state);
                     let eta = if state.is_queued() {
-                        gpunet_sim::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
+                        gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
                     } else {
                         None
                     };
@@ -1099,7 +1249,9 @@ impl Owner {
                 }
                 let id = self.st.node_id(&name).expect("registered");
                 let full = self.st.node(id).expect("registered").spec.clone();
-                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake };
+                let managed = self.nodes.get(&name).is_some_and(|d| d.managed);
+                self.lost_since.remove(&name);
+                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, managed };
                 let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
                 self.nodes.insert(name.clone(), doc);
                 self.dirty = true;
@@ -1138,23 +1290,34 @@ impl Owner {
                     }
                 };
                 let mut writes = Vec::new();
+                if state == NodeState::Lost {
+                    self.lost_since.insert(name.clone(), std::time::Instant::now());
+                } else {
+                    self.lost_since.remove(&name);
+                }
                 for j in &moved {
-                    if let Some(before) = running.iter().find(|d| d.job.id == *j) {
-                        writes.extend(self.usage_rows(before, now).into_iter().map(Write::Usage));
-                    }
+                    // Asked to stop: the agents stop the tasks and confirm; a lost node's tasks are fenced until its
+                    // agent returns and confirms, or the fence times out.
                     self.sync_doc(j.0);
                     writes.push(self.job_doc_write(j.0).expect("present"));
-                    let s = self.docs[&j.0].job.state;
-                    writes.push(self.event(j.0, s.as_str(), format!("job-{} {s}: node {name} is {state}", j.0)));
+                    writes.push(self.event(
+                        j.0,
+                        "stopping",
+                        format!(
+                            "job-{} stopping: node {name} is {state}; its GPUs stay held until its end is confirmed",
+                            j.0
+                        ),
+                    ));
+                    if state != NodeState::Lost {
+                        self.confirm_unmanaged(*j, now, &mut writes);
+                    }
                 }
+                let _ = &running;
                 let doc = self.nodes.get_mut(&name).expect("known node");
                 doc.state = state;
                 writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
                 self.dirty = true;
                 self.node_event(&name, state.to_string().as_str());
-                for j in &moved {
-                    self.ranks_done.remove(&j.0);
-                }
                 touched.sort();
                 touched.dedup();
                 self.bump_job(touched);
@@ -1215,10 +1378,11 @@ impl Owner {
     pub(crate) fn pass(&mut self) {
         self.lose_silent_nodes();
         let t0 = std::time::Instant::now();
+        let mut writes = Vec::new();
+        self.expire_fences(&mut writes);
         let now = now_ms();
         self.st.accrue_usage(Time(now));
         let ds = schedule(&self.st, Time(now));
-        let mut writes = Vec::new();
         for d in &ds {
             let before = match d {
                 Decision::Preempt { job, .. } => self
@@ -1231,7 +1395,7 @@ impl Owner {
                 Decision::Preempt { job, .. } | Decision::Scale { job, .. } => self.nodes_of(*job),
                 _ => Vec::new(),
             };
-            if let Err(e) = self.st.apply(d, Time(now)) {
+            if let Err(e) = self.st.apply_decision(d, Time(now)) {
                 tracing::error!(error = %e, "apply a scheduling decision");
                 continue;
             }
@@ -1239,11 +1403,9 @@ impl Owner {
                 Decision::Start { job, .. } | Decision::Scale { job, .. } => {
                     let mut n = self.nodes_of(*job);
                     n.extend(prior_nodes);
-                    self.ranks_done.remove(&job.0);
                     self.bump_job(n);
                 }
-                Decision::Preempt { job, .. } => {
-                    self.ranks_done.remove(&job.0);
+                Decision::Preempt { .. } => {
                     self.bump_job(prior_nodes);
                 }
                 Decision::Reserve { .. } => {}
@@ -1257,21 +1419,20 @@ impl Owner {
                     writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
                 }
                 Decision::Preempt { job, reason, for_job } => {
-                    if let Some(b) = before {
-                        writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
-                    }
+                    let _ = before;
                     self.sync_doc(job.0);
                     self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     writes.push(self.event(
                         job.0,
-                        "preempted",
+                        "stopping",
                         format!(
-                            "job-{} preempted for {for_job}: {}",
+                            "job-{} asked to stop for {for_job}: {}; its GPUs stay held until its end is confirmed",
                             job.0,
                             serde_json::to_string(reason).unwrap_or_default()
                         ),
                     ));
+                    self.confirm_unmanaged(*job, now, &mut writes);
                 }
                 Decision::Scale { job, .. } => {
                     self.sync_doc(job.0);

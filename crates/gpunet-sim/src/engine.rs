@@ -134,6 +134,10 @@ pub struct SimConfig {
     pub autoscale: Option<AutoscaleSim>,
     /// Which jobs may run on spot nodes (they tolerate the `lifecycle=spot` taint).
     pub spot_jobs: SpotJobs,
+    /// Modelled time from asking a preempted or drained job to stop until its processes are gone (its SIGTERM handler
+    /// writing a checkpoint); its GPUs stay allocated meanwhile, as live. Default 10 s, the agent's grace period
+    /// before SIGKILL (the longest a live stop takes).
+    pub stop_time: Dur,
 }
 
 /// Which jobs tolerate spot nodes.
@@ -191,6 +195,7 @@ impl Default for SimConfig {
             check_invariants: false,
             autoscale: None,
             spot_jobs: SpotJobs::Preemptible,
+            stop_time: Dur::from_secs(10),
         }
     }
 }
@@ -262,8 +267,10 @@ pub struct SimResult {
     pub jain_fairness: f64,
     /// Evictions.
     pub preemptions: usize,
-    /// Restarts after failures.
+    /// Restarts after the jobs' own failures.
     pub restarts: usize,
+    /// Attempts ended by the loss of their node (requeued without a restart charge).
+    pub node_losses: usize,
     /// GPU-hours of work lost to evictions and failures.
     pub lost_gpu_hours: f64,
     /// Cost of on-demand GPU-time under per-second billing.
@@ -296,7 +303,15 @@ pub struct SimResult {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    Completion { job: u32, attempt: u32 },
+    Completion {
+        job: u32,
+        attempt: u32,
+    },
+    /// The modelled stop time of an attempt asked to end has passed: its processes are gone.
+    StopConfirmed {
+        job: u32,
+        attempt: u32,
+    },
     Wake,
     Tick,
     Sample,
@@ -342,6 +357,7 @@ struct Engine<'a> {
     queued_sizes: BTreeMap<u32, u32>,
     preemptions: usize,
     restarts: usize,
+    node_losses: usize,
     lost_gpu_ms: f64,
     cost_od: f64,
     cost_spot: f64,
@@ -502,14 +518,17 @@ impl Engine<'_> {
                     self.push(now + runtime, Ev::Completion { job: idx as u32, attempt });
                 }
                 Decision::Preempt { job, .. } => {
+                    // The victim is asked to stop and keeps its GPUs until its modelled stop time has passed.
                     let idx = (job.0 - 1) as usize;
-                    let ck = self.st.job(*job).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0);
-                    self.end_run(idx, now, ck);
-                    self.st.apply(d, t)?;
-                    self.jobs[idx].attempt += 1;
+                    self.st.apply_decision(d, t)?;
                     self.preemptions += 1;
-                    self.queued_add(idx, 1);
-                    evicted = true;
+                    if self.cfg.stop_time.0 == 0 {
+                        self.confirm_end(idx, now)?;
+                        evicted = true;
+                    } else {
+                        let attempt = self.jobs[idx].attempt;
+                        self.push(now + self.cfg.stop_time.0, Ev::StopConfirmed { job: idx as u32, attempt });
+                    }
                 }
                 Decision::Scale { .. } | Decision::Reserve { .. } => self.st.apply(d, t)?,
             }
@@ -520,40 +539,58 @@ impl Engine<'_> {
         Ok(evicted)
     }
 
-    /// A node goes away: its jobs fail (`fail`) or are evicted after a checkpoint (spot notice).
+    /// A node goes away. `Lost`: the machine died with its processes, so its jobs' attempts end at once (their
+    /// other ranks crash with it) and they are queued again without a restart charge. `Draining` (spot notice): its
+    /// jobs checkpoint now and are asked to stop; they end after the modelled stop time.
     fn node_down(&mut self, node: NodeId, now: u64, state: NodeState) -> Result<(), SimError> {
         let t = Time(now);
         let jobs = self.run_jobs_on(node);
-        for id in &jobs {
-            let idx = (id.0 - 1) as usize;
-            let ck = if state == NodeState::Draining {
+        if state == NodeState::Draining {
+            for id in &jobs {
                 self.st.record_checkpoint(*id, t)?;
-                now
-            } else {
-                self.st.job(*id).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0)
-            };
-            self.end_run(idx, now, ck);
-            self.jobs[idx].attempt += 1;
+            }
         }
         self.st.set_node_state(node, state, t)?;
         for id in &jobs {
             let idx = (id.0 - 1) as usize;
-            match self.st.job(*id).map(|j| (j.state, j.not_before)) {
-                Some((JobState::Restarting, nb)) => {
-                    self.restarts += 1;
-                    self.queued_add(idx, 1);
-                    self.push(nb.0, Ev::Wake);
+            if state == NodeState::Lost || self.cfg.stop_time.0 == 0 {
+                if state == NodeState::Lost && self.st.job(*id).is_some_and(|j| j.is_stopping()) {
+                    self.node_losses += 1;
                 }
-                Some((JobState::Preempted, _)) => {
-                    self.preemptions += 1;
-                    self.queued_add(idx, 1);
-                }
-                Some((JobState::Failed, _)) => {
-                    self.jobs[idx].failed = true;
-                    self.jobs[idx].finish = Some(now);
-                }
-                _ => {}
+                self.confirm_end(idx, now)?;
+            } else {
+                let attempt = self.jobs[idx].attempt;
+                self.push(now + self.cfg.stop_time.0, Ev::StopConfirmed { job: idx as u32, attempt });
             }
+        }
+        Ok(())
+    }
+
+    /// The end of a stopping attempt is confirmed: its work up to the last checkpoint is kept, its GPUs are released
+    /// (through the core's lifecycle) and the job waits again, or fails for good.
+    fn confirm_end(&mut self, idx: usize, now: u64) -> Result<(), SimError> {
+        let t = Time(now);
+        let id = JobId(idx as u64 + 1);
+        if !self.st.job(id).is_some_and(|j| j.is_stopping()) {
+            return Ok(());
+        }
+        let ck = self.st.job(id).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0);
+        self.end_run(idx, now, ck);
+        let ended = self.st.end_attempt(id, t)?;
+        self.jobs[idx].attempt += 1;
+        match ended.state {
+            JobState::Restarting => {
+                self.restarts += 1;
+                self.queued_add(idx, 1);
+                let nb = self.st.job(id).map_or(t, |j| j.not_before);
+                self.push(nb.0, Ev::Wake);
+            }
+            JobState::Preempted => self.queued_add(idx, 1),
+            JobState::Failed | JobState::Cancelled => {
+                self.jobs[idx].failed = true;
+                self.jobs[idx].finish = Some(now);
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -756,6 +793,7 @@ pub fn simulate(
         queued_sizes: BTreeMap::new(),
         preemptions: 0,
         restarts: 0,
+        node_losses: 0,
         lost_gpu_ms: 0.0,
         cost_od: 0.0,
         cost_spot: 0.0,
@@ -826,10 +864,9 @@ pub fn simulate(
         }
         if next_arrival.is_none()
             && e.st.running_count() == 0
-            && !e
-                .heap
-                .iter()
-                .any(|Reverse((_, _, ev))| matches!(ev, Ev::Wake | Ev::NodeRecover(_) | Ev::Completion { .. }))
+            && !e.heap.iter().any(|Reverse((_, _, ev))| {
+                matches!(ev, Ev::Wake | Ev::NodeRecover(_) | Ev::Completion { .. } | Ev::StopConfirmed { .. })
+            })
         {
             break; // only jobs that can never be placed are left
         }
@@ -898,6 +935,12 @@ pub fn simulate(
                     }
                     changed = true;
                 }
+                Ev::StopConfirmed { job, attempt } => {
+                    if e.jobs[job as usize].attempt == attempt {
+                        e.confirm_end(job as usize, now)?;
+                        changed = true;
+                    }
+                }
                 Ev::Wake => changed = true,
                 Ev::Tick => {
                     e.tick_pending = false;
@@ -944,7 +987,9 @@ pub fn simulate(
                     }
                 }
                 Ev::SpotGone(n) => {
-                    e.st.set_node_state(NodeId(n), NodeState::Lost, Time(now))?;
+                    // Jobs still stopping when the node goes (stop time longer than the notice) end with it.
+                    e.node_down(NodeId(n), now, NodeState::Lost)?;
+                    changed = true;
                     e.push(now + cfg.mttr.0, Ev::NodeRecover(n));
                 }
             }
@@ -1047,6 +1092,7 @@ pub fn simulate(
         jain_fairness: jain,
         preemptions: e.preemptions,
         restarts: e.restarts,
+        node_losses: e.node_losses,
         lost_gpu_hours: e.lost_gpu_ms / 3_600_000.0,
         cost_on_demand: e.cost_od,
         cost_spot: e.cost_spot,

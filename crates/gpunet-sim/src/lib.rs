@@ -21,7 +21,8 @@ pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod pollux;
-pub mod predict;
+/// ETA prediction lives in the core (a forward replay of its own lifecycle); re-exported for callers of the simulator.
+pub use gpunet_core::predict;
 pub mod report;
 pub mod rng;
 pub mod trace;

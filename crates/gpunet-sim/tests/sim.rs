@@ -34,6 +34,7 @@ fn cfg(policy: Policy) -> SimConfig {
         checkpoint_interval: Dur::from_secs(10),
         tick: Dur::from_secs(10),
         check_invariants: true,
+        stop_time: Dur::ZERO,
         ..SimConfig::default()
     }
 }
@@ -63,6 +64,21 @@ fn fifo_sjf_and_las_give_the_hand_computed_jcts() {
     assert_eq!(r.jcts, vec![50.0, 140.0, 150.0]);
     assert_eq!(r.preemptions, 2);
     assert_eq!(r.lost_gpu_hours, 0.0, "evictions at checkpoint boundaries lose nothing");
+}
+
+/// With a modelled stop time, a victim keeps its GPU until it is confirmed gone (5 s here), computing meanwhile:
+/// a is demoted at t=30 and holds the GPU to 35 (its checkpoint at 30 keeps 30 s: 5 s lost); b runs from 35, is
+/// demoted at the tick at 70 and holds the GPU to 75 (its checkpoint at 75, every 10 s from its start, keeps all);
+/// c runs 75–85, a 85–155, b 155–165. JCTs: c 65, a 155, b 155.
+#[test]
+fn a_victim_holds_its_gpu_for_the_modelled_stop_time() {
+    let trace = csv(THREE_JOBS);
+    let c = SimConfig { stop_time: Dur::from_secs(5), ..cfg(Policy::Las) };
+    let r = jcts_by_id(&trace, &one_node(1), &c);
+    assert_eq!(r.jcts, vec![65.0, 155.0, 155.0]);
+    assert_eq!((r.preemptions, r.makespan_s), (2, 165.0));
+    assert!((r.lost_gpu_hours - 5.0 / 3600.0).abs() < 1e-9, "{}", r.lost_gpu_hours);
+    assert!((r.utilization - 1.0).abs() < 1e-9, "the GPU is never idle nor shared");
 }
 
 #[test]
@@ -140,7 +156,8 @@ fn failures_and_spot_reclaims_are_survived_and_conserve_work() {
     }
     let r = simulate(&tolerant, &spec4x8(), &c, &mut |_, _| {}).unwrap();
     assert_eq!(r.completed + r.failed, 200);
-    assert!(r.restarts > 0, "failures happened: {r:?}");
+    assert!(r.node_losses > 0, "failures happened: {r:?}");
+    assert_eq!(r.restarts, 0, "a lost node is not the job's own failure");
     let expect = demand + r.lost_gpu_hours;
     assert!((r.gpu_hours_used - expect).abs() < 1e-3 * expect, "used {} vs {}", r.gpu_hours_used, expect);
     assert!(r.cost > 0.0 && r.cost_on_demand > 0.0);

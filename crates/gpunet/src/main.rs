@@ -101,6 +101,10 @@ struct ServerArgs {
     /// Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
     #[arg(long, default_value_t = 10.0)]
     node_lost_after_s: f64,
+    /// Seconds a lost node's tasks stay fenced (their GPUs held) waiting for its agent to come back and confirm them
+    /// killed; after that they are taken as gone and their jobs run again elsewhere.
+    #[arg(long, default_value_t = 60.0)]
+    node_fence_s: f64,
     /// Seconds before the first restart of a failed job (doubling after each restart).
     #[arg(long, default_value_t = 10.0)]
     restart_backoff_s: f64,
@@ -432,7 +436,12 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         Cmd::Cancel(a) => {
             let c = Client::new(&a.conn)?;
             let j: JobView = c.post(&format!("/v1/jobs/{}/cancel", a.id), None, "").await?;
-            print(&c, &j, |j| format!("job-{} {}\n", j.id, j.state))
+            print(&c, &j, |j| match &j.stopping {
+                Some(why) if j.state == "running" => {
+                    format!("job-{} is being {why}: its tasks are stopping (it ends once they are gone)\n", j.id)
+                }
+                _ => format!("job-{} {}\n", j.id, j.state),
+            })
         }
         Cmd::Logs(a) => {
             let c = Client::new(&a.conn)?;
@@ -560,6 +569,10 @@ fn main() -> Result<()> {
                 bail!("invalid --node-lost-after-s / --restart-backoff-s: allowed are seconds > 0 and >= 0");
             }
             cfg.node_lost_after = std::time::Duration::from_secs_f64(a.node_lost_after_s);
+            if !a.node_fence_s.is_finite() || a.node_fence_s < 0.0 {
+                bail!("invalid --node-fence-s {}: allowed is seconds >= 0", a.node_fence_s);
+            }
+            cfg.node_fence_after = std::time::Duration::from_secs_f64(a.node_fence_s);
             cfg.sched.restart_backoff = gpunet_core::Dur((a.restart_backoff_s * 1000.0) as u64);
             if !a.preempt_min_run_s.is_finite() || a.preempt_min_run_s < 0.0 {
                 bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);

@@ -51,6 +51,10 @@ pub(crate) struct SimOpts {
     /// Minutes between job checkpoints.
     #[arg(long, default_value_t = 30)]
     pub(crate) checkpoint_mins: u64,
+    /// Seconds from asking a preempted or drained job to stop until its processes are gone (its GPUs stay held
+    /// meanwhile, as live); default the agent's grace period before SIGKILL.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) stop_time_s: f64,
     /// Turn preemption off.
     #[arg(long)]
     pub(crate) no_preemption: bool,
@@ -132,6 +136,9 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
     };
     let mut sched = SchedConfig { backfill: o.backfill, ..SchedConfig::with_policy(policy) };
     sched.preemption.enabled = !o.no_preemption;
+    if !o.stop_time_s.is_finite() || !(0.0..=86_400.0).contains(&o.stop_time_s) {
+        bail!("invalid --stop-time-s {}: allowed are 0 to 86400 seconds", o.stop_time_s);
+    }
     Ok(SimConfig {
         sched,
         quotas: o.quotas.parse()?,
@@ -146,6 +153,7 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
         max_jobs: o.max_jobs,
         autoscale,
         spot_jobs: o.spot_jobs.parse()?,
+        stop_time: Dur((o.stop_time_s * 1000.0) as u64),
         ..SimConfig::default()
     })
 }

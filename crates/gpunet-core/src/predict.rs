@@ -1,7 +1,8 @@
-//! Predictions from the live state: replay it forward on a virtual clock with the same scheduler, running jobs ending
-//! at their estimated ends and no new arrivals, to say when a queued job should start.
+//! Predictions from the live state: replay it forward on a virtual clock with the same scheduler and lifecycle,
+//! running jobs ending at their estimated ends, stopping attempts confirmed at once, and no new arrivals, to say when a
+//! queued job should start. Pure, like the rest of the core: the server answers ETAs with it.
 
-use gpunet_core::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
+use crate::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
 use std::collections::{HashMap, HashSet};
 
 /// When `job` is predicted to start, and where, or `None` when that cannot be told (a running job without an
@@ -42,6 +43,13 @@ pub fn predict_starts(state: &ClusterState, jobs: &[JobId], now: Time, max_steps
 fn replay(state: &ClusterState, now: Time, max_steps: usize, mut seen: impl FnMut(JobId, Time, &Placement) -> bool) {
     let mut s = state.clone();
     let mut t = now;
+    // Attempts being stopped end first (their stop time is not known: the ETA is optimistic by that much).
+    let stopping: Vec<JobId> = s.jobs().filter(|j| j.is_stopping()).map(|j| j.id).collect();
+    for j in stopping {
+        if s.end_attempt(j, t).is_err() {
+            return;
+        }
+    }
     for _ in 0..max_steps {
         let ds = schedule(&s, t);
         for d in &ds {
@@ -80,7 +88,7 @@ fn replay(state: &ClusterState, now: Time, max_steps: usize, mut seen: impl FnMu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpunet_core::*;
+    use crate::*;
 
     #[test]
     fn eta_follows_the_estimated_ends_of_running_jobs() {

@@ -1,0 +1,124 @@
+//! The shared job lifecycle, live: real processes through real agents (fake GPUs) on loopback. What is checked comes
+//! from the processes themselves (each writes a nanosecond timestamp when it starts and as its last act before it
+//! exits), not from the server's events.
+
+mod common;
+
+use common::{free_port, wait_for, Server};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn setup(extra: &[&str]) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("server"), free_port(), extra);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    (dir, s)
+}
+
+/// `(what, job, attempt, nanoseconds)` lines written by the tasks.
+fn marks(p: &Path) -> Vec<(String, String, u32, u128)> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let v: Vec<&str> = l.split_whitespace().collect();
+            Some((v.first()?.to_string(), v.get(1)?.to_string(), v.get(2)?.parse().ok()?, v.get(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn mark(marks: &[(String, String, u32, u128)], what: &str, job: &str, attempt: u32) -> Option<u128> {
+    marks.iter().find(|m| m.0 == what && m.1 == job && m.2 == attempt).map(|m| m.3)
+}
+
+fn view(s: &Server, id: u64) -> serde_json::Value {
+    let (_, o, _) = s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+    common::json(&o)
+}
+
+/// A victim whose SIGTERM handler takes 4 s (writing its checkpoint) keeps its GPU until it is gone: the preemptor's
+/// process starts only after the victim's last process ended, and the victim's next attempt only after that.
+#[test]
+fn a_preempted_job_keeps_its_gpu_until_its_processes_are_gone() {
+    let (dir, s) = setup(&["--policy", "priority", "--preempt-min-run-s", "0"]);
+    let _a = s.agent("a1", "1xA100-80GB", dir.path(), "127.0.0.1");
+    let log = dir.path().join("marks");
+    let low = format!(
+        "L={0}; a=$GPUNET_ATTEMPT; echo \"start low $a $(date +%s%N)\" >> $L; \
+         if [ \"$a\" != 0 ]; then echo \"end low $a $(date +%s%N)\" >> $L; exit 0; fi; \
+         trap 'sleep 4; echo \"end low $a $(date +%s%N)\" >> $L; exit 0' TERM; \
+         sleep 300 & wait",
+        log.display()
+    );
+    let lo = s.submit(&["--gpus", "1", "--", "sh", "-c", &low]);
+    wait_for(Duration::from_secs(30), || mark(&marks(&log), "start", "low", 0).is_some());
+    let high = format!(
+        "L={0}; echo \"start high $GPUNET_ATTEMPT $(date +%s%N)\" >> $L; sleep 1; \
+         echo \"end high $GPUNET_ATTEMPT $(date +%s%N)\" >> $L",
+        log.display()
+    );
+    let hi = s.submit(&["--gpus", "1", "--priority", "10", "--", "sh", "-c", &high]);
+    // While the victim writes its checkpoint, it still holds the GPU and is shown as stopping.
+    wait_for(Duration::from_secs(30), || view(&s, lo)["stopping"] == "preempted");
+    assert_eq!(view(&s, hi)["state"], "pending", "the preemptor waits for the victim's end");
+    wait_for(Duration::from_secs(60), || s.job_state(hi) == "succeeded" && s.job_state(lo) == "succeeded");
+    let m = marks(&log);
+    let low0_end = mark(&m, "end", "low", 0).expect("the victim's first attempt recorded its end");
+    let high_start = mark(&m, "start", "high", 0).expect("the preemptor started");
+    let high_end = mark(&m, "end", "high", 0).expect("the preemptor ended");
+    let low1_start = mark(&m, "start", "low", 1).expect("the victim resumed as attempt 1");
+    assert!(
+        high_start > low0_end,
+        "preemptor started {} ms before the victim ended",
+        (low0_end - high_start) / 1_000_000
+    );
+    assert!(low1_start > low0_end, "the victim's next attempt overlapped its previous one");
+    assert!(low1_start > high_end, "the victim's next attempt shared the GPU with the preemptor");
+    assert_eq!(m.iter().filter(|x| x.0 == "start").count(), 3, "{m:?}");
+    let v = view(&s, lo);
+    assert_eq!((v["preemptions"].as_u64(), v["restarts"].as_u64()), (Some(1), Some(0)), "{v}");
+}
+
+/// An agent frozen (SIGSTOP) past the loss timeout, then resumed: its node is lost, the job's task there is fenced
+/// (its GPU is not given away, the job does not start elsewhere), the agent kills the old copy on its return, the job
+/// then runs exactly once more, and the loss is not counted as a restart.
+#[test]
+fn a_frozen_agent_s_old_copy_is_killed_on_its_return_and_the_job_runs_once_more() {
+    let (dir, s) = setup(&["--node-lost-after-s", "1", "--node-fence-s", "600", "--restart-backoff-s", "0"]);
+    let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let log = dir.path().join("marks");
+    let cmd = format!(
+        "L={0}; a=$GPUNET_ATTEMPT; echo \"start j $a $(date +%s%N)\" >> $L; \
+         if [ \"$a\" != 0 ]; then echo \"end j $a $(date +%s%N)\" >> $L; exit 0; fi; \
+         echo $$ > {0}.pid; trap 'echo \"end j $a $(date +%s%N)\" >> $L; exit 0' TERM; sleep 300 & wait",
+        log.display()
+    );
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(30), || mark(&marks(&log), "start", "j", 0).is_some());
+    let agent_pid = a.0.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &agent_pid]).status().unwrap().success());
+    let nodes_state = |name: &str| {
+        let (_, o, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        common::json(&o).as_array().unwrap().iter().find(|n| n["name"] == name).map(|n| n["state"].clone())
+    };
+    wait_for(Duration::from_secs(30), || nodes_state("a1").is_some_and(|x| x == "lost"));
+    // Another node is free, but the job is fenced: it must not start twice.
+    let _b = s.agent("a2", "1xT4", dir.path(), "127.0.0.2");
+    std::thread::sleep(Duration::from_secs(3)); // a negative check: give a wrong start the time to happen
+    assert_eq!(marks(&log).iter().filter(|x| x.0 == "start").count(), 1, "started again while fenced");
+    assert_eq!(view(&s, id)["stopping"], "node_lost");
+    assert!(Command::new("kill").args(["-CONT", &agent_pid]).status().unwrap().success());
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
+    let m = marks(&log);
+    let old_end = mark(&m, "end", "j", 0).expect("the old copy was stopped on the agent's return");
+    let new_start = mark(&m, "start", "j", 1).expect("the job ran again");
+    assert!(new_start > old_end, "the new attempt started before the old copy ended");
+    assert_eq!(m.iter().filter(|x| x.0 == "start").count(), 2, "exactly once more: {m:?}");
+    let pid = std::fs::read_to_string(format!("{}.pid", log.display())).unwrap();
+    assert!(!Path::new(&format!("/proc/{}", pid.trim())).exists(), "the old copy is gone");
+    let v = view(&s, id);
+    assert_eq!((v["restarts"].as_u64(), v["losses"].as_u64()), (Some(0), Some(1)), "{v}");
+    a.kill9();
+}
