@@ -58,7 +58,7 @@ impl ApiError {
         ApiError { code: code.into(), message: message.into(), field: None }
     }
 
-    /// The HTTP status for the code: 400 parse, 422 validation, 401, 403, 404, 409, 413, 500.
+    /// The HTTP status for the code: 400 parse, 422 validation, 401, 403, 404, 409, 413, 503 unavailable, 500.
     pub fn status(&self) -> u16 {
         match self.code.as_str() {
             "parse_error" => 400,
@@ -68,6 +68,7 @@ impl ApiError {
             "not_found" => 404,
             "conflict" => 409,
             "too_large" => 413,
+            "unavailable" => 503,
             _ => 500,
         }
     }

@@ -620,6 +620,19 @@ async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     Ok(([("content-type", "text/plain; version=0.0.4")], st.metrics.render(&gauges)).into_response())
 }
 
+/// `GET /v1/health` (no token): 200 when the control plane accepts changes, 503 when its store refused a write (it is
+/// read-only until the cause is fixed and it restarts).
+async fn health(State(st): State<AppState>) -> Response {
+    if st.metrics.store_writable() {
+        json(StatusCode::OK, serde_json::json!({"status": "ok", "store": "writable"}))
+    } else {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"status": "degraded", "store": "refused a write: read-only until restarted"}),
+        )
+    }
+}
+
 async fn openapi() -> Response {
     json(StatusCode::OK, crate::openapi::document())
 }
@@ -654,6 +667,7 @@ pub fn router(st: AppState) -> Router {
     let max = st.max_body;
     Router::new()
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/batch", post(submit_batch))

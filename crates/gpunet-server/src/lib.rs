@@ -244,11 +244,21 @@ pub fn build(
         writes.push(Write::Token { hash: h, tenant: Some(TOKEN_KIND_AGENT.into()) });
     }
     if !writes.is_empty() {
-        store.commit(writes)?;
+        if let Err(e) = store.commit(writes) {
+            // Serve read-only rather than not at all: health and metrics say why.
+            tracing::error!(error = %e, "the store refused the start-up write: starting read-only");
+            o.metrics.store_refused(&e.to_string());
+        }
+    }
+    // A data directory that cannot be written is reported at start: the control plane starts read-only.
+    if let Err(e) = store.probe_writable() {
+        o.metrics.store_refused(&e.to_string());
     }
     let (tx, rx) = mpsc::channel(65_536);
+    let (atx, arx) = mpsc::unbounded_channel();
+    o.self_tx = Some(atx);
     let tick = cfg.tick;
-    tokio::spawn(o.run(rx, tick));
+    tokio::spawn(o.run(rx, arx, tick));
     let logs_dir = cfg.data_dir.join("logs");
     let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes, notifies, logs_dir };
     Ok((app, gen_admin, gen_join))

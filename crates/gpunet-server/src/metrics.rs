@@ -56,6 +56,10 @@ pub(crate) struct ServerMetrics {
     pub(crate) preemptions: AtomicU64,
     pub(crate) restarts: AtomicU64,
     pub(crate) submitted: AtomicU64,
+    /// Writes the store refused (the control plane is read-only from the first one until restarted).
+    pub(crate) store_write_failures: AtomicU64,
+    /// Why the store cannot be written, once it refused a write (or failed the start-up probe).
+    pub(crate) store_refused: Mutex<Option<String>>,
     pub(crate) api: Mutex<BTreeMap<(String, String, u16), Histogram>>,
 }
 
@@ -67,8 +71,25 @@ impl ServerMetrics {
             preemptions: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             submitted: AtomicU64::new(0),
+            store_write_failures: AtomicU64::new(0),
+            store_refused: Mutex::new(None),
             api: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Records a write the store refused: from now on the control plane is read-only.
+    pub(crate) fn store_refused(&self, why: &str) {
+        self.store_write_failures.fetch_add(1, Ordering::Relaxed);
+        let mut g = self.store_refused.lock().expect("store health lock");
+        if g.is_none() {
+            tracing::error!(error = %why, "the store refused a write: the control plane is read-only until restarted");
+            *g = Some(why.to_string());
+        }
+    }
+
+    /// Whether the store accepts writes.
+    pub(crate) fn store_writable(&self) -> bool {
+        self.store_refused.lock().expect("store health lock").is_none()
     }
 
     pub(crate) fn observe_api(&self, method: &str, route: &str, status: u16, secs: f64) {
@@ -92,9 +113,16 @@ impl ServerMetrics {
             ("gpunet_preemptions_total", "Jobs evicted by the scheduler.", &self.preemptions),
             ("gpunet_restarts_total", "Job restarts after failures.", &self.restarts),
             ("gpunet_jobs_submitted_total", "Jobs accepted.", &self.submitted),
+            ("gpunet_store_write_failures_total", "Writes the store refused.", &self.store_write_failures),
         ] {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
         }
+        let _ = writeln!(
+            s,
+            "# HELP gpunet_store_writable Whether the store accepts writes (0: read-only until restarted).\n\
+             # TYPE gpunet_store_writable gauge\ngpunet_store_writable {}",
+            self.store_writable() as u8
+        );
         let _ = writeln!(s, "# HELP gpunet_api_request_duration_seconds Duration of API requests.");
         let _ = writeln!(s, "# TYPE gpunet_api_request_duration_seconds histogram");
         for ((m, r, st), h) in self.api.lock().expect("api metrics lock").iter() {

@@ -85,6 +85,8 @@ pub fn document() -> Value {
             "/v1/queue": {"get": op("Queued jobs in policy order with why-pending reasons and ETAs (a tenant sees its own)", "jobs", None, ("200", "QueueView")),
                 "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}]},
             "/v1/whoami": {"get": op("The role (admin or tenant) of the token", "cluster", None, ("200", "WhoAmI"))},
+            "/v1/health": {"get": {"summary": "Whether the control plane accepts changes (503: its store refused a write and it is read-only until restarted); no token", "tags": ["cluster"], "security": [],
+                "responses": {"200": {"description": "ok"}, "503": {"description": "degraded: read-only"}}}},
             "/v1/usage": {"get": op("Usage and cost per tenant and job over a period (per-second billing)", "billing", None, ("200", "UsageReport"))},
             "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},
             "/metrics": {"get": op("Prometheus metrics (admin)", "metrics", None, ("200", "text/plain"))}

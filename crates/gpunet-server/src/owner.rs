@@ -113,6 +113,15 @@ pub(crate) enum Cmd {
     },
 }
 
+/// Applies a durable change to the owner's state.
+pub(crate) struct Applier(pub(crate) Box<dyn FnOnce(&mut Owner) + Send>);
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Applier")
+    }
+}
+
 /// Per-node wake-ups for agents waiting on their task set.
 pub(crate) type Notifies = Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>;
 
@@ -183,6 +192,8 @@ pub(crate) struct Owner {
     last_sample: Option<std::time::Instant>,
     /// The latest per-GPU samples each agent sent (real GPUs only).
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
+    /// The owner's own queue, for changes applied once durable.
+    pub(crate) self_tx: Option<mpsc::UnboundedSender<Applier>>,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -265,6 +276,7 @@ impl Owner {
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
+            self_tx: None,
         }
     }
 
@@ -455,12 +467,17 @@ impl Owner {
         out
     }
 
-    /// Applies an agent's report and answers with its node's task set.
+    /// Applies an agent's report and answers with its node's task set, with the writes to make durable before the
+    /// answer is sent (the answer waits for them and for every write queued before: an agent never sees a start the
+    /// store has not accepted).
     fn agent_sync(
         &mut self,
         node: &str,
         mut sync: gpunet_api::agent::AgentSync,
-    ) -> Result<gpunet_api::agent::AgentWork, ApiError> {
+    ) -> Result<(Vec<Write>, gpunet_api::agent::AgentWork), ApiError> {
+        if let Some(e) = self.read_only() {
+            return Err(e);
+        }
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
         let now = now_ms();
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
@@ -557,20 +574,11 @@ impl Owner {
                 }
             }
         }
-        if !writes.is_empty() {
-            self.store.commit_async(
-                writes,
-                Box::new(|r| {
-                    if let Err(e) = r {
-                        tracing::error!(error = %e, "persist agent report");
-                    }
-                }),
-            );
-        }
-        Ok(gpunet_api::agent::AgentWork {
+        let work = gpunet_api::agent::AgentWork {
             version: self.versions.get(node).copied().unwrap_or(0),
             tasks: self.assignments(id),
-        })
+        };
+        Ok((writes, work))
     }
 
     /// An attempt's end was confirmed: bill it, persist the job, say what it became, and wake the agents of its nodes.
@@ -773,12 +781,17 @@ impl Owner {
     }
 
     fn event(&self, job: u64, kind: &str, message: String) -> Write {
+        self.event_broadcast(job, kind, &message);
+        Write::Event { job, at_ms: now_ms(), kind: kind.into(), message }
+    }
+
+    /// Sends a job event to the live event stream.
+    fn event_broadcast(&self, job: u64, kind: &str, message: &str) {
         let _ = self.events.send(
             serde_json::json!({"job": job, "kind": kind, "message": message, "at_ms": now_ms(),
                 "tenant": self.docs.get(&job).map(|d| d.tenant.clone())})
             .to_string(),
         );
-        Write::Event { job, at_ms: now_ms(), kind: kind.into(), message }
     }
 
     fn node_event(&self, name: &str, state: &str) {
@@ -789,15 +802,43 @@ impl Owner {
 
     /// Persists `writes` and replies with `value` once they are durable.
     fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
+        let metrics = self.metrics.clone();
         self.store.commit_async(
             writes,
             Box::new(move |r| {
                 let _ = reply.send(match r {
                     Ok(()) => Ok(value),
-                    Err(e) => Err(ApiError::new("internal", format!("persist the change: {e}"))),
+                    Err(e) => {
+                        metrics.store_refused(&e.to_string());
+                        Err(ApiError::new("internal", format!("persist the change: {e}")))
+                    }
                 });
             }),
         );
+    }
+
+    /// Persists `writes` in the background; a refusal makes the control plane read-only.
+    fn persist(&self, writes: Vec<Write>, what: &'static str) {
+        let metrics = self.metrics.clone();
+        self.store.commit_async(
+            writes,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, what, "persist");
+                    metrics.store_refused(&e.to_string());
+                }
+            }),
+        );
+    }
+
+    /// Refuses a change while the store is read-only.
+    fn read_only(&self) -> Option<ApiError> {
+        (!self.metrics.store_writable()).then(|| {
+            ApiError::new(
+                "unavailable",
+                "the store refused a write: the control plane is read-only until the cause is fixed and it restarts",
+            )
+        })
     }
 
     fn placement_view(&self, p: &Placement) -> Vec<TaskView> {
@@ -975,6 +1016,20 @@ impl Owner {
     }
 
     pub(crate) fn handle(&mut self, cmd: Cmd) {
+        // While the store refuses writes, nothing may change.
+        if let Some(e) = self.read_only() {
+            match cmd {
+                Cmd::Cancel { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::CreateTenant { reply, .. } | Cmd::IssueToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::SetQuota { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::RegisterNode { reply, .. } | Cmd::SetNodeState { reply, .. } => return drop(reply.send(Err(e))),
+                other => return self.handle_cmd(other),
+            }
+        }
+        self.handle_cmd(cmd)
+    }
+
+    fn handle_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Submit { who, subs, reply } => {
                 let now = now_ms();
@@ -1015,25 +1070,72 @@ impl Owner {
                         }
                     }
                 }
+                if let Some(e) = self.read_only() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                // Durable, then visible: the jobs are written first and enter the live state only once the store
+                // has accepted them; a refused write leaves no trace (no job, no start, no event).
+                let mut docs = Vec::with_capacity(prepared.len());
                 for (tenant, sub, warnings, spec) in prepared {
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    if let Err(e) = self.st.submit(JobId(id), spec, Time(now)) {
+                    if let Err(e) = spec.validate() {
                         let _ = reply.send(Err(e.into()));
                         return;
                     }
-                    let job = self.st.job(JobId(id)).expect("just submitted").clone();
-                    self.docs.insert(
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let doc = JobDoc {
+                        job: Job::new(JobId(id), spec, Time(now)),
+                        tenant,
+                        submission: sub,
+                        warnings: warnings.clone(),
+                        last_run: None,
+                    };
+                    writes.push(Write::Job {
                         id,
-                        JobDoc { job, tenant, submission: sub, warnings: warnings.clone(), last_run: None },
-                    );
-                    writes.push(self.job_doc_write(id).expect("just inserted"));
-                    writes.push(self.event(id, "submitted", format!("job-{id} submitted")));
-                    self.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tenant: doc.tenant.clone(),
+                        state: JobState::Pending.to_string(),
+                        doc: serde_json::to_value(&doc).expect("job documents serialise"),
+                    });
+                    writes.push(Write::Event {
+                        job: id,
+                        at_ms: now,
+                        kind: "submitted".into(),
+                        message: format!("job-{id} submitted"),
+                    });
                     out.push(Submitted { id, state: "pending".into(), warnings });
+                    docs.push(doc);
                 }
-                self.dirty = true;
-                self.durable(writes, reply, out);
+                let tx = self.self_tx.clone();
+                let metrics = self.metrics.clone();
+                self.store.commit_async(
+                    writes,
+                    Box::new(move |r| {
+                        if let Err(e) = r {
+                            metrics.store_refused(&e.to_string());
+                            let _ = reply.send(Err(ApiError::new("internal", format!("persist the jobs: {e}"))));
+                            return;
+                        }
+                        let apply = Applier(Box::new(move |o: &mut Owner| {
+                            for mut doc in docs {
+                                let id = doc.job.id;
+                                if let Err(e) = o.st.submit(id, doc.job.spec.clone(), doc.job.submitted) {
+                                    tracing::error!(job = %id, error = %e, "a stored job was refused by the core");
+                                    continue;
+                                }
+                                doc.job = o.st.job(id).expect("just submitted").clone();
+                                o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
+                                o.docs.insert(id.0, doc);
+                                o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            o.dirty = true;
+                            let _ = reply.send(Ok(out));
+                        }));
+                        if let Some(tx) = tx {
+                            let _ = tx.send(apply);
+                        }
+                    }),
+                );
             }
             Cmd::DryRun { who, sub, warnings, reply } => {
                 let r = (|| {
@@ -1367,15 +1469,20 @@ impl Owner {
             Cmd::History { reply } => {
                 let _ = reply.send(Ok(self.history.iter().cloned().collect()));
             }
-            Cmd::AgentSync { node, sync, reply } => {
-                let r = self.agent_sync(&node, sync);
-                let _ = reply.send(r);
-            }
+            Cmd::AgentSync { node, sync, reply } => match self.agent_sync(&node, sync) {
+                Ok((writes, work)) => self.durable(writes, reply, work),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
         }
     }
 
     /// One scheduling pass; persists what changed.
     pub(crate) fn pass(&mut self) {
+        if !self.metrics.store_writable() {
+            return; // read-only: nothing changes until the server restarts on a store that accepts writes
+        }
         self.lose_silent_nodes();
         let t0 = std::time::Instant::now();
         let mut writes = Vec::new();
@@ -1442,14 +1549,7 @@ impl Owner {
             }
         }
         if !writes.is_empty() {
-            self.store.commit_async(
-                writes,
-                Box::new(|r| {
-                    if let Err(e) = r {
-                        tracing::error!(error = %e, "persist scheduling decisions");
-                    }
-                }),
-            );
+            self.persist(writes, "scheduling decisions");
         }
         self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
         self.dirty = false;
@@ -1458,13 +1558,28 @@ impl Owner {
 
     /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of
     /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`.
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tick: std::time::Duration) {
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Cmd>,
+        mut applied: mpsc::UnboundedReceiver<Applier>,
+        tick: std::time::Duration,
+    ) {
         let min_gap = std::time::Duration::from_millis(5);
         let mut ticker = tokio::time::interval(min_gap);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_pass = std::time::Instant::now() - tick;
         loop {
             tokio::select! {
+                Some(f) = applied.recv() => {
+                    (f.0)(&mut self);
+                    while let Ok(f) = applied.try_recv() {
+                        (f.0)(&mut self);
+                    }
+                    if self.dirty && last_pass.elapsed() >= min_gap {
+                        self.pass();
+                        last_pass = std::time::Instant::now();
+                    }
+                }
                 cmd = rx.recv() => {
                     let Some(cmd) = cmd else { break };
                     self.handle(cmd);

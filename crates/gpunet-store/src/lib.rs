@@ -204,4 +204,9 @@ pub trait Store: Send + Sync + 'static {
     fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError>;
     /// Cluster samples taken at or after `since_ms`, oldest first.
     fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError>;
+    /// Checks that the store's medium accepts writes now (at start-up: a full disk or a read-only file is reported
+    /// before the first request).
+    fn probe_writable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

@@ -126,8 +126,19 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The writer thread. After a failed commit it refuses every later batch: what is on disk stays an exact prefix of
+/// what was acknowledged, so that a restart recovers a state the server really had (the server goes read-only on the
+/// first refusal; see `gpunet-server`'s owner).
 fn writer(mut c: Connection, rx: Receiver<Request>) {
+    let mut refused: Option<String> = None;
     while let Ok(first) = rx.recv() {
+        if let Some(e) = &refused {
+            let (_, done) = first;
+            done(Err(StoreError::Commit(format!(
+                "an earlier write was refused ({e}); restart once the cause is fixed"
+            ))));
+            continue;
+        }
         // Group commit: everything that queued up while the last transaction was being written goes in this one.
         let mut group = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -147,7 +158,8 @@ fn writer(mut c: Connection, rx: Receiver<Request>) {
         })();
         let reply = result.map_err(|e| e.to_string());
         if let Err(e) = &reply {
-            tracing::error!(error = %e, batches = group.len(), "store commit failed");
+            tracing::error!(error = %e, batches = group.len(), "store commit failed; refusing later writes");
+            refused = Some(e.clone());
         }
         for (_, done) in group {
             done(reply.clone().map_err(StoreError::Commit));
@@ -187,6 +199,23 @@ fn decode(what: &'static str, key: String, s: &str) -> Result<serde_json::Value,
 }
 
 impl Store for SqliteStore {
+    fn probe_writable(&self) -> Result<(), StoreError> {
+        use std::io::Write as _;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let p = dir.join(".write-probe");
+        let io = |e: std::io::Error| StoreError::Io { path: p.display().to_string(), source: e };
+        // A page's worth, synced: a full disk or a read-only file system fails here. The database file itself must
+        // be writable too (a read-only file refuses the open for writing).
+        let mut f = std::fs::File::create(&p).map_err(io)?;
+        f.write_all(&[0u8; 8192]).and_then(|_| f.sync_all()).map_err(io)?;
+        std::fs::remove_file(&p).map_err(io)?;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| StoreError::Io { path: self.path.display().to_string(), source: e })?;
+        Ok(())
+    }
+
     fn load(&self) -> Result<Snapshot, StoreError> {
         self.with_read(|c| {
             let mut snap = Snapshot::default();

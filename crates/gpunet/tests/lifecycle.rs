@@ -122,3 +122,89 @@ fn a_frozen_agent_s_old_copy_is_killed_on_its_return_and_the_job_runs_once_more(
     assert_eq!((v["restarts"].as_u64(), v["losses"].as_u64()), (Some(0), Some(1)), "{v}");
     a.kill9();
 }
+
+/// Unmounts a test file system when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let o = Command::new("curl").args(["-s", "-w", "\n%{http_code}"]).args(args).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// Durable, then visible: with the data directory on a full disk, a submit is refused and leaves no trace — not in
+/// the API, not on an agent, not after a restart — and the server says it is read-only (health, metrics, at start).
+#[test]
+fn a_submit_the_store_refuses_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    std::fs::create_dir_all(&data).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&data)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root and can mount a tmpfs");
+        eprintln!("SKIPPED: cannot mount a small tmpfs here (needs root)");
+        return;
+    }
+    let _m = Mounted(data.clone());
+    let port = free_port();
+    let s = Server::start(&data, port, &[]);
+    assert!(s.cli("admin-secret", &["tenants", "--create", "t"]).0);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    // Fill the disk to the last byte.
+    let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}/fill", data.display())).arg("bs=64k").output();
+    // A batch big enough that SQLite must grow its files.
+    let arg = "x".repeat(20_000);
+    let jobs: Vec<serde_json::Value> = (0..40)
+        .map(|i| serde_json::json!({"name": format!("j{i}"), "tenant": "t", "gpus": 1, "command": ["echo", arg]}))
+        .collect();
+    let body = dir.path().join("batch.json");
+    std::fs::write(&body, serde_json::Value::Array(jobs).to_string()).unwrap();
+    let body = format!("@{}", body.display());
+    let auth = "Authorization: Bearer admin-secret";
+    let (code, out) = curl(&["-XPOST", "-H", auth, "--data-binary", &body, &format!("{}/v1/jobs/batch", s.url)]);
+    assert_eq!(code, 500, "the store must refuse on a full disk: {out}");
+    let (code, out) = curl(&[&format!("{}/v1/health", s.url)]);
+    assert!(code == 503 && out.contains("degraded"), "{code} {out}");
+    let (_, metrics) = curl(&["-H", auth, &format!("{}/metrics", s.url)]);
+    assert!(metrics.contains("gpunet_store_writable 0"), "{metrics}");
+    let (ok, out, err) = s.cli("admin-secret", &["jobs", "--output", "json"]);
+    assert!(ok, "{err}");
+    assert_eq!(common::json(&out)["jobs"].as_array().map(Vec::len), Some(0), "a refused job is listed: {out}");
+    // Read-only: a later submit is refused too, rather than applied in memory.
+    let (code, _) = curl(&[
+        "-XPOST",
+        "-H",
+        auth,
+        "-d",
+        r#"{"name":"x","tenant":"t","gpus":1,"command":["true"]}"#,
+        &format!("{}/v1/jobs", s.url),
+    ]);
+    assert_eq!(code, 503);
+    assert!(!dir.path().join("a1/logs/job-1").exists(), "no agent ran a refused job");
+    // Started on the full disk, the server says so at once.
+    drop(s);
+    let s = Server::start(&data, port, &[]);
+    let (code, _) = curl(&[&format!("{}/v1/health", s.url)]);
+    assert_eq!(code, 503, "a store that cannot be written is reported at start");
+    // Space again: after a restart the refused jobs are absent, and new work runs.
+    drop(s);
+    std::fs::remove_file(data.join("fill")).unwrap();
+    let s = Server::start(&data, port, &[]);
+    let (code, _) = curl(&[&format!("{}/v1/health", s.url)]);
+    assert_eq!(code, 200);
+    let (_, out, _) = s.cli("admin-secret", &["jobs", "--output", "json"]);
+    assert_eq!(common::json(&out)["jobs"].as_array().map(Vec::len), Some(0), "a refused job came back: {out}");
+    let id = s.submit(&["--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+}
