@@ -1,6 +1,9 @@
 //! CPU and memory limits through cgroups: v2 where the unified hierarchy has the controllers, else v1 (the memory
-//! and cpu hierarchies), else none. Each task attempt gets its own group; the OOM killer's verdict is read back
-//! from it when the task ends.
+//! and cpu hierarchies, and the freezer), else none. Each task attempt gets its own group; the OOM killer's verdict
+//! is read back from it when the task ends, and at the end of the attempt every process still in it is killed
+//! ([`TaskCgroup::kill_all`]: v2 `cgroup.kill`; v1 freeze, SIGKILL each, thaw, until empty), so nothing a job starts
+//! (`setsid`, double forks, probes) outlives it. The task joins its groups as root (the wrapper, before it drops to
+//! the task's user), so the groups' files stay root's and a job cannot leave its group.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,8 @@ pub enum Cgroups {
         memory: Option<PathBuf>,
         /// Parent of task groups in the cpu hierarchy.
         cpu: Option<PathBuf>,
+        /// Parent of task groups in the freezer hierarchy (stops a group so that all of it can be killed).
+        freezer: Option<PathBuf>,
     },
     /// No usable cgroups: tasks run without limits.
     None,
@@ -36,6 +41,10 @@ pub struct TaskCgroup {
     /// v1 with `oom_kill_disable` set: a task at its memory limit is held (not killed by the kernel) and the agent
     /// kills it and reports the OOM (see [`TaskCgroup::under_oom`]).
     held: bool,
+    /// v1 freezer group.
+    freezer: Option<PathBuf>,
+    /// v2: the group has `cgroup.kill`.
+    v2: bool,
 }
 
 fn own_path(controller: &str) -> Option<String> {
@@ -79,7 +88,7 @@ impl Cgroups {
         };
         let (memory, cpu) = (v1("memory"), v1("cpu"));
         if memory.is_some() || cpu.is_some() {
-            return Cgroups::V1 { memory, cpu };
+            return Cgroups::V1 { memory, cpu, freezer: v1("freezer") };
         }
         Cgroups::None
     }
@@ -88,13 +97,16 @@ impl Cgroups {
     pub fn describe(&self) -> String {
         match self {
             Cgroups::V2 { controllers, .. } => format!("cgroup-v2: {}", controllers.join(", ")),
-            Cgroups::V1 { memory, cpu } => {
+            Cgroups::V1 { memory, cpu, freezer } => {
                 let mut v = Vec::new();
                 if memory.is_some() {
                     v.push("memory");
                 }
                 if cpu.is_some() {
                     v.push("cpu");
+                }
+                if freezer.is_some() {
+                    v.push("freezer");
                 }
                 format!("cgroup-v1: {}", v.join(", "))
             }
@@ -121,8 +133,15 @@ impl Cgroups {
                 }
                 Ok(Some(TaskCgroup::v2(d)))
             }
-            Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
+            Cgroups::V1 { memory, cpu, freezer } => {
+                let mut t = TaskCgroup::empty();
+                if let Some(f) = freezer {
+                    let d = f.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.freezer = Some(d.clone());
+                    t.dirs.push(d);
+                }
                 if let Some(m) = memory {
                     let d = m.join(name);
                     std::fs::create_dir_all(&d)?;
@@ -158,8 +177,13 @@ impl Cgroups {
                 let d = base.join(name);
                 d.is_dir().then(|| TaskCgroup::v2(d))
             }
-            Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
+            Cgroups::V1 { memory, cpu, freezer } => {
+                let mut t = TaskCgroup::empty();
+                if let Some(d) = freezer.as_ref().map(|f| f.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.freezer = Some(d.clone());
+                    t.dirs.push(d);
+                }
                 if let Some(d) = memory.as_ref().map(|m| m.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
                     t.held = std::fs::read_to_string(d.join("memory.oom_control"))
@@ -183,8 +207,70 @@ impl TaskCgroup {
         TaskCgroup {
             procs: vec![d.join("cgroup.procs")],
             oom: Some((d.join("memory.events"), true)),
+            v2: d.join("cgroup.kill").exists(),
             dirs: vec![d],
             held: false,
+            freezer: None,
+        }
+    }
+
+    fn empty() -> TaskCgroup {
+        TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false, freezer: None, v2: false }
+    }
+
+    /// Processes in the group now.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .procs
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>()
+            })
+            .filter_map(|l| l.trim().parse().ok())
+            .filter(|p| *p > 1)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Kills every process in the group and waits (up to about five seconds) until it is empty; returns how many
+    /// processes were killed. v2: `cgroup.kill`. v1 with the freezer: the group is frozen first, so no process can
+    /// fork or exit (and so free its id for reuse) between the read of `cgroup.procs` and the signal; then each gets
+    /// SIGKILL and the group thaws. Without either, `cgroup.procs` is read and killed repeatedly until empty.
+    /// Blocking: call it off the async threads.
+    pub fn kill_all(&self) -> usize {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let mut killed = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() || std::time::Instant::now() > deadline {
+                return killed;
+            }
+            if self.v2 {
+                let _ = std::fs::write(self.dirs[0].join("cgroup.kill"), "1");
+                killed += pids.len();
+            } else if let Some(f) = &self.freezer {
+                let state = f.join("freezer.state");
+                let _ = std::fs::write(&state, "FROZEN");
+                let frozen_by = std::time::Instant::now() + std::time::Duration::from_millis(500);
+                while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() != "FROZEN")
+                    && std::time::Instant::now() < frozen_by
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                for p in self.pids() {
+                    killed += usize::from(kill(Pid::from_raw(p), Signal::SIGKILL).is_ok());
+                }
+                let _ = std::fs::write(&state, "THAWED");
+            } else {
+                for p in pids {
+                    killed += usize::from(kill(Pid::from_raw(p), Signal::SIGKILL).is_ok());
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 
@@ -235,7 +321,7 @@ mod tests {
         }
         let cg = Cgroups::detect(&root, "gpunet-test");
         match &cg {
-            Cgroups::V1 { memory: Some(_), cpu: Some(_) } => {}
+            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None } => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(cg.describe(), "cgroup-v1: memory, cpu");

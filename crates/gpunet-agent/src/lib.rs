@@ -7,6 +7,7 @@
 //! `--fake-gpus 8xA100-80GB` declares fake GPUs instead (marked `fake` everywhere; they report no samples). Without
 //! either the agent registers a node without GPUs.
 
+pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
 pub mod gpus;
@@ -75,6 +76,8 @@ pub struct AgentConfig {
     /// The `gpunet` executable, whose `task-exec` wraps every task so that an agent started again on the same data
     /// directory adopts the tasks its previous run left (see [`wrapper`]); `None`: such tasks are killed instead.
     pub wrapper: Option<PathBuf>,
+    /// `PATH` of every task ([`launcher::DEFAULT_TASK_PATH`] unless set); a job cannot set its own.
+    pub task_path: String,
 }
 
 /// Parses `8xA100-80GB` (count `x` model).
@@ -151,7 +154,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let http = reqwest::Client::builder()
         .build()
         .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
-    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
+    // One parent group per agent and data directory: two agents on one machine never share task groups (whose
+    // processes are all killed at the end of an attempt), and an agent started again on the same directory finds
+    // its groups.
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone()).hash(&mut h);
+        format!("gpunet-{}-{:08x}", cfg.name, h.finish() as u32)
+    };
+    let _ = std::fs::create_dir_all(&cfg.data_dir);
+    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &tag);
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
@@ -159,6 +172,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     if let Some(w) = &cfg.wrapper {
         launcher.wrap_with(w.clone());
     }
+    launcher.task_path(cfg.task_path.clone());
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
     let adopted = launcher.adopt();
@@ -366,6 +380,7 @@ mod tests {
             address: "127.0.0.1".into(),
             run_as: None,
             wrapper: None,
+            task_path: launcher::DEFAULT_TASK_PATH.into(),
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

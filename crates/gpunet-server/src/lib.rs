@@ -50,6 +50,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// An agent that has not synced for this long loses its node (its jobs restart elsewhere).
     pub node_lost_after: std::time::Duration,
+    /// Roots checkpoint tier URLs must lie beneath, e.g. `file:///srv/ckpt/{tenant}` or `s3://bucket/{tenant}/`
+    /// (`{tenant}`: the job's tenant). Empty: tiers only on the nodes' own disks.
+    pub checkpoint_roots: Vec<String>,
 }
 
 impl Config {
@@ -64,6 +67,7 @@ impl Config {
             tick: std::time::Duration::from_secs(1),
             max_body_bytes: 4 << 20,
             node_lost_after: std::time::Duration::from_secs(10),
+            checkpoint_roots: Vec::new(),
         }
     }
 }
@@ -153,6 +157,7 @@ pub fn build(
     let mut o = owner::Owner::new(st, store.clone(), auth.clone(), metrics.clone(), events.clone());
     o.load_history(&store.samples(now_ms().saturating_sub(owner::HISTORY_SPAN_MS))?);
     o.lost_after = cfg.node_lost_after;
+    o.checkpoint_roots = cfg.checkpoint_roots.clone();
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };

@@ -170,6 +170,8 @@ pub(crate) struct Owner {
     pub(crate) notifies: Notifies,
     /// An agent that has not synced for this long loses its node.
     pub(crate) lost_after: std::time::Duration,
+    /// Where checkpoint tier URLs may point (`{tenant}` replaced); see `gpunet_api::spec::check_checkpoint_roots`.
+    pub(crate) checkpoint_roots: Vec<String>,
     /// Allocation samples for the portal's charts, oldest first.
     history: std::collections::VecDeque<HistoryPoint>,
     last_sample: Option<std::time::Instant>,
@@ -252,6 +254,7 @@ impl Owner {
             ranks_done: HashMap::new(),
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
             lost_after: std::time::Duration::from_secs(10),
+            checkpoint_roots: Vec::new(),
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
@@ -866,7 +869,9 @@ impl Owner {
                             return;
                         }
                     };
-                    match sub.to_core(tid) {
+                    match sub.to_core(tid).and_then(|s| {
+                        gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots).map(|_| s)
+                    }) {
                         Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
                         Err(mut e) => {
                             if i > 0 {
@@ -905,6 +910,7 @@ impl Owner {
                         _ => return Err(ApiError::missing("tenant")),
                     };
                     let spec = sub.to_core(self.tenant_id(&tenant)?)?;
+                    gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
                     let mut probe = self.st.clone();
                     let id = JobId(u64::MAX - 1);
                     let now = Time(now_ms());
