@@ -81,7 +81,13 @@ pub struct Launcher {
     wrapper: Option<PathBuf>,
     /// `PATH` of every task (and of the wrapper).
     task_path: String,
+    /// Per-tenant identities: uid and gid `base + tenant index`.
+    tenant_uid_base: Option<u32>,
 }
+
+/// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
+/// the ranges distributions give to users and subordinate ids of the first users.
+pub const DEFAULT_TENANT_UID_BASE: u32 = 200_000;
 
 /// The `PATH` tasks get unless the agent is told otherwise (`--task-path`).
 pub const DEFAULT_TASK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -266,6 +272,7 @@ impl Launcher {
             checkpointed: Default::default(),
             wrapper: None,
             task_path: DEFAULT_TASK_PATH.into(),
+            tenant_uid_base: None,
         }
     }
 
@@ -305,9 +312,27 @@ impl Launcher {
         self.procs.remove(t);
     }
 
-    /// The uid and gid a task runs as: `--run-as`'s user, else the agent's own.
-    fn identity(&self, _a: &TaskAssignment) -> Option<(u32, u32)> {
-        self.run_as
+    /// Runs each tenant's tasks as its own uid and gid, `base + the tenant's index` (the server's stable
+    /// registration order, sent in every assignment). Tenants then cannot read each other's files (their task,
+    /// checkpoint and working directories are 0700), `/proc/PID/environ`, memory or file descriptors, nor signal each
+    /// other's processes: the kernel checks all of these against the uid. What stays visible is the process list and
+    /// command lines (world-readable in `/proc`); hiding them needs `hidepid=2` on the host's `/proc` (a host-wide
+    /// mount option that also hides processes from the node's own tools unless a `gid=` group is exempted) or a PID
+    /// namespace per task (which needs its own mount namespace and `/proc`); distinct uids give the protection that
+    /// matters (secrets, signals) without either.
+    pub fn tenant_uids(&mut self, base: u32) {
+        self.tenant_uid_base = Some(base);
+    }
+
+    /// The uid and gid a task runs as: `--run-as`'s user, else the tenant's own identity (with
+    /// [`Launcher::tenant_uids`]), else the agent's own.
+    fn identity(&self, a: &TaskAssignment) -> Option<(u32, u32)> {
+        if self.run_as.is_some() {
+            return self.run_as;
+        }
+        let base = self.tenant_uid_base?;
+        let id = base.checked_add(a.tenant_index?)?;
+        Some((id, id))
     }
 
     /// The task's environment. It starts empty (nothing of the agent's own environment: no credentials, no join

@@ -78,6 +78,22 @@ pub struct AgentConfig {
     pub wrapper: Option<PathBuf>,
     /// `PATH` of every task ([`launcher::DEFAULT_TASK_PATH`] unless set); a job cannot set its own.
     pub task_path: String,
+    /// Per-tenant Unix identities: each tenant's tasks run as uid and gid `base + tenant index` (see
+    /// [`launcher::Launcher::tenant_uids`]); `run_as` wins when both are set.
+    pub tenant_uid_base: Option<u32>,
+}
+
+/// Whether this process runs as root (and so can run tasks as other users).
+pub fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether users other than the owner can reach `dir` (every directory from `/` down to it has the others'
+/// execute bit): per-tenant identities need it, since a task's own directory lies beneath the data directory.
+pub fn others_can_reach(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(abs) = std::fs::canonicalize(dir) else { return false };
+    abs.ancestors().all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
 
 /// Parses `8xA100-80GB` (count `x` model).
@@ -164,6 +180,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         format!("gpunet-{}-{:08x}", cfg.name, h.finish() as u32)
     };
     let _ = std::fs::create_dir_all(&cfg.data_dir);
+    if cfg.tenant_uid_base.is_some() && cfg.run_as.is_none() && !others_can_reach(&cfg.data_dir) {
+        tracing::warn!(data_dir = %cfg.data_dir.display(), "per-tenant users cannot reach the data directory \
+                       (a parent without the others' x bit): their tasks will fail to start");
+    }
     let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &tag);
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
@@ -173,6 +193,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         launcher.wrap_with(w.clone());
     }
     launcher.task_path(cfg.task_path.clone());
+    if let Some(base) = cfg.tenant_uid_base {
+        launcher.tenant_uids(base);
+    }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
     let adopted = launcher.adopt();
@@ -381,6 +404,7 @@ mod tests {
             run_as: None,
             wrapper: None,
             task_path: launcher::DEFAULT_TASK_PATH.into(),
+            tenant_uid_base: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -415,6 +415,7 @@ impl Owner {
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
+                    tenant_index: Some(j.spec.tenant.0),
                     tiers: doc
                         .submission
                         .checkpoint_tiers

@@ -149,6 +149,13 @@ struct AgentArgs {
     /// `PATH` of every task (jobs cannot set their own; they start from an empty environment).
     #[arg(long, env = "GPUNET_TASK_PATH", default_value = gpunet_agent::launcher::DEFAULT_TASK_PATH)]
     task_path: String,
+    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index (the agent must
+    /// run as root; `--run-as` wins).
+    #[arg(long)]
+    tenant_uids: bool,
+    /// First uid (and gid) of the per-tenant range.
+    #[arg(long, default_value_t = gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE)]
+    tenant_uid_base: u32,
 }
 
 /// The GPUs NVML finds; none where NVML is absent (no NVIDIA driver).
@@ -190,6 +197,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         run_as: a.run_as.clone(),
         wrapper: std::env::current_exe().ok(),
         task_path: a.task_path.clone(),
+        tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
     })
 }
 
@@ -638,6 +646,14 @@ fn main() -> Result<()> {
             let data =
                 std::fs::canonicalize(&a.data_dir).with_context(|| format!("resolve {}", a.data_dir.display()))?;
             cfg.checkpoint_roots = vec![format!("file://{}/tiers/{{tenant}}", data.display())];
+            let tenant_uids = gpunet_agent::running_as_root() && gpunet_agent::others_can_reach(&data);
+            if gpunet_agent::running_as_root() && !tenant_uids {
+                eprintln!(
+                    "warning: {} is not reachable by other users, so every tenant's tasks run as root; use a data \
+                     directory under a path like /srv or /var/lib for per-tenant users",
+                    data.display()
+                );
+            }
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir.join("server"))?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -656,6 +672,10 @@ fn main() -> Result<()> {
                     run_as: None,
                     wrapper: std::env::current_exe().ok(),
                     task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
+                    // Each tenant's tasks as its own user where the agent can switch users.
+                    // (where the agent can switch users and they can reach their directories under the data
+                    // directory; otherwise tasks run as the agent's user, as `gpunet up` says at start).
+                    tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

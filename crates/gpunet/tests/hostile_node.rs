@@ -272,3 +272,54 @@ fn a_setsid_process_of_a_liveness_probe_dies_with_the_job() {
     assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "{pid:?}");
     wait_for(Duration::from_secs(20), || !alive(&pid));
 }
+
+#[test]
+fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    // The tenants' users must reach their directories beneath the agent's data directory.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "u"]);
+    assert!(ok, "{err}");
+    let _a = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--tenant-uids"]);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let bpid = shared.join("b.pid");
+    let _cleanup = KillOnDrop(bpid.clone());
+    // Tenant u's job holds a secret in its environment and runs until cancelled.
+    let b = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: victim\ntenant: u\ngpus: 1\nenv: {{SECRET: u-secret}}\ncommand: [sh, -c, 'echo $$ > {}; exec sleep 300']\n",
+            bpid.display()
+        ),
+    );
+    wait_for(Duration::from_secs(30), || read(&bpid).parse::<u32>().is_ok());
+    let attack = format!(
+        "id -u; B=$(cat {}); \
+         if cat /proc/$B/environ >/dev/null 2>&1; then echo environ-read; else echo environ-denied; fi; \
+         if kill -0 $B 2>/dev/null; then echo signal-sent; else echo signal-denied; fi; \
+         if ls $GPUNET_CHECKPOINT_DIR/../job-{b} >/dev/null 2>&1; then echo files-read; else echo files-denied; fi",
+        bpid.display()
+    );
+    let a = submit_yaml(
+        &s,
+        dir.path(),
+        &format!("name: attacker\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, {attack:?}]\n"),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(a) == "succeeded");
+    let out = log(dir.path(), "a1", a);
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["200000", "environ-denied", "signal-denied", "files-denied"], "{out}");
+    // The victim's directories are its own user's, 0700.
+    for d in [format!("a1/checkpoints/job-{b}"), format!("a1/work/job-{b}/rank-0")] {
+        let m = std::fs::metadata(dir.path().join(&d)).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (200_001, 200_001, 0o700), "{d}");
+    }
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &b.to_string()]);
+    assert!(ok, "{err}");
+    let pid = read(&bpid);
+    wait_for(Duration::from_secs(20), || !alive(&pid));
+}
