@@ -26,6 +26,8 @@ pub enum Cgroups {
         cpu: Option<PathBuf>,
         /// Parent of task groups in the freezer hierarchy (stops a group so that all of it can be killed).
         freezer: Option<PathBuf>,
+        /// Parent of task groups in the devices hierarchy (a task opens only the devices it was given).
+        devices: Option<PathBuf>,
     },
     /// No usable cgroups: tasks run without limits.
     None,
@@ -88,7 +90,7 @@ impl Cgroups {
         };
         let (memory, cpu) = (v1("memory"), v1("cpu"));
         if memory.is_some() || cpu.is_some() {
-            return Cgroups::V1 { memory, cpu, freezer: v1("freezer") };
+            return Cgroups::V1 { memory, cpu, freezer: v1("freezer"), devices: v1("devices") };
         }
         Cgroups::None
     }
@@ -97,7 +99,7 @@ impl Cgroups {
     pub fn describe(&self) -> String {
         match self {
             Cgroups::V2 { controllers, .. } => format!("cgroup-v2: {}", controllers.join(", ")),
-            Cgroups::V1 { memory, cpu, freezer } => {
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
                 let mut v = Vec::new();
                 if memory.is_some() {
                     v.push("memory");
@@ -108,14 +110,25 @@ impl Cgroups {
                 if freezer.is_some() {
                     v.push("freezer");
                 }
+                if devices.is_some() {
+                    v.push("devices");
+                }
                 format!("cgroup-v1: {}", v.join(", "))
             }
             Cgroups::None => "none".into(),
         }
     }
 
-    /// Makes the groups of one task with its limits.
-    pub fn create(&self, name: &str, memory_mib: u64, cpu_milli: u64) -> io::Result<Option<TaskCgroup>> {
+    /// Makes the groups of one task with its limits. `devices`: the v1 device rules (`c MAJOR:MINOR rwm`) the task
+    /// may use, all others denied (see [`device_rules`]); `None` leaves devices alone. cgroup v2 has no devices
+    /// file (it takes an eBPF program), so there the rules are not applied.
+    pub fn create(
+        &self,
+        name: &str,
+        memory_mib: u64,
+        cpu_milli: u64,
+        devices: Option<&[String]>,
+    ) -> io::Result<Option<TaskCgroup>> {
         let bytes = memory_mib.max(4) * 1024 * 1024;
         // CFS: quota per 100 ms period; 1000 millicores = one full period.
         let quota = (cpu_milli.max(10) * 100).to_string();
@@ -133,8 +146,19 @@ impl Cgroups {
                 }
                 Ok(Some(TaskCgroup::v2(d)))
             }
-            Cgroups::V1 { memory, cpu, freezer } => {
+            Cgroups::V1 { memory, cpu, freezer, devices: dev_parent } => {
                 let mut t = TaskCgroup::empty();
+                if let (Some(p), Some(rules)) = (dev_parent, devices) {
+                    let d = p.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    // Deny everything, then allow the task's own; written before any process joins.
+                    std::fs::write(d.join("devices.deny"), "a")?;
+                    for r in rules {
+                        std::fs::write(d.join("devices.allow"), r)?;
+                    }
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
                 if let Some(f) = freezer {
                     let d = f.join(name);
                     std::fs::create_dir_all(&d)?;
@@ -177,8 +201,12 @@ impl Cgroups {
                 let d = base.join(name);
                 d.is_dir().then(|| TaskCgroup::v2(d))
             }
-            Cgroups::V1 { memory, cpu, freezer } => {
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
                 let mut t = TaskCgroup::empty();
+                if let Some(d) = devices.as_ref().map(|p| p.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
                 if let Some(d) = freezer.as_ref().map(|f| f.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
                     t.freezer = Some(d.clone());
@@ -199,6 +227,38 @@ impl Cgroups {
             }
         }
     }
+}
+
+/// The device rules of a task given GPUs `gpus`, for a v1 devices group: its own `/dev/nvidiaN` and the driver's
+/// control devices (`nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`; their numbers read from
+/// `dev_dir`, normally `/dev`, with the driver's fixed numbers where absent), the usual `null`, `zero`, `full`,
+/// `random`, `urandom`, `tty`, `ptmx` and pseudo-terminals, and InfiniBand verbs (major 231, for NCCL over RDMA).
+/// Other GPUs, disks and everything else are denied.
+pub fn device_rules(dev_dir: &Path, gpus: &[u32]) -> Vec<String> {
+    let number = |p: &Path| -> Option<(u32, u32)> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = std::fs::metadata(p).ok().filter(|m| m.file_type().is_char_device())?;
+        Some((rustix::fs::major(m.rdev()), rustix::fs::minor(m.rdev())))
+    };
+    let mut v: Vec<String> = ["1:3", "1:5", "1:7", "1:8", "1:9", "5:0", "5:2", "136:*", "231:*"]
+        .iter()
+        .map(|d| format!("c {d} rwm"))
+        .collect();
+    for g in gpus {
+        let (ma, mi) = number(&dev_dir.join(format!("nvidia{g}"))).unwrap_or((195, *g));
+        v.push(format!("c {ma}:{mi} rwm"));
+    }
+    for (name, fixed) in [
+        ("nvidiactl", Some((195, 255))),
+        ("nvidia-modeset", Some((195, 254))),
+        ("nvidia-uvm", None),
+        ("nvidia-uvm-tools", None),
+    ] {
+        if let Some((ma, mi)) = number(&dev_dir.join(name)).or(fixed) {
+            v.push(format!("c {ma}:{mi} rwm"));
+        }
+    }
+    v
 }
 
 impl TaskCgroup {
@@ -321,11 +381,11 @@ mod tests {
         }
         let cg = Cgroups::detect(&root, "gpunet-test");
         match &cg {
-            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None } => {}
+            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None, devices: None } => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(cg.describe(), "cgroup-v1: memory, cpu");
-        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500).unwrap().unwrap();
+        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500, None).unwrap().unwrap();
         assert_eq!(t.procs.len(), 2);
         let mem = t.procs[0].with_file_name("memory.limit_in_bytes");
         assert_eq!(std::fs::read_to_string(mem).unwrap(), (512u64 * 1024 * 1024).to_string());

@@ -83,6 +83,8 @@ pub struct Launcher {
     task_path: String,
     /// Per-tenant identities: uid and gid `base + tenant index`.
     tenant_uid_base: Option<u32>,
+    /// Where the GPUs' device nodes are (`/dev`; another directory in tests with fake device nodes).
+    dev_dir: PathBuf,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -273,7 +275,13 @@ impl Launcher {
             wrapper: None,
             task_path: DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
+            dev_dir: PathBuf::from("/dev"),
         }
+    }
+
+    /// Reads the GPUs' device numbers from `dir` instead of `/dev`.
+    pub fn device_dir(&mut self, dir: PathBuf) {
+        self.dev_dir = dir;
     }
 
     /// Sets the `PATH` of every task.
@@ -421,10 +429,12 @@ impl Launcher {
                 Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
             }
         }
+        let devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
         let group = match self.cgroups.create(
             &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
             a.memory_mib,
             a.cpu_milli,
+            Some(&devices),
         ) {
             Ok(g) => g,
             Err(e) => {

@@ -81,6 +81,8 @@ pub struct AgentConfig {
     /// Per-tenant Unix identities: each tenant's tasks run as uid and gid `base + tenant index` (see
     /// [`launcher::Launcher::tenant_uids`]); `run_as` wins when both are set.
     pub tenant_uid_base: Option<u32>,
+    /// Where the GPUs' device nodes are (default `/dev`), for the devices cgroup.
+    pub device_dir: Option<PathBuf>,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -195,6 +197,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     launcher.task_path(cfg.task_path.clone());
     if let Some(base) = cfg.tenant_uid_base {
         launcher.tenant_uids(base);
+    }
+    if let Some(d) = &cfg.device_dir {
+        launcher.device_dir(d.clone());
     }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
@@ -405,6 +410,7 @@ mod tests {
             wrapper: None,
             task_path: launcher::DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
+            device_dir: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -156,6 +156,9 @@ struct AgentArgs {
     /// First uid (and gid) of the per-tenant range.
     #[arg(long, default_value_t = gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE)]
     tenant_uid_base: u32,
+    /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
+    #[arg(long, default_value = "/dev")]
+    device_dir: PathBuf,
 }
 
 /// The GPUs NVML finds; none where NVML is absent (no NVIDIA driver).
@@ -198,6 +201,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         wrapper: std::env::current_exe().ok(),
         task_path: a.task_path.clone(),
         tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
+        device_dir: Some(a.device_dir.clone()),
     })
 }
 
@@ -676,6 +680,7 @@ fn main() -> Result<()> {
                     // (where the agent can switch users and they can reach their directories under the data
                     // directory; otherwise tasks run as the agent's user, as `gpunet up` says at start).
                     tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
+                    device_dir: None,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

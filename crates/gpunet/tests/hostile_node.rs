@@ -323,3 +323,44 @@ fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
     let pid = read(&bpid);
     wait_for(Duration::from_secs(20), || !alive(&pid));
 }
+
+#[test]
+fn a_task_opens_its_own_gpu_device_and_not_another_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    // Fake device nodes with the NVIDIA driver's numbers (char 195:N, nvidiactl 195:255).
+    let dev = dir.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for (name, minor) in [("nvidia0", "0"), ("nvidia1", "1"), ("nvidiactl", "255")] {
+        let p = dev.join(name);
+        let ok = Command::new("mknod").args([p.to_str().unwrap(), "c", "195", minor]).status();
+        if !ok.is_ok_and(|s| s.success()) {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root and can mknod");
+            eprintln!("SKIPPED: cannot make device nodes here");
+            return;
+        }
+    }
+    let _a = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--device-dir", dev.to_str().unwrap()]);
+    if !isolation(&s).contains("devices") {
+        assert!(std::env::var_os("CI").is_none(), "CI has the v1 devices controller; isolation: {}", isolation(&s));
+        eprintln!("SKIPPED: no devices cgroup here ({})", isolation(&s));
+        return;
+    }
+    // Opening a node the devices cgroup denies fails with EPERM; an allowed one without a driver behind it with
+    // ENXIO (or opens, where a driver is loaded).
+    let script = format!(
+        "try() {{ if msg=$( (true <> \"$1\") 2>&1 ); then echo opened; else case \"$msg\" in \
+         *'not permitted'*) echo denied;; *) echo \"allowed: $msg\";; esac; fi; }}; \
+         echo \"own $(try {0}/nvidia$CUDA_VISIBLE_DEVICES)\"; echo \"other $(try {0}/nvidia$((1 - CUDA_VISIBLE_DEVICES)))\"; \
+         echo \"ctl $(try {0}/nvidiactl)\"; echo \"null $(try /dev/null)\"",
+        dev.display()
+    );
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let out = log(dir.path(), "a1", id);
+    let line = |k: &str| out.lines().find(|l| l.starts_with(k)).unwrap_or("").to_string();
+    assert!(line("own ").starts_with("own ") && !line("own ").contains("denied"), "{out}");
+    assert!(!line("ctl ").contains("denied") && !line("ctl ").is_empty(), "{out}");
+    assert_eq!(line("other "), "other denied", "{out}");
+    assert_eq!(line("null "), "null opened", "{out}");
+}

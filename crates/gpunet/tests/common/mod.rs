@@ -24,7 +24,19 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// Asks the process to stop (SIGINT: an agent then stops its tasks, so a test leaves none behind), and kills it
+    /// when it is still there after 15 s.
     fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(15) {
+                if !matches!(self.0.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
