@@ -193,6 +193,20 @@ impl Cgroups {
 }
 
 impl Cgroups {
+    /// Removes this agent's parent groups (at shutdown, once its tasks are gone; a group still in use stays).
+    pub fn remove_parents(&self) {
+        let dirs: Vec<&PathBuf> = match self {
+            Cgroups::V2 { base, .. } => vec![base],
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
+                [memory, cpu, freezer, devices].into_iter().flatten().collect()
+            }
+            Cgroups::None => Vec::new(),
+        };
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
     /// The groups of a task made earlier (by a previous run of the agent), if they are there.
     pub fn open(&self, name: &str) -> Option<TaskCgroup> {
         match self {

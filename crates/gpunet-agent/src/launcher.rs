@@ -682,9 +682,15 @@ impl Launcher {
                 _ => (0, 0, false),
             };
             if pid <= 1 || !same_leader(pid, start) {
-                // Gone (or the id names another process now): nothing to adopt or kill.
+                // Gone (or the id names another process now): nothing to adopt. Whatever the attempt left in its
+                // cgroup (a process that left the group with setsid) goes with it.
                 let _ = std::fs::remove_file(e.path());
                 let _ = std::fs::remove_file(status_path(&self.dir, &t));
+                let _ = std::fs::remove_file(env_path(&self.dir, &t));
+                if let Some(g) = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)) {
+                    g.kill_all();
+                    g.remove();
+                }
                 continue;
             }
             if !wrapped {
@@ -778,6 +784,13 @@ impl Launcher {
     /// Whether the end of `t` was asked for.
     pub fn was_stopped(&self, t: &TaskRef) -> bool {
         self.procs.get(t).is_some_and(|p| p.stopping)
+    }
+
+    /// Removes the agent's parent cgroups (shutdown, after the tasks ended).
+    pub fn remove_cgroups(&self) {
+        if self.procs.is_empty() {
+            self.cgroups.remove_parents();
+        }
     }
 
     /// Stops everything (agent shutdown).

@@ -307,6 +307,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                         _ => break,
                     }
                 }
+                launcher.remove_cgroups();
                 return Ok(());
             }
             Some(mut e) = exits.recv() => {

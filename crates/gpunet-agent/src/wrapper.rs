@@ -178,7 +178,7 @@ pub fn main(argv: &[String]) -> ! {
     }
 }
 
-/// Writes a task's environment for [`Exec::env_file`]: `KEY=VALUE` entries separated by NUL, mode 0600.
+/// Writes a task's environment for [`Exec::env_file`]: `KEY=VALUE` entries separated by NUL, mode 0600 (root's).
 pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut buf = Vec::new();
@@ -191,9 +191,12 @@ pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::R
         buf.extend_from_slice(v.as_bytes());
         buf.push(0);
     }
-    let _ = std::fs::remove_file(path);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    f.write_all(&buf)
+    // Written aside and renamed over: a wrapper reading the file meanwhile sees the old or the new one, whole.
+    let tmp = path.with_extension("env-new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(&buf)?;
+    std::fs::rename(&tmp, path)
 }
 
 fn read_env_file(path: &Path) -> std::io::Result<Vec<(String, String)>> {
