@@ -1,6 +1,8 @@
-//! Runs tasks as real processes: each in its own process group (so the whole tree is signalled), with its
-//! environment (GPUs, ranks, checkpoint directory), stdout and stderr appended to one log file per attempt.
-//! Stopping sends SIGTERM to the group, then SIGKILL after the grace period.
+//! Runs tasks as real processes: each in its own process group (so the whole tree is signalled) and cgroups, as its
+//! tenant's user where configured, with an environment built from nothing ([`Launcher::task_env`]), in its own
+//! directory (`HOME`; `working_dir` beneath it), stdout and stderr appended to one log file per attempt.
+//! Stopping sends SIGTERM to the group, then SIGKILL after the grace period; when the attempt ends, everything left
+//! in its cgroups is killed (see [`crate::cgroups::TaskCgroup::kill_all`]).
 
 use crate::cgroups::Cgroups;
 use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
