@@ -1,6 +1,9 @@
 //! CPU and memory limits through cgroups: v2 where the unified hierarchy has the controllers, else v1 (the memory
-//! and cpu hierarchies), else none. Each task attempt gets its own group; the OOM killer's verdict is read back
-//! from it when the task ends.
+//! and cpu hierarchies, and the freezer), else none. Each task attempt gets its own group; the OOM killer's verdict
+//! is read back from it when the task ends, and at the end of the attempt every process still in it is killed
+//! ([`TaskCgroup::kill_all`]: v2 `cgroup.kill`; v1 freeze, SIGKILL each, thaw, until empty), so nothing a job starts
+//! (`setsid`, double forks, probes) outlives it. The task joins its groups as root (the wrapper, before it drops to
+//! the task's user), so the groups' files stay root's and a job cannot leave its group.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,10 @@ pub enum Cgroups {
         memory: Option<PathBuf>,
         /// Parent of task groups in the cpu hierarchy.
         cpu: Option<PathBuf>,
+        /// Parent of task groups in the freezer hierarchy (stops a group so that all of it can be killed).
+        freezer: Option<PathBuf>,
+        /// Parent of task groups in the devices hierarchy (a task opens only the devices it was given).
+        devices: Option<PathBuf>,
     },
     /// No usable cgroups: tasks run without limits.
     None,
@@ -36,6 +43,10 @@ pub struct TaskCgroup {
     /// v1 with `oom_kill_disable` set: a task at its memory limit is held (not killed by the kernel) and the agent
     /// kills it and reports the OOM (see [`TaskCgroup::under_oom`]).
     held: bool,
+    /// v1 freezer group.
+    freezer: Option<PathBuf>,
+    /// v2: the group has `cgroup.kill`.
+    v2: bool,
 }
 
 fn own_path(controller: &str) -> Option<String> {
@@ -79,7 +90,7 @@ impl Cgroups {
         };
         let (memory, cpu) = (v1("memory"), v1("cpu"));
         if memory.is_some() || cpu.is_some() {
-            return Cgroups::V1 { memory, cpu };
+            return Cgroups::V1 { memory, cpu, freezer: v1("freezer"), devices: v1("devices") };
         }
         Cgroups::None
     }
@@ -88,7 +99,7 @@ impl Cgroups {
     pub fn describe(&self) -> String {
         match self {
             Cgroups::V2 { controllers, .. } => format!("cgroup-v2: {}", controllers.join(", ")),
-            Cgroups::V1 { memory, cpu } => {
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
                 let mut v = Vec::new();
                 if memory.is_some() {
                     v.push("memory");
@@ -96,14 +107,28 @@ impl Cgroups {
                 if cpu.is_some() {
                     v.push("cpu");
                 }
+                if freezer.is_some() {
+                    v.push("freezer");
+                }
+                if devices.is_some() {
+                    v.push("devices");
+                }
                 format!("cgroup-v1: {}", v.join(", "))
             }
             Cgroups::None => "none".into(),
         }
     }
 
-    /// Makes the groups of one task with its limits.
-    pub fn create(&self, name: &str, memory_mib: u64, cpu_milli: u64) -> io::Result<Option<TaskCgroup>> {
+    /// Makes the groups of one task with its limits. `devices`: the v1 device rules (`c MAJOR:MINOR rwm`) the task
+    /// may use, all others denied (see [`device_rules`]); `None` leaves devices alone. cgroup v2 has no devices
+    /// file (it takes an eBPF program), so there the rules are not applied.
+    pub fn create(
+        &self,
+        name: &str,
+        memory_mib: u64,
+        cpu_milli: u64,
+        devices: Option<&[String]>,
+    ) -> io::Result<Option<TaskCgroup>> {
         let bytes = memory_mib.max(4) * 1024 * 1024;
         // CFS: quota per 100 ms period; 1000 millicores = one full period.
         let quota = (cpu_milli.max(10) * 100).to_string();
@@ -121,8 +146,26 @@ impl Cgroups {
                 }
                 Ok(Some(TaskCgroup::v2(d)))
             }
-            Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
+            Cgroups::V1 { memory, cpu, freezer, devices: dev_parent } => {
+                let mut t = TaskCgroup::empty();
+                if let (Some(p), Some(rules)) = (dev_parent, devices) {
+                    let d = p.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    // Deny everything, then allow the task's own; written before any process joins.
+                    std::fs::write(d.join("devices.deny"), "a")?;
+                    for r in rules {
+                        std::fs::write(d.join("devices.allow"), r)?;
+                    }
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
+                if let Some(f) = freezer {
+                    let d = f.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.freezer = Some(d.clone());
+                    t.dirs.push(d);
+                }
                 if let Some(m) = memory {
                     let d = m.join(name);
                     std::fs::create_dir_all(&d)?;
@@ -150,6 +193,20 @@ impl Cgroups {
 }
 
 impl Cgroups {
+    /// Removes this agent's parent groups (at shutdown, once its tasks are gone; a group still in use stays).
+    pub fn remove_parents(&self) {
+        let dirs: Vec<&PathBuf> = match self {
+            Cgroups::V2 { base, .. } => vec![base],
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
+                [memory, cpu, freezer, devices].into_iter().flatten().collect()
+            }
+            Cgroups::None => Vec::new(),
+        };
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
     /// The groups of a task made earlier (by a previous run of the agent), if they are there.
     pub fn open(&self, name: &str) -> Option<TaskCgroup> {
         match self {
@@ -158,8 +215,17 @@ impl Cgroups {
                 let d = base.join(name);
                 d.is_dir().then(|| TaskCgroup::v2(d))
             }
-            Cgroups::V1 { memory, cpu } => {
-                let mut t = TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false };
+            Cgroups::V1 { memory, cpu, freezer, devices } => {
+                let mut t = TaskCgroup::empty();
+                if let Some(d) = devices.as_ref().map(|p| p.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
+                if let Some(d) = freezer.as_ref().map(|f| f.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.freezer = Some(d.clone());
+                    t.dirs.push(d);
+                }
                 if let Some(d) = memory.as_ref().map(|m| m.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
                     t.held = std::fs::read_to_string(d.join("memory.oom_control"))
@@ -177,14 +243,108 @@ impl Cgroups {
     }
 }
 
+/// The device rules of a task given GPUs `gpus`, for a v1 devices group: its own `/dev/nvidiaN` and the driver's
+/// control devices (`nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`; their numbers read from
+/// `dev_dir`, normally `/dev`, with the driver's fixed numbers where absent), the usual `null`, `zero`, `full`,
+/// `random`, `urandom`, `tty`, `ptmx` and pseudo-terminals, and InfiniBand verbs (major 231, for NCCL over RDMA).
+/// Other GPUs, disks and everything else are denied.
+pub fn device_rules(dev_dir: &Path, gpus: &[u32]) -> Vec<String> {
+    let number = |p: &Path| -> Option<(u32, u32)> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = std::fs::metadata(p).ok().filter(|m| m.file_type().is_char_device())?;
+        Some((rustix::fs::major(m.rdev()), rustix::fs::minor(m.rdev())))
+    };
+    let mut v: Vec<String> = ["1:3", "1:5", "1:7", "1:8", "1:9", "5:0", "5:2", "136:*", "231:*"]
+        .iter()
+        .map(|d| format!("c {d} rwm"))
+        .collect();
+    for g in gpus {
+        let (ma, mi) = number(&dev_dir.join(format!("nvidia{g}"))).unwrap_or((195, *g));
+        v.push(format!("c {ma}:{mi} rwm"));
+    }
+    for (name, fixed) in [
+        ("nvidiactl", Some((195, 255))),
+        ("nvidia-modeset", Some((195, 254))),
+        ("nvidia-uvm", None),
+        ("nvidia-uvm-tools", None),
+    ] {
+        if let Some((ma, mi)) = number(&dev_dir.join(name)).or(fixed) {
+            v.push(format!("c {ma}:{mi} rwm"));
+        }
+    }
+    v
+}
+
 impl TaskCgroup {
     /// A v2 group: one directory for every controller.
     fn v2(d: PathBuf) -> TaskCgroup {
         TaskCgroup {
             procs: vec![d.join("cgroup.procs")],
             oom: Some((d.join("memory.events"), true)),
+            v2: d.join("cgroup.kill").exists(),
             dirs: vec![d],
             held: false,
+            freezer: None,
+        }
+    }
+
+    fn empty() -> TaskCgroup {
+        TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false, freezer: None, v2: false }
+    }
+
+    /// Processes in the group now.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .procs
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>()
+            })
+            .filter_map(|l| l.trim().parse().ok())
+            .filter(|p| *p > 1)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Kills every process in the group and waits (up to about five seconds) until it is empty; returns how many
+    /// processes were killed. v2: `cgroup.kill`. v1 with the freezer: the group is frozen first, so no process can
+    /// fork or exit (and so free its id for reuse) between the read of `cgroup.procs` and the signal; then each gets
+    /// SIGKILL and the group thaws. Without either, `cgroup.procs` is read and killed repeatedly until empty.
+    /// Blocking: call it off the async threads.
+    pub fn kill_all(&self) -> usize {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let mut killed = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() || std::time::Instant::now() > deadline {
+                return killed;
+            }
+            if self.v2 {
+                let _ = std::fs::write(self.dirs[0].join("cgroup.kill"), "1");
+                killed += pids.len();
+            } else if let Some(f) = &self.freezer {
+                let state = f.join("freezer.state");
+                let _ = std::fs::write(&state, "FROZEN");
+                let frozen_by = std::time::Instant::now() + std::time::Duration::from_millis(500);
+                while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() != "FROZEN")
+                    && std::time::Instant::now() < frozen_by
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                for p in self.pids() {
+                    killed += usize::from(kill(Pid::from_raw(p), Signal::SIGKILL).is_ok());
+                }
+                let _ = std::fs::write(&state, "THAWED");
+            } else {
+                for p in pids {
+                    killed += usize::from(kill(Pid::from_raw(p), Signal::SIGKILL).is_ok());
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 
@@ -235,11 +395,11 @@ mod tests {
         }
         let cg = Cgroups::detect(&root, "gpunet-test");
         match &cg {
-            Cgroups::V1 { memory: Some(_), cpu: Some(_) } => {}
+            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None, devices: None } => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(cg.describe(), "cgroup-v1: memory, cpu");
-        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500).unwrap().unwrap();
+        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500, None).unwrap().unwrap();
         assert_eq!(t.procs.len(), 2);
         let mem = t.procs[0].with_file_name("memory.limit_in_bytes");
         assert_eq!(std::fs::read_to_string(mem).unwrap(), (512u64 * 1024 * 1024).to_string());

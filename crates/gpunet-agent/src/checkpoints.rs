@@ -1,128 +1,215 @@
 //! Tiered checkpoints. Every `every`, if the job's checkpoint directory changed, the agent copies it to each due tier
 //! as a snapshot `job-J/rank-R/TIER/TIMESTAMP/…`, then prunes the tier to its newest `keep` snapshots. A new
 //! attempt whose checkpoint directory is empty (a restart on another node) gets the newest snapshot of any tier
-//! copied back before its process starts. Tiers are object stores (`object_store`): `file:///…` (a directory, e.g.
-//! a shared mount) or `s3://bucket/prefix`; a tier without URL lives on the node's disk.
+//! copied back before its process starts. Tiers are `file:///…` (a directory, e.g. a shared mount) or
+//! `s3://bucket/prefix` (`object_store`); a tier without URL lives on the node's disk.
+//!
+//! The checkpoint directory belongs to the job, and the copier runs as root: directories are read, and `file://`
+//! tiers written and pruned, only through [`crate::beneath`] (openat2 beneath a directory descriptor, no symlink ever
+//! followed). Symlinks, devices, fifos, sockets and hard links in the checkpoint directory are skipped and reported;
+//! tier files are 0600 and directories 0700.
 
+use crate::beneath;
 use futures_util::TryStreamExt;
 use gpunet_api::agent::{CheckpointTier, TaskRef};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::sync::Arc;
+
+/// Where a tier keeps a task's snapshots.
+enum Where {
+    /// A directory on this machine (`file:///…` or the node's disk): its descriptor and the parts of the task's
+    /// prefix beneath it. Everything in it is done through [`beneath`]: no symlink is followed.
+    Local { root: Arc<OwnedFd>, prefix: Vec<String> },
+    /// An object store (S3).
+    Object { store: Arc<dyn ObjectStore>, prefix: ObjPath },
+}
 
 /// A tier's store and the prefix of a task's snapshots in it.
 struct Tier {
-    store: Arc<dyn ObjectStore>,
-    prefix: ObjPath,
+    at: Where,
     keep: usize,
-    /// A `file://` tier: object paths are absolute paths without the leading `/`.
-    local: bool,
+}
+
+fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
 }
 
 fn open(tier: &CheckpointTier, local_root: &Path, t: &TaskRef) -> Result<Tier, String> {
-    let url = match &tier.url {
-        Some(u) => u.clone(),
-        None => format!("file://{}", local_root.display()),
+    let keep = tier.keep.max(1) as usize;
+    if !beneath::plain_name(&tier.name) {
+        return Err(format!("checkpoint tier name {:?}: not a plain name", tier.name));
+    }
+    let prefix = vec![format!("job-{}", t.job), format!("rank-{}", t.rank), tier.name.clone()];
+    let Some(url) = &tier.url else {
+        std::fs::create_dir_all(local_root).map_err(|e| err(format_args!("create {}", local_root.display()), e))?;
+        let root =
+            beneath::open_trusted(local_root).map_err(|e| err(format_args!("open {}", local_root.display()), e))?;
+        return Ok(Tier { at: Where::Local { root: Arc::new(root), prefix }, keep });
     };
-    let parsed = url::Url::parse(&url).map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
-    if parsed.scheme() == "file" {
-        std::fs::create_dir_all(parsed.path()).map_err(|e| format!("create {}: {e}", parsed.path()))?;
+    if let Some(path) = url.strip_prefix("file://") {
+        // The server confined the URL beneath an admin's root; here no part may be `..` or a symlink either (the
+        // admin's root must be a path without symlinks).
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        if !path.starts_with('/') || parts.iter().any(|p| !beneath::plain_name(p) || p.contains('%')) {
+            return Err(format!("checkpoint tier {} url {url:?}: not a plain absolute path", tier.name));
+        }
+        let slash = beneath::open_trusted(Path::new("/")).map_err(|e| err("open /", e))?;
+        let root = beneath::make_dirs(&slash, &parts, None).map_err(|e| {
+            err(format_args!("checkpoint tier {} url {url:?} (symlinks are not followed)", tier.name), e)
+        })?;
+        return Ok(Tier { at: Where::Local { root: Arc::new(root), prefix }, keep });
+    }
+    let parsed = url::Url::parse(url).map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
+    if parsed.scheme() != "s3" {
+        return Err(format!("checkpoint tier {} url {url:?}: only file:// and s3:// tiers", tier.name));
     }
     // S3 (and S3-compatible stores) take credentials, region and endpoint from the agent's AWS_* environment
     // (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
     let env = std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).map(|(k, v)| (k.to_ascii_lowercase(), v));
     let (store, base) = object_store::parse_url_opts(&parsed, env)
         .map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
-    let prefix = base.clone().join(format!("job-{}", t.job)).join(format!("rank-{}", t.rank)).join(tier.name.clone());
-    Ok(Tier { store: Arc::from(store), prefix, keep: tier.keep.max(1) as usize, local: parsed.scheme() == "file" })
+    let prefix = prefix.iter().fold(base, |p, part| p.join(part.as_str()));
+    Ok(Tier { at: Where::Object { store: Arc::from(store), prefix }, keep })
 }
 
-/// Files under `dir` with their relative paths.
-pub fn files(dir: &Path) -> Vec<(PathBuf, String)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if let Ok(rel) = p.strip_prefix(dir) {
-                out.push((p.clone(), rel.to_string_lossy().into_owned()));
-            }
-        }
-    }
-    out.sort();
-    out
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| err("file work", e))?
+}
+
+/// The regular files under `dir` (see [`beneath::walk`]: symlinks, devices, fifos and hard links are skipped and
+/// listed in `skipped`).
+pub fn walk(dir: &Path) -> std::io::Result<beneath::Walk> {
+    beneath::walk(&beneath::open_trusted(dir)?)
 }
 
 /// A fingerprint of the directory's contents (names, sizes, modification times).
 pub fn fingerprint(dir: &Path) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    for (p, rel) in files(dir) {
-        rel.hash(&mut h);
-        if let Ok(m) = std::fs::metadata(&p) {
-            m.len().hash(&mut h);
-            m.modified().ok().hash(&mut h);
-        }
+    for e in walk(dir).map(|w| w.files).unwrap_or_default() {
+        e.hash(&mut h);
     }
     h.finish()
 }
 
 /// Snapshot timestamps of a tier, oldest first.
 async fn snapshots(t: &Tier) -> Result<Vec<u64>, String> {
-    let list = t.store.list_with_delimiter(Some(&t.prefix)).await.map_err(|e| e.to_string())?;
-    let mut v: Vec<u64> =
-        list.common_prefixes.iter().filter_map(|p| p.filename().and_then(|f| f.parse::<u64>().ok())).collect();
+    let mut v: Vec<u64> = match &t.at {
+        Where::Local { root, prefix } => {
+            let (root, prefix) = (root.clone(), prefix.clone());
+            blocking(move || {
+                let parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
+                match beneath::open_dir(&root, &parts) {
+                    Ok(d) => beneath::names(&d).map_err(|e| err("list snapshots", e)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                    Err(e) => Err(err("open the tier", e)),
+                }
+            })
+            .await?
+            .iter()
+            .filter_map(|n| n.parse::<u64>().ok())
+            .collect()
+        }
+        Where::Object { store, prefix } => {
+            let list = store.list_with_delimiter(Some(prefix)).await.map_err(|e| e.to_string())?;
+            list.common_prefixes.iter().filter_map(|p| p.filename().and_then(|f| f.parse::<u64>().ok())).collect()
+        }
+    };
     v.sort_unstable();
     Ok(v)
 }
 
-/// Copies `dir` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots.
+/// Copies `dir` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots. Files are read without
+/// following symlinks; what was skipped (symlinks, devices, fifos, hard links) is returned.
 pub async fn snapshot(
     tier: &CheckpointTier,
     local_root: &Path,
     t: &TaskRef,
     dir: &Path,
     at_ms: u64,
-) -> Result<(), String> {
+) -> Result<Vec<String>, String> {
     let tr = open(tier, local_root, t)?;
-    let snap = tr.prefix.clone().join(format!("{at_ms:020}"));
-    for (p, rel) in files(dir) {
-        let data = tokio::fs::read(&p).await.map_err(|e| format!("read {}: {e}", p.display()))?;
-        let mut obj = snap.clone();
-        for part in rel.split('/') {
-            obj = obj.join(part);
+    let src = Arc::new(beneath::open_trusted(dir).map_err(|e| err(format_args!("open {}", dir.display()), e))?);
+    let found = {
+        let src = src.clone();
+        blocking(move || beneath::walk(&src).map_err(|e| err("list the checkpoint directory", e))).await?
+    };
+    let ts = format!("{at_ms:020}");
+    match &tr.at {
+        Where::Local { root, prefix } => {
+            let (root, prefix, files, src, ts) = (root.clone(), prefix.clone(), found.files.clone(), src.clone(), ts);
+            let name = tier.name.clone();
+            blocking(move || {
+                let mut parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
+                parts.push(&ts);
+                let snap = beneath::make_dirs(&root, &parts, None).map_err(|e| err("make the snapshot", e))?;
+                for f in &files {
+                    let data = match beneath::read_file(&src, &f.rel) {
+                        Ok(d) => d,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // gone meanwhile
+                        Err(e) => return Err(err(format_args!("read {}", f.rel), e)),
+                    };
+                    beneath::write_file(&snap, &f.rel, &data, None)
+                        .map_err(|e| err(format_args!("copy {} to tier {name}", f.rel), e))?;
+                }
+                Ok(())
+            })
+            .await?;
         }
-        tr.store
-            .put(&obj, PutPayload::from(data))
-            .await
-            .map_err(|e| format!("copy {rel} to tier {}: {e}", tier.name))?;
+        Where::Object { store, prefix } => {
+            let snap = prefix.clone().join(ts.as_str());
+            for f in &found.files {
+                let (src2, rel) = (src.clone(), f.rel.clone());
+                let data = match blocking(move || beneath::read_file(&src2, &rel).map_err(|e| e.to_string())).await {
+                    Ok(d) => d,
+                    Err(e) => return Err(err(format_args!("read {}", f.rel), e)),
+                };
+                let obj = f.rel.split('/').fold(snap.clone(), |o, part| o.join(part));
+                store
+                    .put(&obj, PutPayload::from(data))
+                    .await
+                    .map_err(|e| format!("copy {} to tier {}: {e}", f.rel, tier.name))?;
+            }
+        }
     }
     let all = snapshots(&tr).await?;
     for old in all.iter().take(all.len().saturating_sub(tr.keep)) {
-        let p = tr.prefix.clone().join(format!("{old:020}"));
-        let objs: Vec<_> =
-            tr.store.list(Some(&p)).map_ok(|m| m.location).try_collect().await.map_err(|e| e.to_string())?;
-        for o in objs {
-            let _ = tr.store.delete(&o).await;
-        }
-        if tr.local {
-            // The local store leaves the emptied directories; a snapshot is a directory there.
-            let _ = std::fs::remove_dir_all(format!("/{p}"));
+        let old = format!("{old:020}");
+        match &tr.at {
+            Where::Local { root, prefix } => {
+                let (root, prefix) = (root.clone(), prefix.clone());
+                blocking(move || {
+                    let parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
+                    let d = beneath::open_dir(&root, &parts).map_err(|e| err("open the tier", e))?;
+                    beneath::remove(&d, &old).map_err(|e| err(format_args!("prune {old}"), e))
+                })
+                .await?;
+            }
+            Where::Object { store, prefix } => {
+                let p = prefix.clone().join(old.as_str());
+                let objs: Vec<_> =
+                    store.list(Some(&p)).map_ok(|m| m.location).try_collect().await.map_err(|e| e.to_string())?;
+                for o in objs {
+                    let _ = store.delete(&o).await;
+                }
+            }
         }
     }
-    Ok(())
+    Ok(found.skipped)
 }
 
-/// Restores the newest snapshot over all tiers into `dir`; returns its timestamp, or `None` when there is none.
+/// Restores the newest snapshot over all tiers into `dir` (files 0600 owned by `owner` when given, never written
+/// through a symlink); returns its timestamp, or `None` when there is none.
 pub async fn restore(
     tiers: &[CheckpointTier],
     local_root: &Path,
     t: &TaskRef,
     dir: &Path,
+    owner: Option<(u32, u32)>,
 ) -> Result<Option<u64>, String> {
     let mut best: Option<(u64, Tier)> = None;
     for tier in tiers {
@@ -134,21 +221,44 @@ pub async fn restore(
         }
     }
     let Some((ts, tr)) = best else { return Ok(None) };
-    let snap = tr.prefix.clone().join(format!("{ts:020}"));
-    let objs: Vec<_> =
-        tr.store.list(Some(&snap)).map_ok(|m| m.location).try_collect().await.map_err(|e| e.to_string())?;
-    for o in objs {
-        let rel: Vec<String> =
-            o.prefix_match(&snap).map(|parts| parts.map(|p| p.as_ref().to_string()).collect()).unwrap_or_default();
-        if rel.is_empty() {
-            continue;
+    let dst = Arc::new(beneath::open_trusted(dir).map_err(|e| err(format_args!("open {}", dir.display()), e))?);
+    let name = format!("{ts:020}");
+    match &tr.at {
+        Where::Local { root, prefix } => {
+            let (root, prefix) = (root.clone(), prefix.clone());
+            blocking(move || {
+                let mut parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
+                parts.push(&name);
+                let snap = beneath::open_dir(&root, &parts).map_err(|e| err("open the snapshot", e))?;
+                for f in beneath::walk(&snap).map_err(|e| err("list the snapshot", e))?.files {
+                    let data = beneath::read_file(&snap, &f.rel).map_err(|e| err(format_args!("read {}", f.rel), e))?;
+                    beneath::write_file(&dst, &f.rel, &data, owner)
+                        .map_err(|e| err(format_args!("restore {}", f.rel), e))?;
+                }
+                Ok(())
+            })
+            .await?;
         }
-        let target = rel.iter().fold(dir.to_path_buf(), |p, r| p.join(r));
-        if let Some(parent) = target.parent() {
-            tokio::fs::create_dir_all(parent).await.map_err(|e| e.to_string())?;
+        Where::Object { store, prefix } => {
+            let snap = prefix.clone().join(name.as_str());
+            let objs: Vec<_> =
+                store.list(Some(&snap)).map_ok(|m| m.location).try_collect().await.map_err(|e| e.to_string())?;
+            for o in objs {
+                let rel: Vec<String> = o
+                    .prefix_match(&snap)
+                    .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+                    .unwrap_or_default();
+                if rel.is_empty() {
+                    continue;
+                }
+                let bytes = store.get(&o).await.map_err(|e| e.to_string())?.bytes().await.map_err(|e| e.to_string())?;
+                let (dst, rel) = (dst.clone(), rel.join("/"));
+                blocking(move || {
+                    beneath::write_file(&dst, &rel, &bytes, owner).map_err(|e| err(format_args!("restore {rel}"), e))
+                })
+                .await?;
+            }
         }
-        let bytes = tr.store.get(&o).await.map_err(|e| e.to_string())?.bytes().await.map_err(|e| e.to_string())?;
-        tokio::fs::write(&target, &bytes).await.map_err(|e| format!("write {}: {e}", target.display()))?;
     }
     Ok(Some(ts))
 }
@@ -185,15 +295,66 @@ mod tests {
         assert_eq!(kept(&root.path().join("node/job-7/rank-0/local")), 1, "keep 1");
         let dst = root.path().join("restored");
         std::fs::create_dir_all(&dst).unwrap();
-        assert_eq!(restore(&tiers, &root.path().join("elsewhere"), &t, &dst).await.unwrap(), Some(300));
+        assert_eq!(restore(&tiers, &root.path().join("elsewhere"), &t, &dst, None).await.unwrap(), Some(300));
         assert_eq!(std::fs::read_to_string(dst.join("state")).unwrap(), "step-2");
         assert_eq!(std::fs::read(dst.join("sub/w.bin")).unwrap(), vec![2u8; 10]);
         let none = TaskRef { job: 8, rank: 0, attempt: 0 };
-        assert_eq!(restore(&tiers, &root.path().join("node"), &none, &dst).await.unwrap(), None);
+        assert_eq!(restore(&tiers, &root.path().join("node"), &none, &dst, None).await.unwrap(), None);
         let fp = fingerprint(&src);
         assert_eq!(fp, fingerprint(&src));
         std::fs::write(src.join("state"), "changed!").unwrap();
         assert_ne!(fp, fingerprint(&src));
+    }
+
+    #[tokio::test]
+    async fn copies_and_pruning_never_follow_symlinks_a_job_planted() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let root = tempfile::tempdir().unwrap();
+        let shared = root.path().join("shared");
+        let outside = root.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "root only").unwrap();
+        std::fs::set_permissions(outside.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(outside.join("victim"), "keep me").unwrap();
+        let tier = CheckpointTier {
+            name: "shared".into(),
+            every_ms: 100,
+            keep: 1,
+            url: Some(format!("file://{}", shared.display())),
+        };
+        let t = TaskRef { job: 7, rank: 0, attempt: 0 };
+        let src = root.path().join("ckpt");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("state"), "step-1").unwrap();
+        symlink(outside.join("secret"), src.join("leak")).unwrap();
+        symlink(&outside, src.join("dir")).unwrap();
+        let skipped = snapshot(&tier, root.path(), &t, &src, 100).await.unwrap();
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        let snaps = shared.join("job-7/rank-0/shared");
+        let first = snaps.join(format!("{:020}", 100));
+        assert_eq!(std::fs::read_to_string(first.join("state")).unwrap(), "step-1");
+        assert!(!first.join("leak").exists() && !first.join("dir").exists(), "symlinks are not copied");
+        let m = std::fs::metadata(first.join("state")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&first).unwrap().permissions().mode() & 0o777, 0o700);
+        // Symlinks planted in the tier: an old "snapshot" that points elsewhere, and a link inside a snapshot.
+        symlink(&outside, snaps.join(format!("{:020}", 50))).unwrap();
+        symlink(outside.join("victim"), first.join("victim")).unwrap();
+        snapshot(&tier, root.path(), &t, &src, 200).await.unwrap();
+        assert_eq!(std::fs::read_to_string(outside.join("victim")).unwrap(), "keep me", "pruning followed a link");
+        assert!(outside.join("secret").exists());
+        let left: Vec<String> =
+            std::fs::read_dir(&snaps).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(left, [format!("{:020}", 200)], "pruned to keep 1, links removed as links");
+        // A tier URL with a symlink or a `..` part is refused.
+        symlink(&outside, root.path().join("link")).unwrap();
+        for url in
+            [format!("file://{}/link/x", root.path().display()), format!("file://{}/../x", root.path().display())]
+        {
+            let bad = CheckpointTier { url: Some(url.clone()), ..tier.clone() };
+            assert!(snapshot(&bad, root.path(), &t, &src, 300).await.is_err(), "{url}");
+        }
+        assert!(!outside.join("x").exists() && !outside.join("job-7").exists());
     }
 
     /// A real S3 endpoint on loopback (moto's server, from PyPI): `$MOTO_SERVER` or `moto_server` on the PATH.
@@ -270,7 +431,7 @@ mod tests {
         assert!(!list.contains("00000000000000001000"), "pruned to keep 2: {list}");
         let dst = root.path().join("restored");
         std::fs::create_dir_all(&dst).unwrap();
-        assert_eq!(restore(std::slice::from_ref(&tier), root.path(), &t, &dst).await.unwrap(), Some(3_000));
+        assert_eq!(restore(std::slice::from_ref(&tier), root.path(), &t, &dst, None).await.unwrap(), Some(3_000));
         assert_eq!(std::fs::read_to_string(dst.join("model.pt")).unwrap(), "weights-2");
         assert_eq!(std::fs::read(dst.join("opt/state")).unwrap(), vec![2u8; 1 << 16]);
     }

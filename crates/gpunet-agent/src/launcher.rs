@@ -1,12 +1,14 @@
-//! Runs tasks as real processes: each in its own process group (so the whole tree is signalled), with its
-//! environment (GPUs, ranks, checkpoint directory), stdout and stderr appended to one log file per attempt.
-//! Stopping sends SIGTERM to the group, then SIGKILL after the grace period.
+//! Runs tasks as real processes: each in its own process group (so the whole tree is signalled) and cgroups, as its
+//! tenant's user where configured, with an environment built from nothing ([`Launcher::task_env`]), in its own
+//! directory (`HOME`; `working_dir` beneath it), stdout and stderr appended to one log file per attempt.
+//! Stopping sends SIGTERM to the group, then SIGKILL after the grace period; when the attempt ends, everything left
+//! in its cgroups is killed (see [`crate::cgroups::TaskCgroup::kill_all`]).
 
 use crate::cgroups::Cgroups;
 use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use tokio::sync::mpsc;
@@ -79,7 +81,20 @@ pub struct Launcher {
     /// `gpunet task-exec`, which records each task's end so that a restarted agent can adopt it (see
     /// [`crate::wrapper`]); without it tasks run directly and a restarted agent kills them.
     wrapper: Option<PathBuf>,
+    /// `PATH` of every task (and of the wrapper).
+    task_path: String,
+    /// Per-tenant identities: uid and gid `base + tenant index`.
+    tenant_uid_base: Option<u32>,
+    /// Where the GPUs' device nodes are (`/dev`; another directory in tests with fake device nodes).
+    dev_dir: PathBuf,
 }
+
+/// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
+/// the ranges distributions give to users and subordinate ids of the first users.
+pub const DEFAULT_TENANT_UID_BASE: u32 = 200_000;
+
+/// The `PATH` tasks get unless the agent is told otherwise (`--task-path`).
+pub const DEFAULT_TASK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -113,7 +128,11 @@ impl TierCopier {
             }
             let at = now_ms();
             match crate::checkpoints::snapshot(tier, &self.root, &t, &self.dir, at).await {
-                Ok(()) => {
+                Ok(skipped) => {
+                    if !skipped.is_empty() {
+                        tracing::warn!(job = t.job, tier = %tier.name, skipped = ?skipped, "checkpoint copy skipped \
+                                       what is not a regular file of the job's own");
+                    }
                     *last = (std::time::Instant::now(), fp);
                     self.sink.lock().expect("checkpoint sink").push((t, at));
                 }
@@ -181,6 +200,33 @@ fn group_members(pgid: i32, since: u64) -> Vec<i32> {
         .collect()
 }
 
+/// Where the wrapper finds a task attempt's environment.
+fn env_path(dir: &Path, t: &TaskRef) -> PathBuf {
+    dir.join("running").join(format!("job-{}-rank-{}-attempt-{}.env", t.job, t.rank, t.attempt))
+}
+
+/// A task's own directory on this node: its `HOME` and default working directory (`working_dir` is beneath it).
+pub fn work_dir(dir: &Path, t: &TaskRef) -> PathBuf {
+    dir.join("work").join(format!("job-{}", t.job)).join(format!("rank-{}", t.rank))
+}
+
+/// Makes `path` (its parents root's), mode 0700, owned by `owner` when given. The last component is opened without
+/// following a symlink and changed through its descriptor.
+fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    std::fs::create_dir_all(path.parent().expect("a parent"))?;
+    match std::fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let fd = crate::beneath::open_trusted(path)?;
+    if let Some((u, g)) = owner {
+        rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(u)), Some(rustix::fs::Gid::from_raw(g)))?;
+    }
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700))?;
+    Ok(())
+}
+
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
@@ -196,10 +242,17 @@ async fn finish(
     exits: mpsc::UnboundedSender<TaskExit>,
 ) {
     let oom = extras.oom.load(std::sync::atomic::Ordering::SeqCst) || group.as_ref().is_some_and(|g| g.oom_killed());
-    if let Some(g) = &group {
-        // The group empties once the killed processes are reaped.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        g.remove();
+    if let Some(g) = group.clone() {
+        // Everything the attempt started (setsid, double forks, probes) dies with it.
+        let job = t.job;
+        let _ = tokio::task::spawn_blocking(move || {
+            let n = g.kill_all();
+            if n > 0 {
+                tracing::info!(job, processes = n, "killed what the task left in its cgroup");
+            }
+            g.remove();
+        })
+        .await;
     }
     // A last copy of what the job wrote since (e.g. on SIGTERM) before the exit is reported.
     let copier = extras.copier.lock().expect("copier slot").clone();
@@ -222,7 +275,20 @@ impl Launcher {
             run_as: None,
             checkpointed: Default::default(),
             wrapper: None,
+            task_path: DEFAULT_TASK_PATH.into(),
+            tenant_uid_base: None,
+            dev_dir: PathBuf::from("/dev"),
         }
+    }
+
+    /// Reads the GPUs' device numbers from `dir` instead of `/dev`.
+    pub fn device_dir(&mut self, dir: PathBuf) {
+        self.dev_dir = dir;
+    }
+
+    /// Sets the `PATH` of every task.
+    pub fn task_path(&mut self, path: String) {
+        self.task_path = path;
     }
 
     /// Starts tasks through `gpunet task-exec` at `exe`, so that they can be adopted by a restarted agent.
@@ -256,8 +322,54 @@ impl Launcher {
         self.procs.remove(t);
     }
 
-    /// Starts a task. A task that cannot start (no command, a missing program) ends at once with code 127. With
-    /// checkpoint tiers, an empty checkpoint directory first gets the newest snapshot of any tier.
+    /// Runs each tenant's tasks as its own uid and gid, `base + the tenant's index` (the server's stable
+    /// registration order, sent in every assignment). Tenants then cannot read each other's files (their task,
+    /// checkpoint and working directories are 0700), `/proc/PID/environ`, memory or file descriptors, nor signal each
+    /// other's processes: the kernel checks all of these against the uid. What stays visible is the process list and
+    /// command lines (world-readable in `/proc`); hiding them needs `hidepid=2` on the host's `/proc` (a host-wide
+    /// mount option that also hides processes from the node's own tools unless a `gid=` group is exempted) or a PID
+    /// namespace per task (which needs its own mount namespace and `/proc`); distinct uids give the protection that
+    /// matters (secrets, signals) without either.
+    pub fn tenant_uids(&mut self, base: u32) {
+        self.tenant_uid_base = Some(base);
+    }
+
+    /// The uid and gid a task runs as: `--run-as`'s user, else the tenant's own identity (with
+    /// [`Launcher::tenant_uids`]), else the agent's own.
+    fn identity(&self, a: &TaskAssignment) -> Option<(u32, u32)> {
+        if self.run_as.is_some() {
+            return self.run_as;
+        }
+        let base = self.tenant_uid_base?;
+        let id = base.checked_add(a.tenant_index?)?;
+        Some((id, id))
+    }
+
+    /// The task's environment. It starts empty (nothing of the agent's own environment: no credentials, no join
+    /// token, no `HOME=/root`) and gets, in this order, each later one winning:
+    /// 1. the agent's own `CUDA_*`, `NVIDIA_*` and `NCCL_*` (the node's driver and fabric settings);
+    /// 2. `LANG=C.UTF-8`;
+    /// 3. the assignment's (the job's `env`, then what the server sets: `CUDA_VISIBLE_DEVICES`, `RANK`,
+    ///    `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK`, `NNODES`, `MASTER_ADDR`, `MASTER_PORT`,
+    ///    `GPUNET_JOB_ID`, …; the server refuses a job that sets any of those, see `gpunet_api::spec::reserved_env`);
+    /// 4. the agent's: `PATH` (`--task-path`), `HOME` (the task's own directory), `GPUNET_CHECKPOINT_DIR`,
+    ///    `GPUNET_LOG_FILE`, `GPUNET_WORK_DIR`.
+    pub fn task_env(&self, a: &TaskAssignment, home: &Path) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> =
+            std::env::vars().filter(|(k, _)| ["CUDA_", "NVIDIA_", "NCCL_"].iter().any(|p| k.starts_with(p))).collect();
+        env.insert("LANG".into(), "C.UTF-8".into());
+        env.extend(a.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let t = a.task;
+        env.insert("PATH".into(), self.task_path.clone());
+        env.insert("HOME".into(), home.display().to_string());
+        env.insert("GPUNET_CHECKPOINT_DIR".into(), checkpoint_dir(&self.dir, t.job).display().to_string());
+        env.insert("GPUNET_LOG_FILE".into(), log_path(&self.dir, &t).display().to_string());
+        env.insert("GPUNET_WORK_DIR".into(), home.display().to_string());
+        env
+    }
+
+    /// Starts a task. A task that cannot start (no command, a missing program, a bad working directory) ends at once
+    /// with code 127. With checkpoint tiers, an empty checkpoint directory first gets the newest snapshot of any tier.
     pub async fn start(&mut self, a: &TaskAssignment) {
         let t = a.task;
         let fail = |msg: String, exits: &mpsc::UnboundedSender<TaskExit>| {
@@ -268,52 +380,63 @@ impl Launcher {
                 signal: None,
                 oom: false,
                 stopped: false,
-                reason: None,
+                reason: Some(format!("could not start: {msg}")),
             });
         };
         let Some((prog, args)) = a.command.split_first() else {
             return fail("the job has no command".into(), &self.exits);
         };
+        let user = self.identity(a);
         let log = log_path(&self.dir, &t);
         let ckpt = checkpoint_dir(&self.dir, t.job);
+        let home = work_dir(&self.dir, &t);
         let files = (|| -> std::io::Result<(std::fs::File, std::fs::File)> {
+            // Logs stay root's: the agent reads them back by name, so the task must not be able to swap them.
             std::fs::create_dir_all(log.parent().expect("log has a parent"))?;
-            std::fs::create_dir_all(&ckpt)?;
+            own_dir(&ckpt, user)?;
+            own_dir(&home, user)?;
             let f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-            if let Some((uid, gid)) = self.run_as {
-                // The task's user owns its checkpoint directory.
-                let owner = (Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)));
-                nix::unistd::chown(&ckpt, owner.0, owner.1).map_err(std::io::Error::from)?;
-            }
             let g = f.try_clone()?;
             Ok((f, g))
         })();
         let (out, err) = match files {
             Ok(f) => f,
-            Err(e) => return fail(format!("prepare {}: {e}", log.display()), &self.exits),
+            Err(e) => return fail(format!("prepare the task's directories: {e}"), &self.exits),
+        };
+        // The working directory: relative, beneath the task's own directory, made without following symlinks.
+        let cwd = match a.working_dir.as_deref() {
+            None => home.clone(),
+            Some(w) => match gpunet_api::spec::relative_working_dir(w) {
+                None => {
+                    return fail(
+                        format!("invalid working_dir {w:?}: allowed is a relative path without '..'"),
+                        &self.exits,
+                    )
+                }
+                Some(parts) => {
+                    let made =
+                        crate::beneath::open_trusted(&home).and_then(|h| crate::beneath::make_dirs(&h, &parts, user));
+                    if let Err(e) = made {
+                        return fail(format!("make working_dir {w:?}: {e}"), &self.exits);
+                    }
+                    parts.iter().fold(home.clone(), |p, x| p.join(x))
+                }
+            },
         };
         let tier_root = self.dir.join("tiers");
         if !a.tiers.is_empty() && std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()) {
-            match crate::checkpoints::restore(&a.tiers, &tier_root, &t, &ckpt).await {
+            match crate::checkpoints::restore(&a.tiers, &tier_root, &t, &ckpt, user).await {
                 Ok(Some(ts)) => tracing::info!(job = t.job, rank = t.rank, snapshot = ts, "checkpoint restored"),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
             }
-            if let Some((uid, gid)) = self.run_as {
-                for (p, _) in crate::checkpoints::files(&ckpt) {
-                    let _ = nix::unistd::chown(
-                        &p,
-                        Some(nix::unistd::Uid::from_raw(uid)),
-                        Some(nix::unistd::Gid::from_raw(gid)),
-                    );
-                }
-            }
         }
-        // Limits: the task joins its cgroups from a tiny shell before it becomes the command (no pre-exec hook).
+        let devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
         let group = match self.cgroups.create(
             &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
             a.memory_mib,
             a.cpu_milli,
+            Some(&devices),
         ) {
             Ok(g) => g,
             Err(e) => {
@@ -321,74 +444,46 @@ impl Launcher {
                 None
             }
         };
-        // Through the wrapper where there is one: it records how the task ends (see `crate::wrapper`).
+        let env = self.task_env(a, &home);
         let status = status_path(&self.dir, &t);
-        let (exe, argv): (String, Vec<String>) = match &self.wrapper {
+        let env_file = env_path(&self.dir, &t);
+        let mut cmd = match &self.wrapper {
+            // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the task
+            // ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
             Some(w) => {
-                if let Err(e) = std::fs::create_dir_all(status.parent().expect("status dir"))
+                let prepared = std::fs::create_dir_all(status.parent().expect("status dir"))
                     .and_then(|_| std::fs::write(&status, b""))
-                {
+                    .and_then(|_| crate::wrapper::write_env_file(&env_file, &env));
+                if let Err(e) = prepared {
                     return fail(format!("prepare {}: {e}", status.display()), &self.exits);
                 }
-                if let Some((uid, gid)) = self.run_as {
-                    let _ = nix::unistd::chown(
-                        &status,
-                        Some(nix::unistd::Uid::from_raw(uid)),
-                        Some(nix::unistd::Gid::from_raw(gid)),
-                    );
-                }
-                let mut v = vec!["task-exec".to_string(), "--status".into(), status.display().to_string(), "--".into()];
-                v.push(prog.clone());
-                v.extend(args.iter().cloned());
-                (w.display().to_string(), v)
-            }
-            None => (prog.clone(), args.to_vec()),
-        };
-        let mut cmd = match &group {
-            Some(g) => {
-                let mut c = tokio::process::Command::new("sh");
-                c.arg("-c")
-                    .arg("for f in $GPUNET_CGROUP_PROCS; do echo $$ > \"$f\" || exit 125; done; exec \"$0\" \"$@\"")
-                    .arg(&exe)
-                    .args(&argv)
-                    .env(
-                        "GPUNET_CGROUP_PROCS",
-                        g.procs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" "),
-                    );
+                let exec = crate::wrapper::Exec {
+                    status: Some(status.clone()),
+                    cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
+                    user,
+                    env_file: Some(env_file.clone()),
+                    cwd: Some(cwd.clone()),
+                    prog: prog.clone(),
+                    args: args.to_vec(),
+                };
+                let mut c = tokio::process::Command::new(w);
+                c.arg("task-exec").args(exec.to_args()).env_clear().env("PATH", &self.task_path).current_dir("/");
                 c
             }
+            // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
             None => {
-                let mut c = tokio::process::Command::new(&exe);
-                c.args(&argv);
+                if group.is_some() {
+                    tracing::warn!(job = t.job, "no task wrapper: the task runs outside its cgroups");
+                }
+                let mut c = tokio::process::Command::new(prog);
+                c.args(args).env_clear().envs(&env).current_dir(&cwd);
+                if let Some((uid, gid)) = user {
+                    c.uid(uid).gid(gid);
+                }
                 c
             }
         };
-        cmd.envs(&a.env)
-            .env("GPUNET_CHECKPOINT_DIR", &ckpt)
-            .env("GPUNET_LOG_FILE", &log)
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(wd) = &a.working_dir {
-            cmd.current_dir(wd);
-        } else {
-            cmd.current_dir(&ckpt);
-        }
-        if let Some((uid, gid)) = self.run_as {
-            // The task, its cgroup wrapper included, runs as the user: hand it its groups' cgroup.procs files.
-            cmd.uid(uid).gid(gid);
-            if let Some(g) = &group {
-                for p in &g.procs {
-                    let _ = nix::unistd::chown(
-                        p,
-                        Some(nix::unistd::Uid::from_raw(uid)),
-                        Some(nix::unistd::Gid::from_raw(gid)),
-                    );
-                }
-            }
-        }
+        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
@@ -406,7 +501,7 @@ impl Launcher {
         self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
         self.started.push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
         let extras = Extras::default();
-        self.attach_extras(a, pid, None, &alive, &extras);
+        self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
         if let Some(g) = &group {
             watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
         }
@@ -417,11 +512,13 @@ impl Launcher {
             alive.store(false, std::sync::atomic::Ordering::SeqCst);
             let _ = std::fs::remove_file(&record);
             let _ = std::fs::remove_file(&status);
+            let _ = std::fs::remove_file(&env_file);
             let (code, signal) = match status_now {
                 Ok(s) => (s.code(), s.signal()),
                 Err(_) => (None, None),
             };
-            // Take down anything the task left behind in its group (pid > 1 checked at spawn).
+            // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
+            // cgroup goes in `finish`.
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             finish(t, code, signal, group, extras, exits).await;
         });
@@ -436,6 +533,7 @@ impl Launcher {
         adopted_start: Option<u64>,
         alive: &std::sync::Arc<std::sync::atomic::AtomicBool>,
         extras: &Extras,
+        group: Option<&crate::cgroups::TaskCgroup>,
     ) {
         if extras.attached.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -450,10 +548,19 @@ impl Launcher {
             move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted_start.is_none_or(|s| same_leader(pid, s))
         };
         if let Some(l) = a.liveness.clone() {
+            // The probe runs like the task: through the wrapper, in the task's cgroups (so whatever it leaves
+            // behind dies with the attempt), as the task's user, with the task's environment, in its directory.
+            let home = work_dir(&self.dir, &t);
+            let env_file = env_path(&self.dir, &t);
+            if let Err(e) = crate::wrapper::write_env_file(&env_file, &self.task_env(a, &home)) {
+                tracing::warn!(job = t.job, error = %e, "could not write the probe's environment");
+            }
+            let env = self.task_env(a, &home);
             let failed = extras.probe_failed.clone();
-            let env = a.env.clone();
-            let dir = ckpt.clone();
-            let run_as = self.run_as;
+            let user = self.identity(a);
+            let wrapper = self.wrapper.clone();
+            let task_path = self.task_path.clone();
+            let cgroups = group.map(|g| g.procs.clone()).unwrap_or_default();
             let alive = alive.clone();
             let may_signal = may_signal.clone();
             tokio::spawn(async move {
@@ -464,19 +571,57 @@ impl Launcher {
                         return; // the task is gone
                     }
                     let Some((p, args)) = l.command.split_first() else { return };
-                    let mut c = tokio::process::Command::new(p);
-                    c.args(args).envs(&env).current_dir(&dir).stdin(std::process::Stdio::null()).kill_on_drop(true);
+                    let mut c = match &wrapper {
+                        Some(w) => {
+                            let exec = crate::wrapper::Exec {
+                                status: None,
+                                cgroups: cgroups.clone(),
+                                user,
+                                env_file: Some(env_file.clone()),
+                                cwd: Some(home.clone()),
+                                prog: p.clone(),
+                                args: args.to_vec(),
+                            };
+                            let mut c = tokio::process::Command::new(w);
+                            c.arg("task-exec")
+                                .args(exec.to_args())
+                                .env_clear()
+                                .env("PATH", &task_path)
+                                .current_dir("/");
+                            c
+                        }
+                        None => {
+                            let mut c = tokio::process::Command::new(p);
+                            c.args(args).env_clear().envs(&env).current_dir(&home);
+                            if let Some((uid, gid)) = user {
+                                c.uid(uid).gid(gid);
+                            }
+                            c
+                        }
+                    };
+                    c.stdin(std::process::Stdio::null()).process_group(0).kill_on_drop(true);
                     if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&log) {
                         if let Ok(g) = f.try_clone() {
                             c.stdout(f).stderr(g);
                         }
                     }
-                    if let Some((uid, gid)) = run_as {
-                        c.uid(uid).gid(gid);
-                    }
-                    let ok = match tokio::time::timeout(period, c.status()).await {
-                        Ok(Ok(s)) => s.success(),
-                        _ => false,
+                    let ok = match c.spawn() {
+                        Err(_) => false,
+                        Ok(mut child) => {
+                            let probe = child.id().map(|p| p as i32).filter(|p| *p > 1);
+                            match tokio::time::timeout(period, child.wait()).await {
+                                Ok(Ok(s)) => s.success(),
+                                _ => {
+                                    // A hung probe: its whole group goes (the child is not reaped yet, so the id
+                                    // is still its group's).
+                                    if let Some(p) = probe {
+                                        let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
+                                    }
+                                    let _ = child.wait().await;
+                                    false
+                                }
+                            }
+                        }
                     };
                     if !ok {
                         tracing::warn!(job = t.job, rank = t.rank, "liveness probe failed");
@@ -539,14 +684,24 @@ impl Launcher {
                 _ => (0, 0, false),
             };
             if pid <= 1 || !same_leader(pid, start) {
-                // Gone (or the id names another process now): nothing to adopt or kill.
+                // Gone (or the id names another process now): nothing to adopt. Whatever the attempt left in its
+                // cgroup (a process that left the group with setsid) goes with it.
                 let _ = std::fs::remove_file(e.path());
                 let _ = std::fs::remove_file(status_path(&self.dir, &t));
+                let _ = std::fs::remove_file(env_path(&self.dir, &t));
+                if let Some(g) = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)) {
+                    g.kill_all();
+                    g.remove();
+                }
                 continue;
             }
             if !wrapped {
                 tracing::warn!(pid, task = ?t, "killing a task a previous agent run started without the wrapper");
                 let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                if let Some(g) = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)) {
+                    g.kill_all();
+                    g.remove();
+                }
                 let _ = std::fs::remove_file(e.path());
                 continue;
             }
@@ -561,6 +716,7 @@ impl Launcher {
             let exits = self.exits.clone();
             let record = e.path();
             let status = status_path(&self.dir, &t);
+            let env_file = env_path(&self.dir, &t);
             let group = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt));
             if let Some(g) = &group {
                 watch_oom(g, pid, Some(start), alive.clone(), extras.oom.clone());
@@ -574,6 +730,7 @@ impl Launcher {
                 let ended = crate::wrapper::Ended::parse(&std::fs::read_to_string(&status).unwrap_or_default());
                 let _ = std::fs::remove_file(&record);
                 let _ = std::fs::remove_file(&status);
+                let _ = std::fs::remove_file(&env_file);
                 for p in group_members(pid, start) {
                     let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
                 }
@@ -595,7 +752,9 @@ impl Launcher {
         let Some(p) = self.procs.get(&a.task) else { return };
         let Some((start, extras)) = p.adopted.clone() else { return };
         let (pid, alive) = (p.pgid, p.alive.clone());
-        self.attach_extras(a, pid, Some(start), &alive, &extras);
+        let t = a.task;
+        let group = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt));
+        self.attach_extras(a, pid, Some(start), &alive, &extras, group.as_ref());
     }
 
     /// Stops a task: SIGTERM to its process group, SIGKILL after `grace`.
@@ -627,6 +786,13 @@ impl Launcher {
     /// Whether the end of `t` was asked for.
     pub fn was_stopped(&self, t: &TaskRef) -> bool {
         self.procs.get(t).is_some_and(|p| p.stopping)
+    }
+
+    /// Removes the agent's parent cgroups (shutdown, after the tasks ended).
+    pub fn remove_cgroups(&self) {
+        if self.procs.is_empty() {
+            self.cgroups.remove_parents();
+        }
     }
 
     /// Stops everything (agent shutdown).

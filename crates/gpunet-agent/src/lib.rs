@@ -7,6 +7,7 @@
 //! `--fake-gpus 8xA100-80GB` declares fake GPUs instead (marked `fake` everywhere; they report no samples). Without
 //! either the agent registers a node without GPUs.
 
+pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
 pub mod gpus;
@@ -75,6 +76,26 @@ pub struct AgentConfig {
     /// The `gpunet` executable, whose `task-exec` wraps every task so that an agent started again on the same data
     /// directory adopts the tasks its previous run left (see [`wrapper`]); `None`: such tasks are killed instead.
     pub wrapper: Option<PathBuf>,
+    /// `PATH` of every task ([`launcher::DEFAULT_TASK_PATH`] unless set); a job cannot set its own.
+    pub task_path: String,
+    /// Per-tenant Unix identities: each tenant's tasks run as uid and gid `base + tenant index` (see
+    /// [`launcher::Launcher::tenant_uids`]); `run_as` wins when both are set.
+    pub tenant_uid_base: Option<u32>,
+    /// Where the GPUs' device nodes are (default `/dev`), for the devices cgroup.
+    pub device_dir: Option<PathBuf>,
+}
+
+/// Whether this process runs as root (and so can run tasks as other users).
+pub fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether users other than the owner can reach `dir` (every directory from `/` down to it has the others'
+/// execute bit): per-tenant identities need it, since a task's own directory lies beneath the data directory.
+pub fn others_can_reach(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(abs) = std::fs::canonicalize(dir) else { return false };
+    abs.ancestors().all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
 
 /// Parses `8xA100-80GB` (count `x` model).
@@ -151,13 +172,34 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let http = reqwest::Client::builder()
         .build()
         .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
-    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
+    // One parent group per agent and data directory: two agents on one machine never share task groups (whose
+    // processes are all killed at the end of an attempt), and an agent started again on the same directory finds
+    // its groups.
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone()).hash(&mut h);
+        format!("gpunet-{}-{:08x}", cfg.name, h.finish() as u32)
+    };
+    let _ = std::fs::create_dir_all(&cfg.data_dir);
+    if cfg.tenant_uid_base.is_some() && cfg.run_as.is_none() && !others_can_reach(&cfg.data_dir) {
+        tracing::warn!(data_dir = %cfg.data_dir.display(), "per-tenant users cannot reach the data directory \
+                       (a parent without the others' x bit): their tasks will fail to start");
+    }
+    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &tag);
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
     let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
     if let Some(w) = &cfg.wrapper {
         launcher.wrap_with(w.clone());
+    }
+    launcher.task_path(cfg.task_path.clone());
+    if let Some(base) = cfg.tenant_uid_base {
+        launcher.tenant_uids(base);
+    }
+    if let Some(d) = &cfg.device_dir {
+        launcher.device_dir(d.clone());
     }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
@@ -265,6 +307,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                         _ => break,
                     }
                 }
+                launcher.remove_cgroups();
                 return Ok(());
             }
             Some(mut e) = exits.recv() => {
@@ -366,6 +409,9 @@ mod tests {
             address: "127.0.0.1".into(),
             run_as: None,
             wrapper: None,
+            task_path: launcher::DEFAULT_TASK_PATH.into(),
+            tenant_uid_base: None,
+            device_dir: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

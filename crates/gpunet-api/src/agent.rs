@@ -148,6 +148,10 @@ pub struct TaskAssignment {
     /// Checkpoint tiers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<CheckpointTier>,
+    /// The tenant's stable index (its registration order on the server): an agent with per-tenant identities
+    /// runs the task as uid and gid `base + tenant_index`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_index: Option<u32>,
 }
 
 /// A checkpoint tier, resolved.

@@ -22,7 +22,7 @@
 //! elastic: {min_tasks: 1, max_tasks: 4}
 //! command: [python, train.py]
 //! env: {EPOCHS: "90"}
-//! working_dir: /data/run
+//! working_dir: run/out          # relative, beneath the task's own directory (its HOME)
 //! liveness: {command: [nvidia-smi], initial_delay: 30s, period: 10s}
 //! ```
 //! Unknown fields are errors that name the field.
@@ -377,6 +377,15 @@ impl JobSubmission {
         if self.working_dir.as_ref().is_some_and(|w| w.len() > 4096) {
             return Err(ApiError::invalid("working_dir", "a path over 4096 bytes", "at most 4096 bytes"));
         }
+        if let Some(w) = &self.working_dir {
+            if relative_working_dir(w).is_none() {
+                return Err(ApiError::invalid(
+                    "working_dir",
+                    w,
+                    "a relative path without '..' (it is made beneath the task's own directory, its HOME)",
+                ));
+            }
+        }
         if self.selector.len() + self.affinity.len() > 64 || self.tolerations.len() > 64 || self.gpu_models.len() > 32 {
             return Err(ApiError::invalid(
                 "selector",
@@ -384,12 +393,117 @@ impl JobSubmission {
                 "at most 64 selector/affinity terms, 64 tolerations, 32 models",
             ));
         }
-        if self.env.keys().any(|k| k.is_empty() || k.contains('=')) {
-            return Err(ApiError::invalid("env", "a key with '=' or empty", "names without '='"));
+        if self.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ApiError::invalid("env", "a key with '=', NUL or empty", "names without '=' or NUL"));
+        }
+        for (k, v) in &self.env {
+            if reserved_env(k) {
+                return Err(ApiError::invalid(
+                    &format!("env.{k}"),
+                    v,
+                    "a variable gpunet does not set itself (PATH, HOME, GPUNET_*, CUDA_VISIBLE_DEVICES, \
+                     CUDA_DEVICE_ORDER, NVIDIA_VISIBLE_DEVICES, NCCL_P2P_LEVEL, NCCL_IB_DISABLE and the rank \
+                     variables are the node's)",
+                ));
+            }
+            if v.contains('\0') {
+                return Err(ApiError::invalid(&format!("env.{k}"), "a value with NUL", "text without NUL"));
+            }
         }
         spec.validate()?;
         Ok(spec)
     }
+}
+
+/// Variables the node sets for every task (see `gpunet_agent::launcher`); a job may not set them. `LD_PRELOAD` and
+/// `LD_LIBRARY_PATH` are allowed: they reach only the task's own process (which runs with the task's identity),
+/// never the root-run wrapper that starts it.
+pub const RESERVED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NCCL_P2P_LEVEL",
+    "NCCL_IB_DISABLE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// Whether a job may not set `name` in its `env`: one of [`RESERVED_ENV`] or any `GPUNET_*`.
+pub fn reserved_env(name: &str) -> bool {
+    name.starts_with("GPUNET_") || RESERVED_ENV.contains(&name)
+}
+
+/// The components of a job's `working_dir` when it is a relative path of plain names (no `..`, `.`, empty parts or
+/// NUL): it is then made beneath the task's own directory. `None` for anything else.
+pub fn relative_working_dir(w: &str) -> Option<Vec<&str>> {
+    if w.is_empty() || w.starts_with('/') || w.contains('\0') {
+        return None;
+    }
+    let parts: Vec<&str> = w.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    (!parts.is_empty() && parts.iter().all(|p| *p != "..")).then_some(parts)
+}
+
+/// The parts of an object-store URL (`file:///a/b` gives `["file:", "a", "b"]`, `s3://bucket/p` gives
+/// `["s3:", "bucket", "p"]`) when it has no `.`/`..` part, no percent-escape, query, fragment, backslash or NUL.
+fn url_parts(u: &str) -> Option<Vec<&str>> {
+    let (scheme, rest) = if let Some(r) = u.strip_prefix("file://") {
+        ("file:", r.strip_prefix('/')?)
+    } else {
+        ("s3:", u.strip_prefix("s3://")?)
+    };
+    if rest.chars().any(|c| matches!(c, '%' | '?' | '#' | '\\' | '\0')) {
+        return None;
+    }
+    let mut parts = vec![scheme];
+    for p in rest.split('/').filter(|p| !p.is_empty()) {
+        if p == "." || p == ".." {
+            return None;
+        }
+        parts.push(p);
+    }
+    Some(parts)
+}
+
+/// Checks that every checkpoint tier URL of a job of `tenant` lies beneath one of the roots the admin configured
+/// (`file:///srv/ckpt/{tenant}`, `s3://bucket/{tenant}/`; `{tenant}` is replaced by the tenant's name). URLs are
+/// compared part by part, after refusing `.`/`..` parts and escapes, so `file:///srv/../etc` never passes. Without
+/// roots only tiers without a URL (the node's own disk) are accepted.
+pub fn check_checkpoint_roots(job: &JobSubmission, tenant: &str, roots: &[String]) -> Result<(), ApiError> {
+    let tenant_ok = !tenant.is_empty()
+        && tenant != "."
+        && tenant != ".."
+        && tenant.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    for (i, t) in job.checkpoint_tiers.iter().enumerate() {
+        let Some(u) = &t.url else { continue };
+        let beneath = tenant_ok
+            && url_parts(u).is_some_and(|parts| {
+                roots.iter().any(|r| {
+                    url_parts(&r.replace("{tenant}", tenant))
+                        .is_some_and(|root| parts.len() >= root.len() && parts[..root.len()] == root[..])
+                })
+            });
+        if !beneath {
+            let allowed = if roots.is_empty() {
+                "no URL: this server has no checkpoint roots (--checkpoint-root), so tiers live on the nodes' disks"
+                    .to_string()
+            } else {
+                format!(
+                    "a URL beneath one of this tenant's checkpoint roots: {}",
+                    roots.iter().map(|r| r.replace("{tenant}", tenant)).collect::<Vec<_>>().join(", ")
+                )
+            };
+            return Err(ApiError::invalid(&format!("checkpoint_tiers[{i}].url"), u, &allowed));
+        }
+    }
+    Ok(())
 }
 
 fn valid_tier_name(field: &str, n: &str) -> Result<(), ApiError> {
@@ -522,6 +636,61 @@ mod tests {
         let e =
             parse_job("name: x\ngpus: 1\ncheckpoint_interval: often\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_interval"));
+    }
+
+    #[test]
+    fn a_job_cannot_set_the_nodes_own_variables() {
+        let core = |env: &str| parse_job(&format!("name: x\ngpus: 1\nenv: {env}\n")).unwrap().job.to_core(TenantId(0));
+        core("{EPOCHS: \"3\", LD_LIBRARY_PATH: /opt/lib, LANG: de_DE.UTF-8}").unwrap();
+        for k in ["GPUNET_CGROUP_PROCS", "GPUNET_CHECKPOINT_DIR", "PATH", "HOME", "CUDA_VISIBLE_DEVICES", "RANK"] {
+            let e = core(&format!("{{{k}: x}}")).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(format!("env.{k}").as_str()), "{k}");
+        }
+        let e = core("{A: \"a\\0b\"}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("env.A"));
+    }
+
+    #[test]
+    fn working_dir_is_relative_and_stays_beneath_the_task_directory() {
+        let core =
+            |w: &str| parse_job(&format!("name: x\ngpus: 1\nworking_dir: {w:?}\n")).unwrap().job.to_core(TenantId(0));
+        core("run/out").unwrap();
+        core("./run").unwrap();
+        for bad in ["../../../../etc", "/etc", "run/../../x", "", "."] {
+            let e = core(bad).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("working_dir"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tier_urls_must_lie_beneath_the_tenants_checkpoint_root() {
+        let job = |u: &str| {
+            parse_job(&format!(
+                "name: x\ngpus: 1\ncheckpoint_tiers: [{{name: a, every: 1m}}, {{name: s, every: 1h, url: {u:?}}}]\n"
+            ))
+            .unwrap()
+            .job
+        };
+        let roots = vec!["file:///srv/ckpt/{tenant}".to_string(), "s3://bucket/{tenant}/".to_string()];
+        check_checkpoint_roots(&job("file:///srv/ckpt/team-a/run-1"), "team-a", &roots).unwrap();
+        check_checkpoint_roots(&job("file:///srv/ckpt/team-a"), "team-a", &roots).unwrap();
+        check_checkpoint_roots(&job("s3://bucket/team-a/x"), "team-a", &roots).unwrap();
+        for bad in [
+            "file:///etc",
+            "file:///srv/../etc",
+            "file:///srv/ckpt/team-a/../team-b",
+            "file:///srv/ckpt/team-b/x",
+            "file:///srv/ckpt/team-a%2f..%2fteam-b",
+            "file:///srv/ckpt/team-ab",
+            "s3://bucket/team-b/x",
+            "s3://other/team-a",
+        ] {
+            let e = check_checkpoint_roots(&job(bad), "team-a", &roots).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("checkpoint_tiers[1].url"), "{bad}");
+        }
+        let e = check_checkpoint_roots(&job("file:///srv/ckpt/x"), "x", &[]).unwrap_err();
+        assert!(e.message.contains("--checkpoint-root"), "{}", e.message);
+        assert!(check_checkpoint_roots(&job("file:///srv/ckpt/../x"), "..", &roots).is_err());
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct Config {
     pub node_lost_after: std::time::Duration,
     /// A lost node's tasks stay fenced (their resources allocated) until its agent confirms them gone, or this long.
     pub node_fence_after: std::time::Duration,
+    /// Roots checkpoint tier URLs must lie beneath, e.g. `file:///srv/ckpt/{tenant}` or `s3://bucket/{tenant}/`
+    /// (`{tenant}`: the job's tenant). Empty: tiers only on the nodes' own disks.
+    pub checkpoint_roots: Vec<String>,
 }
 
 impl Config {
@@ -67,6 +70,7 @@ impl Config {
             max_body_bytes: 4 << 20,
             node_lost_after: std::time::Duration::from_secs(10),
             node_fence_after: std::time::Duration::from_secs(60),
+            checkpoint_roots: Vec::new(),
         }
     }
 }
@@ -157,6 +161,7 @@ pub fn build(
     o.load_history(&store.samples(now_ms().saturating_sub(owner::HISTORY_SPAN_MS))?);
     o.lost_after = cfg.node_lost_after;
     o.fence_after = cfg.node_fence_after;
+    o.checkpoint_roots = cfg.checkpoint_roots.clone();
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };

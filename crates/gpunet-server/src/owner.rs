@@ -187,6 +187,8 @@ pub(crate) struct Owner {
     pub(crate) lost_after: std::time::Duration,
     /// A lost node's tasks are taken as gone after this long if its agent has not confirmed it.
     pub(crate) fence_after: std::time::Duration,
+    /// Where checkpoint tier URLs may point (`{tenant}` replaced); see `gpunet_api::spec::check_checkpoint_roots`.
+    pub(crate) checkpoint_roots: Vec<String>,
     /// Allocation samples for the portal's charts, oldest first.
     history: std::collections::VecDeque<HistoryPoint>,
     last_sample: Option<std::time::Instant>,
@@ -273,6 +275,7 @@ impl Owner {
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
             lost_after: std::time::Duration::from_secs(10),
             fence_after: std::time::Duration::from_secs(60),
+            checkpoint_roots: Vec::new(),
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
@@ -436,6 +439,7 @@ impl Owner {
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
+                    tenant_index: Some(j.spec.tenant.0),
                     tiers: doc
                         .submission
                         .checkpoint_tiers
@@ -1059,7 +1063,9 @@ impl Owner {
                             return;
                         }
                     };
-                    match sub.to_core(tid) {
+                    match sub.to_core(tid).and_then(|s| {
+                        gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots).map(|_| s)
+                    }) {
                         Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
                         Err(mut e) => {
                             if i > 0 {
@@ -1145,6 +1151,7 @@ impl Owner {
                         _ => return Err(ApiError::missing("tenant")),
                     };
                     let spec = sub.to_core(self.tenant_id(&tenant)?)?;
+                    gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
                     let mut probe = self.st.clone();
                     let id = JobId(u64::MAX - 1);
                     let now = Time(now_ms());

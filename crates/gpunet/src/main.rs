@@ -23,17 +23,6 @@ enum Cmd {
     /// The whole compute network on this machine: server (SQLite), one local agent (real GPUs through NVML, else
     /// fake ones) and the web portal, in one process.
     Up(UpArgs),
-    /// Internal: how the agent starts each task (runs it and records how it ended, for adoption after an agent
-    /// restart).
-    #[command(hide = true)]
-    TaskExec {
-        /// Where to write `exit N` or `signal N`.
-        #[arg(long)]
-        status: PathBuf,
-        /// The task's program and arguments.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
-        command: Vec<String>,
-    },
     /// Run the control plane.
     Server(ServerArgs),
     /// Run a node agent: register this machine and run its tasks.
@@ -111,6 +100,11 @@ struct ServerArgs {
     /// A job that has run less than this many seconds is never preempted.
     #[arg(long, default_value_t = 300.0)]
     preempt_min_run_s: f64,
+    /// Where checkpoint tiers may go, repeatable: `file:///srv/ckpt/{tenant}` or `s3://bucket/{tenant}/`
+    /// (`{tenant}`: the job's tenant). A tier URL outside every root is refused at submit; without roots, tiers
+    /// live only on the nodes' disks.
+    #[arg(long = "checkpoint-root")]
+    checkpoint_roots: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -156,6 +150,19 @@ struct AgentArgs {
     /// Run tasks as this unprivileged user (the agent must run as root).
     #[arg(long)]
     run_as: Option<String>,
+    /// `PATH` of every task (jobs cannot set their own; they start from an empty environment).
+    #[arg(long, env = "GPUNET_TASK_PATH", default_value = gpunet_agent::launcher::DEFAULT_TASK_PATH)]
+    task_path: String,
+    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index (the agent must
+    /// run as root; `--run-as` wins).
+    #[arg(long)]
+    tenant_uids: bool,
+    /// First uid (and gid) of the per-tenant range.
+    #[arg(long, default_value_t = gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE)]
+    tenant_uid_base: u32,
+    /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
+    #[arg(long, default_value = "/dev")]
+    device_dir: PathBuf,
 }
 
 /// The GPUs NVML finds; none where NVML is absent (no NVIDIA driver).
@@ -196,6 +203,9 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         address: a.address.clone(),
         run_as: a.run_as.clone(),
         wrapper: std::env::current_exe().ok(),
+        task_path: a.task_path.clone(),
+        tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
+        device_dir: Some(a.device_dir.clone()),
     })
 }
 
@@ -536,20 +546,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
-    // The task wrapper starts with every task: skip building the whole command line parser for it.
+    // The task wrapper starts with every task (and probe): skip building the whole command line parser for it. It
+    // runs as root with an empty environment (see `gpunet_agent::wrapper`).
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("task-exec") && argv.get(2).map(String::as_str) == Some("--status") {
-        if let (Some(status), Some("--"), Some(prog)) = (argv.get(3), argv.get(4).map(String::as_str), argv.get(5)) {
-            let ended = gpunet_agent::wrapper::run(std::path::Path::new(status), prog, &argv[6..]);
-            gpunet_agent::wrapper::exit_like(ended);
-        }
+    if argv.get(1).map(String::as_str) == Some("task-exec") {
+        gpunet_agent::wrapper::main(&argv[2..]);
     }
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::TaskExec { status, command } => {
-            let (prog, args) = command.split_first().context("task-exec needs a command")?;
-            gpunet_agent::wrapper::exit_like(gpunet_agent::wrapper::run(&status, prog, args));
-        }
         Cmd::Server(a) => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -578,6 +582,14 @@ fn main() -> Result<()> {
                 bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
             }
             cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
+            for r in &a.checkpoint_roots {
+                if !(r.starts_with("file:///") || r.starts_with("s3://")) || r.contains("..") {
+                    bail!(
+                        "invalid --checkpoint-root {r:?}: allowed is file:///PATH or s3://BUCKET/PREFIX without '..'"
+                    );
+                }
+            }
+            cfg.checkpoint_roots = a.checkpoint_roots.clone();
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -647,6 +659,18 @@ fn main() -> Result<()> {
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
             cfg.sched.policy = a.policy.parse().context("--policy")?;
+            // Shared checkpoint tiers go beneath the data directory, one directory per tenant.
+            let data =
+                std::fs::canonicalize(&a.data_dir).with_context(|| format!("resolve {}", a.data_dir.display()))?;
+            cfg.checkpoint_roots = vec![format!("file://{}/tiers/{{tenant}}", data.display())];
+            let tenant_uids = gpunet_agent::running_as_root() && gpunet_agent::others_can_reach(&data);
+            if gpunet_agent::running_as_root() && !tenant_uids {
+                eprintln!(
+                    "warning: {} is not reachable by other users, so every tenant's tasks run as root; use a data \
+                     directory under a path like /srv or /var/lib for per-tenant users",
+                    data.display()
+                );
+            }
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir.join("server"))?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -664,6 +688,12 @@ fn main() -> Result<()> {
                     address: "127.0.0.1".into(),
                     run_as: None,
                     wrapper: std::env::current_exe().ok(),
+                    task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
+                    // Each tenant's tasks as its own user where the agent can switch users.
+                    // (where the agent can switch users and they can reach their directories under the data
+                    // directory; otherwise tasks run as the agent's user, as `gpunet up` says at start).
+                    tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
+                    device_dir: None,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

@@ -9,7 +9,10 @@ use std::process::Command;
 use std::time::Duration;
 
 fn setup(extra: &[&str]) -> (tempfile::TempDir, Server) {
-    let dir = tempfile::tempdir().unwrap();
+    setup_in(tempfile::tempdir().unwrap(), extra)
+}
+
+fn setup_in(dir: tempfile::TempDir, extra: &[&str]) -> (tempfile::TempDir, Server) {
     let s = Server::start(&dir.path().join("server"), free_port(), extra);
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
     assert!(ok, "{err}");
@@ -125,8 +128,9 @@ fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
     // The machine "died" with its agent: end the orphaned first attempt too.
     let first = read(&out.join("first"));
     assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
-    // The task is one process (it execs its sleep): end it as a lost node's task would end.
-    let _ = Command::new("kill").args(["-9", &first]).status();
+    // End the orphaned attempt as a lost node's task would end: its whole process group (the shell's `sleep` too,
+    // which would otherwise outlive the test).
+    common::kill_group_of(&first);
     wait_for(Duration::from_secs(20), || s.job_state(id) == "succeeded");
     assert_eq!(read(&out.join("second")), "1 0", "ran once more, on the other agent, without a restart charge");
     let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
@@ -182,6 +186,8 @@ fn a_job_over_its_memory_limit_is_killed_and_reported_oom() {
          command: [python3, -c, \"b = bytearray(512 * 1024 * 1024); print(len(b))\"]\n",
     );
     wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
+    // The events are read from the store, which may trail the job's state by a moment.
+    wait_for(Duration::from_secs(10), || events(&s, id).contains("\"kind\":\"oom\""));
     let events = events(&s, id);
     assert!(events.contains("\"kind\":\"oom\"") && events.contains("exceeding its memory limit"), "{events}");
 }
@@ -236,10 +242,16 @@ fn logs_are_shipped_to_the_server_and_followed() {
 
 #[test]
 fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
-    let (dir, s) = setup(&["--node-lost-after-s", "1", "--node-fence-s", "1", "--restart-backoff-s", "0"]);
+    let dir = tempfile::tempdir().unwrap();
+    // The admin's root for shared tiers; the job's tier lies beneath its tenant's directory there.
+    let root = format!("file://{}/shared-ckpt/{{tenant}}", dir.path().display());
+    let (dir, s) = setup_in(
+        dir,
+        &["--node-lost-after-s", "1", "--node-fence-s", "1", "--restart-backoff-s", "0", "--checkpoint-root", &root],
+    );
     let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
     let out = dir.path().join("out");
-    let shared = dir.path().join("shared-ckpt");
+    let shared = dir.path().join("shared-ckpt/t");
     std::fs::create_dir_all(&out).unwrap();
     let cmd = format!(
         "if [ -f $GPUNET_CHECKPOINT_DIR/state ]; then cat $GPUNET_CHECKPOINT_DIR/state > {0}/restored; exit 0; fi; \

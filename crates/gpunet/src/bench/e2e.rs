@@ -96,6 +96,9 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                     address: "127.0.0.1".into(),
                     run_as: None,
                     wrapper: std::env::current_exe().ok(),
+                    task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
+                    tenant_uid_base: None,
+                    device_dir: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gpunet_agent::run(cfg, async {

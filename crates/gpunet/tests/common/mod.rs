@@ -24,7 +24,19 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// Asks the process to stop (SIGINT: an agent then stops its tasks, so a test leaves none behind), and kills it
+    /// when it is still there after 15 s.
     fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(15) {
+                if !matches!(self.0.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -78,8 +90,22 @@ impl Server {
 
     /// Starts an agent with fake GPUs and extra flags.
     pub fn agent_with(&self, name: &str, gpus: &str, dir: &Path, address: &str, extra: &[&str]) -> Proc {
+        self.agent_with_env(name, gpus, dir, address, extra, &[])
+    }
+
+    /// Starts an agent with fake GPUs, extra flags and extra environment variables.
+    pub fn agent_with_env(
+        &self,
+        name: &str,
+        gpus: &str,
+        dir: &Path,
+        address: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         use std::os::unix::process::CommandExt;
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .process_group(0)
             .args([
                 "agent",
@@ -128,8 +154,34 @@ impl Server {
     }
 }
 
+/// SIGKILL to the process group that `pid` (a decimal string) belongs to, e.g. a task whose agent is gone.
+pub fn kill_group_of(pid: &str) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let pgrp = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(2)).and_then(|g| g.parse::<i32>().ok());
+    match pgrp {
+        Some(g) if g > 1 => {
+            let _ = Command::new("kill").args(["-9", "--", &format!("-{g}")]).status();
+        }
+        _ => {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// POSTs a job (JSON) as the admin; returns the HTTP status and the body.
+pub fn post_job(url: &str, body: &str) -> (u16, String) {
+    let o = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "-XPOST", "-H", "Authorization: Bearer admin-secret"])
+        .args(["-H", "content-type: application/json", "-d", body, &format!("{url}/v1/jobs")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// Polls `f` every 50 ms until it holds, failing after `limit`.

@@ -1,0 +1,366 @@
+//! Hostile jobs against a real agent (issue 11, the node's side): each test is an attack a job made on the node,
+//! measured on the code before the fix, and fails if it works again. The agent runs as root here (as on CI).
+
+mod common;
+
+use common::{free_port, json, post_job, wait_for, Server};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn setup_in(dir: &Path, extra: &[&str]) -> Server {
+    let s = Server::start(&dir.join("server"), free_port(), extra);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    s
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+}
+
+fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
+    let spec = dir.join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    json(&o)["id"].as_u64().unwrap()
+}
+
+fn log(dir: &Path, node: &str, id: u64) -> String {
+    std::fs::read_to_string(dir.join(format!("{node}/logs/job-{id}/rank-0-attempt-0.log"))).unwrap_or_default()
+}
+
+fn alive(pid: &str) -> bool {
+    // A zombie is gone for our purpose (it holds nothing and runs nothing).
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()).map(|st| st != "Z"))
+        .unwrap_or(false)
+}
+
+/// Kills a process this test is responsible for, whether or not the assertion about it held.
+struct KillOnDrop(std::path::PathBuf);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let pid = read(&self.0);
+        if pid.parse::<i32>().is_ok_and(|p| p > 1) && alive(&pid) {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+        }
+    }
+}
+
+/// The node's isolation label (`cgroup-v1: …`, `cgroup-v2: …` or `none`).
+fn isolation(s: &Server) -> String {
+    let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    json(&nodes)[0]["labels"]["isolation"].as_str().unwrap_or("").to_string()
+}
+
+fn needs_cgroups(s: &Server) -> bool {
+    let iso = isolation(s);
+    if iso.starts_with("cgroup-") {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI runs the agent as root with cgroups; isolation here: {iso:?}");
+    eprintln!("SKIPPED: no writable cgroups here ({iso})");
+    false
+}
+
+fn every_file(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_symlink_in_the_checkpoint_directory_does_not_copy_a_root_only_file_into_the_tier() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = format!("file://{}/tiers/{{tenant}}", dir.path().display());
+    let s = setup_in(dir.path(), &["--checkpoint-root", &root]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "TOPSECRET-ROOT-ONLY").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let private = dir.path().join("private");
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::write(private.join("key"), "TOPSECRET-IN-DIR").unwrap();
+    let tier = dir.path().join("tiers/t");
+    let cmd = format!(
+        "cd $GPUNET_CHECKPOINT_DIR; ln -s {} leak; ln -s {} dir; mkfifo fifo; echo step-1 > state; \
+         while [ -z \"$(ls {}/job-$GPUNET_JOB_ID/rank-0/shared 2>/dev/null)\" ]; do sleep 0.1; done",
+        secret.display(),
+        private.display(),
+        tier.display()
+    );
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: leak\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, {cmd:?}]\ncheckpoint_tiers:\n\
+             - {{name: shared, every: 200ms, keep: 2, url: \"file://{}\"}}\n",
+            tier.display()
+        ),
+    );
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
+    let files = every_file(&tier);
+    assert!(files.iter().any(|f| f.ends_with("state")), "the checkpoint was copied: {files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        assert!(!text.contains("TOPSECRET"), "{} holds a file the job could not read", f.display());
+        let mode = std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", f.display());
+    }
+    assert!(!files.iter().any(|f| f.ends_with("leak") || f.ends_with("fifo")), "{files:?}");
+}
+
+#[test]
+fn a_tier_outside_the_tenants_checkpoint_root_is_refused_at_submit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = format!("file://{}/tiers/{{tenant}}", dir.path().display());
+    let s = setup_in(dir.path(), &["--checkpoint-root", &root]);
+    let ok = format!("file://{}/tiers/t/run-1", dir.path().display());
+    for (url, want) in [
+        ("file:///etc".to_string(), 422),
+        ("file:///srv/../etc".to_string(), 422),
+        (format!("file://{}/tiers/t/../other", dir.path().display()), 422),
+        (format!("file://{}/tiers/other", dir.path().display()), 422),
+        ("s3://some-bucket/t".to_string(), 422),
+        (ok, 201),
+    ] {
+        let body = format!(
+            r#"{{"name":"x","tenant":"t","gpus":1,"command":["true"],"checkpoint_tiers":[{{"name":"s","every":"1m","url":"{url}"}}]}}"#
+        );
+        let (code, out) = post_job(&s.url, &body);
+        assert_eq!(code, want, "{url}: {out}");
+        if want == 422 {
+            assert_eq!(json(&out)["error"]["field"], "checkpoint_tiers[0].url", "{out}");
+        }
+    }
+}
+
+#[test]
+fn a_job_cannot_override_the_variables_the_node_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    for var in ["GPUNET_CGROUP_PROCS", "PATH", "HOME", "GPUNET_CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "RANK"] {
+        let body = format!(r#"{{"name":"x","tenant":"t","gpus":1,"command":["true"],"env":{{"{var}":"/dev/null"}}}}"#);
+        let (code, out) = post_job(&s.url, &body);
+        assert_eq!(code, 422, "{var}: {out}");
+        assert_eq!(json(&out)["error"]["field"], format!("env.{var}"), "{out}");
+    }
+}
+
+#[test]
+fn tasks_do_not_inherit_the_agents_environment_and_the_root_wrapper_never_gets_the_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _a = s.agent_with_env(
+        "a1",
+        "1xT4",
+        dir.path(),
+        "127.0.0.1",
+        &[],
+        &[
+            ("AWS_SECRET_ACCESS_KEY", "aws-agent-secret"),
+            ("GPUNET_JOIN_TOKEN", "join-secret"),
+            ("GPUNET_ADMIN_TOKEN", "admin-secret"),
+            ("HOME", "/root"),
+            ("NCCL_SOCKET_IFNAME", "lo"),
+        ],
+    );
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        "name: env\ntenant: t\ngpus: 1\nmax_restarts: 0\n\
+         env: {MARKER: tenant-value, LD_PRELOAD: /nonexistent/tenant.so}\n\
+         command: [sh, -c, 'env; echo ---; tr \"\\\\0\" \"\\\\n\" < /proc/$PPID/environ 2>/dev/null; echo; echo ---']\n",
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let out = log(dir.path(), "a1", id);
+    let mut parts = out.split("---\n");
+    let (task, wrapper) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    for secret in ["aws-agent-secret", "join-secret", "admin-secret", "HOME=/root"] {
+        assert!(!out.contains(secret), "{secret} leaked into the task: {out}");
+    }
+    let home = dir.path().join(format!("a1/work/job-{id}/rank-0"));
+    for want in [
+        format!("HOME={}", home.display()),
+        "MARKER=tenant-value".into(),
+        "LANG=C.UTF-8".into(),
+        "RANK=0".into(),
+        "NCCL_SOCKET_IFNAME=lo".into(),
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        format!("GPUNET_JOB_ID={id}"),
+    ] {
+        assert!(task.lines().any(|l| l == want), "{want} missing: {task}");
+    }
+    // The wrapper (root, the task's parent) has a PATH and nothing else: neither the job's LD_PRELOAD nor its
+    // other variables.
+    let wrapper_vars: Vec<&str> = wrapper.lines().filter(|l| !l.is_empty()).collect();
+    assert!(!wrapper_vars.is_empty(), "the task read its parent's environment: {out}");
+    assert!(wrapper_vars.iter().all(|l| l.starts_with("PATH=")), "the root wrapper's environment: {wrapper_vars:?}");
+}
+
+#[test]
+fn working_dir_cannot_leave_the_tasks_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    for bad in ["../../../../etc", "/etc", "run/../../../x"] {
+        let body = format!(r#"{{"name":"x","tenant":"t","gpus":1,"command":["pwd"],"working_dir":"{bad}"}}"#);
+        let (code, out) = post_job(&s.url, &body);
+        assert_eq!(code, 422, "{bad}: {out}");
+        assert_eq!(json(&out)["error"]["field"], "working_dir", "{out}");
+    }
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let id = submit_yaml(&s, dir.path(), "name: wd\ntenant: t\ngpus: 1\nworking_dir: run/out\ncommand: [pwd]\n");
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let want = dir.path().join(format!("a1/work/job-{id}/rank-0/run/out"));
+    assert_eq!(log(dir.path(), "a1", id).trim(), want.display().to_string());
+}
+
+#[test]
+fn a_setsid_process_of_a_task_dies_with_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    if !needs_cgroups(&s) {
+        return;
+    }
+    let pidfile = dir.path().join("escaped.pid");
+    let _cleanup = KillOnDrop(pidfile.clone());
+    let cmd = format!("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let pid = read(&pidfile);
+    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "{pid:?}");
+    wait_for(Duration::from_secs(20), || !alive(&pid));
+}
+
+#[test]
+fn a_setsid_process_of_a_liveness_probe_dies_with_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    if !needs_cgroups(&s) {
+        return;
+    }
+    let pidfile = dir.path().join("probe-escaped.pid");
+    let _cleanup = KillOnDrop(pidfile.clone());
+    let probe = format!("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+    let task = format!("while [ ! -s {} ]; do sleep 0.1; done; sleep 0.5", pidfile.display());
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: probe\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, {task:?}]\n\
+             liveness: {{command: [sh, -c, {probe:?}], initial_delay: 100ms, period: 5s}}\n"
+        ),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let pid = read(&pidfile);
+    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "{pid:?}");
+    wait_for(Duration::from_secs(20), || !alive(&pid));
+}
+
+#[test]
+fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    // The tenants' users must reach their directories beneath the agent's data directory.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "u"]);
+    assert!(ok, "{err}");
+    let _a = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--tenant-uids"]);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let bpid = shared.join("b.pid");
+    let _cleanup = KillOnDrop(bpid.clone());
+    // Tenant u's job holds a secret in its environment and runs until cancelled.
+    let b = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: victim\ntenant: u\ngpus: 1\nenv: {{SECRET: u-secret}}\ncommand: [sh, -c, 'echo $$ > {}; exec sleep 300']\n",
+            bpid.display()
+        ),
+    );
+    wait_for(Duration::from_secs(30), || read(&bpid).parse::<u32>().is_ok());
+    let attack = format!(
+        "id -u; B=$(cat {}); \
+         if cat /proc/$B/environ >/dev/null 2>&1; then echo environ-read; else echo environ-denied; fi; \
+         if kill -0 $B 2>/dev/null; then echo signal-sent; else echo signal-denied; fi; \
+         if ls $GPUNET_CHECKPOINT_DIR/../job-{b} >/dev/null 2>&1; then echo files-read; else echo files-denied; fi",
+        bpid.display()
+    );
+    let a = submit_yaml(
+        &s,
+        dir.path(),
+        &format!("name: attacker\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, {attack:?}]\n"),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(a) == "succeeded");
+    let out = log(dir.path(), "a1", a);
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["200000", "environ-denied", "signal-denied", "files-denied"], "{out}");
+    // The victim's directories are its own user's, 0700.
+    for d in [format!("a1/checkpoints/job-{b}"), format!("a1/work/job-{b}/rank-0")] {
+        let m = std::fs::metadata(dir.path().join(&d)).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (200_001, 200_001, 0o700), "{d}");
+    }
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &b.to_string()]);
+    assert!(ok, "{err}");
+    let pid = read(&bpid);
+    wait_for(Duration::from_secs(20), || !alive(&pid));
+}
+
+#[test]
+fn a_task_opens_its_own_gpu_device_and_not_another_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    // Fake device nodes with the NVIDIA driver's numbers (char 195:N, nvidiactl 195:255).
+    let dev = dir.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for (name, minor) in [("nvidia0", "0"), ("nvidia1", "1"), ("nvidiactl", "255")] {
+        let p = dev.join(name);
+        let ok = Command::new("mknod").args([p.to_str().unwrap(), "c", "195", minor]).status();
+        if !ok.is_ok_and(|s| s.success()) {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root and can mknod");
+            eprintln!("SKIPPED: cannot make device nodes here");
+            return;
+        }
+    }
+    let _a = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--device-dir", dev.to_str().unwrap()]);
+    if !isolation(&s).contains("devices") {
+        assert!(std::env::var_os("CI").is_none(), "CI has the v1 devices controller; isolation: {}", isolation(&s));
+        eprintln!("SKIPPED: no devices cgroup here ({})", isolation(&s));
+        return;
+    }
+    // Opening a node the devices cgroup denies fails with EPERM; an allowed one without a driver behind it with
+    // ENXIO (or opens, where a driver is loaded).
+    let script = format!(
+        "try() {{ if msg=$( (true <> \"$1\") 2>&1 ); then echo opened; else case \"$msg\" in \
+         *'not permitted'*) echo denied;; *) echo \"allowed: $msg\";; esac; fi; }}; \
+         echo \"own $(try {0}/nvidia$CUDA_VISIBLE_DEVICES)\"; echo \"other $(try {0}/nvidia$((1 - CUDA_VISIBLE_DEVICES)))\"; \
+         echo \"ctl $(try {0}/nvidiactl)\"; echo \"null $(try /dev/null)\"",
+        dev.display()
+    );
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
+    let out = log(dir.path(), "a1", id);
+    let line = |k: &str| out.lines().find(|l| l.starts_with(k)).unwrap_or("").to_string();
+    assert!(line("own ").starts_with("own ") && !line("own ").contains("denied"), "{out}");
+    assert!(!line("ctl ").contains("denied") && !line("ctl ").is_empty(), "{out}");
+    assert_eq!(line("other "), "other denied", "{out}");
+    assert_eq!(line("null "), "null opened", "{out}");
+}
