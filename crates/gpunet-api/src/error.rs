@@ -48,7 +48,7 @@ impl ApiError {
         ApiError {
             code: "unknown_field".into(),
             message: format!("unknown field {field}; allowed are {allowed}"),
-            field: Some(field.into()),
+            field: Some(field),
         }
     }
 
