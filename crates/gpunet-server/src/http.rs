@@ -406,6 +406,28 @@ struct NodeRegistration {
     fake: bool,
 }
 
+/// Bounds a node's numbers, so that cluster totals cannot overflow, and its labels and taints.
+fn check_node(n: &NodeSpec) -> Result<(), ApiError> {
+    use gpunet_api::units::{MAX_MIB, MAX_MILLI_CPU};
+    if n.cpu.0 > MAX_MILLI_CPU {
+        return Err(ApiError::invalid("spec.cpu", &n.cpu.0.to_string(), "at most 1000000000000 millicores"));
+    }
+    if n.mem.0 > MAX_MIB {
+        return Err(ApiError::invalid("spec.mem", &n.mem.0.to_string(), "at most 1099511627776 MiB"));
+    }
+    if n.price_per_gpu_hour > 1e6 {
+        return Err(ApiError::invalid("spec.price_per_gpu_hour", &n.price_per_gpu_hour.to_string(), "0 to 1000000"));
+    }
+    let long = |s: &String| s.len() > 253;
+    if n.labels.len() > 64 || n.labels.iter().any(|(k, v)| long(k) || long(v)) {
+        return Err(ApiError::invalid("spec.labels", "too many or too long", "at most 64 labels of 253 bytes"));
+    }
+    if n.taints.len() > 64 {
+        return Err(ApiError::invalid("spec.taints", &n.taints.len().to_string(), "at most 64 taints"));
+    }
+    Ok(())
+}
+
 async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
         Principal::Admin | Principal::Agent => {}
@@ -415,6 +437,7 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     }
     let reg: NodeRegistration =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the node registration: {e}")))?;
+    check_node(&reg.spec)?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
 }
 

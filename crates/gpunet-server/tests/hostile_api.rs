@@ -430,3 +430,21 @@ async fn logs_are_byte_exact_end_to_end_and_private() {
         assert_eq!(mode(&dir.path().join(format!("logs/job-{id}/rank-0-attempt-0.log"))), 0o600);
     }
 }
+
+/// A node registered with `cpu: 18446744073709551615` would overflow the cluster's totals (a panic in the task that
+/// owns the state). Node numbers are bounded at registration.
+#[tokio::test]
+async fn a_node_with_absurd_capacity_is_refused() {
+    let app = App::new();
+    for (field, value) in [("cpu", json!(u64::MAX)), ("mem", json!(u64::MAX)), ("price_per_gpu_hour", json!(1e300))] {
+        let mut spec =
+            json!({"name": "n1", "gpus": [], "cpu": 1000, "mem": 1024, "labels": {}, "price_per_gpu_hour": 1.0});
+        spec[field] = value;
+        let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(json!({"spec": spec}).to_string())).await;
+        assert_eq!((s, err(&v).0), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_field"), "{field}: {v}");
+        assert_eq!(err(&v).1, Some(format!("spec.{field}").as_str()));
+    }
+    app.node("n1", 2).await;
+    let (s, _) = app.call("GET", "/v1/cluster", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::OK);
+}
