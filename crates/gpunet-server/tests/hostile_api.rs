@@ -448,3 +448,30 @@ async fn a_node_with_absurd_capacity_is_refused() {
     let (s, _) = app.call("GET", "/v1/cluster", Some("admin"), None).await;
     assert_eq!(s, StatusCode::OK);
 }
+
+/// The event of a job preempted for another tenant's job named that job ("preempted for job-7"), in the evicted
+/// tenant's events and event stream.
+#[tokio::test]
+async fn a_preemption_event_does_not_name_another_tenants_job() {
+    let mut cfg = config("/nonexistent".as_ref());
+    cfg.sched.policy = gpunet_core::Policy::Priority;
+    cfg.sched.preemption.min_run_time = gpunet_core::Dur(0);
+    let app = App::with(&cfg, Arc::new(MemoryStore::new()));
+    let a = app.tenant("team-a").await;
+    let b = app.tenant("team-b").await;
+    app.node("n1", 2).await;
+    let victim = app.submit(&a, json!({"name": "low", "gpus": 2, "priority": 0})).await;
+    app.wait_state(victim, "running").await;
+    let urgent = app.submit(&b, json!({"name": "urgent", "gpus": 2, "priority": 5})).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let (_, ev) = app.call("GET", &format!("/v1/jobs/{victim}/events"), Some(&a), None).await;
+        if ev.to_string().contains("preempted") {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "no preemption: {ev}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!events.to_string().contains(&format!("job-{urgent}")), "{events}");
+    assert!(events.to_string().contains("preempted for another tenant's job"), "{events}");
+}
