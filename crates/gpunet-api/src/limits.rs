@@ -22,6 +22,11 @@ pub const MAX_DEPTH: usize = 32;
 /// The largest YAML document accepted (JSON documents are bounded by the route's body limit only).
 pub const MAX_YAML_BYTES: usize = 128 * 1024;
 
+/// The most places a YAML document may have where an alias could start (`*` after a blank, a line start, `[`, `{`,
+/// `,` or `:`, inside strings too): with at most this many aliases, expansion multiplies a document at most 16 times,
+/// whatever the depth scan makes of quotes. Aliases the scan finds are refused outright.
+pub const MAX_YAML_ALIAS_MARKS: usize = 8;
+
 /// The most `[` and `{` characters a YAML document may hold, wherever they are (a bound on libyaml's flow depth, whose
 /// cost per token grows with that depth).
 pub const MAX_YAML_FLOW_OPENERS: usize = 256;
@@ -92,6 +97,19 @@ pub fn check_yaml(text: &str) -> Result<(), ApiError> {
         return Err(ApiError::parse(format!(
             "the YAML document has {openers} '[' or '{{' characters; allowed are at most {MAX_YAML_FLOW_OPENERS} \
              (inside strings too): send it as JSON, which has no such limit"
+        )));
+    }
+    let marks = (0..b.len())
+        .filter(|&i| {
+            b[i] == b'*'
+                && (i == 0 || matches!(b[i - 1], b' ' | b'\t' | b'\n' | b'\r' | b'[' | b'{' | b',' | b':'))
+                && b.get(i + 1).is_some_and(|n| !n.is_ascii_whitespace())
+        })
+        .count();
+    if marks > MAX_YAML_ALIAS_MARKS {
+        return Err(ApiError::parse(format!(
+            "the YAML document has {marks} places where an alias (*name) could start; allowed are at most \
+             {MAX_YAML_ALIAS_MARKS} (inside strings too): send it as JSON, which has no aliases"
         )));
     }
     let mut flow = 0usize;
@@ -320,6 +338,10 @@ mod tests {
         assert!(e.message.contains("alias"), "{}", e.message);
         assert!(check_yaml("a: [*x]\n").is_err());
         check_yaml("command: [\"ls *.txt\", 'a * b']\nx: 2 * 3\n").unwrap();
+        // An alias the scan would take for text inside a block scalar still counts towards the sound bound.
+        let hidden = format!("a: |\n  \"\nb: [{}]\nc: \"\n", "*x, ".repeat(9));
+        let e = check_yaml(&hidden).unwrap_err();
+        assert!(e.message.contains("9 places"), "{}", e.message);
         let e = check_yaml(&format!("a: \"{}\"\n", "x".repeat(MAX_YAML_BYTES))).unwrap_err();
         assert_eq!(e.status(), 413);
     }
