@@ -262,11 +262,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     let mut buf = vec![0u8; take];
                     if f.seek(std::io::SeekFrom::Start(from)).is_ok() && f.read_exact(&mut buf).is_ok() {
                         budget -= take;
-                        logs.push(gpunet_api::agent::LogChunk {
-                            task: t,
-                            offset: from,
-                            data: String::from_utf8_lossy(&buf).into_owned(),
-                        });
+                        logs.push(gpunet_api::agent::LogChunk { task: t, offset: from, data: buf });
                     }
                 }
             }

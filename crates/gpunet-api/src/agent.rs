@@ -100,15 +100,46 @@ pub struct GpuSample {
     pub nvlink_rx_bytes: Option<u64>,
 }
 
-/// Log output of a task attempt, from `offset` bytes into its log.
+/// Log output of a task attempt, from `offset` bytes into its log. The bytes travel exactly as the task wrote them
+/// (base64 on the wire, as `data_base64`): a UTF-8 sequence cut between two chunks, or output that is not text at
+/// all, arrives unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogChunk {
     /// Which.
     pub task: TaskRef,
     /// Byte offset of `data` in the log.
     pub offset: u64,
-    /// The bytes, as text (invalid UTF-8 replaced).
-    pub data: String,
+    /// The bytes.
+    #[serde(rename = "data_base64", with = "base64_bytes")]
+    pub data: Vec<u8>,
+}
+
+mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let t = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD.decode(t).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_chunks_carry_bytes_exactly() {
+        let c = LogChunk { task: TaskRef { job: 1, rank: 0, attempt: 0 }, offset: 7, data: vec![0xe2, 0x82, 0xff, 0] };
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(text.contains("\"data_base64\":\"4oL/AA==\""), "{text}");
+        assert_eq!(serde_json::from_str::<LogChunk>(&text).unwrap(), c);
+        assert!(serde_json::from_str::<LogChunk>(&text.replace("4oL/AA==", "not base64!")).is_err());
+    }
 }
 
 /// A task's process started.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 #[error("{message}")]
 pub struct ApiError {
     /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `parse_error`, `not_found`,
-    /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `internal`.
+    /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `limit_exceeded`, `internal`.
     pub code: String,
     /// What went wrong, naming the field and what is allowed.
     pub message: String,
@@ -25,21 +25,30 @@ pub struct ErrorBody {
 }
 
 impl ApiError {
-    /// A field with a value that is not allowed.
+    /// A field with a value that is not allowed. The value (and the field path) shown are cut to a few hundred
+    /// bytes, so that an error about a huge value is not itself huge.
     pub fn invalid(field: &str, value: &str, allowed: &str) -> ApiError {
+        let value = crate::limits::truncate(value, 200);
+        let field = crate::limits::truncate(field, 300);
         ApiError {
             code: "invalid_field".into(),
             message: format!("invalid {field} {value:?}: allowed is {allowed}"),
-            field: Some(field.into()),
+            field: Some(field),
         }
+    }
+
+    /// A server limit was reached (a per-tenant count or size, concurrent streams): 429, naming the limit.
+    pub fn limit(message: impl Into<String>) -> ApiError {
+        ApiError { code: "limit_exceeded".into(), message: message.into(), field: None }
     }
 
     /// A field gpunet does not know.
     pub fn unknown(field: &str, allowed: &str) -> ApiError {
+        let field = crate::limits::truncate(field, 300);
         ApiError {
             code: "unknown_field".into(),
             message: format!("unknown field {field}; allowed are {allowed}"),
-            field: Some(field.into()),
+            field: Some(field),
         }
     }
 
@@ -50,7 +59,8 @@ impl ApiError {
 
     /// The document does not parse.
     pub fn parse(message: impl Into<String>) -> ApiError {
-        ApiError { code: "parse_error".into(), message: message.into(), field: None }
+        let message = crate::limits::truncate(&message.into(), 1000);
+        ApiError { code: "parse_error".into(), message, field: None }
     }
 
     /// Any other error of a code.
@@ -58,7 +68,7 @@ impl ApiError {
         ApiError { code: code.into(), message: message.into(), field: None }
     }
 
-    /// The HTTP status for the code: 400 parse, 422 validation, 401, 403, 404, 409, 413, 503 unavailable, 500.
+    /// The HTTP status for the code: 400 parse, 422 validation, 401, 403, 404, 409, 413, 429, 503 unavailable, 500.
     pub fn status(&self) -> u16 {
         match self.code.as_str() {
             "parse_error" => 400,
@@ -69,6 +79,7 @@ impl ApiError {
             "conflict" => 409,
             "too_large" => 413,
             "unavailable" => 503,
+            "limit_exceeded" => 429,
             _ => 500,
         }
     }

@@ -24,6 +24,7 @@
 //! | `limits.memory` / `requests.memory` | memory |
 
 use crate::error::ApiError;
+use crate::limits::{truncate, Warnings};
 use crate::spec::{AffinityTerm, JobSubmission, LivenessSpec, ParsedJob, Quantity, TolerationSpec};
 use crate::units::{parse_cpu, parse_memory};
 use gpunet_core::tenant::Quota;
@@ -44,10 +45,15 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// A value as shown in an error (cut by [`ApiError::invalid`]).
+fn shown(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| format!("{v:?}"))
+}
+
 fn req_str(v: Option<Value>, field: &str) -> Result<Option<String>, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(x) => text(&x).map(Some).ok_or_else(|| ApiError::invalid(field, &format!("{x:?}"), "a scalar")),
+        Some(x) => text(&x).map(Some).ok_or_else(|| ApiError::invalid(field, &shown(&x), "a scalar")),
     }
 }
 
@@ -57,30 +63,50 @@ fn strings(v: Option<Value>, field: &str) -> Result<Vec<String>, ApiError> {
         Some(Value::Sequence(s)) => s
             .iter()
             .enumerate()
-            .map(|(i, x)| {
-                text(x).ok_or_else(|| ApiError::invalid(&format!("{field}[{i}]"), &format!("{x:?}"), "a string"))
-            })
+            .map(|(i, x)| text(x).ok_or_else(|| ApiError::invalid(&format!("{field}[{i}]"), &shown(x), "a string")))
             .collect(),
-        Some(x) => Err(ApiError::invalid(field, &format!("{x:?}"), "a list of strings")),
+        Some(x) => Err(ApiError::invalid(field, &shown(&x), "a list of strings")),
     }
 }
 
-fn leftovers(v: &Value, path: &str, out: &mut Vec<String>) {
+/// Names every scalar left in `v` (a field gpunet did not use) in a warning: at most [`crate::limits::MAX_WARNINGS`]
+/// warnings, each key cut to a few dozen bytes, so a document with thousands of unused fields or one enormous key
+/// gets a small answer.
+fn leftovers(v: &Value, path: &str, out: &mut Warnings) {
     match v {
         Value::Mapping(m) => {
             for (k, x) in m {
-                let key = text(k).unwrap_or_default();
-                leftovers(x, &if path.is_empty() { key } else { format!("{path}.{key}") }, out);
+                if out.full() {
+                    count_leaves(x, out);
+                    continue;
+                }
+                let key = truncate(&text(k).unwrap_or_default(), 64);
+                leftovers(x, &if path.is_empty() { key } else { truncate(&format!("{path}.{key}"), 256) }, out);
             }
         }
         Value::Sequence(s) if !s.is_empty() => {
             for (i, x) in s.iter().enumerate() {
-                leftovers(x, &format!("{path}[{i}]"), out);
+                if out.full() {
+                    count_leaves(x, out);
+                    continue;
+                }
+                leftovers(x, &truncate(&format!("{path}[{i}]"), 256), out);
             }
         }
         Value::Null => {}
         Value::Sequence(_) => {}
+        _ if out.full() => out.count_dropped(),
         _ => out.push(format!("{path} is not used by gpunet and was ignored")),
+    }
+}
+
+/// Counts the warnings `v` would give without building them.
+fn count_leaves(v: &Value, out: &mut Warnings) {
+    match v {
+        Value::Mapping(m) => m.iter().for_each(|(_, x)| count_leaves(x, out)),
+        Value::Sequence(s) => s.iter().for_each(|x| count_leaves(x, out)),
+        Value::Null => {}
+        _ => out.count_dropped(),
     }
 }
 
@@ -130,9 +156,9 @@ fn node_affinity(mut aff: Value, path: &str, out: &mut Vec<AffinityTerm>) -> Res
 }
 
 fn leftover_err(v: &Value, path: &str) -> Result<(), ApiError> {
-    let mut w = Vec::new();
+    let mut w = Warnings::default();
     leftovers(v, path, &mut w);
-    match w.first() {
+    match w.finish().first() {
         Some(f) => Err(ApiError::invalid(path, f, "nodeAffinity")),
         None => Ok(()),
     }
@@ -141,7 +167,7 @@ fn leftover_err(v: &Value, path: &str) -> Result<(), ApiError> {
 /// Converts a parsed `batch/v1` Job.
 pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
     let mut v = doc.clone();
-    let mut warnings = Vec::new();
+    let mut warnings = Warnings::default();
     take(&mut v, "apiVersion");
     let kind = req_str(take(&mut v, "kind"), "kind")?.unwrap_or_default();
     if kind != "Job" {
@@ -154,8 +180,11 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
     job.tenant = tenant;
     let mut spec = take(&mut v, "spec").ok_or_else(|| ApiError::missing("spec"))?;
     if let Some(p) = take(&mut spec, "parallelism") {
-        let n = p.as_u64().ok_or_else(|| ApiError::invalid("spec.parallelism", &format!("{p:?}"), "a whole number"))?;
-        job.tasks = n as u32;
+        job.tasks = p
+            .as_u64()
+            .filter(|n| (1..=4096).contains(n))
+            .ok_or_else(|| ApiError::invalid("spec.parallelism", &shown(&p), "a whole number from 1 to 4096"))?
+            as u32;
     }
     if let Some(c) = take(&mut spec, "completions") {
         if c.as_u64() != Some(job.tasks as u64) {
@@ -169,7 +198,9 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
     }
     if let Some(b) = take(&mut spec, "backoffLimit") {
         job.max_restarts = Some(
-            b.as_u64().ok_or_else(|| ApiError::invalid("spec.backoffLimit", &format!("{b:?}"), "a whole number"))?
+            b.as_u64()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| ApiError::invalid("spec.backoffLimit", &shown(&b), "a whole number from 0 to 100"))?
                 as u32,
         );
     }
@@ -282,8 +313,9 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
                 None => Ok(None),
                 Some(v) => v
                     .as_u64()
+                    .filter(|s| *s <= 31_536_000)
                     .map(|s| Some(format!("{s}s")))
-                    .ok_or_else(|| ApiError::invalid(f, &format!("{v:?}"), "seconds")),
+                    .ok_or_else(|| ApiError::invalid(f, &shown(&v), "whole seconds from 0 to 31536000")),
             }
         };
         let initial_delay =
@@ -298,7 +330,7 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
     leftovers(&spec, "spec", &mut warnings);
     leftovers(&meta, "metadata", &mut warnings);
     leftovers(&v, "", &mut warnings);
-    Ok(ParsedJob { job, warnings })
+    Ok(ParsedJob { job, warnings: warnings.finish() })
 }
 
 /// A tenant quota from a ResourceQuota: guarantee and limit alike (a ResourceQuota is a hard cap).
@@ -333,9 +365,8 @@ impl QuotaSubmission {
 
 /// Parses a `v1` ResourceQuota (YAML or JSON).
 pub fn quota_from_k8s(text_doc: &str) -> Result<(QuotaSubmission, Vec<String>), ApiError> {
-    let mut v: Value =
-        serde_norway::from_str(text_doc).map_err(|e| ApiError::parse(format!("parse the quota: {e}")))?;
-    let mut warnings = Vec::new();
+    let mut v: Value = crate::spec::parse_document(text_doc)?;
+    let mut warnings = Warnings::default();
     let api = req_str(take(&mut v, "apiVersion"), "apiVersion")?.unwrap_or_default();
     let kind = req_str(take(&mut v, "kind"), "kind")?.unwrap_or_default();
     if api != "v1" || kind != "ResourceQuota" {
@@ -350,7 +381,9 @@ pub fn quota_from_k8s(text_doc: &str) -> Result<(QuotaSubmission, Vec<String>), 
     let mut q = QuotaSubmission { tenant, gpus: None, cpu: None, memory: None };
     for key in ["requests.nvidia.com/gpu", "nvidia.com/gpu", "limits.nvidia.com/gpu"] {
         if let Some(g) = req_str(take(&mut hard, key), &format!("spec.hard.{key}"))? {
-            q.gpus = Some(g.parse().map_err(|_| ApiError::invalid(&format!("spec.hard.{key}"), &g, "a whole number"))?);
+            q.gpus = Some(g.parse::<u64>().ok().filter(|n| *n <= crate::units::MAX_GPUS).ok_or_else(|| {
+                ApiError::invalid(&format!("spec.hard.{key}"), &g, "a whole number from 0 to 1000000")
+            })?);
         }
     }
     for key in ["limits.cpu", "requests.cpu", "cpu"] {
@@ -367,5 +400,5 @@ pub fn quota_from_k8s(text_doc: &str) -> Result<(QuotaSubmission, Vec<String>), 
     leftovers(&spec, "spec", &mut warnings);
     leftovers(&meta, "metadata", &mut warnings);
     leftovers(&v, "", &mut warnings);
-    Ok((q, warnings))
+    Ok((q, warnings.finish()))
 }

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod error;
 pub mod k8s;
+pub mod limits;
 pub mod spec;
 pub mod types;
 pub mod units;

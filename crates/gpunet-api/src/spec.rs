@@ -550,9 +550,37 @@ fn serde_error(e: &dyn std::fmt::Display) -> ApiError {
     ApiError::parse(format!("parse the job spec: {msg}"))
 }
 
+/// Parses a request document, JSON or YAML, after the checks of [`crate::limits`]: JSON is scanned for its depth and
+/// parsed by `serde_json` (linear time); YAML is bounded in size and depth and may not use aliases.
+pub fn parse_document(text: &str) -> Result<serde_norway::Value, ApiError> {
+    use crate::limits::{check_json_depth, check_yaml, looks_like_json, MAX_YAML_BYTES};
+    if looks_like_json(text) {
+        check_json_depth(text)?;
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(j) => return serde_norway::to_value(&j).map_err(|e| serde_error(&e)),
+            // Not JSON; small documents may still be YAML in flow style (`{name: x}`).
+            Err(e) if text.len() > MAX_YAML_BYTES => {
+                return Err(ApiError::parse(format!("parse the JSON document: {e}")));
+            }
+            Err(_) => {}
+        }
+    }
+    check_yaml(text)?;
+    serde_norway::from_str(text).map_err(|e| serde_error(&e))
+}
+
+/// Checks that a number in `v` at `field` is a whole number in `0..=max`, naming the field otherwise.
+fn whole(field: &str, x: &serde_norway::Value, max: u64) -> Result<(), ApiError> {
+    if x.as_u64().is_some_and(|n| n <= max) {
+        return Ok(());
+    }
+    let shown = serde_json::to_string(x).unwrap_or_default();
+    Err(ApiError::invalid(field, shown.trim_matches('"'), &format!("a whole number from 0 to {max}")))
+}
+
 /// Parses a job document: gpunet's native spec or a Kubernetes `batch/v1` Job, in YAML or JSON.
 pub fn parse_job(text: &str) -> Result<ParsedJob, ApiError> {
-    let v: serde_norway::Value = serde_norway::from_str(text).map_err(|e| serde_error(&e))?;
+    let v = parse_document(text)?;
     let api = v.get("apiVersion").and_then(|a| a.as_str()).unwrap_or("");
     if api == "batch/v1" {
         return crate::k8s::job_from_k8s(&v);
@@ -581,12 +609,27 @@ pub fn parse_job(text: &str) -> Result<ParsedJob, ApiError> {
             if !ok {
                 let shown = serde_json::to_string(x).unwrap_or_default();
                 let allowed = match k {
-                    "u" => "a whole number >= 0",
-                    "i" => "a whole number",
+                    "u" => "a whole number from 0 to 4294967295",
+                    "i" => "a whole number from -2147483648 to 2147483647",
                     "b" => "true or false",
                     _ => "a list",
                 };
                 return Err(ApiError::invalid(f, shown.trim_matches('"'), allowed));
+            }
+        }
+        // Nested numbers, so that none is truncated or refused without its name.
+        if let Some(e) = m.get("elastic").and_then(|e| e.as_mapping()) {
+            for f in ["min_tasks", "max_tasks"] {
+                if let Some(x) = e.get(f) {
+                    whole(&format!("elastic.{f}"), x, u32::MAX as u64)?;
+                }
+            }
+        }
+        if let Some(tiers) = m.get("checkpoint_tiers").and_then(|t| t.as_sequence()) {
+            for (i, t) in tiers.iter().enumerate() {
+                if let Some(x) = t.get("keep") {
+                    whole(&format!("checkpoint_tiers[{i}].keep"), x, 1000)?;
+                }
             }
         }
     }

@@ -4,15 +4,31 @@
 use crate::error::ApiError;
 use gpunet_core::{Dur, MiB, MilliCpu};
 
+/// The longest duration accepted (10 years, in ms): nothing is saturated or wrapped silently.
+pub const MAX_DURATION_MS: u64 = 10 * 365 * 86_400_000;
+/// The most CPU accepted, in millicores (a billion cores; quotas of whole clusters fit).
+pub const MAX_MILLI_CPU: u64 = 1_000_000_000_000;
+/// The most memory accepted, in MiB (1 EiB).
+pub const MAX_MIB: u64 = 1 << 40;
+/// The most GPUs a quota may name.
+pub const MAX_GPUS: u64 = 1_000_000;
+
 /// Parses a duration: a sequence of number+unit (`ms`, `s`, `m`, `h`, `d`), e.g. `1h30m`; a bare number is seconds.
 pub fn parse_duration(field: &str, s: &str) -> Result<Dur, ApiError> {
-    let bad = || ApiError::invalid(field, s, "a duration like 90s, 10m, 1h30m or 2d");
+    let bad = || ApiError::invalid(field, s, "a duration like 90s, 10m, 1h30m or 2d, at most 3650d");
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
     }
+    let bounded = |ms: f64| {
+        if ms.is_finite() && ms >= 0.0 && ms.round() <= MAX_DURATION_MS as f64 {
+            Ok(Dur(ms.round() as u64))
+        } else {
+            Err(bad())
+        }
+    };
     if let Ok(secs) = t.parse::<f64>() {
-        return if secs.is_finite() && secs >= 0.0 { Ok(Dur((secs * 1000.0).round() as u64)) } else { Err(bad()) };
+        return bounded(secs * 1000.0);
     }
     let mut total: f64 = 0.0;
     let mut rest = t;
@@ -33,21 +49,24 @@ pub fn parse_duration(field: &str, s: &str) -> Result<Dur, ApiError> {
             _ => return Err(bad()),
         };
         total += n * mult;
+        if !total.is_finite() || total > MAX_DURATION_MS as f64 {
+            return Err(bad());
+        }
         rest = &rest[u_end..];
     }
-    Ok(Dur(total.round() as u64))
+    bounded(total)
 }
 
 /// Parses CPU: cores (`8`, `1.5`) or millicores (`500m`).
 pub fn parse_cpu(field: &str, s: &str) -> Result<MilliCpu, ApiError> {
-    let bad = || ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m");
+    let bad = || ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m, at most 1000000000 cores");
     let t = s.trim();
     let m = if let Some(m) = t.strip_suffix('m') {
         m.parse::<f64>().map_err(|_| bad())?
     } else {
         t.parse::<f64>().map_err(|_| bad())? * 1000.0
     };
-    if !m.is_finite() || m < 0.0 {
+    if !m.is_finite() || m < 0.0 || m.round() > MAX_MILLI_CPU as f64 {
         return Err(bad());
     }
     Ok(MilliCpu(m.round() as u64))
@@ -55,7 +74,7 @@ pub fn parse_cpu(field: &str, s: &str) -> Result<MilliCpu, ApiError> {
 
 /// Parses memory: `Ki`, `Mi`, `Gi`, `Ti` (binary), `k`, `M`, `G`, `T` (decimal) or bytes; rounded up to MiB.
 pub fn parse_memory(field: &str, s: &str) -> Result<MiB, ApiError> {
-    let bad = || ApiError::invalid(field, s, "a size like 32Gi, 512Mi, 1G or a number of bytes");
+    let bad = || ApiError::invalid(field, s, "a size like 32Gi, 512Mi, 1G or a number of bytes, at most 1048576Ti");
     let t = s.trim();
     let units: [(&str, f64); 8] = [
         ("Ki", 1024.0),
@@ -69,10 +88,11 @@ pub fn parse_memory(field: &str, s: &str) -> Result<MiB, ApiError> {
     ];
     let (num, mult) = units.iter().find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m))).unwrap_or((t, 1.0));
     let v: f64 = num.parse().map_err(|_| bad())?;
-    if !v.is_finite() || v < 0.0 {
+    let mib = (v * mult / (1024.0 * 1024.0)).ceil();
+    if !v.is_finite() || v < 0.0 || !mib.is_finite() || mib > MAX_MIB as f64 {
         return Err(bad());
     }
-    Ok(MiB((v * mult / (1024.0 * 1024.0)).ceil() as u64))
+    Ok(MiB(mib as u64))
 }
 
 #[cfg(test)]
@@ -105,5 +125,18 @@ mod tests {
         assert_eq!(parse_memory("m", "1G").unwrap(), MiB(954));
         assert_eq!(parse_memory("m", "1048576").unwrap(), MiB(1));
         assert!(parse_memory("m", "32Gb").is_err());
+    }
+
+    #[test]
+    fn huge_quantities_are_refused_not_saturated() {
+        let e = parse_cpu("cpu", "1e30").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("cpu"));
+        assert!(parse_cpu("cpu", "1e9").is_ok() && parse_cpu("cpu", "1000000001").is_err());
+        assert!(parse_memory("memory", "1e30").is_err() && parse_memory("memory", "2Ei").is_err());
+        assert_eq!(parse_memory("memory", "1024Ti").unwrap(), MiB(1 << 30));
+        let e = parse_duration("estimated_duration", "100000000000000000000h").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("estimated_duration"));
+        assert!(parse_duration("d", "1e300").is_err() && parse_duration("d", "3651d").is_err());
+        assert!(parse_duration("d", "3650d").is_ok());
     }
 }

@@ -64,3 +64,71 @@ fn bad_kubernetes_values_are_errors_naming_the_path() {
     assert_eq!(e.status(), 422);
     assert!(quota_from_k8s("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n").is_err());
 }
+
+/// A 150 KB Job with one long unused key and 3,000 children once produced a 300 MB dry-run answer: every child's
+/// warning repeated the long key. Warnings are now at most 50, each cut to a few hundred bytes.
+#[test]
+fn warnings_of_a_job_with_a_huge_unused_key_and_thousands_of_children_stay_small() {
+    let key = "k".repeat(50_000);
+    let children: String = (0..3000).map(|i| format!("\"c{i}\": 1,")).collect();
+    let text = format!(
+        r#"{{"apiVersion": "batch/v1", "kind": "Job", "metadata": {{"name": "big"}},
+            "spec": {{"{key}": {{{children} "last": 2}},
+                      "template": {{"spec": {{"containers": [{{"name": "c", "command": ["true"]}}]}}}}}}}}"#
+    );
+    let p = parse_job(&text).unwrap();
+    let total: usize = p.warnings.iter().map(String::len).sum();
+    assert!(p.warnings.len() <= limits::MAX_WARNINGS + 1, "{} warnings", p.warnings.len());
+    assert!(total < 32 * 1024, "{total} bytes of warnings");
+    assert!(p.warnings.last().unwrap().contains("2951 more warnings"), "{:?}", p.warnings.last());
+    // The same for a ResourceQuota.
+    let q = format!(
+        r#"{{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {{"name": "t"}},
+            "spec": {{"hard": {{"nvidia.com/gpu": "4", "{key}": {{{children} "last": 2}}}}}}}}"#
+    );
+    let (_, w) = quota_from_k8s(&q).unwrap();
+    assert!(w.len() <= limits::MAX_WARNINGS + 1 && w.iter().map(String::len).sum::<usize>() < 32 * 1024);
+}
+
+/// `parallelism: 4294967297` became 1 task and `backoffLimit: 4294967296` became 0 (truncated to 32 bits).
+#[test]
+fn kubernetes_counts_beyond_their_range_are_refused_not_truncated() {
+    let job = |spec: &str| {
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: a}}\nspec:\n  {spec}\n  template:\n    spec:\n      \
+             containers: [{{name: c, command: [\"true\"]}}]\n"
+        )
+    };
+    for (spec, field) in [
+        ("parallelism: 4294967297", "spec.parallelism"),
+        ("parallelism: 0", "spec.parallelism"),
+        ("backoffLimit: 4294967296", "spec.backoffLimit"),
+        ("backoffLimit: -1", "spec.backoffLimit"),
+    ] {
+        let e = parse_job(&job(spec)).unwrap_err();
+        assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some(field)), "{spec}: {e:?}");
+    }
+    assert_eq!(parse_job(&job("parallelism: 4")).unwrap().job.tasks, 4);
+}
+
+/// `cpu: 1e30` was accepted as 18446744073709551615m and `estimated_duration: 100000000000000000000h` as the longest
+/// duration: every number is now range-checked and refused with its field.
+#[test]
+fn native_numbers_beyond_their_range_are_refused_with_the_field() {
+    for (body, field) in [
+        (r#"{"name": "x", "cpu": 1e30}"#, "cpu"),
+        (r#"{"name": "x", "memory": 1e30}"#, "memory"),
+        (r#"{"name": "x", "gpus": 1, "estimated_duration": "100000000000000000000h"}"#, "estimated_duration"),
+        (r#"{"name": "x", "gpus": 1, "checkpoint_interval": "1e400"}"#, "checkpoint_interval"),
+        (r#"{"name": "x", "gpus": 4294967297}"#, "gpus"),
+        (r#"{"name": "x", "gpus": 1, "priority": 1e30}"#, "priority"),
+        (r#"{"name": "x", "gpus": 1, "elastic": {"min_tasks": 1, "max_tasks": 4294967297}}"#, "elastic.max_tasks"),
+        (
+            r#"{"name": "x", "gpus": 1, "checkpoint_tiers": [{"name": "l", "every": "1m", "keep": 1e10}]}"#,
+            "checkpoint_tiers[0].keep",
+        ),
+    ] {
+        let e = parse_job(body).and_then(|p| p.job.to_core(TenantId(0))).unwrap_err();
+        assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some(field)), "{body}: {e:?}");
+    }
+}

@@ -1,5 +1,11 @@
 //! The HTTP API under `/v1`, `/metrics` and the OpenAPI document. Handlers authenticate, parse and validate, then ask
 //! the owner task. Every error is `{"error": {"code", "message", "field"}}` with a 4xx status for client input.
+//!
+//! Hostile input is bounded before it costs anything: the token is checked before the body is read (a middleware on
+//! every authenticated route); each route has its own body limit ([`SMALL_BODY`] for most, [`SPEC_BODY`] for a job,
+//! the configured maximum for batches and agent reports); documents are scanned for depth before a parser sees them
+//! and are parsed on the blocking pool, two at a time, so a slow parse never stalls other requests; a token may hold
+//! at most `max_streams_per_token` log and event streams; logs are read from files by offset.
 
 use crate::owner::{quota_from_request, valid_name, Cmd};
 use crate::{hash_token, Principal};
@@ -33,7 +39,18 @@ pub struct AppState {
     pub(crate) notifies: crate::owner::Notifies,
     /// Where task logs shipped by agents are kept.
     pub(crate) logs_dir: std::path::PathBuf,
+    /// Open log and event streams per token hash.
+    pub(crate) streams: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    /// Most open streams per token.
+    pub(crate) max_streams_per_token: usize,
+    /// Documents parsed at once (on the blocking pool).
+    pub(crate) parse_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Body limit of routes that take a small document (tenants, quotas, node registration).
+pub const SMALL_BODY: usize = 64 * 1024;
+/// Body limit of one job document (submit, dry run).
+pub const SPEC_BODY: usize = 1 << 20;
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,14 +77,17 @@ impl IntoResponse for Fail {
 
 type R<T> = Result<T, Fail>;
 
-fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
-    let token = h
-        .get("authorization")
+fn bearer(h: &HeaderMap) -> R<&str> {
+    Ok(h.get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| ApiError::new("unauthorized", "missing bearer token: send Authorization: Bearer <token>"))?;
+        .ok_or_else(|| ApiError::new("unauthorized", "missing bearer token: send Authorization: Bearer <token>"))?)
+}
+
+fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
+    let token = bearer(h)?;
     st.auth
         .read()
         .expect("auth lock")
@@ -96,10 +116,55 @@ async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, ApiEr
     rx.await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?.map_err(Fail)
 }
 
-fn body_text(b: &Bytes) -> R<&str> {
-    std::str::from_utf8(b).map_err(|_| Fail(ApiError::parse("the body is not UTF-8 text")))
+fn body_text(b: &Bytes) -> Result<&str, ApiError> {
+    std::str::from_utf8(b).map_err(|_| ApiError::parse("the body is not UTF-8 text"))
 }
 
+/// Parses a body on the blocking pool, at most two at a time, so that parsing never holds up the async workers.
+async fn parse_off_thread<T: Send + 'static>(
+    st: &AppState,
+    body: Bytes,
+    f: impl FnOnce(&str) -> Result<T, ApiError> + Send + 'static,
+) -> R<T> {
+    let _slot = st.parse_slots.acquire().await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?;
+    tokio::task::spawn_blocking(move || f(body_text(&body)?))
+        .await
+        .map_err(|_| ApiError::new("internal", "parse the body"))?
+        .map_err(Fail)
+}
+
+/// One open log or event stream of a token; the count drops when the stream ends.
+struct StreamSlot {
+    streams: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut m = self.streams.lock().expect("streams lock");
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
+fn stream_slot(st: &AppState, h: &HeaderMap) -> R<StreamSlot> {
+    let key = hash_token(bearer(h)?);
+    let mut m = st.streams.lock().expect("streams lock");
+    let n = m.entry(key.clone()).or_default();
+    if *n >= st.max_streams_per_token {
+        return Err(Fail(ApiError::limit(format!(
+            "this token has {n} log or event streams open; the server allows at most {} per token \
+             (--max-streams-per-token)",
+            st.max_streams_per_token
+        ))));
+    }
+    *n += 1;
+    Ok(StreamSlot { streams: st.streams.clone(), key })
+}
 fn json<T: Serialize>(status: StatusCode, v: T) -> Response {
     (status, Json(v)).into_response()
 }
@@ -163,7 +228,7 @@ fn with_tenant(mut job: gpunet_api::spec::JobSubmission, q: &Option<String>) -> 
 
 async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
     let p = user(&st, &h)?;
-    let mut parsed = parse_job(body_text(&body)?)?;
+    let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
     let mut out = ask(&st, |reply| Cmd::Submit { who: p, subs: vec![(parsed.job, parsed.warnings)], reply }).await?;
     Ok(json(StatusCode::CREATED, out.remove(0)))
@@ -171,28 +236,32 @@ async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery,
 
 async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     let p = user(&st, &h)?;
-    let text = body_text(&body)?;
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| ApiError::parse(format!("parse the batch: {e}")))?;
-    let arr = v.as_array().ok_or_else(|| ApiError::invalid("body", "not an array", "a JSON array of job specs"))?;
-    if arr.is_empty() || arr.len() > 10_000 {
-        return Err(Fail(ApiError::invalid("body", &format!("{} jobs", arr.len()), "1 to 10000 jobs")));
-    }
-    let mut subs = Vec::with_capacity(arr.len());
-    for (i, x) in arr.iter().enumerate() {
-        let p = parse_job(&x.to_string()).map_err(|mut e| {
-            e.message = format!("jobs[{i}]: {}", e.message);
-            e
-        })?;
-        subs.push((p.job, p.warnings));
-    }
+    let subs = parse_off_thread(&st, body, |text| {
+        gpunet_api::limits::check_json_depth(text)?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ApiError::parse(format!("parse the batch: {e}")))?;
+        let arr = v.as_array().ok_or_else(|| ApiError::invalid("body", "not an array", "a JSON array of job specs"))?;
+        if arr.is_empty() || arr.len() > 10_000 {
+            return Err(ApiError::invalid("body", &format!("{} jobs", arr.len()), "1 to 10000 jobs"));
+        }
+        let mut subs = Vec::with_capacity(arr.len());
+        for (i, x) in arr.iter().enumerate() {
+            let p = parse_job(&x.to_string()).map_err(|mut e| {
+                e.message = format!("jobs[{i}]: {}", e.message);
+                e
+            })?;
+            subs.push((p.job, p.warnings));
+        }
+        Ok(subs)
+    })
+    .await?;
     let out = ask(&st, |reply| Cmd::Submit { who: p, subs, reply }).await?;
     Ok(json(StatusCode::CREATED, out))
 }
 
 async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
     let p = user(&st, &h)?;
-    let mut parsed = parse_job(body_text(&body)?)?;
+    let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
     let r = ask(&st, |reply| Cmd::DryRun { who: p, sub: parsed.job, warnings: parsed.warnings, reply }).await?;
     Ok(json(StatusCode::OK, r))
@@ -256,14 +325,17 @@ async fn job_events(State(st): State<AppState>, h: HeaderMap, Path(id): Path<Str
 
 async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     admin(&st, &h)?;
-    let text = body_text(&body)?;
-    let req: TenantRequest = serde_norway::from_str(text).map_err(|e| {
-        let m = e.to_string();
-        match m.split("unknown field `").nth(1) {
-            Some(r) => ApiError::unknown(r.split('`').next().unwrap_or(""), "name, weight, cohort, quota"),
-            None => ApiError::parse(format!("parse the tenant: {m}")),
-        }
-    })?;
+    let req: TenantRequest = parse_off_thread(&st, body, |text| {
+        let v = gpunet_api::spec::parse_document(text)?;
+        serde_norway::from_value(v).map_err(|e| {
+            let m = e.to_string();
+            match m.split("unknown field `").nth(1) {
+                Some(r) => ApiError::unknown(r.split('`').next().unwrap_or(""), "name, weight, cohort, quota"),
+                None => ApiError::parse(format!("parse the tenant: {m}")),
+            }
+        })
+    })
+    .await?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::CreateTenant { req, reply }).await?))
 }
 
@@ -275,11 +347,17 @@ async fn list_tenants(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<String>, body: Bytes) -> R<Response> {
     admin(&st, &h)?;
     valid_name("tenant", &name)?;
-    let text = body_text(&body)?;
-    let v: serde_norway::Value =
-        serde_norway::from_str(text).map_err(|e| ApiError::parse(format!("parse the quota: {e}")))?;
-    let quota = if v.get("kind").and_then(|k| k.as_str()) == Some("ResourceQuota") {
-        let (q, warnings) = gpunet_api::quota_from_k8s(text)?;
+    let (v, k8s) = parse_off_thread(&st, body, |text| {
+        let v = gpunet_api::spec::parse_document(text)?;
+        let k8s = if v.get("kind").and_then(|k| k.as_str()) == Some("ResourceQuota") {
+            Some(gpunet_api::quota_from_k8s(text)?)
+        } else {
+            None
+        };
+        Ok((v, k8s))
+    })
+    .await?;
+    let quota = if let Some((q, warnings)) = k8s {
         if q.tenant != name {
             return Err(Fail(ApiError::invalid(
                 "metadata.name",
@@ -328,6 +406,28 @@ struct NodeRegistration {
     fake: bool,
 }
 
+/// Bounds a node's numbers, so that cluster totals cannot overflow, and its labels and taints.
+fn check_node(n: &NodeSpec) -> Result<(), ApiError> {
+    use gpunet_api::units::{MAX_MIB, MAX_MILLI_CPU};
+    if n.cpu.0 > MAX_MILLI_CPU {
+        return Err(ApiError::invalid("spec.cpu", &n.cpu.0.to_string(), "at most 1000000000000 millicores"));
+    }
+    if n.mem.0 > MAX_MIB {
+        return Err(ApiError::invalid("spec.mem", &n.mem.0.to_string(), "at most 1099511627776 MiB"));
+    }
+    if n.price_per_gpu_hour > 1e6 {
+        return Err(ApiError::invalid("spec.price_per_gpu_hour", &n.price_per_gpu_hour.to_string(), "0 to 1000000"));
+    }
+    let long = |s: &String| s.len() > 253;
+    if n.labels.len() > 64 || n.labels.iter().any(|(k, v)| long(k) || long(v)) {
+        return Err(ApiError::invalid("spec.labels", "too many or too long", "at most 64 labels of 253 bytes"));
+    }
+    if n.taints.len() > 64 {
+        return Err(ApiError::invalid("spec.taints", &n.taints.len().to_string(), "at most 64 taints"));
+    }
+    Ok(())
+}
+
 async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
         Principal::Admin | Principal::Agent => {}
@@ -337,6 +437,7 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     }
     let reg: NodeRegistration =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the node registration: {e}")))?;
+    check_node(&reg.spec)?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
 }
 
@@ -433,8 +534,9 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
 
 async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let p = user(&st, &h)?;
+    let slot = stream_slot(&st, &h)?;
     let rx = st.events.subscribe();
-    let stream = futures_util::stream::unfold((rx, p), |(mut rx, p)| async move {
+    let stream = futures_util::stream::unfold((rx, p, slot), |(mut rx, p, slot)| async move {
         loop {
             match rx.recv().await {
                 Ok(msg) => {
@@ -444,7 +546,7 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
                             continue;
                         }
                     }
-                    return Some((Ok::<Event, std::convert::Infallible>(Event::default().data(msg)), (rx, p)));
+                    return Some((Ok::<Event, std::convert::Infallible>(Event::default().data(msg)), (rx, p, slot)));
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,
@@ -492,22 +594,42 @@ fn log_file(dir: &std::path::Path, job: u64, rank: u32, attempt: u32) -> std::pa
     dir.join(format!("job-{job}")).join(format!("rank-{rank}-attempt-{attempt}.log"))
 }
 
-/// Appends shipped log chunks; a chunk that starts before the file's end was shipped before and is skipped in part.
+/// Appends shipped log chunks, byte for byte; a chunk that starts before the file's end was shipped before and is
+/// skipped in part. Directories are created `0700`, files `0600`.
 fn append_logs(dir: &std::path::Path, chunks: &[gpunet_api::agent::LogChunk]) -> std::io::Result<()> {
     use std::io::Write as _;
     for c in chunks {
         let p = log_file(dir, c.task.job, c.task.rank, c.task.attempt);
-        std::fs::create_dir_all(p.parent().expect("has a parent"))?;
+        gpunet_store::private_dir(dir)?;
+        gpunet_store::private_dir(p.parent().expect("has a parent"))?;
         let len = std::fs::metadata(&p).map_or(0, |m| m.len());
         let end = c.offset + c.data.len() as u64;
         if end <= len || c.offset > len {
             continue;
         }
         let skip = (len - c.offset) as usize;
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p)?;
-        f.write_all(&c.data.as_bytes()[skip.min(c.data.len())..])?;
+        let mut o = std::fs::OpenOptions::new();
+        o.create(true).append(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        let mut f = o.open(&p)?;
+        f.write_all(&c.data[skip.min(c.data.len())..])?;
     }
     Ok(())
+}
+
+/// How much of a log one read takes (a stream sends it as one chunk).
+const LOG_READ: u64 = 64 * 1024;
+
+/// Reads at most [`LOG_READ`] bytes of `path` from `offset` (nothing when the file is shorter or missing).
+fn read_log_at(path: &std::path::Path, offset: u64) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    let Ok(mut f) = std::fs::File::open(path) else { return Vec::new() };
+    let mut buf = Vec::new();
+    if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+        let _ = f.take(LOG_READ).read_to_end(&mut buf);
+    }
+    buf
 }
 
 /// `GET /v1/jobs/{id}/logs?rank=R&follow=true`: the latest attempt's log of a rank; with `follow`, streamed until the
@@ -548,47 +670,51 @@ async fn job_logs(
             .max_by_key(|(a, _)| *a)
             .map(|(_, p)| p)
     };
-    if !follow {
-        let text = latest(&dir).and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
-        return Ok(([("content-type", "text/plain; charset=utf-8")], text).into_response());
+    let slot = stream_slot(&st, &h)?;
+    // Read by offset, a bounded chunk at a time: the log is never read whole, and a follower reads only what is new.
+    struct Follow {
+        off: u64,
+        path: Option<std::path::PathBuf>,
+        /// The job ended: send what is left, then stop.
+        ending: bool,
+        st: AppState,
+        p: Principal,
+        dir: std::path::PathBuf,
+        _slot: StreamSlot,
     }
-    let stream = futures_util::stream::unfold(
-        (0u64, None::<std::path::PathBuf>, false, st, p, dir),
-        move |(mut off, mut path, done, st, p, dir)| async move {
-            if done {
+    let start = Follow { off: 0, path: latest(&dir), ending: !follow, st, p, dir, _slot: slot };
+    let stream = futures_util::stream::unfold(start, move |mut f| async move {
+        loop {
+            if !f.ending {
+                if let Some(now) = latest(&f.dir) {
+                    if f.path.as_ref() != Some(&now) {
+                        f.path = Some(now);
+                        f.off = 0;
+                    }
+                }
+            }
+            if let Some(pth) = f.path.clone() {
+                let (off, chunk) = (f.off, pth);
+                let data = tokio::task::spawn_blocking(move || read_log_at(&chunk, off)).await.unwrap_or_default();
+                if !data.is_empty() {
+                    f.off += data.len() as u64;
+                    return Some((Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(data)), f));
+                }
+            }
+            if f.ending {
                 return None;
             }
-            loop {
-                if let Some(now) = latest(&dir) {
-                    if path.as_ref() != Some(&now) {
-                        path = Some(now);
-                        off = 0;
-                    }
-                }
-                if let Some(pth) = &path {
-                    let data = std::fs::read(pth).unwrap_or_default();
-                    if (data.len() as u64) > off {
-                        let chunk = data[off as usize..].to_vec();
-                        off = data.len() as u64;
-                        return Some((
-                            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
-                            (off, path, false, st, p, dir),
-                        ));
-                    }
-                }
-                let state =
-                    ask(&st, |reply| Cmd::Get { who: p.clone(), id, reply }).await.map(|j| j.state).unwrap_or_default();
-                if ["succeeded", "failed", "cancelled", ""].contains(&state.as_str()) {
-                    // One last look for output shipped with the exit.
-                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-                    let data = path.as_ref().and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
-                    let rest = data.get(off as usize..).map(<[u8]>::to_vec).unwrap_or_default();
-                    return Some((Ok(axum::body::Bytes::from(rest)), (off, path, true, st, p, dir)));
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let state =
+                ask(&f.st, |reply| Cmd::Get { who: f.p.clone(), id, reply }).await.map(|j| j.state).unwrap_or_default();
+            if ["succeeded", "failed", "cancelled", ""].contains(&state.as_str()) {
+                // One last look for output shipped with the exit.
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                f.ending = true;
+                continue;
             }
-        },
-    );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
     Ok(([("content-type", "text/plain; charset=utf-8")], axum::body::Body::from_stream(stream)).into_response())
 }
 
@@ -662,38 +788,52 @@ async fn too_large(req: Request, next: Next) -> Response {
     resp
 }
 
+/// Checks the token before anything else (the body is not read for a request without a valid token).
+async fn authenticate(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Err(f) = who(&st, req.headers()) {
+        return f.into_response();
+    }
+    next.run(req).await
+}
+
 /// The router.
 pub fn router(st: AppState) -> Router {
     let max = st.max_body;
-    Router::new()
-        .route("/v1/openapi.json", get(openapi))
-        .route("/v1/health", get(health))
+    let small = DefaultBodyLimit::max(SMALL_BODY.min(max));
+    let spec = DefaultBodyLimit::max(SPEC_BODY.min(max));
+    let large = DefaultBodyLimit::max(max);
+    let authenticated = Router::new()
         .route("/metrics", get(metrics))
-        .route("/v1/jobs", post(submit).get(list_jobs))
-        .route("/v1/jobs/batch", post(submit_batch))
-        .route("/v1/jobs/dry-run", post(dry_run))
+        .route("/v1/jobs", post(submit).layer(spec).get(list_jobs))
+        .route("/v1/jobs/batch", post(submit_batch).layer(large))
+        .route("/v1/jobs/dry-run", post(dry_run).layer(spec))
         .route("/v1/jobs/{id}", get(get_job))
-        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job).layer(small))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/explain", get(explain_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
-        .route("/v1/tenants", post(create_tenant).get(list_tenants))
-        .route("/v1/tenants/{name}/quota", put(set_quota))
-        .route("/v1/tenants/{name}/tokens", post(issue_token))
-        .route("/v1/nodes", post(register_node).get(list_nodes))
-        .route("/v1/nodes/{name}/{action}", post(node_action))
-        .route("/v1/agents/{node}/sync", post(agent_sync))
+        .route("/v1/tenants", post(create_tenant).layer(small).get(list_tenants))
+        .route("/v1/tenants/{name}/quota", put(set_quota).layer(small))
+        .route("/v1/tenants/{name}/tokens", post(issue_token).layer(small))
+        .route("/v1/nodes", post(register_node).layer(small).get(list_nodes))
+        .route("/v1/nodes/{name}/{action}", post(node_action).layer(small))
+        .route("/v1/agents/{node}/sync", post(agent_sync).layer(large))
         .route("/v1/cluster", get(cluster))
         .route("/v1/cluster/history", get(history))
         .route("/v1/queue", get(queue_view))
         .route("/v1/whoami", get(whoami))
-        .route("/", get(crate::portal::index))
-        .route("/portal/{file}", get(crate::portal::asset))
         .route("/v1/usage", get(usage))
         .route("/v1/events", get(events))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), authenticate));
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/health", get(health))
+        .route("/", get(crate::portal::index))
+        .route("/portal/{file}", get(crate::portal::asset))
+        .merge(authenticated)
         .fallback(not_found_route)
         .layer(axum::middleware::from_fn_with_state(st.clone(), observe))
         .layer(axum::middleware::from_fn(too_large))
-        .layer(DefaultBodyLimit::max(max))
+        .layer(DefaultBodyLimit::max(SMALL_BODY.min(max)))
         .with_state(st)
 }

@@ -12,7 +12,7 @@ pub mod owner;
 pub mod portal;
 
 use gpunet_core::{ClusterState, JobId, SchedConfig, Time};
-use gpunet_store::{Store, Write};
+use gpunet_store::{Store, TokenRole, Write};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -55,7 +55,20 @@ pub struct Config {
     /// Roots checkpoint tier URLs must lie beneath, e.g. `file:///srv/ckpt/{tenant}` or `s3://bucket/{tenant}/`
     /// (`{tenant}`: the job's tenant). Empty: tiers only on the nodes' own disks.
     pub checkpoint_roots: Vec<String>,
+    /// Most queued jobs (pending, preempted, restarting) a tenant may have; a submission beyond it gets 429.
+    pub max_queued_jobs_per_tenant: usize,
+    /// Most bytes of job specs a tenant's unfinished jobs may hold; a submission beyond it gets 429.
+    pub max_spec_bytes_per_tenant: u64,
+    /// Most log and event streams one token may have open at once; one more gets 429.
+    pub max_streams_per_token: usize,
 }
+
+/// Default of [`Config::max_queued_jobs_per_tenant`].
+pub const DEFAULT_MAX_QUEUED_JOBS_PER_TENANT: usize = 10_000;
+/// Default of [`Config::max_spec_bytes_per_tenant`] (64 MiB).
+pub const DEFAULT_MAX_SPEC_BYTES_PER_TENANT: u64 = 64 << 20;
+/// Default of [`Config::max_streams_per_token`].
+pub const DEFAULT_MAX_STREAMS_PER_TOKEN: usize = 16;
 
 impl Config {
     /// Defaults for a data directory.
@@ -71,6 +84,9 @@ impl Config {
             node_lost_after: std::time::Duration::from_secs(10),
             node_fence_after: std::time::Duration::from_secs(60),
             checkpoint_roots: Vec::new(),
+            max_queued_jobs_per_tenant: DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
+            max_spec_bytes_per_tenant: DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
+            max_streams_per_token: DEFAULT_MAX_STREAMS_PER_TOKEN,
         }
     }
 }
@@ -143,9 +159,6 @@ impl Running {
     }
 }
 
-pub(crate) const MAX_TOKENS_KIND_ADMIN: &str = "__admin__";
-pub(crate) const TOKEN_KIND_AGENT: &str = "__agent__";
-
 /// Builds the owner from the store, recovering everything; returns the app state and the owner's task input.
 pub fn build(
     cfg: &Config,
@@ -162,6 +175,8 @@ pub fn build(
     o.lost_after = cfg.node_lost_after;
     o.fence_after = cfg.node_fence_after;
     o.checkpoint_roots = cfg.checkpoint_roots.clone();
+    o.max_queued_per_tenant = cfg.max_queued_jobs_per_tenant;
+    o.max_spec_bytes_per_tenant = cfg.max_spec_bytes_per_tenant;
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };
@@ -175,20 +190,24 @@ pub fn build(
     let mut have_agent = false;
     {
         let mut a = auth.write().expect("auth lock");
-        for (hash, t) in &snap.tokens {
-            let p = match t.as_deref() {
-                Some(MAX_TOKENS_KIND_ADMIN) => {
+        // Roles are stored with the tokens; a tenant's name never makes it an admin or an agent.
+        for t in &snap.tokens {
+            let p = match (t.role, &t.tenant) {
+                (TokenRole::Admin, _) => {
                     have_admin = true;
                     Principal::Admin
                 }
-                Some(TOKEN_KIND_AGENT) => {
+                (TokenRole::Agent, _) => {
                     have_agent = true;
                     Principal::Agent
                 }
-                Some(t) => Principal::Tenant(t.to_string()),
-                None => Principal::Admin,
+                (TokenRole::Tenant, Some(name)) => Principal::Tenant(name.clone()),
+                (TokenRole::Tenant, None) => {
+                    tracing::warn!("stored tenant token without a tenant ignored");
+                    continue;
+                }
             };
-            a.insert(hash.clone(), p);
+            a.insert(t.hash.clone(), p);
         }
     }
     for (name, doc) in &snap.nodes {
@@ -231,7 +250,7 @@ pub fn build(
     if let Some(t) = admin {
         let h = hash_token(&t);
         auth.write().expect("auth lock").insert(h.clone(), Principal::Admin);
-        writes.push(Write::Token { hash: h, tenant: Some(MAX_TOKENS_KIND_ADMIN.into()) });
+        writes.push(Write::Token { hash: h, role: TokenRole::Admin, tenant: None });
     }
     let mut gen_join = None;
     let join = match (&cfg.join_token, have_agent) {
@@ -246,7 +265,7 @@ pub fn build(
     if let Some(t) = join {
         let h = hash_token(&t);
         auth.write().expect("auth lock").insert(h.clone(), Principal::Agent);
-        writes.push(Write::Token { hash: h, tenant: Some(TOKEN_KIND_AGENT.into()) });
+        writes.push(Write::Token { hash: h, role: TokenRole::Agent, tenant: None });
     }
     if !writes.is_empty() {
         if let Err(e) = store.commit(writes) {
@@ -265,7 +284,19 @@ pub fn build(
     let tick = cfg.tick;
     tokio::spawn(o.run(rx, arx, tick));
     let logs_dir = cfg.data_dir.join("logs");
-    let app = http::AppState { tx, auth, metrics, store, events, max_body: cfg.max_body_bytes, notifies, logs_dir };
+    let app = http::AppState {
+        tx,
+        auth,
+        metrics,
+        store,
+        events,
+        max_body: cfg.max_body_bytes,
+        notifies,
+        logs_dir,
+        streams: Arc::new(std::sync::Mutex::new(HashMap::new())),
+        max_streams_per_token: cfg.max_streams_per_token,
+        parse_slots: Arc::new(tokio::sync::Semaphore::new(2)),
+    };
     Ok((app, gen_admin, gen_join))
 }
 

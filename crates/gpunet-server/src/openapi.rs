@@ -15,7 +15,8 @@ fn op(summary: &str, tag: &str, body: Option<&str>, ok: (&str, &str)) -> Value {
             "403": {"$ref": "#/components/responses/Error"},
             "404": {"$ref": "#/components/responses/Error"},
             "413": {"$ref": "#/components/responses/Error"},
-            "422": {"$ref": "#/components/responses/Error"}
+            "422": {"$ref": "#/components/responses/Error"},
+            "429": {"$ref": "#/components/responses/Error"}
         }
     });
     if let Some(b) = body {

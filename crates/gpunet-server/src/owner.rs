@@ -12,7 +12,7 @@ use gpunet_core::{
     explain, queue_order, schedule, AttemptEnded, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec,
     NodeState, Placement, RankEnd, StopCause, TenantId, TenantSpec, Time,
 };
-use gpunet_store::{Store, UsageRow, Write};
+use gpunet_store::{Store, TokenRole, UsageRow, Write};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -196,6 +196,12 @@ pub(crate) struct Owner {
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
     /// The owner's own queue, for changes applied once durable.
     pub(crate) self_tx: Option<mpsc::UnboundedSender<Applier>>,
+    /// Most queued jobs per tenant.
+    pub(crate) max_queued_per_tenant: usize,
+    /// Most spec bytes of a tenant's unfinished jobs.
+    pub(crate) max_spec_bytes_per_tenant: u64,
+    /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
+    spec_sizes: HashMap<u64, u64>,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -203,25 +209,37 @@ const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 pub(crate) const HISTORY_SPAN_MS: u64 = 12 * 3600 * 1000;
 const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
 
-fn forbidden() -> ApiError {
-    ApiError::new("forbidden", "this object belongs to another tenant")
-}
-
 fn not_found(what: &str, key: &str) -> ApiError {
     ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
 }
 
-/// Tenant names: 1–63 of letters, digits, `-`, `_`, `.`.
+/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, not starting with `__` (reserved for
+/// gpunet; older versions stored roles under such names).
 pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
     if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
     }
+    if n.starts_with("__") {
+        return Err(ApiError::invalid(field, n, "a name not starting with '__' (reserved)"));
+    }
     Ok(())
 }
+
+/// What another tenant's job is called in texts a tenant reads.
+const OTHER_JOB: &str = "another tenant's job";
 
 /// Converts an API quota into the core's.
 pub(crate) fn quota_from_request(q: &QuotaRequest) -> Result<Quota, ApiError> {
     let mut out = Quota::default();
+    let gpus = |f: &str, v: Option<u64>| match v {
+        Some(g) if g > gpunet_api::units::MAX_GPUS => Err(ApiError::invalid(f, &g.to_string(), "0 to 1000000 GPUs")),
+        _ => Ok(()),
+    };
+    gpus("guarantee_gpus", q.guarantee_gpus)?;
+    gpus("limit_gpus", q.limit_gpus)?;
+    for (m, g) in &q.per_model_gpus {
+        gpus(&format!("per_model_gpus.{m}"), Some(*g))?;
+    }
     if let Some(g) = q.guarantee_gpus {
         out = out.with(DIM_GPUS, g, q.limit_gpus.unwrap_or(g));
     } else if let Some(l) = q.limit_gpus {
@@ -280,6 +298,9 @@ impl Owner {
             last_sample: None,
             gpu_samples: HashMap::new(),
             self_tx: None,
+            max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
+            max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
+            spec_sizes: HashMap::new(),
         }
     }
 
@@ -615,7 +636,11 @@ impl Owner {
             Some(StopCause::Preempted { for_job }) => (
                 "preempted".into(),
                 match for_job {
-                    Some(f) => format!("job-{id} preempted for {f}: attempt {} ended", e.attempt),
+                    // The event is the evicted job's tenant's to read: another tenant's job is not named.
+                    Some(f) if self.docs.get(&f.0).map(|d| &d.tenant) == self.docs.get(&id).map(|d| &d.tenant) => {
+                        format!("job-{id} preempted for {f}: attempt {} ended", e.attempt)
+                    }
+                    Some(_) => format!("job-{id} preempted for {OTHER_JOB}: attempt {} ended", e.attempt),
                     None => format!("job-{id} preempted: attempt {} ended", e.attempt),
                 },
             ),
@@ -729,6 +754,8 @@ impl Owner {
         for (position, j) in mine {
             let (Some(job), Some(d)) = (self.st.job(j), self.docs.get(&j.0)) else { continue };
             let e = explain(&self.st, j, now)?;
+            let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
+            let message = self.mask(who, &e.message, Some(&mut reason));
             entries.push(QueueEntry {
                 position,
                 id: j.0,
@@ -738,8 +765,8 @@ impl Owner {
                 priority: d.submission.priority,
                 gpus: job.spec.task.gpus * job.spec.tasks,
                 submitted_ms: job.submitted.0,
-                message: e.message,
-                reason: serde_json::to_value(&e.reason).expect("reasons serialise"),
+                message,
+                reason,
                 eta_ms: etas.get(&j).map(|t| t.0),
             });
         }
@@ -766,12 +793,96 @@ impl Owner {
         self.st.tenant_id(name).ok_or_else(|| not_found("tenant", name))
     }
 
+    /// Another tenant's job is answered like a missing one (404), so that its existence is not revealed.
     fn visible(&self, who: &Principal, doc: &JobDoc) -> Result<(), ApiError> {
         match who {
             Principal::Admin => Ok(()),
             Principal::Tenant(t) if *t == doc.tenant => Ok(()),
-            _ => Err(forbidden()),
+            _ => Err(not_found("job", &doc.job.id.0.to_string())),
         }
+    }
+
+    /// Whether `who` may see job `id` by its id.
+    fn owns(&self, who: &Principal, id: u64) -> bool {
+        match who {
+            Principal::Admin => true,
+            Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| d.tenant == *t),
+            Principal::Agent => false,
+        }
+    }
+
+    /// Rewrites an explanation for `who`: another tenant's job ids become "another tenant's job" in the message,
+    /// and are removed from the structured reason.
+    fn mask(&self, who: &Principal, message: &str, reason: Option<&mut serde_json::Value>) -> String {
+        if matches!(who, Principal::Admin) {
+            return message.to_string();
+        }
+        if let Some(serde_json::Value::Object(r)) = reason {
+            for k in ["blocked_by", "holder"] {
+                if r.get(k).and_then(|v| v.as_u64()).is_some_and(|id| !self.owns(who, id)) {
+                    r.insert(k.into(), serde_json::Value::Null);
+                }
+            }
+            if let Some(serde_json::Value::Array(list)) = r.get_mut("preempting") {
+                list.retain(|v| v.as_u64().is_some_and(|id| self.owns(who, id)));
+            }
+        }
+        // "job-<digits>" tokens in the text.
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        while let Some(at) = rest.find("job-") {
+            out.push_str(&rest[..at]);
+            let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
+            let named = digits.parse::<u64>().ok();
+            match named {
+                Some(id) if !self.owns(who, id) => out.push_str(OTHER_JOB),
+                _ => {
+                    out.push_str("job-");
+                    out.push_str(&digits);
+                }
+            }
+            rest = &rest[at + 4 + digits.len()..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The stored size of a job's spec.
+    fn spec_size(&mut self, id: u64) -> u64 {
+        if let Some(n) = self.spec_sizes.get(&id) {
+            return *n;
+        }
+        let n = self.docs.get(&id).map_or(0, |d| serde_json::to_vec(&d.submission).map_or(0, |v| v.len() as u64));
+        self.spec_sizes.insert(id, n);
+        n
+    }
+
+    /// Checks the per-tenant limits for `new` more jobs of `tenant` with `bytes` more spec bytes.
+    fn tenant_limits(&mut self, tenant: &str, new: usize, bytes: u64) -> Result<(), ApiError> {
+        let mine: Vec<u64> = self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.tenant == tenant)
+            .filter(|(id, d)| !self.st.job(JobId(**id)).map_or(d.job.state, |j| j.state).is_terminal())
+            .map(|(id, _)| *id)
+            .collect();
+        let queued = mine.iter().filter(|id| self.st.job(JobId(**id)).is_some_and(|j| j.state.is_queued())).count();
+        if queued + new > self.max_queued_per_tenant {
+            return Err(ApiError::limit(format!(
+                "tenant {tenant} has {queued} queued jobs and asked for {new} more; the server allows at most {} \
+                 (--max-queued-jobs-per-tenant)",
+                self.max_queued_per_tenant
+            )));
+        }
+        let held: u64 = mine.iter().map(|id| self.spec_size(*id)).sum();
+        if held + bytes > self.max_spec_bytes_per_tenant {
+            return Err(ApiError::limit(format!(
+                "tenant {tenant}'s unfinished jobs hold {held} bytes of specs and this submission adds {bytes}; the \
+                 server allows at most {} (--max-spec-bytes-per-tenant)",
+                self.max_spec_bytes_per_tenant
+            )));
+        }
+        Ok(())
     }
 
     fn job_doc_write(&self, id: u64) -> Option<Write> {
@@ -1080,6 +1191,19 @@ impl Owner {
                     let _ = reply.send(Err(e));
                     return;
                 }
+                // Per-tenant limits, for every tenant of the batch.
+                let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+                for (tenant, sub, _, _) in &prepared {
+                    let e = per.entry(tenant.clone()).or_default();
+                    e.0 += 1;
+                    e.1 += serde_json::to_vec(sub).map_or(0, |v| v.len() as u64);
+                }
+                for (tenant, (n, bytes)) in per {
+                    if let Err(e) = self.tenant_limits(&tenant, n, bytes) {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
                 // Durable, then visible: the jobs are written first and enter the live state only once the store
                 // has accepted them; a refused write leaves no trace (no job, no start, no event).
                 let mut docs = Vec::with_capacity(prepared.len());
@@ -1130,6 +1254,8 @@ impl Owner {
                                     continue;
                                 }
                                 doc.job = o.st.job(id).expect("just submitted").clone();
+                                o.spec_sizes
+                                    .insert(id.0, serde_json::to_vec(&doc.submission).map_or(0, |v| v.len() as u64));
                                 o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
                                 o.docs.insert(id.0, doc);
                                 o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1157,7 +1283,7 @@ impl Owner {
                     let now = Time(now_ms());
                     probe.submit(id, spec, now)?;
                     let message = explain(&probe, id, now)
-                        .map(|e| e.message.replace(&id.to_string(), "this job"))
+                        .map(|e| self.mask(&who, &e.message.replace(&id.to_string(), "this job"), None))
                         .unwrap_or_default();
                     let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
                     let placement = match &pred {
@@ -1253,14 +1379,9 @@ impl Owner {
                     } else {
                         None
                     };
-                    Ok(Explain {
-                        id,
-                        state: state.to_string(),
-                        message: e.message,
-                        reason: serde_json::to_value(&e.reason).expect("reasons serialise"),
-                        position: e.position,
-                        eta_ms: eta,
-                    })
+                    let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
+                    let message = self.mask(&who, &e.message, Some(&mut reason));
+                    Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta })
                 })();
                 let _ = reply.send(r);
             }
@@ -1272,6 +1393,13 @@ impl Owner {
                     }
                     let mut spec = TenantSpec::new(req.name.clone());
                     spec.weight = req.weight.unwrap_or(1.0);
+                    if !(spec.weight > 0.0 && spec.weight <= 1e6) {
+                        return Err(ApiError::invalid(
+                            "weight",
+                            &spec.weight.to_string(),
+                            "a number > 0 and <= 1000000",
+                        ));
+                    }
                     spec.cohort = req.cohort.clone();
                     spec.quota = req.quota.as_ref().map(quota_from_request).transpose()?;
                     self.st.add_tenant(spec.clone())?;
@@ -1291,7 +1419,7 @@ impl Owner {
                                 name: req.name.clone(),
                                 doc: serde_json::to_value(&doc).expect("serialise"),
                             },
-                            Write::Token { hash, tenant: Some(req.name.clone()) },
+                            Write::Token { hash, role: TokenRole::Tenant, tenant: Some(req.name.clone()) },
                         ];
                         self.tenants.insert(req.name.clone(), doc);
                         self.dirty = true;
@@ -1326,7 +1454,7 @@ impl Owner {
                 let hash = crate::hash_token(&token);
                 self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(tenant.clone()));
                 self.durable(
-                    vec![Write::Token { hash, tenant: Some(tenant.clone()) }],
+                    vec![Write::Token { hash, role: TokenRole::Tenant, tenant: Some(tenant.clone()) }],
                     reply,
                     TokenIssued { tenant, token },
                 );
@@ -1537,11 +1665,14 @@ impl Owner {
                     self.sync_doc(job.0);
                     self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     writes.push(self.job_doc_write(job.0).expect("present"));
+                    // The event is the evicted job's tenant's to read: another tenant's job is not named.
+                    let same = self.docs.get(&job.0).map(|d| &d.tenant) == self.docs.get(&for_job.0).map(|d| &d.tenant);
+                    let for_text = if same { for_job.to_string() } else { OTHER_JOB.to_string() };
                     writes.push(self.event(
                         job.0,
                         "stopping",
                         format!(
-                            "job-{} asked to stop for {for_job}: {}; its GPUs stay held until its end is confirmed",
+                            "job-{} asked to stop for {for_text}: {}; its GPUs stay held until its end is confirmed",
                             job.0,
                             serde_json::to_string(reason).unwrap_or_default()
                         ),

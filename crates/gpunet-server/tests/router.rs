@@ -107,8 +107,9 @@ async fn tenants_are_isolated_on_every_endpoint() {
         ("GET", format!("/v1/jobs/{id}/events")),
         ("GET", format!("/v1/jobs/{id}/explain")),
     ] {
+        // Another tenant's job is answered like a missing one: its existence is not revealed.
         let (s, v) = app.call(m, &p, Some(&b), None).await;
-        assert_eq!(s, StatusCode::FORBIDDEN, "{m} {p}: {v}");
+        assert_eq!(s, StatusCode::NOT_FOUND, "{m} {p}: {v}");
         assert!(!v.to_string().contains("secret-a"));
     }
     let (_, page) = app.call("GET", "/v1/jobs", Some(&b), None).await;

@@ -6,12 +6,15 @@
 //! [`Store::commit`] returns only after the batch is on disk. [`SqliteStore`] runs one writer thread that takes every
 //! batch waiting when it becomes free and writes them in one transaction (group commit), so many concurrent
 //! submissions share one fsync.
+//!
+//! Files are private: the SQLite database, its WAL and shared-memory files are created `0600` in a directory created
+//! `0700` (files of an older install are narrowed to `0600` when opened).
 
 mod memory;
 mod sqlite;
 
 pub use memory::MemoryStore;
-pub use sqlite::SqliteStore;
+pub use sqlite::{private_dir, private_file, SqliteStore};
 
 use serde::{Deserialize, Serialize};
 
@@ -67,11 +70,13 @@ pub enum Write {
         /// Document.
         doc: serde_json::Value,
     },
-    /// Store a token hash for a tenant (`None`: an admin token).
+    /// Store a token hash with its role (and, for a tenant token, its tenant).
     Token {
         /// SHA-256 of the token, hex.
         hash: String,
-        /// Tenant name.
+        /// What the token may do; stored, never inferred from a name.
+        role: TokenRole,
+        /// Tenant name, for a tenant token.
         tenant: Option<String>,
     },
     /// Create or replace a node document.
@@ -112,6 +117,50 @@ pub enum Write {
         /// Samples before this time are deleted.
         keep_since_ms: u64,
     },
+}
+
+/// What a token may do. Stored with the token: a tenant's name never decides its role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenRole {
+    /// The admin.
+    Admin,
+    /// Node agents (the join token).
+    Agent,
+    /// One tenant.
+    Tenant,
+}
+
+impl TokenRole {
+    /// The stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRole::Admin => "admin",
+            TokenRole::Agent => "agent",
+            TokenRole::Tenant => "tenant",
+        }
+    }
+
+    /// Reads the stored form.
+    pub fn parse(s: &str) -> Option<TokenRole> {
+        match s {
+            "admin" => Some(TokenRole::Admin),
+            "agent" => Some(TokenRole::Agent),
+            "tenant" => Some(TokenRole::Tenant),
+            _ => None,
+        }
+    }
+}
+
+/// A stored token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    /// SHA-256 of the token, hex.
+    pub hash: String,
+    /// Its role.
+    pub role: TokenRole,
+    /// Its tenant, for a tenant token.
+    pub tenant: Option<String>,
 }
 
 /// One sample of the cluster's allocation (for the portal's charts).
@@ -174,8 +223,8 @@ pub struct EventRow {
 pub struct Snapshot {
     /// Tenants in creation order.
     pub tenants: Vec<(String, serde_json::Value)>,
-    /// Token hashes with their tenant (`None`: admin).
-    pub tokens: Vec<(String, Option<String>)>,
+    /// Token hashes with their roles.
+    pub tokens: Vec<TokenRow>,
     /// Nodes in registration order.
     pub nodes: Vec<(String, serde_json::Value)>,
     /// Jobs by id.

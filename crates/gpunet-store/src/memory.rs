@@ -1,13 +1,13 @@
 //! An in-memory store with the same behaviour as SQLite's, for tests.
 
-use crate::{Done, EventRow, SampleRow, Snapshot, Store, StoreError, UsageRow, Write};
+use crate::{Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 #[derive(Debug, Default)]
 struct Inner {
     tenants: Vec<(String, serde_json::Value)>,
-    tokens: BTreeMap<String, Option<String>>,
+    tokens: BTreeMap<String, (TokenRole, Option<String>)>,
     nodes: Vec<(String, serde_json::Value)>,
     jobs: BTreeMap<u64, serde_json::Value>,
     events: Vec<EventRow>,
@@ -32,8 +32,8 @@ impl MemoryStore {
         for w in batch {
             match w {
                 Write::Tenant { name, doc } => upsert(&mut i.tenants, name, doc),
-                Write::Token { hash, tenant } => {
-                    i.tokens.insert(hash, tenant);
+                Write::Token { hash, role, tenant } => {
+                    i.tokens.insert(hash, (role, tenant));
                 }
                 Write::Node { name, doc } => upsert(&mut i.nodes, name, doc),
                 Write::Job { id, doc, .. } => {
@@ -66,7 +66,11 @@ impl Store for MemoryStore {
         let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
         Ok(Snapshot {
             tenants: i.tenants.clone(),
-            tokens: i.tokens.iter().map(|(h, t)| (h.clone(), t.clone())).collect(),
+            tokens: i
+                .tokens
+                .iter()
+                .map(|(h, (role, tenant))| TokenRow { hash: h.clone(), role: *role, tenant: tenant.clone() })
+                .collect(),
             nodes: i.nodes.clone(),
             jobs: i.jobs.iter().map(|(id, d)| (*id, d.clone())).collect(),
         })

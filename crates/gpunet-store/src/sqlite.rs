@@ -1,7 +1,7 @@
 //! SQLite store: WAL journal, `synchronous=FULL` (a commit is on disk when it returns), versioned migrations, and a
 //! single writer thread doing group commit. Reads use their own connection.
 
-use crate::{EventRow, SampleRow, Snapshot, Store, StoreError, UsageRow, Write};
+use crate::{EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -26,6 +26,14 @@ const MIGRATIONS: &[&str] = &[
     // 2: cluster samples for the portal's charts.
     "CREATE TABLE samples (at_ms INTEGER PRIMARY KEY, gpus_total INTEGER NOT NULL, gpus_allocated INTEGER NOT NULL,
                            queue_length INTEGER NOT NULL, running INTEGER NOT NULL);",
+    // 3: a token's role is stored with it. Before, the tenant column held `__admin__` or `__agent__` for those roles,
+    // so a tenant created with such a name became an admin (or agent) at the next start. Where a tenant of a
+    // reserved name exists, its tokens cannot be told apart from the role's: all of them are revoked (a new admin
+    // token is generated at start unless one is configured; agents need a configured join token again).
+    "ALTER TABLE tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'tenant';
+     DELETE FROM tokens WHERE tenant IN ('__admin__', '__agent__') AND tenant IN (SELECT name FROM tenants);
+     UPDATE tokens SET role = 'admin', tenant = NULL WHERE tenant IS NULL OR tenant = '__admin__';
+     UPDATE tokens SET role = 'agent', tenant = NULL WHERE tenant = '__agent__';",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -70,8 +78,11 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 params![name, doc.to_string()],
             )?;
         }
-        Write::Token { hash, tenant } => {
-            tx.execute("INSERT OR REPLACE INTO tokens (hash, tenant) VALUES (?1, ?2)", params![hash, tenant])?;
+        Write::Token { hash, role, tenant } => {
+            tx.execute(
+                "INSERT OR REPLACE INTO tokens (hash, role, tenant) VALUES (?1, ?2, ?3)",
+                params![hash, role.as_str(), tenant],
+            )?;
         }
         Write::Node { name, doc } => {
             tx.execute(
@@ -170,8 +181,20 @@ fn writer(mut c: Connection, rx: Receiver<Request>) {
 impl SqliteStore {
     /// Opens (creating if needed) `DIR/gpunet.db` and migrates it.
     pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.display().to_string(), source: e })?;
+        let io = |p: &Path| {
+            let p = p.display().to_string();
+            move |e| StoreError::Io { path: p, source: e }
+        };
+        private_dir(dir).map_err(io(dir))?;
         let path = dir.join("gpunet.db");
+        // SQLite gives the WAL and shared-memory files the database file's mode: create it 0600 first.
+        private_file(&path).map_err(io(&path))?;
+        for suffix in ["-wal", "-shm"] {
+            let p = dir.join(format!("gpunet.db{suffix}"));
+            if p.exists() {
+                narrow(&p).map_err(io(&p))?;
+            }
+        }
         let mut w = open(&path)?;
         migrate(&mut w)?;
         let read = open(&path)?;
@@ -192,6 +215,41 @@ impl SqliteStore {
         let c = self.read.lock().map_err(|_| StoreError::Closed)?;
         f(&c)
     }
+}
+
+/// Creates `dir` (and its parents) `0700` when missing. An existing directory keeps its mode: it may be one the
+/// operator chose; the files in it are private anyway.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
+}
+
+/// Creates `path` empty with mode `0600` when missing, or narrows an existing file to `0600`.
+pub fn private_file(path: &Path) -> std::io::Result<()> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    drop(o.open(path)?);
+    narrow(path)
+}
+
+fn narrow(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+        if mode != 0o600 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
 }
 
 fn decode(what: &'static str, key: String, s: &str) -> Result<serde_json::Value, StoreError> {
@@ -225,9 +283,17 @@ impl Store for SqliteStore {
                 let doc = decode("tenant", n.clone(), &d)?;
                 snap.tenants.push((n, doc));
             }
-            let mut q = c.prepare("SELECT hash, tenant FROM tokens")?;
-            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))? {
-                snap.tokens.push(r?);
+            let mut q = c.prepare("SELECT hash, role, tenant FROM tokens")?;
+            for r in q.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+            })? {
+                let (hash, role, tenant) = r?;
+                // An unknown role grants nothing.
+                let Some(role) = TokenRole::parse(&role) else {
+                    tracing::warn!(role = %role, "stored token with an unknown role ignored");
+                    continue;
+                };
+                snap.tokens.push(TokenRow { hash, role, tenant });
             }
             let mut q = c.prepare("SELECT name, doc FROM nodes ORDER BY seq")?;
             for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
@@ -332,7 +398,7 @@ mod tests {
             let s = SqliteStore::open(dir.path()).unwrap();
             s.commit(vec![
                 Write::Tenant { name: "t".into(), doc: json!({"weight": 1}) },
-                Write::Token { hash: "abc".into(), tenant: Some("t".into()) },
+                Write::Token { hash: "abc".into(), role: TokenRole::Tenant, tenant: Some("t".into()) },
                 job(1, "pending"),
                 job(2, "pending"),
                 Write::Event { job: 1, at_ms: 5, kind: "submitted".into(), message: "hello".into() },
@@ -343,7 +409,10 @@ mod tests {
         let s = SqliteStore::open(dir.path()).unwrap();
         let snap = s.load().unwrap();
         assert_eq!(snap.tenants.len(), 1);
-        assert_eq!(snap.tokens, vec![("abc".to_string(), Some("t".to_string()))]);
+        assert_eq!(
+            snap.tokens,
+            vec![TokenRow { hash: "abc".into(), role: TokenRole::Tenant, tenant: Some("t".to_string()) }]
+        );
         assert_eq!(snap.jobs.len(), 2);
         assert_eq!(snap.jobs[0].1["state"], "running");
         assert_eq!(s.events(1).unwrap()[0].message, "hello");
@@ -409,6 +478,63 @@ mod tests {
         assert_eq!(s.usage(Some("a"), 0, 1000).unwrap().len(), 2);
         assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
         assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
+    }
+
+    /// The database, its WAL and shared-memory files were world-readable (0644).
+    #[cfg(unix)]
+    #[test]
+    fn database_wal_and_shm_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let s = SqliteStore::open(&dir).unwrap();
+        s.commit(vec![job(1, "pending")]).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        for f in ["gpunet.db", "gpunet.db-wal", "gpunet.db-shm"] {
+            assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+        }
+        drop(s);
+        // An older install's files are narrowed when opened.
+        std::fs::set_permissions(dir.join("gpunet.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(SqliteStore::open(&dir).unwrap());
+        assert_eq!(mode(&dir.join("gpunet.db")), 0o600);
+    }
+
+    /// Tokens of schema 2 stored their role as a tenant name; a tenant named `__admin__` became an admin. The
+    /// migration stores roles, and revokes tokens that cannot be told apart.
+    #[test]
+    fn old_token_rows_get_roles_and_reserved_tenant_names_lose_their_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut c = Connection::open(dir.path().join("gpunet.db")).unwrap();
+            for m in &MIGRATIONS[..2] {
+                c.execute_batch(m).unwrap();
+            }
+            c.pragma_update(None, "user_version", 2).unwrap();
+            let tx = c.transaction().unwrap();
+            tx.execute_batch(
+                "INSERT INTO tokens VALUES ('admin-hash', '__admin__'), ('legacy-admin', NULL),
+                                           ('join-hash', '__agent__'), ('team-hash', 'team-a'),
+                                           ('evil-hash', '__agent__');
+                 INSERT INTO tenants (name, doc) VALUES ('__agent__', '{}'), ('team-a', '{}');",
+            )
+            .unwrap();
+            tx.commit().unwrap();
+        }
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let mut toks = s.load().unwrap().tokens;
+        toks.sort_by(|a, b| a.hash.cmp(&b.hash));
+        let row = |h: &str, role, t: Option<&str>| TokenRow { hash: h.into(), role, tenant: t.map(String::from) };
+        assert_eq!(
+            toks,
+            vec![
+                row("admin-hash", TokenRole::Admin, None),
+                row("legacy-admin", TokenRole::Admin, None),
+                row("team-hash", TokenRole::Tenant, Some("team-a")),
+            ],
+            "a tenant named __agent__ existed: every __agent__ token is revoked"
+        );
     }
 
     #[test]

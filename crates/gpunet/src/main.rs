@@ -105,6 +105,15 @@ struct ServerArgs {
     /// live only on the nodes' disks.
     #[arg(long = "checkpoint-root")]
     checkpoint_roots: Vec<String>,
+    /// Most queued jobs one tenant may have; more submissions get 429.
+    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT)]
+    max_queued_jobs_per_tenant: usize,
+    /// Most bytes of job specs one tenant's unfinished jobs may hold (default 64 MiB); more submissions get 429.
+    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_SPEC_BYTES_PER_TENANT)]
+    max_spec_bytes_per_tenant: u64,
+    /// Most log and event streams one token may have open at once; more get 429.
+    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_STREAMS_PER_TOKEN)]
+    max_streams_per_token: usize,
 }
 
 #[derive(Debug, clap::Args)]
@@ -197,7 +206,9 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         labels,
         fake_gpus: a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?,
         real_gpus: if a.fake_gpus.is_some() { Vec::new() } else { real_gpus()? },
-        data_dir: a.data_dir.clone(),
+        // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
+        data_dir: std::path::absolute(&a.data_dir)
+            .with_context(|| format!("resolve --data-dir {}", a.data_dir.display()))?,
         cpu: None,
         mem: None,
         address: a.address.clone(),
@@ -590,6 +601,15 @@ fn main() -> Result<()> {
                 }
             }
             cfg.checkpoint_roots = a.checkpoint_roots.clone();
+            if a.max_queued_jobs_per_tenant == 0 || a.max_spec_bytes_per_tenant == 0 || a.max_streams_per_token == 0 {
+                bail!(
+                    "invalid --max-queued-jobs-per-tenant / --max-spec-bytes-per-tenant / --max-streams-per-token: \
+                     allowed are numbers > 0"
+                );
+            }
+            cfg.max_queued_jobs_per_tenant = a.max_queued_jobs_per_tenant;
+            cfg.max_spec_bytes_per_tenant = a.max_spec_bytes_per_tenant;
+            cfg.max_streams_per_token = a.max_streams_per_token;
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -644,12 +664,15 @@ fn main() -> Result<()> {
                 Ok(t) => t.trim().to_string(),
                 Err(_) => {
                     let t = gpunet_server::new_token();
-                    std::fs::write(&token_file, &t).with_context(|| format!("write {}", token_file.display()))?;
+                    // Created 0600 (never readable by others, not even for a moment).
+                    let mut o = std::fs::OpenOptions::new();
+                    o.write(true).create_new(true);
                     #[cfg(unix)]
-                    {
-                        use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))?;
-                    }
+                    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+                    use std::io::Write as _;
+                    o.open(&token_file)
+                        .and_then(|mut f| f.write_all(t.as_bytes()))
+                        .with_context(|| format!("write {}", token_file.display()))?;
                     t
                 }
             };
@@ -682,7 +705,7 @@ fn main() -> Result<()> {
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: fake,
                     real_gpus: real.clone(),
-                    data_dir: a.data_dir.join("agent"),
+                    data_dir: std::path::absolute(a.data_dir.join("agent")).context("resolve --data-dir")?,
                     cpu: None,
                     mem: None,
                     address: "127.0.0.1".into(),
