@@ -217,6 +217,17 @@ pub struct NodeView {
     pub devices: Vec<GpuView>,
 }
 
+/// The answer to a node's registration: the node, and its own credential (shown once; only its hash is stored). The
+/// agent syncs with this credential, which is bound to the node's name; registering the node again replaces it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistered {
+    /// The node.
+    #[serde(flatten)]
+    pub node: NodeView,
+    /// The node's bearer credential for `POST /v1/agents/{node}/sync`.
+    pub credential: String,
+}
+
 /// One whole GPU of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {

@@ -79,6 +79,7 @@ fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
 fn user(st: &AppState, h: &HeaderMap) -> R<Principal> {
     match who(st, h)? {
         Principal::Agent => Err(Fail(ApiError::new("forbidden", "the join token only registers nodes"))),
+        Principal::Node(_) => Err(Fail(ApiError::new("forbidden", "a node credential only syncs its node"))),
         p => Ok(p),
     }
 }
@@ -329,14 +330,20 @@ struct NodeRegistration {
 }
 
 async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
-    match who(&st, &h)? {
-        Principal::Admin | Principal::Agent => {}
-        Principal::Tenant(_) => {
-            return Err(Fail(ApiError::new("forbidden", "nodes register with the join or admin token")))
-        }
+    let p = who(&st, &h)?;
+    if matches!(p, Principal::Tenant(_)) {
+        return Err(Fail(ApiError::new(
+            "forbidden",
+            "nodes register with the join token, the admin token or their own credential",
+        )));
     }
     let reg: NodeRegistration =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the node registration: {e}")))?;
+    if let Principal::Node(n) = &p {
+        if *n != reg.spec.name {
+            return Err(Fail(ApiError::new("forbidden", "a node credential registers only its own node")));
+        }
+    }
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
 }
 
@@ -458,16 +465,25 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 /// a second while it does not change.
 async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<String>, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
-        Principal::Admin | Principal::Agent => {}
-        Principal::Tenant(_) => return Err(Fail(ApiError::new("forbidden", "agents sync with the join token"))),
+        Principal::Node(n) if n == node => {}
+        _ => {
+            return Err(Fail(ApiError::new(
+                "forbidden",
+                "a node syncs only with its own credential (from its registration)",
+            )))
+        }
     }
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
     let reported = !sync.exited.is_empty() || !sync.started.is_empty() || !sync.logs.is_empty();
     if !sync.logs.is_empty() {
+        // Only the node's own task attempts' logs are kept.
+        let asked = sync.logs.iter().map(|c| c.task).collect();
+        let n = node.clone();
+        let mine = ask(&st, |reply| Cmd::NodeTasks { node: n, asked, reply }).await?;
         let dir = st.logs_dir.clone();
-        let chunks = sync.logs.clone();
+        let chunks: Vec<_> = sync.logs.iter().filter(|c| mine.contains(&c.task)).cloned().collect();
         tokio::task::spawn_blocking(move || append_logs(&dir, &chunks))
             .await
             .map_err(|_| ApiError::new("internal", "store logs"))?

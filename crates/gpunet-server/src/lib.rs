@@ -27,8 +27,10 @@ pub enum Principal {
     Admin,
     /// A tenant's token.
     Tenant(String),
-    /// The join token of node agents.
+    /// The join token of node agents: it only registers nodes.
     Agent,
+    /// A node's own credential (issued at registration): it syncs that node and nothing else.
+    Node(String),
 }
 
 /// Server settings.
@@ -187,6 +189,9 @@ pub fn build(
             serde_json::from_value(doc.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         let id = o.st.add_node(d.spec.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         o.st.set_node_state(id, d.state, Time(now_ms())).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
+        if let Some(h) = &d.credential {
+            auth.write().expect("auth lock").insert(h.clone(), Principal::Node(name.clone()));
+        }
         o.nodes.insert(name.clone(), d);
     }
     // Running jobs first, so their GPUs are theirs again; then the rest.

@@ -72,13 +72,13 @@ pub fn document() -> Value {
             "/v1/tenants/{name}/tokens": {"post": op("Issue another token for a tenant (admin)", "tenants", None, ("201", "TokenIssued")),
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/nodes": {
-                "post": op("Register a node (join or admin token)", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeView")),
+                "post": op("Register a node (join token, admin token, or the node's own credential); returns the node's new credential", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeRegistered")),
                 "get": op("Nodes", "nodes", None, ("200", "NodeView[]"))
             },
             "/v1/nodes/{name}/{action}": {"post": op("cordon, drain or uncordon a node (admin)", "nodes", None, ("200", "NodeView")),
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
                                {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["cordon", "drain", "uncordon"]}}]},
-            "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (join token; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
+            "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (the node's own credential; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
                 "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/cluster": {"get": op("Cluster summary", "cluster", None, ("200", "ClusterSummary"))},
             "/v1/cluster/history": {"get": op("GPU allocation and queue length, sampled every 15 s over the last 12 hours", "cluster", None, ("200", "HistoryPoint[]"))},

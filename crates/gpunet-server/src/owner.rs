@@ -14,7 +14,7 @@ use gpunet_core::{
 };
 use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -77,7 +77,13 @@ pub(crate) enum Cmd {
     RegisterNode {
         spec: NodeSpec,
         fake: bool,
-        reply: Reply<NodeView>,
+        reply: Reply<NodeRegistered>,
+    },
+    /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
+    NodeTasks {
+        node: String,
+        asked: Vec<gpunet_api::agent::TaskRef>,
+        reply: Reply<HashSet<gpunet_api::agent::TaskRef>>,
     },
     Nodes {
         who: Principal,
@@ -148,6 +154,9 @@ pub(crate) struct NodeDoc {
     pub(crate) spec: NodeSpec,
     pub(crate) state: NodeState,
     pub(crate) fake: bool,
+    /// Hash of the node's own credential (see [`crate::Principal::Node`]); replaced at every registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) credential: Option<String>,
 }
 
 pub(crate) struct Owner {
@@ -175,7 +184,13 @@ pub(crate) struct Owner {
     last_sample: Option<std::time::Instant>,
     /// The latest per-GPU samples each agent sent (real GPUs only).
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
+    /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
+    /// ships its last lines and its exit for a while after it left the set.
+    handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
 }
+
+/// How long a node may still report on a task attempt after it left the node's task set.
+const HANDED_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
 const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
@@ -255,6 +270,7 @@ impl Owner {
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
+            handed: HashMap::new(),
         }
     }
 
@@ -451,6 +467,10 @@ impl Owner {
     ) -> Result<gpunet_api::agent::AgentWork, ApiError> {
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
         let now = now_ms();
+        // A node reports only on its own task attempts; anything else in the report is ignored.
+        sync.started.retain(|s| self.task_of_node(id, node, &s.task));
+        sync.checkpoints.retain(|(t, _)| self.task_of_node(id, node, t));
+        sync.exited.retain(|e| self.task_of_node(id, node, &e.task));
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
         if let Some(samples) = sync.gpu_samples.take() {
             self.gpu_samples.insert(node.to_string(), samples);
@@ -553,10 +573,21 @@ impl Owner {
                 }),
             );
         }
-        Ok(gpunet_api::agent::AgentWork {
-            version: self.versions.get(node).copied().unwrap_or(0),
-            tasks: self.assignments(id),
-        })
+        let tasks = self.assignments(id);
+        let handed = self.handed.entry(node.to_string()).or_default();
+        let at = std::time::Instant::now();
+        handed.retain(|_, t| at.duration_since(*t) < HANDED_KEEP);
+        handed.extend(tasks.iter().map(|a| (a.task, at)));
+        Ok(gpunet_api::agent::AgentWork { version: self.versions.get(node).copied().unwrap_or(0), tasks })
+    }
+
+    /// Whether a task attempt is the node's: placed on it now, or in its task set within the last [`HANDED_KEEP`].
+    fn task_of_node(&self, id: gpunet_core::NodeId, node: &str, t: &gpunet_api::agent::TaskRef) -> bool {
+        let now = self.st.job(JobId(t.job)).is_some_and(|j| {
+            j.restarts + j.preemptions == t.attempt
+                && j.run.as_ref().and_then(|r| r.placement.tasks.get(t.rank as usize)).is_some_and(|p| p.node == id)
+        });
+        now || self.handed.get(node).and_then(|h| h.get(t)).is_some_and(|at| at.elapsed() < HANDED_KEEP)
     }
 
     /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
@@ -1099,13 +1130,23 @@ impl Owner {
                 }
                 let id = self.st.node_id(&name).expect("registered");
                 let full = self.st.node(id).expect("registered").spec.clone();
-                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake };
+                // A fresh credential for the node; the one it replaces stops working now.
+                let credential = crate::new_token();
+                let hash = crate::hash_token(&credential);
+                {
+                    let mut auth = self.auth.write().expect("auth lock");
+                    if let Some(old) = self.nodes.get(&name).and_then(|d| d.credential.as_ref()) {
+                        auth.remove(old);
+                    }
+                    auth.insert(hash.clone(), Principal::Node(name.clone()));
+                }
+                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, credential: Some(hash) };
                 let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
                 self.nodes.insert(name.clone(), doc);
                 self.dirty = true;
                 self.node_event(&name, "ready");
-                let v = self.node_view(&name, &Principal::Admin).expect("registered");
-                self.durable(vec![w], reply, v);
+                let node = self.node_view(&name, &Principal::Admin).expect("registered");
+                self.durable(vec![w], reply, NodeRegistered { node, credential });
             }
             Cmd::Nodes { who, reply } => {
                 let v = self.nodes.keys().filter_map(|n| self.node_view(n, &who)).collect();
@@ -1203,6 +1244,13 @@ impl Owner {
             }
             Cmd::History { reply } => {
                 let _ = reply.send(Ok(self.history.iter().cloned().collect()));
+            }
+            Cmd::NodeTasks { node, asked, reply } => {
+                let r = match self.st.node_id(&node) {
+                    Some(id) => Ok(asked.into_iter().filter(|t| self.task_of_node(id, &node, t)).collect()),
+                    None => Err(not_found("node", &node)),
+                };
+                let _ = reply.send(r);
             }
             Cmd::AgentSync { node, sync, reply } => {
                 let r = self.agent_sync(&node, sync);

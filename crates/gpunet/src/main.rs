@@ -131,9 +131,10 @@ struct AgentArgs {
     /// Server URL.
     #[arg(long, env = "GPUNET_SERVER")]
     server: String,
-    /// Join token.
+    /// Join token, for the node's first registration; later starts register with the node's own credential, kept in
+    /// the data directory (`node.credential`, mode 0600).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
-    join_token: String,
+    join_token: Option<String>,
     /// Node name (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -640,7 +641,7 @@ fn main() -> Result<()> {
                 let url = format!("http://{}", running.addr);
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
-                    join_token: join,
+                    join_token: Some(join),
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: fake,
