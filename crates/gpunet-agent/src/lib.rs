@@ -71,8 +71,10 @@ const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Server URL.
+    /// Server URL (`https://…`; plain `http://` only to a server on the same machine).
     pub server: String,
+    /// CA certificate (PEM) the server's certificate must chain to; `None`: the system's roots.
+    pub ca: Option<PathBuf>,
     /// Join token: needed for the node's first registration (later ones use the node's own credential).
     pub join_token: Option<String>,
     /// Node name.
@@ -149,6 +151,22 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     n
 }
 
+/// The agent's HTTP client: it trusts only the configured CA when there is one.
+fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
+    let mut b = reqwest::Client::builder();
+    if let Some(p) = &cfg.ca {
+        let bad =
+            |reason: String| AgentError::Invalid { field: "--ca", value: p.display().to_string(), allowed: reason };
+        let pem = std::fs::read(p).map_err(|e| bad(format!("a readable PEM file ({e})")))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(format!("a PEM file ({e})")))?;
+        if certs.is_empty() {
+            return Err(bad("a PEM file with at least one certificate".into()));
+        }
+        b = b.tls_certs_only(certs);
+    }
+    b.build().map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })
+}
+
 /// Where the node's credential is kept.
 pub fn credential_path(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("node.credential")
@@ -213,9 +231,7 @@ async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) ->
 
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
-    let http = reqwest::Client::builder()
-        .build()
-        .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+    let http = http_client(&cfg)?;
     let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &format!("gpunet-{}", cfg.name));
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
@@ -425,6 +441,7 @@ mod tests {
     fn fake_nodes_offer_enough_cpu_and_memory_per_gpu() {
         let cfg = AgentConfig {
             server: String::new(),
+            ca: None,
             join_token: None,
             name: "n".into(),
             labels: BTreeMap::from([("zone".to_string(), "z1".to_string())]),

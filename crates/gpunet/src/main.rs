@@ -107,6 +107,21 @@ struct ServerArgs {
     /// A job that has run less than this many seconds is never preempted.
     #[arg(long, default_value_t = 300.0)]
     preempt_min_run_s: f64,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Allow plain HTTP on a non-loopback address (tokens and task secrets cross the network in clear text).
+    #[arg(long)]
+    insecure_http: bool,
+    /// Most connections at once (keep it below the open-file limit).
+    #[arg(long, default_value_t = 768)]
+    max_connections: usize,
+    /// Seconds a client has for the TLS handshake and for each request head (and an idle connection is kept).
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout_s: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -131,6 +146,9 @@ struct AgentArgs {
     /// Server URL.
     #[arg(long, env = "GPUNET_SERVER")]
     server: String,
+    /// CA certificate (PEM) the server's certificate must chain to (default: the system's roots).
+    #[arg(long, env = "GPUNET_CA")]
+    ca: Option<PathBuf>,
     /// Join token, for the node's first registration; later starts register with the node's own credential, kept in
     /// the data directory (`node.credential`, mode 0600).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
@@ -182,6 +200,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
     };
     Ok(gpunet_agent::AgentConfig {
         server: a.server.trim_end_matches('/').to_string(),
+        ca: a.ca.clone(),
         join_token: a.join_token.clone(),
         name,
         labels,
@@ -566,10 +585,23 @@ fn main() -> Result<()> {
                 bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
             }
             cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
+            if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+                cfg.tls = Some(gpunet_server::tls::TlsFiles { cert: cert.clone(), key: key.clone() });
+            }
+            cfg.insecure_http = a.insecure_http;
+            if a.insecure_http {
+                eprintln!("warning: --insecure-http: tokens and task secrets may cross the network in clear text");
+            }
+            if a.max_connections == 0 || !a.header_timeout_s.is_finite() || a.header_timeout_s <= 0.0 {
+                bail!("invalid --max-connections / --header-timeout-s: allowed are at least 1 and seconds > 0");
+            }
+            cfg.limits.max_connections = a.max_connections;
+            cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
+            cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
-                println!("gpunet server listening on http://{}", running.addr);
+                println!("gpunet server listening on {}", running.url());
                 if let Some(t) = &running.generated_admin_token {
                     println!("admin token (shown once, store it): {t}");
                 }
@@ -630,17 +662,25 @@ fn main() -> Result<()> {
                 }
             };
             let join = gpunet_server::new_token();
+            // A private CA in the data directory (kept across starts) and a server certificate it signs.
+            let ca = gpunet_server::tls::local_ca(&a.data_dir, &gpunet_server::tls::local_names(a.listen))?;
             let mut cfg = gpunet_server::Config::new(a.data_dir.join("server"));
             cfg.listen = a.listen;
+            cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
             cfg.sched.policy = a.policy.parse().context("--policy")?;
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir.join("server"))?);
                 let running = gpunet_server::start(cfg, store).await?;
-                let url = format!("http://{}", running.addr);
+                let mut local = running.addr;
+                if local.ip().is_unspecified() {
+                    local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                let url = format!("https://{local}");
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
+                    ca: Some(ca.ca_cert.clone()),
                     join_token: Some(join),
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
@@ -658,7 +698,7 @@ fn main() -> Result<()> {
                     let _ = stop_rx.await;
                 }));
                 // A tenant to start with.
-                let _ = reqwest::Client::new()
+                let _ = client::http_client(Some(&ca.ca_cert))?
                     .post(format!("{url}/v1/tenants"))
                     .bearer_auth(&admin)
                     .header("content-type", "application/json")
@@ -689,7 +729,11 @@ fn main() -> Result<()> {
                         }
                     }
                 }
-                println!("try:  GPUNET_SERVER={url} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L");
+                println!("CA certificate: {}  (clients: --ca or GPUNET_CA; browsers: import it, or accept the warning)", ca.ca_cert.display());
+                println!(
+                    "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
+                    ca.ca_cert.display()
+                );
                 use std::io::Write as _;
                 std::io::stdout().flush()?;
                 tokio::signal::ctrl_c().await?;

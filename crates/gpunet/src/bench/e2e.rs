@@ -85,6 +85,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                 stops.push(tx);
                 let cfg = gpunet_agent::AgentConfig {
                     server: url.clone(),
+                    ca: None,
                     join_token: Some(join.clone()),
                     name: format!("bench-{i}"),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
