@@ -135,8 +135,10 @@ async fn a_half_sent_header_is_closed_within_the_bound_and_other_requests_keep_w
         )
         .await
         .unwrap();
-    // Meanwhile the API answers.
+    // Meanwhile the API answers, and a long response (the event stream) is not cut by the header timeout.
     assert_eq!(whoami(&client(None), &s.url()).await.unwrap(), 200);
+    let mut events = client(None).get(format!("{}/v1/events", s.url())).bearer_auth("admin").send().await.unwrap();
+    assert_eq!(events.status(), 200);
     let bound = Duration::from_secs(15); // 2 s, with room for a loaded machine; the old server held 330 s
     for (what, sock) in [("half-sent header", &mut slow), ("idle connection", &mut idle), ("slow body", &mut slow_body)]
     {
@@ -144,6 +146,13 @@ async fn a_half_sent_header_is_closed_within_the_bound_and_other_requests_keep_w
         assert!(took >= Duration::from_millis(1500), "{what} closed after {took:?}, before its 2 s");
     }
     assert_eq!(whoami(&client(None), &s.url()).await.unwrap(), 200);
+    let node =
+        r#"{"spec": {"name": "n1", "gpus": [], "cpu": 1000, "mem": 1024, "labels": {}, "price_per_gpu_hour": 0}}"#;
+    let r = client(None).post(format!("{}/v1/nodes", s.url())).bearer_auth("join").body(node).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let chunk = tokio::time::timeout(Duration::from_secs(15), events.chunk()).await.expect("no event").unwrap();
+    assert!(String::from_utf8_lossy(&chunk.unwrap()).contains("node_ready"), "the event stream was cut");
+    drop(events);
     s.stop().await;
 }
 
