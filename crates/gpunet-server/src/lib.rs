@@ -15,9 +15,10 @@ pub mod openapi;
 pub mod owner;
 pub mod portal;
 pub mod tls;
+pub mod tokens;
 
 use gpunet_core::{ClusterState, JobId, SchedConfig, Time};
-use gpunet_store::{Store, Write};
+use gpunet_store::Store;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -179,7 +180,7 @@ pub fn build(
     let snap = store.load()?;
     let st = ClusterState::new(cfg.sched.clone())
         .map_err(|e| ServerError::Recover { what: "config".into(), reason: e.to_string() })?;
-    let auth: Arc<RwLock<HashMap<String, Principal>>> = Arc::new(RwLock::new(HashMap::new()));
+    let auth: tokens::Auth = Arc::new(RwLock::new(HashMap::new()));
     let metrics = Arc::new(metrics::ServerMetrics::new());
     let (events, _) = broadcast::channel(1024);
     let mut o = owner::Owner::new(st, store.clone(), auth.clone(), metrics.clone(), events.clone());
@@ -194,25 +195,24 @@ pub fn build(
         o.st.add_tenant(d.spec.clone()).map_err(|e| recover(format!("tenant {name}"), e.to_string()))?;
         o.tenants.insert(name.clone(), d);
     }
-    let mut have_admin = false;
-    let mut have_agent = false;
+    let (have_admin, have_agent);
     {
         let mut a = auth.write().expect("auth lock");
         for (hash, t) in &snap.tokens {
             let p = match t.as_deref() {
-                Some(MAX_TOKENS_KIND_ADMIN) => {
-                    have_admin = true;
-                    Principal::Admin
-                }
-                Some(TOKEN_KIND_AGENT) => {
-                    have_agent = true;
-                    Principal::Agent
-                }
+                Some(MAX_TOKENS_KIND_ADMIN) | None => Principal::Admin,
+                Some(TOKEN_KIND_AGENT) => Principal::Agent,
                 Some(t) => Principal::Tenant(t.to_string()),
-                None => Principal::Admin,
             };
-            a.insert(hash.clone(), p);
+            a.insert(hash.clone(), tokens::Cred { who: p, doc: None });
         }
+        for (hash, doc) in &snap.token_docs {
+            let d: tokens::TokenDoc = serde_json::from_value(doc.clone())
+                .map_err(|e| recover(format!("token {}", tokens::id_of(hash)), e.to_string()))?;
+            a.insert(hash.clone(), tokens::Cred::of(d));
+        }
+        have_admin = a.values().any(|c| c.who == Principal::Admin);
+        have_agent = a.values().any(|c| c.who == Principal::Agent);
     }
     for (name, doc) in &snap.nodes {
         let d: owner::NodeDoc =
@@ -220,7 +220,9 @@ pub fn build(
         let id = o.st.add_node(d.spec.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         o.st.set_node_state(id, d.state, Time(now_ms())).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         if let Some(h) = &d.credential {
-            auth.write().expect("auth lock").insert(h.clone(), Principal::Node(name.clone()));
+            auth.write()
+                .expect("auth lock")
+                .insert(h.clone(), tokens::Cred { who: Principal::Node(name.clone()), doc: None });
         }
         o.nodes.insert(name.clone(), d);
     }
@@ -255,9 +257,7 @@ pub fn build(
         (None, true) => None,
     };
     if let Some(t) = admin {
-        let h = hash_token(&t);
-        auth.write().expect("auth lock").insert(h.clone(), Principal::Admin);
-        writes.push(Write::Token { hash: h, tenant: Some(MAX_TOKENS_KIND_ADMIN.into()) });
+        writes.extend(tokens::bootstrap(&auth, gpunet_api::types::TokenRole::Admin, &t, now_ms()));
     }
     let mut gen_join = None;
     let join = match (&cfg.join_token, have_agent) {
@@ -270,9 +270,7 @@ pub fn build(
         (None, true) => None,
     };
     if let Some(t) = join {
-        let h = hash_token(&t);
-        auth.write().expect("auth lock").insert(h.clone(), Principal::Agent);
-        writes.push(Write::Token { hash: h, tenant: Some(TOKEN_KIND_AGENT.into()) });
+        writes.extend(tokens::bootstrap(&auth, gpunet_api::types::TokenRole::Join, &t, now_ms()));
     }
     if !writes.is_empty() {
         store.commit(writes)?;

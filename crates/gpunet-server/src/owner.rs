@@ -3,6 +3,7 @@
 //! each batch of commands (and on a periodic tick) it runs a scheduling pass and persists what changed.
 
 use crate::metrics::ServerMetrics;
+use crate::tokens::TokenDoc;
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
@@ -15,7 +16,7 @@ use gpunet_core::{
 use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
@@ -25,6 +26,8 @@ type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 pub(crate) enum Cmd {
     Submit {
         who: Principal,
+        /// The submitting token's user (or role), recorded on the jobs.
+        by: String,
         subs: Vec<(JobSubmission, Vec<String>)>,
         reply: Reply<Vec<Submitted>>,
     },
@@ -69,6 +72,21 @@ pub(crate) enum Cmd {
     IssueToken {
         tenant: String,
         reply: Reply<TokenIssued>,
+    },
+    CreateToken {
+        doc: TokenDoc,
+        reply: Reply<TokenCreated>,
+    },
+    /// Tokens (of one tenant).
+    Tokens {
+        tenant: Option<String>,
+        reply: Reply<Vec<TokenInfo>>,
+    },
+    /// Revokes a token by id (only one of `tenant`'s, when given).
+    RevokeToken {
+        id: String,
+        tenant: Option<String>,
+        reply: Reply<TokenInfo>,
     },
     Tenants {
         who: Principal,
@@ -138,6 +156,9 @@ pub(crate) struct JobDoc {
     /// The latest attempt's run, kept after the job ends so that its start and placement can still be shown.
     #[serde(default)]
     pub(crate) last_run: Option<gpunet_core::job::RunInfo>,
+    /// Who submitted it (the token's user, else its role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) submitted_by: Option<String>,
 }
 
 /// A tenant as persisted.
@@ -162,7 +183,7 @@ pub(crate) struct NodeDoc {
 pub(crate) struct Owner {
     pub(crate) st: ClusterState,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) auth: Arc<RwLock<HashMap<String, Principal>>>,
+    pub(crate) auth: crate::tokens::Auth,
     pub(crate) docs: BTreeMap<u64, JobDoc>,
     pub(crate) tenants: BTreeMap<String, TenantDoc>,
     pub(crate) nodes: BTreeMap<String, NodeDoc>,
@@ -247,7 +268,7 @@ impl Owner {
     pub(crate) fn new(
         st: ClusterState,
         store: Arc<dyn Store>,
-        auth: Arc<RwLock<HashMap<String, Principal>>>,
+        auth: crate::tokens::Auth,
         metrics: Arc<ServerMetrics>,
         events: broadcast::Sender<String>,
     ) -> Owner {
@@ -581,6 +602,15 @@ impl Owner {
         Ok(gpunet_api::agent::AgentWork { version: self.versions.get(node).copied().unwrap_or(0), tasks })
     }
 
+    /// A new token for `doc`: usable at once; returns the secret and the writes that store its hash and record.
+    fn new_token(&self, doc: TokenDoc) -> (String, Vec<Write>) {
+        let token = crate::new_token();
+        let hash = crate::hash_token(&token);
+        let writes = crate::tokens::writes(&hash, &doc);
+        self.auth.write().expect("auth lock").insert(hash, crate::tokens::Cred::of(doc));
+        (token, writes)
+    }
+
     /// Whether a task attempt is the node's: placed on it now, or in its task set within the last [`HANDED_KEEP`].
     fn task_of_node(&self, id: gpunet_core::NodeId, node: &str, t: &gpunet_api::agent::TaskRef) -> bool {
         let now = self.st.job(JobId(t.job)).is_some_and(|j| {
@@ -715,6 +745,7 @@ impl Owner {
             id,
             name: j.spec.name.clone(),
             tenant: d.tenant.clone(),
+            submitted_by: d.submitted_by.clone(),
             state: j.state.to_string(),
             priority: j.spec.priority,
             tasks: j.spec.tasks,
@@ -869,7 +900,7 @@ impl Owner {
 
     pub(crate) fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Submit { who, subs, reply } => {
+            Cmd::Submit { who, by, subs, reply } => {
                 let now = now_ms();
                 let mut writes = Vec::with_capacity(subs.len() * 2);
                 let mut out = Vec::with_capacity(subs.len());
@@ -918,7 +949,14 @@ impl Owner {
                     let job = self.st.job(JobId(id)).expect("just submitted").clone();
                     self.docs.insert(
                         id,
-                        JobDoc { job, tenant, submission: sub, warnings: warnings.clone(), last_run: None },
+                        JobDoc {
+                            job,
+                            tenant,
+                            submission: sub,
+                            warnings: warnings.clone(),
+                            last_run: None,
+                            submitted_by: Some(by.clone()),
+                        },
                     );
                     writes.push(self.job_doc_write(id).expect("just inserted"));
                     writes.push(self.event(id, "submitted", format!("job-{id} submitted")));
@@ -1054,17 +1092,20 @@ impl Owner {
                         let _ = reply.send(Err(e));
                     }
                     Ok(spec) => {
-                        let token = crate::new_token();
-                        let hash = crate::hash_token(&token);
-                        self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(req.name.clone()));
+                        // The tenant's first token administers the tenant (its jobs and tokens).
+                        let (token, mut writes) = self.new_token(TokenDoc {
+                            role: TokenRole::TenantAdmin,
+                            tenant: Some(req.name.clone()),
+                            user: None,
+                            created_ms: now_ms(),
+                            expires_ms: None,
+                            bootstrap: false,
+                        });
                         let doc = TenantDoc { spec, quota: req.quota.clone() };
-                        let writes = vec![
-                            Write::Tenant {
-                                name: req.name.clone(),
-                                doc: serde_json::to_value(&doc).expect("serialise"),
-                            },
-                            Write::Token { hash, tenant: Some(req.name.clone()) },
-                        ];
+                        writes.push(Write::Tenant {
+                            name: req.name.clone(),
+                            doc: serde_json::to_value(&doc).expect("serialise"),
+                        });
                         self.tenants.insert(req.name.clone(), doc);
                         self.dirty = true;
                         self.durable(writes, reply, TokenIssued { tenant: req.name, token });
@@ -1094,14 +1135,63 @@ impl Owner {
                     let _ = reply.send(Err(not_found("tenant", &tenant)));
                     return;
                 }
-                let token = crate::new_token();
-                let hash = crate::hash_token(&token);
-                self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(tenant.clone()));
-                self.durable(
-                    vec![Write::Token { hash, tenant: Some(tenant.clone()) }],
-                    reply,
-                    TokenIssued { tenant, token },
-                );
+                let (token, writes) = self.new_token(TokenDoc {
+                    role: TokenRole::Tenant,
+                    tenant: Some(tenant.clone()),
+                    user: None,
+                    created_ms: now_ms(),
+                    expires_ms: None,
+                    bootstrap: false,
+                });
+                self.durable(writes, reply, TokenIssued { tenant, token });
+            }
+            Cmd::CreateToken { doc, reply } => {
+                if let Some(t) = doc.tenant.as_ref().filter(|t| !self.tenants.contains_key(*t)) {
+                    let _ = reply.send(Err(not_found("tenant", t)));
+                    return;
+                }
+                let (token, writes) = self.new_token(doc.clone());
+                let info = crate::tokens::info(&crate::hash_token(&token), &crate::tokens::Cred::of(doc));
+                self.durable(writes, reply, TokenCreated { info, token });
+            }
+            Cmd::Tokens { tenant, reply } => {
+                let a = self.auth.read().expect("auth lock");
+                let mut v: Vec<TokenInfo> = a
+                    .iter()
+                    .filter(|(_, c)| !matches!(c.who, Principal::Node(_)))
+                    .map(|(h, c)| crate::tokens::info(h, c))
+                    .filter(|i| tenant.is_none() || i.tenant == tenant)
+                    .collect();
+                v.sort_by(|x, y| (x.created_ms, &x.id).cmp(&(y.created_ms, &y.id)));
+                let _ = reply.send(Ok(v));
+            }
+            Cmd::RevokeToken { id, tenant, reply } => {
+                let r = (|| {
+                    let a = self.auth.read().expect("auth lock");
+                    let found: Vec<(&String, &crate::tokens::Cred)> = a
+                        .iter()
+                        .filter(|(h, c)| crate::tokens::id_of(h) == id && !matches!(c.who, Principal::Node(_)))
+                        .collect();
+                    let [(hash, cred)] = found[..] else { return Err(not_found("token", &id)) };
+                    let info = crate::tokens::info(hash, cred);
+                    if tenant.is_some() && info.tenant != tenant {
+                        return Err(not_found("token", &id));
+                    }
+                    let admins = a.values().filter(|c| c.who == Principal::Admin).count();
+                    if cred.who == Principal::Admin && admins == 1 {
+                        return Err(ApiError::new("conflict", "revoke the last admin token: create another first"));
+                    }
+                    Ok((hash.clone(), info))
+                })();
+                match r {
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    Ok((hash, info)) => {
+                        self.auth.write().expect("auth lock").remove(&hash);
+                        self.durable(vec![Write::RevokeToken { hash }], reply, info);
+                    }
+                }
             }
             Cmd::Tenants { who, reply } => {
                 let v = self
@@ -1138,7 +1228,7 @@ impl Owner {
                     if let Some(old) = self.nodes.get(&name).and_then(|d| d.credential.as_ref()) {
                         auth.remove(old);
                     }
-                    auth.insert(hash.clone(), Principal::Node(name.clone()));
+                    auth.insert(hash.clone(), crate::tokens::Cred { who: Principal::Node(name.clone()), doc: None });
                 }
                 let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, credential: Some(hash) };
                 let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };

@@ -20,9 +20,14 @@ impl App {
 
     /// A server on this data directory (task logs) and store.
     fn on(dir: &Path, store: Arc<MemoryStore>) -> App {
+        App::with_tokens(dir, store, "admin", "join")
+    }
+
+    /// A server started with these admin and join tokens.
+    fn with_tokens(dir: &Path, store: Arc<MemoryStore>, admin: &str, join: &str) -> App {
         let mut cfg = Config::new(dir.to_path_buf());
-        cfg.admin_token = Some("admin".into());
-        cfg.join_token = Some("join".into());
+        cfg.admin_token = Some(admin.into());
+        cfg.join_token = Some(join.into());
         cfg.max_body_bytes = 64 * 1024;
         let (state, _, _) = build(&cfg, store).unwrap();
         App { router: router(state) }
@@ -549,4 +554,110 @@ async fn registering_a_node_again_rotates_its_credential_which_survives_a_restar
     }
     let stored = format!("{:?}", gpunet_store::Store::load(&*store).unwrap());
     assert!(!stored.contains(&third) && stored.contains(&gpunet_server::hash_token(&third)), "only the hash is stored");
+}
+
+/// A restart with a new --admin-token kept the old one working (tokens could not be rotated), and every `gpunet up`
+/// start added another join token.
+#[tokio::test]
+async fn a_new_admin_or_join_token_replaces_the_old_one_after_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let (s, ops) =
+        app.call("POST", "/v1/tokens", Some("admin"), Some(json!({"role": "admin", "user": "ops"}).to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{ops}");
+    let ops = ops["token"].as_str().unwrap().to_string();
+    let again = App::with_tokens(Path::new("/nonexistent"), store.clone(), "admin-2", "join-2");
+    let (s, _) = again.call("GET", "/v1/whoami", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the replaced admin token still works");
+    for t in ["admin-2", ops.as_str()] {
+        let (s, v) = again.call("GET", "/v1/whoami", Some(t), None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let (s, _) = again.call("POST", "/v1/nodes", Some("join"), Some(node_body("n1", 1))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the replaced join token still registers");
+    again.node_with("n1", 1, "join-2").await;
+    let (_, list) = again.call("GET", "/v1/tokens", Some("admin-2"), None).await;
+    let roles: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["role"].as_str().unwrap(), t["user"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(roles.iter().filter(|(r, _)| *r == "join").count(), 1, "{list}");
+    assert_eq!(roles.iter().filter(|(r, _)| *r == "admin").count(), 2, "{list}");
+    let stored = format!("{:?}", gpunet_store::Store::load(&*store).unwrap());
+    assert!(!stored.contains(&gpunet_server::hash_token("admin")), "the old admin token's hash is gone");
+    for secret in ["admin-2", "join-2", ops.as_str()] {
+        assert!(!stored.contains(secret) && !list.to_string().contains(secret), "a secret is stored or listed");
+    }
+}
+
+/// Tokens could not be revoked, named a tenant rather than a person, and jobs did not say who submitted them.
+#[tokio::test]
+async fn tokens_are_per_user_revocable_expiring_and_scoped_to_a_tenant_admin() {
+    let app = App::new().await;
+    let team_a = app.tenant("team-a", None).await; // the tenant's first token administers it
+    let team_b = app.tenant("team-b", None).await;
+    app.node("n1", 2).await;
+    let create = |token: String, body: Value| {
+        let app = &app;
+        async move { app.call("POST", "/v1/tokens", Some(&token), Some(body.to_string())).await }
+    };
+    let (s, alice) = create(team_a.clone(), json!({"role": "tenant", "user": "alice"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{alice}");
+    assert_eq!((alice["tenant"].as_str(), alice["user"].as_str()), (Some("team-a"), Some("alice")));
+    let alice = alice["token"].as_str().unwrap().to_string();
+    // alice's job says she submitted it.
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&alice), Some(r#"{"name": "x", "gpus": 1}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some(&team_a), None).await;
+    assert_eq!(j["submitted_by"], "alice", "{j}");
+    // A tenant admin manages only its own tenant's tokens, never admin or join ones; a member manages none.
+    for (token, body) in [
+        (&team_a, json!({"role": "admin", "user": "x"})),
+        (&team_a, json!({"role": "join", "user": "x"})),
+        (&team_a, json!({"role": "tenant", "user": "x", "tenant": "team-b"})),
+        (&alice, json!({"role": "tenant", "user": "x"})),
+    ] {
+        let (s, v) = create(token.clone(), body.clone()).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}: {v}");
+    }
+    let (s, _) = app.call("GET", "/v1/tokens?tenant=team-b", Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _) = app.call("GET", "/v1/tokens", Some(&alice), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, list) = app.call("GET", "/v1/tokens", Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let list = list.as_array().unwrap().clone();
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert!(list.iter().all(|t| t["tenant"] == "team-a" && t.get("token").is_none()), "{list:?}");
+    let alice_id = list.iter().find(|t| t["user"] == "alice").unwrap()["id"].as_str().unwrap().to_string();
+    // team-b's admin cannot revoke it; team-a's can, and it stops working at once.
+    let (s, _) = app.call("POST", &format!("/v1/tokens/{alice_id}/revoke"), Some(&team_b), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = app.call("POST", &format!("/v1/tokens/{alice_id}/revoke"), Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, _) = app.call("GET", "/v1/jobs", Some(&alice), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // An expiring token stops working by itself.
+    let (s, short) =
+        create("admin".into(), json!({"role": "tenant", "tenant": "team-b", "user": "bob", "expires_in": "1s"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{short}");
+    let short = short["token"].as_str().unwrap().to_string();
+    let t = std::time::Instant::now();
+    loop {
+        let (s, _) = app.call("GET", "/v1/jobs", Some(&short), None).await;
+        if s == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert_eq!(s, StatusCode::OK);
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the token never expired");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The last admin token cannot be revoked (no lock-out).
+    let (_, all) = app.call("GET", "/v1/tokens", Some("admin"), None).await;
+    let admin_id = all.as_array().unwrap().iter().find(|t| t["role"] == "admin").unwrap()["id"].clone();
+    let (s, v) =
+        app.call("POST", &format!("/v1/tokens/{}/revoke", admin_id.as_str().unwrap()), Some("admin"), None).await;
+    assert_eq!((s, err(&v).0), (StatusCode::CONFLICT, "conflict"), "{v}");
 }

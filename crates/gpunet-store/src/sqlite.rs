@@ -26,6 +26,8 @@ const MIGRATIONS: &[&str] = &[
     // 2: cluster samples for the portal's charts.
     "CREATE TABLE samples (at_ms INTEGER PRIMARY KEY, gpus_total INTEGER NOT NULL, gpus_allocated INTEGER NOT NULL,
                            queue_length INTEGER NOT NULL, running INTEGER NOT NULL);",
+    // 3: token records (role, tenant, user, expiry) beside the token hashes.
+    "CREATE TABLE token_docs (hash TEXT PRIMARY KEY, doc TEXT NOT NULL);",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -72,6 +74,16 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
         }
         Write::Token { hash, tenant } => {
             tx.execute("INSERT OR REPLACE INTO tokens (hash, tenant) VALUES (?1, ?2)", params![hash, tenant])?;
+        }
+        Write::TokenDoc { hash, doc } => {
+            tx.execute(
+                "INSERT OR REPLACE INTO token_docs (hash, doc) VALUES (?1, ?2)",
+                params![hash, doc.to_string()],
+            )?;
+        }
+        Write::RevokeToken { hash } => {
+            tx.execute("DELETE FROM tokens WHERE hash = ?1", params![hash])?;
+            tx.execute("DELETE FROM token_docs WHERE hash = ?1", params![hash])?;
         }
         Write::Node { name, doc } => {
             tx.execute(
@@ -200,6 +212,12 @@ impl Store for SqliteStore {
             for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))? {
                 snap.tokens.push(r?);
             }
+            let mut q = c.prepare("SELECT hash, doc FROM token_docs")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+                let (h, d) = r?;
+                let doc = decode("token", h.chars().take(12).collect(), &d)?;
+                snap.token_docs.push((h, doc));
+            }
             let mut q = c.prepare("SELECT name, doc FROM nodes ORDER BY seq")?;
             for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
                 let (n, d) = r?;
@@ -318,6 +336,25 @@ mod tests {
         assert_eq!(snap.jobs.len(), 2);
         assert_eq!(snap.jobs[0].1["state"], "running");
         assert_eq!(s.events(1).unwrap()[0].message, "hello");
+    }
+
+    #[test]
+    fn token_records_survive_reopening_and_a_revoked_token_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SqliteStore::open(dir.path()).unwrap();
+            s.commit(vec![
+                Write::Token { hash: "keep".into(), tenant: Some("t".into()) },
+                Write::TokenDoc { hash: "keep".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
+                Write::Token { hash: "gone".into(), tenant: Some("t".into()) },
+                Write::TokenDoc { hash: "gone".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
+            ])
+            .unwrap();
+            s.commit(vec![Write::RevokeToken { hash: "gone".into() }]).unwrap();
+        }
+        let snap = SqliteStore::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(snap.tokens, vec![("keep".to_string(), Some("t".to_string()))]);
+        assert_eq!(snap.token_docs, vec![("keep".to_string(), json!({"role": "tenant", "tenant": "t"}))]);
     }
 
     #[test]

@@ -54,6 +54,12 @@ enum Cmd {
     Tenants(TenantsArgs),
     /// Set a tenant's quota from flags or a ResourceQuota manifest.
     Quota(QuotaArgs),
+    /// Tokens: list, create (per user, with a role and an optional expiry) or revoke. The admin manages all; a
+    /// tenant's admins manage that tenant's.
+    Tokens {
+        #[command(subcommand)]
+        what: TokensCmd,
+    },
     /// List nodes.
     Nodes(ConnOnly),
     /// Cordon a node (no new tasks).
@@ -317,6 +323,42 @@ struct TenantsArgs {
     conn: Conn,
 }
 
+#[derive(Debug, Subcommand)]
+enum TokensCmd {
+    /// List tokens (ids, roles, tenants, users, expiry; never the secrets).
+    List {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Create a token for a user and print it (shown once).
+    Create {
+        /// admin, tenant-admin, tenant or join.
+        #[arg(long)]
+        role: String,
+        /// Who holds it (recorded on the jobs it submits).
+        #[arg(long)]
+        user: String,
+        /// Tenant of a tenant or tenant-admin token (a tenant admin's own by default).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lifetime, e.g. 30d; default: until revoked.
+        #[arg(long)]
+        expires_in: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke a token by id (from `tokens list`); it stops working at once.
+    Revoke {
+        /// Token id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
 #[derive(Debug, clap::Args)]
 struct QuotaArgs {
     /// Tenant.
@@ -443,6 +485,9 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             let j: JobView = c.get(&format!("/v1/jobs/{}", a.id)).await?;
             print(&c, &j, |j| {
                 let mut s = client::jobs_table(std::slice::from_ref(j));
+                if let Some(by) = &j.submitted_by {
+                    s += &format!("  submitted by {by}\n");
+                }
                 for t in &j.placement {
                     s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
                 }
@@ -485,6 +530,54 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             }
             let ts: Vec<TenantView> = c.get("/v1/tenants").await?;
             print(&c, &ts, |t| client::tenants_table(t))
+        }
+        Cmd::Tokens { what: TokensCmd::List { tenant, conn } } => {
+            let c = Client::new(&conn)?;
+            let q = tenant.map_or(String::new(), |t| format!("?tenant={t}"));
+            let ts: Vec<TokenInfo> = c.get(&format!("/v1/tokens{q}")).await?;
+            print(&c, &ts, |ts| {
+                client::table(
+                    &["ID", "ROLE", "TENANT", "USER", "EXPIRES"],
+                    ts.iter()
+                        .map(|t| {
+                            vec![
+                                t.id.clone(),
+                                t.role.as_str().to_string(),
+                                t.tenant.clone().unwrap_or_else(|| "-".into()),
+                                t.user.clone().unwrap_or_else(|| "-".into()),
+                                t.expires_ms.map_or("never".into(), |e| {
+                                    format!("in {}s", e.saturating_sub(gpunet_server::now_ms()) / 1000)
+                                }),
+                            ]
+                        })
+                        .collect(),
+                )
+            })
+        }
+        Cmd::Tokens { what: TokensCmd::Create { role, user, tenant, expires_in, conn } } => {
+            let c = Client::new(&conn)?;
+            let mut body = serde_json::json!({"role": role, "user": user});
+            if let Some(t) = tenant {
+                body["tenant"] = t.into();
+            }
+            if let Some(e) = expires_in {
+                body["expires_in"] = e.into();
+            }
+            let t: TokenCreated = c.post("/v1/tokens", Some(body.to_string()), "application/json").await?;
+            print(&c, &t, |t| {
+                format!(
+                    "{} token {} for {} (shown once): {}\n",
+                    t.info.role.as_str(),
+                    t.info.id,
+                    t.info.user.as_deref().unwrap_or("-"),
+                    t.token
+                )
+            })
+        }
+        Cmd::Tokens { what: TokensCmd::Revoke { id, conn } } => {
+            let c = Client::new(&conn)?;
+            let t: TokenInfo = c.post(&format!("/v1/tokens/{id}/revoke"), None, "").await?;
+            print(&c, &t, |t| format!("token {} revoked\n", t.id))
         }
         Cmd::Quota(a) => {
             let c = Client::new(&a.conn)?;
