@@ -744,13 +744,17 @@ fn main() -> Result<()> {
             let admin = match std::fs::read_to_string(&token_file) {
                 Ok(t) => t.trim().to_string(),
                 Err(_) => {
+                    use std::io::Write as _;
+                    use std::os::unix::fs::OpenOptionsExt;
                     let t = gpunet_server::new_token();
-                    std::fs::write(&token_file, &t).with_context(|| format!("write {}", token_file.display()))?;
-                    #[cfg(unix)]
-                    {
-                        use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))?;
-                    }
+                    // Created readable by its owner only (never briefly world-readable).
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&token_file)
+                        .and_then(|mut f| f.write_all(t.as_bytes()))
+                        .with_context(|| format!("write {}", token_file.display()))?;
                     t
                 }
             };
