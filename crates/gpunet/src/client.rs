@@ -72,7 +72,7 @@ impl Client {
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             token,
-            http: http_client(ca.as_deref())?,
+            http: http_client(ca.as_deref(), 64)?,
             json: c.output == "json",
         })
     }
@@ -140,8 +140,8 @@ impl Client {
 }
 
 /// An HTTP client that trusts only the CA in `ca` when given (else the system's roots).
-pub(crate) fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client> {
-    let mut b = reqwest::Client::builder().pool_max_idle_per_host(64);
+pub(crate) fn http_client(ca: Option<&std::path::Path>, idle_per_host: usize) -> Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder().pool_max_idle_per_host(idle_per_host);
     if let Some(p) = ca {
         let pem = std::fs::read(p).with_context(|| format!("read the CA file {}", p.display()))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)

@@ -795,7 +795,7 @@ fn main() -> Result<()> {
                     let _ = stop_rx.await;
                 }));
                 // A tenant to start with.
-                let _ = client::http_client(Some(&ca.ca_cert))?
+                let _ = client::http_client(Some(&ca.ca_cert), 1)?
                     .post(format!("{url}/v1/tenants"))
                     .bearer_auth(&admin)
                     .header("content-type", "application/json")
