@@ -1,5 +1,9 @@
-//! gpunet's node agent: registers its node (GPUs, CPU, memory, labels) with the server using the join token, then
-//! keeps the node's processes equal to the task set the server wants (see `gpunet_api::agent`), reporting every exit.
+//! gpunet's node agent: registers its node (GPUs, CPU, memory, labels) with the server, then keeps the node's processes
+//! equal to the task set the server wants (see `gpunet_api::agent`), reporting every exit.
+//!
+//! Credentials: the join token only registers. Registration returns the node's own credential, bound to its name, which
+//! the agent keeps in `DATA_DIR/node.credential` (mode 0600) and syncs with; it registers again with that credential
+//! (getting a fresh one) at the next start, so the join token is needed only for the first registration.
 //! It reconnects with backoff when the server is away; tasks keep running meanwhile, and once it is back the server's
 //! answer decides which of them stay.
 //!
@@ -43,6 +47,23 @@ pub enum AgentError {
         /// Why.
         reason: String,
     },
+    /// The server could not be reached (the agent retries).
+    #[error("reach {server}: {reason}")]
+    Unreachable {
+        /// Server URL.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The node credential file could not be written or read.
+    #[error("keep the node credential in {path}: {source}")]
+    Credential {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// How often real GPUs are sampled.
@@ -51,10 +72,12 @@ const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Server URL.
+    /// Server URL (`https://…`; plain `http://` only to a server on the same machine).
     pub server: String,
-    /// Join token.
-    pub join_token: String,
+    /// CA certificate (PEM) the server's certificate must chain to; `None`: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// Join token: needed for the node's first registration (later ones use the node's own credential).
+    pub join_token: Option<String>,
     /// Node name.
     pub name: String,
     /// Labels (zone, rack, …).
@@ -149,29 +172,87 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     n
 }
 
-async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) -> Result<(), AgentError> {
+/// The agent's HTTP client: it trusts only the configured CA when there is one.
+fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
+    let mut b = reqwest::Client::builder();
+    if let Some(p) = &cfg.ca {
+        let bad =
+            |reason: String| AgentError::Invalid { field: "--ca", value: p.display().to_string(), allowed: reason };
+        let pem = std::fs::read(p).map_err(|e| bad(format!("a readable PEM file ({e})")))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(format!("a PEM file ({e})")))?;
+        if certs.is_empty() {
+            return Err(bad("a PEM file with at least one certificate".into()));
+        }
+        b = b.tls_certs_only(certs);
+    }
+    b.build().map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })
+}
+
+/// Where the node's credential is kept.
+pub fn credential_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("node.credential")
+}
+
+/// Writes the credential readable by its owner only (0600), replacing the file atomically.
+fn save_credential(data_dir: &std::path::Path, credential: &str) -> Result<(), AgentError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = credential_path(data_dir);
+    let fail = |source| AgentError::Credential { path: path.clone(), source };
+    std::fs::create_dir_all(data_dir).map_err(fail)?;
+    let tmp = data_dir.join("node.credential.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(fail)?;
+    f.write_all(credential.as_bytes()).and_then(|_| f.sync_all()).map_err(fail)?;
+    std::fs::rename(&tmp, &path).map_err(fail)
+}
+
+/// Registers the node: with its stored credential when it has one, else (or when the server refuses it) with the join
+/// token. Returns the node's new credential, already saved.
+async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) -> Result<String, AgentError> {
     let mut spec = node_spec(cfg);
     spec.labels.insert("isolation".into(), isolation.to_string());
     let body = serde_json::json!({"spec": spec, "fake": cfg.fake_gpus.is_some()});
-    let r = http
-        .post(format!("{}/v1/nodes", cfg.server))
-        .bearer_auth(&cfg.join_token)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
-    if !r.status().is_success() {
-        let reason = r.text().await.unwrap_or_default();
-        return Err(AgentError::Register { server: cfg.server.clone(), reason });
+    let stored = std::fs::read_to_string(credential_path(&cfg.data_dir)).ok().map(|c| c.trim().to_string());
+    let tokens: Vec<&str> = stored.iter().chain(cfg.join_token.iter()).map(String::as_str).collect();
+    if tokens.is_empty() {
+        return Err(AgentError::Register {
+            server: cfg.server.clone(),
+            reason: format!(
+                "no join token and no node credential in {}: pass --join-token",
+                credential_path(&cfg.data_dir).display()
+            ),
+        });
     }
-    Ok(())
+    let mut refused = String::new();
+    for token in tokens {
+        let r = http
+            .post(format!("{}/v1/nodes", cfg.server))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| AgentError::Unreachable { server: cfg.server.clone(), reason: e.to_string() })?;
+        let status = r.status();
+        if status.is_success() {
+            let reg: gpunet_api::types::NodeRegistered = r
+                .json()
+                .await
+                .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+            save_credential(&cfg.data_dir, &reg.credential)?;
+            return Ok(reg.credential);
+        }
+        refused = r.text().await.unwrap_or_default();
+        if status.as_u16() != 401 && status.as_u16() != 403 {
+            break;
+        }
+    }
+    Err(AgentError::Register { server: cfg.server.clone(), reason: refused })
 }
 
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
-    let http = reqwest::Client::builder()
-        .build()
-        .map_err(|e| AgentError::Register { server: cfg.server.clone(), reason: e.to_string() })?;
+    let http = http_client(&cfg)?;
     // One parent group per agent and data directory: two agents on one machine never share task groups (whose
     // processes are all killed at the end of an attempt), and an agent started again on the same directory finds
     // its groups.
@@ -208,17 +289,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         tracing::info!(tasks = adopted.len(), "adopted tasks left running by a previous run of this agent");
     }
     let mut backoff = Duration::from_millis(100);
-    loop {
+    let mut credential = loop {
         match register(&http, &cfg, &isolation).await {
-            Ok(()) => break,
-            Err(AgentError::Register { reason, .. }) if reason.contains("error sending request") => {
-                tracing::warn!(server = %cfg.server, "server unreachable; retrying");
+            Ok(c) => break c,
+            Err(AgentError::Unreachable { reason, .. }) => {
+                tracing::warn!(server = %cfg.server, error = %reason, "server unreachable; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e),
         }
-    }
+    };
     tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
     if let Some(u) = &cfg.run_as {
         launcher.run_as(u).map_err(|reason| AgentError::Invalid {
@@ -289,7 +370,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         let sent_starts = launcher.started.len();
         let req = http
             .post(format!("{}/v1/agents/{}/sync", cfg.server, cfg.name))
-            .bearer_auth(&cfg.join_token)
+            .bearer_auth(&credential)
             .json(&sync)
             .send();
         tokio::select! {
@@ -322,9 +403,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             r = req => {
                 let work = match r {
                     Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
-                    Ok(resp) if resp.status().as_u16() == 404 => {
-                        // The server does not know this node (a new server): register again.
-                        let _ = register(&http, &cfg, &isolation).await;
+                    Ok(resp) if matches!(resp.status().as_u16(), 401 | 404) => {
+                        // The server does not know this node (a new server) or no longer takes its credential (the
+                        // node was registered again elsewhere): register again.
+                        tracing::warn!(status = %resp.status(), node = %cfg.name, "sync refused; registering again");
+                        match register(&http, &cfg, &isolation).await {
+                            Ok(c) => credential = c,
+                            Err(e) => tracing::warn!(error = %e, "register again"),
+                        }
                         None
                     }
                     Ok(resp) => {
@@ -394,7 +480,8 @@ mod tests {
     fn fake_nodes_offer_enough_cpu_and_memory_per_gpu() {
         let cfg = AgentConfig {
             server: String::new(),
-            join_token: String::new(),
+            ca: None,
+            join_token: None,
             name: "n".into(),
             labels: BTreeMap::from([("zone".to_string(), "z1".to_string())]),
             fake_gpus: Some((GpuModel::A100_80GB, 8)),

@@ -37,6 +37,9 @@ pub struct JobView {
     pub name: String,
     /// Tenant.
     pub tenant: String,
+    /// Who submitted it: the token's user, else its role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     /// State.
     pub state: String,
     /// Priority.
@@ -117,6 +120,78 @@ pub struct DryRun {
     /// Conversion warnings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenRole {
+    /// Everything.
+    Admin,
+    /// A tenant's jobs, and its tokens.
+    TenantAdmin,
+    /// A tenant's jobs.
+    Tenant,
+    /// Registers nodes (agents' join token), nothing else.
+    Join,
+}
+
+impl TokenRole {
+    /// The role's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRole::Admin => "admin",
+            TokenRole::TenantAdmin => "tenant-admin",
+            TokenRole::Tenant => "tenant",
+            TokenRole::Join => "join",
+        }
+    }
+}
+
+/// A token to create: `POST /v1/tokens` (admin: any; a tenant admin: its tenant's `tenant` and `tenant-admin` tokens).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// Role.
+    pub role: TokenRole,
+    /// Tenant, for `tenant` and `tenant-admin` (a tenant admin's own by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The person or service holding it (recorded on the jobs it submits).
+    pub user: String,
+    /// Lifetime, e.g. `30d`; none: until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in: Option<String>,
+}
+
+/// A token as listed (never the secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// Id (the start of the token's hash): what `revoke` takes.
+    pub id: String,
+    /// Role.
+    pub role: TokenRole,
+    /// Tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// User.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Created, ms since the Unix epoch (0: before token records).
+    pub created_ms: u64,
+    /// Expiry, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+}
+
+/// A new token (the secret is shown once; only its hash is stored).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenCreated {
+    /// The token's record.
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    /// The bearer token.
+    pub token: String,
 }
 
 /// A tenant to create (admin).
@@ -222,6 +297,17 @@ pub struct NodeView {
     /// Each whole GPU with what holds it.
     #[serde(default)]
     pub devices: Vec<GpuView>,
+}
+
+/// The answer to a node's registration: the node, and its own credential (shown once; only its hash is stored). The
+/// agent syncs with this credential, which is bound to the node's name; registering the node again replaces it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistered {
+    /// The node.
+    #[serde(flatten)]
+    pub node: NodeView,
+    /// The node's bearer credential for `POST /v1/agents/{node}/sync`.
+    pub credential: String,
 }
 
 /// One whole GPU of a node.

@@ -24,14 +24,14 @@ use gpunet_core::{NodeSpec, NodeState};
 use gpunet_store::Store;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// What handlers share.
 #[derive(Clone)]
 pub struct AppState {
     pub(crate) tx: mpsc::Sender<Cmd>,
-    pub(crate) auth: Arc<RwLock<HashMap<String, Principal>>>,
+    pub(crate) auth: crate::tokens::Auth,
     pub(crate) metrics: Arc<crate::metrics::ServerMetrics>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) events: broadcast::Sender<String>,
@@ -87,20 +87,42 @@ fn bearer(h: &HeaderMap) -> R<&str> {
 }
 
 fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
+    Ok(cred(st, h)?.who)
+}
+
+/// The bearer token's credential; an expired token is refused like an unknown one.
+fn cred(st: &AppState, h: &HeaderMap) -> R<crate::tokens::Cred> {
     let token = bearer(h)?;
-    st.auth
+    let c = st
+        .auth
         .read()
         .expect("auth lock")
         .get(&hash_token(token))
         .cloned()
-        .ok_or_else(|| Fail(ApiError::new("unauthorized", "unknown token")))
+        .ok_or_else(|| Fail(ApiError::new("unauthorized", "unknown token")))?;
+    if c.expired(crate::now_ms()) {
+        return Err(Fail(ApiError::new("unauthorized", "the token has expired")));
+    }
+    Ok(c)
+}
+
+/// A user's credential (not the join token, not a node's).
+fn user_cred(st: &AppState, h: &HeaderMap) -> R<crate::tokens::Cred> {
+    let c = cred(st, h)?;
+    user_of(c.who.clone())?;
+    Ok(c)
+}
+
+fn user_of(p: Principal) -> R<Principal> {
+    match p {
+        Principal::Agent => Err(Fail(ApiError::new("forbidden", "the join token only registers nodes"))),
+        Principal::Node(_) => Err(Fail(ApiError::new("forbidden", "a node credential only syncs its node"))),
+        p => Ok(p),
+    }
 }
 
 fn user(st: &AppState, h: &HeaderMap) -> R<Principal> {
-    match who(st, h)? {
-        Principal::Agent => Err(Fail(ApiError::new("forbidden", "the join token only registers nodes"))),
-        p => Ok(p),
-    }
+    user_of(who(st, h)?)
 }
 
 fn admin(st: &AppState, h: &HeaderMap) -> R<()> {
@@ -227,15 +249,18 @@ fn with_tenant(mut job: gpunet_api::spec::JobSubmission, q: &Option<String>) -> 
 }
 
 async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
-    let p = user(&st, &h)?;
+    let c = user_cred(&st, &h)?;
     let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
-    let mut out = ask(&st, |reply| Cmd::Submit { who: p, subs: vec![(parsed.job, parsed.warnings)], reply }).await?;
+    let (p, by) = (c.who.clone(), c.submitter());
+    let mut out =
+        ask(&st, |reply| Cmd::Submit { who: p, by, subs: vec![(parsed.job, parsed.warnings)], reply }).await?;
     Ok(json(StatusCode::CREATED, out.remove(0)))
 }
 
 async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
-    let p = user(&st, &h)?;
+    let c = user_cred(&st, &h)?;
+    let (p, by) = (c.who.clone(), c.submitter());
     let subs = parse_off_thread(&st, body, |text| {
         gpunet_api::limits::check_json_depth(text)?;
         let v: serde_json::Value =
@@ -255,7 +280,7 @@ async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> 
         Ok(subs)
     })
     .await?;
-    let out = ask(&st, |reply| Cmd::Submit { who: p, subs, reply }).await?;
+    let out = ask(&st, |reply| Cmd::Submit { who: p, by, subs, reply }).await?;
     Ok(json(StatusCode::CREATED, out))
 }
 
@@ -398,6 +423,84 @@ async fn issue_token(State(st): State<AppState>, h: HeaderMap, Path(name): Path<
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::IssueToken { tenant: name, reply }).await?))
 }
 
+/// The tenant a token-managing credential may act for: `None` for the admin (every tenant), its own for a tenant admin.
+fn token_scope(c: &crate::tokens::Cred) -> R<Option<String>> {
+    match &c.who {
+        Principal::Admin => Ok(None),
+        Principal::Tenant(t) if c.tenant_admin() => Ok(Some(t.clone())),
+        _ => Err(Fail(ApiError::new("forbidden", "tokens are managed by the admin and by a tenant's admins"))),
+    }
+}
+
+/// `GET /v1/tokens?tenant=T`: tokens, never their secrets (a tenant admin sees its tenant's).
+async fn list_tokens(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
+    let scope = token_scope(&cred(&st, &h)?)?;
+    let q = query(&q, &["tenant"])?;
+    let tenant = match (scope, q.get("tenant")) {
+        (Some(own), Some(t)) if *t != own => {
+            return Err(Fail(ApiError::new("forbidden", "a tenant admin sees only its tenant's tokens")))
+        }
+        (Some(own), _) => Some(own),
+        (None, t) => t.cloned(),
+    };
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Tokens { tenant, reply }).await?))
+}
+
+/// `POST /v1/tokens`: a new token for a user (shown once).
+async fn create_token(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
+    let scope = token_scope(&cred(&st, &h)?)?;
+    let req: TokenRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the token request: {e}")))?;
+    valid_name("user", &req.user)?;
+    let tenant = match (req.role, &scope, &req.tenant) {
+        (TokenRole::Admin | TokenRole::Join, None, None) => None,
+        (TokenRole::Admin | TokenRole::Join, _, Some(t)) => {
+            return Err(Fail(ApiError::invalid("tenant", t, "no tenant for admin and join tokens")))
+        }
+        (TokenRole::Admin | TokenRole::Join, Some(_), None) => {
+            return Err(Fail(ApiError::new("forbidden", "a tenant admin makes only its tenant's tokens")))
+        }
+        (_, Some(own), Some(t)) if t != own => {
+            return Err(Fail(ApiError::new("forbidden", "a tenant admin makes only its tenant's tokens")))
+        }
+        (_, Some(own), _) => Some(own.clone()),
+        (_, None, Some(t)) => Some(t.clone()),
+        (_, None, None) => {
+            return Err(Fail(ApiError::invalid("tenant", "", "the tenant of a tenant or tenant-admin token")))
+        }
+    };
+    let now = crate::now_ms();
+    let expires_ms = match &req.expires_in {
+        Some(d) => {
+            let d = gpunet_api::units::parse_duration("expires_in", d)?;
+            if d.0 == 0 || d.0 > 10 * 365 * 86_400_000 {
+                return Err(Fail(ApiError::invalid(
+                    "expires_in",
+                    &req.expires_in.clone().unwrap_or_default(),
+                    "1s to 3650d",
+                )));
+            }
+            Some(now + d.0)
+        }
+        None => None,
+    };
+    let doc = crate::tokens::TokenDoc {
+        role: req.role,
+        tenant,
+        user: Some(req.user),
+        created_ms: now,
+        expires_ms,
+        bootstrap: false,
+    };
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::CreateToken { doc, reply }).await?))
+}
+
+/// `POST /v1/tokens/{id}/revoke`: the token stops working at once.
+async fn revoke_token(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let tenant = token_scope(&cred(&st, &h)?)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::RevokeToken { id, tenant, reply }).await?))
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NodeRegistration {
@@ -429,14 +532,20 @@ fn check_node(n: &NodeSpec) -> Result<(), ApiError> {
 }
 
 async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
-    match who(&st, &h)? {
-        Principal::Admin | Principal::Agent => {}
-        Principal::Tenant(_) => {
-            return Err(Fail(ApiError::new("forbidden", "nodes register with the join or admin token")))
-        }
+    let p = who(&st, &h)?;
+    if matches!(p, Principal::Tenant(_)) {
+        return Err(Fail(ApiError::new(
+            "forbidden",
+            "nodes register with the join token, the admin token or their own credential",
+        )));
     }
     let reg: NodeRegistration =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the node registration: {e}")))?;
+    if let Principal::Node(n) = &p {
+        if *n != reg.spec.name {
+            return Err(Fail(ApiError::new("forbidden", "a node credential registers only its own node")));
+        }
+    }
     check_node(&reg.spec)?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
 }
@@ -560,16 +669,25 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 /// a second while it does not change.
 async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<String>, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
-        Principal::Admin | Principal::Agent => {}
-        Principal::Tenant(_) => return Err(Fail(ApiError::new("forbidden", "agents sync with the join token"))),
+        Principal::Node(n) if n == node => {}
+        _ => {
+            return Err(Fail(ApiError::new(
+                "forbidden",
+                "a node syncs only with its own credential (from its registration)",
+            )))
+        }
     }
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
     let reported = !sync.exited.is_empty() || !sync.started.is_empty() || !sync.logs.is_empty();
     if !sync.logs.is_empty() {
+        // Only the node's own task attempts' logs are kept.
+        let asked = sync.logs.iter().map(|c| c.task).collect();
+        let n = node.clone();
+        let mine = ask(&st, |reply| Cmd::NodeTasks { node: n, asked, reply }).await?;
         let dir = st.logs_dir.clone();
-        let chunks = sync.logs.clone();
+        let chunks: Vec<_> = sync.logs.iter().filter(|c| mine.contains(&c.task)).cloned().collect();
         tokio::task::spawn_blocking(move || append_logs(&dir, &chunks))
             .await
             .map_err(|_| ApiError::new("internal", "store logs"))?
@@ -815,6 +933,8 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/tenants", post(create_tenant).layer(small).get(list_tenants))
         .route("/v1/tenants/{name}/quota", put(set_quota).layer(small))
         .route("/v1/tenants/{name}/tokens", post(issue_token).layer(small))
+        .route("/v1/tokens", get(list_tokens).post(create_token).layer(small))
+        .route("/v1/tokens/{id}/revoke", post(revoke_token).layer(small))
         .route("/v1/nodes", post(register_node).layer(small).get(list_nodes))
         .route("/v1/nodes/{name}/{action}", post(node_action).layer(small))
         .route("/v1/agents/{node}/sync", post(agent_sync).layer(large))

@@ -72,14 +72,27 @@ pub fn document() -> Value {
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/tenants/{name}/tokens": {"post": op("Issue another token for a tenant (admin)", "tenants", None, ("201", "TokenIssued")),
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]},
+            "/v1/tokens": {
+                "get": {
+                    "parameters": [{"name": "tenant", "in": "query", "schema": {"type": "string"}}],
+                    "summary": "Tokens, never their secrets (admin: all; a tenant admin: its tenant's)", "tags": ["tokens"],
+                    "security": [{"bearer": []}],
+                    "responses": {"200": {"description": "TokenInfo[]", "content": {"application/json": {}}},
+                                  "401": {"$ref": "#/components/responses/Error"},
+                                  "403": {"$ref": "#/components/responses/Error"}}
+                },
+                "post": op("Create a token for a user (admin: any role; a tenant admin: its tenant's tenant and tenant-admin tokens); the secret is shown once", "tokens", Some("TokenRequest"), ("201", "TokenCreated"))
+            },
+            "/v1/tokens/{id}/revoke": {"post": op("Revoke a token; it stops working at once (the last admin token cannot be revoked)", "tokens", None, ("200", "TokenInfo")),
+                "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/nodes": {
-                "post": op("Register a node (join or admin token)", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeView")),
+                "post": op("Register a node (join token, admin token, or the node's own credential); returns the node's new credential", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeRegistered")),
                 "get": op("Nodes", "nodes", None, ("200", "NodeView[]"))
             },
             "/v1/nodes/{name}/{action}": {"post": op("cordon, drain or uncordon a node (admin)", "nodes", None, ("200", "NodeView")),
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
                                {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["cordon", "drain", "uncordon"]}}]},
-            "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (join token; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
+            "/v1/agents/{node}/sync": {"post": op("Agent report and the node's task set (the node's own credential; long poll)", "agents", Some("AgentSync"), ("200", "AgentWork")),
                 "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/cluster": {"get": op("Cluster summary", "cluster", None, ("200", "ClusterSummary"))},
             "/v1/cluster/history": {"get": op("GPU allocation and queue length, sampled every 15 s over the last 12 hours", "cluster", None, ("200", "HistoryPoint[]"))},

@@ -3,6 +3,7 @@
 //! each batch of commands (and on a periodic tick) it runs a scheduling pass and persists what changed.
 
 use crate::metrics::ServerMetrics;
+use crate::tokens::TokenDoc;
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
@@ -12,10 +13,10 @@ use gpunet_core::{
     explain, queue_order, schedule, AttemptEnded, ClusterState, Decision, GpuModel, Job, JobId, JobState, NodeSpec,
     NodeState, Placement, RankEnd, StopCause, TenantId, TenantSpec, Time,
 };
-use gpunet_store::{Store, TokenRole, UsageRow, Write};
+use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
@@ -25,6 +26,8 @@ type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 pub(crate) enum Cmd {
     Submit {
         who: Principal,
+        /// The submitting token's user (or role), recorded on the jobs.
+        by: String,
         subs: Vec<(JobSubmission, Vec<String>)>,
         reply: Reply<Vec<Submitted>>,
     },
@@ -70,6 +73,21 @@ pub(crate) enum Cmd {
         tenant: String,
         reply: Reply<TokenIssued>,
     },
+    CreateToken {
+        doc: TokenDoc,
+        reply: Reply<TokenCreated>,
+    },
+    /// Tokens (of one tenant).
+    Tokens {
+        tenant: Option<String>,
+        reply: Reply<Vec<TokenInfo>>,
+    },
+    /// Revokes a token by id (only one of `tenant`'s, when given).
+    RevokeToken {
+        id: String,
+        tenant: Option<String>,
+        reply: Reply<TokenInfo>,
+    },
     Tenants {
         who: Principal,
         reply: Reply<Vec<TenantView>>,
@@ -77,7 +95,13 @@ pub(crate) enum Cmd {
     RegisterNode {
         spec: NodeSpec,
         fake: bool,
-        reply: Reply<NodeView>,
+        reply: Reply<NodeRegistered>,
+    },
+    /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
+    NodeTasks {
+        node: String,
+        asked: Vec<gpunet_api::agent::TaskRef>,
+        reply: Reply<HashSet<gpunet_api::agent::TaskRef>>,
     },
     Nodes {
         who: Principal,
@@ -141,6 +165,9 @@ pub(crate) struct JobDoc {
     /// The latest attempt's run, kept after the job ends so that its start and placement can still be shown.
     #[serde(default)]
     pub(crate) last_run: Option<gpunet_core::job::RunInfo>,
+    /// Who submitted it (the token's user, else its role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) submitted_by: Option<String>,
 }
 
 /// A tenant as persisted.
@@ -161,12 +188,15 @@ pub(crate) struct NodeDoc {
     /// agent. A node that never had an agent runs no process, and stops there are confirmed at once.
     #[serde(default)]
     pub(crate) managed: bool,
+    /// Hash of the node's own credential (see [`crate::Principal::Node`]); replaced at every registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) credential: Option<String>,
 }
 
 pub(crate) struct Owner {
     pub(crate) st: ClusterState,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) auth: Arc<RwLock<HashMap<String, Principal>>>,
+    pub(crate) auth: crate::tokens::Auth,
     pub(crate) docs: BTreeMap<u64, JobDoc>,
     pub(crate) tenants: BTreeMap<String, TenantDoc>,
     pub(crate) nodes: BTreeMap<String, NodeDoc>,
@@ -202,7 +232,13 @@ pub(crate) struct Owner {
     pub(crate) max_spec_bytes_per_tenant: u64,
     /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
     spec_sizes: HashMap<u64, u64>,
+    /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
+    /// ships its last lines and its exit for a while after it left the set.
+    handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
 }
+
+/// How long a node may still report on a task attempt after it left the node's task set.
+const HANDED_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
 const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
@@ -271,7 +307,7 @@ impl Owner {
     pub(crate) fn new(
         st: ClusterState,
         store: Arc<dyn Store>,
-        auth: Arc<RwLock<HashMap<String, Principal>>>,
+        auth: crate::tokens::Auth,
         metrics: Arc<ServerMetrics>,
         events: broadcast::Sender<String>,
     ) -> Owner {
@@ -301,6 +337,7 @@ impl Owner {
             max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
             max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
             spec_sizes: HashMap::new(),
+            handed: HashMap::new(),
         }
     }
 
@@ -505,6 +542,10 @@ impl Owner {
         }
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
         let now = now_ms();
+        // A node reports only on its own task attempts; anything else in the report is ignored.
+        sync.started.retain(|s| self.task_of_node(id, node, &s.task));
+        sync.checkpoints.retain(|(t, _)| self.task_of_node(id, node, t));
+        sync.exited.retain(|e| self.task_of_node(id, node, &e.task));
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
         if let Some(samples) = sync.gpu_samples.take() {
             self.gpu_samples.insert(node.to_string(), samples);
@@ -599,10 +640,12 @@ impl Owner {
                 }
             }
         }
-        let work = gpunet_api::agent::AgentWork {
-            version: self.versions.get(node).copied().unwrap_or(0),
-            tasks: self.assignments(id),
-        };
+        let tasks = self.assignments(id);
+        let handed = self.handed.entry(node.to_string()).or_default();
+        let at = std::time::Instant::now();
+        handed.retain(|_, t| at.duration_since(*t) < HANDED_KEEP);
+        handed.extend(tasks.iter().map(|a| (a.task, at)));
+        let work = gpunet_api::agent::AgentWork { version: self.versions.get(node).copied().unwrap_or(0), tasks };
         Ok((writes, work))
     }
 
@@ -732,6 +775,24 @@ impl Owner {
         }
     }
 
+    /// A new token for `doc`: usable at once; returns the secret and the writes that store its hash and record.
+    fn new_token(&self, doc: TokenDoc) -> (String, Vec<Write>) {
+        let token = crate::new_token();
+        let hash = crate::hash_token(&token);
+        let writes = crate::tokens::writes(&hash, &doc);
+        self.auth.write().expect("auth lock").insert(hash, crate::tokens::Cred::of(doc));
+        (token, writes)
+    }
+
+    /// Whether a task attempt is the node's: placed on it now, or in its task set within the last [`HANDED_KEEP`].
+    fn task_of_node(&self, id: gpunet_core::NodeId, node: &str, t: &gpunet_api::agent::TaskRef) -> bool {
+        let now = self.st.job(JobId(t.job)).is_some_and(|j| {
+            j.attempt() == t.attempt
+                && j.run.as_ref().and_then(|r| r.placement.tasks.get(t.rank as usize)).is_some_and(|p| p.node == id)
+        });
+        now || self.handed.get(node).and_then(|h| h.get(t)).is_some_and(|at| at.elapsed() < HANDED_KEEP)
+    }
+
     /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
     fn queue(&self, who: &Principal, limit: usize) -> Result<QueueView, ApiError> {
         let now = Time(now_ms());
@@ -807,7 +868,7 @@ impl Owner {
         match who {
             Principal::Admin => true,
             Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| d.tenant == *t),
-            Principal::Agent => false,
+            Principal::Agent | Principal::Node(_) => false,
         }
     }
 
@@ -976,6 +1037,7 @@ impl Owner {
             id,
             name: j.spec.name.clone(),
             tenant: d.tenant.clone(),
+            submitted_by: d.submitted_by.clone(),
             state: j.state.to_string(),
             priority: j.spec.priority,
             tasks: j.spec.tasks,
@@ -1136,8 +1198,11 @@ impl Owner {
             match cmd {
                 Cmd::Cancel { reply, .. } => return drop(reply.send(Err(e))),
                 Cmd::CreateTenant { reply, .. } | Cmd::IssueToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::CreateToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::RevokeToken { reply, .. } => return drop(reply.send(Err(e))),
                 Cmd::SetQuota { reply, .. } => return drop(reply.send(Err(e))),
-                Cmd::RegisterNode { reply, .. } | Cmd::SetNodeState { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::RegisterNode { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::SetNodeState { reply, .. } => return drop(reply.send(Err(e))),
                 other => return self.handle_cmd(other),
             }
         }
@@ -1146,7 +1211,7 @@ impl Owner {
 
     fn handle_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Submit { who, subs, reply } => {
+            Cmd::Submit { who, by, subs, reply } => {
                 let now = now_ms();
                 let mut writes = Vec::with_capacity(subs.len() * 2);
                 let mut out = Vec::with_capacity(subs.len());
@@ -1220,6 +1285,7 @@ impl Owner {
                         submission: sub,
                         warnings: warnings.clone(),
                         last_run: None,
+                        submitted_by: Some(by.clone()),
                     };
                     writes.push(Write::Job {
                         id,
@@ -1410,17 +1476,20 @@ impl Owner {
                         let _ = reply.send(Err(e));
                     }
                     Ok(spec) => {
-                        let token = crate::new_token();
-                        let hash = crate::hash_token(&token);
-                        self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(req.name.clone()));
+                        // The tenant's first token administers the tenant (its jobs and tokens).
+                        let (token, mut writes) = self.new_token(TokenDoc {
+                            role: TokenRole::TenantAdmin,
+                            tenant: Some(req.name.clone()),
+                            user: None,
+                            created_ms: now_ms(),
+                            expires_ms: None,
+                            bootstrap: false,
+                        });
                         let doc = TenantDoc { spec, quota: req.quota.clone() };
-                        let writes = vec![
-                            Write::Tenant {
-                                name: req.name.clone(),
-                                doc: serde_json::to_value(&doc).expect("serialise"),
-                            },
-                            Write::Token { hash, role: TokenRole::Tenant, tenant: Some(req.name.clone()) },
-                        ];
+                        writes.push(Write::Tenant {
+                            name: req.name.clone(),
+                            doc: serde_json::to_value(&doc).expect("serialise"),
+                        });
                         self.tenants.insert(req.name.clone(), doc);
                         self.dirty = true;
                         self.durable(writes, reply, TokenIssued { tenant: req.name, token });
@@ -1450,14 +1519,63 @@ impl Owner {
                     let _ = reply.send(Err(not_found("tenant", &tenant)));
                     return;
                 }
-                let token = crate::new_token();
-                let hash = crate::hash_token(&token);
-                self.auth.write().expect("auth lock").insert(hash.clone(), Principal::Tenant(tenant.clone()));
-                self.durable(
-                    vec![Write::Token { hash, role: TokenRole::Tenant, tenant: Some(tenant.clone()) }],
-                    reply,
-                    TokenIssued { tenant, token },
-                );
+                let (token, writes) = self.new_token(TokenDoc {
+                    role: TokenRole::Tenant,
+                    tenant: Some(tenant.clone()),
+                    user: None,
+                    created_ms: now_ms(),
+                    expires_ms: None,
+                    bootstrap: false,
+                });
+                self.durable(writes, reply, TokenIssued { tenant, token });
+            }
+            Cmd::CreateToken { doc, reply } => {
+                if let Some(t) = doc.tenant.as_ref().filter(|t| !self.tenants.contains_key(*t)) {
+                    let _ = reply.send(Err(not_found("tenant", t)));
+                    return;
+                }
+                let (token, writes) = self.new_token(doc.clone());
+                let info = crate::tokens::info(&crate::hash_token(&token), &crate::tokens::Cred::of(doc));
+                self.durable(writes, reply, TokenCreated { info, token });
+            }
+            Cmd::Tokens { tenant, reply } => {
+                let a = self.auth.read().expect("auth lock");
+                let mut v: Vec<TokenInfo> = a
+                    .iter()
+                    .filter(|(_, c)| !matches!(c.who, Principal::Node(_)))
+                    .map(|(h, c)| crate::tokens::info(h, c))
+                    .filter(|i| tenant.is_none() || i.tenant == tenant)
+                    .collect();
+                v.sort_by(|x, y| (x.created_ms, &x.id).cmp(&(y.created_ms, &y.id)));
+                let _ = reply.send(Ok(v));
+            }
+            Cmd::RevokeToken { id, tenant, reply } => {
+                let r = (|| {
+                    let a = self.auth.read().expect("auth lock");
+                    let found: Vec<(&String, &crate::tokens::Cred)> = a
+                        .iter()
+                        .filter(|(h, c)| crate::tokens::id_of(h) == id && !matches!(c.who, Principal::Node(_)))
+                        .collect();
+                    let [(hash, cred)] = found[..] else { return Err(not_found("token", &id)) };
+                    let info = crate::tokens::info(hash, cred);
+                    if tenant.is_some() && info.tenant != tenant {
+                        return Err(not_found("token", &id));
+                    }
+                    let admins = a.values().filter(|c| c.who == Principal::Admin).count();
+                    if cred.who == Principal::Admin && admins == 1 {
+                        return Err(ApiError::new("conflict", "revoke the last admin token: create another first"));
+                    }
+                    Ok((hash.clone(), info))
+                })();
+                match r {
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    Ok((hash, info)) => {
+                        self.auth.write().expect("auth lock").remove(&hash);
+                        self.durable(vec![Write::RevokeToken { hash }], reply, info);
+                    }
+                }
             }
             Cmd::Tenants { who, reply } => {
                 let v = self
@@ -1486,15 +1604,25 @@ impl Owner {
                 }
                 let id = self.st.node_id(&name).expect("registered");
                 let full = self.st.node(id).expect("registered").spec.clone();
+                // A fresh credential for the node; the one it replaces stops working now.
+                let credential = crate::new_token();
+                let hash = crate::hash_token(&credential);
+                {
+                    let mut auth = self.auth.write().expect("auth lock");
+                    if let Some(old) = self.nodes.get(&name).and_then(|d| d.credential.as_ref()) {
+                        auth.remove(old);
+                    }
+                    auth.insert(hash.clone(), crate::tokens::Cred { who: Principal::Node(name.clone()), doc: None });
+                }
                 let managed = self.nodes.get(&name).is_some_and(|d| d.managed);
                 self.lost_since.remove(&name);
-                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, managed };
+                let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, managed, credential: Some(hash) };
                 let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
                 self.nodes.insert(name.clone(), doc);
                 self.dirty = true;
                 self.node_event(&name, "ready");
-                let v = self.node_view(&name, &Principal::Admin).expect("registered");
-                self.durable(vec![w], reply, v);
+                let node = self.node_view(&name, &Principal::Admin).expect("registered");
+                self.durable(vec![w], reply, NodeRegistered { node, credential });
             }
             Cmd::Nodes { who, reply } => {
                 let v = self.nodes.keys().filter_map(|n| self.node_view(n, &who)).collect();
@@ -1603,6 +1731,13 @@ impl Owner {
             }
             Cmd::History { reply } => {
                 let _ = reply.send(Ok(self.history.iter().cloned().collect()));
+            }
+            Cmd::NodeTasks { node, asked, reply } => {
+                let r = match self.st.node_id(&node) {
+                    Some(id) => Ok(asked.into_iter().filter(|t| self.task_of_node(id, &node, t)).collect()),
+                    None => Err(not_found("node", &node)),
+                };
+                let _ = reply.send(r);
             }
             Cmd::AgentSync { node, sync, reply } => match self.agent_sync(&node, sync) {
                 Ok((writes, work)) => self.durable(writes, reply, work),

@@ -53,13 +53,15 @@ impl App {
         v["token"].as_str().unwrap().to_string()
     }
 
-    async fn node(&self, name: &str, gpus: usize) {
+    /// Registers a node; returns its own credential (what its agent syncs with).
+    async fn node(&self, name: &str, gpus: usize) -> String {
         let g: Vec<Value> =
             (0..gpus).map(|_| json!({"model": "A100-80GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
         let body = json!({"spec": {"name": name, "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"},
                                    "price_per_gpu_hour": 2.0}, "fake": true});
         let (s, v) = self.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
+        v["credential"].as_str().unwrap().to_string()
     }
 
     async fn submit(&self, token: &str, body: Value) -> u64 {
@@ -380,7 +382,7 @@ async fn logs_are_byte_exact_end_to_end_and_private() {
     let dir = tempfile::tempdir().unwrap();
     let app = App::with(&config(dir.path()), Arc::new(MemoryStore::new()));
     let a = app.tenant("team-a").await;
-    app.node("n1", 1).await;
+    let node = app.node("n1", 1).await;
     let id = app.submit(&a, json!({"name": "talk", "gpus": 1})).await;
     app.wait_state(id, "running").await;
     // Output with a 3-byte character cut across chunks, and bytes that are not UTF-8 at all.
@@ -412,7 +414,7 @@ async fn logs_are_byte_exact_end_to_end_and_private() {
             ..Default::default()
         };
         let (s, v) =
-            app.call("POST", "/v1/agents/n1/sync", Some("join"), Some(serde_json::to_string(&sync).unwrap())).await;
+            app.call("POST", "/v1/agents/n1/sync", Some(&node), Some(serde_json::to_string(&sync).unwrap())).await;
         assert_eq!(s, StatusCode::OK, "{v}");
     }
     let (s, got) = app.raw("GET", &format!("/v1/jobs/{id}/logs"), Some(&a), Body::empty()).await;
@@ -425,8 +427,7 @@ async fn logs_are_byte_exact_end_to_end_and_private() {
     let exit =
         gpunet_api::agent::TaskExit { task, code: None, signal: Some(15), oom: false, stopped: true, reason: None };
     let sync = gpunet_api::agent::AgentSync { known_version: 0, exited: vec![exit], ..Default::default() };
-    let (s, v) =
-        app.call("POST", "/v1/agents/n1/sync", Some("join"), Some(serde_json::to_string(&sync).unwrap())).await;
+    let (s, v) = app.call("POST", "/v1/agents/n1/sync", Some(&node), Some(serde_json::to_string(&sync).unwrap())).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let followed = tokio::time::timeout(Duration::from_secs(30), follower).await.expect("the follower ends").unwrap();
     assert!(followed == out, "the followed log differs ({} of {} bytes)", followed.len(), out.len());

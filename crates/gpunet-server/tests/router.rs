@@ -5,6 +5,7 @@ use axum::http::{Request, StatusCode};
 use gpunet_server::{build, http::router, Config};
 use gpunet_store::MemoryStore;
 use serde_json::{json, Value};
+use std::path::Path;
 use std::sync::Arc;
 use tower::ServiceExt;
 
@@ -14,11 +15,21 @@ struct App {
 
 impl App {
     async fn new() -> App {
-        let mut cfg = Config::new("/nonexistent".into());
-        cfg.admin_token = Some("admin".into());
-        cfg.join_token = Some("join".into());
+        App::on(Path::new("/nonexistent"), Arc::new(MemoryStore::new()))
+    }
+
+    /// A server on this data directory (task logs) and store.
+    fn on(dir: &Path, store: Arc<MemoryStore>) -> App {
+        App::with_tokens(dir, store, "admin", "join")
+    }
+
+    /// A server started with these admin and join tokens.
+    fn with_tokens(dir: &Path, store: Arc<MemoryStore>, admin: &str, join: &str) -> App {
+        let mut cfg = Config::new(dir.to_path_buf());
+        cfg.admin_token = Some(admin.into());
+        cfg.join_token = Some(join.into());
         cfg.max_body_bytes = 64 * 1024;
-        let (state, _, _) = build(&cfg, Arc::new(MemoryStore::new())).unwrap();
+        let (state, _, _) = build(&cfg, store).unwrap();
         App { router: router(state) }
     }
 
@@ -45,13 +56,41 @@ impl App {
         v["token"].as_str().unwrap().to_string()
     }
 
-    async fn node(&self, name: &str, gpus: usize) {
-        let g: Vec<Value> =
-            (0..gpus).map(|_| json!({"model": "A100-80GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
-        let body = json!({"spec": {"name": name, "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"},
-                                   "price_per_gpu_hour": 2.0}, "fake": true});
-        let (s, v) = self.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
+    /// Registers a node with the join token; returns the node's own credential.
+    async fn node(&self, name: &str, gpus: usize) -> String {
+        self.node_with(name, gpus, "join").await
+    }
+
+    async fn node_with(&self, name: &str, gpus: usize, token: &str) -> String {
+        let (s, v) = self.call("POST", "/v1/nodes", Some(token), Some(node_body(name, gpus))).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
+        assert_eq!(v["name"], name, "{v}");
+        v["credential"].as_str().unwrap().to_string()
+    }
+
+    async fn sync(&self, node: &str, token: &str, report: Value) -> (StatusCode, Value) {
+        self.call("POST", &format!("/v1/agents/{node}/sync"), Some(token), Some(report.to_string())).await
+    }
+}
+
+fn node_body(name: &str, gpus: usize) -> String {
+    let g: Vec<Value> =
+        (0..gpus).map(|_| json!({"model": "A100-80GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
+    json!({"spec": {"name": name, "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"},
+                    "price_per_gpu_hour": 2.0}, "fake": true})
+    .to_string()
+}
+
+/// Polls the job until it is in `state` (generous deadline for a loaded machine).
+async fn wait_state(app: &App, id: u64, state: &str) {
+    let t = std::time::Instant::now();
+    loop {
+        let (_, j) = app.call("GET", &format!("/v1/jobs/{id}"), Some("admin"), None).await;
+        if j["state"] == state {
+            return;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "job-{id} never {state}: {j}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -378,6 +417,7 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
                                "price_per_gpu_hour": 3.0}, "fake": false});
     let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
+    let cred = v["credential"].as_str().unwrap().to_string();
     let (_, j) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "t", "gpus": 1}"#.into())).await;
     let job = j["id"].as_u64().unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -385,7 +425,7 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
         {"index": 0, "utilization_pct": 87.0, "memory_used_mib": 1024, "memory_total_mib": 143771,
          "power_watts": 412.5, "temperature_c": 61.0, "nvlink_tx_bytes": 2048, "nvlink_rx_bytes": 4096},
         {"index": 1, "utilization_pct": 0.0, "memory_used_mib": 0}]});
-    let (s, v) = app.call("POST", "/v1/agents/gpu1/sync", Some("join"), Some(report.to_string())).await;
+    let (s, v) = app.call("POST", "/v1/agents/gpu1/sync", Some(&cred), Some(report.to_string())).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
     let m = m.as_str().unwrap().to_string();
@@ -408,4 +448,217 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     assert_eq!(n[0]["devices"][0]["utilization_pct"], 87.0, "{n}");
     assert_eq!(n[0]["devices"][0]["memory_used_mib"], 1024);
     assert_eq!(n[0]["fake"], false);
+}
+
+/// The join token was the agents' only credential: its holder could sync as any node and read every task's command
+/// and environment (other tenants' secrets). Now it only registers.
+#[tokio::test]
+async fn the_join_token_cannot_sync_or_read_a_nodes_tasks() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let cred = app.node("n1", 2).await;
+    let spec = r#"{"name": "s", "gpus": 1, "command": ["true"], "env": {"API_KEY": "sekrit-a"}}"#;
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(spec.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    wait_state(&app, id, "running").await;
+    for token in ["join", "admin", a.as_str()] {
+        let (s, v) = app.sync("n1", token, json!({"known_version": 0, "running": [], "exited": []})).await;
+        assert_eq!((s, err(&v).0), (StatusCode::FORBIDDEN, "forbidden"), "{token}: {v}");
+        assert!(!v.to_string().contains("sekrit-a"), "{v}");
+    }
+    // The node's own credential gets the task, and nothing user-facing.
+    let (s, v) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["tasks"][0]["env"]["API_KEY"], "sekrit-a", "{v}");
+    for (m, p) in [("GET", "/v1/jobs"), ("GET", "/v1/whoami"), ("GET", "/v1/nodes")] {
+        let (s, _) = app.call(m, p, Some(&cred), None).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{m} {p}");
+    }
+    // Not a tenant either: it cannot register nodes.
+    let (s, _) = app.call("POST", "/v1/nodes", Some(&a), Some(node_body("evil", 1))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+}
+
+/// With the shared join token, one node could sync as another, forge a task exit for another tenant's job and append
+/// lines to another tenant's log, even for a node that does not exist.
+#[tokio::test]
+async fn a_node_credential_cannot_sync_as_another_node_forge_an_exit_or_append_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::on(dir.path(), Arc::new(MemoryStore::new()));
+    let b_tenant = app.tenant("team-b", None).await;
+    let cred_b = app.node("node-b", 1).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&b_tenant), Some(r#"{"name": "victim", "gpus": 1}"#.into())).await;
+    let victim = v["id"].as_u64().unwrap();
+    wait_state(&app, victim, "running").await;
+    let cred_a = app.node("node-a", 1).await;
+    let task = json!({"job": victim, "rank": 0, "attempt": 0});
+    let forged = json!({"known_version": 0, "running": [], "exited": [{"task": task, "code": 1, "signal": null}],
+        "logs": [{"task": task, "offset": 0, "data_base64": "Rk9SR0VEIExJTkUK"}],
+        "started": [{"task": task, "pid": 1, "at_ms": 1}], "checkpoints": [[task, 1]]});
+    // As node B, with A's credential: refused.
+    let (s, v) = app.sync("node-b", &cred_a, forged.clone()).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    // As a node that does not exist: refused.
+    let (s, _) = app.sync("ghost", &cred_a, forged.clone()).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // As itself, reporting on B's task: accepted, and ignored.
+    let (s, v) = app.sync("node-a", &cred_a, forged.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["tasks"], json!([]), "nothing of another node's tasks: {v}");
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{victim}"), Some("admin"), None).await;
+    assert_eq!(j["state"], "running", "the forged exit was applied: {j}");
+    let (_, ev) = app.call("GET", &format!("/v1/jobs/{victim}/events"), Some("admin"), None).await;
+    let kinds: Vec<&str> = ev.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["submitted", "started"], "forged start or checkpoint events: {ev}");
+    let (s, log) = app.call("GET", &format!("/v1/jobs/{victim}/logs"), Some(&b_tenant), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(!log.to_string().contains("FORGED"), "{log}");
+    // B's own agent still reports normally: its log line lands and its exit ends the job.
+    let own = json!({"known_version": 0, "running": [], "exited": [{"task": task, "code": 0, "signal": null}],
+        "logs": [{"task": task, "offset": 0, "data_base64": "cmVhbCBsaW5lCg=="}]});
+    let (s, v) = app.sync("node-b", &cred_b, own).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_state(&app, victim, "succeeded").await;
+    let (_, log) = app.call("GET", &format!("/v1/jobs/{victim}/logs"), Some(&b_tenant), None).await;
+    assert_eq!(log, Value::String("real line\n".into()));
+}
+
+/// Registering a node again (an agent coming back, or a new machine with the same name) replaces its credential: the
+/// old one stops working at once. The credential survives a server restart (only its hash is stored).
+#[tokio::test]
+async fn registering_a_node_again_rotates_its_credential_which_survives_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let empty = json!({"known_version": 0, "running": [], "exited": []});
+    let first = app.node("n1", 1).await;
+    let (s, _) = app.sync("n1", &first, empty.clone()).await;
+    assert_eq!(s, StatusCode::OK);
+    let second = app.node("n1", 1).await;
+    assert_ne!(first, second);
+    let (s, v) = app.sync("n1", &first, empty.clone()).await;
+    assert_eq!((s, err(&v).0), (StatusCode::UNAUTHORIZED, "unauthorized"), "{v}");
+    // A node re-registers itself with its own credential, never another node.
+    let other = app.node("n2", 1).await;
+    let (s, _) = app.call("POST", "/v1/nodes", Some(&other), Some(node_body("n1", 1))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let third = app.node_with("n1", 1, &second).await;
+    let (s, _) = app.sync("n1", &second, empty.clone()).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // After a restart on the same store, the current credential works and the old ones do not.
+    let again = App::on(Path::new("/nonexistent"), store.clone());
+    let (s, v) = again.sync("n1", &third, empty.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    for old in [&first, &second] {
+        let (s, _) = again.sync("n1", old, empty.clone()).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+    let stored = format!("{:?}", gpunet_store::Store::load(&*store).unwrap());
+    assert!(!stored.contains(&third) && stored.contains(&gpunet_server::hash_token(&third)), "only the hash is stored");
+}
+
+/// A restart with a new --admin-token kept the old one working (tokens could not be rotated), and every `gpunet up`
+/// start added another join token.
+#[tokio::test]
+async fn a_new_admin_or_join_token_replaces_the_old_one_after_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let (s, ops) =
+        app.call("POST", "/v1/tokens", Some("admin"), Some(json!({"role": "admin", "user": "ops"}).to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{ops}");
+    let ops = ops["token"].as_str().unwrap().to_string();
+    let again = App::with_tokens(Path::new("/nonexistent"), store.clone(), "admin-2", "join-2");
+    let (s, _) = again.call("GET", "/v1/whoami", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the replaced admin token still works");
+    for t in ["admin-2", ops.as_str()] {
+        let (s, v) = again.call("GET", "/v1/whoami", Some(t), None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let (s, _) = again.call("POST", "/v1/nodes", Some("join"), Some(node_body("n1", 1))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the replaced join token still registers");
+    again.node_with("n1", 1, "join-2").await;
+    let (_, list) = again.call("GET", "/v1/tokens", Some("admin-2"), None).await;
+    let roles: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["role"].as_str().unwrap(), t["user"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(roles.iter().filter(|(r, _)| *r == "join").count(), 1, "{list}");
+    assert_eq!(roles.iter().filter(|(r, _)| *r == "admin").count(), 2, "{list}");
+    let stored = format!("{:?}", gpunet_store::Store::load(&*store).unwrap());
+    assert!(!stored.contains(&gpunet_server::hash_token("admin")), "the old admin token's hash is gone");
+    for secret in ["admin-2", "join-2", ops.as_str()] {
+        assert!(!stored.contains(secret) && !list.to_string().contains(secret), "a secret is stored or listed");
+    }
+}
+
+/// Tokens could not be revoked, named a tenant rather than a person, and jobs did not say who submitted them.
+#[tokio::test]
+async fn tokens_are_per_user_revocable_expiring_and_scoped_to_a_tenant_admin() {
+    let app = App::new().await;
+    let team_a = app.tenant("team-a", None).await; // the tenant's first token administers it
+    let team_b = app.tenant("team-b", None).await;
+    app.node("n1", 2).await;
+    let create = |token: String, body: Value| {
+        let app = &app;
+        async move { app.call("POST", "/v1/tokens", Some(&token), Some(body.to_string())).await }
+    };
+    let (s, alice) = create(team_a.clone(), json!({"role": "tenant", "user": "alice"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{alice}");
+    assert_eq!((alice["tenant"].as_str(), alice["user"].as_str()), (Some("team-a"), Some("alice")));
+    let alice = alice["token"].as_str().unwrap().to_string();
+    // alice's job says she submitted it.
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&alice), Some(r#"{"name": "x", "gpus": 1}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some(&team_a), None).await;
+    assert_eq!(j["submitted_by"], "alice", "{j}");
+    // A tenant admin manages only its own tenant's tokens, never admin or join ones; a member manages none.
+    for (token, body) in [
+        (&team_a, json!({"role": "admin", "user": "x"})),
+        (&team_a, json!({"role": "join", "user": "x"})),
+        (&team_a, json!({"role": "tenant", "user": "x", "tenant": "team-b"})),
+        (&alice, json!({"role": "tenant", "user": "x"})),
+    ] {
+        let (s, v) = create(token.clone(), body.clone()).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}: {v}");
+    }
+    let (s, _) = app.call("GET", "/v1/tokens?tenant=team-b", Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _) = app.call("GET", "/v1/tokens", Some(&alice), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, list) = app.call("GET", "/v1/tokens", Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let list = list.as_array().unwrap().clone();
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert!(list.iter().all(|t| t["tenant"] == "team-a" && t.get("token").is_none()), "{list:?}");
+    let alice_id = list.iter().find(|t| t["user"] == "alice").unwrap()["id"].as_str().unwrap().to_string();
+    // team-b's admin cannot revoke it; team-a's can, and it stops working at once.
+    let (s, _) = app.call("POST", &format!("/v1/tokens/{alice_id}/revoke"), Some(&team_b), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = app.call("POST", &format!("/v1/tokens/{alice_id}/revoke"), Some(&team_a), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, _) = app.call("GET", "/v1/jobs", Some(&alice), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // An expiring token stops working by itself.
+    let (s, short) =
+        create("admin".into(), json!({"role": "tenant", "tenant": "team-b", "user": "bob", "expires_in": "1s"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{short}");
+    let short = short["token"].as_str().unwrap().to_string();
+    let t = std::time::Instant::now();
+    loop {
+        let (s, _) = app.call("GET", "/v1/jobs", Some(&short), None).await;
+        if s == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert_eq!(s, StatusCode::OK);
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the token never expired");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The last admin token cannot be revoked (no lock-out).
+    let (_, all) = app.call("GET", "/v1/tokens", Some("admin"), None).await;
+    let admin_id = all.as_array().unwrap().iter().find(|t| t["role"] == "admin").unwrap()["id"].clone();
+    let (s, v) =
+        app.call("POST", &format!("/v1/tokens/{}/revoke", admin_id.as_str().unwrap()), Some("admin"), None).await;
+    assert_eq!((s, err(&v).0), (StatusCode::CONFLICT, "conflict"), "{v}");
 }

@@ -79,6 +79,18 @@ pub enum Write {
         /// Tenant name, for a tenant token.
         tenant: Option<String>,
     },
+    /// Create or replace a token's record (role, tenant, user, expiry) as a document, by the token's hash.
+    TokenDoc {
+        /// SHA-256 of the token, hex.
+        hash: String,
+        /// The record.
+        doc: serde_json::Value,
+    },
+    /// Forget a token (revoked or replaced): its hash and its record.
+    RevokeToken {
+        /// SHA-256 of the token, hex.
+        hash: String,
+    },
     /// Create or replace a node document.
     Node {
         /// Name.
@@ -225,6 +237,8 @@ pub struct Snapshot {
     pub tenants: Vec<(String, serde_json::Value)>,
     /// Token hashes with their roles.
     pub tokens: Vec<TokenRow>,
+    /// Token records by hash (role, tenant, user, expiry); a token in `tokens` without one is from before records.
+    pub token_docs: Vec<(String, serde_json::Value)>,
     /// Nodes in registration order.
     pub nodes: Vec<(String, serde_json::Value)>,
     /// Jobs by id.

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 struct Inner {
     tenants: Vec<(String, serde_json::Value)>,
     tokens: BTreeMap<String, (TokenRole, Option<String>)>,
+    token_docs: BTreeMap<String, serde_json::Value>,
     nodes: Vec<(String, serde_json::Value)>,
     jobs: BTreeMap<u64, serde_json::Value>,
     events: Vec<EventRow>,
@@ -34,6 +35,13 @@ impl MemoryStore {
                 Write::Tenant { name, doc } => upsert(&mut i.tenants, name, doc),
                 Write::Token { hash, role, tenant } => {
                     i.tokens.insert(hash, (role, tenant));
+                }
+                Write::TokenDoc { hash, doc } => {
+                    i.token_docs.insert(hash, doc);
+                }
+                Write::RevokeToken { hash } => {
+                    i.tokens.remove(&hash);
+                    i.token_docs.remove(&hash);
                 }
                 Write::Node { name, doc } => upsert(&mut i.nodes, name, doc),
                 Write::Job { id, doc, .. } => {
@@ -71,6 +79,7 @@ impl Store for MemoryStore {
                 .iter()
                 .map(|(h, (role, tenant))| TokenRow { hash: h.clone(), role: *role, tenant: tenant.clone() })
                 .collect(),
+            token_docs: i.token_docs.iter().map(|(h, d)| (h.clone(), d.clone())).collect(),
             nodes: i.nodes.clone(),
             jobs: i.jobs.iter().map(|(id, d)| (*id, d.clone())).collect(),
         })

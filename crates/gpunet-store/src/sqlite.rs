@@ -34,6 +34,8 @@ const MIGRATIONS: &[&str] = &[
      DELETE FROM tokens WHERE tenant IN ('__admin__', '__agent__') AND tenant IN (SELECT name FROM tenants);
      UPDATE tokens SET role = 'admin', tenant = NULL WHERE tenant IS NULL OR tenant = '__admin__';
      UPDATE tokens SET role = 'agent', tenant = NULL WHERE tenant = '__agent__';",
+    // 4: token records (role, tenant, user, expiry) beside the token hashes.
+    "CREATE TABLE token_docs (hash TEXT PRIMARY KEY, doc TEXT NOT NULL);",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -83,6 +85,16 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 "INSERT OR REPLACE INTO tokens (hash, role, tenant) VALUES (?1, ?2, ?3)",
                 params![hash, role.as_str(), tenant],
             )?;
+        }
+        Write::TokenDoc { hash, doc } => {
+            tx.execute(
+                "INSERT OR REPLACE INTO token_docs (hash, doc) VALUES (?1, ?2)",
+                params![hash, doc.to_string()],
+            )?;
+        }
+        Write::RevokeToken { hash } => {
+            tx.execute("DELETE FROM tokens WHERE hash = ?1", params![hash])?;
+            tx.execute("DELETE FROM token_docs WHERE hash = ?1", params![hash])?;
         }
         Write::Node { name, doc } => {
             tx.execute(
@@ -295,6 +307,12 @@ impl Store for SqliteStore {
                 };
                 snap.tokens.push(TokenRow { hash, role, tenant });
             }
+            let mut q = c.prepare("SELECT hash, doc FROM token_docs")?;
+            for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+                let (h, d) = r?;
+                let doc = decode("token", h.chars().take(12).collect(), &d)?;
+                snap.token_docs.push((h, doc));
+            }
             let mut q = c.prepare("SELECT name, doc FROM nodes ORDER BY seq")?;
             for r in q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
                 let (n, d) = r?;
@@ -416,6 +434,28 @@ mod tests {
         assert_eq!(snap.jobs.len(), 2);
         assert_eq!(snap.jobs[0].1["state"], "running");
         assert_eq!(s.events(1).unwrap()[0].message, "hello");
+    }
+
+    #[test]
+    fn token_records_survive_reopening_and_a_revoked_token_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SqliteStore::open(dir.path()).unwrap();
+            s.commit(vec![
+                Write::Token { hash: "keep".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) },
+                Write::TokenDoc { hash: "keep".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
+                Write::Token { hash: "gone".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) },
+                Write::TokenDoc { hash: "gone".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
+            ])
+            .unwrap();
+            s.commit(vec![Write::RevokeToken { hash: "gone".into() }]).unwrap();
+        }
+        let snap = SqliteStore::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(
+            snap.tokens,
+            vec![crate::TokenRow { hash: "keep".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) }]
+        );
+        assert_eq!(snap.token_docs, vec![("keep".to_string(), json!({"role": "tenant", "tenant": "t"}))]);
     }
 
     #[test]

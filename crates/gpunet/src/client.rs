@@ -1,6 +1,8 @@
 //! The CLI's side of the API: `gpunet submit | jobs | show | cancel | why | tenants | quota | nodes | cordon | drain |
-//! uncordon | bill`. The server URL and token come from flags, then `GPUNET_SERVER` / `GPUNET_TOKEN`, then the config
-//! file (`$GPUNET_CONFIG`, else `~/.config/gpunet/config.toml` with `server = "…"` and `token = "…"`).
+//! uncordon | bill`. The server URL, token and CA come from flags, then `GPUNET_SERVER` / `GPUNET_TOKEN` / `GPUNET_CA`,
+//! then the config file (`$GPUNET_CONFIG`, else `~/.config/gpunet/config.toml` with `server = "…"`, `token = "…"` and
+//! `ca = "…"`). With a CA file, the server's certificate must chain to it (and nothing else); without one, to the
+//! system's roots.
 
 use anyhow::{bail, Context, Result};
 use gpunet_api::types::*;
@@ -10,9 +12,12 @@ use std::path::PathBuf;
 /// Connection flags shared by every client command.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Conn {
-    /// Server URL (default `GPUNET_SERVER`, the config file, then http://127.0.0.1:7070).
+    /// Server URL (default `GPUNET_SERVER`, the config file, then https://127.0.0.1:7070).
     #[arg(long, global = true)]
     pub(crate) server: Option<String>,
+    /// CA certificate (PEM) the server's certificate must chain to (default `GPUNET_CA`, then the config file).
+    #[arg(long, global = true)]
+    pub(crate) ca: Option<PathBuf>,
     /// Bearer token (default `GPUNET_TOKEN`, then the config file).
     #[arg(long, global = true)]
     pub(crate) token: Option<String>,
@@ -26,6 +31,7 @@ pub(crate) struct Conn {
 struct ConfigFile {
     server: Option<String>,
     token: Option<String>,
+    ca: Option<PathBuf>,
 }
 
 fn config_file() -> Result<ConfigFile> {
@@ -57,15 +63,16 @@ impl Client {
             .clone()
             .or_else(|| std::env::var("GPUNET_SERVER").ok())
             .or(file.server)
-            .unwrap_or_else(|| "http://127.0.0.1:7070".into());
+            .unwrap_or_else(|| "https://127.0.0.1:7070".into());
         let token = c.token.clone().or_else(|| std::env::var("GPUNET_TOKEN").ok()).or(file.token);
+        let ca = c.ca.clone().or_else(|| std::env::var_os("GPUNET_CA").map(PathBuf::from)).or(file.ca);
         if !matches!(c.output.as_str(), "table" | "json") {
             bail!("invalid --output {:?}: allowed are table and json", c.output);
         }
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             token,
-            http: reqwest::Client::builder().pool_max_idle_per_host(64).build()?,
+            http: http_client(ca.as_deref(), 64)?,
             json: c.output == "json",
         })
     }
@@ -130,6 +137,21 @@ impl Client {
     pub(crate) async fn put<T: DeserializeOwned>(&self, path: &str, body: String) -> Result<T> {
         self.send(self.req(reqwest::Method::PUT, path).header("content-type", "application/yaml").body(body)).await
     }
+}
+
+/// An HTTP client that trusts only the CA in `ca` when given (else the system's roots).
+pub(crate) fn http_client(ca: Option<&std::path::Path>, idle_per_host: usize) -> Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder().pool_max_idle_per_host(idle_per_host);
+    if let Some(p) = ca {
+        let pem = std::fs::read(p).with_context(|| format!("read the CA file {}", p.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("parse the CA file {}: allowed is PEM", p.display()))?;
+        if certs.is_empty() {
+            bail!("invalid CA file {}: no PEM certificate in it", p.display());
+        }
+        b = b.tls_certs_only(certs);
+    }
+    Ok(b.build()?)
 }
 
 /// Prints a table with a header and right-padded columns.

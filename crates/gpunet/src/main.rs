@@ -43,6 +43,12 @@ enum Cmd {
     Tenants(TenantsArgs),
     /// Set a tenant's quota from flags or a ResourceQuota manifest.
     Quota(QuotaArgs),
+    /// Tokens: list, create (per user, with a role and an optional expiry) or revoke. The admin manages all; a
+    /// tenant's admins manage that tenant's.
+    Tokens {
+        #[command(subcommand)]
+        what: TokensCmd,
+    },
     /// List nodes.
     Nodes(ConnOnly),
     /// Cordon a node (no new tasks).
@@ -114,6 +120,21 @@ struct ServerArgs {
     /// Most log and event streams one token may have open at once; more get 429.
     #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_STREAMS_PER_TOKEN)]
     max_streams_per_token: usize,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Allow plain HTTP on a non-loopback address (tokens and task secrets cross the network in clear text).
+    #[arg(long)]
+    insecure_http: bool,
+    /// Most connections at once (keep it below the open-file limit).
+    #[arg(long, default_value_t = 768)]
+    max_connections: usize,
+    /// Seconds a client has for the TLS handshake and for each request head (and an idle connection is kept).
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout_s: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -138,9 +159,13 @@ struct AgentArgs {
     /// Server URL.
     #[arg(long, env = "GPUNET_SERVER")]
     server: String,
-    /// Join token.
+    /// CA certificate (PEM) the server's certificate must chain to (default: the system's roots).
+    #[arg(long, env = "GPUNET_CA")]
+    ca: Option<PathBuf>,
+    /// Join token, for the node's first registration; later starts register with the node's own credential, kept in
+    /// the data directory (`node.credential`, mode 0600).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
-    join_token: String,
+    join_token: Option<String>,
     /// Node name (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -201,6 +226,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
     };
     Ok(gpunet_agent::AgentConfig {
         server: a.server.trim_end_matches('/').to_string(),
+        ca: a.ca.clone(),
         join_token: a.join_token.clone(),
         name,
         labels,
@@ -320,6 +346,42 @@ struct TenantsArgs {
     token_for: Option<String>,
     #[command(flatten)]
     conn: Conn,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokensCmd {
+    /// List tokens (ids, roles, tenants, users, expiry; never the secrets).
+    List {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Create a token for a user and print it (shown once).
+    Create {
+        /// admin, tenant-admin, tenant or join.
+        #[arg(long)]
+        role: String,
+        /// Who holds it (recorded on the jobs it submits).
+        #[arg(long)]
+        user: String,
+        /// Tenant of a tenant or tenant-admin token (a tenant admin's own by default).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lifetime, e.g. 30d; default: until revoked.
+        #[arg(long)]
+        expires_in: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke a token by id (from `tokens list`); it stops working at once.
+    Revoke {
+        /// Token id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -448,6 +510,9 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             let j: JobView = c.get(&format!("/v1/jobs/{}", a.id)).await?;
             print(&c, &j, |j| {
                 let mut s = client::jobs_table(std::slice::from_ref(j));
+                if let Some(by) = &j.submitted_by {
+                    s += &format!("  submitted by {by}\n");
+                }
                 for t in &j.placement {
                     s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
                 }
@@ -495,6 +560,54 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             }
             let ts: Vec<TenantView> = c.get("/v1/tenants").await?;
             print(&c, &ts, |t| client::tenants_table(t))
+        }
+        Cmd::Tokens { what: TokensCmd::List { tenant, conn } } => {
+            let c = Client::new(&conn)?;
+            let q = tenant.map_or(String::new(), |t| format!("?tenant={t}"));
+            let ts: Vec<TokenInfo> = c.get(&format!("/v1/tokens{q}")).await?;
+            print(&c, &ts, |ts| {
+                client::table(
+                    &["ID", "ROLE", "TENANT", "USER", "EXPIRES"],
+                    ts.iter()
+                        .map(|t| {
+                            vec![
+                                t.id.clone(),
+                                t.role.as_str().to_string(),
+                                t.tenant.clone().unwrap_or_else(|| "-".into()),
+                                t.user.clone().unwrap_or_else(|| "-".into()),
+                                t.expires_ms.map_or("never".into(), |e| {
+                                    format!("in {}s", e.saturating_sub(gpunet_server::now_ms()) / 1000)
+                                }),
+                            ]
+                        })
+                        .collect(),
+                )
+            })
+        }
+        Cmd::Tokens { what: TokensCmd::Create { role, user, tenant, expires_in, conn } } => {
+            let c = Client::new(&conn)?;
+            let mut body = serde_json::json!({"role": role, "user": user});
+            if let Some(t) = tenant {
+                body["tenant"] = t.into();
+            }
+            if let Some(e) = expires_in {
+                body["expires_in"] = e.into();
+            }
+            let t: TokenCreated = c.post("/v1/tokens", Some(body.to_string()), "application/json").await?;
+            print(&c, &t, |t| {
+                format!(
+                    "{} token {} for {} (shown once): {}\n",
+                    t.info.role.as_str(),
+                    t.info.id,
+                    t.info.user.as_deref().unwrap_or("-"),
+                    t.token
+                )
+            })
+        }
+        Cmd::Tokens { what: TokensCmd::Revoke { id, conn } } => {
+            let c = Client::new(&conn)?;
+            let t: TokenInfo = c.post(&format!("/v1/tokens/{id}/revoke"), None, "").await?;
+            print(&c, &t, |t| format!("token {} revoked\n", t.id))
         }
         Cmd::Quota(a) => {
             let c = Client::new(&a.conn)?;
@@ -610,10 +723,23 @@ fn main() -> Result<()> {
             cfg.max_queued_jobs_per_tenant = a.max_queued_jobs_per_tenant;
             cfg.max_spec_bytes_per_tenant = a.max_spec_bytes_per_tenant;
             cfg.max_streams_per_token = a.max_streams_per_token;
+            if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+                cfg.tls = Some(gpunet_server::tls::TlsFiles { cert: cert.clone(), key: key.clone() });
+            }
+            cfg.insecure_http = a.insecure_http;
+            if a.insecure_http {
+                eprintln!("warning: --insecure-http: tokens and task secrets may cross the network in clear text");
+            }
+            if a.max_connections == 0 || !a.header_timeout_s.is_finite() || a.header_timeout_s <= 0.0 {
+                bail!("invalid --max-connections / --header-timeout-s: allowed are at least 1 and seconds > 0");
+            }
+            cfg.limits.max_connections = a.max_connections;
+            cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
+            cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
-                println!("gpunet server listening on http://{}", running.addr);
+                println!("gpunet server listening on {}", running.url());
                 if let Some(t) = &running.generated_admin_token {
                     println!("admin token (shown once, store it): {t}");
                 }
@@ -663,22 +789,26 @@ fn main() -> Result<()> {
             let admin = match std::fs::read_to_string(&token_file) {
                 Ok(t) => t.trim().to_string(),
                 Err(_) => {
-                    let t = gpunet_server::new_token();
-                    // Created 0600 (never readable by others, not even for a moment).
-                    let mut o = std::fs::OpenOptions::new();
-                    o.write(true).create_new(true);
-                    #[cfg(unix)]
-                    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
                     use std::io::Write as _;
-                    o.open(&token_file)
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let t = gpunet_server::new_token();
+                    // Created readable by its owner only (never briefly world-readable).
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&token_file)
                         .and_then(|mut f| f.write_all(t.as_bytes()))
                         .with_context(|| format!("write {}", token_file.display()))?;
                     t
                 }
             };
             let join = gpunet_server::new_token();
+            // A private CA in the data directory (kept across starts) and a server certificate it signs.
+            let ca = gpunet_server::tls::local_ca(&a.data_dir, &gpunet_server::tls::local_names(a.listen))?;
             let mut cfg = gpunet_server::Config::new(a.data_dir.join("server"));
             cfg.listen = a.listen;
+            cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
             cfg.sched.policy = a.policy.parse().context("--policy")?;
@@ -697,10 +827,15 @@ fn main() -> Result<()> {
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir.join("server"))?);
                 let running = gpunet_server::start(cfg, store).await?;
-                let url = format!("http://{}", running.addr);
+                let mut local = running.addr;
+                if local.ip().is_unspecified() {
+                    local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                let url = format!("https://{local}");
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
-                    join_token: join,
+                    ca: Some(ca.ca_cert.clone()),
+                    join_token: Some(join),
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: fake,
@@ -723,7 +858,7 @@ fn main() -> Result<()> {
                     let _ = stop_rx.await;
                 }));
                 // A tenant to start with.
-                let _ = reqwest::Client::new()
+                let _ = client::http_client(Some(&ca.ca_cert), 1)?
                     .post(format!("{url}/v1/tenants"))
                     .bearer_auth(&admin)
                     .header("content-type", "application/json")
@@ -754,7 +889,11 @@ fn main() -> Result<()> {
                         }
                     }
                 }
-                println!("try:  GPUNET_SERVER={url} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L");
+                println!("CA certificate: {}  (clients: --ca or GPUNET_CA; browsers: import it, or accept the warning)", ca.ca_cert.display());
+                println!(
+                    "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
+                    ca.ca_cert.display()
+                );
                 use std::io::Write as _;
                 std::io::stdout().flush()?;
                 tokio::signal::ctrl_c().await?;

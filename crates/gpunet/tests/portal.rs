@@ -58,10 +58,14 @@ fn portal_end_to_end_in_headless_chromium() {
     };
     std::thread::spawn(move || for _ in out.lines() {});
     let token = std::fs::read_to_string(dir.path().join("admin.token")).unwrap();
-    // The page is served with its assets, from the binary.
+    let ca = dir.path().join("tls/ca.pem");
+    assert!(url.starts_with("https://"), "{url}");
+    // The page is served with its assets, from the binary, over TLS with the data directory's CA.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (status, csp, body) = rt.block_on(async {
-        let r = reqwest::get(format!("{url}/")).await.unwrap();
+        let roots = reqwest::Certificate::from_pem_bundle(&std::fs::read(&ca).unwrap()).unwrap();
+        let http = reqwest::Client::builder().tls_certs_only(roots).build().unwrap();
+        let r = http.get(format!("{url}/")).send().await.unwrap();
         let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
         (r.status().as_u16(), csp, r.text().await.unwrap())
     });
@@ -75,6 +79,7 @@ fn portal_end_to_end_in_headless_chromium() {
         .current_dir(repo().join("e2e"))
         .env("GPUNET_URL", &url)
         .env("GPUNET_TOKEN", token.trim())
+        .env("NODE_EXTRA_CA_CERTS", &ca)
         .env("GPUNET_SCREENSHOTS", &shots)
         .output()
         .unwrap();

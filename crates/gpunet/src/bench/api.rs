@@ -11,8 +11,11 @@ use std::time::Instant;
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ApiArgs {
     /// Server URL.
-    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    #[arg(long, default_value = "https://127.0.0.1:7070", env = "GPUNET_SERVER")]
     pub(crate) server: String,
+    /// CA certificate (PEM) the server's certificate must chain to (default `GPUNET_CA`; else the system's roots).
+    #[arg(long, env = "GPUNET_CA")]
+    pub(crate) ca: Option<std::path::PathBuf>,
     /// Token: a tenant's, or the admin's (then jobs go to a tenant `bench`, created if missing).
     #[arg(long, env = "GPUNET_TOKEN", hide_env_values = true)]
     pub(crate) token: String,
@@ -51,7 +54,7 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
         bail!("invalid --clients/--jobs: both must be at least 1");
     }
     let base = a.server.trim_end_matches('/').to_string();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(a.clients * 2).build()?;
+    let http = crate::client::http_client(a.ca.as_deref(), a.clients * 2)?;
     // An admin token submits for tenant `bench`.
     let who = http.get(format!("{base}/metrics")).bearer_auth(&a.token).send().await.context("reach the server")?;
     let tenant_field = if who.status().is_success() {

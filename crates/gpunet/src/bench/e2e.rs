@@ -85,7 +85,8 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                 stops.push(tx);
                 let cfg = gpunet_agent::AgentConfig {
                     server: url.clone(),
-                    join_token: join.clone(),
+                    ca: None,
+                    join_token: Some(join.clone()),
                     name: format!("bench-{i}"),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: Some((gpunet_core::GpuModel::A100_80GB, n)),

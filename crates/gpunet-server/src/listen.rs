@@ -1,0 +1,183 @@
+//! The serve loop: accepts connections (TLS when configured) and serves the router over HTTP/1.1 with bounds on every
+//! connection-level resource, so that slow or idle peers cannot hold the server:
+//! - at most `max_connections` connections at once (below the usual 1,024-file limit), and at most
+//!   `max_connections_per_ip` from one address; past that, the connection is closed at once;
+//! - the TLS handshake and every request head must arrive within `header_timeout` (an idle keep-alive connection waits
+//!   for its next request head, so it is closed after the same time);
+//! - a request body must arrive within `body_timeout`.
+//!
+//! Responses (long polls, server-sent events, followed logs) are not bounded here: the handlers bound them.
+
+use axum::body::Body;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::future::Future as _;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
+
+/// Connection-level bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time for the TLS handshake, and for each request head (also how long an idle connection is kept).
+    pub header_timeout: Duration,
+    /// Time for a request body.
+    pub body_timeout: Duration,
+    /// Connections at once.
+    pub max_connections: usize,
+    /// Connections at once from one IP address.
+    pub max_connections_per_ip: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 768,
+            max_connections_per_ip: 384,
+        }
+    }
+}
+
+/// Counts connections per address; an entry goes when its last connection does.
+#[derive(Debug, Default)]
+struct PerIp(Mutex<HashMap<IpAddr, usize>>);
+
+struct PerIpGuard(Arc<PerIp>, IpAddr);
+
+impl PerIp {
+    fn enter(this: &Arc<PerIp>, ip: IpAddr, max: usize) -> Option<PerIpGuard> {
+        let mut m = this.0.lock().expect("per-ip lock");
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PerIpGuard(this.clone(), ip))
+    }
+}
+
+impl Drop for PerIpGuard {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock().expect("per-ip lock");
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
+/// A request body that fails once its deadline passes.
+struct TimedBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = axum::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(r) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(r.map(|f| f.map_err(Into::into)));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("the request body did not arrive in time".into())));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets open requests finish for up to five seconds.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_ip = Arc::new(PerIp::default());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("never closed"),
+            _ = &mut shutdown => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of files or a connection reset before it was accepted: wait a little, do not spin.
+                    tracing::warn!(error = %e, "accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let Some(guard) = PerIp::enter(&per_ip, peer.ip(), limits.max_connections_per_ip) else {
+            tracing::debug!(%peer, "too many connections from one address; closed");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let router = router.clone();
+        let tls = tls.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _held = (permit, guard);
+            match tls {
+                Some(acceptor) => match tokio::time::timeout(limits.header_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => connection(stream, router, limits, watcher).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                },
+                None => connection(tcp, router, limits, watcher).await,
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await.is_err() {
+        tracing::warn!("open requests did not finish within 5 s of the shutdown; dropped");
+    }
+}
+
+async fn connection<I>(io: I, router: Router, limits: Limits, watcher: hyper_util::server::graceful::Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let body_timeout = limits.body_timeout;
+    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let router = router.clone();
+        let req = req.map(|inner| Body::new(TimedBody { inner, deadline: Box::pin(tokio::time::sleep(body_timeout)) }));
+        async move { tower::ServiceExt::oneshot(router, req).await }
+    });
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(64 * 1024);
+    let conn = b.serve_connection(TokioIo::new(io), svc);
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, "connection ended");
+    }
+}
