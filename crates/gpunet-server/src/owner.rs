@@ -1322,8 +1322,8 @@ impl Owner {
                                 doc.job = o.st.job(id).expect("just submitted").clone();
                                 o.spec_sizes
                                     .insert(id.0, serde_json::to_vec(&doc.submission).map_or(0, |v| v.len() as u64));
-                                o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
                                 o.docs.insert(id.0, doc);
+                                o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
                                 o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
                             o.dirty = true;
