@@ -338,6 +338,28 @@ impl ClusterState {
         self.decayed_usage(t, now) / 1000.0
     }
 
+    /// A tenant's decayed GPU usage as recorded: GPU-ms as of a time (what a driver stores to keep fair share across
+    /// restarts). Call [`ClusterState::accrue_usage`] first for a current value.
+    pub fn tenant_usage_record(&self, t: TenantId) -> Option<(f64, Time)> {
+        self.tenants.get(t.index()).map(|e| (e.decayed_gpu_ms, e.usage_as_of))
+    }
+
+    /// Restores a tenant's recorded decayed usage (at recovery, before its running jobs are restored); it decays
+    /// from `as_of` on like any other.
+    pub fn restore_tenant_usage(&mut self, t: TenantId, decayed_gpu_ms: f64, as_of: Time) -> Result<(), CoreError> {
+        if !decayed_gpu_ms.is_finite() || decayed_gpu_ms < 0.0 {
+            return Err(CoreError::InvalidField {
+                field: "usage",
+                value: decayed_gpu_ms.to_string(),
+                allowed: "a finite number of GPU-ms >= 0".into(),
+            });
+        }
+        let e = self.tenants.get_mut(t.index()).ok_or(CoreError::UnknownTenant(t))?;
+        e.decayed_gpu_ms = decayed_gpu_ms;
+        e.usage_as_of = as_of;
+        Ok(())
+    }
+
     pub(crate) fn decayed_usage(&self, t: TenantId, now: Time) -> f64 {
         let e = &self.tenants[t.index()];
         let h = self.cfg.fairshare_half_life.0 as f64;

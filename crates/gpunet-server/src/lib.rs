@@ -216,7 +216,12 @@ pub fn build(
     for (name, doc) in &snap.tenants {
         let d: owner::TenantDoc =
             serde_json::from_value(doc.clone()).map_err(|e| recover(format!("tenant {name}"), e.to_string()))?;
-        o.st.add_tenant(d.spec.clone()).map_err(|e| recover(format!("tenant {name}"), e.to_string()))?;
+        let t = o.st.add_tenant(d.spec.clone()).map_err(|e| recover(format!("tenant {name}"), e.to_string()))?;
+        // Fair share remembers past usage across restarts.
+        if let Some(u) = d.usage {
+            o.st.restore_tenant_usage(t, u.gpu_ms, Time(u.as_of_ms))
+                .map_err(|e| recover(format!("tenant {name}"), e.to_string()))?;
+        }
         o.tenants.insert(name.clone(), d);
     }
     let (have_admin, have_agent);

@@ -176,6 +176,16 @@ pub(crate) struct TenantDoc {
     pub(crate) spec: TenantSpec,
     #[serde(default)]
     pub(crate) quota: Option<QuotaRequest>,
+    /// Fair share's decayed GPU usage as last stored (GPU-ms as of a time), restored at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageRecord>,
+}
+
+/// A tenant's decayed GPU usage at a time.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct UsageRecord {
+    pub(crate) gpu_ms: f64,
+    pub(crate) as_of_ms: u64,
 }
 
 /// A node as persisted.
@@ -382,14 +392,33 @@ impl Owner {
             running: p.running as u64,
         };
         self.history.push_back(p);
+        let mut writes = self.usage_writes(now, None);
+        writes.push(Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) });
         self.store.commit_async(
-            vec![Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) }],
+            writes,
             Box::new(|r| {
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "persist a cluster sample");
                 }
             }),
         );
+    }
+
+    /// Brings fair share's decayed usage up to `now` and returns the writes that store it, for every tenant or one.
+    fn usage_writes(&mut self, now: u64, only: Option<&str>) -> Vec<Write> {
+        self.st.accrue_usage(Time(now));
+        let mut out = Vec::new();
+        for (name, doc) in self.tenants.iter_mut() {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            let Some((gpu_ms, as_of)) = self.st.tenant_id(name).and_then(|t| self.st.tenant_usage_record(t)) else {
+                continue;
+            };
+            doc.usage = Some(UsageRecord { gpu_ms, as_of_ms: as_of.0 });
+            out.push(Write::Tenant { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
+        }
+        out
     }
 
     /// The task sets of these nodes changed: bump their versions and wake their agents.
@@ -662,6 +691,10 @@ impl Owner {
         let id = e.job.0;
         if let Some(b) = before {
             writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+        }
+        // Fair share's usage changed with the attempt's end: store it with the rest.
+        if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {
+            writes.extend(self.usage_writes(now, Some(&t)));
         }
         self.sync_doc(id);
         if let Some(w) = self.job_doc_write(id) {
@@ -1485,7 +1518,7 @@ impl Owner {
                             expires_ms: None,
                             bootstrap: false,
                         });
-                        let doc = TenantDoc { spec, quota: req.quota.clone() };
+                        let doc = TenantDoc { spec, quota: req.quota.clone(), usage: None };
                         writes.push(Write::Tenant {
                             name: req.name.clone(),
                             doc: serde_json::to_value(&doc).expect("serialise"),

@@ -662,3 +662,31 @@ async fn tokens_are_per_user_revocable_expiring_and_scoped_to_a_tenant_admin() {
         app.call("POST", &format!("/v1/tokens/{}/revoke", admin_id.as_str().unwrap()), Some("admin"), None).await;
     assert_eq!((s, err(&v).0), (StatusCode::CONFLICT, "conflict"), "{v}");
 }
+
+/// Fair share's decayed usage was kept only in memory: a restart forgot every tenant's history. It is stored with the
+/// tenant (at each attempt's end and with every allocation sample) and restored at start.
+#[tokio::test]
+async fn a_tenants_fair_share_usage_survives_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::on(dir.path(), store.clone());
+    let t = app.tenant("team-a", None).await;
+    app.node("n1", 4).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&t), Some(r#"{"name": "burn", "gpus": 4}"#.into())).await;
+    let id = v["id"].as_u64().unwrap();
+    wait_state(&app, id, "running").await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await; // accrue some GPU time
+    let (s, _) = app.call("POST", &format!("/v1/jobs/{id}/cancel"), Some(&t), None).await;
+    assert_eq!(s, StatusCode::OK);
+    wait_state(&app, id, "cancelled").await;
+    let usage = |v: &Value| v[0]["fair_share_usage_gpu_hours"].as_f64().unwrap();
+    let (_, before) = app.call("GET", "/v1/tenants", Some("admin"), None).await;
+    let before = usage(&before);
+    assert!(before > 0.0, "4 GPUs for 0.4 s: {before}");
+    drop(app);
+    let app = App::on(dir.path(), store);
+    let (_, after) = app.call("GET", "/v1/tenants", Some("admin"), None).await;
+    let after = usage(&after);
+    // The same, less the decay of a few milliseconds (the half-life is hours).
+    assert!((after - before).abs() <= before * 0.01, "before {before} GPU-h, after the restart {after} GPU-h");
+}
