@@ -243,15 +243,15 @@ try {
     await page.click("nav >> text=Overview");
     await until("cells", async () => (await page.locator(".cell").count()) === 8);
     await shot("16-tenant-overview");
-    // Another tenant's job is not reachable by id.
+    // Another tenant's job is not reachable by id: it does not exist for this tenant (404, as for a missing job).
     await page.goto(`${URL}/#/jobs/${formJob}`);
-    await page.locator(".error-box").filter({ hasText: "another tenant" }).waitFor();
+    await page.locator(".error-box").filter({ hasText: "no such job" }).waitFor();
   });
 
   const allowed = {
     "login page; an unknown token is refused": /Failed to load resource.*401/,
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
-    "a tenant sees only its own jobs": /Failed to load resource.*403/,
+    "a tenant sees only its own jobs": /Failed to load resource.*404/,
     "tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota":
       /Failed to load resource.*(400|422)/,
   };
