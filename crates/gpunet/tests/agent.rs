@@ -2,9 +2,8 @@
 
 mod common;
 
-use common::{free_port, wait_for, Server};
+use common::{free_port, read, submit_yaml, wait_for, Server};
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,19 +16,6 @@ fn setup_in(dir: tempfile::TempDir, extra: &[&str]) -> (tempfile::TempDir, Serve
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
     assert!(ok, "{err}");
     (dir, s)
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
-}
-
-/// Submits a job spec file (YAML) written under `dir`; returns the job id.
-fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
-    let spec = dir.join("job.yaml");
-    std::fs::write(&spec, yaml).unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    common::json(&o)["id"].as_u64().unwrap()
 }
 
 /// A job's events as the API returns them.

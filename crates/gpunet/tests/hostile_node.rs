@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{free_port, json, post_job, wait_for, Server};
+use common::{free_port, json, post_job, read, submit_yaml, wait_for, Server};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -13,18 +13,6 @@ fn setup_in(dir: &Path, extra: &[&str]) -> Server {
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
     assert!(ok, "{err}");
     s
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
-}
-
-fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
-    let spec = dir.join("job.yaml");
-    std::fs::write(&spec, yaml).unwrap();
-    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    json(&o)["id"].as_u64().unwrap()
 }
 
 fn log(dir: &Path, node: &str, id: u64) -> String {

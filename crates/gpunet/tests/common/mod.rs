@@ -206,3 +206,17 @@ pub fn register_node(url: &str, name: &str, gpus: usize) {
         .unwrap();
     assert!(o.status.success(), "register node: {}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// A file's text, trimmed; empty when it cannot be read.
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+}
+
+/// Submits a job spec file (YAML) written under `dir` with the admin token; returns the job id.
+pub fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
+    let spec = dir.join("job.yaml");
+    std::fs::write(&spec, yaml).unwrap();
+    let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    json(&o)["id"].as_u64().unwrap()
+}
