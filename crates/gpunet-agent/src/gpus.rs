@@ -62,6 +62,8 @@ pub struct DiscoveredGpu {
     pub mig_enabled: bool,
     /// MIG instances (profiles) when MIG is on.
     pub mig: Vec<MigProfile>,
+    /// Their MIG UUIDs, in the same order.
+    pub mig_uuids: Vec<String>,
     /// Indexes of this node's GPUs reached over an active NVLink.
     pub nvlink_peers: Vec<u32>,
     /// Indexes of this node's GPUs behind the same PCIe switch.
@@ -194,12 +196,13 @@ pub fn discover(nvml: &Nvml) -> Result<Vec<DiscoveredGpu>, GpuError> {
         let numa = d.numa_node_id().ok().map(|n| n.min(255) as u8).or_else(|| sysfs_numa(&pci.bus_id)).unwrap_or(0);
         let mig_enabled = d.mig_mode().is_ok_and(|m| m.current == 1);
         let mut mig = Vec::new();
+        let mut mig_uuids = Vec::new();
         if mig_enabled {
             for i in 0..d.mig_device_count().unwrap_or(0) {
-                if let Some(p) = d.mig_device_by_index(i).ok().and_then(|m| m.name().ok()) {
-                    if let Some(p) = mig_profile_from_name(&p) {
-                        mig.push(p);
-                    }
+                let Ok(m) = d.mig_device_by_index(i) else { continue };
+                if let (Some(p), Ok(uuid)) = (m.name().ok().and_then(|n| mig_profile_from_name(&n)), m.uuid()) {
+                    mig.push(p);
+                    mig_uuids.push(uuid);
                 }
             }
         }
@@ -214,6 +217,7 @@ pub fn discover(nvml: &Nvml) -> Result<Vec<DiscoveredGpu>, GpuError> {
             numa,
             mig_enabled,
             mig,
+            mig_uuids,
             nvlink_peers: Vec::new(),
             pcie_peers: Vec::new(),
         });
@@ -350,6 +354,7 @@ mod tests {
             numa: (index / 2) as u8,
             mig_enabled: false,
             mig: Vec::new(),
+            mig_uuids: Vec::new(),
             nvlink_peers: nvlink.to_vec(),
             pcie_peers: pcie.to_vec(),
         };

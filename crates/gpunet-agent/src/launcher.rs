@@ -68,6 +68,8 @@ fn watch_oom(
 /// The launcher: spawns tasks and reports their ends on a channel.
 #[derive(Debug)]
 pub struct Launcher {
+    /// MIG UUIDs by GPU index and instance (empty: no MIG).
+    mig_uuids: Vec<Vec<String>>,
     dir: PathBuf,
     procs: HashMap<TaskRef, Proc>,
     exits: mpsc::UnboundedSender<TaskExit>,
@@ -278,6 +280,7 @@ impl Launcher {
             task_path: DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
             dev_dir: PathBuf::from("/dev"),
+            mig_uuids: Vec::new(),
         }
     }
 
@@ -365,7 +368,28 @@ impl Launcher {
         env.insert("GPUNET_CHECKPOINT_DIR".into(), checkpoint_dir(&self.dir, t.job).display().to_string());
         env.insert("GPUNET_LOG_FILE".into(), log_path(&self.dir, &t).display().to_string());
         env.insert("GPUNET_WORK_DIR".into(), home.display().to_string());
+        if !a.mig.is_empty() {
+            // A MIG slice is addressed by its MIG UUID (NVML's, or `MIG-fake-…` on fake GPUs).
+            let ids: Vec<String> = a
+                .mig
+                .iter()
+                .map(|m| {
+                    self.mig_uuids
+                        .get(m.gpu as usize)
+                        .and_then(|g| g.get(m.instance as usize))
+                        .cloned()
+                        .unwrap_or_else(|| format!("MIG-unknown-{}-{}", m.gpu, m.instance))
+                })
+                .collect();
+            env.insert("CUDA_VISIBLE_DEVICES".into(), ids.join(","));
+            env.insert("NVIDIA_VISIBLE_DEVICES".into(), ids.join(","));
+        }
         env
+    }
+
+    /// The MIG UUIDs of the node's GPUs, by GPU index and instance.
+    pub fn set_mig_uuids(&mut self, uuids: Vec<Vec<String>>) {
+        self.mig_uuids = uuids;
     }
 
     /// Starts a task. A task that cannot start (no command, a missing program, a bad working directory) ends at once

@@ -84,6 +84,8 @@ pub struct AgentConfig {
     pub labels: BTreeMap<String, String>,
     /// Fake GPUs.
     pub fake_gpus: Option<(GpuModel, usize)>,
+    /// MIG instances of every fake GPU (`--fake-mig 3g.40gb,3g.40gb`); their UUIDs are `MIG-fake-NODE-GPU-I`.
+    pub fake_mig: Vec<gpunet_core::MigProfile>,
     /// Real GPUs found by NVML (see [`gpus::discover`]); used when `fake_gpus` is `None`.
     pub real_gpus: Vec<gpus::DiscoveredGpu>,
     /// Where logs and checkpoints go.
@@ -159,6 +161,12 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     let cpu = cfg.cpu.unwrap_or(MilliCpu::cores(cores.max(4 * count as u64)));
     let mem = cfg.mem.unwrap_or(MiB(machine_memory().0.max(16 * 1024 * count as u64)));
     let mut n = NodeSpec::with_gpus(cfg.name.clone(), model, count, cpu, mem);
+    if cfg.fake_gpus.is_some() && !cfg.fake_mig.is_empty() {
+        for g in &mut n.gpus {
+            g.mig = cfg.fake_mig.clone();
+        }
+        n.labels.insert("mig".into(), "enabled".into());
+    }
     if cfg.fake_gpus.is_none() && !cfg.real_gpus.is_empty() {
         n.gpus = gpus::to_devices(&cfg.real_gpus);
         if cfg.real_gpus.iter().any(|g| g.mig_enabled) {
@@ -170,6 +178,15 @@ pub fn node_spec(cfg: &AgentConfig) -> NodeSpec {
     }
     n.labels.insert("address".into(), cfg.address.clone());
     n
+}
+
+/// The MIG UUIDs of the node's GPUs by GPU index and instance: NVML's for real GPUs, `MIG-fake-NODE-GPU-I` for fake.
+pub fn mig_uuids(cfg: &AgentConfig) -> Vec<Vec<String>> {
+    if cfg.fake_gpus.is_none() && !cfg.real_gpus.is_empty() {
+        return cfg.real_gpus.iter().map(|g| g.mig_uuids.clone()).collect();
+    }
+    let count = cfg.fake_gpus.map_or(0, |(_, n)| n);
+    (0..count).map(|g| (0..cfg.fake_mig.len()).map(|i| format!("MIG-fake-{}-{g}-{i}", cfg.name)).collect()).collect()
 }
 
 /// The agent's HTTP client: it trusts only the configured CA when there is one.
@@ -272,6 +289,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     tracing::info!(isolation = %isolation, "isolation");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
     let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
+    launcher.set_mig_uuids(mig_uuids(&cfg));
     if let Some(w) = &cfg.wrapper {
         launcher.wrap_with(w.clone());
     }
@@ -485,6 +503,7 @@ mod tests {
             name: "n".into(),
             labels: BTreeMap::from([("zone".to_string(), "z1".to_string())]),
             fake_gpus: Some((GpuModel::A100_80GB, 8)),
+            fake_mig: Vec::new(),
             real_gpus: Vec::new(),
             data_dir: PathBuf::from("/tmp"),
             cpu: None,

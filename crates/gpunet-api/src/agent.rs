@@ -167,6 +167,10 @@ pub struct TaskAssignment {
     pub working_dir: Option<String>,
     /// GPU indexes on the node.
     pub gpus: Vec<u32>,
+    /// MIG slices the task holds (a task placed on a slice holds no whole GPU); the agent puts their MIG UUIDs in
+    /// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigSlice>,
     /// CPU millicores (for cgroup limits).
     pub cpu_milli: u64,
     /// Memory MiB (for cgroup limits).
@@ -183,6 +187,15 @@ pub struct TaskAssignment {
     /// runs the task as uid and gid `base + tenant_index`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_index: Option<u32>,
+}
+
+/// A MIG slice of a node: the GPU's index and the instance's position among that GPU's MIG instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigSlice {
+    /// GPU index on the node.
+    pub gpu: u32,
+    /// Instance, in the order the node declared its GPU's MIG instances.
+    pub instance: u32,
 }
 
 /// A checkpoint tier, resolved.

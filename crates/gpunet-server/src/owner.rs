@@ -481,6 +481,24 @@ impl Owner {
                     continue;
                 }
                 let gpus = t.gpu_indexes();
+                // A MIG slot numbers the node's MIG instances GPU by GPU: find its GPU and instance.
+                let mig: Vec<gpunet_api::agent::MigSlice> = t
+                    .mig_slot
+                    .and_then(|s| {
+                        let spec = &self.st.node(node)?.spec;
+                        let mut k = 0u32;
+                        for (g, d) in spec.gpus.iter().enumerate() {
+                            for i in 0..d.mig.len() as u32 {
+                                if k == s as u32 {
+                                    return Some(gpunet_api::agent::MigSlice { gpu: g as u32, instance: i });
+                                }
+                                k += 1;
+                            }
+                        }
+                        None
+                    })
+                    .into_iter()
+                    .collect();
                 let visible = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
                 let mut env = doc.submission.env.clone();
                 let mut set = |k: &str, v: String| {
@@ -523,6 +541,7 @@ impl Owner {
                     env,
                     working_dir: doc.submission.working_dir.clone(),
                     gpus,
+                    mig,
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,

@@ -175,6 +175,9 @@ struct AgentArgs {
     /// Fake GPUs, e.g. 8xA100-80GB, instead of the GPUs NVML finds.
     #[arg(long)]
     fake_gpus: Option<String>,
+    /// MIG instances of every fake GPU, e.g. 3g.40gb,3g.40gb (tasks see `MIG-fake-…` UUIDs).
+    #[arg(long, requires = "fake_gpus", value_delimiter = ',')]
+    fake_mig: Vec<String>,
     /// Where logs and checkpoints go.
     #[arg(long, default_value = "gpunet-agent")]
     data_dir: PathBuf,
@@ -231,6 +234,11 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         name,
         labels,
         fake_gpus: a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?,
+        fake_mig: a
+            .fake_mig
+            .iter()
+            .map(|p| p.parse::<gpunet_core::MigProfile>().with_context(|| format!("invalid --fake-mig {p:?}")))
+            .collect::<Result<Vec<_>>>()?,
         real_gpus: if a.fake_gpus.is_some() { Vec::new() } else { real_gpus()? },
         // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
         data_dir: std::path::absolute(&a.data_dir)
@@ -839,6 +847,7 @@ fn main() -> Result<()> {
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: fake,
+                    fake_mig: Vec::new(),
                     real_gpus: real.clone(),
                     data_dir: std::path::absolute(a.data_dir.join("agent")).context("resolve --data-dir")?,
                     cpu: None,

@@ -325,3 +325,30 @@ fn an_agent_back_after_its_node_was_lost_stops_the_tasks_that_moved() {
     assert!(alive(&second));
     wait_for(Duration::from_secs(10), || s.job_state(id) == "running");
 }
+
+/// A task placed on a MIG slice got an empty `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES=void`: it now gets
+/// its slice's MIG UUID (`MIG-fake-…` on fake MIG GPUs), and two tasks on one GPU get different slices.
+#[test]
+fn a_mig_slice_reaches_the_task_as_its_mig_uuid() {
+    let (dir, s) = setup(&[]);
+    let _a = s.agent_with("m1", "1xA100-80GB", dir.path(), "127.0.0.1", &["--fake-mig", "3g.40gb,3g.40gb"]);
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // Each task records its devices, then waits (up to 30 s) for the other: both hold a slice at the same time.
+    let cmd = format!(
+        "echo \"$CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES\" > {0}/$GPUNET_JOB_ID; \
+         i=0; while [ $(ls {0} | wc -l) -lt 2 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+        out.display()
+    );
+    let spec = |n: &str| format!("name: {n}\ntenant: t\ngpus: 0\nmig: 3g.40gb\ncommand: [sh, -c, {cmd:?}]\n");
+    let j1 = submit_yaml(&s, dir.path(), &spec("a"));
+    let j2 = submit_yaml(&s, dir.path(), &spec("b"));
+    wait_for(Duration::from_secs(30), || s.job_state(j1) == "succeeded" && s.job_state(j2) == "succeeded");
+    let (a, b) = (read(&out.join(j1.to_string())), read(&out.join(j2.to_string())));
+    let ids = |v: &str| v.split(' ').map(String::from).collect::<Vec<_>>();
+    let (a, b) = (ids(&a), ids(&b));
+    assert!(a[0].starts_with("MIG-fake-m1-0-") && a[0] == a[1], "{a:?}");
+    assert!(b[0].starts_with("MIG-fake-m1-0-") && b[0] == b[1], "{b:?}");
+    assert_ne!(a[0], b[0], "two tasks got the same slice");
+}

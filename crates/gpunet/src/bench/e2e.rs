@@ -90,6 +90,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                     name: format!("bench-{i}"),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: Some((gpunet_core::GpuModel::A100_80GB, n)),
+                    fake_mig: Vec::new(),
                     real_gpus: Vec::new(),
                     data_dir: dir.join(format!("agent-{i}")),
                     cpu: None,
