@@ -70,3 +70,14 @@ fn bench_e2e_runs_jobs_through_server_and_agent() {
             && v["start_p99_ms"].as_f64().unwrap() >= v["start_p50_ms"].as_f64().unwrap()
     );
 }
+
+/// `bench e2e --preempt`: the preemptor starts once the victim (which exits at once on SIGTERM) is confirmed gone —
+/// well within the 10 s grace period after which the agent would SIGKILL it.
+#[test]
+fn bench_e2e_preempt_measures_decision_to_preemptor_start() {
+    let out = gpunet(&["bench", "e2e", "--preempt", "--jobs", "3", "--slots", "2", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (p50, p99) = (v["preempt_to_start_p50_ms"].as_f64().unwrap(), v["preempt_to_start_p99_ms"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p50 <= p99 && p99 < 5_000.0, "{v}");
+}
