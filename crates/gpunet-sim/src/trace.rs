@@ -405,14 +405,21 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Parses `YYYY-MM-DD HH:MM:SS` to seconds since the Unix epoch.
+/// Parses `YYYY-MM-DD HH:MM:SS` to seconds since the Unix epoch. Years are 0 to 9999: a larger one made the day
+/// arithmetic overflow (found by the `trace` fuzz target), and a negative hour, minute or second is refused.
 pub fn parse_timestamp(s: &str) -> Option<i64> {
     let (date, time) = s.trim().split_once(' ')?;
     let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
     let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
     let mut t = time.split(':').map(|x| x.parse::<i64>().ok());
     let (h, mi, se) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+    let ok = (0..=9999).contains(&y)
+        && (1..=12).contains(&mo)
+        && (1..=31).contains(&da)
+        && (0..=23).contains(&h)
+        && (0..=59).contains(&mi)
+        && (0..=60).contains(&se);
+    if !ok {
         return None;
     }
     Some(days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se)
@@ -537,6 +544,22 @@ mod tests {
         assert_eq!(parse_timestamp("2017-10-09 07:01:55"), Some(1_507_532_515));
         assert_eq!(parse_timestamp("2017-13-09 07:01:55"), None);
         assert_eq!(parse_timestamp("yesterday"), None);
+    }
+
+    #[test]
+    fn timestamps_with_huge_years_or_negative_times_are_refused_not_overflowed() {
+        assert_eq!(parse_timestamp("9223372036854775807-01-01 00:00:00"), None);
+        assert_eq!(parse_timestamp("-9223372036854775807-03-01 00:00:00"), None);
+        assert_eq!(parse_timestamp("10000-01-01 00:00:00"), None);
+        assert_eq!(parse_timestamp("2017-10-09 -1:00:00"), None);
+        assert_eq!(parse_timestamp("2017-10-09 07:-5:55"), None);
+        assert_eq!(parse_timestamp("9999-12-31 23:59:60"), Some(253_402_300_800));
+        let e = read(
+            "timestamp,duration,num_gpus,gpu_time,cluster\n99999999999999-01-01 00:00:00,66.0,1,66.0,vc\n",
+            ReadOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("invalid timestamp"), "{e}");
     }
 
     #[test]
