@@ -234,6 +234,8 @@ async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result
     if preempt {
         cfg.sched.policy = gpunet_core::Policy::Priority;
         cfg.sched.preemption.min_run_time = gpunet_core::Dur::ZERO;
+        // Every round preempts once: no rate limit in the way.
+        cfg.sched.preemption.max_per_interval = u32::MAX;
     }
     let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&dir.join("server"))?);
     let running = gpunet_server::start(cfg, store).await?;
