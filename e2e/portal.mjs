@@ -251,7 +251,8 @@ try {
   const allowed = {
     "login page; an unknown token is refused": /Failed to load resource.*401/,
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
-    "a tenant sees only its own jobs": /Failed to load resource.*404/,
+    // 404: another tenant's job by id; 401: a refresh still in flight with the admin's token as it logs out.
+    "a tenant sees only its own jobs": /Failed to load resource.*(401|404)/,
     "tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota":
       /Failed to load resource.*(400|422)/,
   };

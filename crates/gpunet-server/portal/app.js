@@ -47,14 +47,19 @@ class ApiError extends Error {
 }
 
 async function api(path, opts = {}) {
-  const headers = { authorization: "Bearer " + S.token };
+  const sent = S.token;
+  const headers = { authorization: "Bearer " + sent };
   if (opts.body !== undefined) headers["content-type"] = opts.type || "application/json";
   const r = await fetch(path, { method: opts.method || "GET", headers, body: opts.body, signal: opts.signal });
   const text = await r.text();
   let body = null;
   try { body = text ? JSON.parse(text) : null; } catch (_) { body = text; }
   if (!r.ok) {
-    if (r.status === 401 && !opts.login) logout("Your token is no longer accepted; log in again.");
+    // Only a refusal of the token in use logs out: an answer to a request sent before a logout or another login
+    // must not end the new session.
+    if (r.status === 401 && !opts.login && sent && sent === S.token) {
+      logout("Your token is no longer accepted; log in again.");
+    }
     throw new ApiError(r.status, body);
   }
   return body;
