@@ -85,29 +85,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     }
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     // Wait for the GPUs to be there.
-    let t0 = std::time::Instant::now();
-    loop {
-        let c: serde_json::Value = json(http.get(format!("{url}/v1/cluster")).bearer_auth(&token)).await?;
-        let gpus = c["gpus_total"].as_u64().unwrap_or(0) as usize;
-        let ready = c["nodes"]["ready"].as_u64().unwrap_or(0) > 0;
-        if ready && gpus >= 1 && (a.server.is_some() || gpus >= a.slots) {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(30) {
-            bail!("no agent registered its GPUs within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let r = http
-        .post(format!("{url}/v1/tenants"))
-        .bearer_auth(&token)
-        .header("content-type", "application/json")
-        .body(r#"{"name":"bench-e2e"}"#)
-        .send()
-        .await?;
-    if !(r.status().is_success() || r.status().as_u16() == 409) {
-        bail!("create tenant bench-e2e: {}", r.text().await?);
-    }
+    ready(&http, &url, &token, if a.server.is_some() { 1 } else { a.slots }).await?;
     // Completions from the event stream.
     type Waiters = std::sync::Arc<
         std::sync::Mutex<(
@@ -316,27 +294,7 @@ async fn wait_event(http: &reqwest::Client, url: &str, token: &str, id: u64, kin
 /// `--preempt`: decision → preemptor's process start, over `--jobs` rounds.
 async fn preempt_rounds(url: &str, token: &str, a: &E2eArgs) -> Result<()> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(8).build()?;
-    let t0 = std::time::Instant::now();
-    loop {
-        let c: serde_json::Value = json(http.get(format!("{url}/v1/cluster")).bearer_auth(token)).await?;
-        if c["gpus_total"].as_u64().unwrap_or(0) as usize >= a.slots {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(30) {
-            bail!("no agent registered its GPUs within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let r = http
-        .post(format!("{url}/v1/tenants"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(r#"{"name":"bench-e2e"}"#)
-        .send()
-        .await?;
-    if !r.status().is_success() {
-        bail!("create tenant bench-e2e: {}", r.text().await?);
-    }
+    ready(&http, url, token, a.slots).await?;
     let submit = |body: serde_json::Value| {
         let http = http.clone();
         async move {
@@ -378,6 +336,33 @@ async fn preempt_rounds(url: &str, token: &str, a: &E2eArgs) -> Result<()> {
     } else {
         println!("preempt_to_start_p50_ms  {p50:.1}");
         println!("preempt_to_start_p99_ms  {p99:.1}");
+    }
+    Ok(())
+}
+
+/// Waits (up to 30 s) until a ready node offers at least `gpus` GPUs, then makes sure tenant `bench-e2e` exists.
+async fn ready(http: &reqwest::Client, url: &str, token: &str, gpus: usize) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let c: serde_json::Value = json(http.get(format!("{url}/v1/cluster")).bearer_auth(token)).await?;
+        let have = c["gpus_total"].as_u64().unwrap_or(0) as usize;
+        if c["nodes"]["ready"].as_u64().unwrap_or(0) > 0 && have >= gpus.max(1) {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            bail!("no agent registered its GPUs within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = http
+        .post(format!("{url}/v1/tenants"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(r#"{"name":"bench-e2e"}"#)
+        .send()
+        .await?;
+    if !(r.status().is_success() || r.status().as_u16() == 409) {
+        bail!("create tenant bench-e2e: {}", r.text().await?);
     }
     Ok(())
 }
