@@ -209,7 +209,7 @@ fn env_path(dir: &Path, t: &TaskRef) -> PathBuf {
 
 /// A task's own directory on this node: its `HOME` and default working directory (`working_dir` is beneath it).
 pub fn work_dir(dir: &Path, t: &TaskRef) -> PathBuf {
-    dir.join("work").join(format!("job-{}", t.job)).join(format!("rank-{}", t.rank))
+    dir.join("homes").join(format!("job-{}", t.job)).join(format!("rank-{}", t.rank))
 }
 
 /// Makes `path` (its parents root's), mode 0700, owned by `owner` when given. The last component is opened without
@@ -232,6 +232,14 @@ fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
+}
+
+/// `gpunet task-exec` for `exec`, started as root with nothing of the agent's environment but `PATH` (the wrapper
+/// gives the task its own environment from the env file).
+fn wrapper_command(w: &Path, exec: &crate::wrapper::Exec, task_path: &str) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(w);
+    c.arg("task-exec").args(exec.to_args()).env_clear().env("PATH", task_path).current_dir("/");
+    c
 }
 
 /// The end of a task attempt: OOM check, cgroup removal, the final checkpoint copy, then the report.
@@ -490,9 +498,7 @@ impl Launcher {
                     prog: prog.clone(),
                     args: args.to_vec(),
                 };
-                let mut c = tokio::process::Command::new(w);
-                c.arg("task-exec").args(exec.to_args()).env_clear().env("PATH", &self.task_path).current_dir("/");
-                c
+                wrapper_command(w, &exec, &self.task_path)
             }
             // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
             None => {
@@ -606,13 +612,7 @@ impl Launcher {
                                 prog: p.clone(),
                                 args: args.to_vec(),
                             };
-                            let mut c = tokio::process::Command::new(w);
-                            c.arg("task-exec")
-                                .args(exec.to_args())
-                                .env_clear()
-                                .env("PATH", &task_path)
-                                .current_dir("/");
-                            c
+                            wrapper_command(w, &exec, &task_path)
                         }
                         None => {
                             let mut c = tokio::process::Command::new(p);

@@ -394,14 +394,7 @@ impl Owner {
         self.history.push_back(p);
         let mut writes = self.usage_writes(now, None);
         writes.push(Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) });
-        self.store.commit_async(
-            writes,
-            Box::new(|r| {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "persist a cluster sample");
-                }
-            }),
-        );
+        self.persist(writes, "cluster sample and fair-share usage");
     }
 
     /// Brings fair share's decayed usage up to `now` and returns the writes that store it, for every tenant or one.
@@ -1686,18 +1679,10 @@ impl Owner {
                     return;
                 };
                 let now = now_ms();
-                let running: Vec<JobDoc> = self
-                    .st
-                    .node(id)
-                    .map(|n| n.jobs.iter().filter_map(|j| self.docs.get(&j.0).cloned()).collect())
-                    .unwrap_or_default();
-                let running: Vec<JobDoc> = running
-                    .into_iter()
-                    .map(|d| JobDoc { job: self.st.job(d.job.id).cloned().unwrap_or(d.job.clone()), ..d })
-                    .collect();
+                // The nodes of the jobs asked to stop: their agents stop those tasks.
                 let mut touched: Vec<String> = vec![name.clone()];
-                for d in &running {
-                    touched.extend(self.nodes_of(d.job.id));
+                for j in self.st.node(id).map(|n| n.jobs.iter().copied().collect::<Vec<_>>()).unwrap_or_default() {
+                    touched.extend(self.nodes_of(j));
                 }
                 let moved = match self.st.set_node_state(id, state, Time(now)) {
                     Ok(m) => m,
@@ -1729,7 +1714,6 @@ impl Owner {
                         self.confirm_unmanaged(*j, now, &mut writes);
                     }
                 }
-                let _ = &running;
                 let doc = self.nodes.get_mut(&name).expect("known node");
                 doc.state = state;
                 writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
@@ -1813,13 +1797,6 @@ impl Owner {
         self.st.accrue_usage(Time(now));
         let ds = schedule(&self.st, Time(now));
         for d in &ds {
-            let before = match d {
-                Decision::Preempt { job, .. } => self
-                    .docs
-                    .get(&job.0)
-                    .map(|x| JobDoc { job: self.st.job(*job).cloned().unwrap_or(x.job.clone()), ..x.clone() }),
-                _ => None,
-            };
             let prior_nodes = match d {
                 Decision::Preempt { job, .. } | Decision::Scale { job, .. } => self.nodes_of(*job),
                 _ => Vec::new(),
@@ -1848,7 +1825,6 @@ impl Owner {
                     writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
                 }
                 Decision::Preempt { job, reason, for_job } => {
-                    let _ = before;
                     self.sync_doc(job.0);
                     self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     writes.push(self.job_doc_write(job.0).expect("present"));

@@ -181,7 +181,7 @@ fn tasks_do_not_inherit_the_agents_environment_and_the_root_wrapper_never_gets_t
     for secret in ["aws-agent-secret", "join-secret", "admin-secret", "HOME=/root"] {
         assert!(!out.contains(secret), "{secret} leaked into the task: {out}");
     }
-    let home = dir.path().join(format!("a1/work/job-{id}/rank-0"));
+    let home = dir.path().join(format!("a1/homes/job-{id}/rank-0"));
     for want in [
         format!("HOME={}", home.display()),
         "MARKER=tenant-value".into(),
@@ -213,7 +213,7 @@ fn working_dir_cannot_leave_the_tasks_own_directory() {
     let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
     let id = submit_yaml(&s, dir.path(), "name: wd\ntenant: t\ngpus: 1\nworking_dir: run/out\ncommand: [pwd]\n");
     wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
-    let want = dir.path().join(format!("a1/work/job-{id}/rank-0/run/out"));
+    let want = dir.path().join(format!("a1/homes/job-{id}/rank-0/run/out"));
     assert_eq!(log(dir.path(), "a1", id).trim(), want.display().to_string());
 }
 
@@ -302,7 +302,7 @@ fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
     let out = log(dir.path(), "a1", a);
     assert_eq!(out.lines().collect::<Vec<_>>(), ["200000", "environ-denied", "signal-denied", "files-denied"], "{out}");
     // The victim's directories are its own user's, 0700.
-    for d in [format!("a1/checkpoints/job-{b}"), format!("a1/work/job-{b}/rank-0")] {
+    for d in [format!("a1/checkpoints/job-{b}"), format!("a1/homes/job-{b}/rank-0")] {
         let m = std::fs::metadata(dir.path().join(&d)).unwrap();
         assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (200_001, 200_001, 0o700), "{d}");
     }
