@@ -248,6 +248,48 @@ try {
     await page.locator(".error-box").filter({ hasText: "no such job" }).waitFor();
   });
 
+  await step("tokens page: the admin makes a tenant admin's token; its holder sees who it is, its tenant's tokens, " +
+    "who submitted each job, and revokes a token", async () => {
+    await page.click("#logout");
+    await page.locator("#login-token").waitFor();
+    await page.fill("#login-token", ADMIN);
+    await page.click("#login-form button[type=submit]");
+    await page.locator("#who").filter({ hasText: "admin" }).waitFor();
+    await page.click("nav >> text=Tokens");
+    await page.locator("#token-list table").waitFor();
+    await page.fill("#tok-user", "carol");
+    await page.selectOption("#tok-role", "tenant-admin");
+    await page.selectOption("#tok-tenant", "team-b");
+    await page.fill("#tok-expires", "30d");
+    await page.click("#token-form button[type=submit]");
+    const carol = (await page.locator("#new-user-token").textContent()).trim();
+    if (!carol.startsWith("gpn_")) throw new Error("no token shown: " + carol);
+    await page.locator("#token-list tr", { hasText: "carol" }).filter({ hasText: "tenant-admin" }).waitFor();
+    await shot("17-tokens-admin");
+    const job = await api("POST", "/v1/jobs", { name: "carols-job", gpus: 1, command: ["sleep", "1"] }, carol);
+    await page.click("#logout");
+    await page.locator("#login-token").waitFor();
+    await page.fill("#login-token", carol);
+    await page.click("#login-form button[type=submit]");
+    await page.locator("#who").filter({ hasText: "carol · tenant team-b (tenant admin)" }).waitFor();
+    await page.click("nav >> text=Jobs");
+    await page.locator("main table tr", { hasText: `job-${job.id}` }).filter({ hasText: "carol" }).waitFor();
+    await page.click("nav >> text=Tokens");
+    await page.locator("#token-list tr", { hasText: "carol" }).filter({ hasText: "this session" }).waitFor();
+    const rows = await api("GET", "/v1/tokens", undefined, carol);
+    if (rows.some((t) => t.tenant !== "team-b")) throw new Error("a tenant admin lists another tenant's tokens");
+    const other = rows.find((t) => t.user !== "carol");
+    if (!other) throw new Error("team-b's first token is not listed");
+    await page.getByRole("button", { name: `Revoke token ${other.id}` }).click();
+    await until("the revoked token to be refused", async () => {
+      const r = await fetch(URL + "/v1/whoami", { headers: { authorization: "Bearer " + teamToken } });
+      return r.status === 401;
+    });
+    await page.locator("#token-list tr", { hasText: other.id }).waitFor({ state: "detached" });
+    if ((await page.locator("main").textContent()).includes("[object Object]")) throw new Error("a header reads [object Object]");
+    await shot("18-tokens-tenant-admin");
+  });
+
   const allowed = {
     "login page; an unknown token is refused": /Failed to load resource.*401/,
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,

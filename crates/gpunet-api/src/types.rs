@@ -347,6 +347,10 @@ pub struct WhoAmI {
     /// The tenant, for a tenant token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The token itself, as `gpunet tokens list` shows it: its id, exact role (a tenant admin manages its
+    /// tenant's tokens), user and expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<TokenInfo>,
 }
 
 /// One queued job in policy order.

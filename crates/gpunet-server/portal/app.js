@@ -103,9 +103,17 @@ function num(x, d = 1) { return Number(x).toLocaleString(undefined, { maximumFra
 function badge(state) { return h("span", { class: "badge " + state }, state); }
 function jobLink(id, text) { return h("a", { href: "#/jobs/" + id }, text || "job-" + id); }
 function isAdmin() { return S.me && S.me.role === "admin"; }
+/** Whether the session's token manages tokens: the admin (all) or a tenant admin (its tenant's). */
+function managesTokens() { return isAdmin() || Boolean(S.me && S.me.token && S.me.token.role === "tenant-admin"); }
+/** "alice · tenant team-a (tenant admin)": who the session is, from `/v1/whoami`. */
+function whoText(me) {
+  const t = me.token || {};
+  const base = me.role === "admin" ? "admin" : "tenant " + me.tenant + (t.role === "tenant-admin" ? " (tenant admin)" : "");
+  return t.user ? `${t.user} · ${base}` : base;
+}
 
 function table(headers, rows, empty) {
-  const head = h("tr", {}, headers.map((c) => h("th", { scope: "col", class: c.num ? "num" : "" }, c.label || c)));
+  const head = h("tr", {}, headers.map((c) => h("th", { scope: "col", class: c.num ? "num" : "" }, typeof c === "string" ? c : c.label)));
   if (!rows.length) {
     return h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, head),
       h("tbody", {}, h("tr", {}, h("td", { colspan: headers.length, class: "empty" }, empty || "Nothing here.")))));
@@ -133,7 +141,8 @@ async function login(token) {
   sessionStorage.setItem(TOKEN_KEY, token);
   document.getElementById("login").hidden = true;
   document.getElementById("app").hidden = false;
-  document.getElementById("who").textContent = S.me.role === "admin" ? "admin" : "tenant " + S.me.tenant;
+  document.getElementById("who").textContent = whoText(S.me);
+  document.getElementById("nav-tokens").hidden = !managesTokens();
   startStream();
   route();
 }
@@ -213,7 +222,7 @@ function onEvent(data) {
 
 // ---------------------------------------------------------------- routing
 
-const PAGES = { overview, queue, jobs, job, submit, tenants, nodes };
+const PAGES = { overview, queue, jobs, job, submit, tenants, nodes, tokens };
 
 function route() {
   if (!S.token) return;
@@ -468,15 +477,17 @@ async function jobs(_arg, params) {
     }
     const needle = text.value.trim().toLowerCase();
     if (needle) {
-      all = all.filter((j) => ("job-" + j.id + " " + j.id + " " + j.name + " " + j.tenant + " " +
+      all = all.filter((j) => ("job-" + j.id + " " + j.id + " " + j.name + " " + j.tenant + " " + (j.submitted_by || "") + " " +
         (j.spec.command || []).join(" ")).toLowerCase().includes(needle));
     }
     all.sort((a, b) => b.id - a.id);
     count.textContent = `${all.length} job(s)`;
     list.replaceChildren(table(
-      [{ label: "Job" }, { label: "Name" }, { label: "Tenant" }, { label: "State" }, { label: "GPUs", num: true },
-        { label: "Submitted" }, { label: "Run time" }, { label: "Restarts", num: true }, { label: "" }],
-      all.slice(0, 500).map((j) => [jobLink(j.id), j.name, j.tenant, badge(j.state), String(j.gpus), fmtTime(j.submitted_ms),
+      [{ label: "Job" }, { label: "Name" }, { label: "Tenant" }, { label: "By" }, { label: "State" },
+        { label: "GPUs", num: true }, { label: "Submitted" }, { label: "Run time" }, { label: "Restarts", num: true },
+        { label: "" }],
+      all.slice(0, 500).map((j) => [jobLink(j.id), j.name, j.tenant, j.submitted_by || "—", badge(j.state), String(j.gpus),
+        fmtTime(j.submitted_ms),
         j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—", String(j.restarts),
         ACTIVE.has(j.state) ? h("button", { type: "button", class: "danger", "aria-label": `Cancel job-${j.id}`,
           onclick: () => cancelJob(j.id) }, "Cancel") : ""]),
@@ -533,7 +544,7 @@ async function job(id) {
       ...(ACTIVE.has(j.state) ? [h("button", { type: "button", class: "danger", onclick: () => cancelJob(j.id) },
         "Cancel job")] : []));
     facts.replaceChildren(h("dl", { class: "facts" },
-      fact("Tenant", j.tenant), fact("Priority", j.priority), fact("Tasks × GPUs", `${j.tasks} × ${j.spec.gpus}`),
+      fact("Tenant", j.tenant), fact("Submitted by", j.submitted_by || "—"), fact("Priority", j.priority), fact("Tasks × GPUs", `${j.tasks} × ${j.spec.gpus}`),
       fact("Command", shellJoin(j.spec.command || []) || "—"),
       fact("Submitted", fmtTime(j.submitted_ms)), fact("Started", fmtTime(j.started_ms)),
       fact("Finished", fmtTime(j.finished_ms)),
@@ -905,6 +916,83 @@ function quotaBar(used, guarantee, limit) {
     bar.append(mark);
   }
   return h("div", {}, bar, h("span", { class: "muted" }, `${used}` + (limit ? ` / ${limit}` : "") + " GPUs"));
+}
+
+// ---------------------------------------------------------------- tokens
+
+/** Tokens: the admin sees and manages every token, a tenant admin its tenant's; a new token is shown once. */
+async function tokens() {
+  if (!managesTokens()) {
+    setMain("Tokens", h("p", { class: "muted" }, "Tokens are managed by the admin and by a tenant's admins."));
+    return;
+  }
+  const body = h("div", { id: "token-list" });
+  const out = h("div", { id: "token-result", "aria-live": "polite" });
+  const field = (id, label, el) => {
+    const err = h("p", { class: "field-error", id: "err-" + id });
+    el.setAttribute("id", id);
+    el.setAttribute("aria-describedby", "err-" + id);
+    return { el, err, box: h("div", {}, h("label", { for: id }, label), el, err) };
+  };
+  const user = field("tok-user", "User", h("input", { type: "text", required: true, placeholder: "alice" }));
+  const roles = isAdmin() ? ["tenant", "tenant-admin", "admin", "join"] : ["tenant", "tenant-admin"];
+  const role = field("tok-role", "Role", h("select", {}, roles.map((r) => h("option", { value: r }, r))));
+  const tenantSel = h("select", {}, h("option", { value: "" }, "—"));
+  const tenant = field("tok-tenant", "Tenant", tenantSel);
+  const expires = field("tok-expires", "Expires in", h("input", { type: "text", placeholder: "90d (empty: never)" }));
+  const fields = { user, role, tenant, expires_in: expires };
+  if (isAdmin()) {
+    for (const t of await api("/v1/tenants")) tenantSel.append(h("option", { value: t.name }, t.name));
+  } else {
+    tenantSel.replaceChildren(h("option", { value: S.me.tenant }, S.me.tenant));
+    tenantSel.disabled = true;
+  }
+  const draw = async () => {
+    const list = await api("/v1/tokens");
+    list.sort((a, b) => (b.created_ms || 0) - (a.created_ms || 0));
+    const mine = S.me.token && S.me.token.id;
+    body.replaceChildren(table([{ label: "Id" }, { label: "Role" }, { label: "Tenant" }, { label: "User" },
+      { label: "Created" }, { label: "Expires" }, { label: "" }],
+    list.map((t) => [h("code", {}, t.id), t.role, t.tenant || "—", t.user || "—", fmtTime(t.created_ms),
+      t.expires_ms ? fmtTime(t.expires_ms) : "never",
+      t.id === mine ? h("span", { class: "muted" }, "this session") : h("button", { type: "button", class: "danger",
+        "aria-label": `Revoke token ${t.id}`, onclick: async () => {
+          if (!confirm(`Revoke token ${t.id} (${t.user || t.role})? It stops working at once.`)) return;
+          try {
+            await api(`/v1/tokens/${encodeURIComponent(t.id)}/revoke`, { method: "POST" });
+            toast(`Token ${t.id} revoked`);
+            await draw();
+          } catch (e) { toast(e.message, true); }
+        } }, "Revoke")]), "No tokens."));
+  };
+  const create = async (e) => {
+    e.preventDefault();
+    for (const f of Object.values(fields)) { f.el.removeAttribute("aria-invalid"); f.err.textContent = ""; }
+    out.replaceChildren();
+    const req = { user: user.el.value.trim(), role: role.el.value };
+    if (!req.user) { user.err.textContent = "Enter who the token is for."; user.el.focus(); return; }
+    if (isAdmin() && (req.role === "tenant" || req.role === "tenant-admin")) req.tenant = tenantSel.value || undefined;
+    if (expires.el.value.trim()) req.expires_in = expires.el.value.trim();
+    try {
+      const t = await api("/v1/tokens", { method: "POST", body: JSON.stringify(req) });
+      out.replaceChildren(h("div", { class: "ok-box", role: "status" },
+        h("p", {}, `Token for ${t.user}` + (t.tenant ? ` of ${t.tenant}` : "") + ` (${t.role}; shown once, only its hash is stored):`),
+        h("pre", { class: "spec", id: "new-user-token", tabindex: "0" }, t.token)));
+      await draw();
+    } catch (x) {
+      const f = fields[x.field ? x.field.split(/[.[]/)[0] : ""];
+      if (f) { f.el.setAttribute("aria-invalid", "true"); f.err.textContent = x.message; f.el.focus(); }
+      else out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message));
+    }
+  };
+  setMain("Tokens", h("details", { class: "card", open: true },
+    h("summary", {}, isAdmin() ? "Create a token" : `Create a token for ${S.me.tenant}`),
+    h("form", { id: "token-form", onsubmit: create, novalidate: true },
+      h("div", { class: "form-grid" }, user.box, role.box, tenant.box, expires.box),
+      h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Create token"))),
+    out), body);
+  S.refresh = draw;
+  await draw();
 }
 
 // ---------------------------------------------------------------- nodes

@@ -837,9 +837,11 @@ async fn job_logs(
 }
 
 async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
-    let v = match user(&st, &h)? {
-        Principal::Tenant(t) => WhoAmI { role: "tenant".into(), tenant: Some(t) },
-        _ => WhoAmI { role: "admin".into(), tenant: None },
+    let c = user_cred(&st, &h)?;
+    let token = Some(crate::tokens::info(&hash_token(bearer(&h)?), &c));
+    let v = match c.who {
+        Principal::Tenant(t) => WhoAmI { role: "tenant".into(), tenant: Some(t), token },
+        _ => WhoAmI { role: "admin".into(), tenant: None, token },
     };
     Ok(json(StatusCode::OK, v))
 }

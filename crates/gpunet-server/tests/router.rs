@@ -613,6 +613,16 @@ async fn tokens_are_per_user_revocable_expiring_and_scoped_to_a_tenant_admin() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some(&team_a), None).await;
     assert_eq!(j["submitted_by"], "alice", "{j}");
+    // whoami says which token it is: alice, a member of team-a; team-a's first token, its admin.
+    let (_, who) = app.call("GET", "/v1/whoami", Some(&alice), None).await;
+    assert_eq!(
+        (&who["role"], &who["tenant"], &who["token"]["user"]),
+        (&json!("tenant"), &json!("team-a"), &json!("alice"))
+    );
+    assert_eq!(who["token"]["role"], "tenant", "{who}");
+    let (_, who) = app.call("GET", "/v1/whoami", Some(&team_a), None).await;
+    assert_eq!(who["token"]["role"], "tenant-admin", "{who}");
+    assert!(who["token"].get("token").is_none(), "whoami never shows a secret: {who}");
     // A tenant admin manages only its own tenant's tokens, never admin or join ones; a member manages none.
     for (token, body) in [
         (&team_a, json!({"role": "admin", "user": "x"})),
