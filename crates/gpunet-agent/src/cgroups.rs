@@ -17,6 +17,9 @@ pub enum Cgroups {
         base: PathBuf,
         /// Controllers enabled for them.
         controllers: Vec<String>,
+        /// Whether device filters ([`crate::devfilter`], eBPF) can be attached: a task then opens only the devices
+        /// it was given, as with v1's devices hierarchy.
+        devices: bool,
     },
     /// v1 hierarchies.
     V1 {
@@ -75,7 +78,7 @@ impl Cgroups {
             if !wanted.is_empty() && writable_dir(&base) {
                 let enable = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
                 if std::fs::write(base.join("cgroup.subtree_control"), enable).is_ok() {
-                    return Cgroups::V2 { base, controllers: wanted };
+                    return Cgroups::V2 { base, controllers: wanted, devices: crate::devfilter::available() };
                 }
             }
         }
@@ -98,7 +101,13 @@ impl Cgroups {
     /// For the node's status, e.g. `cgroup-v1: memory, cpu`.
     pub fn describe(&self) -> String {
         match self {
-            Cgroups::V2 { controllers, .. } => format!("cgroup-v2: {}", controllers.join(", ")),
+            Cgroups::V2 { controllers, devices, .. } => {
+                let mut v: Vec<&str> = controllers.iter().map(String::as_str).collect();
+                if *devices {
+                    v.push("devices");
+                }
+                format!("cgroup-v2: {}", v.join(", "))
+            }
             Cgroups::V1 { memory, cpu, freezer, devices } => {
                 let mut v = Vec::new();
                 if memory.is_some() {
@@ -120,8 +129,8 @@ impl Cgroups {
     }
 
     /// Makes the groups of one task with its limits. `devices`: the v1 device rules (`c MAJOR:MINOR rwm`) the task
-    /// may use, all others denied (see [`device_rules`]); `None` leaves devices alone. cgroup v2 has no devices
-    /// file (it takes an eBPF program), so there the rules are not applied.
+    /// may use, all others denied (see [`device_rules`]); `None` leaves devices alone. On cgroup v2 the same rules
+    /// become an eBPF device filter ([`crate::devfilter`]) attached to the group before any process joins it.
     pub fn create(
         &self,
         name: &str,
@@ -134,9 +143,17 @@ impl Cgroups {
         let quota = (cpu_milli.max(10) * 100).to_string();
         match self {
             Cgroups::None => Ok(None),
-            Cgroups::V2 { base, controllers } => {
+            Cgroups::V2 { base, controllers, devices: filters } => {
                 let d = base.join(name);
                 std::fs::create_dir_all(&d)?;
+                if let (true, Some(rules)) = (*filters, devices) {
+                    let rules = rules
+                        .iter()
+                        .map(|r| crate::devfilter::Rule::parse(r))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                    crate::devfilter::attach(&d, &rules)?;
+                }
                 if controllers.iter().any(|c| c == "memory") {
                     std::fs::write(d.join("memory.max"), bytes.to_string())?;
                     let _ = std::fs::write(d.join("memory.swap.max"), "0");
@@ -417,5 +434,55 @@ mod tests {
         assert!(t.under_oom());
         let _ = std::fs::remove_dir_all(&root);
         assert_eq!(Cgroups::detect(Path::new("/nonexistent-cgroup-root"), "x"), Cgroups::None);
+    }
+
+    /// Where a cgroup v2 hierarchy is mounted (the whole tree on a v2 host, `/sys/fs/cgroup/unified` on a hybrid one).
+    fn cgroup2_mount() -> Option<PathBuf> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        info.lines().find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let at = pre.split_whitespace().nth(4)?;
+            (post.split_whitespace().next() == Some("cgroup2")).then(|| PathBuf::from(at))
+        })
+    }
+
+    /// cgroup v2: the task group's eBPF filter lets a process open its own GPU's device node and `/dev/null`, and
+    /// refuses another GPU's with EPERM (fake device nodes with the NVIDIA major: an allowed open reaches the missing
+    /// driver and fails with ENXIO instead).
+    #[test]
+    fn on_cgroup_v2_a_task_opens_only_its_own_gpu() {
+        let Some(mount) = cgroup2_mount().filter(|_| crate::running_as_root() && crate::devfilter::available()) else {
+            eprintln!("skipped: needs root, a cgroup2 mount and bpf(2)");
+            return;
+        };
+        let dev = tempfile::tempdir().unwrap();
+        for (name, minor) in [("nvidia0", 0), ("nvidia1", 1)] {
+            nix::sys::stat::mknod(
+                &dev.path().join(name),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(195, minor),
+            )
+            .unwrap();
+        }
+        let base = mount.join(format!("gpunet-devfilter-test-{}", std::process::id()));
+        let cg = Cgroups::V2 { base: base.clone(), controllers: Vec::new(), devices: true };
+        let rules = device_rules(dev.path(), &[0]);
+        let t = cg.create("job-1-rank-0-attempt-0", 64, 1000, Some(&rules)).unwrap().unwrap();
+        let script = format!(
+            "echo $$ > {procs} || exit 9; for d in /dev/null {dev}/nvidia0 {dev}/nvidia1; do \
+             if cat $d >/dev/null 2>&1; then echo \"$d ok\"; else cat $d 2>&1 >/dev/null | sed \"s|^|$d |\"; fi; done",
+            procs = t.procs[0].display(),
+            dev = dev.path().display()
+        );
+        let out = std::process::Command::new("/bin/sh").arg("-c").arg(&script).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        t.remove();
+        let _ = std::fs::remove_dir(&base);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("/dev/null ok"), "{text}");
+        let line = |n: &str| text.lines().find(|l| l.contains(n)).unwrap_or_default().to_string();
+        assert!(line("nvidia0").contains("No such device"), "its own GPU reaches the (missing) driver: {text}");
+        assert!(line("nvidia1").contains("Operation not permitted"), "another GPU is refused: {text}");
     }
 }

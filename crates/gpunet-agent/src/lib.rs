@@ -14,6 +14,7 @@
 pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
+pub mod devfilter;
 pub mod gpus;
 pub mod launcher;
 pub mod wrapper;
