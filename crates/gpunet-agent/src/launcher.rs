@@ -471,10 +471,9 @@ impl Launcher {
             Some(&devices),
         ) {
             Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(job = t.job, error = %e, "could not create the task's cgroups; running without limits");
-                None
-            }
+            // A node that has cgroups never runs a task outside them: without its group the task would have no memory
+            // or CPU limit, no device restriction, and could leave children behind. It fails to start instead.
+            Err(e) => return fail(format!("create the task's cgroups: {e}"), &self.exits),
         };
         let env = self.task_env(a, &home);
         let status = status_path(&self.dir, &t);
