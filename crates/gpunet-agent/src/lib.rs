@@ -465,7 +465,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 shipped.retain(|t, _| live.contains(t));
                 for t in launcher.running() {
                     if !want.contains(&t) {
-                        let grace = Duration::from_secs(10);
+                        let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
                         launcher.stop(&t, grace);
                     }
                 }

@@ -28,9 +28,13 @@ use crate::job::JobState;
 use crate::node::NodeState;
 use crate::schedule::Decision;
 use crate::state::ClusterState;
-use crate::units::Time;
+use crate::units::{Dur, Time};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// How long a stopping attempt's processes have between SIGTERM and SIGKILL: the longest a stop takes, live (the
+/// agent) and in simulation (the simulator's stop times are capped at it).
+pub const STOP_GRACE: Dur = Dur::from_secs(10);
 
 /// Why the end of an attempt was asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

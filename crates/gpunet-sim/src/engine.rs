@@ -135,9 +135,9 @@ pub struct SimConfig {
     /// Which jobs may run on spot nodes (they tolerate the `lifecycle=spot` taint).
     pub spot_jobs: SpotJobs,
     /// Modelled time from asking a preempted or drained job to stop until its processes are gone (its SIGTERM handler
-    /// writing a checkpoint); its GPUs stay allocated meanwhile, as live. Default 10 s, the agent's grace period
-    /// before SIGKILL (the longest a live stop takes).
-    pub stop_time: Dur,
+    /// writing a checkpoint); its GPUs stay allocated meanwhile, as live. Default: drawn from stop times measured on
+    /// real processes (see [`crate::stop`]), at most the agent's grace period before SIGKILL.
+    pub stop_time: crate::stop::StopTime,
 }
 
 /// Which jobs tolerate spot nodes.
@@ -195,7 +195,7 @@ impl Default for SimConfig {
             check_invariants: false,
             autoscale: None,
             spot_jobs: SpotJobs::Preemptible,
-            stop_time: Dur::from_secs(10),
+            stop_time: crate::stop::StopTime::default(),
         }
     }
 }
@@ -350,6 +350,8 @@ struct Engine<'a> {
     heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     seq: u64,
     rng: Rng,
+    /// Draws stop times; a stream of its own, so that the stop-time model does not move the other draws.
+    stop_rng: Rng,
     alloc_gpus: u64,
     last_t: u64,
     alloc_area: f64,
@@ -522,12 +524,13 @@ impl Engine<'_> {
                     let idx = (job.0 - 1) as usize;
                     self.st.apply_decision(d, t)?;
                     self.preemptions += 1;
-                    if self.cfg.stop_time.0 == 0 {
+                    let stop = self.cfg.stop_time.draw(&mut self.stop_rng);
+                    if stop.0 == 0 {
                         self.confirm_end(idx, now)?;
                         evicted = true;
                     } else {
                         let attempt = self.jobs[idx].attempt;
-                        self.push(now + self.cfg.stop_time.0, Ev::StopConfirmed { job: idx as u32, attempt });
+                        self.push(now + stop.0, Ev::StopConfirmed { job: idx as u32, attempt });
                     }
                 }
                 Decision::Scale { .. } | Decision::Reserve { .. } => self.st.apply(d, t)?,
@@ -553,14 +556,15 @@ impl Engine<'_> {
         self.st.set_node_state(node, state, t)?;
         for id in &jobs {
             let idx = (id.0 - 1) as usize;
-            if state == NodeState::Lost || self.cfg.stop_time.0 == 0 {
+            let stop = if state == NodeState::Lost { Dur::ZERO } else { self.cfg.stop_time.draw(&mut self.stop_rng) };
+            if stop.0 == 0 {
                 if state == NodeState::Lost && self.st.job(*id).is_some_and(|j| j.is_stopping()) {
                     self.node_losses += 1;
                 }
                 self.confirm_end(idx, now)?;
             } else {
                 let attempt = self.jobs[idx].attempt;
-                self.push(now + self.cfg.stop_time.0, Ev::StopConfirmed { job: idx as u32, attempt });
+                self.push(now + stop.0, Ev::StopConfirmed { job: idx as u32, attempt });
             }
         }
         Ok(())
@@ -786,6 +790,7 @@ pub fn simulate(
         heap: BinaryHeap::new(),
         seq: 0,
         rng: Rng::new(cfg.seed),
+        stop_rng: Rng::new(cfg.seed ^ 0x5354_4f50_5449_4d45),
         alloc_gpus: 0,
         last_t: t0,
         alloc_area: 0.0,

@@ -25,6 +25,7 @@ pub mod pollux;
 pub use gpunet_core::predict;
 pub mod report;
 pub mod rng;
+pub mod stop;
 pub mod trace;
 
 pub use cluster::ClusterSpec;
@@ -32,4 +33,5 @@ pub use engine::{
     simulate, AutoscaleSim, EstimateMode, QuotaMode, Sample, SimConfig, SimResult, SpotJobs, TenantResult,
 };
 pub use error::SimError;
+pub use stop::StopTime;
 pub use trace::{read_trace, read_trace_from, ReadOptions, Trace, TraceFormat, TraceJob};

@@ -34,7 +34,7 @@ fn cfg(policy: Policy) -> SimConfig {
         checkpoint_interval: Dur::from_secs(10),
         tick: Dur::from_secs(10),
         check_invariants: true,
-        stop_time: Dur::ZERO,
+        stop_time: gpunet_sim::StopTime::Fixed(Dur::ZERO),
         ..SimConfig::default()
     }
 }
@@ -73,12 +73,27 @@ fn fifo_sjf_and_las_give_the_hand_computed_jcts() {
 #[test]
 fn a_victim_holds_its_gpu_for_the_modelled_stop_time() {
     let trace = csv(THREE_JOBS);
-    let c = SimConfig { stop_time: Dur::from_secs(5), ..cfg(Policy::Las) };
+    let c = SimConfig { stop_time: gpunet_sim::StopTime::Fixed(Dur::from_secs(5)), ..cfg(Policy::Las) };
     let r = jcts_by_id(&trace, &one_node(1), &c);
     assert_eq!(r.jcts, vec![65.0, 155.0, 155.0]);
     assert_eq!((r.preemptions, r.makespan_s), (2, 165.0));
     assert!((r.lost_gpu_hours - 5.0 / 3600.0).abs() < 1e-9, "{}", r.lost_gpu_hours);
     assert!((r.utilization - 1.0).abs() < 1e-9, "the GPU is never idle nor shared");
+}
+
+/// Measured stop times drive the same lifecycle: one measurement of 5 s gives the fixed 5 s run's results; the
+/// shipped measurements (the default) give a seeded, repeatable run whose victims hold their GPU for a while.
+#[test]
+fn measured_stop_times_are_drawn_for_each_stop() {
+    let trace = csv(THREE_JOBS);
+    let measured = gpunet_sim::StopTime::from_csv("five", "model,seconds\nx,5.0\n").unwrap();
+    let r = jcts_by_id(&trace, &one_node(1), &SimConfig { stop_time: measured, ..cfg(Policy::Las) });
+    assert_eq!(r.jcts, vec![65.0, 155.0, 155.0]);
+    let default = SimConfig { stop_time: gpunet_sim::StopTime::default(), ..cfg(Policy::Las) };
+    let a = jcts_by_id(&trace, &one_node(1), &default);
+    let b = jcts_by_id(&trace, &one_node(1), &default);
+    assert_eq!((&a.jcts, a.makespan_s), (&b.jcts, b.makespan_s), "one seed, one result");
+    assert!(a.makespan_s > 160.0 && a.makespan_s <= 180.0, "two stops of 0–10 s each: {}", a.makespan_s);
 }
 
 #[test]

@@ -52,9 +52,14 @@ pub(crate) struct SimOpts {
     #[arg(long, default_value_t = 30)]
     pub(crate) checkpoint_mins: u64,
     /// Seconds from asking a preempted or drained job to stop until its processes are gone (its GPUs stay held
-    /// meanwhile, as live); default the agent's grace period before SIGKILL.
-    #[arg(long, default_value_t = 10.0)]
-    pub(crate) stop_time_s: f64,
+    /// meanwhile, as live), the same for every stop. Default: each stop draws one of the times measured on real
+    /// processes writing a checkpoint on SIGTERM (data/stop-times/README.md), at most the agent's 10 s grace period.
+    #[arg(long, conflicts_with = "stop_times")]
+    pub(crate) stop_time_s: Option<f64>,
+    /// Measured stop times to draw from instead: a CSV with a header and a `seconds` column, one row per stop
+    /// (scripts/measure-stop-times.py writes one).
+    #[arg(long)]
+    pub(crate) stop_times: Option<std::path::PathBuf>,
     /// Turn preemption off.
     #[arg(long)]
     pub(crate) no_preemption: bool,
@@ -136,9 +141,18 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
     };
     let mut sched = SchedConfig { backfill: o.backfill, ..SchedConfig::with_policy(policy) };
     sched.preemption.enabled = !o.no_preemption;
-    if !o.stop_time_s.is_finite() || !(0.0..=86_400.0).contains(&o.stop_time_s) {
-        bail!("invalid --stop-time-s {}: allowed are 0 to 86400 seconds", o.stop_time_s);
-    }
+    let stop_time = match (o.stop_time_s, &o.stop_times) {
+        (Some(s), _) if !s.is_finite() || !(0.0..=86_400.0).contains(&s) => {
+            bail!("invalid --stop-time-s {s}: allowed are 0 to 86400 seconds")
+        }
+        (Some(s), _) => gpunet_sim::StopTime::Fixed(Dur((s * 1000.0).round() as u64)),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("read --stop-times {}", f.display()))?;
+            gpunet_sim::StopTime::from_csv(&f.display().to_string(), &text)
+                .with_context(|| format!("invalid --stop-times {}", f.display()))?
+        }
+        (None, None) => gpunet_sim::StopTime::default(),
+    };
     Ok(SimConfig {
         sched,
         quotas: o.quotas.parse()?,
@@ -153,7 +167,7 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
         max_jobs: o.max_jobs,
         autoscale,
         spot_jobs: o.spot_jobs.parse()?,
-        stop_time: Dur((o.stop_time_s * 1000.0) as u64),
+        stop_time,
         ..SimConfig::default()
     })
 }

@@ -108,3 +108,25 @@ fn bad_input_is_a_clear_error() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The stop-time model: the shipped measurements by default, a file of one's own, or a fixed time — and a bad file is
+/// refused naming its line, before anything runs.
+#[test]
+fn stop_times_come_from_measurements_a_file_or_a_fixed_value() {
+    let trace = data("philly/philly_pollux.csv.gz");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("stops.csv");
+    std::fs::write(&good, "model,seconds\na,1.5\nb,3\n").unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "model,seconds\na,1.5\nb,soon\n").unwrap();
+    let base = ["sim", "--trace", &trace, "--cluster", "philly", "--max-jobs", "300", "--output", "json"];
+    for extra in [&[][..], &["--stop-times", good.to_str().unwrap()][..], &["--stop-time-s", "2"][..]] {
+        let out = gpunet(&[&base[..], extra].concat());
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = gpunet(&[&base[..], &["--stop-times", bad.to_str().unwrap()]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("bad.csv:3") && err.contains("soon"), "{err}");
+    let out = gpunet(&[&base[..], &["--stop-time-s", "2", "--stop-times", good.to_str().unwrap()]].concat());
+    assert!(!out.status.success(), "--stop-time-s and --stop-times together are refused");
+}
