@@ -1,0 +1,379 @@
+//! Backfill (EASY): the blocked head's reservation — the earliest estimated time its placement becomes free, from
+//! the estimated ends of running jobs and of jobs started in this pass, and the resources it will take then — what
+//! that reservation holds back from long jobs, and the jobs tried behind the head (at most `backfill_depth`): a job
+//! starts only if it ends before the reservation or keeps off the reserved resources.
+
+use super::{Decision, Pass, PendingReason};
+use crate::alloc::{Free, Hold, Holdback, Request};
+use crate::ids::{JobId, NodeId};
+use crate::job::{Job, Placement, TaskPlacement};
+use crate::node::labels;
+use crate::state::{ClusterState, QueueKey};
+use crate::units::{MiB, MilliCpu, Time};
+
+/// The reservation of the blocked head job.
+#[derive(Debug)]
+pub(super) struct Res {
+    pub(super) head: JobId,
+    pub(super) at: Time,
+    pub(super) hold: Holdback,
+    /// When the reservation time is unknown: classes that backfill jobs may not use at all.
+    pub(super) forbid: Vec<u32>,
+    pub(super) placement: Option<Placement>,
+}
+
+/// What the queue key alone says about a job behind the blocked head.
+pub(super) enum Behind {
+    /// Look at the job.
+    Try,
+    /// It cannot start now; go on to the next.
+    Skip,
+    /// No job behind the head may start in this pass.
+    Stop,
+}
+
+/// Extends `order` to `n` releases, merging running jobs and jobs started in this pass by estimated end; stops at
+/// jobs without an estimate.
+fn pull_releases<'x>(
+    a: &mut std::iter::Peekable<impl Iterator<Item = &'x (Time, JobId)>>,
+    b: &mut std::iter::Peekable<std::slice::Iter<'x, (Time, JobId, Placement)>>,
+    st: &'x ClusterState,
+    order: &mut Vec<(Time, &'x Placement)>,
+    n: usize,
+) {
+    while order.len() < n {
+        let take_a = match (a.peek(), b.peek()) {
+            (Some((ta, ja)), Some((tb, jb, _))) => (ta, ja) <= (tb, jb),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return,
+        };
+        let (end, p) = if take_a {
+            let (end, id) = a.next().expect("peeked");
+            (*end, &st.jobs[id].run.as_ref().expect("running job has a run").placement)
+        } else {
+            let (end, _, p) = b.next().expect("peeked");
+            (*end, p)
+        };
+        if end == Time::MAX {
+            return;
+        }
+        order.push((end, p));
+    }
+}
+
+impl<'a> Pass<'a> {
+    /// Behind a blocked head (`tried`: jobs taken from the queue since it blocked, this one included): past
+    /// `backfill_depth` the walk stops; cheap rejections come from the queue key alone (no job lookup). The job
+    /// `explain` traces is always tried.
+    pub(super) fn behind_head(&self, r: &Res, key: &QueueKey, tried: usize, traced: bool) -> Behind {
+        if tried > self.st.cfg.backfill_depth && !traced {
+            return Behind::Stop;
+        }
+        if traced {
+            return Behind::Try;
+        }
+        if key.not_before > self.now {
+            return Behind::Skip;
+        }
+        if key.gpus > self.free.total_gpus {
+            if self.free.total_gpus == 0 && self.st.queued_no_gpu == 0 {
+                return Behind::Stop; // nothing left that any queued job could use
+            }
+            return Behind::Skip;
+        }
+        let long = key.est == u64::MAX || self.now.0.saturating_add(key.est) > r.at.0;
+        if self.failed.contains(&(key.shape(), long)) {
+            return Behind::Skip;
+        }
+        Behind::Try
+    }
+
+    /// Tries `job` behind the head's reservation `r` on `classes` (`narrowed`: fewer than its eligible classes,
+    /// because of per-model quota; `shape`: its queue-key shape). A job that ends before the reservation may use
+    /// anything free; a longer one keeps off what the reservation holds. Returns whether it started.
+    pub(super) fn backfill(&mut self, job: &Job, r: &Res, classes: &[u32], narrowed: bool, shape: u64) -> bool {
+        let spec = &job.spec;
+        let traced = self.trace == Some(job.id);
+        if r.forbid.iter().any(|c| classes.contains(c)) && r.at == Time::MAX {
+            // No reservation time is known: keep off the head's node classes entirely.
+            let allowed: Vec<u32> = classes.iter().copied().filter(|c| !r.forbid.contains(c)).collect();
+            if let Some(p) = self.try_place(job, &allowed, None) {
+                self.commit_start(job, p, true);
+                return true;
+            }
+            self.note(job.id, |_| PendingReason::Reservation { holder: r.head, until: r.at });
+            return false;
+        }
+        let end = ClusterState::est_end(job, self.now);
+        let short = end <= r.at;
+        let hold = if short { None } else { Some(&r.hold) };
+        let memo = spec.elastic.is_none() && !narrowed;
+        if let Some(p) = self.try_place(job, classes, hold) {
+            self.commit_start(job, p, true);
+            return true;
+        }
+        if memo && !traced {
+            self.failed.insert((shape, !short));
+        } else if traced {
+            if !short && self.try_place(job, classes, None).is_some() {
+                self.outcome = Some(PendingReason::Reservation { holder: r.head, until: r.at });
+            } else {
+                self.outcome = Some(self.capacity_reason(spec, classes, None, Vec::new()));
+            }
+        }
+        false
+    }
+
+    /// The head's reservation, announced as a [`Decision::Reserve`] when its placement is known.
+    pub(super) fn reserve(&mut self, job: &Job, classes: &[u32]) -> Res {
+        let r = self.reservation(job, classes);
+        if let Some(p) = &r.placement {
+            self.decisions.push(Decision::Reserve { job: job.id, at: r.at, placement: p.clone() });
+        }
+        r
+    }
+
+    /// EASY reservation for the head: release running jobs in order of estimated end until it fits. Releases are
+    /// applied to the pass's free pool in place and undone afterwards; placement is probed at doubling release
+    /// counts, then the earliest fitting count is found by binary search.
+    fn reservation(&mut self, job: &Job, classes: &[u32]) -> Res {
+        let st: &'a ClusterState = self.st;
+        let spec = &job.spec;
+        let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+        let need = spec.task.gpus as u64 * tasks as u64;
+        let unknown =
+            Res { head: job.id, at: Time::MAX, hold: Holdback::new(), forbid: classes.to_vec(), placement: None };
+        let mut started: Vec<(Time, JobId, Placement)> = std::mem::take(&mut self.started);
+        started.sort_by_key(|(t, j, _)| (*t, *j));
+        // The release order, pulled lazily: running jobs and those started in this pass, by estimated end.
+        let mut order: Vec<(Time, &Placement)> = Vec::new();
+        let preempted = self.preempted.clone();
+        let mut a = st.running_by_end.iter().filter(|(_, j)| !preempted.contains(j)).peekable();
+        let mut b = started.iter().peekable();
+        let topo = &st.topo;
+        let mut applied = 0usize; // releases currently given back
+        let mut free = std::mem::take(&mut self.free);
+        let set_to = |free: &mut Free, applied: &mut usize, order: &[(Time, &Placement)], n: usize| {
+            let n = n.min(order.len());
+            while *applied < n {
+                for t in &order[*applied].1.tasks {
+                    free.give(topo, t);
+                }
+                *applied += 1;
+            }
+            while *applied > n {
+                *applied -= 1;
+                for t in &order[*applied].1.tasks {
+                    free.take(topo, t);
+                }
+            }
+        };
+        let fits = |free: &Free| -> Option<Placement> {
+            let req = Request {
+                spec,
+                tasks,
+                classes,
+                hold: None,
+                per_node: spec.selector.iter().any(|s| s.key == labels::RACK),
+            };
+            free.place(topo, &req, Some(&st.node_specs))
+        };
+        // Smallest count with enough free GPUs in total.
+        let mut lo = 0usize; // known not to fit (or untested 0)
+        let mut n = 0usize;
+        let horizon = st.cfg.reservation_horizon;
+        while free.free_in(classes) < need {
+            if n >= horizon {
+                break;
+            }
+            pull_releases(&mut a, &mut b, st, &mut order, n + 1);
+            if order.len() <= n {
+                break;
+            }
+            set_to(&mut free, &mut applied, &order, n + 1);
+            n += 1;
+        }
+        let mut found: Option<(usize, Placement)> = None;
+        if free.free_in(classes) >= need && n <= horizon {
+            let mut step = 1usize;
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                pull_releases(&mut a, &mut b, st, &mut order, n);
+                n = n.min(order.len());
+                set_to(&mut free, &mut applied, &order, n);
+                if let Some(p) = fits(&free) {
+                    found = Some((n, p));
+                    break;
+                }
+                lo = n;
+                pull_releases(&mut a, &mut b, st, &mut order, (n + 1).min(horizon));
+                if n >= order.len() || attempts > 40 {
+                    break;
+                }
+                n = (n + step).min(horizon);
+                step *= 2;
+            }
+        }
+        let result = match found {
+            None => None,
+            Some((mut hi, mut p)) => {
+                // Earliest fitting count in (lo, hi].
+                let mut lo = lo;
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    set_to(&mut free, &mut applied, &order, mid);
+                    match fits(&free) {
+                        Some(q) => {
+                            hi = mid;
+                            p = q;
+                        }
+                        None => lo = mid,
+                    }
+                }
+                set_to(&mut free, &mut applied, &order, hi);
+                let at = if hi == 0 { self.now } else { order[hi - 1].0.max(self.now) };
+                // Free CPU/memory later on the reserved nodes, before undoing the releases.
+                let later: Vec<(NodeId, MilliCpu, MiB)> = p
+                    .tasks
+                    .iter()
+                    .map(|t| (t.node, free.nodes[t.node.index()].cpu, free.nodes[t.node.index()].mem))
+                    .collect();
+                Some((at, p, later))
+            }
+        };
+        self.stats.reservation_releases += order.len();
+        set_to(&mut free, &mut applied, &order, 0);
+        drop(order);
+        self.free = free;
+        self.started = started;
+        match result {
+            None => unknown,
+            Some((at, p, later)) => {
+                let hold = self.hold_from(&p, &later);
+                Res { head: job.id, at, hold, forbid: Vec::new(), placement: Some(p) }
+            }
+        }
+    }
+
+    /// Holds for a future placement given each node's free CPU and memory at that time: long jobs may use
+    /// min(free now, free later − needed) and the rest of what is free now is held back.
+    fn hold_from(&self, p: &Placement, later: &[(NodeId, MilliCpu, MiB)]) -> Holdback {
+        let mut hold = Holdback::new();
+        for t in &p.tasks {
+            let h: &mut Hold = hold.entry(t.node).or_default();
+            h.gpus |= t.gpu_mask;
+            h.cpu += t.cpu;
+            h.mem += t.mem;
+            if let Some(s) = t.mig_slot {
+                h.mig |= 1 << s;
+            }
+        }
+        for (node, h) in hold.iter_mut() {
+            let now_free = &self.free.nodes[node.index()];
+            let (_, lcpu, lmem) = later.iter().find(|(n, _, _)| n == node).copied().expect("every node of p");
+            let spare_cpu = lcpu - h.cpu;
+            let spare_mem = lmem - h.mem;
+            h.cpu = now_free.cpu - spare_cpu.min(now_free.cpu);
+            h.mem = now_free.mem - spare_mem.min(now_free.mem);
+        }
+        hold
+    }
+
+    /// What long backfill jobs may not take on each node of the head's future placement `p` on the pool `fut`: its
+    /// GPUs, and CPU/memory beyond what is left over then.
+    pub(super) fn hold_for(&self, fut: &Free, p: &Placement) -> Holdback {
+        let later: Vec<(NodeId, MilliCpu, MiB)> =
+            p.tasks.iter().map(|t| (t.node, fut.nodes[t.node.index()].cpu, fut.nodes[t.node.index()].mem)).collect();
+        self.hold_from(p, &later)
+    }
+
+    /// Takes the currently free part of a reservation's resources out of this pass's free pool, so that no later
+    /// job of the pass uses them.
+    pub(super) fn claim(&mut self, hold: &Holdback) {
+        let st = self.st;
+        let mut holds: Vec<_> = hold.iter().collect();
+        holds.sort_by_key(|(n, _)| **n);
+        for (n, h) in holds {
+            let f = self.free.nodes[n.index()];
+            let tp = TaskPlacement {
+                node: *n,
+                gpu_mask: h.gpus & f.mask,
+                mig_slot: None,
+                cpu: h.cpu.min(f.cpu),
+                mem: h.mem.min(f.mem),
+            };
+            self.free.take(&st.topo, &tp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn easy_backfill_lets_short_jobs_pass_but_protects_the_head() {
+        let c = SchedConfig { backfill: true, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("n", GpuModel::V100_16GB, 8)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "running", 4, 1).estimate(Dur::from_secs(100)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 8, 1).estimate(Dur::from_secs(50)), 1);
+        // Ends before the head's reservation (t=100): may run on the free GPUs.
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 2, 1).estimate(Dur::from_secs(60)), 2);
+        // Would outlast t=100 on GPUs the head needs: must wait.
+        submit(&mut s, 4, JobSpec::new(t0(), "long", 2, 1).estimate(Dur::from_secs(500)), 3);
+        let now = Time::from_secs(10);
+        let ds = s.step(now).unwrap();
+        assert_eq!(started(&ds), vec![3]);
+        assert!(ds
+            .iter()
+            .any(|d| matches!(d, Decision::Reserve { job: JobId(2), at, .. } if *at == Time::from_secs(100))));
+        match explain(&s, JobId(4), now).unwrap().reason {
+            PendingReason::Reservation { holder, until } => {
+                assert_eq!(holder, JobId(2));
+                assert_eq!(until, Time::from_secs(100));
+            }
+            r => panic!("{r:?}"),
+        }
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn backfill_may_use_gpus_the_reservation_does_not_need() {
+        let c = SchedConfig { backfill: true, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("n1", GpuModel::V100_16GB, 8), node("n2", GpuModel::V100_16GB, 8)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "r1", 4, 1).estimate(Dur::from_secs(100)), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "r2", 6, 1).estimate(Dur::from_secs(1000)), 0);
+        s.step(Time::ZERO).unwrap();
+        // n1: 4 free (r1 ends at 100); n2: 2 free (r2 ends at 1000). The head needs 8 on one node: n1 at t=100.
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 8, 1).estimate(Dur::from_secs(10)), 1);
+        submit(&mut s, 4, JobSpec::new(t0(), "long", 2, 1).estimate(Dur::from_secs(5000)), 2);
+        let ds = s.step(Time::from_secs(5)).unwrap();
+        let st = started(&ds);
+        assert_eq!(st, vec![4]);
+        let p = ds.iter().find_map(|d| match d {
+            Decision::Start { job: JobId(4), placement, .. } => Some(placement.clone()),
+            _ => None,
+        });
+        assert_eq!(p.unwrap().tasks[0].node, NodeId(1), "the long job must keep off the reserved node");
+    }
+
+    #[test]
+    fn backfill_depth_counts_every_job_behind_the_head() {
+        let c = SchedConfig { backfill: true, backfill_depth: 2, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(10)), 0);
+        // The head never fits on 2 GPUs: NeverFits does not block. Use a 2-GPU job running to block a 2-GPU head.
+        s.cancel(JobId(1), Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "run", 2, 1).estimate(Dur::from_secs(100)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 2, 1).estimate(Dur::from_secs(10)), 1);
+        for i in 0..3 {
+            submit(&mut s, 10 + i, JobSpec::new(t0(), "big", 2, 1).estimate(Dur::from_secs(10)), 2);
+        }
+        let (_, st) = schedule_with_stats(&s, Time::from_secs(5));
+        assert!(st.considered <= 3, "{st:?}");
+    }
+}

@@ -1,0 +1,237 @@
+//! Explanation: why a queued job is not running ([`explain`]), as a structured [`PendingReason`] with its numbers
+//! and one sentence. `explain` runs a pass that traces the job: the pass's steps note what they found about it
+//! (`Pass::note`).
+
+use super::Pass;
+use crate::config::Policy;
+use crate::error::CoreError;
+use crate::ids::{JobId, TenantId};
+use crate::job::{Job, JobSpec, JobState, TopologyScope};
+use crate::quota::{Deny, QuotaBlock};
+use crate::state::ClusterState;
+use crate::units::Time;
+use serde::{Deserialize, Serialize};
+
+/// Why a queued job is not running, with numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PendingReason {
+    /// It would start in the next pass.
+    Starting,
+    /// Waiting out the backoff before a restart.
+    Backoff {
+        /// Earliest restart.
+        until: Time,
+    },
+    /// Its tenant's quota holds it.
+    Quota {
+        /// Tenant name.
+        tenant: String,
+        /// The dimension that blocks and its numbers.
+        block: QuotaBlock,
+    },
+    /// No node could ever hold it.
+    NeverFits {
+        /// What is impossible.
+        detail: String,
+    },
+    /// Not enough free resources in the right shape.
+    Capacity {
+        /// What it needs.
+        needs: String,
+        /// Largest free block of whole GPUs on one eligible node.
+        largest_free_block: u32,
+        /// Largest free block inside one NVLink domain.
+        largest_free_nvlink: u32,
+        /// Free whole GPUs on eligible nodes.
+        free_eligible_gpus: u64,
+        /// When it is expected to start (its reservation), if known.
+        eta: Option<Time>,
+        /// Jobs being evicted to make room for it.
+        preempting: Vec<JobId>,
+    },
+    /// It fits, but only on resources reserved for the head job, and it would outlast the reservation.
+    Reservation {
+        /// Holder of the reservation.
+        holder: JobId,
+        /// When the holder is expected to start.
+        until: Time,
+    },
+    /// Jobs ahead of it in policy order are waiting and it may not pass them.
+    Order {
+        /// Queued jobs ahead of it.
+        ahead: usize,
+        /// Policy.
+        policy: Policy,
+        /// The first job that does not fit, blocking the rest.
+        blocked_by: Option<JobId>,
+    },
+    /// Not queued at all.
+    NotQueued {
+        /// Its state.
+        state: JobState,
+    },
+}
+
+/// A pending job's explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// Job.
+    pub job: JobId,
+    /// Structured reason.
+    pub reason: PendingReason,
+    /// The reason in one sentence with its numbers.
+    pub message: String,
+    /// Queued jobs ahead of it in policy order.
+    pub position: usize,
+}
+
+/// Explains why a queued job is not running.
+pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanation, CoreError> {
+    let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
+    if !j.state.is_queued() {
+        let reason = PendingReason::NotQueued { state: j.state };
+        return Ok(Explanation { job, message: format!("{job} is {}, not queued", j.state), reason, position: 0 });
+    }
+    let mut p = Pass::new(state, now, Some(job));
+    p.run();
+    let ahead = p.traced_position.unwrap_or_else(|| p.count_ahead(job));
+    let reason = match p.outcome.take() {
+        Some(r) => r,
+        None => PendingReason::Order { ahead, policy: state.cfg.policy, blocked_by: p.blocked_by },
+    };
+    let message = describe(state, j, &reason);
+    Ok(Explanation { job, reason, message, position: ahead })
+}
+
+fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
+    let tenant = state.tenant(j.spec.tenant).map_or("?", |t| t.name.as_str());
+    match r {
+        PendingReason::Starting => format!("{} fits now and starts in the next scheduling pass", j.id),
+        PendingReason::Backoff { until } => {
+            format!("restart {} of {} waits for its backoff until {until}", j.restarts, j.spec.max_restarts)
+        }
+        PendingReason::Quota { tenant, block } => format!("quota: {tenant} {block}"),
+        PendingReason::NeverFits { detail } => format!("never fits: {detail}"),
+        PendingReason::Capacity {
+            needs,
+            largest_free_block,
+            largest_free_nvlink,
+            free_eligible_gpus,
+            eta,
+            preempting,
+        } => {
+            let mut s = format!(
+                "capacity: needs {needs}; largest free block is {largest_free_block} GPUs on one node \
+                 ({largest_free_nvlink} in one NVLink domain), {free_eligible_gpus} GPUs free on eligible nodes"
+            );
+            if !preempting.is_empty() {
+                s += &format!("; evicting {} job(s) to make room", preempting.len());
+            }
+            match eta {
+                Some(t) if *t != Time::MAX => s += &format!("; expected to start at {t}"),
+                _ => {}
+            }
+            s
+        }
+        PendingReason::Reservation { holder, until } => {
+            format!("waiting for the reservation of {holder} (expected to start at {until}); this job would outlast it")
+        }
+        PendingReason::Order { ahead, policy, blocked_by } => match blocked_by {
+            Some(b) => format!(
+                "order: {ahead} jobs ahead under {policy}; {b} does not fit and blocks the queue (tenant {tenant})"
+            ),
+            None => format!("order: {ahead} jobs ahead under {policy}"),
+        },
+        PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
+    }
+}
+
+fn needs_text(spec: &JobSpec) -> String {
+    let models = if spec.gpu_models.is_empty() {
+        String::new()
+    } else {
+        spec.gpu_models.iter().map(|m| m.name()).collect::<Vec<_>>().join("|")
+    };
+    let per = match spec.task.mig {
+        Some(p) => format!("MIG {p}"),
+        None if spec.task.gpus == 0 => format!("{} and {}", spec.task.cpu, spec.task.mem),
+        None => format!("{}×{}", spec.task.gpus, if models.is_empty() { "GPU".into() } else { models }),
+    };
+    if spec.tasks > 1 {
+        format!("{} tasks of {per} in {}", spec.tasks, spec.topology)
+    } else if spec.topology == TopologyScope::NvLink {
+        format!("{per} in {}", spec.topology)
+    } else {
+        per
+    }
+}
+
+impl Pass<'_> {
+    /// Records why the traced job (the one `explain` asks about) waits; `reason` is computed only for that job.
+    pub(super) fn note(&mut self, job: JobId, reason: impl FnOnce(&Self) -> PendingReason) {
+        if self.trace == Some(job) {
+            self.outcome = Some(reason(self));
+        }
+    }
+
+    /// Why a job waits for capacity: what it needs against what is free on its node classes now.
+    pub(super) fn capacity_reason(
+        &self,
+        spec: &JobSpec,
+        classes: &[u32],
+        eta: Option<Time>,
+        preempting: Vec<JobId>,
+    ) -> PendingReason {
+        let (largest_free_block, largest_free_nvlink) = self.free.largest_block(&self.st.topo, classes);
+        PendingReason::Capacity {
+            needs: needs_text(spec),
+            largest_free_block,
+            largest_free_nvlink,
+            free_eligible_gpus: self.free.free_in(classes),
+            eta,
+            preempting,
+        }
+    }
+
+    /// Why tenant `t`'s quota holds a job, with the numbers of the dimension that blocks.
+    pub(super) fn quota_reason(&self, t: TenantId, block: Deny) -> PendingReason {
+        let st = self.st;
+        PendingReason::Quota {
+            tenant: st.tenants[t.index()].spec.name.clone(),
+            block: self.book.explain_deny(&st.shape, t, block),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn explain_reports_order_position_and_nvlink_block() {
+        let mut s = cluster(cfg(Policy::Drf), vec![node("a", GpuModel::A100_80GB, 8)], &["t"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "hold", 4, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let mut big = JobSpec::new(t0(), "big", 8, 1);
+        big.topology = TopologyScope::NvLink;
+        big.gpu_models = vec![GpuModel::A100_80GB];
+        submit(&mut s, 2, big, 1);
+        for i in 0..17 {
+            submit(&mut s, 10 + i, JobSpec::new(t0(), "w", 1, 1), 2 + i);
+        }
+        submit(&mut s, 99, JobSpec::new(t0(), "me", 1, 1), 100);
+        let e = explain(&s, JobId(99), Time::from_secs(200)).unwrap();
+        assert_eq!(e.reason, PendingReason::Order { ahead: 18, policy: Policy::Drf, blocked_by: Some(JobId(2)) });
+        assert!(e.message.contains("18 jobs ahead under drf"), "{}", e.message);
+        let e = explain(&s, JobId(2), Time::from_secs(200)).unwrap();
+        assert!(
+            e.message.contains("needs 8×A100-80GB in one NVLink domain")
+                && e.message.contains("largest free block is 4"),
+            "{}",
+            e.message
+        );
+        let e = explain(&s, JobId(1), Time::from_secs(200)).unwrap();
+        assert_eq!(e.reason, PendingReason::NotQueued { state: JobState::Running });
+    }
+}

@@ -1,0 +1,423 @@
+//! One scheduling pass: `schedule(&state, now) -> decisions`, pure and deterministic.
+//!
+//! The pass walks queued jobs in policy order and, for each:
+//! 1. skips it while a restart backoff runs;
+//! 2. checks its tenant's quota (a quota-held job does not block others: it is not eligible, like a job held by a
+//!    Slurm QOS limit or a Kueue ClusterQueue without quota);
+//! 3. skips it if it can never fit (no node class could ever hold it);
+//! 4. places it (best fit, gang all-or-nothing, topology, one GPU model per gang).
+//!
+//! The first job that does not fit for capacity is the *head*: the scheduler may preempt for it (quota reclaim,
+//! priority, LAS demotion); without backfill it blocks every job behind it. With backfill (EASY) the head gets a
+//! reservation: the earliest estimated time its placement becomes free (from running jobs' estimated ends) and the
+//! GPUs it will take; later jobs start only if they end before that time or keep off the reserved resources.
+//! When every queued job has been placed, elastic jobs grow towards their maximum.
+//!
+//! This module owns the pass's state (`Pass`), its driver (`Pass::run`, the walk above) and its output
+//! ([`Decision`], [`PassStats`]). Each concern lives in its own module, as `impl Pass` blocks over the same state:
+//! - `order`: queue order (policy keys merged over tenant queues, or tenants picked by share) and [`queue_order`];
+//! - `admission`: quota admission, whole and per GPU model;
+//! - `placement`: eligible node classes, "can never fit", placement searches and committing a start;
+//! - `backfill`: the head's EASY reservation, what it holds back, and the jobs tried behind it;
+//! - `preempt`: victim search ([`PreemptReason`]) and the jobs that evictions were made for;
+//! - `elastic`: growing running elastic jobs when nothing is left waiting;
+//! - `explain`: why a queued job waits ([`explain`], [`PendingReason`]) and its sentence.
+
+mod admission;
+mod backfill;
+mod elastic;
+mod explain;
+mod order;
+mod placement;
+mod preempt;
+#[cfg(test)]
+mod testkit;
+
+pub use explain::{explain, Explanation, PendingReason};
+pub use order::queue_order;
+pub use placement::dry_run_placement;
+pub(crate) use placement::spec_sig;
+pub use preempt::PreemptReason;
+
+use crate::alloc::Free;
+use crate::fxhash::{FxHashMap, FxHashSet};
+use crate::ids::JobId;
+use crate::job::{JobState, Placement, TaskPlacement};
+use crate::quota::QuotaBook;
+use crate::state::ClusterState;
+use crate::units::Time;
+use admission::Admission;
+use backfill::{Behind, Res};
+use order::Order;
+use placement::ShapeKey;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::rc::Rc;
+
+/// What the driver should do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Start a job on this placement.
+    Start {
+        /// Job.
+        job: JobId,
+        /// Where.
+        placement: Placement,
+        /// Admitted beyond its tenant's guarantee.
+        borrowed: bool,
+    },
+    /// Evict a running job (it resumes later from its last checkpoint).
+    Preempt {
+        /// Victim.
+        job: JobId,
+        /// Why.
+        reason: PreemptReason,
+        /// The job the room is made for.
+        for_job: JobId,
+    },
+    /// The head job's reservation: where it is expected to start and when (`None`: waiting for evictions now).
+    Reserve {
+        /// Job.
+        job: JobId,
+        /// Expected start; `Time::MAX` if unknown.
+        at: Time,
+        /// Expected placement.
+        placement: Placement,
+    },
+    /// Grow an elastic running job by these tasks.
+    Scale {
+        /// Job.
+        job: JobId,
+        /// New tasks.
+        add: Vec<TaskPlacement>,
+    },
+}
+
+/// Counters of one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassStats {
+    /// Jobs examined.
+    pub considered: usize,
+    /// Jobs started.
+    pub started: usize,
+    /// Jobs started by backfill.
+    pub backfilled: usize,
+    /// Evictions decided.
+    pub preempted: usize,
+    /// Placement searches run.
+    pub placement_attempts: usize,
+    /// Running jobs released (virtually) while computing the backfill reservation.
+    pub reservation_releases: usize,
+}
+
+/// Runs one scheduling pass and returns its decisions.
+pub fn schedule(state: &ClusterState, now: Time) -> Vec<Decision> {
+    schedule_with_stats(state, now).0
+}
+
+/// Runs one scheduling pass and returns its decisions and counters.
+pub fn schedule_with_stats(state: &ClusterState, now: Time) -> (Vec<Decision>, PassStats) {
+    let mut p = Pass::new(state, now, None);
+    p.run();
+    p.stats.placement_attempts = p.attempts.get();
+    (p.decisions, p.stats)
+}
+
+/// One pass's working state: copies of the free pool and the quota book that it places jobs on, its memos, its
+/// decisions, and (for `explain`) what it found about the traced job.
+struct Pass<'a> {
+    st: &'a ClusterState,
+    now: Time,
+    free: Free,
+    book: QuotaBook,
+    elig: FxHashMap<u64, Rc<[u32]>>,
+    never: FxHashMap<ShapeKey, Option<String>>,
+    /// Shapes that can never fit (no node class could hold them), by queue-key shape hash.
+    never_shapes: FxHashSet<u64>,
+    /// Request shapes that failed to place in this pass (free resources only shrink within a pass, so they keep
+    /// failing): (shape, held), where held says whether the reservation's hold applied.
+    failed: FxHashSet<(u64, bool)>,
+    decisions: Vec<Decision>,
+    /// Jobs started in this pass with their estimated ends (for the reservation).
+    started: Vec<(Time, JobId, Placement)>,
+    preempted: HashSet<JobId>,
+    /// Victim searches for quota-held jobs run in this pass (at most 4).
+    quota_searches: u32,
+    stats: PassStats,
+    attempts: std::cell::Cell<usize>,
+    trace: Option<JobId>,
+    outcome: Option<PendingReason>,
+    traced_position: Option<usize>,
+    blocked_by: Option<JobId>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(st: &'a ClusterState, now: Time, trace: Option<JobId>) -> Pass<'a> {
+        Pass {
+            st,
+            now,
+            free: st.free.clone(),
+            book: st.book.clone(),
+            elig: FxHashMap::default(),
+            never: FxHashMap::default(),
+            failed: FxHashSet::default(),
+            never_shapes: FxHashSet::default(),
+            decisions: Vec::new(),
+            started: Vec::new(),
+            preempted: HashSet::new(),
+            quota_searches: 0,
+            stats: PassStats::default(),
+            attempts: std::cell::Cell::new(0),
+            trace,
+            outcome: None,
+            traced_position: None,
+            blocked_by: None,
+        }
+    }
+
+    /// The walk: jobs that evictions were made for, then every queued job in policy order through backoff, quota
+    /// admission, "can never fit" and placement; the first that does not fit is the head (room made by preemption,
+    /// or a reservation with backfill behind it, or the end of the walk); then elastic growth if nothing waits.
+    fn run(&mut self) {
+        let st = self.st;
+        let cfg = &st.cfg;
+        let mut order = Order::new(st);
+        let mut res: Option<Res> = None;
+        let mut after_block = 0usize;
+        let mut streak = vec![0u32; st.tenants.len()];
+        let mut position = 0usize;
+        let mut exhausted = true;
+        let served = self.serve_preemptors();
+        loop {
+            let next = {
+                let this = &*self;
+                order.next(|t| this.share(t))
+            };
+            let Some((t, key)) = next else { break };
+            let (jid, sig) = (key.job, key.sig);
+            let traced = self.trace == Some(jid);
+            if let Some(r) = &res {
+                after_block += 1;
+                match self.behind_head(r, &key, after_block, traced) {
+                    Behind::Try => {}
+                    Behind::Skip => continue,
+                    Behind::Stop => {
+                        exhausted = false;
+                        break;
+                    }
+                }
+            }
+            if served.contains(&jid) || (!traced && self.never_shapes.contains(&key.shape())) {
+                continue;
+            }
+            let job = &st.jobs[&jid];
+            if traced {
+                self.traced_position = Some(position);
+            }
+            position += 1;
+            if job.state == JobState::Restarting && job.not_before > self.now {
+                self.note(jid, |_| PendingReason::Backoff { until: job.not_before });
+                continue;
+            }
+            self.stats.considered += 1;
+            let spec = &job.spec;
+            // 1. Quota.
+            match self.admit(t, job, sig, traced) {
+                Admission::Admitted => streak[t.index()] = 0,
+                Admission::MakingRoom => continue,
+                Admission::Held => {
+                    streak[t.index()] += 1;
+                    if streak[t.index()] >= cfg.quota_lookahead {
+                        order.drop_tenant(t);
+                    }
+                    continue;
+                }
+            }
+            // 2. Eligibility.
+            let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+            let base = self.eligible_sig(spec, sig);
+            let shape = key.shape();
+            if let Some(detail) = self.never_fits_memo(spec, sig, min_tasks, &base) {
+                if spec.elastic.is_none() {
+                    self.never_shapes.insert(shape);
+                }
+                self.note(jid, |_| PendingReason::NeverFits { detail });
+                continue;
+            }
+            let classes = match self.quota_classes(t, spec, min_tasks, &base) {
+                Ok(c) => c,
+                Err(block) => {
+                    self.note(jid, |p| p.quota_reason(t, block));
+                    continue;
+                }
+            };
+            // 3. Placement.
+            match &res {
+                None => {
+                    if let Some(p) = self.try_place(job, &classes, None) {
+                        self.commit_start(job, p, false);
+                        order.touch(t);
+                        continue;
+                    }
+                    // The head: blocked for capacity.
+                    self.blocked_by = Some(jid);
+                    if cfg.preemption.enabled && self.make_room(job, &classes) {
+                        // Room is being made: the job no longer blocks; what it will use is claimed.
+                        self.blocked_by = None;
+                        continue;
+                    }
+                    let r = if cfg.backfill { Some(self.reserve(job, &classes)) } else { None };
+                    self.note(jid, |p| p.capacity_reason(spec, &classes, r.as_ref().map(|r| r.at), Vec::new()));
+                    match r {
+                        Some(r) => res = Some(r),
+                        None => {
+                            exhausted = false;
+                            break;
+                        }
+                    }
+                }
+                Some(r) => {
+                    if self.backfill(job, r, &classes, classes.len() != base.len(), shape) {
+                        order.touch(t);
+                    }
+                }
+            }
+        }
+        let waiting_on_evictions =
+            self.stats.preempted > 0 || st.preempting_for.iter().any(|j| !self.started_ids().contains(j));
+        if exhausted && res.is_none() && self.blocked_by.is_none() && self.trace.is_none() && !waiting_on_evictions {
+            self.grow_elastic();
+        }
+    }
+
+    fn started_ids(&self) -> HashSet<JobId> {
+        self.decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Start { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn fifo_is_strict_without_backfill() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::V100_16GB, 8)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 4, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 8, 1), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "c", 1, 1), 2);
+        let ds = s.step(Time::from_secs(10)).unwrap();
+        assert_eq!(started(&ds), vec![1], "job 3 must not pass the blocked job 2");
+        s.check_invariants().unwrap();
+        let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
+        assert_eq!(e.reason, PendingReason::Order { ahead: 1, policy: Policy::Fifo, blocked_by: Some(JobId(2)) });
+        let e2 = explain(&s, JobId(2), Time::from_secs(10)).unwrap();
+        match e2.reason {
+            PendingReason::Capacity { largest_free_block, free_eligible_gpus, .. } => {
+                assert_eq!((largest_free_block, free_eligible_gpus), (4, 4));
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn failures_restart_with_backoff_then_fail() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut j = JobSpec::new(t0(), "flaky", 1, 1);
+        j.max_restarts = 1;
+        submit(&mut s, 1, j, 0);
+        s.step(Time::ZERO).unwrap();
+        assert_eq!(s.finish(JobId(1), Time::from_secs(5), false).unwrap(), JobState::Restarting);
+        assert!(started(&s.step(Time::from_secs(6)).unwrap()).is_empty(), "backoff of 10 s");
+        let e = explain(&s, JobId(1), Time::from_secs(6)).unwrap();
+        assert_eq!(e.reason, PendingReason::Backoff { until: Time::from_secs(15) });
+        assert_eq!(started(&s.step(Time::from_secs(15)).unwrap()), vec![1]);
+        assert_eq!(s.finish(JobId(1), Time::from_secs(20), false).unwrap(), JobState::Failed);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lost_and_draining_nodes_requeue_their_jobs() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n0", GpuModel::T4, 2), node("n1", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 2, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let n_of = |s: &ClusterState, j: u64| s.job(JobId(j)).unwrap().run.as_ref().unwrap().placement.tasks[0].node;
+        let (n1, n2) = (n_of(&s, 1), n_of(&s, 2));
+        assert_eq!(s.set_node_state(n1, NodeState::Lost, Time::from_secs(10)).unwrap(), vec![JobId(1)]);
+        assert_eq!(s.set_node_state(n2, NodeState::Draining, Time::from_secs(10)).unwrap(), vec![JobId(2)]);
+        // Both are asked to stop and keep their GPUs until that is confirmed (the lost node's by its fence).
+        assert!(s.job(JobId(1)).unwrap().is_stopping() && s.job(JobId(2)).unwrap().is_stopping());
+        assert_eq!(s.allocated_gpus(), 4);
+        s.check_invariants().unwrap();
+        assert_eq!(s.fence_expired(n1, Time::from_secs(10)).unwrap()[0].state, JobState::Preempted);
+        assert_eq!(s.job(JobId(1)).unwrap().restarts, 0, "a lost node is not the job's failure");
+        assert_eq!(s.end_attempt(JobId(2), Time::from_secs(10)).unwrap().state, JobState::Preempted);
+        assert_eq!(s.capacity_gpus(), 0);
+        s.check_invariants().unwrap();
+        s.set_node_state(n1, NodeState::Ready, Time::from_secs(20)).unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(30)).unwrap()), vec![1]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn bad_placements_are_errors_not_panics() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 2, 1), 0);
+        let bad = Placement {
+            tasks: vec![TaskPlacement {
+                node: NodeId(0),
+                gpu_mask: 0b100,
+                mig_slot: None,
+                cpu: MilliCpu::cores(2),
+                mem: MiB::gib(8),
+            }],
+        };
+        assert!(s.start(JobId(1), bad, false, Time::ZERO).is_err());
+        assert!(s.start(JobId(9), Placement::default(), false, Time::ZERO).is_err());
+        assert!(s.finish(JobId(1), Time::ZERO, true).is_err());
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn restore_brings_every_job_back_in_its_state() {
+        let build = || {
+            let c = SchedConfig {
+                preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
+                ..SchedConfig::with_policy(Policy::Priority)
+            };
+            cluster(c, vec![node("n0", GpuModel::T4, 2), node("n1", GpuModel::T4, 2)], &["a"])
+        };
+        let mut s = build();
+        for i in 0..4 {
+            submit(&mut s, i + 1, JobSpec::new(t0(), "j", 1, 1), i);
+        }
+        s.step(Time::from_secs(5)).unwrap();
+        submit(&mut s, 9, JobSpec::new(t0(), "hi", 2, 1).priority(5), 6);
+        s.step(Time::from_secs(10)).unwrap(); // evicts two
+        submit(&mut s, 10, JobSpec::new(t0(), "late", 1, 1), 11);
+        s.finish(JobId(1), Time::from_secs(12), true).ok();
+        let docs: Vec<String> = s.jobs().map(|j| serde_json::to_string(j).unwrap()).collect();
+        let mut r = build();
+        for d in &docs {
+            r.restore(serde_json::from_str(d).unwrap(), Time::from_secs(13)).unwrap();
+        }
+        r.check_invariants().unwrap();
+        for j in s.jobs() {
+            let k = r.job(j.id).unwrap();
+            assert_eq!((k.state, &k.run), (j.state, &j.run), "{}", j.id);
+        }
+        assert_eq!(schedule(&s, Time::from_secs(20)), schedule(&r, Time::from_secs(20)));
+        // A running job whose GPUs are taken cannot be restored twice.
+        let running = s.jobs().find(|j| j.state == JobState::Running).unwrap().clone();
+        let mut dup = running.clone();
+        dup.id = JobId(99);
+        assert!(r.restore(dup, Time::from_secs(13)).is_err());
+    }
+}

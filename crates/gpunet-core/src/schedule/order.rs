@@ -1,0 +1,264 @@
+//! Queue order: which queued job the pass considers next. Policies that order jobs (fifo, priority, sjf, srtf, las)
+//! merge the tenant queues by key through a heap of tenant heads; policies that order tenants (DRF, fair share) pick
+//! the tenant with the lowest weighted share each time and take its next job.
+
+use super::Pass;
+use crate::config::Policy;
+use crate::ids::{JobId, TenantId};
+use crate::state::{ClusterState, QueueKey};
+use crate::tenant::{DIM_CPU, DIM_GPUS, DIM_MEM};
+use crate::units::Time;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::iter::Peekable;
+
+/// Queued jobs in the order the policy considers them now (at most `limit`). Shares are those of the current
+/// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
+pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
+    let p = Pass::new(state, now, None);
+    let mut order = Order::new(state);
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some((_, k)) = order.next(|t| p.share(t)) else { break };
+        out.push(k.job);
+    }
+    out
+}
+
+/// The merge of the tenant queues in policy order, pulled one job at a time.
+pub(super) enum Order<'a> {
+    Jobs {
+        heap: BinaryHeap<Reverse<(u64, u64, JobId, u32)>>,
+        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        dropped: Vec<bool>,
+    },
+    Tenants {
+        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        dropped: Vec<bool>,
+        /// Cached shares; `None` when the tenant's allocation changed since they were computed.
+        shares: Vec<Option<f64>>,
+    },
+}
+
+impl<'a> Order<'a> {
+    pub(super) fn new(st: &'a ClusterState) -> Order<'a> {
+        let mut iters: Vec<_> = (0..st.tenants.len()).map(|t| st.tenant_queue(TenantId(t as u32)).peekable()).collect();
+        let dropped = vec![false; iters.len()];
+        if st.cfg.policy.orders_tenants() {
+            let shares = vec![None; iters.len()];
+            Order::Tenants { iters, dropped, shares }
+        } else {
+            let mut heap = BinaryHeap::with_capacity(iters.len());
+            for (t, it) in iters.iter_mut().enumerate() {
+                if let Some(k) = it.peek() {
+                    heap.push(Reverse((k.major, k.minor, k.job, t as u32)));
+                }
+            }
+            Order::Jobs { heap, iters, dropped }
+        }
+    }
+
+    /// The tenant's allocation changed: its share is recomputed at the next pick.
+    pub(super) fn touch(&mut self, t: TenantId) {
+        if let Order::Tenants { shares, .. } = self {
+            shares[t.index()] = None;
+        }
+    }
+
+    pub(super) fn drop_tenant(&mut self, t: TenantId) {
+        match self {
+            Order::Jobs { dropped, .. } | Order::Tenants { dropped, .. } => dropped[t.index()] = true,
+        }
+    }
+
+    pub(super) fn next(&mut self, share: impl Fn(usize) -> f64) -> Option<(TenantId, QueueKey)> {
+        match self {
+            Order::Jobs { heap, iters, dropped } => loop {
+                let Reverse((_, _, _, t)) = heap.pop()?;
+                if dropped[t as usize] {
+                    continue;
+                }
+                let it = &mut iters[t as usize];
+                let k = *it.next().expect("the heap holds the head of this queue");
+                if let Some(n) = it.peek() {
+                    heap.push(Reverse((n.major, n.minor, n.job, t)));
+                }
+                return Some((TenantId(t), k));
+            },
+            Order::Tenants { iters, dropped, shares } => {
+                let mut best: Option<(f64, usize)> = None;
+                for (t, it) in iters.iter_mut().enumerate() {
+                    if dropped[t] || it.peek().is_none() {
+                        continue;
+                    }
+                    let s = *shares[t].get_or_insert_with(|| share(t));
+                    if best.is_none_or(|(bs, _)| s < bs) {
+                        best = Some((s, t));
+                    }
+                }
+                let (_, t) = best?;
+                let k = iters[t].next()?;
+                Some((TenantId(t as u32), *k))
+            }
+        }
+    }
+}
+
+impl Pass<'_> {
+    /// A tenant's weighted share under the policy: dominant share (DRF) or decayed usage plus current use (fair
+    /// share and the rest).
+    pub(super) fn share(&self, t: usize) -> f64 {
+        let st = self.st;
+        let w = st.tenants[t].spec.weight;
+        let u = &self.book.usage[t];
+        match st.cfg.policy {
+            Policy::Drf => {
+                let mut s: f64 = 0.0;
+                for d in [DIM_GPUS, DIM_CPU, DIM_MEM] {
+                    if st.capacity[d] > 0 {
+                        s = s.max(u[d] as f64 / st.capacity[d] as f64);
+                    }
+                }
+                s / w
+            }
+            _ => {
+                let h = st.cfg.fairshare_half_life.0 as f64;
+                (st.decayed_usage(TenantId(t as u32), self.now) + u[DIM_GPUS] as f64 * h / std::f64::consts::LN_2) / w
+            }
+        }
+    }
+
+    /// Counts queued jobs ahead of `job` in policy order (for explain when the pass stopped before it).
+    pub(super) fn count_ahead(&self, job: JobId) -> usize {
+        let mut order = Order::new(self.st);
+        let mut n = 0;
+        while let Some((_, k)) = order.next(|t| self.share(t)) {
+            let j = k.job;
+            if j == job {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn priority_orders_by_priority_then_submission() {
+        let mut s = cluster(cfg(Policy::Priority), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "low", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "high", 1, 1).priority(10), 5);
+        assert_eq!(started(&s.step(Time::from_secs(6)).unwrap()), vec![2]);
+    }
+
+    #[test]
+    fn sjf_orders_by_estimate_per_gpu() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        // keys: job1 400s/1 = 400; job2 800s/4 = 200; job3 300s/1 = 300; job4 no estimate = last.
+        submit(&mut s, 1, JobSpec::new(t0(), "j1", 1, 1).estimate(Dur::from_secs(400)), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "j2", 4, 1).estimate(Dur::from_secs(800)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "j3", 1, 1).estimate(Dur::from_secs(300)), 2);
+        submit(&mut s, 4, JobSpec::new(t0(), "j4", 1, 1), 3);
+        let mut order = Vec::new();
+        let mut now = Time::from_secs(10);
+        for _ in 0..4 {
+            let ds = s.step(now).unwrap();
+            for id in started(&ds) {
+                order.push(id);
+                now = now + Dur::from_secs(1);
+                s.finish(JobId(id), now, true).unwrap();
+            }
+        }
+        assert_eq!(order, vec![2, 3, 1, 4]);
+    }
+
+    #[test]
+    fn srtf_counts_progress_kept_by_checkpoints() {
+        let mut s = cluster(cfg(Policy::Srtf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut long = JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(1000));
+        long.checkpoint_interval = Some(Dur::from_secs(100));
+        submit(&mut s, 1, long, 0);
+        s.step(Time::ZERO).unwrap();
+        s.evict(JobId(1), Time::from_secs(950)).unwrap(); // 900 s kept: 100 s remain
+        submit(&mut s, 2, JobSpec::new(t0(), "mid", 1, 1).estimate(Dur::from_secs(200)), 951);
+        assert_eq!(s.job(JobId(1)).unwrap().remaining_estimate(), Dur::from_secs(100));
+        assert_eq!(started(&s.step(Time::from_secs(960)).unwrap()), vec![1]);
+    }
+
+    #[test]
+    fn drf_paper_example_gives_a_three_tasks_and_b_two() {
+        // DRF paper (Ghodsi et al., NSDI'11): 9 CPUs, 18 GB; A tasks <1 CPU, 4 GB>, B tasks <3 CPU, 1 GB>.
+        let n =
+            NodeSpec { gpus: vec![], ..NodeSpec::with_gpus("n", GpuModel::T4, 0, MilliCpu::cores(9), MiB::gib(18)) };
+        let mut s = cluster(cfg(Policy::Drf), vec![n], &["A", "B"]);
+        for i in 0..10u64 {
+            let a = JobSpec::new(TenantId(0), "a", 0, 1).cpu_mem(MilliCpu::cores(1), MiB::gib(4));
+            let b = JobSpec::new(TenantId(1), "b", 0, 1).cpu_mem(MilliCpu::cores(3), MiB::gib(1));
+            submit(&mut s, 100 + i, a, i);
+            submit(&mut s, 200 + i, b, i);
+        }
+        s.step(Time::from_secs(100)).unwrap();
+        s.check_invariants().unwrap();
+        let count = |t: u32| s.jobs().filter(|j| j.state == JobState::Running && j.spec.tenant == TenantId(t)).count();
+        assert_eq!((count(0), count(1)), (3, 2));
+        assert_eq!(s.tenant_usage(TenantId(0)).cpu, MilliCpu::cores(3));
+        assert_eq!(s.tenant_usage(TenantId(1)).cpu, MilliCpu::cores(6));
+    }
+
+    #[test]
+    fn drf_weights_divide_the_dominant_share() {
+        let mut s = cluster(cfg(Policy::Drf), vec![node("n", GpuModel::T4, 6)], &[]);
+        s.add_tenant(TenantSpec::new("heavy").weight(2.0)).unwrap();
+        s.add_tenant(TenantSpec::new("light")).unwrap();
+        for i in 0..6u64 {
+            submit(&mut s, 10 + i, JobSpec::new(TenantId(0), "h", 1, 1), 0);
+            submit(&mut s, 20 + i, JobSpec::new(TenantId(1), "l", 1, 1), 0);
+        }
+        s.step(Time::from_secs(1)).unwrap();
+        assert_eq!(s.tenant_usage(TenantId(0)).gpus, 4);
+        assert_eq!(s.tenant_usage(TenantId(1)).gpus, 2);
+    }
+
+    #[test]
+    fn fairshare_prefers_the_tenant_with_less_decayed_usage() {
+        let c = SchedConfig { fairshare_half_life: Dur::from_hours(1), ..cfg(Policy::FairShare) };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["used", "fresh"]);
+        submit(&mut s, 1, JobSpec::new(TenantId(0), "old", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        s.finish(JobId(1), Time::from_secs(3600), true).unwrap();
+        s.accrue_usage(Time::from_secs(3600));
+        let u = s.tenant_decayed_usage_gpu_s(TenantId(0), Time::from_secs(3600));
+        // One GPU for one half-life: h/ln2·(1 − 1/2) = 3600/0.693·0.5 ≈ 2597 GPU-s.
+        assert!((u - 3600.0 / std::f64::consts::LN_2 * 0.5).abs() < 1.0, "{u}");
+        let later = Time::from_secs(7200);
+        assert!((s.tenant_decayed_usage_gpu_s(TenantId(0), later) - u / 2.0).abs() < 1.0);
+        submit(&mut s, 2, JobSpec::new(TenantId(0), "again", 1, 1), 3601);
+        submit(&mut s, 3, JobSpec::new(TenantId(1), "first", 1, 1), 3602);
+        assert_eq!(started(&s.step(Time::from_secs(3700)).unwrap()), vec![3]);
+    }
+
+    #[test]
+    fn queue_order_matches_policy_and_explain_positions() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "fill", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(900)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(10)), 2);
+        submit(&mut s, 4, JobSpec::new(t0(), "mid", 1, 1).estimate(Dur::from_secs(100)), 3);
+        let now = Time::from_secs(5);
+        let order = queue_order(&s, now, 10);
+        assert_eq!(
+            order,
+            vec![JobId(3), JobId(4), JobId(2)],
+            "shortest estimated GPU-time first; running job 1 absent"
+        );
+        for (i, j) in order.iter().enumerate() {
+            assert_eq!(explain(&s, *j, now).unwrap().position, i, "{j}");
+        }
+        assert_eq!(queue_order(&s, now, 2), vec![JobId(3), JobId(4)]);
+    }
+}

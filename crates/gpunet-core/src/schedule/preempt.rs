@@ -1,0 +1,485 @@
+//! Victim search: which running jobs to evict so that a job can start (quota reclaim from borrowers, priority, LAS
+//! demotion; fewest lost GPU-time, then fewest jobs, within the preemption rate limit), evictions already under way
+//! counted first; and the jobs that evictions were made for, which go first in the next passes so that the
+//! victims do not take their room back.
+
+use super::{Decision, Pass, Res};
+use crate::alloc::Free;
+use crate::config::Policy;
+use crate::ids::{JobId, TenantId};
+use crate::job::Job;
+use crate::quota::{job_qvec, QuotaBook};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// Why a job is evicted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PreemptReason {
+    /// The owner of a guarantee needs it back from a borrower.
+    QuotaReclaim {
+        /// Tenant reclaiming.
+        owner: TenantId,
+    },
+    /// A higher-priority job needs the resources.
+    Priority {
+        /// Victim's priority.
+        victim: i32,
+        /// Preemptor's priority.
+        preemptor: i32,
+    },
+    /// LAS: the victim was demoted to a lower queue than a waiting job's.
+    LasDemotion {
+        /// Victim's queue.
+        victim_queue: usize,
+        /// Waiting job's queue.
+        waiting_queue: usize,
+    },
+}
+
+impl Pass<'_> {
+    /// Jobs that evictions were made for go first, so the victims do not take their resources back. Each starts if
+    /// its room is free; otherwise what it will use is kept off-limits for the others. Returns the jobs served.
+    pub(super) fn serve_preemptors(&mut self) -> HashSet<JobId> {
+        let st = self.st;
+        let mut served: HashSet<JobId> = HashSet::new();
+        for &jid in &st.preempting_for {
+            let Some(job) = st.jobs.get(&jid) else {
+                continue;
+            };
+            if !job.state.is_queued() {
+                continue;
+            }
+            served.insert(jid);
+            let spec = &job.spec;
+            let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+            if self.book.admit(&st.shape, spec.tenant, &job_qvec(spec, min_tasks, None)).is_err() {
+                continue;
+            }
+            let base = self.eligible(spec);
+            let Ok(classes) = self.quota_classes(spec.tenant, spec, min_tasks, &base) else {
+                continue;
+            };
+            match self.try_place(job, &classes, None) {
+                Some(p) => self.commit_start(job, p, false),
+                None => {
+                    // Still waiting for its victims to exit: keep what it will use off-limits for the others.
+                    if let Some((_, r)) = self.find_victims(job, &classes, false) {
+                        self.claim(&r.hold);
+                    }
+                    self.note(jid, |p| {
+                        p.capacity_reason(spec, &classes, Some(p.now), st.evicting.iter().copied().collect())
+                    });
+                }
+            }
+        }
+        served
+    }
+
+    /// Makes room for the blocked head by evicting victims; what it will use is claimed. Returns whether room is
+    /// being made.
+    pub(super) fn make_room(&mut self, job: &Job, classes: &[u32]) -> bool {
+        let Some((victims, reservation)) = self.find_victims(job, classes, false) else {
+            return false;
+        };
+        self.claim(&reservation.hold);
+        self.note(job.id, |p| p.capacity_reason(&job.spec, classes, Some(p.now), victims));
+        true
+    }
+
+    /// Makes room in its tenant's quota for a quota-held job by evicting the tenant's own lower-priority (or
+    /// demoted) jobs; what it will use is claimed. Returns whether room is being made.
+    pub(super) fn make_room_in_quota(&mut self, job: &Job, classes: &[u32]) -> bool {
+        let Some((_, r)) = self.find_victims(job, classes, true) else {
+            return false;
+        };
+        self.claim(&r.hold);
+        true
+    }
+
+    /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
+    /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
+    /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
+    fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
+        let st = self.st;
+        let cfg = &st.cfg.preemption;
+        let spec = &job.spec;
+        let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+        let need = spec.task.gpus as u64 * tasks as u64;
+        let t = spec.tenant;
+        let shape = &st.shape;
+        let within_guarantee = shape.tenants[t.index()].0.is_some()
+            && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
+        let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
+        let class_set: HashSet<u32> = classes.iter().copied().collect();
+        let on_eligible = |j: &Job| {
+            j.run.as_ref().is_some_and(|r| {
+                r.placement.tasks.iter().any(|tp| class_set.contains(&st.topo.nodes[tp.node.index()].class))
+            })
+        };
+        let req = job_qvec(spec, tasks, None);
+        // Evictions already under way count first: if they make room, wait for them. (The free pool is copied only
+        // when there is something to try on the copy.)
+        let mut fut = if st.evicting.is_empty() { Free::default() } else { self.free.clone() };
+        let mut fut_book = if quota_blocked { Some(self.book.clone()) } else { None };
+        let mut pending_evictions = false;
+        for id in &st.evicting {
+            let j = &st.jobs[id];
+            if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
+                let run = j.run.as_ref().expect("evicting job runs");
+                for tp in &run.placement.tasks {
+                    fut.give(&st.topo, tp);
+                }
+                if let Some(b) = fut_book.as_mut() {
+                    b.charge(shape, j.spec.tenant, &st.placement_qvec(&j.spec, &run.placement), true);
+                }
+                pending_evictions = true;
+            }
+        }
+        let quota_ok = |b: &Option<QuotaBook>| b.as_ref().is_none_or(|b| b.admit(shape, t, &req).is_ok());
+        if pending_evictions && quota_ok(&fut_book) {
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                let hold = self.hold_for(&fut, &p);
+                return Some((
+                    Vec::new(),
+                    Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None },
+                ));
+            }
+        }
+        let budget = cfg.max_per_interval.saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
+        if budget == 0 {
+            return None;
+        }
+        // Candidates: one linear scan over the compact running rows, cheapest checks first.
+        let mut class_mask = 0u64;
+        for c in classes {
+            class_mask |= if *c < 64 { 1u64 << c } else { u64::MAX };
+        }
+        let over: Vec<bool> =
+            (0..st.tenants.len()).map(|i| self.book.over_guarantee(shape, TenantId(i as u32))).collect();
+        let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
+        let las = st.cfg.policy == Policy::Las;
+        let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
+        let prio_possible = st.prio_counts.range(..spec.priority).next().is_some();
+        let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
+        let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible {
+            &st.run_rows[..]
+        } else if quota_blocked {
+            return None;
+        } else if reclaim_possible {
+            &st.run_rows[1..]
+        } else {
+            return None;
+        };
+        for r in parts.iter().flatten() {
+            if !r.preemptible
+                || r.evicting
+                || self.now.since(r.started) < cfg.min_run_time
+                || r.classes & class_mask == 0
+                || r.id == job.id
+                || (quota_blocked && r.tenant != t)
+            {
+                continue;
+            }
+            let lendable = r.tenant == t || r.borrowed || (no_quota[r.tenant.index()] && no_quota[t.index()]);
+            let reason = if !quota_blocked && within_guarantee && r.tenant != t && r.borrowed && over[r.tenant.index()]
+            {
+                PreemptReason::QuotaReclaim { owner: t }
+            } else if r.priority < spec.priority && lendable {
+                PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
+            } else if las && lendable {
+                let attained = r.attained_before + self.now.since(r.started).0 * r.gpus as u64;
+                let vq = st.cfg.las_queue(attained);
+                if vq <= my_queue {
+                    continue;
+                }
+                PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
+            } else {
+                continue;
+            };
+            if self.preempted.contains(&r.id) {
+                continue;
+            }
+            cands.push((r.lost_work(self.now), r.gpus, r.id, reason));
+        }
+        if cands.is_empty() {
+            return None;
+        }
+        let key = |c: &(u64, u32, JobId, PreemptReason)| (c.0, c.1, c.2);
+        const KEEP: usize = 512;
+        if cands.len() > KEEP {
+            cands.select_nth_unstable_by_key(KEEP - 1, key);
+            cands.truncate(KEEP);
+        }
+        cands.sort_unstable_by_key(key);
+        if st.evicting.is_empty() {
+            fut = self.free.clone();
+        }
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut placed = None;
+        let mut next_try = 1usize;
+        for (i, c) in cands.iter().enumerate() {
+            let v = &st.jobs[&c.2];
+            if !on_eligible(v) {
+                continue;
+            }
+            let run = v.run.as_ref().expect("running");
+            for tp in &run.placement.tasks {
+                fut.give(&st.topo, tp);
+            }
+            if let Some(b) = fut_book.as_mut() {
+                b.charge(shape, t, &st.placement_qvec(&v.spec, &run.placement), true);
+            }
+            chosen.push(i);
+            if chosen.len() > budget as usize + 32 {
+                return None; // pruning removes at most 32: the rate limit could not be met
+            }
+            let last = i + 1 == cands.len();
+            if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
+                continue;
+            }
+            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+                placed = Some(p);
+                break;
+            }
+            // Probe placement at doubling victim counts: each attempt can cost a scan of racks.
+            next_try = chosen.len() * 2;
+        }
+        placed.as_ref()?;
+        // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
+        let mut i = chosen.len();
+        let floor = chosen.len().saturating_sub(32);
+        while i > floor {
+            i -= 1;
+            let id = cands[chosen[i]].2;
+            let vj = &st.jobs[&id];
+            let tasks_v = &vj.run.as_ref().expect("running").placement.tasks;
+            let vq = st.placement_qvec(&vj.spec, &vj.run.as_ref().expect("running").placement);
+            for tp in tasks_v {
+                fut.take(&st.topo, tp);
+            }
+            if let Some(b) = fut_book.as_mut() {
+                b.charge(shape, t, &vq, false);
+            }
+            let fits = if quota_ok(&fut_book) { self.place_on(&fut, spec, tasks, classes, None) } else { None };
+            if let Some(p) = fits {
+                placed = Some(p);
+                chosen.remove(i);
+            } else {
+                for tp in tasks_v {
+                    fut.give(&st.topo, tp);
+                }
+                if let Some(b) = fut_book.as_mut() {
+                    b.charge(shape, t, &vq, true);
+                }
+            }
+        }
+        if chosen.len() as u32 > budget {
+            return None;
+        }
+        let p = placed.expect("checked above");
+        let hold = self.hold_for(&fut, &p);
+        let mut victims = Vec::new();
+        for i in chosen {
+            let (_, _, id, reason) = cands[i].clone();
+            self.preempted.insert(id);
+            self.stats.preempted += 1;
+            victims.push(id);
+            self.decisions.push(Decision::Preempt { job: id, reason, for_job: job.id });
+        }
+        self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p });
+        Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn las_serves_least_attained_first_and_preempts_demoted_jobs() {
+        let c = SchedConfig {
+            las_thresholds_gpu_s: vec![100],
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Las)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut old = JobSpec::new(t0(), "old", 1, 1);
+        old.checkpoint_interval = Some(Dur::from_secs(60));
+        submit(&mut s, 1, old, 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "new", 1, 1), 50);
+        // At t=60 job 1 has 60 GPU-s: same queue as job 2, no preemption.
+        let ds = s.step(Time::from_secs(60)).unwrap();
+        assert!(ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })), "{ds:?}");
+        // At t=130 job 1 has crossed 100 GPU-s: demoted, preempted for job 2.
+        let ds = s.step(Time::from_secs(130)).unwrap();
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt {
+                    job: JobId(1),
+                    reason: PreemptReason::LasDemotion { victim_queue: 1, waiting_queue: 0 },
+                    ..
+                }
+            )),
+            "{ds:?}"
+        );
+        let ds = s.step(Time::from_secs(131)).unwrap();
+        assert_eq!(started(&ds), vec![2]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!(j1.state, JobState::Preempted);
+        assert_eq!(j1.progress, Dur::from_secs(120), "work up to the last checkpoint is kept");
+        assert_eq!(j1.attained_gpu_ms, 130_000);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn priority_preemption_minimises_lost_work_and_is_rate_limited() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::from_secs(10),
+                max_per_interval: 1,
+                interval: Dur::from_mins(10),
+            },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 4)], &["a"]);
+        let mut recent_ck = JobSpec::new(t0(), "ck", 2, 1);
+        recent_ck.checkpoint_interval = Some(Dur::from_secs(50));
+        submit(&mut s, 1, JobSpec::new(t0(), "no-ck", 2, 1), 0);
+        submit(&mut s, 2, recent_ck, 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "urgent", 2, 1).priority(5), 50);
+        let ds = schedule(&s, Time::from_secs(60));
+        // Job 1 would lose 60 s × 2 GPUs; job 2 only 10 s × 2 GPUs since its checkpoint at 50 s.
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt {
+                    job: JobId(2),
+                    reason: PreemptReason::Priority { victim: 0, preemptor: 5 },
+                    for_job: JobId(3)
+                }
+            )),
+            "{ds:?}"
+        );
+        assert_eq!(ds.iter().filter(|d| matches!(d, Decision::Preempt { .. })).count(), 1);
+        s.apply(&ds[0], Time::from_secs(60)).unwrap();
+        s.step(Time::from_secs(61)).unwrap();
+        submit(&mut s, 4, JobSpec::new(t0(), "urgent2", 2, 1).priority(5), 62);
+        let ds = s.step(Time::from_secs(120)).unwrap();
+        assert!(ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })), "rate limit: 1 per 10 min: {ds:?}");
+        let ds = s.step(Time::from_secs(700)).unwrap();
+        assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { .. })), "{ds:?}");
+    }
+
+    #[test]
+    fn evictions_under_way_are_waited_for_not_repeated() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "a", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "b", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "hi", 1, 1).priority(9), 1);
+        let ds = crate::schedule::schedule(&s, Time::from_secs(2));
+        let victim = ds.iter().find_map(|d| match d {
+            Decision::Preempt { job, .. } => Some(*job),
+            _ => None,
+        });
+        s.begin_eviction(victim.unwrap()).unwrap();
+        let ds = crate::schedule::schedule(&s, Time::from_secs(3));
+        assert!(ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })), "{ds:?}");
+    }
+
+    #[test]
+    fn min_run_time_holds_while_the_clock_is_young() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "low", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "high", 1, 1).priority(5), 1);
+        // now − min_run_time would underflow at t=30: the 30 s old job must still be safe.
+        assert!(schedule(&s, Time::from_secs(30)).is_empty());
+        assert!(schedule(&s, Time::from_secs(60)).iter().any(|d| matches!(d, Decision::Preempt { .. })));
+    }
+
+    #[test]
+    fn evicted_borrowers_do_not_take_back_reclaimed_gpus() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Fifo)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 2)], &[]);
+        let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(1, 2)).cohort("c")).unwrap();
+        let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(1, 2)).cohort("c")).unwrap();
+        submit(&mut s, 10, JobSpec::new(b, "b1", 1, 1), 0);
+        submit(&mut s, 11, JobSpec::new(b, "b2", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 1, JobSpec::new(a, "owner", 1, 1), 5);
+        s.step(Time::from_secs(10)).unwrap(); // evicts one of b's jobs (older submit than the owner's)
+        let ds = s.step(Time::from_secs(11)).unwrap();
+        assert_eq!(started(&ds), vec![1], "the owner, not the evicted borrower, gets the GPU");
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_tenant_at_its_quota_preempts_its_own_lower_priority_or_demoted_jobs() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        // Plenty of GPUs, but the tenant may hold 2.
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+        let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
+        let other = s.add_tenant(TenantSpec::new("other").quota(Quota::gpus(2, 2))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t, "low", 2, 1), 0);
+        submit(&mut s, 2, JobSpec::new(other, "theirs", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t, "high", 2, 1).priority(5), 20);
+        let ds = schedule(&s, Time::from_secs(30));
+        assert_eq!(
+            ds.iter()
+                .filter_map(|d| match d {
+                    Decision::Preempt { job, .. } => Some(*job),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+            vec![JobId(1)],
+            "only the tenant's own lower-priority job: {ds:?}"
+        );
+        for d in &ds {
+            s.apply(d, Time::from_secs(30)).unwrap();
+        }
+        assert_eq!(started(&s.step(Time::from_secs(31)).unwrap()), vec![3]);
+        s.check_invariants().unwrap();
+
+        // LAS: a demoted job of the same tenant makes room under the tenant's quota.
+        let c = SchedConfig {
+            las_thresholds_gpu_s: vec![100],
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Las)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+        let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(1, 1))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t, "old", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t, "new", 1, 1), 50);
+        assert!(schedule(&s, Time::from_secs(60)).is_empty(), "not yet demoted");
+        let ds = schedule(&s, Time::from_secs(150));
+        assert!(
+            ds.iter().any(|d| matches!(
+                d,
+                Decision::Preempt { job: JobId(1), reason: PreemptReason::LasDemotion { .. }, .. }
+            )),
+            "{ds:?}"
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! The owner's job commands: submit (a batch, all or nothing, durable before visible), dry run, get, list, cancel and
+//! explain; which jobs a principal may see, and how other tenants' jobs are masked in the texts a tenant reads; the
+//! per-tenant limits on queued jobs and spec bytes.
+
+use super::{not_found, Applier, JobDoc, Owner, Reply, OTHER_JOB};
+use crate::{now_ms, Principal};
+use gpunet_api::spec::JobSubmission;
+use gpunet_api::types::*;
+use gpunet_api::ApiError;
+use gpunet_core::{explain, Job, JobId, JobState, StopCause, Time};
+use gpunet_store::Write;
+use std::collections::BTreeMap;
+
+impl Owner {
+    /// Submits a batch of jobs, all or nothing; they enter the live state once the store has accepted them.
+    pub(super) fn submit(
+        &mut self,
+        who: Principal,
+        by: String,
+        subs: Vec<(JobSubmission, Vec<String>)>,
+        reply: Reply<Vec<Submitted>>,
+    ) {
+        let now = now_ms();
+        let mut writes = Vec::with_capacity(subs.len() * 2);
+        let mut out = Vec::with_capacity(subs.len());
+        // Validate every job first: a batch is all or nothing.
+        let mut prepared = Vec::with_capacity(subs.len());
+        for (i, (sub, warnings)) in subs.into_iter().enumerate() {
+            let tenant = match (&who, &sub.tenant) {
+                (Principal::Tenant(t), None) => t.clone(),
+                (Principal::Tenant(t), Some(s)) if s == t => t.clone(),
+                (Principal::Tenant(_), Some(_)) => {
+                    let _ =
+                        reply.send(Err(ApiError::new("forbidden", "a tenant token submits only to its own tenant")));
+                    return;
+                }
+                (_, Some(s)) => s.clone(),
+                (_, None) => {
+                    let _ = reply.send(Err(ApiError::missing(if i == 0 { "tenant" } else { "jobs[].tenant" })));
+                    return;
+                }
+            };
+            let tid = match self.tenant_id(&tenant) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            };
+            match sub.to_core(tid).and_then(|s| {
+                gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots).map(|_| s)
+            }) {
+                Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
+                Err(mut e) => {
+                    if i > 0 {
+                        e.message = format!("jobs[{i}]: {}", e.message);
+                    }
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        }
+        if let Some(e) = self.read_only() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        // Per-tenant limits, for every tenant of the batch.
+        let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+        for (tenant, sub, _, _) in &prepared {
+            let e = per.entry(tenant.clone()).or_default();
+            e.0 += 1;
+            e.1 += serde_json::to_vec(sub).map_or(0, |v| v.len() as u64);
+        }
+        for (tenant, (n, bytes)) in per {
+            if let Err(e) = self.tenant_limits(&tenant, n, bytes) {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
+        // Durable, then visible: the jobs are written first and enter the live state only once the store
+        // has accepted them; a refused write leaves no trace (no job, no start, no event).
+        let mut docs = Vec::with_capacity(prepared.len());
+        for (tenant, sub, warnings, spec) in prepared {
+            if let Err(e) = spec.validate() {
+                let _ = reply.send(Err(e.into()));
+                return;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let doc = JobDoc {
+                job: Job::new(JobId(id), spec, Time(now)),
+                tenant,
+                submission: sub,
+                warnings: warnings.clone(),
+                last_run: None,
+                submitted_by: Some(by.clone()),
+            };
+            writes.push(Write::Job {
+                id,
+                tenant: doc.tenant.clone(),
+                state: JobState::Pending.to_string(),
+                doc: serde_json::to_value(&doc).expect("job documents serialise"),
+            });
+            writes.push(Write::Event {
+                job: id,
+                at_ms: now,
+                kind: "submitted".into(),
+                message: format!("job-{id} submitted"),
+            });
+            out.push(Submitted { id, state: "pending".into(), warnings });
+            docs.push(doc);
+        }
+        let tx = self.self_tx.clone();
+        let metrics = self.metrics.clone();
+        self.store.commit_async(
+            writes,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    metrics.store_refused(&e.to_string());
+                    let _ = reply.send(Err(ApiError::new("internal", format!("persist the jobs: {e}"))));
+                    return;
+                }
+                let apply = Applier(Box::new(move |o: &mut Owner| {
+                    for mut doc in docs {
+                        let id = doc.job.id;
+                        if let Err(e) = o.st.submit(id, doc.job.spec.clone(), doc.job.submitted) {
+                            tracing::error!(job = %id, error = %e, "a stored job was refused by the core");
+                            continue;
+                        }
+                        doc.job = o.st.job(id).expect("just submitted").clone();
+                        o.spec_sizes.insert(id.0, serde_json::to_vec(&doc.submission).map_or(0, |v| v.len() as u64));
+                        o.docs.insert(id.0, doc);
+                        o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
+                        o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    o.dirty = true;
+                    let _ = reply.send(Ok(out));
+                }));
+                if let Some(tx) = tx {
+                    let _ = tx.send(apply);
+                }
+            }),
+        );
+    }
+
+    /// Where and when a job would start, on a copy of the live state.
+    pub(super) fn dry_run(&mut self, who: Principal, sub: JobSubmission, warnings: Vec<String>, reply: Reply<DryRun>) {
+        let r = (|| {
+            let tenant = match (&who, &sub.tenant) {
+                (Principal::Tenant(t), _) => t.clone(),
+                (_, Some(t)) => t.clone(),
+                _ => return Err(ApiError::missing("tenant")),
+            };
+            let spec = sub.to_core(self.tenant_id(&tenant)?)?;
+            gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
+            let mut probe = self.st.clone();
+            let id = JobId(u64::MAX - 1);
+            let now = Time(now_ms());
+            probe.submit(id, spec, now)?;
+            let message = explain(&probe, id, now)
+                .map(|e| self.mask(&who, &e.message.replace(&id.to_string(), "this job"), None))
+                .unwrap_or_default();
+            let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
+            let placement = match &pred {
+                Some((t, p)) if *t == now => self.placement_view(p),
+                _ => Vec::new(),
+            };
+            Ok(DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings })
+        })();
+        let _ = reply.send(r);
+    }
+
+    /// One job, if `who` may see it.
+    pub(super) fn get_job(&mut self, who: Principal, id: u64, reply: Reply<JobView>) {
+        let r = match self.docs.get(&id) {
+            None => Err(not_found("job", &id.to_string())),
+            Some(d) => self.visible(&who, d).map(|_| self.view(id).expect("present")),
+        };
+        let _ = reply.send(r);
+    }
+
+    /// A page of the jobs `who` may see, by id after `after`.
+    pub(super) fn list_jobs(
+        &mut self,
+        who: Principal,
+        tenant: Option<String>,
+        state: Option<String>,
+        after: u64,
+        limit: usize,
+        reply: Reply<JobPage>,
+    ) {
+        let tenant = match (&who, tenant) {
+            (Principal::Tenant(t), Some(x)) if x != *t => {
+                let _ = reply.send(Err(ApiError::new("forbidden", "a tenant token lists only its own jobs")));
+                return;
+            }
+            (Principal::Tenant(t), _) => Some(t.clone()),
+            (_, x) => x,
+        };
+        let mut jobs = Vec::new();
+        let mut next = None;
+        for (id, d) in self.docs.range(after + 1..) {
+            if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
+                continue;
+            }
+            let s = self.st.job(JobId(*id)).map_or(d.job.state, |j| j.state);
+            if state.as_ref().is_some_and(|x| x != s.as_str()) {
+                continue;
+            }
+            if jobs.len() == limit {
+                next = jobs.last().map(|v: &JobView| v.id);
+                break;
+            }
+            jobs.push(self.view(*id).expect("present"));
+        }
+        let _ = reply.send(Ok(JobPage { jobs, next }));
+    }
+
+    /// Cancels a queued job, or asks a running one to stop.
+    pub(super) fn cancel(&mut self, who: Principal, id: u64, reply: Reply<JobView>) {
+        let Some(d) = self.docs.get(&id) else {
+            let _ = reply.send(Err(not_found("job", &id.to_string())));
+            return;
+        };
+        if let Err(e) = self.visible(&who, d) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let now = now_ms();
+        let jid = JobId(id);
+        let running = self.st.job(jid).is_some_and(|j| j.state == JobState::Running);
+        let mut writes = Vec::new();
+        if running {
+            // A running job is asked to stop; it is cancelled once its agents confirm its processes gone
+            // (at once on nodes without an agent). Its resources stay allocated until then.
+            if let Err(e) = self.st.request_stop(jid, StopCause::Cancelled, Time(now)) {
+                let _ = reply.send(Err(e.into()));
+                return;
+            }
+            self.sync_doc(id);
+            writes.push(self.job_doc_write(id).expect("present"));
+            writes.push(self.event(id, "stopping", format!("job-{id} cancel requested: stopping its tasks")));
+            let nodes = self.nodes_of(jid);
+            self.bump_job(nodes);
+            self.confirm_unmanaged(jid, now, &mut writes);
+        } else {
+            if let Err(e) = self.st.cancel(jid, Time(now)) {
+                let _ = reply.send(Err(e.into()));
+                return;
+            }
+            self.sync_doc(id);
+            writes.push(self.job_doc_write(id).expect("present"));
+            writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
+        }
+        self.dirty = true;
+        let v = self.view(id).expect("present");
+        self.durable(writes, reply, v);
+    }
+
+    /// Why a job waits, masked for `who`, with its predicted start.
+    pub(super) fn explain_job(&mut self, who: Principal, id: u64, reply: Reply<Explain>) {
+        let r = (|| {
+            let d = self.docs.get(&id).ok_or_else(|| not_found("job", &id.to_string()))?;
+            self.visible(&who, d)?;
+            let now = Time(now_ms());
+            let e = explain(&self.st, JobId(id), now)?;
+            let state = self.st.job(JobId(id)).map_or(d.job.state, |j| j.state);
+            let eta = if state.is_queued() {
+                gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
+            } else {
+                None
+            };
+            let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
+            let message = self.mask(&who, &e.message, Some(&mut reason));
+            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta })
+        })();
+        let _ = reply.send(r);
+    }
+
+    /// Another tenant's job is answered like a missing one (404), so that its existence is not revealed.
+    fn visible(&self, who: &Principal, doc: &JobDoc) -> Result<(), ApiError> {
+        match who {
+            Principal::Admin => Ok(()),
+            Principal::Tenant(t) if *t == doc.tenant => Ok(()),
+            _ => Err(not_found("job", &doc.job.id.0.to_string())),
+        }
+    }
+
+    /// Whether `who` may see job `id` by its id.
+    fn owns(&self, who: &Principal, id: u64) -> bool {
+        match who {
+            Principal::Admin => true,
+            Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| d.tenant == *t),
+            Principal::Agent | Principal::Node(_) => false,
+        }
+    }
+
+    /// Rewrites an explanation for `who`: another tenant's job ids become "another tenant's job" in the message,
+    /// and are removed from the structured reason.
+    pub(super) fn mask(&self, who: &Principal, message: &str, reason: Option<&mut serde_json::Value>) -> String {
+        if matches!(who, Principal::Admin) {
+            return message.to_string();
+        }
+        if let Some(serde_json::Value::Object(r)) = reason {
+            for k in ["blocked_by", "holder"] {
+                if r.get(k).and_then(|v| v.as_u64()).is_some_and(|id| !self.owns(who, id)) {
+                    r.insert(k.into(), serde_json::Value::Null);
+                }
+            }
+            if let Some(serde_json::Value::Array(list)) = r.get_mut("preempting") {
+                list.retain(|v| v.as_u64().is_some_and(|id| self.owns(who, id)));
+            }
+        }
+        // "job-<digits>" tokens in the text.
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        while let Some(at) = rest.find("job-") {
+            out.push_str(&rest[..at]);
+            let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
+            let named = digits.parse::<u64>().ok();
+            match named {
+                Some(id) if !self.owns(who, id) => out.push_str(OTHER_JOB),
+                _ => {
+                    out.push_str("job-");
+                    out.push_str(&digits);
+                }
+            }
+            rest = &rest[at + 4 + digits.len()..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The stored size of a job's spec.
+    fn spec_size(&mut self, id: u64) -> u64 {
+        if let Some(n) = self.spec_sizes.get(&id) {
+            return *n;
+        }
+        let n = self.docs.get(&id).map_or(0, |d| serde_json::to_vec(&d.submission).map_or(0, |v| v.len() as u64));
+        self.spec_sizes.insert(id, n);
+        n
+    }
+
+    /// Checks the per-tenant limits for `new` more jobs of `tenant` with `bytes` more spec bytes.
+    fn tenant_limits(&mut self, tenant: &str, new: usize, bytes: u64) -> Result<(), ApiError> {
+        let mine: Vec<u64> = self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.tenant == tenant)
+            .filter(|(id, d)| !self.st.job(JobId(**id)).map_or(d.job.state, |j| j.state).is_terminal())
+            .map(|(id, _)| *id)
+            .collect();
+        let queued = mine.iter().filter(|id| self.st.job(JobId(**id)).is_some_and(|j| j.state.is_queued())).count();
+        if queued + new > self.max_queued_per_tenant {
+            return Err(ApiError::limit(format!(
+                "tenant {tenant} has {queued} queued jobs and asked for {new} more; the server allows at most {} \
+                 (--max-queued-jobs-per-tenant)",
+                self.max_queued_per_tenant
+            )));
+        }
+        let held: u64 = mine.iter().map(|id| self.spec_size(*id)).sum();
+        if held + bytes > self.max_spec_bytes_per_tenant {
+            return Err(ApiError::limit(format!(
+                "tenant {tenant}'s unfinished jobs hold {held} bytes of specs and this submission adds {bytes}; the \
+                 server allows at most {} (--max-spec-bytes-per-tenant)",
+                self.max_spec_bytes_per_tenant
+            )));
+        }
+        Ok(())
+    }
+}

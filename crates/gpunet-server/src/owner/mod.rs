@@ -1,0 +1,746 @@
+//! The task that owns the live cluster: every change goes through it as a [`Cmd`], in order. It applies the change to
+//! the core state, queues the write to the store, and replies only once the store says the write is durable. After
+//! each batch of commands (and on a periodic tick) it runs a scheduling pass and persists what changed.
+//!
+//! This module owns the [`Owner`] and its documents, the command set ([`Cmd`]) and its dispatch (`Owner::handle`,
+//! where the read-only guard refuses changes while the store refuses writes), the run loop, the scheduling pass,
+//! persistence (durable replies, background writes, events) and the views shared by several families. The
+//! handlers live with their command family:
+//! - `jobs`: submit, dry run, get, list, cancel, explain; who may see which job, and masking other tenants' jobs;
+//! - `tenants`: tenants, quotas and tokens;
+//! - `nodes`: node registration and states, the agents' sync (task sets, exits, checkpoints, samples) and fencing;
+//! - `queries`: reads of the cluster (summary, live usage, the queue with reasons and ETAs).
+
+mod jobs;
+mod nodes;
+mod queries;
+mod tenants;
+
+pub(crate) use tenants::quota_from_request;
+
+use crate::metrics::ServerMetrics;
+use crate::tokens::TokenDoc;
+use crate::{now_ms, Principal};
+use gpunet_api::spec::JobSubmission;
+use gpunet_api::types::*;
+use gpunet_api::ApiError;
+use gpunet_core::tenant::Quota;
+use gpunet_core::{schedule, ClusterState, Decision, Job, JobId, NodeSpec, NodeState, Placement, TenantSpec, Time};
+use gpunet_store::{Store, UsageRow, Write};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+/// A request to the owner.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Submit {
+        who: Principal,
+        /// The submitting token's user (or role), recorded on the jobs.
+        by: String,
+        subs: Vec<(JobSubmission, Vec<String>)>,
+        reply: Reply<Vec<Submitted>>,
+    },
+    DryRun {
+        who: Principal,
+        sub: JobSubmission,
+        warnings: Vec<String>,
+        reply: Reply<DryRun>,
+    },
+    Get {
+        who: Principal,
+        id: u64,
+        reply: Reply<JobView>,
+    },
+    List {
+        who: Principal,
+        tenant: Option<String>,
+        state: Option<String>,
+        after: u64,
+        limit: usize,
+        reply: Reply<JobPage>,
+    },
+    Cancel {
+        who: Principal,
+        id: u64,
+        reply: Reply<JobView>,
+    },
+    Explain {
+        who: Principal,
+        id: u64,
+        reply: Reply<Explain>,
+    },
+    CreateTenant {
+        req: TenantRequest,
+        reply: Reply<TokenIssued>,
+    },
+    SetQuota {
+        tenant: String,
+        quota: Option<(Quota, QuotaRequest)>,
+        reply: Reply<TenantView>,
+    },
+    IssueToken {
+        tenant: String,
+        reply: Reply<TokenIssued>,
+    },
+    CreateToken {
+        doc: TokenDoc,
+        reply: Reply<TokenCreated>,
+    },
+    /// Tokens (of one tenant).
+    Tokens {
+        tenant: Option<String>,
+        reply: Reply<Vec<TokenInfo>>,
+    },
+    /// Revokes a token by id (only one of `tenant`'s, when given).
+    RevokeToken {
+        id: String,
+        tenant: Option<String>,
+        reply: Reply<TokenInfo>,
+    },
+    Tenants {
+        who: Principal,
+        reply: Reply<Vec<TenantView>>,
+    },
+    RegisterNode {
+        spec: NodeSpec,
+        fake: bool,
+        reply: Reply<NodeRegistered>,
+    },
+    /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
+    NodeTasks {
+        node: String,
+        asked: Vec<gpunet_api::agent::TaskRef>,
+        reply: Reply<HashSet<gpunet_api::agent::TaskRef>>,
+    },
+    Nodes {
+        who: Principal,
+        reply: Reply<Vec<NodeView>>,
+    },
+    SetNodeState {
+        name: String,
+        state: NodeState,
+        reply: Reply<NodeView>,
+    },
+    Summary {
+        reply: Reply<ClusterSummary>,
+    },
+    LiveUsage {
+        who: Principal,
+        reply: Reply<Vec<UsageRow>>,
+    },
+    Gauges {
+        reply: Reply<String>,
+    },
+    Queue {
+        who: Principal,
+        limit: usize,
+        reply: Reply<QueueView>,
+    },
+    History {
+        reply: Reply<Vec<HistoryPoint>>,
+    },
+    AgentSync {
+        node: String,
+        sync: gpunet_api::agent::AgentSync,
+        reply: Reply<gpunet_api::agent::AgentWork>,
+    },
+}
+
+/// Applies a durable change to the owner's state.
+pub(crate) struct Applier(pub(crate) Box<dyn FnOnce(&mut Owner) + Send>);
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Applier")
+    }
+}
+
+/// Per-node wake-ups for agents waiting on their task set.
+pub(crate) type Notifies = Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>;
+
+/// The wake-up of a node's long poll.
+pub(crate) fn notify_of(n: &Notifies, node: &str) -> Arc<tokio::sync::Notify> {
+    n.lock().expect("notify lock").entry(node.to_string()).or_default().clone()
+}
+
+/// A job as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct JobDoc {
+    pub(crate) job: Job,
+    pub(crate) tenant: String,
+    pub(crate) submission: JobSubmission,
+    #[serde(default)]
+    pub(crate) warnings: Vec<String>,
+    /// The latest attempt's run, kept after the job ends so that its start and placement can still be shown.
+    #[serde(default)]
+    pub(crate) last_run: Option<gpunet_core::job::RunInfo>,
+    /// Who submitted it (the token's user, else its role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) submitted_by: Option<String>,
+}
+
+/// A tenant as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TenantDoc {
+    pub(crate) spec: TenantSpec,
+    #[serde(default)]
+    pub(crate) quota: Option<QuotaRequest>,
+    /// Fair share's decayed GPU usage as last stored (GPU-ms as of a time), restored at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageRecord>,
+}
+
+/// A tenant's decayed GPU usage at a time.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct UsageRecord {
+    pub(crate) gpu_ms: f64,
+    pub(crate) as_of_ms: u64,
+}
+
+/// A node as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NodeDoc {
+    pub(crate) spec: NodeSpec,
+    pub(crate) state: NodeState,
+    pub(crate) fake: bool,
+    /// An agent has synced for this node, so its tasks are real processes: their ends must be confirmed by that
+    /// agent. A node that never had an agent runs no process, and stops there are confirmed at once.
+    #[serde(default)]
+    pub(crate) managed: bool,
+    /// Hash of the node's own credential (see [`crate::Principal::Node`]); replaced at every registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) credential: Option<String>,
+}
+
+pub(crate) struct Owner {
+    pub(crate) st: ClusterState,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) auth: crate::tokens::Auth,
+    pub(crate) docs: BTreeMap<u64, JobDoc>,
+    pub(crate) tenants: BTreeMap<String, TenantDoc>,
+    pub(crate) nodes: BTreeMap<String, NodeDoc>,
+    pub(crate) next_id: u64,
+    pub(crate) metrics: Arc<ServerMetrics>,
+    pub(crate) events: broadcast::Sender<String>,
+    dirty: bool,
+    /// Version of each node's task set.
+    versions: HashMap<String, u64>,
+    /// Last sync of each agent-managed node.
+    last_seen: HashMap<String, std::time::Instant>,
+    /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
+    fail_how: HashMap<u64, (String, bool)>,
+    /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
+    lost_since: HashMap<String, std::time::Instant>,
+    pub(crate) notifies: Notifies,
+    /// An agent that has not synced for this long loses its node.
+    pub(crate) lost_after: std::time::Duration,
+    /// A lost node's tasks are taken as gone after this long if its agent has not confirmed it.
+    pub(crate) fence_after: std::time::Duration,
+    /// Where checkpoint tier URLs may point (`{tenant}` replaced); see `gpunet_api::spec::check_checkpoint_roots`.
+    pub(crate) checkpoint_roots: Vec<String>,
+    /// Allocation samples for the portal's charts, oldest first.
+    history: std::collections::VecDeque<HistoryPoint>,
+    last_sample: Option<std::time::Instant>,
+    /// The latest per-GPU samples each agent sent (real GPUs only).
+    pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
+    /// The owner's own queue, for changes applied once durable.
+    pub(crate) self_tx: Option<mpsc::UnboundedSender<Applier>>,
+    /// Most queued jobs per tenant.
+    pub(crate) max_queued_per_tenant: usize,
+    /// Most spec bytes of a tenant's unfinished jobs.
+    pub(crate) max_spec_bytes_per_tenant: u64,
+    /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
+    spec_sizes: HashMap<u64, u64>,
+    /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
+    /// ships its last lines and its exit for a while after it left the set.
+    handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
+}
+
+/// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
+const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+pub(crate) const HISTORY_SPAN_MS: u64 = 12 * 3600 * 1000;
+const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
+
+fn not_found(what: &str, key: &str) -> ApiError {
+    ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
+}
+
+/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, not starting with `__` (reserved for
+/// gpunet; older versions stored roles under such names).
+pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
+    if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
+    }
+    if n.starts_with("__") {
+        return Err(ApiError::invalid(field, n, "a name not starting with '__' (reserved)"));
+    }
+    Ok(())
+}
+
+/// What another tenant's job is called in texts a tenant reads.
+const OTHER_JOB: &str = "another tenant's job";
+
+impl Owner {
+    pub(crate) fn new(
+        st: ClusterState,
+        store: Arc<dyn Store>,
+        auth: crate::tokens::Auth,
+        metrics: Arc<ServerMetrics>,
+        events: broadcast::Sender<String>,
+    ) -> Owner {
+        Owner {
+            st,
+            store,
+            auth,
+            docs: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            next_id: 1,
+            metrics,
+            events,
+            dirty: false,
+            versions: HashMap::new(),
+            last_seen: HashMap::new(),
+            fail_how: HashMap::new(),
+            lost_since: HashMap::new(),
+            notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            lost_after: std::time::Duration::from_secs(10),
+            fence_after: std::time::Duration::from_secs(60),
+            checkpoint_roots: Vec::new(),
+            history: std::collections::VecDeque::new(),
+            last_sample: None,
+            gpu_samples: HashMap::new(),
+            self_tx: None,
+            max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
+            max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
+            spec_sizes: HashMap::new(),
+            handed: HashMap::new(),
+        }
+    }
+
+    /// The samples a previous run of the server stored (at start-up).
+    pub(crate) fn load_history(&mut self, rows: &[gpunet_store::SampleRow]) {
+        self.history = rows
+            .iter()
+            .map(|r| HistoryPoint {
+                at_ms: r.at_ms,
+                gpus_total: r.gpus_total,
+                gpus_allocated: r.gpus_allocated,
+                queue_length: r.queue_length as usize,
+                running: r.running as usize,
+            })
+            .collect();
+        while self.history.len() > HISTORY_KEEP {
+            self.history.pop_front();
+        }
+    }
+
+    /// Records an allocation sample when one is due, in memory and in the store.
+    fn sample_history(&mut self, now: u64) {
+        if self.last_sample.is_some_and(|t| t.elapsed() < HISTORY_EVERY) {
+            return;
+        }
+        self.last_sample = Some(std::time::Instant::now());
+        if self.history.len() >= HISTORY_KEEP {
+            self.history.pop_front();
+        }
+        let p = HistoryPoint {
+            at_ms: now,
+            gpus_total: self.st.capacity_gpus(),
+            gpus_allocated: self.st.allocated_gpus(),
+            queue_length: self.st.queued_count(),
+            running: self.st.running_count(),
+        };
+        let row = gpunet_store::SampleRow {
+            at_ms: p.at_ms,
+            gpus_total: p.gpus_total,
+            gpus_allocated: p.gpus_allocated,
+            queue_length: p.queue_length as u64,
+            running: p.running as u64,
+        };
+        self.history.push_back(p);
+        let mut writes = self.usage_writes(now, None);
+        writes.push(Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) });
+        self.persist(writes, "cluster sample and fair-share usage");
+    }
+
+    /// Brings fair share's decayed usage up to `now` and returns the writes that store it, for every tenant or one.
+    fn usage_writes(&mut self, now: u64, only: Option<&str>) -> Vec<Write> {
+        self.st.accrue_usage(Time(now));
+        let mut out = Vec::new();
+        for (name, doc) in self.tenants.iter_mut() {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            let Some((gpu_ms, as_of)) = self.st.tenant_id(name).and_then(|t| self.st.tenant_usage_record(t)) else {
+                continue;
+            };
+            doc.usage = Some(UsageRecord { gpu_ms, as_of_ms: as_of.0 });
+            out.push(Write::Tenant { name: name.clone(), doc: serde_json::to_value(&*doc).expect("serialise") });
+        }
+        out
+    }
+
+    /// The task sets of these nodes changed: bump their versions and wake their agents.
+    fn bump_job(&mut self, nodes: Vec<String>) {
+        for n in nodes {
+            *self.versions.entry(n.clone()).or_default() += 1;
+            notify_of(&self.notifies, &n).notify_waiters();
+        }
+    }
+
+    fn nodes_of(&self, job: JobId) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .st
+            .job(job)
+            .and_then(|j| j.run.as_ref())
+            .map(|r| {
+                r.placement.tasks.iter().filter_map(|t| self.st.node(t.node).map(|n| n.spec.name.clone())).collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    fn job_doc_write(&self, id: u64) -> Option<Write> {
+        let d = self.docs.get(&id)?;
+        Some(Write::Job {
+            id,
+            tenant: d.tenant.clone(),
+            state: d.job.state.to_string(),
+            doc: serde_json::to_value(d).expect("job documents serialise"),
+        })
+    }
+
+    fn event(&self, job: u64, kind: &str, message: String) -> Write {
+        self.event_broadcast(job, kind, &message);
+        Write::Event { job, at_ms: now_ms(), kind: kind.into(), message }
+    }
+
+    /// Sends a job event to the live event stream.
+    fn event_broadcast(&self, job: u64, kind: &str, message: &str) {
+        let _ = self.events.send(
+            serde_json::json!({"job": job, "kind": kind, "message": message, "at_ms": now_ms(),
+                "tenant": self.docs.get(&job).map(|d| d.tenant.clone())})
+            .to_string(),
+        );
+    }
+
+    fn node_event(&self, name: &str, state: &str) {
+        let _ = self
+            .events
+            .send(serde_json::json!({"node": name, "kind": format!("node_{state}"), "at_ms": now_ms()}).to_string());
+    }
+
+    /// Persists `writes` and replies with `value` once they are durable.
+    fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
+        let metrics = self.metrics.clone();
+        self.store.commit_async(
+            writes,
+            Box::new(move |r| {
+                let _ = reply.send(match r {
+                    Ok(()) => Ok(value),
+                    Err(e) => {
+                        metrics.store_refused(&e.to_string());
+                        Err(ApiError::new("internal", format!("persist the change: {e}")))
+                    }
+                });
+            }),
+        );
+    }
+
+    /// Persists `writes` in the background; a refusal makes the control plane read-only.
+    fn persist(&self, writes: Vec<Write>, what: &'static str) {
+        let metrics = self.metrics.clone();
+        self.store.commit_async(
+            writes,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, what, "persist");
+                    metrics.store_refused(&e.to_string());
+                }
+            }),
+        );
+    }
+
+    /// Refuses a change while the store is read-only.
+    fn read_only(&self) -> Option<ApiError> {
+        (!self.metrics.store_writable()).then(|| {
+            ApiError::new(
+                "unavailable",
+                "the store refused a write: the control plane is read-only until the cause is fixed and it restarts",
+            )
+        })
+    }
+
+    fn placement_view(&self, p: &Placement) -> Vec<TaskView> {
+        p.tasks
+            .iter()
+            .map(|t| TaskView {
+                node: self.st.node(t.node).map(|n| n.spec.name.clone()).unwrap_or_default(),
+                gpus: t.gpu_indexes(),
+                mig_slot: t.mig_slot,
+            })
+            .collect()
+    }
+
+    fn view(&self, id: u64) -> Option<JobView> {
+        let d = self.docs.get(&id)?;
+        let j = self.st.job(JobId(id)).unwrap_or(&d.job);
+        // A finished job shows where and when its last attempt ran; a queued one, nothing.
+        let last = j.run.as_ref().or(if j.state.is_terminal() { d.last_run.as_ref() } else { None });
+        Some(JobView {
+            id,
+            name: j.spec.name.clone(),
+            tenant: d.tenant.clone(),
+            submitted_by: d.submitted_by.clone(),
+            state: j.state.to_string(),
+            priority: j.spec.priority,
+            tasks: j.spec.tasks,
+            gpus: j.spec.total_gpus(),
+            submitted_ms: j.submitted.0,
+            started_ms: last.map(|r| r.started.0),
+            finished_ms: j.finished.map(|t| t.0),
+            restarts: j.restarts,
+            preemptions: j.preemptions,
+            losses: j.losses,
+            stopping: j.run.as_ref().and_then(|r| r.stop).map(|c| c.to_string()),
+            placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
+            warnings: d.warnings.clone(),
+            spec: d.submission.clone(),
+        })
+    }
+
+    fn sync_doc(&mut self, id: u64) {
+        if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
+            d.job = j.clone();
+            if j.run.is_some() {
+                d.last_run = j.run.clone();
+            }
+        }
+    }
+
+    /// Usage rows of a run that ends at `end`: one per node the job ran on.
+    fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+        let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
+        let secs = end.saturating_sub(run.started.0) as f64 / 1000.0;
+        let mut per_node: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new();
+        for t in &run.placement.tasks {
+            let e = per_node.entry(t.node.0).or_default();
+            e.0 += t.gpu_mask.count_ones() + t.mig_slot.map_or(0, |_| 1);
+            e.1 += t.cpu.0;
+            e.2 += t.mem.0;
+        }
+        per_node
+            .into_iter()
+            .filter_map(|(n, (g, cpu, mem))| {
+                let node = self.st.node(gpunet_core::NodeId(n))?;
+                Some(UsageRow {
+                    job: doc.job.id.0,
+                    tenant: doc.tenant.clone(),
+                    start_ms: run.started.0,
+                    end_ms: end,
+                    gpu_model: node.spec.gpu_model().map(|m| m.to_string()).unwrap_or_default(),
+                    lifecycle: node.spec.lifecycle().as_str().into(),
+                    gpu_seconds: g as f64 * secs,
+                    cpu_seconds: cpu as f64 / 1000.0 * secs,
+                    mem_gib_seconds: mem as f64 / 1024.0 * secs,
+                    cost: g as f64 * secs / 3600.0 * node.spec.price_per_gpu_hour,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies one command. While the store refuses writes, changes are refused here, in one place; the rest is a
+    /// dispatch to the handlers of each command family (`jobs`, `tenants`, `nodes`, `queries`).
+    pub(crate) fn handle(&mut self, cmd: Cmd) {
+        // While the store refuses writes, nothing may change.
+        if let Some(e) = self.read_only() {
+            match cmd {
+                Cmd::Cancel { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::CreateTenant { reply, .. } | Cmd::IssueToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::CreateToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::RevokeToken { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::SetQuota { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::RegisterNode { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::SetNodeState { reply, .. } => return drop(reply.send(Err(e))),
+                other => return self.handle_cmd(other),
+            }
+        }
+        self.handle_cmd(cmd)
+    }
+
+    fn handle_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            // Jobs (`jobs`).
+            Cmd::Submit { who, by, subs, reply } => self.submit(who, by, subs, reply),
+            Cmd::DryRun { who, sub, warnings, reply } => self.dry_run(who, sub, warnings, reply),
+            Cmd::Get { who, id, reply } => self.get_job(who, id, reply),
+            Cmd::List { who, tenant, state, after, limit, reply } => {
+                self.list_jobs(who, tenant, state, after, limit, reply)
+            }
+            Cmd::Cancel { who, id, reply } => self.cancel(who, id, reply),
+            Cmd::Explain { who, id, reply } => self.explain_job(who, id, reply),
+            // Tenants, quotas and tokens (`tenants`).
+            Cmd::CreateTenant { req, reply } => self.create_tenant(req, reply),
+            Cmd::SetQuota { tenant, quota, reply } => self.set_quota(tenant, quota, reply),
+            Cmd::IssueToken { tenant, reply } => self.issue_token(tenant, reply),
+            Cmd::CreateToken { doc, reply } => self.create_token(doc, reply),
+            Cmd::Tokens { tenant, reply } => self.list_tokens(tenant, reply),
+            Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
+            Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
+            // Nodes and their agents (`nodes`).
+            Cmd::RegisterNode { spec, fake, reply } => self.register_node(spec, fake, reply),
+            Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
+            Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
+            Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),
+            Cmd::AgentSync { node, sync, reply } => match self.agent_sync(&node, sync) {
+                Ok((writes, work)) => self.durable(writes, reply, work),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            // Reads of the cluster (`queries`).
+            Cmd::Summary { reply } => self.summary(reply),
+            Cmd::LiveUsage { who, reply } => self.live_usage(who, reply),
+            Cmd::Gauges { reply } => {
+                let _ = reply.send(Ok(crate::metrics::gauges(self)));
+            }
+            Cmd::Queue { who, limit, reply } => {
+                let _ = reply.send(self.queue(&who, limit));
+            }
+            Cmd::History { reply } => {
+                let _ = reply.send(Ok(self.history.iter().cloned().collect()));
+            }
+        }
+    }
+
+    /// One scheduling pass; persists what changed.
+    pub(crate) fn pass(&mut self) {
+        if !self.metrics.store_writable() {
+            return; // read-only: nothing changes until the server restarts on a store that accepts writes
+        }
+        self.lose_silent_nodes();
+        let t0 = std::time::Instant::now();
+        let mut writes = Vec::new();
+        self.expire_fences(&mut writes);
+        let now = now_ms();
+        self.st.accrue_usage(Time(now));
+        let ds = schedule(&self.st, Time(now));
+        for d in &ds {
+            let prior_nodes = match d {
+                Decision::Preempt { job, .. } | Decision::Scale { job, .. } => self.nodes_of(*job),
+                _ => Vec::new(),
+            };
+            if let Err(e) = self.st.apply_decision(d, Time(now)) {
+                tracing::error!(error = %e, "apply a scheduling decision");
+                continue;
+            }
+            match d {
+                Decision::Start { job, .. } | Decision::Scale { job, .. } => {
+                    let mut n = self.nodes_of(*job);
+                    n.extend(prior_nodes);
+                    self.bump_job(n);
+                }
+                Decision::Preempt { .. } => {
+                    self.bump_job(prior_nodes);
+                }
+                Decision::Reserve { .. } => {}
+            }
+            match d {
+                Decision::Start { job, .. } => {
+                    self.sync_doc(job.0);
+                    let waited = now.saturating_sub(self.docs[&job.0].job.submitted.0);
+                    self.metrics.pending_seconds.observe(waited as f64 / 1000.0);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                    writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
+                }
+                Decision::Preempt { job, reason, for_job } => {
+                    self.sync_doc(job.0);
+                    self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                    // The event is the evicted job's tenant's to read: another tenant's job is not named.
+                    let same = self.docs.get(&job.0).map(|d| &d.tenant) == self.docs.get(&for_job.0).map(|d| &d.tenant);
+                    let for_text = if same { for_job.to_string() } else { OTHER_JOB.to_string() };
+                    writes.push(self.event(
+                        job.0,
+                        "stopping",
+                        format!(
+                            "job-{} asked to stop for {for_text}: {}; its GPUs stay held until its end is confirmed",
+                            job.0,
+                            serde_json::to_string(reason).unwrap_or_default()
+                        ),
+                    ));
+                    self.confirm_unmanaged(*job, now, &mut writes);
+                }
+                Decision::Scale { job, .. } => {
+                    self.sync_doc(job.0);
+                    writes.push(self.job_doc_write(job.0).expect("present"));
+                }
+                Decision::Reserve { .. } => {}
+            }
+        }
+        if !writes.is_empty() {
+            self.persist(writes, "scheduling decisions");
+        }
+        self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
+        self.dirty = false;
+        self.sample_history(now);
+    }
+
+    /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of
+    /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`.
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Cmd>,
+        mut applied: mpsc::UnboundedReceiver<Applier>,
+        tick: std::time::Duration,
+    ) {
+        let min_gap = std::time::Duration::from_millis(5);
+        let mut ticker = tokio::time::interval(min_gap);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_pass = std::time::Instant::now() - tick;
+        loop {
+            tokio::select! {
+                Some(f) = applied.recv() => {
+                    (f.0)(&mut self);
+                    while let Ok(f) = applied.try_recv() {
+                        (f.0)(&mut self);
+                    }
+                    if self.dirty && last_pass.elapsed() >= min_gap {
+                        self.pass();
+                        last_pass = std::time::Instant::now();
+                    }
+                }
+                cmd = rx.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    self.handle(cmd);
+                    // Take what else is waiting.
+                    let mut n = 0;
+                    while n < 4096 {
+                        match rx.try_recv() {
+                            Ok(c) => self.handle(c),
+                            Err(_) => break,
+                        }
+                        n += 1;
+                    }
+                    if self.dirty && last_pass.elapsed() >= min_gap {
+                        self.pass();
+                        last_pass = std::time::Instant::now();
+                    }
+                }
+                _ = ticker.tick() => {
+                    if (self.dirty && last_pass.elapsed() >= min_gap) || last_pass.elapsed() >= tick {
+                        self.pass();
+                        last_pass = std::time::Instant::now();
+                    }
+                }
+            }
+        }
+    }
+}
