@@ -120,7 +120,9 @@ pub struct NodeSpec {
     /// Taints.
     #[serde(default)]
     pub taints: Vec<Taint>,
-    /// Price of one GPU-hour on this node, in the billing currency.
+    /// Price of one GPU-hour on this node, in the billing currency. The server sets it at registration (the agent's
+    /// override, else the price catalogue's; see [`crate::pricing`]): what a registration's spec says is ignored.
+    #[serde(default)]
     pub price_per_gpu_hour: f64,
 }
 

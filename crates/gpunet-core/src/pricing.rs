@@ -30,6 +30,8 @@
 //! GPU, CPU and memory parts are kept apart ([`Cost`]); the total is their sum.
 
 use crate::gpu::GpuModel;
+use crate::ids::NodeId;
+use crate::job::Placement;
 use crate::node::{Lifecycle, NodeSpec};
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
@@ -216,6 +218,26 @@ pub struct Held {
     pub mem: MiB,
 }
 
+/// What a placement holds on each of its nodes, by node id: one ledger row each.
+pub fn held_per_node(placement: &Placement) -> Vec<(NodeId, Held)> {
+    let mut out: Vec<(NodeId, Held)> = Vec::new();
+    for t in &placement.tasks {
+        let i = match out.iter().position(|(n, _)| *n == t.node) {
+            Some(i) => i,
+            None => {
+                out.push((t.node, Held::default()));
+                out.len() - 1
+            }
+        };
+        let h = &mut out[i].1;
+        h.gpus += t.gpu_mask.count_ones() + u32::from(t.mig_slot.is_some() && t.gpu_mask == 0);
+        h.cpu = MilliCpu(h.cpu.0 + t.cpu.0);
+        h.mem = MiB(h.mem.0 + t.mem.0);
+    }
+    out.sort_by_key(|(n, _)| *n);
+    out
+}
+
 /// A cost, by part, in the catalogue's currency.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Cost {
@@ -291,8 +313,11 @@ mod tests {
         let c = PriceCatalogue::shipped();
         assert_eq!(c.currency, "USD");
         for m in GpuModel::ALL {
-            let (od, spot, res) =
-                (c.gpu_hour(m, Lifecycle::OnDemand), c.gpu_hour(m, Lifecycle::Spot), c.gpu_hour(m, Lifecycle::Reserved));
+            let (od, spot, res) = (
+                c.gpu_hour(m, Lifecycle::OnDemand),
+                c.gpu_hour(m, Lifecycle::Spot),
+                c.gpu_hour(m, Lifecycle::Reserved),
+            );
             assert!(od > 0.0 && spot > 0.0 && spot < od && res > spot && res < od, "{m}: {od} {spot} {res}");
         }
         assert_eq!(c.gpu_hour(GpuModel::A100_80GB, Lifecycle::Spot), 1.57);
@@ -349,13 +374,37 @@ mod tests {
     }
 
     #[test]
+    fn a_placement_holds_per_node_the_sum_of_its_tasks_and_a_mig_instance_is_one_gpu() {
+        use crate::job::TaskPlacement;
+        let t = |node, gpu_mask, mig_slot, cpu| TaskPlacement {
+            node: NodeId(node),
+            gpu_mask,
+            mig_slot,
+            cpu: MilliCpu(cpu),
+            mem: MiB(cpu * 2),
+        };
+        let p = Placement { tasks: vec![t(3, 0b11, None, 1000), t(1, 0, Some(2), 500), t(3, 0b1100, None, 1000)] };
+        let h = held_per_node(&p);
+        assert_eq!(
+            h,
+            vec![
+                (NodeId(1), Held { gpus: 1, cpu: MilliCpu(500), mem: MiB(1000) }),
+                (NodeId(3), Held { gpus: 4, cpu: MilliCpu(2000), mem: MiB(4000) }),
+            ]
+        );
+    }
+
+    #[test]
     fn billing_is_per_started_second_and_splits_gpu_cpu_and_memory() {
         assert_eq!((billed_seconds(0), billed_seconds(1), billed_seconds(1000), billed_seconds(1001)), (0, 1, 1, 2));
         let rates = NodeRates { gpu_hour: 3.6, cpu_core_hour: 0.36, mem_gib_hour: 0.036 };
         let held = Held { gpus: 2, cpu: MilliCpu(1500), mem: MiB(2048) };
         // 59.001 s is billed as 60 s: 2 GPUs × 3.6/h × 60/3600 h = 0.12.
         let c = cost(held, &rates, 59_001);
-        assert!((c.gpu - 0.12).abs() < 1e-12 && (c.cpu - 0.009).abs() < 1e-12 && (c.mem - 0.0012).abs() < 1e-12, "{c:?}");
+        assert!(
+            (c.gpu - 0.12).abs() < 1e-12 && (c.cpu - 0.009).abs() < 1e-12 && (c.mem - 0.0012).abs() < 1e-12,
+            "{c:?}"
+        );
         assert_eq!(c.total(), c.gpu + c.cpu + c.mem);
         assert_eq!(cost(held, &rates, 60_000), c, "the same whole seconds cost the same");
         assert_eq!(cost(held, &rates, 0), Cost::default());
