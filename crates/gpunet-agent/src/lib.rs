@@ -109,6 +109,8 @@ pub struct AgentConfig {
     pub tenant_uid_base: Option<u32>,
     /// Where the GPUs' device nodes are (default `/dev`), for the devices cgroup.
     pub device_dir: Option<PathBuf>,
+    /// This node's price per GPU-hour, sent at registration instead of the server's catalogue price.
+    pub price_per_gpu_hour: Option<f64>,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -230,7 +232,10 @@ fn save_credential(data_dir: &std::path::Path, credential: &str) -> Result<(), A
 async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) -> Result<String, AgentError> {
     let mut spec = node_spec(cfg);
     spec.labels.insert("isolation".into(), isolation.to_string());
-    let body = serde_json::json!({"spec": spec, "fake": cfg.fake_gpus.is_some()});
+    let mut body = serde_json::json!({"spec": spec, "fake": cfg.fake_gpus.is_some()});
+    if let Some(p) = cfg.price_per_gpu_hour {
+        body["price_per_gpu_hour"] = p.into();
+    }
     let stored = std::fs::read_to_string(credential_path(&cfg.data_dir)).ok().map(|c| c.trim().to_string());
     let tokens: Vec<&str> = stored.iter().chain(cfg.join_token.iter()).map(String::as_str).collect();
     if tokens.is_empty() {
@@ -515,6 +520,7 @@ mod tests {
             task_path: launcher::DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
             device_dir: None,
+            price_per_gpu_hour: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -292,6 +292,9 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// Fake GPUs (no NVIDIA device behind them).
     pub fake: bool,
+    /// Price of a GPU-hour on the node: its agent's, else the server's price catalogue's.
+    #[serde(default)]
+    pub price_per_gpu_hour: f64,
     /// Jobs with a task on the node (a tenant sees only its own).
     pub jobs: Vec<u64>,
     /// Each whole GPU with what holds it.
@@ -426,9 +429,12 @@ pub struct ClusterSummary {
     pub queue_length: usize,
 }
 
-/// Usage over a period.
+/// Usage over a period, billed per second (see `gpunet_core::pricing`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageReport {
+    /// Currency of every cost (the server's price catalogue's).
+    #[serde(default)]
+    pub currency: String,
     /// Start, ms since the Unix epoch.
     pub from_ms: u64,
     /// End.
@@ -451,6 +457,15 @@ pub struct UsageTotals {
     pub cpu_hours: f64,
     /// Memory GiB-hours.
     pub memory_gib_hours: f64,
-    /// Cost.
+    /// Cost of GPUs.
+    #[serde(default)]
+    pub gpu_cost: f64,
+    /// Cost of CPU.
+    #[serde(default)]
+    pub cpu_cost: f64,
+    /// Cost of memory.
+    #[serde(default)]
+    pub mem_cost: f64,
+    /// Total cost: `gpu_cost + cpu_cost + mem_cost`.
     pub cost: f64,
 }

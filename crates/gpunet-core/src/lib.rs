@@ -37,6 +37,7 @@ pub mod job;
 pub mod lifecycle;
 pub mod node;
 pub mod predict;
+pub mod pricing;
 pub mod quota;
 pub mod schedule;
 pub mod state;
@@ -53,6 +54,7 @@ pub use job::{
 };
 pub use lifecycle::{AttemptEnded, RankEnd, StopCause};
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
+pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
     dry_run_placement, explain, queue_order, schedule, schedule_with_stats, Decision, Explanation, PassStats,

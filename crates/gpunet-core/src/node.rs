@@ -22,7 +22,7 @@ pub mod labels {
     pub const REGION: &str = "region";
     /// Rack.
     pub const RACK: &str = "rack";
-    /// `on-demand` or `spot`.
+    /// `on-demand`, `spot` or `reserved` (prices differ; spot nodes may be reclaimed).
     pub const LIFECYCLE: &str = "lifecycle";
     /// GPU family (`v100`, `a100`, …), set automatically.
     pub const GPU_TYPE: &str = "gpu-type";
@@ -50,10 +50,12 @@ pub struct GpuDevice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Lifecycle {
-    /// Reserved or on-demand capacity.
+    /// On-demand capacity.
     OnDemand,
     /// Spot / preemptible capacity: may be reclaimed with short notice.
     Spot,
+    /// Reserved (committed) capacity: scheduled like on-demand, priced at the reserved price.
+    Reserved,
 }
 
 impl Lifecycle {
@@ -62,6 +64,7 @@ impl Lifecycle {
         match self {
             Lifecycle::OnDemand => "on-demand",
             Lifecycle::Spot => "spot",
+            Lifecycle::Reserved => "reserved",
         }
     }
 }
@@ -117,7 +120,9 @@ pub struct NodeSpec {
     /// Taints.
     #[serde(default)]
     pub taints: Vec<Taint>,
-    /// Price of one GPU-hour on this node, in the billing currency.
+    /// Price of one GPU-hour on this node, in the billing currency. The server sets it at registration (the agent's
+    /// override, else the price catalogue's; see [`crate::pricing`]): what a registration's spec says is ignored.
+    #[serde(default)]
     pub price_per_gpu_hour: f64,
 }
 
@@ -187,6 +192,7 @@ impl NodeSpec {
     pub fn lifecycle(&self) -> Lifecycle {
         match self.labels.get(labels::LIFECYCLE).map(String::as_str) {
             Some("spot") => Lifecycle::Spot,
+            Some("reserved") => Lifecycle::Reserved,
             _ => Lifecycle::OnDemand,
         }
     }
@@ -255,12 +261,12 @@ impl NodeSpec {
             None => {
                 self.labels.insert(labels::LIFECYCLE.into(), "on-demand".into());
             }
-            Some("spot") | Some("on-demand") => {}
+            Some("spot") | Some("on-demand") | Some("reserved") => {}
             Some(other) => {
                 return Err(CoreError::InvalidField {
                     field: "node.labels.lifecycle",
                     value: other.into(),
-                    allowed: "on-demand or spot".into(),
+                    allowed: "on-demand, spot or reserved".into(),
                 })
             }
         }
@@ -288,6 +294,9 @@ mod tests {
         n.validate().unwrap();
         assert_eq!(n.labels["gpu-type"], "v100");
         assert_eq!(n.lifecycle(), Lifecycle::OnDemand);
+        let mut reserved = n.clone().label("lifecycle", "reserved");
+        reserved.validate().unwrap();
+        assert_eq!(reserved.lifecycle(), Lifecycle::Reserved);
         let mut bad = n.clone().label("lifecycle", "cheap");
         let e = bad.validate().unwrap_err().to_string();
         assert!(e.contains("lifecycle") && e.contains("cheap") && e.contains("spot"), "{e}");

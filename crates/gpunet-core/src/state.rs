@@ -213,6 +213,21 @@ impl ClusterState {
         Ok(id)
     }
 
+    /// Sets a node's price per GPU-hour (no scheduling decision depends on it): the server prices a node again when
+    /// its agent registers again or the server starts with another catalogue.
+    pub fn set_node_price(&mut self, id: NodeId, per_gpu_hour: f64) -> Result<(), CoreError> {
+        if !per_gpu_hour.is_finite() || per_gpu_hour < 0.0 {
+            return Err(CoreError::InvalidField {
+                field: "node.price_per_gpu_hour",
+                value: per_gpu_hour.to_string(),
+                allowed: "a finite number >= 0".into(),
+            });
+        }
+        let spec = self.node_specs.get_mut(id.index()).ok_or(CoreError::UnknownNode(id))?;
+        spec.price_per_gpu_hour = per_gpu_hour;
+        Ok(())
+    }
+
     /// Looks a node up by name.
     pub fn node_id(&self, name: &str) -> Option<NodeId> {
         self.node_names.get(name).copied()

@@ -95,9 +95,15 @@ function eta(ms) {
   return d <= 1000 ? "now" : "in " + fmtDur(d);
 }
 
-function money(x) {
-  // Small amounts (seconds of use) keep their cents' fractions.
-  return x.toLocaleString(undefined, { style: "currency", currency: "USD", maximumFractionDigits: x > 0 && x < 1 ? 4 : 2 });
+function money(x, currency = "USD") {
+  // Small amounts (seconds of use) keep their cents' fractions. A currency code the browser does not know (the
+  // server's price catalogue names it) is printed after the number.
+  const digits = x > 0 && x < 1 ? 4 : 2;
+  try {
+    return x.toLocaleString(undefined, { style: "currency", currency, maximumFractionDigits: digits });
+  } catch (_) {
+    return `${x.toLocaleString(undefined, { maximumFractionDigits: digits })} ${currency}`;
+  }
 }
 function num(x, d = 1) { return Number(x).toLocaleString(undefined, { maximumFractionDigits: d }); }
 function badge(state) { return h("span", { class: "badge " + state }, state); }
@@ -816,17 +822,21 @@ async function tenants() {
     const [ts, usage] = await Promise.all([api("/v1/tenants"), api(`/v1/usage?from_ms=${month}`)]);
     body.replaceChildren(
       h("p", { class: "muted" }, `Spend is this month's (since ${new Date(month).toLocaleDateString()}), from the ` +
-        "billing ledger, per second of use, running jobs included."),
+        "billing ledger, per second of use, running jobs included; GPUs, CPU and memory are priced apart."),
       table([{ label: "Tenant" }, { label: "GPUs in use vs quota" }, { label: "Guarantee", num: true },
         { label: "Limit", num: true }, { label: "Running", num: true }, { label: "Queued", num: true },
         { label: "Weight", num: true }, { label: "Fair-share usage (GPU-h, decayed)", num: true },
-        { label: "GPU-hours this month", num: true }, { label: "Spend this month", num: true }],
+        { label: "GPU-hours this month", num: true }, { label: "GPU spend", num: true },
+        { label: "CPU spend", num: true }, { label: "Memory spend", num: true },
+        { label: "Spend this month", num: true }],
       ts.map((t) => {
         const q = t.quota || {};
         const g = q.guarantee_gpus, l = q.limit_gpus ?? g;
-        const u = usage.tenants[t.name] || { gpu_hours: 0, cost: 0 };
+        const u = usage.tenants[t.name] || { gpu_hours: 0, gpu_cost: 0, cpu_cost: 0, mem_cost: 0, cost: 0 };
+        const cur = usage.currency || "USD";
         return [h("strong", {}, t.name), quotaBar(t.gpus_used, g, l), g ?? "—", l ?? "—", String(t.running),
-          String(t.queued), num(t.weight, 2), num(t.fair_share_usage_gpu_hours, 3), num(u.gpu_hours, 3), money(u.cost)];
+          String(t.queued), num(t.weight, 2), num(t.fair_share_usage_gpu_hours, 3), num(u.gpu_hours, 3),
+          money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur), money(u.mem_cost || 0, cur), money(u.cost, cur)];
       }), "No tenants."));
   };
   S.refresh = draw;

@@ -45,6 +45,8 @@ pub struct AppState {
     pub(crate) max_streams_per_token: usize,
     /// Documents parsed at once (on the blocking pool).
     pub(crate) parse_slots: Arc<tokio::sync::Semaphore>,
+    /// Currency of the price catalogue, for usage reports.
+    pub(crate) currency: String,
 }
 
 /// Body limit of routes that take a small document (tenants, quotas, node registration).
@@ -507,6 +509,9 @@ struct NodeRegistration {
     spec: NodeSpec,
     #[serde(default)]
     fake: bool,
+    /// The agent's price per GPU-hour (`--price-per-gpu-hour`), instead of the price catalogue's.
+    #[serde(default)]
+    price_per_gpu_hour: Option<f64>,
 }
 
 /// Bounds a node's numbers, so that cluster totals cannot overflow, and its labels and taints.
@@ -547,7 +552,13 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
         }
     }
     check_node(&reg.spec)?;
-    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec: reg.spec, fake: reg.fake, reply }).await?))
+    if let Some(p) = reg.price_per_gpu_hour {
+        gpunet_core::pricing::check_price("price_per_gpu_hour", p).map_err(|_| {
+            ApiError::invalid("price_per_gpu_hour", &p.to_string(), "a number from 0 to 1000000 (per GPU-hour)")
+        })?;
+    }
+    let (spec, fake, price) = (reg.spec, reg.fake, reg.price_per_gpu_hour);
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, reply }).await?))
 }
 
 async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
@@ -606,6 +617,7 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
     let live = ask(&st, |reply| Cmd::LiveUsage { who: p, reply }).await?;
     rows.extend(live.into_iter().filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant)));
     let mut report = UsageReport {
+        currency: st.currency.clone(),
         from_ms: from,
         to_ms: to,
         tenants: BTreeMap::new(),
@@ -622,6 +634,9 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
             tot.gpu_hours += r.gpu_seconds * inside / 3600.0;
             tot.cpu_hours += r.cpu_seconds * inside / 3600.0;
             tot.memory_gib_hours += r.mem_gib_seconds * inside / 3600.0;
+            tot.gpu_cost += r.gpu_cost * inside;
+            tot.cpu_cost += r.cpu_cost * inside;
+            tot.mem_cost += r.mem_cost * inside;
             tot.cost += r.cost * inside;
         }
         for (dst, add) in [
@@ -635,6 +650,9 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
             dst.gpu_hours += add.gpu_hours;
             dst.cpu_hours += add.cpu_hours;
             dst.memory_gib_hours += add.memory_gib_hours;
+            dst.gpu_cost += add.gpu_cost;
+            dst.cpu_cost += add.cpu_cost;
+            dst.mem_cost += add.mem_cost;
             dst.cost += add.cost;
         }
     }

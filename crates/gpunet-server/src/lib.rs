@@ -75,6 +75,9 @@ pub struct Config {
     pub insecure_http: bool,
     /// Connection-level bounds.
     pub limits: listen::Limits,
+    /// Prices of GPUs (by model and lifecycle), CPU and memory: nodes are priced by it at registration (unless their
+    /// agent names its own GPU price) and again at every start.
+    pub prices: gpunet_core::PriceCatalogue,
 }
 
 /// Default of [`Config::max_queued_jobs_per_tenant`].
@@ -104,6 +107,7 @@ impl Config {
             tls: None,
             insecure_http: false,
             limits: listen::Limits::default(),
+            prices: gpunet_core::PriceCatalogue::shipped(),
         }
     }
 }
@@ -210,6 +214,7 @@ pub fn build(
     o.checkpoint_roots = cfg.checkpoint_roots.clone();
     o.max_queued_per_tenant = cfg.max_queued_jobs_per_tenant;
     o.max_spec_bytes_per_tenant = cfg.max_spec_bytes_per_tenant;
+    o.prices = cfg.prices.clone();
     let notifies = o.notifies.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };
@@ -249,8 +254,10 @@ pub fn build(
         have_agent = a.values().any(|c| c.who == Principal::Agent);
     }
     for (name, doc) in &snap.nodes {
-        let d: owner::NodeDoc =
+        let mut d: owner::NodeDoc =
             serde_json::from_value(doc.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
+        // Priced by this start's catalogue (unless its agent named its own price).
+        d.spec.price_per_gpu_hour = o.prices.resolve_gpu_hour(&d.spec, d.price_override);
         let id = o.st.add_node(d.spec.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         o.st.set_node_state(id, d.state, Time(now_ms())).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
         if let Some(h) = &d.credential {
@@ -335,6 +342,7 @@ pub fn build(
         streams: Arc::new(std::sync::Mutex::new(HashMap::new())),
         max_streams_per_token: cfg.max_streams_per_token,
         parse_slots: Arc::new(tokio::sync::Semaphore::new(2)),
+        currency: cfg.prices.currency.clone(),
     };
     Ok((app, gen_admin, gen_join))
 }

@@ -86,7 +86,7 @@ pub fn document() -> Value {
             "/v1/tokens/{id}/revoke": {"post": op("Revoke a token; it stops working at once (the last admin token cannot be revoked)", "tokens", None, ("200", "TokenInfo")),
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]},
             "/v1/nodes": {
-                "post": op("Register a node (join token, admin token, or the node's own credential); returns the node's new credential", "nodes", Some("{spec: NodeSpec, fake: bool}"), ("201", "NodeRegistered")),
+                "post": op("Register a node (join token, admin token, or the node's own credential); returns the node's new credential. The node's price per GPU-hour is price_per_gpu_hour when given (0 to 1000000, else 422), else the server's price catalogue's for its GPU model and lifecycle label (on-demand, spot, reserved); spec.price_per_gpu_hour is ignored", "nodes", Some("{spec: NodeSpec, fake: bool, price_per_gpu_hour?: number}"), ("201", "NodeRegistered")),
                 "get": op("Nodes", "nodes", None, ("200", "NodeView[]"))
             },
             "/v1/nodes/{name}/{action}": {"post": op("cordon, drain or uncordon a node (admin)", "nodes", None, ("200", "NodeView")),
@@ -101,7 +101,7 @@ pub fn document() -> Value {
             "/v1/whoami": {"get": op("The role (admin or tenant) of the token", "cluster", None, ("200", "WhoAmI"))},
             "/v1/health": {"get": {"summary": "Whether the control plane accepts changes (503: its store refused a write and it is read-only until restarted); no token", "tags": ["cluster"], "security": [],
                 "responses": {"200": {"description": "ok"}, "503": {"description": "degraded: read-only"}}}},
-            "/v1/usage": {"get": op("Usage and cost per tenant and job over a period (per-second billing)", "billing", None, ("200", "UsageReport"))},
+            "/v1/usage": {"get": op("Usage and cost per tenant, job and GPU model over a period: GPU-, CPU core- and memory GiB-hours; gpu_cost, cpu_cost, mem_cost and cost (their sum) in the catalogue's currency; billed per started second", "billing", None, ("200", "UsageReport"))},
             "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},
             "/metrics": {"get": op("Prometheus metrics (admin)", "metrics", None, ("200", "text/plain"))}
         },

@@ -227,5 +227,5 @@ fn generated_bodies_on_every_route_never_get_a_5xx() {
         .unwrap();
     // The server still answers.
     let (s, v) = rt.block_on(call(&app, "GET", "/v1/whoami", &tenant, Vec::new()));
-    assert_eq!((s, v), (StatusCode::OK, json!({"role": "tenant", "tenant": "team-a"})));
+    assert_eq!((s, &v["role"], &v["tenant"]), (StatusCode::OK, &json!("tenant"), &json!("team-a")), "{v}");
 }

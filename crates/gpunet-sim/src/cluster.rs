@@ -10,8 +10,16 @@
 //! memory_mib = 1048576      # default 128 GiB per GPU
 //! zone = "zone-a"           # default "zone-1"
 //! rack_size = 8             # nodes per rack; default 16
-//! lifecycle = "on-demand"   # or "spot" (tainted lifecycle=spot)
-//! price_per_gpu_hour = 2.5
+//! lifecycle = "on-demand"   # or "spot" (tainted lifecycle=spot), or "reserved"
+//! price_per_gpu_hour = 2.5  # default: the price catalogue's for the model and lifecycle
+//!
+//! [prices]                  # optional; default: the catalogue shipped with gpunet (`gpunet prices`)
+//! currency = "USD"          # the same schema as `gpunet server --prices FILE`, see gpunet_core::pricing
+//! cpu_core_hour = 0.031611
+//! mem_gib_hour = 0.004237
+//! [prices.gpu.default]
+//! on_demand = 2.48
+//! spot = 0.74
 //!
 //! [[tenant]]
 //! name = "team-a"
@@ -28,7 +36,7 @@
 //! (16 nodes × 4 T4, the Pollux testbed).
 
 use crate::error::SimError;
-use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec};
+use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec, PriceCatalogue};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,9 +59,9 @@ pub struct NodeGroup {
     pub zone: Option<String>,
     /// Nodes per rack (default 16).
     pub rack_size: Option<u32>,
-    /// `on-demand` (default) or `spot`.
+    /// `on-demand` (default), `spot` or `reserved`.
     pub lifecycle: Option<String>,
-    /// Price of a GPU-hour (default 0).
+    /// Price of a GPU-hour (default: the price catalogue's for the model and lifecycle).
     pub price_per_gpu_hour: Option<f64>,
     /// Name prefix of the nodes (default `g<index>`).
     pub name: Option<String>,
@@ -86,6 +94,9 @@ pub struct ClusterSpec {
     /// Tenants and quotas (optional).
     #[serde(default)]
     pub tenant: Vec<TenantDef>,
+    /// Prices (optional; default: the catalogue shipped with gpunet), as the server's `--prices` file.
+    #[serde(default)]
+    pub prices: Option<PriceCatalogue>,
     /// Explicit nodes (presets built from machine lists); not part of the TOML format.
     #[serde(skip)]
     pub nodes: Vec<NodeSpec>,
@@ -140,6 +151,9 @@ impl ClusterSpec {
                 return Err(SimError::invalid(&what, format!("version {v} is unknown; allowed is 1")));
             }
         }
+        if let Some(p) = &spec.prices {
+            p.validate().map_err(|e| SimError::invalid(&what, e.to_string()))?;
+        }
         if spec.node_group.is_empty() {
             return Err(SimError::invalid(&what, "no [[node_group]]; at least one is required"));
         }
@@ -150,15 +164,19 @@ impl ClusterSpec {
                 return Err(SimError::invalid(&at, "count must be at least 1 and gpus_per_node at most 64"));
             }
             if let Some(l) = &g.lifecycle {
-                if l != "spot" && l != "on-demand" {
-                    return Err(SimError::invalid(&at, format!("lifecycle {l:?}; allowed are on-demand and spot")));
+                if l != "spot" && l != "on-demand" && l != "reserved" {
+                    return Err(SimError::invalid(
+                        &at,
+                        format!("lifecycle {l:?}; allowed are on-demand, spot and reserved"),
+                    ));
                 }
             }
             if g.rack_size == Some(0) {
                 return Err(SimError::invalid(&at, "rack_size must be at least 1"));
             }
-            if g.price_per_gpu_hour.is_some_and(|p| !p.is_finite() || p < 0.0) {
-                return Err(SimError::invalid(&at, "price_per_gpu_hour must be a number >= 0"));
+            if let Some(p) = g.price_per_gpu_hour {
+                gpunet_core::pricing::check_price("price_per_gpu_hour", p)
+                    .map_err(|e| SimError::invalid(&at, e.to_string()))?;
             }
         }
         for t in &spec.tenant {
@@ -179,6 +197,7 @@ impl ClusterSpec {
             version: Some(1),
             node_group: groups,
             tenant: Vec::new(),
+            prices: None,
             nodes: Vec::new(),
         };
         let group = |count, gpus, model: &str, cpu: u64, mem_gib: u64, rack| NodeGroup {
@@ -210,9 +229,19 @@ impl ClusterSpec {
         }
     }
 
-    /// The nodes of the spec.
+    /// The spec's price catalogue: its `[prices]`, else the shipped one.
+    pub fn prices(&self) -> PriceCatalogue {
+        self.prices.clone().unwrap_or_else(PriceCatalogue::shipped)
+    }
+
+    /// The nodes of the spec, priced: a group's `price_per_gpu_hour`, else the catalogue's for the node's GPU model and
+    /// lifecycle (as the server prices a node that registers without an override).
     pub fn build_nodes(&self) -> Vec<NodeSpec> {
+        let prices = self.prices();
         let mut out = self.nodes.clone();
+        for n in &mut out {
+            n.price_per_gpu_hour = prices.resolve_gpu_hour(n, None);
+        }
         for (gi, g) in self.node_group.iter().enumerate() {
             let model: GpuModel = g.gpu_model.parse().expect("validated");
             let zone = g.zone.clone().unwrap_or_else(|| "zone-1".into());
@@ -230,11 +259,13 @@ impl ClusterSpec {
                     MiB(mem),
                 )
                 .label("zone", &zone)
-                .label("rack", &format!("{prefix}-rack-{:04}", i / rack))
-                .price(g.price_per_gpu_hour.unwrap_or(0.0));
-                if g.lifecycle.as_deref() == Some("spot") {
-                    n = n.label("lifecycle", "spot").taint("lifecycle", "spot");
+                .label("rack", &format!("{prefix}-rack-{:04}", i / rack));
+                match g.lifecycle.as_deref() {
+                    Some("spot") => n = n.label("lifecycle", "spot").taint("lifecycle", "spot"),
+                    Some("reserved") => n = n.label("lifecycle", "reserved"),
+                    _ => {}
                 }
+                n.price_per_gpu_hour = prices.resolve_gpu_hour(&n, g.price_per_gpu_hour);
                 out.push(n);
             }
         }

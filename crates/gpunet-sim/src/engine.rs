@@ -15,6 +15,7 @@ use crate::cluster::ClusterSpec;
 use crate::error::SimError;
 use crate::rng::Rng;
 use crate::trace::{Trace, TraceJob};
+use gpunet_core::pricing::{self, Cost, Held, NodeRates, PriceCatalogue};
 use gpunet_core::tenant::Quota;
 use gpunet_core::{
     schedule, ClusterState, Decision, Dur, GpuModel, JobId, JobSpec, JobState, NodeId, NodeState, Policy, SchedConfig,
@@ -273,11 +274,20 @@ pub struct SimResult {
     pub node_losses: usize,
     /// GPU-hours of work lost to evictions and failures.
     pub lost_gpu_hours: f64,
-    /// Cost of on-demand GPU-time under per-second billing.
+    /// Currency of the costs (the cluster's price catalogue's).
+    pub currency: String,
+    /// Cost of what jobs held on on-demand and reserved nodes (GPUs, CPU, memory), billed per started second by the
+    /// server's pricing function (`gpunet_core::pricing::cost`).
     pub cost_on_demand: f64,
-    /// Cost of spot GPU-time.
+    /// Cost of what jobs held on spot nodes.
     pub cost_spot: f64,
-    /// Total cost.
+    /// Cost of GPUs, on every node.
+    pub cost_gpu: f64,
+    /// Cost of CPU.
+    pub cost_cpu: f64,
+    /// Cost of memory.
+    pub cost_mem: f64,
+    /// Total cost: on-demand + spot = GPU + CPU + memory.
     pub cost: f64,
     /// GPU-hours allocated to jobs (useful work plus work lost).
     pub gpu_hours_used: f64,
@@ -337,8 +347,8 @@ struct JobRec {
     run_start: u64,
     run_factor: f64,
     run_gpus: u32,
-    run_cost_per_ms: f64,
-    run_spot: bool,
+    /// What the current run holds on each of its nodes (billed at its end).
+    run_held: Vec<(NodeId, Held)>,
 }
 
 const PHILLY_VC: &str = include_str!("../../../data/traces/philly/philly_vc_from_helios_qssf.csv");
@@ -363,6 +373,7 @@ struct Engine<'a> {
     lost_gpu_ms: f64,
     cost_od: f64,
     cost_spot: f64,
+    cost: Cost,
     passes: usize,
     tick_pending: bool,
     needs_tick: bool,
@@ -372,7 +383,8 @@ struct Engine<'a> {
     series: Vec<Sample>,
     t0: u64,
     node_spot: Vec<bool>,
-    node_price_per_gpu_ms: Vec<f64>,
+    prices: PriceCatalogue,
+    node_rates: Vec<NodeRates>,
     gpu_time_by_tenant: Vec<f64>,
     queued_gpus: u64,
     load_window: Vec<f64>,
@@ -428,12 +440,19 @@ impl Engine<'_> {
         j.remaining_ms = (j.remaining_ms - kept * j.run_factor).max(0.0);
         let lost = ran - kept;
         self.lost_gpu_ms += lost * j.run_gpus as f64;
-        let cost = j.run_cost_per_ms * ran;
-        if j.run_spot {
-            self.cost_spot += cost;
-        } else {
-            self.cost_od += cost;
+        // Billed like the server's usage ledger: one row per node, per started second.
+        let held = std::mem::take(&mut j.run_held);
+        let ran_ms = now.saturating_sub(j.run_start);
+        for (n, h) in held {
+            let c = pricing::cost(h, &self.node_rates[n.index()], ran_ms);
+            if self.node_spot[n.index()] {
+                self.cost_spot += c.total();
+            } else {
+                self.cost_od += c.total();
+            }
+            self.cost += c;
         }
+        let j = &self.jobs[idx];
         self.gpu_time_by_tenant[j.tenant as usize] += ran * j.run_gpus as f64;
         self.alloc_gpus -= j.run_gpus as u64;
     }
@@ -486,11 +505,8 @@ impl Engine<'_> {
                     let idx = (job.0 - 1) as usize;
                     self.st.apply(d, t)?;
                     let mut factor = f64::INFINITY;
-                    let mut cost = 0.0;
-                    let mut spot = false;
                     for tp in &placement.tasks {
                         let n = self.st.node(tp.node).expect("placed node exists");
-                        let g = tp.gpu_mask.count_ones().max(if tp.mig_slot.is_some() { 1 } else { 0 });
                         if let Some(m) = n.spec.gpu_model() {
                             let f = match self.jobs[idx].measured {
                                 Some(r) => m.relative_speed() / r.relative_speed(),
@@ -498,8 +514,6 @@ impl Engine<'_> {
                             };
                             factor = factor.min(f);
                         }
-                        cost += g as f64 * self.node_price_per_gpu_ms[tp.node.index()];
-                        spot |= self.node_spot[tp.node.index()];
                     }
                     if !factor.is_finite() {
                         factor = 1.0;
@@ -511,8 +525,7 @@ impl Engine<'_> {
                     j.run_start = now;
                     j.run_factor = factor;
                     j.run_gpus = gpus;
-                    j.run_cost_per_ms = cost;
-                    j.run_spot = spot;
+                    j.run_held = pricing::held_per_node(placement);
                     j.attempt += 1;
                     let runtime = (j.remaining_ms / factor).ceil().max(1.0) as u64;
                     let attempt = j.attempt;
@@ -630,11 +643,11 @@ impl Engine<'_> {
                     self.spot_added += 1;
                     let mut n = template.clone();
                     n.name = format!("{}-auto-{:05}", template.name, self.spot_added);
-                    let price = n.price_per_gpu_hour / 3_600_000.0;
+                    let rates = self.prices.node_rates(&n);
                     let id = self.st.add_node(n)?;
                     if self.node_spot.len() <= id.index() {
                         self.node_spot.resize(id.index() + 1, true);
-                        self.node_price_per_gpu_ms.resize(id.index() + 1, price);
+                        self.node_rates.resize(id.index() + 1, rates);
                     }
                     if let Some(rate) = self.cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
                         let dt = self.rng.exp(3_600_000.0 / rate) as u64;
@@ -757,11 +770,12 @@ pub fn simulate(
         return Err(SimError::invalid("cluster", "it has no nodes"));
     }
     let max_gpus = nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(1).max(1);
+    let prices = cluster.prices();
     let mut node_spot = Vec::new();
-    let mut node_price = Vec::new();
+    let mut node_rates = Vec::new();
     for n in nodes {
         node_spot.push(n.lifecycle() == gpunet_core::Lifecycle::Spot);
-        node_price.push(n.price_per_gpu_hour / 3_600_000.0);
+        node_rates.push(prices.node_rates(&n));
         st.add_node(n)?;
     }
     // Tenants, in order of first appearance.
@@ -802,6 +816,7 @@ pub fn simulate(
         lost_gpu_ms: 0.0,
         cost_od: 0.0,
         cost_spot: 0.0,
+        cost: Cost::default(),
         passes: 0,
         tick_pending: false,
         needs_tick,
@@ -811,7 +826,8 @@ pub fn simulate(
         series: Vec::new(),
         t0,
         node_spot,
-        node_price_per_gpu_ms: node_price,
+        prices,
+        node_rates,
         gpu_time_by_tenant: vec![0.0; names.len()],
         queued_gpus: 0,
         load_window: Vec::new(),
@@ -1099,8 +1115,12 @@ pub fn simulate(
         restarts: e.restarts,
         node_losses: e.node_losses,
         lost_gpu_hours: e.lost_gpu_ms / 3_600_000.0,
+        currency: e.prices.currency.clone(),
         cost_on_demand: e.cost_od,
         cost_spot: e.cost_spot,
+        cost_gpu: e.cost.gpu,
+        cost_cpu: e.cost.cpu,
+        cost_mem: e.cost.mem,
         cost: e.cost_od + e.cost_spot,
         gpu_hours_used: e.alloc_area / 3_600_000.0,
         scaled_out_nodes: e.scale_outs,

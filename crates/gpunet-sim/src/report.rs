@@ -90,7 +90,7 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     let mut md = String::new();
     let _ = writeln!(md, "# gpunet simulation: {title}\n");
     let _ = writeln!(md, "| metric | value |\n|---|---|");
-    let rows: [(&str, String); 17] = [
+    let rows: [(&str, String); 18] = [
         ("policy", format!("{}{}", r.policy, if r.backfill { " + backfill" } else { "" })),
         (
             "jobs (completed / failed / unfinished)",
@@ -109,7 +109,14 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         ("Jain's fairness (tenants)", format!("{:.3}", r.jain_fairness)),
         ("preemptions / restarts", format!("{} / {}", r.preemptions, r.restarts)),
         ("lost GPU-hours", format!("{:.1}", r.lost_gpu_hours)),
-        ("cost (on-demand + spot)", format!("{:.2} + {:.2} = {:.2}", r.cost_on_demand, r.cost_spot, r.cost)),
+        (
+            "cost (on-demand + spot)",
+            format!("{:.2} + {:.2} = {:.2} {}", r.cost_on_demand, r.cost_spot, r.cost, r.currency),
+        ),
+        (
+            "cost (GPU + CPU + memory)",
+            format!("{:.2} + {:.2} + {:.2} = {:.2} {}", r.cost_gpu, r.cost_cpu, r.cost_mem, r.cost, r.currency),
+        ),
         ("simulation wall time", format!("{:.0} ms", r.wall_ms)),
     ];
     for (k, v) in rows {

@@ -278,3 +278,35 @@ fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
     assert!(scaled.scaled_out_nodes > 0 && scaled.scaled_in_nodes > 0, "{scaled:?}");
     assert!(scaled.avg_jct_s < fixed.avg_jct_s / 2.0, "{} vs {}", scaled.avg_jct_s, fixed.avg_jct_s);
 }
+
+/// The simulator priced only GPUs, with its own arithmetic. A cluster's `[prices]` table (the server's catalogue
+/// schema) prices GPUs by model and lifecycle, CPU and memory, billed per started second by the server's function;
+/// a node group's `price_per_gpu_hour` still overrides the GPU price.
+#[test]
+fn a_cluster_s_prices_table_bills_gpu_cpu_and_memory_per_started_second() {
+    let spec = |extra: &str| {
+        format!(
+            "version = 1\n[[node_group]]\ncount = 1\ngpus_per_node = 2\ngpu_model = \"T4\"\nlifecycle = \"reserved\"\n\
+             {extra}\n[prices]\ncurrency = \"CHF\"\ncpu_core_hour = 0.36\nmem_gib_hour = 0.036\n\
+             [prices.gpu.default]\non_demand = 1.0\n[prices.gpu.T4]\non_demand = 7.2\nreserved = 3.6\n"
+        )
+    };
+    let cluster = ClusterSpec::from_toml(&spec(""), "priced").unwrap();
+    assert_eq!(cluster.build_nodes()[0].price_per_gpu_hour, 3.6, "the catalogue's reserved T4 price");
+    // 2 GPUs with the default 1 core and 4 GiB each, 99.5 s billed as 100 s.
+    let r = simulate(&csv("j1,0,99.5,2,a\n"), &cluster, &cfg(Policy::Fifo), &mut |_, _| {}).unwrap();
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(near(r.cost_gpu, 2.0 * 3.6 * 100.0 / 3600.0), "{r:?}");
+    assert!(near(r.cost_cpu, 2.0 * 0.36 * 100.0 / 3600.0) && near(r.cost_mem, 8.0 * 0.036 * 100.0 / 3600.0), "{r:?}");
+    assert!(near(r.cost, r.cost_gpu + r.cost_cpu + r.cost_mem) && near(r.cost_on_demand, r.cost) && r.cost_spot == 0.0);
+    assert_eq!(r.currency, "CHF");
+    let own = ClusterSpec::from_toml(&spec("price_per_gpu_hour = 0.5"), "own").unwrap();
+    assert_eq!(own.build_nodes()[0].price_per_gpu_hour, 0.5, "a group's own price wins");
+    let e = ClusterSpec::from_toml(&spec("").replace("cpu_core_hour = 0.36", "cpu_core_hour = -1"), "bad").unwrap_err();
+    assert!(e.to_string().contains("prices.cpu_core_hour"), "{e}");
+    // Without a table, the shipped catalogue prices the nodes.
+    assert_eq!(
+        one_node(1).build_nodes()[0].price_per_gpu_hour,
+        gpunet_core::PriceCatalogue::shipped().gpu_hour(gpunet_core::GpuModel::T4, gpunet_core::Lifecycle::OnDemand)
+    );
+}

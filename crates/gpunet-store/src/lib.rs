@@ -203,7 +203,7 @@ pub struct UsageRow {
     pub end_ms: u64,
     /// GPU model of the GPUs billed (empty for CPU-only).
     pub gpu_model: String,
-    /// `on-demand` or `spot`.
+    /// `on-demand`, `spot` or `reserved`.
     pub lifecycle: String,
     /// GPU-seconds.
     pub gpu_seconds: f64,
@@ -211,7 +211,16 @@ pub struct UsageRow {
     pub cpu_seconds: f64,
     /// Memory GiB-seconds.
     pub mem_gib_seconds: f64,
-    /// Cost of the interval.
+    /// Cost of the GPUs over the interval.
+    #[serde(default)]
+    pub gpu_cost: f64,
+    /// Cost of the CPU.
+    #[serde(default)]
+    pub cpu_cost: f64,
+    /// Cost of the memory.
+    #[serde(default)]
+    pub mem_cost: f64,
+    /// Cost of the interval: `gpu_cost + cpu_cost + mem_cost`.
     pub cost: f64,
 }
 

@@ -36,6 +36,11 @@ const MIGRATIONS: &[&str] = &[
      UPDATE tokens SET role = 'agent', tenant = NULL WHERE tenant = '__agent__';",
     // 4: token records (role, tenant, user, expiry) beside the token hashes.
     "CREATE TABLE token_docs (hash TEXT PRIMARY KEY, doc TEXT NOT NULL);",
+    // 5: usage rows price GPUs, CPU and memory apart. Older rows priced only GPUs: their cost is their GPU cost.
+    "ALTER TABLE usage ADD COLUMN gpu_cost REAL NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN cpu_cost REAL NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN mem_cost REAL NOT NULL DEFAULT 0;
+     UPDATE usage SET gpu_cost = cost;",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -130,7 +135,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
         Write::Usage(u) => {
             tx.prepare_cached(
                 "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
-                                    mem_gib_seconds, cost) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 u.job as i64,
@@ -142,7 +148,10 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 u.gpu_seconds,
                 u.cpu_seconds,
                 u.mem_gib_seconds,
-                u.cost
+                u.cost,
+                u.gpu_cost,
+                u.cpu_cost,
+                u.mem_cost
             ])?;
         }
     }
@@ -359,7 +368,8 @@ impl Store for SqliteStore {
     fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError> {
         self.with_read(|c| {
             let mut q = c.prepare_cached(
-                "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds, cost
+                "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds, cost,
+                        gpu_cost, cpu_cost, mem_cost
                  FROM usage WHERE (?1 IS NULL OR tenant = ?1) AND end_ms > ?2 AND start_ms < ?3 ORDER BY seq",
             )?;
             let rows = q.query_map(params![tenant, from_ms as i64, to_ms as i64], |r| {
@@ -374,6 +384,9 @@ impl Store for SqliteStore {
                     cpu_seconds: r.get(7)?,
                     mem_gib_seconds: r.get(8)?,
                     cost: r.get(9)?,
+                    gpu_cost: r.get(10)?,
+                    cpu_cost: r.get(11)?,
+                    mem_cost: r.get(12)?,
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -507,6 +520,9 @@ mod tests {
             gpu_seconds: 10.0,
             cpu_seconds: 1.0,
             mem_gib_seconds: 1.0,
+            gpu_cost: 0.3,
+            cpu_cost: 0.15,
+            mem_cost: 0.05,
             cost: 0.5,
         };
         s.commit(vec![
@@ -518,6 +534,38 @@ mod tests {
         assert_eq!(s.usage(Some("a"), 0, 1000).unwrap().len(), 2);
         assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
         assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
+    }
+
+    /// Usage rows of schema 4 priced only GPUs, in one `cost` column; the migration keeps them and calls their cost
+    /// GPU cost, and new rows keep their three parts.
+    #[test]
+    fn old_usage_rows_get_their_cost_as_gpu_cost_and_new_rows_keep_three_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut c = Connection::open(dir.path().join("gpunet.db")).unwrap();
+            for m in &MIGRATIONS[..4] {
+                c.execute_batch(m).unwrap();
+            }
+            c.pragma_update(None, "user_version", 4).unwrap();
+            let tx = c.transaction().unwrap();
+            tx.execute_batch(
+                "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
+                                    mem_gib_seconds, cost)
+                 VALUES (7, 'team-a', 1000, 4601000, 'A100-80GB', 'spot', 3600.0, 7200.0, 3600.0, 2.5);",
+            )
+            .unwrap();
+            tx.commit().unwrap();
+        }
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let old = s.usage(None, 0, u64::MAX / 2).unwrap();
+        assert_eq!(old.len(), 1);
+        assert_eq!((old[0].gpu_cost, old[0].cpu_cost, old[0].mem_cost, old[0].cost), (2.5, 0.0, 0.0, 2.5));
+        assert_eq!((old[0].job, old[0].lifecycle.as_str(), old[0].gpu_seconds), (7, "spot", 3600.0));
+        let new = UsageRow { job: 8, gpu_cost: 1.0, cpu_cost: 0.25, mem_cost: 0.125, cost: 1.375, ..old[0].clone() };
+        s.commit(vec![Write::Usage(new.clone())]).unwrap();
+        drop(s);
+        let rows = SqliteStore::open(dir.path()).unwrap().usage(None, 0, u64::MAX / 2).unwrap();
+        assert_eq!(rows, vec![old[0].clone(), new]);
     }
 
     /// The database, its WAL and shared-memory files were world-readable (0644).

@@ -214,7 +214,7 @@ pub(crate) fn jobs_table(jobs: &[JobView]) -> String {
 
 pub(crate) fn nodes_table(nodes: &[NodeView]) -> String {
     table(
-        &["NAME", "STATE", "MODEL", "GPUS", "FREE", "ZONE", "JOBS", "FAKE"],
+        &["NAME", "STATE", "MODEL", "GPUS", "FREE", "ZONE", "LIFECYCLE", "PRICE/GPU-H", "JOBS", "FAKE"],
         nodes
             .iter()
             .map(|n| {
@@ -225,6 +225,8 @@ pub(crate) fn nodes_table(nodes: &[NodeView]) -> String {
                     n.gpus.to_string(),
                     n.free_gpus.to_string(),
                     n.labels.get("zone").cloned().unwrap_or_default(),
+                    n.labels.get("lifecycle").cloned().unwrap_or_default(),
+                    format!("{:.2}", n.price_per_gpu_hour),
                     n.jobs.len().to_string(),
                     if n.fake { "yes".into() } else { "no".into() },
                 ]

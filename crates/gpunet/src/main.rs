@@ -57,8 +57,11 @@ enum Cmd {
     Drain(NodeArg),
     /// Uncordon a node.
     Uncordon(NodeArg),
-    /// Usage and cost per tenant over a period.
+    /// Usage and cost (GPU, CPU and memory apart) per tenant over a period.
     Bill(BillArgs),
+    /// Print the price catalogue shipped with gpunet (TOML, with where its figures come from): the start of a
+    /// `--prices` file.
+    Prices,
     /// Print shell completions.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -135,6 +138,10 @@ struct ServerArgs {
     /// Seconds a client has for the TLS handshake and for each request head (and an idle connection is kept).
     #[arg(long, default_value_t = 10.0)]
     header_timeout_s: f64,
+    /// Price catalogue (TOML: GPU prices by model and lifecycle, CPU core-hour, memory GiB-hour); default: the one
+    /// shipped with gpunet (`gpunet prices` prints it).
+    #[arg(long)]
+    prices: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -152,6 +159,9 @@ struct UpArgs {
     /// Queue policy.
     #[arg(long, default_value = "fifo")]
     policy: String,
+    /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
+    #[arg(long)]
+    prices: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -200,6 +210,10 @@ struct AgentArgs {
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
+    /// This node's price per GPU-hour, in the server's currency (default: the server's price catalogue's, by GPU
+    /// model and the `lifecycle` label: on-demand, spot or reserved).
+    #[arg(long)]
+    price_per_gpu_hour: Option<f64>,
 }
 
 /// The GPUs NVML finds; none where NVML is absent (no NVIDIA driver).
@@ -212,6 +226,13 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
             Ok(Vec::new())
         }
     }
+}
+
+/// The price catalogue of `--prices FILE`, or the shipped one.
+fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatalogue> {
+    let Some(p) = path else { return Ok(gpunet_core::PriceCatalogue::shipped()) };
+    let text = std::fs::read_to_string(p).with_context(|| format!("read --prices {}", p.display()))?;
+    gpunet_core::PriceCatalogue::from_toml(&text).with_context(|| format!("load --prices {}", p.display()))
 }
 
 fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
@@ -251,6 +272,14 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         task_path: a.task_path.clone(),
         tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
         device_dir: Some(a.device_dir.clone()),
+        price_per_gpu_hour: match a.price_per_gpu_hour {
+            Some(p) => Some(
+                gpunet_core::pricing::check_price("--price-per-gpu-hour", p)
+                    .map(|_| p)
+                    .context("--price-per-gpu-hour")?,
+            ),
+            None => None,
+        },
     })
 }
 
@@ -646,8 +675,9 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             }
             let r: UsageReport = c.get(&format!("/v1/usage{q}")).await?;
             print(&c, &r, |r| {
+                let cost = format!("COST ({})", if r.currency.is_empty() { "?" } else { &r.currency });
                 client::table(
-                    &["TENANT", "GPU-HOURS", "CPU-HOURS", "MEM GIB-HOURS", "COST"],
+                    &["TENANT", "GPU-HOURS", "CPU-HOURS", "MEM GIB-HOURS", "GPU COST", "CPU COST", "MEM COST", &cost],
                     r.tenants
                         .iter()
                         .map(|(t, u)| {
@@ -656,7 +686,10 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                                 format!("{:.2}", u.gpu_hours),
                                 format!("{:.2}", u.cpu_hours),
                                 format!("{:.2}", u.memory_gib_hours),
-                                format!("{:.2}", u.cost),
+                                money(u.gpu_cost),
+                                money(u.cpu_cost),
+                                money(u.mem_cost),
+                                money(u.cost),
                             ]
                         })
                         .collect(),
@@ -664,6 +697,15 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             })
         }
         _ => unreachable!("not a client command"),
+    }
+}
+
+/// An amount for a table: cents, and the fractions of a cent of amounts below 1 (seconds of use).
+fn money(x: f64) -> String {
+    if x > 0.0 && x < 1.0 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2}")
     }
 }
 
@@ -744,6 +786,7 @@ fn main() -> Result<()> {
             cfg.limits.max_connections = a.max_connections;
             cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
             cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
+            cfg.prices = load_prices(a.prices.as_deref())?;
             runtime()?.block_on(async move {
                 let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
                 let running = gpunet_server::start(cfg, store).await?;
@@ -820,6 +863,7 @@ fn main() -> Result<()> {
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
             cfg.sched.policy = a.policy.parse().context("--policy")?;
+            cfg.prices = load_prices(a.prices.as_deref())?;
             // Shared checkpoint tiers go beneath the data directory, one directory per tenant.
             let data =
                 std::fs::canonicalize(&a.data_dir).with_context(|| format!("resolve {}", a.data_dir.display()))?;
@@ -861,6 +905,7 @@ fn main() -> Result<()> {
                     // directory; otherwise tasks run as the agent's user, as `gpunet up` says at start).
                     tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
                     device_dir: None,
+                    price_per_gpu_hour: None,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {
@@ -916,6 +961,7 @@ fn main() -> Result<()> {
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "gpunet", &mut std::io::stdout());
         }
+        Cmd::Prices => print!("{}", gpunet_core::pricing::SHIPPED_CATALOGUE),
         Cmd::Sim(cmd) => sim_cmd::run(*cmd)?,
         Cmd::Bench { what: BenchCmd::Sched(args) } => {
             if !matches!(args.output.as_str(), "table" | "json") {

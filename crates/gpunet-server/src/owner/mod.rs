@@ -108,6 +108,8 @@ pub(crate) enum Cmd {
     RegisterNode {
         spec: NodeSpec,
         fake: bool,
+        /// The agent's price per GPU-hour, instead of the catalogue's.
+        price: Option<f64>,
         reply: Reply<NodeRegistered>,
     },
     /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
@@ -214,6 +216,9 @@ pub(crate) struct NodeDoc {
     /// Hash of the node's own credential (see [`crate::Principal::Node`]); replaced at every registration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) credential: Option<String>,
+    /// The agent's own price per GPU-hour; `None`: the price catalogue's (priced again at every start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) price_override: Option<f64>,
 }
 
 pub(crate) struct Owner {
@@ -242,6 +247,8 @@ pub(crate) struct Owner {
     pub(crate) fence_after: std::time::Duration,
     /// Where checkpoint tier URLs may point (`{tenant}` replaced); see `gpunet_api::spec::check_checkpoint_roots`.
     pub(crate) checkpoint_roots: Vec<String>,
+    /// Prices of nodes (resolved at registration) and of CPU and memory (see `gpunet_core::pricing`).
+    pub(crate) prices: gpunet_core::PriceCatalogue,
     /// Allocation samples for the portal's charts, oldest first.
     history: std::collections::VecDeque<HistoryPoint>,
     last_sample: Option<std::time::Instant>,
@@ -311,6 +318,7 @@ impl Owner {
             lost_after: std::time::Duration::from_secs(10),
             fence_after: std::time::Duration::from_secs(60),
             checkpoint_roots: Vec::new(),
+            prices: gpunet_core::PriceCatalogue::shipped(),
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
@@ -525,21 +533,18 @@ impl Owner {
         }
     }
 
-    /// Usage rows of a run that ends at `end`: one per node the job ran on.
+    /// Usage rows of a run that ends at `end`: one per node the job ran on, billed per started second by the one
+    /// pricing function (`gpunet_core::pricing::cost`, which the simulator uses too).
     fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+        use gpunet_core::pricing;
         let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
-        let secs = end.saturating_sub(run.started.0) as f64 / 1000.0;
-        let mut per_node: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new();
-        for t in &run.placement.tasks {
-            let e = per_node.entry(t.node.0).or_default();
-            e.0 += t.gpu_mask.count_ones() + t.mig_slot.map_or(0, |_| 1);
-            e.1 += t.cpu.0;
-            e.2 += t.mem.0;
-        }
-        per_node
+        let ms = end.saturating_sub(run.started.0);
+        let secs = pricing::billed_seconds(ms) as f64;
+        pricing::held_per_node(&run.placement)
             .into_iter()
-            .filter_map(|(n, (g, cpu, mem))| {
-                let node = self.st.node(gpunet_core::NodeId(n))?;
+            .filter_map(|(n, held)| {
+                let node = self.st.node(n)?;
+                let c = pricing::cost(held, &self.prices.node_rates(node.spec), ms);
                 Some(UsageRow {
                     job: doc.job.id.0,
                     tenant: doc.tenant.clone(),
@@ -547,10 +552,13 @@ impl Owner {
                     end_ms: end,
                     gpu_model: node.spec.gpu_model().map(|m| m.to_string()).unwrap_or_default(),
                     lifecycle: node.spec.lifecycle().as_str().into(),
-                    gpu_seconds: g as f64 * secs,
-                    cpu_seconds: cpu as f64 / 1000.0 * secs,
-                    mem_gib_seconds: mem as f64 / 1024.0 * secs,
-                    cost: g as f64 * secs / 3600.0 * node.spec.price_per_gpu_hour,
+                    gpu_seconds: held.gpus as f64 * secs,
+                    cpu_seconds: held.cpu.0 as f64 / 1000.0 * secs,
+                    mem_gib_seconds: held.mem.0 as f64 / 1024.0 * secs,
+                    gpu_cost: c.gpu,
+                    cpu_cost: c.cpu,
+                    mem_cost: c.mem,
+                    cost: c.total(),
                 })
             })
             .collect()
@@ -595,7 +603,7 @@ impl Owner {
             Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
             Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
             // Nodes and their agents (`nodes`).
-            Cmd::RegisterNode { spec, fake, reply } => self.register_node(spec, fake, reply),
+            Cmd::RegisterNode { spec, fake, price, reply } => self.register_node(spec, fake, price, reply),
             Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
             Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
             Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),

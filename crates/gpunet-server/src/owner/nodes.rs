@@ -16,12 +16,25 @@ const HANDED_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Owner {
     /// Registers a node (or a known node coming back, which becomes ready) and issues its own credential.
-    pub(super) fn register_node(&mut self, spec: NodeSpec, fake: bool, reply: Reply<NodeRegistered>) {
+    pub(super) fn register_node(
+        &mut self,
+        mut spec: NodeSpec,
+        fake: bool,
+        price: Option<f64>,
+        reply: Reply<NodeRegistered>,
+    ) {
         let name = spec.name.clone();
         let r = if let Some(id) = self.st.node_id(&name) {
-            // Re-registration of a known node (an agent coming back): it becomes ready again.
-            self.st.set_node_state(id, NodeState::Ready, Time(now_ms())).map(|_| ()).map_err(ApiError::from)
+            // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
+            let known = self.st.node(id).expect("known").spec;
+            let per_gpu_hour = self.prices.resolve_gpu_hour(known, price);
+            self.st
+                .set_node_state(id, NodeState::Ready, Time(now_ms()))
+                .and_then(|_| self.st.set_node_price(id, per_gpu_hour))
+                .map_err(ApiError::from)
         } else {
+            // Priced by the agent's override, else the catalogue, by GPU model and lifecycle label.
+            spec.price_per_gpu_hour = self.prices.resolve_gpu_hour(&spec, price);
             valid_name("name", &name).and_then(|_| self.st.add_node(spec.clone()).map(|_| ()).map_err(ApiError::from))
         };
         if let Err(e) = r {
@@ -42,7 +55,14 @@ impl Owner {
         }
         let managed = self.nodes.get(&name).is_some_and(|d| d.managed);
         self.lost_since.remove(&name);
-        let doc = NodeDoc { spec: full, state: NodeState::Ready, fake, managed, credential: Some(hash) };
+        let doc = NodeDoc {
+            spec: full,
+            state: NodeState::Ready,
+            fake,
+            managed,
+            credential: Some(hash),
+            price_override: price,
+        };
         let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
         self.nodes.insert(name.clone(), doc);
         self.dirty = true;
@@ -596,6 +616,7 @@ impl Owner {
             free_gpus: n.free_gpu_mask.count_ones(),
             labels: n.spec.labels.clone(),
             fake,
+            price_per_gpu_hour: n.spec.price_per_gpu_hour,
             jobs,
             devices,
         })

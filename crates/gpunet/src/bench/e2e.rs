@@ -245,6 +245,7 @@ async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result
             task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
             device_dir: None,
+            price_per_gpu_hour: None,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {

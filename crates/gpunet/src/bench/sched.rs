@@ -66,17 +66,14 @@ pub(crate) struct SchedReport {
     pub(crate) peak_rss_mib: f64,
 }
 
-const MODELS: [(GpuModel, f64, f64); 4] = [
-    (GpuModel::A100_80GB, 0.4, 2.5),
-    (GpuModel::H100_80GB, 0.3, 4.0),
-    (GpuModel::V100_32GB, 0.2, 1.2),
-    (GpuModel::T4, 0.1, 0.5),
-];
+/// GPU models of the synthetic cluster and the share of racks of each.
+const MODELS: [(GpuModel, f64); 4] =
+    [(GpuModel::A100_80GB, 0.4), (GpuModel::H100_80GB, 0.3), (GpuModel::V100_32GB, 0.2), (GpuModel::T4, 0.1)];
 
 fn pick_model(r: &mut Rng) -> usize {
     let x = r.f64();
     let mut acc = 0.0;
-    for (i, (_, p, _)) in MODELS.iter().enumerate() {
+    for (i, (_, p)) in MODELS.iter().enumerate() {
         acc += p;
         if x < acc {
             return i;
@@ -92,14 +89,12 @@ pub(crate) fn build_cluster(cfg: SchedConfig, nodes: u32, gpus: u32, seed: u64) 
     let gpus = gpus.clamp(1, 64) as usize;
     // Racks of 16 nodes, each of one GPU model in one zone (as datacenters are built); 10% of racks are spot.
     let mut rack_model = GpuModel::T4;
-    let mut rack_price = 0.0;
     let mut rack_spot = false;
+    let prices = gpunet_core::PriceCatalogue::shipped();
     for i in 0..nodes {
         let rack = i / 16;
         if i % 16 == 0 {
-            let (m, _, p) = MODELS[pick_model(&mut r)];
-            rack_model = m;
-            rack_price = p;
+            rack_model = MODELS[pick_model(&mut r)].0;
             rack_spot = r.f64() < 0.1;
         }
         let zone = rack % 4;
@@ -112,11 +107,11 @@ pub(crate) fn build_cluster(cfg: SchedConfig, nodes: u32, gpus: u32, seed: u64) 
         )
         .label("zone", &format!("zone-{zone}"))
         .label("region", "r1")
-        .label("rack", &format!("rack-{rack:04}"))
-        .price(rack_price);
+        .label("rack", &format!("rack-{rack:04}"));
         if rack_spot {
-            n = n.label("lifecycle", "spot").taint("lifecycle", "spot").price(rack_price * 0.35);
+            n = n.label("lifecycle", "spot").taint("lifecycle", "spot");
         }
+        n.price_per_gpu_hour = prices.resolve_gpu_hour(&n, None);
         s.add_node(n)?;
     }
     let cap = s.capacity_gpus();
