@@ -14,7 +14,9 @@
 pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
+pub mod copier;
 pub mod gpus;
+pub mod identity;
 pub mod launcher;
 pub mod wrapper;
 
