@@ -262,7 +262,7 @@ fn an_agent_with_tenant_uids_copies_checkpoints_as_the_tenants_user() {
     // The job waits for a root-only file to be placed in its checkpoint directory, then writes its state and ends
     // (the final copy takes it).
     let cmd = "cd $GPUNET_CHECKPOINT_DIR; while [ ! -e planted ]; do sleep 0.1; done; echo step-1 > state; \
-               id -u > uid; mkdir -p sub; echo w > sub/w";
+               id -u > uid; mkdir -p sub; echo w > sub/w; ln -s /etc/shadow leak; ln -s / rootdir";
     let id = submit_yaml(
         &s,
         dir.path(),
@@ -287,6 +287,7 @@ fn an_agent_with_tenant_uids_copies_checkpoints_as_the_tenants_user() {
         assert!(all.iter().any(|p| p.ends_with("state")) && all.iter().any(|p| p.ends_with("sub/w")), "{all:?}");
         for p in &all {
             assert!(!p.ends_with("planted"), "a file the job cannot read was copied: {all:?}");
+            assert!(!p.ends_with("leak") && !p.ends_with("rootdir"), "a symlink was copied: {all:?}");
             let m = std::fs::symlink_metadata(p).unwrap();
             let want = if m.is_dir() { 0o700 } else { 0o600 };
             assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (200_000, 200_000, want), "{}", p.display());
