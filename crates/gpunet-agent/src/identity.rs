@@ -54,6 +54,12 @@ pub fn drop_to(uid: u32, gid: u32) -> Result<(), DropError> {
     if uid == 0 || gid == 0 {
         return Err(DropError::Root { uid, gid });
     }
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| DropError::Call { step: "count this process's threads", source: e })?
+        .count();
+    if threads != 1 {
+        return Err(DropError::Check(format!("{threads} threads: privileges are dropped with one thread only")));
+    }
     let (u, g) = (Uid::from_raw(uid), Gid::from_raw(gid));
     non_dumpable()?;
     call("drop the supplementary groups (setgroups)", nix::unistd::setgroups(&[]))?;
@@ -88,6 +94,8 @@ mod tests {
 
     #[test]
     fn root_is_never_a_target() {
+        // (A real drop would change this test process's ids: `crates/gpunet/tests/checkpoint_copier.rs` checks it
+        // in copier processes.)
         assert!(matches!(drop_to(0, 1000), Err(DropError::Root { .. })));
         assert!(matches!(drop_to(1000, 0), Err(DropError::Root { .. })));
     }
