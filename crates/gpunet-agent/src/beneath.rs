@@ -1,9 +1,9 @@
-//! File work that root does in directories a job controls (its checkpoint and working directories) or that a job
-//! names (a checkpoint tier): every path is opened relative to a directory descriptor with `openat2` and
-//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no symlink is ever followed and no `..` leaves
-//! the directory; each name is checked to be a plain name first; files are checked to be regular files (and not hard
-//! links, which could name a file the job may not read) on the opened descriptor, never on a path. Directories are
-//! made 0700 and files 0600.
+//! File work that root (or the checkpoint copier, as the job's user) does in directories a job controls (its checkpoint
+//! and working directories) or that a job names (a checkpoint tier): every path is opened relative to a directory
+//! descriptor with `openat2` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no symlink is ever
+//! followed and no `..` leaves the directory; each name is checked to be a plain name first; files are checked to be
+//! regular files (and not hard links, which could name a file the job may not read) on the opened descriptor, never on
+//! a path. Directories are made 0700 and files 0600.
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use std::io;

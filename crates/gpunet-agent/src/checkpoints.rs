@@ -4,10 +4,16 @@
 //! copied back before its process starts. Tiers are `file:///…` (a directory, e.g. a shared mount) or
 //! `s3://bucket/prefix` (`object_store`); a tier without URL lives on the node's disk.
 //!
-//! The checkpoint directory belongs to the job, and the copier runs as root: directories are read, and `file://`
-//! tiers written and pruned, only through [`crate::beneath`] (openat2 beneath a directory descriptor, no symlink ever
-//! followed). Symlinks, devices, fifos, sockets and hard links in the checkpoint directory are skipped and reported;
-//! tier files are 0600 and directories 0700.
+//! The checkpoint directory belongs to the job. Directories are read, and `file://` tiers written and pruned, only
+//! through [`crate::beneath`] (openat2 beneath a directory descriptor, no symlink ever followed). Symlinks, devices,
+//! fifos, sockets, hard links and files the copier may not read are skipped and reported; tier files are 0600 and
+//! directories 0700.
+//!
+//! The work comes in two steps so that the copier can drop privileges between them (see [`crate::copier`]):
+//! [`open_tier`] (and opening the checkpoint directory) is done by root — it makes the tier's directory and, beneath
+//! it, the job's own `job-J` directory owned by the job's user, and holds both open; [`snapshot_to`] and
+//! [`restore_from`] then work beneath those descriptors and can run as the job's user. [`snapshot`] and [`restore`]
+//! do both steps in one process (the agent without per-tenant identities).
 
 use crate::beneath;
 use futures_util::TryStreamExt;
@@ -20,34 +26,76 @@ use std::sync::Arc;
 
 /// Where a tier keeps a task's snapshots.
 enum Where {
-    /// A directory on this machine (`file:///…` or the node's disk): its descriptor and the parts of the task's
-    /// prefix beneath it. Everything in it is done through [`beneath`]: no symlink is followed.
+    /// A directory on this machine (`file:///…` or the node's disk): the descriptor of the job's directory
+    /// (`…/job-J`) and the parts of the task's prefix beneath it (`rank-R/TIER`). Everything in it is done through
+    /// [`beneath`]: no symlink is followed.
     Local { root: Arc<OwnedFd>, prefix: Vec<String> },
     /// An object store (S3).
     Object { store: Arc<dyn ObjectStore>, prefix: ObjPath },
 }
 
-/// A tier's store and the prefix of a task's snapshots in it.
-struct Tier {
+/// A tier opened for one task (see [`open_tier`]).
+pub struct Tier {
+    name: String,
     at: Where,
     keep: usize,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier").field("name", &self.name).field("keep", &self.keep).finish_non_exhaustive()
+    }
 }
 
 fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
-fn open(tier: &CheckpointTier, local_root: &Path, t: &TaskRef) -> Result<Tier, String> {
+/// The agent's S3 settings: its `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, …).
+pub fn aws_env() -> Vec<(String, String)> {
+    std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect()
+}
+
+/// Makes (0700, owned by `owner` when given) and opens the job's directory `job-J` beneath a tier's directory. An
+/// existing one must belong to `owner`: a job never writes into a directory of another user's.
+fn job_dir(base: &OwnedFd, t: &TaskRef, tier: &str, owner: Option<(u32, u32)>) -> Result<OwnedFd, String> {
+    let name = format!("job-{}", t.job);
+    let d = beneath::make_dirs(base, &[&name], owner)
+        .map_err(|e| err(format_args!("checkpoint tier {tier}: make {name} (symlinks are not followed)"), e))?;
+    if let Some((u, _)) = owner {
+        let st = rustix::fs::fstat(&d).map_err(|e| err(format_args!("checkpoint tier {tier}: stat {name}"), e))?;
+        if st.st_uid != u {
+            return Err(format!("checkpoint tier {tier}: {name} belongs to uid {}, not the job's uid {u}", st.st_uid));
+        }
+    }
+    Ok(d)
+}
+
+/// Opens a tier for task `t`. For a tier on this machine (`file://` or the node's disk under `local_root`) the
+/// tier's directory is made where missing (root's, 0700) and the job's directory `job-J` beneath it (0700, owned by
+/// `owner`, the job's user, when given), and the latter is held open: whoever uses the [`Tier`] afterwards (the job's
+/// user) works beneath that descriptor and needs no right on the directories above it. `aws` configures S3 tiers
+/// (see [`aws_env`]). Needs root when `owner` is given.
+pub fn open_tier(
+    tier: &CheckpointTier,
+    local_root: &Path,
+    t: &TaskRef,
+    aws: &[(String, String)],
+    owner: Option<(u32, u32)>,
+) -> Result<Tier, String> {
     let keep = tier.keep.max(1) as usize;
     if !beneath::plain_name(&tier.name) {
         return Err(format!("checkpoint tier name {:?}: not a plain name", tier.name));
     }
-    let prefix = vec![format!("job-{}", t.job), format!("rank-{}", t.rank), tier.name.clone()];
+    let prefix = vec![format!("rank-{}", t.rank), tier.name.clone()];
+    let name = tier.name.clone();
     let Some(url) = &tier.url else {
         std::fs::create_dir_all(local_root).map_err(|e| err(format_args!("create {}", local_root.display()), e))?;
-        let root =
+        let base =
             beneath::open_trusted(local_root).map_err(|e| err(format_args!("open {}", local_root.display()), e))?;
-        return Ok(Tier { at: Where::Local { root: Arc::new(root), prefix }, keep });
+        let root = job_dir(&base, t, &tier.name, owner)?;
+        return Ok(Tier { name, at: Where::Local { root: Arc::new(root), prefix }, keep });
     };
     if let Some(path) = url.strip_prefix("file://") {
         // The server confined the URL beneath an admin's root; here no part may be `..` or a symlink either (the
@@ -57,22 +105,26 @@ fn open(tier: &CheckpointTier, local_root: &Path, t: &TaskRef) -> Result<Tier, S
             return Err(format!("checkpoint tier {} url {url:?}: not a plain absolute path", tier.name));
         }
         let slash = beneath::open_trusted(Path::new("/")).map_err(|e| err("open /", e))?;
-        let root = beneath::make_dirs(&slash, &parts, None).map_err(|e| {
+        let base = beneath::make_dirs(&slash, &parts, None).map_err(|e| {
             err(format_args!("checkpoint tier {} url {url:?} (symlinks are not followed)", tier.name), e)
         })?;
-        return Ok(Tier { at: Where::Local { root: Arc::new(root), prefix }, keep });
+        let root = job_dir(&base, t, &tier.name, owner)?;
+        return Ok(Tier { name, at: Where::Local { root: Arc::new(root), prefix }, keep });
     }
     let parsed = url::Url::parse(url).map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
     if parsed.scheme() != "s3" {
         return Err(format!("checkpoint tier {} url {url:?}: only file:// and s3:// tiers", tier.name));
     }
-    // S3 (and S3-compatible stores) take credentials, region and endpoint from the agent's AWS_* environment
-    // (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
-    let env = std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).map(|(k, v)| (k.to_ascii_lowercase(), v));
+    let env = aws.iter().filter(|(k, _)| k.starts_with("AWS_")).map(|(k, v)| (k.to_ascii_lowercase(), v.clone()));
     let (store, base) = object_store::parse_url_opts(&parsed, env)
         .map_err(|e| format!("checkpoint tier {} url {url:?}: {e}", tier.name))?;
-    let prefix = prefix.iter().fold(base, |p, part| p.join(part.as_str()));
-    Ok(Tier { at: Where::Object { store: Arc::from(store), prefix }, keep })
+    let prefix = [format!("job-{}", t.job)].iter().chain(&prefix).fold(base, |p, part| p.join(part.as_str()));
+    Ok(Tier { name, at: Where::Object { store: Arc::from(store), prefix }, keep })
+}
+
+/// Opens a directory (the job's checkpoint directory): only its last component must not be a symlink.
+pub fn open_dir(dir: &Path) -> Result<OwnedFd, String> {
+    beneath::open_trusted(dir).map_err(|e| err(format_args!("open {}", dir.display()), e))
 }
 
 /// Runs blocking file work off the async threads.
@@ -123,8 +175,18 @@ async fn snapshots(t: &Tier) -> Result<Vec<u64>, String> {
     Ok(v)
 }
 
-/// Copies `dir` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots. Files are read without
-/// following symlinks; what was skipped (symlinks, devices, fifos, hard links) is returned.
+/// Reads a file of the checkpoint directory: `Ok(None)` when it is gone meanwhile or may not be read (a file of
+/// another user's placed there: the copier runs as the job's user, so that fails with EACCES, and it is skipped).
+fn read_source(src: &OwnedFd, rel: &str) -> Result<Option<Vec<u8>>, String> {
+    match beneath::read_file(src, rel) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => Ok(None),
+        Err(e) => Err(err(format_args!("read {rel}"), e)),
+    }
+}
+
+/// Copies `dir` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots, in this process (see
+/// [`snapshot_to`]).
 pub async fn snapshot(
     tier: &CheckpointTier,
     local_root: &Path,
@@ -132,51 +194,59 @@ pub async fn snapshot(
     dir: &Path,
     at_ms: u64,
 ) -> Result<Vec<String>, String> {
-    let tr = open(tier, local_root, t)?;
-    let src = Arc::new(beneath::open_trusted(dir).map_err(|e| err(format_args!("open {}", dir.display()), e))?);
-    let found = {
+    let tr = open_tier(tier, local_root, t, &aws_env(), None)?;
+    snapshot_to(&tr, Arc::new(open_dir(dir)?), at_ms).await
+}
+
+/// Copies the directory `src` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots. Files are read
+/// without following symlinks; what was skipped (symlinks, devices, fifos, hard links, files that may not be read)
+/// is returned. Files are read and written with this process's rights.
+pub async fn snapshot_to(tr: &Tier, src: Arc<OwnedFd>, at_ms: u64) -> Result<Vec<String>, String> {
+    let mut found = {
         let src = src.clone();
         blocking(move || beneath::walk(&src).map_err(|e| err("list the checkpoint directory", e))).await?
     };
     let ts = format!("{at_ms:020}");
+    let unreadable = |rel: &str| format!("{rel} (not readable by the copier)");
     match &tr.at {
         Where::Local { root, prefix } => {
             let (root, prefix, files, src, ts) = (root.clone(), prefix.clone(), found.files.clone(), src.clone(), ts);
-            let name = tier.name.clone();
-            blocking(move || {
+            let name = tr.name.clone();
+            let skipped = blocking(move || {
                 let mut parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
                 parts.push(&ts);
                 let snap = beneath::make_dirs(&root, &parts, None).map_err(|e| err("make the snapshot", e))?;
+                let mut skipped = Vec::new();
                 for f in &files {
-                    let data = match beneath::read_file(&src, &f.rel) {
-                        Ok(d) => d,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // gone meanwhile
-                        Err(e) => return Err(err(format_args!("read {}", f.rel), e)),
+                    let Some(data) = read_source(&src, &f.rel)? else {
+                        skipped.push(unreadable(&f.rel));
+                        continue;
                     };
                     beneath::write_file(&snap, &f.rel, &data, None)
                         .map_err(|e| err(format_args!("copy {} to tier {name}", f.rel), e))?;
                 }
-                Ok(())
+                Ok(skipped)
             })
             .await?;
+            found.skipped.extend(skipped);
         }
         Where::Object { store, prefix } => {
             let snap = prefix.clone().join(ts.as_str());
             for f in &found.files {
                 let (src2, rel) = (src.clone(), f.rel.clone());
-                let data = match blocking(move || beneath::read_file(&src2, &rel).map_err(|e| e.to_string())).await {
-                    Ok(d) => d,
-                    Err(e) => return Err(err(format_args!("read {}", f.rel), e)),
+                let Some(data) = blocking(move || read_source(&src2, &rel)).await? else {
+                    found.skipped.push(unreadable(&f.rel));
+                    continue;
                 };
                 let obj = f.rel.split('/').fold(snap.clone(), |o, part| o.join(part));
                 store
                     .put(&obj, PutPayload::from(data))
                     .await
-                    .map_err(|e| format!("copy {} to tier {}: {e}", f.rel, tier.name))?;
+                    .map_err(|e| format!("copy {} to tier {}: {e}", f.rel, tr.name))?;
             }
         }
     }
-    let all = snapshots(&tr).await?;
+    let all = snapshots(tr).await?;
     for old in all.iter().take(all.len().saturating_sub(tr.keep)) {
         let old = format!("{old:020}");
         match &tr.at {
@@ -202,8 +272,8 @@ pub async fn snapshot(
     Ok(found.skipped)
 }
 
-/// Restores the newest snapshot over all tiers into `dir` (files 0600 owned by `owner` when given, never written
-/// through a symlink); returns its timestamp, or `None` when there is none.
+/// Restores the newest snapshot over all tiers into `dir`, in this process (files 0600 owned by `owner` when given,
+/// never written through a symlink); returns its timestamp, or `None` when there is none.
 pub async fn restore(
     tiers: &[CheckpointTier],
     local_root: &Path,
@@ -211,9 +281,21 @@ pub async fn restore(
     dir: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<Option<u64>, String> {
+    let aws = aws_env();
+    let opened = tiers.iter().map(|tier| open_tier(tier, local_root, t, &aws, None)).collect::<Result<Vec<_>, _>>()?;
+    restore_from(opened, Arc::new(open_dir(dir)?), owner).await
+}
+
+/// Restores the newest snapshot over all `tiers` into the directory `dst` (files 0600, owned by `owner` when given,
+/// else by this process's user; never written through a symlink); returns its timestamp, or `None` when there is
+/// none.
+pub async fn restore_from(
+    tiers: Vec<Tier>,
+    dst: Arc<OwnedFd>,
+    owner: Option<(u32, u32)>,
+) -> Result<Option<u64>, String> {
     let mut best: Option<(u64, Tier)> = None;
-    for tier in tiers {
-        let tr = open(tier, local_root, t)?;
+    for tr in tiers {
         if let Some(&ts) = snapshots(&tr).await.unwrap_or_default().last() {
             if best.as_ref().is_none_or(|(b, _)| ts > *b) {
                 best = Some((ts, tr));
@@ -221,7 +303,6 @@ pub async fn restore(
         }
     }
     let Some((ts, tr)) = best else { return Ok(None) };
-    let dst = Arc::new(beneath::open_trusted(dir).map_err(|e| err(format_args!("open {}", dir.display()), e))?);
     let name = format!("{ts:020}");
     match &tr.at {
         Where::Local { root, prefix } => {

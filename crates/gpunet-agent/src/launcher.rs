@@ -110,6 +110,8 @@ struct TierCopier {
     root: PathBuf,
     dir: PathBuf,
     task: TaskRef,
+    /// In a copier process as the task's user, or in the agent.
+    how: crate::copier::How,
     /// Copies not yet reported to the server.
     sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
     /// Per tier: when it was last copied and the directory's fingerprint then. Held during a copy, so the periodic
@@ -129,7 +131,7 @@ impl TierCopier {
                 continue;
             }
             let at = now_ms();
-            match crate::checkpoints::snapshot(tier, &self.root, &t, &self.dir, at).await {
+            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at).await {
                 Ok(skipped) => {
                     if !skipped.is_empty() {
                         tracing::warn!(job = t.job, tier = %tier.name, skipped = ?skipped, "checkpoint copy skipped \
@@ -356,6 +358,15 @@ impl Launcher {
         Some((id, id))
     }
 
+    /// Where a task's checkpoint copies run: as the task's user `user` in a copier process when there is one (and
+    /// the agent's binary to start it), else in the agent (see [`crate::copier`]).
+    fn copy_how(&self, user: Option<(u32, u32)>) -> crate::copier::How {
+        match (user, &self.wrapper) {
+            (Some(user), Some(exe)) => crate::copier::How::Child { exe: exe.clone(), user },
+            _ => crate::copier::How::InProcess { owner: user },
+        }
+    }
+
     /// The task's environment. It starts empty (nothing of the agent's own environment: no credentials, no join
     /// token, no `HOME=/root`) and gets, in this order, each later one winning:
     /// 1. the agent's own `CUDA_*`, `NVIDIA_*` and `NCCL_*` (the node's driver and fabric settings);
@@ -457,7 +468,7 @@ impl Launcher {
         };
         let tier_root = self.dir.join("tiers");
         if !a.tiers.is_empty() && std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()) {
-            match crate::checkpoints::restore(&a.tiers, &tier_root, &t, &ckpt, user).await {
+            match crate::copier::restore(&self.copy_how(user), &a.tiers, &tier_root, &t, &ckpt).await {
                 Ok(Some(ts)) => tracing::info!(job = t.job, rank = t.rank, snapshot = ts, "checkpoint restored"),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
@@ -667,6 +678,7 @@ impl Launcher {
             root: self.dir.join("tiers"),
             dir: ckpt.clone(),
             task: t,
+            how: self.copy_how(self.identity(a)),
             sink: self.checkpointed.clone(),
             last: tokio::sync::Mutex::new(vec![
                 (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));

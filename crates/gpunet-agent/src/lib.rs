@@ -14,8 +14,10 @@
 pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
+pub mod copier;
 pub mod devfilter;
 pub mod gpus;
+pub mod identity;
 pub mod launcher;
 pub mod wrapper;
 

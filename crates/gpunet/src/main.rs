@@ -726,6 +726,11 @@ fn main() -> Result<()> {
     if argv.get(1).map(String::as_str) == Some("task-exec") {
         gpunet_agent::wrapper::main(&argv[2..]);
     }
+    // The checkpoint copier (see `gpunet_agent::copier`): started by the agent as root, it drops to a job's user,
+    // so it must run before any other thread exists.
+    if argv.get(1).map(String::as_str) == Some(gpunet_agent::copier::SUBCOMMAND) && argv.len() == 2 {
+        gpunet_agent::copier::main();
+    }
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Server(a) => {
