@@ -446,6 +446,10 @@ pub struct UsageReport {
     /// Per GPU model and lifecycle (`A100-80GB/spot`).
     #[serde(default)]
     pub by_model: BTreeMap<String, UsageTotals>,
+    /// Per user within a tenant (`team-a/alice`; the user who submitted each job, `team-a/-` for rows from before
+    /// that was recorded).
+    #[serde(default)]
+    pub by_user: BTreeMap<String, UsageTotals>,
 }
 
 /// Totals of usage.

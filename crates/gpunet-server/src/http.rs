@@ -623,13 +623,16 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
         tenants: BTreeMap::new(),
         jobs: BTreeMap::new(),
         by_model: BTreeMap::new(),
+        by_user: BTreeMap::new(),
     };
     for r in rows {
         // Bill only the part of each interval inside [from, to), per second.
         let span = (r.end_ms.saturating_sub(r.start_ms)).max(1) as f64;
         let inside = (r.end_ms.min(to).saturating_sub(r.start_ms.max(from))) as f64 / span;
         let model = format!("{}/{}", if r.gpu_model.is_empty() { "cpu" } else { &r.gpu_model }, r.lifecycle);
-        let mut tots = [UsageTotals::default(), UsageTotals::default(), UsageTotals::default()];
+        let by = if r.submitted_by.is_empty() { "-" } else { &r.submitted_by };
+        let user = format!("{}/{by}", r.tenant);
+        let mut tots = [UsageTotals::default(), UsageTotals::default(), UsageTotals::default(), UsageTotals::default()];
         for tot in tots.iter_mut() {
             tot.gpu_hours += r.gpu_seconds * inside / 3600.0;
             tot.cpu_hours += r.cpu_seconds * inside / 3600.0;
@@ -643,6 +646,7 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
             report.tenants.entry(r.tenant.clone()).or_default(),
             report.jobs.entry(r.job).or_default(),
             report.by_model.entry(model).or_default(),
+            report.by_user.entry(user).or_default(),
         ]
         .into_iter()
         .zip(tots)

@@ -222,6 +222,9 @@ pub struct UsageRow {
     pub mem_cost: f64,
     /// Cost of the interval: `gpu_cost + cpu_cost + mem_cost`.
     pub cost: f64,
+    /// Who submitted the job (the token's user, else its role); empty in rows written before it was recorded.
+    #[serde(default)]
+    pub submitted_by: String,
 }
 
 /// One stored job event.

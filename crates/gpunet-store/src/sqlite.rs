@@ -41,6 +41,8 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE usage ADD COLUMN cpu_cost REAL NOT NULL DEFAULT 0;
      ALTER TABLE usage ADD COLUMN mem_cost REAL NOT NULL DEFAULT 0;
      UPDATE usage SET gpu_cost = cost;",
+    // 6: who submitted each billed job (per-user accounting); older rows have none.
+    "ALTER TABLE usage ADD COLUMN submitted_by TEXT NOT NULL DEFAULT '';",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -135,8 +137,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
         Write::Usage(u) => {
             tx.prepare_cached(
                 "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
-                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )?
             .execute(params![
                 u.job as i64,
@@ -151,7 +153,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 u.cost,
                 u.gpu_cost,
                 u.cpu_cost,
-                u.mem_cost
+                u.mem_cost,
+                u.submitted_by
             ])?;
         }
     }
@@ -369,7 +372,7 @@ impl Store for SqliteStore {
         self.with_read(|c| {
             let mut q = c.prepare_cached(
                 "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds, cost,
-                        gpu_cost, cpu_cost, mem_cost
+                        gpu_cost, cpu_cost, mem_cost, submitted_by
                  FROM usage WHERE (?1 IS NULL OR tenant = ?1) AND end_ms > ?2 AND start_ms < ?3 ORDER BY seq",
             )?;
             let rows = q.query_map(params![tenant, from_ms as i64, to_ms as i64], |r| {
@@ -387,6 +390,7 @@ impl Store for SqliteStore {
                     gpu_cost: r.get(10)?,
                     cpu_cost: r.get(11)?,
                     mem_cost: r.get(12)?,
+                    submitted_by: r.get(13)?,
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -524,6 +528,7 @@ mod tests {
             cpu_cost: 0.15,
             mem_cost: 0.05,
             cost: 0.5,
+            submitted_by: "alice".into(),
         };
         s.commit(vec![
             Write::Usage(row("a", 0, 100)),
@@ -534,6 +539,7 @@ mod tests {
         assert_eq!(s.usage(Some("a"), 0, 1000).unwrap().len(), 2);
         assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
         assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
+        assert!(s.usage(None, 0, 1000).unwrap().iter().all(|r| r.submitted_by == "alice"), "who submitted is kept");
     }
 
     /// Usage rows of schema 4 priced only GPUs, in one `cost` column; the migration keeps them and calls their cost
@@ -561,7 +567,16 @@ mod tests {
         assert_eq!(old.len(), 1);
         assert_eq!((old[0].gpu_cost, old[0].cpu_cost, old[0].mem_cost, old[0].cost), (2.5, 0.0, 0.0, 2.5));
         assert_eq!((old[0].job, old[0].lifecycle.as_str(), old[0].gpu_seconds), (7, "spot", 3600.0));
-        let new = UsageRow { job: 8, gpu_cost: 1.0, cpu_cost: 0.25, mem_cost: 0.125, cost: 1.375, ..old[0].clone() };
+        assert_eq!(old[0].submitted_by, "", "rows from before who-submitted was recorded have no one");
+        let new = UsageRow {
+            job: 8,
+            gpu_cost: 1.0,
+            cpu_cost: 0.25,
+            mem_cost: 0.125,
+            cost: 1.375,
+            submitted_by: "bob".into(),
+            ..old[0].clone()
+        };
         s.commit(vec![Write::Usage(new.clone())]).unwrap();
         drop(s);
         let rows = SqliteStore::open(dir.path()).unwrap().usage(None, 0, u64::MAX / 2).unwrap();

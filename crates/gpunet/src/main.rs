@@ -446,6 +446,9 @@ struct BillArgs {
     /// Only this tenant.
     #[arg(long)]
     tenant: Option<String>,
+    /// One row per tenant, per user (`tenant/user`: who submitted each job) or per GPU model and lifecycle.
+    #[arg(long, default_value = "tenant", value_parser = ["tenant", "user", "model"])]
+    by: String,
     #[command(flatten)]
     conn: Conn,
 }
@@ -676,10 +679,14 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             let r: UsageReport = c.get(&format!("/v1/usage{q}")).await?;
             print(&c, &r, |r| {
                 let cost = format!("COST ({})", if r.currency.is_empty() { "?" } else { &r.currency });
+                let (key, rows) = match a.by.as_str() {
+                    "user" => ("TENANT/USER", &r.by_user),
+                    "model" => ("MODEL/LIFECYCLE", &r.by_model),
+                    _ => ("TENANT", &r.tenants),
+                };
                 client::table(
-                    &["TENANT", "GPU-HOURS", "CPU-HOURS", "MEM GIB-HOURS", "GPU COST", "CPU COST", "MEM COST", &cost],
-                    r.tenants
-                        .iter()
+                    &[key, "GPU-HOURS", "CPU-HOURS", "MEM GIB-HOURS", "GPU COST", "CPU COST", "MEM COST", &cost],
+                    rows.iter()
                         .map(|(t, u)| {
                             vec![
                                 t.clone(),

@@ -155,4 +155,12 @@ fn gpunet_bill_shows_a_live_job_s_cost_priced_by_the_shipped_catalogue() {
     let (_, out, _) = s.cli("admin-secret", &["bill", "--output", "json"]);
     let t = &json(&out)["tenants"]["t"];
     assert!(t["cpu_cost"].as_f64().unwrap() > 0.0 && t["mem_cost"].as_f64().unwrap() > 0.0, "{out}");
+    // The ledger keeps who submitted the job: `--by user` bills it to them.
+    let (_, shown, _) = s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+    let by = json(&shown)["submitted_by"].as_str().unwrap_or_else(|| panic!("{shown}")).to_string();
+    let (ok, table, err) = s.cli("admin-secret", &["bill", "--by", "user"]);
+    assert!(ok, "{err}");
+    assert!(table.starts_with("TENANT/USER"), "{table}");
+    let row = table.lines().find(|l| l.starts_with(&format!("t/{by} "))).unwrap_or_else(|| panic!("{by}: {table}"));
+    assert_eq!(row.split_whitespace().last().unwrap().parse::<f64>().unwrap(), cost(7), "{table}");
 }

@@ -559,6 +559,7 @@ impl Owner {
                     cpu_cost: c.cpu,
                     mem_cost: c.mem,
                     cost: c.total(),
+                    submitted_by: doc.submitted_by.clone().unwrap_or_default(),
                 })
             })
             .collect()
