@@ -98,6 +98,9 @@ impl From<gpunet_core::CoreError> for ApiError {
                 ApiError { code: "invalid_field".into(), message: e.to_string(), field: Some((*field).to_string()) }
             }
             C::UnknownJob(_) | C::UnknownNode(_) | C::UnknownTenant(_) => ApiError::new("not_found", e.to_string()),
+            C::UnknownDependency(_) => {
+                ApiError { code: "not_found".into(), message: e.to_string(), field: Some("dependency".into()) }
+            }
             C::DuplicateJob(_) | C::DuplicateName { .. } | C::InvalidTransition { .. } => {
                 ApiError::new("conflict", e.to_string())
             }

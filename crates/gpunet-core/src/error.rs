@@ -20,6 +20,10 @@ pub enum CoreError {
     /// No job with this id exists.
     #[error("find {0}: no such job")]
     UnknownJob(JobId),
+    /// A dependency names a job that does not exist (or that the submitter may not see: drivers treat another
+    /// tenant's job as missing).
+    #[error("find dependency {0}: no such job")]
+    UnknownDependency(JobId),
     /// No node with this id exists.
     #[error("find {0}: no such node")]
     UnknownNode(NodeId),

@@ -165,6 +165,88 @@ pub struct JobSpec {
     pub max_restarts: u32,
     /// Elastic bounds.
     pub elastic: Option<Elastic>,
+    /// Jobs this one waits for (Slurm's `--dependency`); all must be satisfied before it is queued.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<Dependency>,
+    /// A job array: one queued entry whose elements are expanded as they start (see [`crate::array`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArraySpec>,
+}
+
+/// How a dependency is satisfied by the end of the jobs it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DepKind {
+    /// Each named job succeeded (never satisfiable once one failed or was cancelled).
+    AfterOk,
+    /// Each named job ended, however.
+    AfterAny,
+    /// Each named job failed or was cancelled (never satisfiable once one succeeded).
+    AfterNotOk,
+    /// Every earlier unfinished job of the same name and tenant ended, however (the core fills `jobs` at submit).
+    Singleton,
+}
+
+impl DepKind {
+    /// Slurm's name: `afterok`, `afterany`, `afternotok`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DepKind::AfterOk => "afterok",
+            DepKind::AfterAny => "afterany",
+            DepKind::AfterNotOk => "afternotok",
+            DepKind::Singleton => "singleton",
+        }
+    }
+
+    /// Whether a dependency on a job that ended in `end` is satisfied (`Some(true)`), never satisfiable
+    /// (`Some(false)`), or not decided yet (`None`, the job has not ended).
+    pub const fn outcome(self, end: JobState) -> Option<bool> {
+        if !end.is_terminal() {
+            return None;
+        }
+        let ok = matches!(end, JobState::Succeeded);
+        Some(match self {
+            DepKind::AfterOk => ok,
+            DepKind::AfterAny | DepKind::Singleton => true,
+            DepKind::AfterNotOk => !ok,
+        })
+    }
+}
+
+impl fmt::Display for DepKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One dependency: `kind` on each of `jobs` (an array's id stands for all its elements).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dependency {
+    /// How it is satisfied.
+    pub kind: DepKind,
+    /// The jobs waited for.
+    pub jobs: Vec<JobId>,
+}
+
+/// Most jobs one job may depend on, over all its dependencies.
+pub const MAX_DEPENDENCIES: usize = 256;
+/// Most elements of one job array.
+pub const MAX_ARRAY_ELEMENTS: usize = 100_000;
+/// Largest array index.
+pub const MAX_ARRAY_INDEX: u32 = 9_999_999;
+
+/// A job array: the element indices (ascending, distinct) and how many elements may be live at once.
+///
+/// Element `k` (the `k`-th index in `indices`) has job id `array id + 1 + k`: the driver reserves those ids when it
+/// submits the array. An element is *live* from when it is expanded until it ends; at most `limit` are live at once,
+/// so at most `limit` run at once (Slurm's `%N`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// Element indices, ascending and distinct.
+    pub indices: Vec<u32>,
+    /// Most elements live at once (`None`: no limit).
+    #[serde(default)]
+    pub limit: Option<u32>,
 }
 
 impl JobSpec {
@@ -189,6 +271,8 @@ impl JobSpec {
             checkpoint_interval: None,
             max_restarts: 3,
             elastic: None,
+            dependencies: Vec::new(),
+            array: None,
         }
     }
 
@@ -295,6 +379,25 @@ impl JobSpec {
         }
         if self.checkpoint_interval == Some(Dur::ZERO) {
             return bad("checkpoint_interval", "0s".into(), "a positive duration, or none");
+        }
+        let named: usize = self.dependencies.iter().map(|d| d.jobs.len()).sum();
+        if named > MAX_DEPENDENCIES || self.dependencies.iter().any(|d| d.jobs.is_empty() && d.kind != DepKind::Singleton) {
+            return bad(
+                "dependency",
+                format!("{named} jobs in {} dependencies", self.dependencies.len()),
+                "1 to 256 jobs, each dependency naming at least one",
+            );
+        }
+        if let Some(a) = &self.array {
+            if a.indices.is_empty() || a.indices.len() > MAX_ARRAY_ELEMENTS {
+                return bad("array", format!("{} elements", a.indices.len()), "1 to 100000 elements");
+            }
+            if a.indices.windows(2).any(|w| w[0] >= w[1]) || a.indices.last().is_some_and(|i| *i > MAX_ARRAY_INDEX) {
+                return bad("array", "unordered, repeated or too large indices".into(), "distinct indices 0 to 9999999");
+            }
+            if a.limit == Some(0) {
+                return bad("array", "%0".into(), "a concurrency limit of at least 1");
+            }
         }
         Ok(())
     }
@@ -457,6 +560,12 @@ pub struct Job {
     pub run: Option<RunInfo>,
     /// When it reached a terminal state.
     pub finished: Option<Time>,
+    /// For an array element: the array's id and this element's index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_of: Option<(JobId, u32)>,
+    /// Why the job ended without running to its end on its own (a dependency that can never be satisfied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
 }
 
 impl Job {
@@ -475,6 +584,8 @@ impl Job {
             not_before: Time::ZERO,
             run: None,
             finished: None,
+            array_of: None,
+            end_reason: None,
         }
     }
 

@@ -27,8 +27,10 @@
 //! ```
 
 pub mod alloc;
+pub mod array;
 pub mod autoscale;
 pub mod config;
+pub mod depend;
 pub mod error;
 pub mod fxhash;
 pub mod gpu;
@@ -44,12 +46,14 @@ pub mod state;
 pub mod tenant;
 pub mod units;
 
+pub use array::ArrayView;
 pub use config::{Policy, PreemptionConfig, SchedConfig};
+pub use depend::Cascade;
 pub use error::CoreError;
 pub use gpu::{GpuModel, MigProfile};
 pub use ids::{JobId, NodeId, TenantId};
 pub use job::{
-    Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec, Toleration,
+    ArraySpec, DepKind, Dependency, Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec, Toleration,
     TopologyScope,
 };
 pub use lifecycle::{AttemptEnded, RankEnd, StopCause};
@@ -57,7 +61,7 @@ pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, queue_order, schedule, schedule_with_stats, Decision, Explanation, PassStats,
+    dry_run_placement, explain, DepWait, queue_order, schedule, schedule_with_stats, Decision, Explanation, PassStats,
     PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};

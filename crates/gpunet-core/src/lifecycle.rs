@@ -237,6 +237,7 @@ impl ClusterState {
                 j.transition(JobState::Cancelled)?;
                 j.run = None;
                 j.finished = Some(now);
+                self.job_ended(id, now);
                 JobState::Cancelled
             }
         };

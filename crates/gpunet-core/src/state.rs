@@ -137,6 +137,17 @@ pub struct ClusterState {
     pub(crate) queued: usize,
     /// Queued jobs whose tasks hold no whole GPU (CPU-only or MIG).
     pub(crate) queued_no_gpu: usize,
+    /// Job arrays by id (see [`crate::array`]).
+    pub(crate) arrays: std::collections::BTreeMap<JobId, crate::array::ArrayRec>,
+    /// Pending jobs waiting for dependencies, in no queue (see [`crate::depend`]).
+    pub(crate) dep_waiting: BTreeSet<JobId>,
+    /// The jobs waiting on each job (or array).
+    pub(crate) dependents: FxHashMap<JobId, Vec<JobId>>,
+    /// Side effects not yet taken by the driver.
+    pub(crate) cascades: Vec<crate::depend::Cascade>,
+    /// Ended jobs whose dependents and arrays are still to be updated, and whether that work list is being run.
+    pub(crate) ended_work: Vec<JobId>,
+    pub(crate) ending: bool,
 }
 
 impl ClusterState {
@@ -167,6 +178,12 @@ impl ClusterState {
             capacity: [0; QDIMS],
             queued: 0,
             queued_no_gpu: 0,
+            arrays: std::collections::BTreeMap::new(),
+            dep_waiting: BTreeSet::new(),
+            dependents: FxHashMap::default(),
+            cascades: Vec::new(),
+            ended_work: Vec::new(),
+            ending: false,
         })
     }
 
@@ -460,22 +477,27 @@ impl ClusterState {
 
     // ----- jobs -----
 
-    /// Submits a job at `now`.
-    pub fn submit(&mut self, id: JobId, spec: JobSpec, now: Time) -> Result<(), CoreError> {
+    /// Submits a job at `now`. A job with dependencies waits for them outside the queues (see [`crate::depend`]); an
+    /// array (`spec.array`) takes the ids after `id` for its elements (see [`crate::array`]).
+    pub fn submit(&mut self, id: JobId, mut spec: JobSpec, now: Time) -> Result<(), CoreError> {
         spec.validate()?;
         if spec.tenant.index() >= self.tenants.len() {
             return Err(CoreError::UnknownTenant(spec.tenant));
         }
-        if self.jobs.contains_key(&id) {
+        if self.jobs.contains_key(&id) || self.arrays.contains_key(&id) || self.element_slot(id).is_some() {
             return Err(CoreError::DuplicateJob(id));
         }
+        self.resolve_new_deps(id, &mut spec)?;
+        if spec.array.is_some() {
+            return self.submit_array(id, spec, now);
+        }
         let job = Job::new(id, spec, now);
-        self.enqueue(&job);
         self.jobs.insert(id, job);
+        self.queue_or_wait(id, now);
         Ok(())
     }
 
-    fn enqueue(&mut self, job: &Job) {
+    pub(crate) fn enqueue(&mut self, job: &Job) {
         let k = queue_key(&self.cfg, job);
         self.tenants[job.spec.tenant.index()].queue.insert(k);
         self.queued += 1;
@@ -606,7 +628,7 @@ impl ClusterState {
     /// Starts a queued job on a placement.
     pub fn start(&mut self, id: JobId, placement: Placement, borrowed: bool, now: Time) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
-        if !job.state.can_become(JobState::Running) {
+        if !job.state.can_become(JobState::Running) || self.dep_waiting.contains(&id) {
             return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Running });
         }
         self.validate_placement(job, &placement)?;
@@ -616,6 +638,7 @@ impl ClusterState {
         self.preempting_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
+        let array = j.array_of.map(|(a, _)| a);
         self.occupy(
             id,
             RunInfo {
@@ -630,6 +653,9 @@ impl ClusterState {
             },
             now,
         );
+        if let Some(a) = array {
+            self.element_started(a, id, now);
+        }
         Ok(())
     }
 
@@ -691,10 +717,26 @@ impl ClusterState {
             return Err(CoreError::DuplicateJob(job.id));
         }
         let id = job.id;
+        if job.spec.array.is_some() {
+            // An array's own record: its elements are restored after it.
+            if self.arrays.contains_key(&id) {
+                return Err(CoreError::DuplicateJob(id));
+            }
+            self.restore_array(&job);
+            return Ok(());
+        }
+        if job.array_of.is_some() {
+            self.restore_element(&job)?;
+        }
         if job.state.is_queued() {
             job.run = None;
-            self.enqueue(&job);
-            self.jobs.insert(id, job);
+            let waits = job.state == JobState::Pending && !job.spec.dependencies.is_empty();
+            self.jobs.insert(id, job.clone());
+            if waits {
+                self.restore_waiting(id);
+            } else {
+                self.enqueue(&job);
+            }
         } else if job.state == JobState::Running {
             let run = job.run.take().ok_or_else(|| CoreError::InvalidPlacement {
                 job: id,
@@ -872,6 +914,7 @@ impl ClusterState {
             j.transition(JobState::Succeeded)?;
             j.finished = Some(now);
             j.run = None;
+            self.job_ended(id, now);
         } else if restartable {
             let ck = j.last_checkpoint_at(now).unwrap_or(now);
             let started = j.run.as_ref().map_or(now, |r| r.started);
@@ -886,6 +929,7 @@ impl ClusterState {
             j.transition(JobState::Failed)?;
             j.finished = Some(now);
             j.run = None;
+            self.job_ended(id, now);
         }
         Ok(self.jobs[&id].state)
     }
@@ -962,12 +1006,15 @@ impl ClusterState {
             self.end_attempt(id, now)?;
             return Ok(());
         }
-        self.dequeue(&job);
+        if !self.dep_waiting.remove(&id) {
+            self.dequeue(&job);
+        }
         self.preempting_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Cancelled)?;
         j.run = None;
         j.finished = Some(now);
+        self.job_ended(id, now);
         Ok(())
     }
 
@@ -990,9 +1037,14 @@ impl ClusterState {
         }
     }
 
-    /// Drops terminal jobs that finished before `before` (the driver keeps its own history).
+    /// Drops terminal jobs that finished before `before` (the driver keeps its own history), and ended arrays whose
+    /// elements are all dropped.
     pub fn forget_finished(&mut self, before: Time) {
         self.jobs.retain(|_, j| !(j.state.is_terminal() && j.finished.is_some_and(|f| f < before)));
+        let jobs = &self.jobs;
+        self.arrays.retain(|a, r| {
+            !(r.finished.is_some_and(|f| f < before) && (0..r.len() as u64).all(|k| !jobs.contains_key(&JobId(a.0 + 1 + k))))
+        });
     }
 
     /// Evictions in the current rate-limit window ending at `now`.
@@ -1019,7 +1071,11 @@ impl ClusterState {
         }
         for j in self.jobs.values() {
             let q = in_queue.get(&j.id).copied().unwrap_or(0);
-            if j.state.is_queued() {
+            if self.dep_waiting.contains(&j.id) {
+                if j.state != JobState::Pending || q != 0 {
+                    return Err(format!("{} waits for dependencies but is {} in {q} queues", j.id, j.state));
+                }
+            } else if j.state.is_queued() {
                 queued += 1;
                 if q != 1 {
                     return Err(format!("{} is {} but sits in {q} queues", j.id, j.state));
@@ -1104,7 +1160,7 @@ impl ClusterState {
                 return Err(format!("tenant-{i}: usage book {:?} but running jobs hold {:?}", self.book.usage[i], u));
             }
         }
-        Ok(())
+        self.check_arrays()
     }
 
     /// Tenant's queue in order (for explain and the portal).

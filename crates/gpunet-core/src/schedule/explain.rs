@@ -6,7 +6,7 @@ use super::Pass;
 use crate::config::Policy;
 use crate::error::CoreError;
 use crate::ids::{JobId, TenantId};
-use crate::job::{Job, JobSpec, JobState, TopologyScope};
+use crate::job::{DepKind, Job, JobSpec, JobState, TopologyScope};
 use crate::quota::{Deny, QuotaBlock};
 use crate::state::ClusterState;
 use crate::units::Time;
@@ -66,11 +66,34 @@ pub enum PendingReason {
         /// The first job that does not fit, blocking the rest.
         blocked_by: Option<JobId>,
     },
+    /// Waiting for other jobs to end (its dependencies); it is in no queue until they have.
+    Dependency {
+        /// The jobs it still waits for, with how.
+        waiting_for: Vec<DepWait>,
+    },
+    /// An array at its concurrency limit: its next element is expanded when a live one ends.
+    ArrayLimit {
+        /// Elements live (expanded, not ended).
+        live: u32,
+        /// The array's limit.
+        limit: u32,
+    },
     /// Not queued at all.
     NotQueued {
         /// Its state.
         state: JobState,
     },
+}
+
+/// One job a dependency still waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepWait {
+    /// How the dependency is satisfied.
+    pub kind: DepKind,
+    /// The job (or array) waited for.
+    pub job: JobId,
+    /// Its state now.
+    pub state: JobState,
 }
 
 /// A pending job's explanation.
@@ -87,11 +110,46 @@ pub struct Explanation {
 }
 
 /// Explains why a queued job is not running.
+///
+/// An array is explained by its waiting head element, or by its limit when its live elements fill it. A job waiting
+/// for dependencies is explained by the jobs it waits for; a job that ended because a dependency can never be
+/// satisfied says so.
 pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanation, CoreError> {
+    if let Some(r) = state.arrays.get(&job) {
+        if let Some(h) = r.head {
+            let mut e = explain(state, h, now)?;
+            e.message = format!("next element {h}: {}", e.message);
+            e.job = job;
+            return Ok(e);
+        }
+        if r.expands() && r.live >= r.limit() {
+            let (live, limit) = (r.live, r.limit());
+            let message = format!(
+                "array {job} has {live} live elements, its limit (%{limit}); the next element starts when one ends"
+            );
+            return Ok(Explanation { job, reason: PendingReason::ArrayLimit { live, limit }, message, position: 0 });
+        }
+        let s = r.summary_state();
+        let reason = PendingReason::NotQueued { state: s };
+        return Ok(Explanation { job, message: format!("array {job} is {s}, not queued"), reason, position: 0 });
+    }
     let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
+    if state.dep_waiting.contains(&job) {
+        let waiting_for: Vec<DepWait> = state
+            .waiting_for(job)
+            .into_iter()
+            .map(|(kind, t)| DepWait { kind, job: t, state: state.dep_state(t).unwrap_or(JobState::Pending) })
+            .collect();
+        let reason = PendingReason::Dependency { waiting_for };
+        return Ok(Explanation { job, message: describe(state, j, &reason), reason, position: 0 });
+    }
     if !j.state.is_queued() {
         let reason = PendingReason::NotQueued { state: j.state };
-        return Ok(Explanation { job, message: format!("{job} is {}, not queued", j.state), reason, position: 0 });
+        let message = match &j.end_reason {
+            Some(why) => format!("{job} is {}, not queued: {why}", j.state),
+            None => format!("{job} is {}, not queued", j.state),
+        };
+        return Ok(Explanation { job, message, reason, position: 0 });
     }
     let mut p = Pass::new(state, now, Some(job));
     p.run();
@@ -144,6 +202,12 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
             None => format!("order: {ahead} jobs ahead under {policy}"),
         },
         PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
+        PendingReason::Dependency { waiting_for } => {
+            let list: Vec<String> =
+                waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
+            format!("dependency: waits for {}", list.join(", "))
+        }
+        PendingReason::ArrayLimit { live, limit } => format!("array at its limit: {live} of {limit} elements live"),
     }
 }
 

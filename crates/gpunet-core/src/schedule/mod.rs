@@ -31,9 +31,9 @@ mod order;
 mod placement;
 mod preempt;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
-pub use explain::{explain, Explanation, PendingReason};
+pub use explain::{explain, DepWait, Explanation, PendingReason};
 pub use order::queue_order;
 pub use placement::dry_run_placement;
 pub(crate) use placement::spec_sig;
@@ -257,6 +257,9 @@ impl<'a> Pass<'a> {
                 None => {
                     if let Some(p) = self.try_place(job, &classes, None) {
                         self.commit_start(job, p, false);
+                        if job.array_of.is_some() {
+                            self.start_behind(job, min_tasks, &base);
+                        }
                         order.touch(t);
                         continue;
                     }
@@ -288,6 +291,22 @@ impl<'a> Pass<'a> {
             self.stats.preempted > 0 || st.preempting_for.iter().any(|j| !self.started_ids().contains(j));
         if exhausted && res.is_none() && self.blocked_by.is_none() && self.trace.is_none() && !waiting_on_evictions {
             self.grow_elastic();
+        }
+    }
+
+    /// An array's head was placed: the array's next elements (the same shape) start right behind it while its
+    /// limit, its tenant's quota and the free room allow, so that an array fills the room in one pass although only
+    /// its head sits in a queue (see [`crate::array`]). Not behind a blocked head: elements wait for the next pass.
+    fn start_behind(&mut self, head: &crate::job::Job, min_tasks: u32, base: &[u32]) {
+        let st = self.st;
+        let t = head.spec.tenant;
+        for e in st.elements_behind(head) {
+            if self.book.admit(&st.shape, t, &crate::quota::job_qvec(&e.spec, min_tasks, None)).is_err() {
+                break;
+            }
+            let Ok(classes) = self.quota_classes(t, &e.spec, min_tasks, base) else { break };
+            let Some(p) = self.try_place(&e, &classes, None) else { break };
+            self.commit_start(&e, p, false);
         }
     }
 

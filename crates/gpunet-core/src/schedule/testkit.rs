@@ -1,30 +1,30 @@
 //! Shared fixtures of the pass's unit tests: a small cluster builder and the names the tests use.
 
-pub(super) use super::{explain, queue_order, schedule, schedule_with_stats, Decision, PendingReason, PreemptReason};
-pub(super) use crate::config::{Policy, PreemptionConfig, SchedConfig};
-pub(super) use crate::gpu::GpuModel;
-pub(super) use crate::ids::{JobId, NodeId, TenantId};
-pub(super) use crate::job::{
+pub(crate) use super::{explain, queue_order, schedule, schedule_with_stats, Decision, PendingReason, PreemptReason};
+pub(crate) use crate::config::{Policy, PreemptionConfig, SchedConfig};
+pub(crate) use crate::gpu::GpuModel;
+pub(crate) use crate::ids::{JobId, NodeId, TenantId};
+pub(crate) use crate::job::{
     Elastic, JobSpec, JobState, Placement, SelectorTerm, TaskPlacement, Toleration, TopologyScope,
 };
-pub(super) use crate::node::{NodeSpec, NodeState};
-pub(super) use crate::state::ClusterState;
-pub(super) use crate::tenant::{Quota, TenantSpec};
-pub(super) use crate::units::{Dur, MiB, MilliCpu, Time};
-pub(super) use std::collections::BTreeSet;
+pub(crate) use crate::node::{NodeSpec, NodeState};
+pub(crate) use crate::state::ClusterState;
+pub(crate) use crate::tenant::{Quota, TenantSpec};
+pub(crate) use crate::units::{Dur, MiB, MilliCpu, Time};
+pub(crate) use std::collections::BTreeSet;
 
-pub(super) fn cfg(policy: Policy) -> SchedConfig {
+pub(crate) fn cfg(policy: Policy) -> SchedConfig {
     SchedConfig {
         preemption: PreemptionConfig { enabled: false, ..Default::default() },
         ..SchedConfig::with_policy(policy)
     }
 }
 
-pub(super) fn node(name: &str, model: GpuModel, gpus: usize) -> NodeSpec {
+pub(crate) fn node(name: &str, model: GpuModel, gpus: usize) -> NodeSpec {
     NodeSpec::with_gpus(name, model, gpus, MilliCpu::cores(64), MiB::gib(1024)).label("zone", "z1").label("rack", "r1")
 }
 
-pub(super) fn cluster(c: SchedConfig, nodes: Vec<NodeSpec>, tenants: &[&str]) -> ClusterState {
+pub(crate) fn cluster(c: SchedConfig, nodes: Vec<NodeSpec>, tenants: &[&str]) -> ClusterState {
     let mut s = ClusterState::new(c).unwrap();
     for n in nodes {
         s.add_node(n).unwrap();
@@ -35,7 +35,7 @@ pub(super) fn cluster(c: SchedConfig, nodes: Vec<NodeSpec>, tenants: &[&str]) ->
     s
 }
 
-pub(super) fn started(ds: &[Decision]) -> Vec<u64> {
+pub(crate) fn started(ds: &[Decision]) -> Vec<u64> {
     ds.iter()
         .filter_map(|d| match d {
             Decision::Start { job, .. } => Some(job.0),
@@ -44,10 +44,10 @@ pub(super) fn started(ds: &[Decision]) -> Vec<u64> {
         .collect()
 }
 
-pub(super) fn t0() -> TenantId {
+pub(crate) fn t0() -> TenantId {
     TenantId(0)
 }
 
-pub(super) fn submit(s: &mut ClusterState, id: u64, spec: JobSpec, at: u64) {
+pub(crate) fn submit(s: &mut ClusterState, id: u64, spec: JobSpec, at: u64) {
     s.submit(JobId(id), spec, Time::from_secs(at)).unwrap();
 }
