@@ -51,7 +51,10 @@ proptest! {
         let mut now = Time::ZERO;
         let mut ends: Vec<(Time, JobId, bool)> = Vec::new();
         let mut subs = jobs.iter();
-        for _ in 0..400 {
+        for step in 0..5000 {
+            if step > jobs.len() && ends.is_empty() && s.running_count() == 0 && s.queued_count() == 0 {
+                break;
+            }
             if let Some(g) = subs.next() {
                 let mut spec = JobSpec::new(t, "j", g.gpus, 1).estimate(Dur::from_secs(g.run_s));
                 spec.max_restarts = 0;
