@@ -2,6 +2,7 @@
 //! and in the Kubernetes forms (`batch/v1` Job, `v1` ResourceQuota), human quantities, and API errors.
 
 pub mod agent;
+pub mod depsyntax;
 pub mod error;
 pub mod k8s;
 pub mod limits;

@@ -24,6 +24,8 @@
 //! env: {EPOCHS: "90"}
 //! working_dir: run/out          # relative, beneath the task's own directory (its HOME)
 //! liveness: {command: [nvidia-smi], initial_delay: 30s, period: 10s}
+//! array: 0-99%8                  # a job array: elements 0..99, at most 8 live at once
+//! dependency: afterok:12,singleton  # start once job-12 succeeded and no earlier job of this name runs
 //! ```
 //! Unknown fields are errors that name the field.
 
@@ -210,6 +212,14 @@ pub struct JobSubmission {
     /// Checkpoint tiers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoint_tiers: Vec<CheckpointTierSpec>,
+    /// A job array, Slurm's syntax: `0-99`, `0-99:2`, `1,3,7`, with a concurrency limit `%8`
+    /// (see [`crate::depsyntax::parse_array`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
+    /// Dependencies, Slurm's syntax: `afterok:12:13,afterany:14[2],afternotok:15,singleton`
+    /// (see [`crate::depsyntax::parse_dependency`]); resolved by the server against the jobs the submitter sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
 }
 
 impl JobSubmission {
@@ -243,6 +253,8 @@ impl JobSubmission {
             working_dir: None,
             liveness: None,
             checkpoint_tiers: Vec::new(),
+            array: None,
+            dependency: None,
         }
     }
 
@@ -260,6 +272,12 @@ impl JobSubmission {
         }
         let mut spec = JobSpec::new(tenant, self.name.clone(), self.gpus, self.tasks);
         spec.priority = self.priority;
+        if let Some(a) = &self.array {
+            spec.array = Some(crate::depsyntax::parse_array("array", a)?);
+        }
+        if let Some(d) = &self.dependency {
+            crate::depsyntax::parse_dependency("dependency", d)?;
+        }
         for (i, m) in self.gpu_models.iter().enumerate() {
             let model: GpuModel = m.parse().map_err(|_| {
                 ApiError::invalid(&format!("gpu_models[{i}]"), m, &GpuModel::ALL.map(|m| m.name()).join(", "))
