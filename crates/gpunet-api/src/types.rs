@@ -75,6 +75,38 @@ pub struct JobView {
     pub warnings: Vec<String>,
     /// The spec as submitted.
     pub spec: JobSubmission,
+    /// For a job array: its elements' progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayProgress>,
+    /// For an array element: the array's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_job_id: Option<u64>,
+    /// For an array element: its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_index: Option<u32>,
+    /// Why it ended without running to its end on its own (a dependency that can never be satisfied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
+}
+
+/// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArrayProgress {
+    /// Elements in all.
+    pub total: usize,
+    /// Elements made into jobs so far (as they start, up to the limit).
+    pub expanded: usize,
+    /// Elements expanded and not ended.
+    pub live: u32,
+    /// Most live at once (`%N`), if limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// Elements that succeeded.
+    pub succeeded: u32,
+    /// Elements that failed.
+    pub failed: u32,
+    /// Elements cancelled (with those never expanded of a cancelled array).
+    pub cancelled: u32,
 }
 
 /// A page of jobs.

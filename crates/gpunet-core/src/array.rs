@@ -237,6 +237,11 @@ impl ClusterState {
         })
     }
 
+    /// The array a job id belongs to as an element (expanded or not).
+    pub fn array_of_element(&self, id: JobId) -> Option<JobId> {
+        self.element_slot(id).map(|(a, _)| a)
+    }
+
     /// The array's spec as submitted.
     pub fn array_spec(&self, id: JobId) -> Option<&JobSpec> {
         self.arrays.get(&id).map(|r| &r.spec)

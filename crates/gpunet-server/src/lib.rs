@@ -272,10 +272,11 @@ pub fn build(
     for (id, doc) in &snap.jobs {
         docs.push(serde_json::from_value(doc.clone()).map_err(|e| recover(format!("job {id}"), e.to_string()))?);
     }
-    docs.sort_by_key(|d| (d.job.state != gpunet_core::JobState::Running, d.job.id));
+    // Arrays before their elements (see `gpunet_core::array`).
+    docs.sort_by_key(|d| (d.job.spec.array.is_none(), d.job.state != gpunet_core::JobState::Running, d.job.id));
     for d in docs {
         let id = d.job.id.0;
-        o.next_id = o.next_id.max(id + 1);
+        o.next_id = o.next_id.max(id + 1 + d.job.spec.array.as_ref().map_or(0, |a| a.indices.len() as u64));
         if let Err(e) = o.st.restore(d.job.clone(), Time(now_ms())) {
             // A running job whose GPUs cannot be taken back (its node is gone): it waits again, as after a failure.
             tracing::warn!(job = id, error = %e, "running job could not keep its placement; requeued");
@@ -284,9 +285,12 @@ pub fn build(
             j.run = None;
             o.st.restore(j, Time(now_ms())).map_err(|e| recover(format!("job {id}"), e.to_string()))?;
         }
-        let job = o.st.job(JobId(id)).cloned().expect("restored");
+        let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
         o.docs.insert(id, owner::JobDoc { job, ..d });
     }
+    // Jobs waiting on dependencies are checked again, and arrays expand what they may.
+    o.st.resolve_restored(Time(now_ms()));
+    o.restored_cascades();
     let mut gen_admin = None;
     let admin = match (&cfg.admin_token, have_admin) {
         (Some(t), _) => Some(t.clone()),

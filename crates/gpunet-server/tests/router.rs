@@ -765,3 +765,91 @@ async fn a_node_is_priced_by_its_agent_s_override_else_by_the_catalogue_and_a_ba
     own.1 = 1.25;
     assert_eq!(prices(&nodes), want);
 }
+
+#[tokio::test]
+async fn arrays_expand_within_their_limit_and_dependencies_wait_then_fail_with_a_reason() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    app.node("n1", 4).await;
+    let body = r#"{"name": "sweep", "gpus": 1, "array": "0-9:3%2", "command": ["true"]}"#;
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(body.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let arr = v["id"].as_u64().unwrap();
+    // Indices 0, 3, 6, 9: elements are jobs arr+1..=arr+4; two run at once, the next ones are not jobs yet.
+    wait_state(&app, arr + 2, "running").await;
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{arr}"), Some(&a), None).await;
+    assert_eq!(j["state"], "running", "{j}");
+    assert_eq!((j["array"]["total"].as_u64(), j["array"]["live"].as_u64()), (Some(4), Some(2)), "{j}");
+    let (s, _) = app.call("GET", &format!("/v1/jobs/{}", arr + 3), Some(&a), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the third element is not expanded while two are live");
+    let (_, e) = app.call("GET", &format!("/v1/jobs/{arr}/explain"), Some(&a), None).await;
+    assert!(e["message"].as_str().unwrap().contains("limit (%2)"), "{e}");
+    let (_, el) = app.call("GET", &format!("/v1/jobs/{}", arr + 2), Some(&a), None).await;
+    assert_eq!((el["array_job_id"].as_u64(), el["array_index"].as_u64()), (Some(arr), Some(3)), "{el}");
+    // A dependency on the array: waits, explained; another tenant naming it gets "no such job", like a missing id.
+    let dep = format!(r#"{{"name": "reduce", "gpus": 1, "dependency": "afterok:{arr}"}}"#);
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(dep.clone())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let red = v["id"].as_u64().unwrap();
+    let (_, e) = app.call("GET", &format!("/v1/jobs/{red}/explain"), Some(&a), None).await;
+    assert_eq!(e["reason"]["kind"], "dependency", "{e}");
+    assert!(e["message"].as_str().unwrap().contains(&format!("afterok job-{arr} (running)")), "{e}");
+    let (s1, v1) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.clone())).await;
+    let (s2, v2) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.replace(&format!("afterok:{arr}"), "afterok:99999"))).await;
+    assert_eq!((s1, err(&v1)), (StatusCode::NOT_FOUND, ("not_found", Some("dependency"))), "{v1}");
+    assert_eq!(
+        (s2, v2["error"]["message"].as_str().unwrap().replace("job-99999", &format!("job-{arr}"))),
+        (s1, v1["error"]["message"].as_str().unwrap().to_string()),
+        "another tenant's job reads exactly like a missing one"
+    );
+    // Cancelling one element lets the next start; cancelling the array ends it and fails the dependent.
+    let (s, _) = app.call("POST", &format!("/v1/jobs/{}/cancel", arr + 1), Some(&a), None).await;
+    assert_eq!(s, StatusCode::OK);
+    wait_state(&app, arr + 3, "running").await;
+    let (s, _) = app.call("POST", &format!("/v1/jobs/{arr}/cancel"), Some(&a), None).await;
+    assert_eq!(s, StatusCode::OK);
+    wait_state(&app, arr, "cancelled").await;
+    wait_state(&app, red, "failed").await;
+    let (_, r) = app.call("GET", &format!("/v1/jobs/{red}"), Some(&a), None).await;
+    assert_eq!(
+        r["end_reason"],
+        format!("dependency afterok job-{arr} can never be satisfied: job-{arr} ended cancelled"),
+        "{r}"
+    );
+    let (_, e) = app.call("GET", &format!("/v1/jobs/{red}/explain"), Some(&a), None).await;
+    assert!(e["message"].as_str().unwrap().contains("can never be satisfied"), "{e}");
+    let (_, ev) = app.call("GET", &format!("/v1/jobs/{red}/events"), Some(&a), None).await;
+    assert!(ev.as_array().unwrap().iter().any(|e| e["kind"] == "failed"), "{ev}");
+}
+
+#[tokio::test]
+async fn array_elements_get_their_index_and_survive_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let a = app.tenant("team-a", None).await;
+    let cred = app.node("n1", 2).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "s", "gpus": 1, "array": "5,7,9", "command": ["true"]}"#.into())).await;
+    let arr = v["id"].as_u64().unwrap();
+    wait_state(&app, arr + 2, "running").await;
+    let (_, waiting) = app.call("POST", "/v1/jobs", Some(&a), Some(format!(r#"{{"name": "after", "gpus": 1, "dependency": "afterany:{arr}[9]"}}"#))).await;
+    let after = waiting["id"].as_u64().unwrap();
+    let (s, set) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!(s, StatusCode::OK, "{set}");
+    let tasks = set["tasks"].as_array().unwrap();
+    let mut idx: Vec<(String, String)> = tasks
+        .iter()
+        .map(|t| (t["env"]["GPUNET_ARRAY_JOB_ID"].as_str().unwrap().into(), t["env"]["GPUNET_ARRAY_INDEX"].as_str().unwrap().into()))
+        .collect();
+    idx.sort();
+    assert_eq!(idx, vec![(arr.to_string(), "5".into()), (arr.to_string(), "7".into())]);
+    // After a restart the array, its elements and the waiting dependent come back as they were.
+    let again = App::on(Path::new("/nonexistent"), store.clone());
+    let (_, j) = again.call("GET", &format!("/v1/jobs/{arr}"), Some("admin"), None).await;
+    assert_eq!((j["state"].as_str(), j["array"]["expanded"].as_u64()), (Some("pending"), Some(3)), "{j}");
+    let (_, e) = again.call("GET", &format!("/v1/jobs/{after}/explain"), Some("admin"), None).await;
+    assert!(e["message"].as_str().unwrap().contains(&format!("afterany job-{} (pending)", arr + 3)), "{e}");
+    let (s, v) = again.call("POST", "/v1/jobs", Some("admin"), Some(r#"{"name": "x", "tenant": "team-a", "gpus": 1}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert!(v["id"].as_u64().unwrap() > after, "the array's ids stay reserved after a restart: {v}");
+}

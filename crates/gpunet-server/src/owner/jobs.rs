@@ -7,7 +7,7 @@ use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
 use gpunet_api::ApiError;
-use gpunet_core::{explain, Job, JobId, JobState, StopCause, Time};
+use gpunet_core::{explain, Job, JobId, JobState, Time};
 use gpunet_store::Write;
 use std::collections::BTreeMap;
 
@@ -47,8 +47,10 @@ impl Owner {
                     return;
                 }
             };
-            match sub.to_core(tid).and_then(|s| {
-                gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots).map(|_| s)
+            match sub.to_core(tid).and_then(|mut s| {
+                gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
+                self.resolve_dependencies(&sub, &tenant, &mut s)?;
+                Ok(s)
             }) {
                 Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
                 Err(mut e) => {
@@ -86,7 +88,8 @@ impl Owner {
                 return;
             }
             let id = self.next_id;
-            self.next_id += 1;
+            // An array's elements take the ids right after it (see `gpunet_core::array`).
+            self.next_id += 1 + spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
             let doc = JobDoc {
                 job: Job::new(JobId(id), spec, Time(now)),
                 tenant,
@@ -127,7 +130,9 @@ impl Owner {
                             tracing::error!(job = %id, error = %e, "a stored job was refused by the core");
                             continue;
                         }
-                        doc.job = o.st.job(id).expect("just submitted").clone();
+                        if let Some(j) = o.st.job(id) {
+                            doc.job = j.clone(); // an array is not a job of the core: its document keeps its spec
+                        }
                         o.spec_sizes.insert(id.0, serde_json::to_vec(&doc.submission).map_or(0, |v| v.len() as u64));
                         o.docs.insert(id.0, doc);
                         o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
@@ -203,7 +208,7 @@ impl Owner {
             if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
                 continue;
             }
-            let s = self.st.job(JobId(*id)).map_or(d.job.state, |j| j.state);
+            let s = self.state_of(*id).unwrap_or(d.job.state);
             if state.as_ref().is_some_and(|x| x != s.as_str()) {
                 continue;
             }
@@ -228,30 +233,19 @@ impl Owner {
         }
         let now = now_ms();
         let jid = JobId(id);
-        let running = self.st.job(jid).is_some_and(|j| j.state == JobState::Running);
         let mut writes = Vec::new();
-        if running {
-            // A running job is asked to stop; it is cancelled once its agents confirm its processes gone
-            // (at once on nodes without an agent). Its resources stay allocated until then.
-            if let Err(e) = self.st.request_stop(jid, StopCause::Cancelled, Time(now)) {
-                let _ = reply.send(Err(e.into()));
-                return;
-            }
-            self.sync_doc(id);
-            writes.push(self.job_doc_write(id).expect("present"));
-            writes.push(self.event(id, "stopping", format!("job-{id} cancel requested: stopping its tasks")));
-            let nodes = self.nodes_of(jid);
-            self.bump_job(nodes);
-            self.confirm_unmanaged(jid, now, &mut writes);
+        // A running job is asked to stop; it is cancelled once its agents confirm its processes gone (at once on
+        // nodes without an agent). Its resources stay allocated until then. An array cancels every live element.
+        let r = if self.st.array(jid).is_some() {
+            self.cancel_array(jid, now, &mut writes)
         } else {
-            if let Err(e) = self.st.cancel(jid, Time(now)) {
-                let _ = reply.send(Err(e.into()));
-                return;
-            }
-            self.sync_doc(id);
-            writes.push(self.job_doc_write(id).expect("present"));
-            writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
+            self.cancel_one(jid, now, &mut writes)
+        };
+        if let Err(e) = r {
+            let _ = reply.send(Err(e));
+            return;
         }
+        self.apply_cascades(&mut writes);
         self.dirty = true;
         let v = self.view(id).expect("present");
         self.durable(writes, reply, v);
@@ -264,8 +258,8 @@ impl Owner {
             self.visible(&who, d)?;
             let now = Time(now_ms());
             let e = explain(&self.st, JobId(id), now)?;
-            let state = self.st.job(JobId(id)).map_or(d.job.state, |j| j.state);
-            let eta = if state.is_queued() {
+            let state = self.state_of(id).unwrap_or(d.job.state);
+            let eta = if state.is_queued() && self.st.job(JobId(id)).is_some() {
                 gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
             } else {
                 None

@@ -11,6 +11,7 @@
 //! - `nodes`: node registration and states, the agents' sync (task sets, exits, checkpoints, samples) and fencing;
 //! - `queries`: reads of the cluster (summary, live usage, the queue with reasons and ETAs).
 
+mod arrays;
 mod jobs;
 mod nodes;
 mod queries;
@@ -507,7 +508,7 @@ impl Owner {
             name: j.spec.name.clone(),
             tenant: d.tenant.clone(),
             submitted_by: d.submitted_by.clone(),
-            state: j.state.to_string(),
+            state: self.state_of(id).unwrap_or(j.state).to_string(),
             priority: j.spec.priority,
             tasks: j.spec.tasks,
             gpus: j.spec.total_gpus(),
@@ -521,7 +522,28 @@ impl Owner {
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.warnings.clone(),
             spec: d.submission.clone(),
+            array: self.st.array(JobId(id)).map(|a| ArrayProgress {
+                total: a.total,
+                expanded: a.expanded,
+                live: a.live,
+                limit: a.limit,
+                succeeded: a.succeeded,
+                failed: a.failed,
+                cancelled: a.cancelled,
+            }),
+            array_job_id: j.array_of.map(|(a, _)| a.0),
+            array_index: j.array_of.map(|(_, i)| i),
+            end_reason: j.end_reason.clone(),
         })
+    }
+
+    /// A job's state now: the core's, an array's summary, else the document's.
+    pub(crate) fn state_of(&self, id: u64) -> Option<gpunet_core::JobState> {
+        if let Some(a) = self.st.array(JobId(id)) {
+            return Some(a.state);
+        }
+        let d = self.docs.get(&id)?;
+        Some(self.st.job(JobId(id)).map_or(d.job.state, |j| j.state))
     }
 
     fn sync_doc(&mut self, id: u64) {
@@ -638,6 +660,7 @@ impl Owner {
         let t0 = std::time::Instant::now();
         let mut writes = Vec::new();
         self.expire_fences(&mut writes);
+        self.apply_cascades(&mut writes);
         let now = now_ms();
         self.st.accrue_usage(Time(now));
         let ds = schedule(&self.st, Time(now));
@@ -650,6 +673,8 @@ impl Owner {
                 tracing::error!(error = %e, "apply a scheduling decision");
                 continue;
             }
+            // A started array element expands the next: its document exists before its own start is recorded.
+            self.apply_cascades(&mut writes);
             match d {
                 Decision::Start { job, .. } | Decision::Scale { job, .. } => {
                     let mut n = self.nodes_of(*job);

@@ -329,6 +329,10 @@ impl Owner {
                 set("NVIDIA_VISIBLE_DEVICES", if visible.is_empty() { "void".into() } else { visible });
                 set("GPUNET_JOB_ID", jid.0.to_string());
                 set("GPUNET_TENANT", doc.tenant.clone());
+                if let Some((array, index)) = j.array_of {
+                    set("GPUNET_ARRAY_JOB_ID", array.0.to_string());
+                    set("GPUNET_ARRAY_INDEX", index.to_string());
+                }
                 set("GPUNET_RESTART_COUNT", j.restarts.to_string());
                 set("GPUNET_ATTEMPT", attempt.to_string());
                 set("RANK", rank.to_string());

@@ -64,6 +64,16 @@ impl Owner {
             .take(limit)
             .map(|(i, j)| (i, *j))
             .collect();
+        // Jobs waiting for dependencies are in no queue; they follow it, by id, with their reason.
+        let mut mine = mine;
+        let visible = |j: &JobId| match who {
+            Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
+            _ => true,
+        };
+        let room = limit.saturating_sub(mine.len());
+        mine.extend(
+            self.st.dependency_waiting().filter(visible).take(room).enumerate().map(|(k, j)| (order.len() + k, j)),
+        );
         let ids: Vec<JobId> = mine.iter().map(|(_, j)| *j).collect();
         let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
         let mut entries = Vec::with_capacity(mine.len());
@@ -75,7 +85,10 @@ impl Owner {
             entries.push(QueueEntry {
                 position,
                 id: j.0,
-                name: d.submission.name.clone(),
+                name: match job.array_of {
+                    Some((_, i)) => format!("{}[{i}]", d.submission.name),
+                    None => d.submission.name.clone(),
+                },
                 tenant: d.tenant.clone(),
                 state: job.state.to_string(),
                 priority: d.submission.priority,
