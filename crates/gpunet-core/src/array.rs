@@ -82,11 +82,11 @@ pub struct ArrayView {
     pub live: u32,
     /// Most live at once (`None`: no limit).
     pub limit: Option<u32>,
-    /// Elements that succeeded, failed, were cancelled (unexpanded ones of a stopped array count as cancelled).
+    /// Elements that succeeded.
     pub succeeded: u32,
     /// Elements that failed.
     pub failed: u32,
-    /// Elements cancelled.
+    /// Elements cancelled (once the array ended, with those never expanded).
     pub cancelled: u32,
     /// When the last element ended.
     pub finished: Option<Time>,
@@ -157,10 +157,8 @@ impl ClusterState {
         }
         if r.finished.is_none() && r.live == 0 && !r.expands() {
             let r = self.arrays.get_mut(&id).expect("looked up above");
-            if r.next < r.len() {
-                r.cancelled += (r.len() - r.next) as u32;
-                r.next = r.len();
-            }
+            // Elements never expanded count as cancelled.
+            r.cancelled += (r.len() - r.next) as u32;
             r.finished = Some(now);
             self.cascades.push(Cascade::ArrayEnded(id));
             self.job_ended_array(id, now);
@@ -281,7 +279,10 @@ impl ClusterState {
         match job.state {
             JobState::Succeeded => r.succeeded += 1,
             JobState::Cancelled => r.cancelled += 1,
-            JobState::Failed => r.failed += 1,
+            JobState::Failed => {
+                r.failed += 1;
+                r.stopped |= job.end_reason.is_some();
+            }
             s => {
                 r.live += 1;
                 if s == JobState::Pending && job.attempt() == 0 {
@@ -335,7 +336,7 @@ impl ClusterState {
                     return Err(format!("{a}: head {h} is not pending"));
                 }
             }
-            if r.finished.is_some() && (live > 0 || r.next != r.len()) {
+            if r.finished.is_some() && (live > 0 || r.expands()) {
                 return Err(format!("{a}: ended with {live} live elements"));
             }
             let _ = ended;

@@ -198,9 +198,15 @@ pub(crate) fn jobs_table(jobs: &[JobView]) -> String {
                 let mut nodes: Vec<&str> = j.placement.iter().map(|t| t.node.as_str()).collect();
                 nodes.dedup();
                 vec![
-                    j.id.to_string(),
+                    match (j.array_job_id, j.array_index) {
+                        (Some(a), Some(i)) => format!("{}  ({a}[{i}])", j.id),
+                        _ => j.id.to_string(),
+                    },
                     j.tenant.clone(),
-                    j.name.clone(),
+                    match &j.array {
+                        Some(a) => format!("{} [{} elements]", j.name, a.total),
+                        None => j.name.clone(),
+                    },
                     j.state.clone(),
                     j.gpus.to_string(),
                     j.tasks.to_string(),
@@ -254,4 +260,16 @@ pub(crate) fn tenants_table(ts: &[TenantView]) -> String {
             })
             .collect(),
     )
+}
+
+/// A job id as the CLI takes it: `42`, `job-42`, or an array element `42[3]` (`job-42[3]`), which is looked up as the
+/// array's element with index 3 (element `k` of array `A`, the `k`-th index, is job `A+1+k`).
+pub(crate) async fn resolve_job_id(c: &Client, text: &str) -> Result<u64> {
+    let r = gpunet_api::depsyntax::parse_job_ref("id", text).map_err(|e| anyhow::anyhow!(e.message))?;
+    let Some(index) = r.index else { return Ok(r.id) };
+    let j: JobView = c.get(&format!("/v1/jobs/{}", r.id)).await?;
+    let spec = j.spec.array.as_deref().ok_or_else(|| anyhow::anyhow!("job-{} is not an array", r.id))?;
+    let a = gpunet_api::depsyntax::parse_array("array", spec).map_err(|e| anyhow::anyhow!(e.message))?;
+    let k = a.indices.binary_search(&index).map_err(|_| anyhow::anyhow!("array job-{} has no index {index}", r.id))?;
+    Ok(r.id + 1 + k as u64)
 }

@@ -306,6 +306,16 @@ struct SubmitArgs {
     /// Estimated run time, e.g. 2h.
     #[arg(long)]
     estimate: Option<String>,
+    /// A job array: indices `0-99`, `0-99:2` (a step) or `1,3,7`, and `%8` to run at most 8 at once. Each element
+    /// is a job of its own (`ID[INDEX]`, e.g. `job-12[3]`) whose tasks get `GPUNET_ARRAY_INDEX` and
+    /// `GPUNET_ARRAY_JOB_ID`; `show`/`cancel` take the array's id for the whole array.
+    #[arg(long)]
+    array: Option<String>,
+    /// Start only after other jobs: `afterok:ID[:ID…]` (they succeeded), `afterany:…` (they ended),
+    /// `afternotok:…` (they failed or were cancelled), `singleton` (no earlier job of this name runs), comma-separated.
+    /// IDs may be arrays or elements (`12[3]`). A dependency that can never be satisfied fails the job, saying why.
+    #[arg(long)]
+    dependency: Option<String>,
     /// Ask where and when it would start, without queuing.
     #[arg(long)]
     dry_run: bool,
@@ -333,7 +343,7 @@ struct JobsArgs {
 
 #[derive(Debug, clap::Args)]
 struct IdArg {
-    /// Job id (42 or job-42).
+    /// Job id (42 or job-42), or an array element (42[3] or job-42[3]).
     id: String,
     #[command(flatten)]
     conn: Conn,
@@ -501,8 +511,25 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                     s.priority = a.priority;
                     s.estimated_duration = a.estimate.clone();
                     s.command = a.command.clone();
+                    s.array = a.array.clone();
+                    s.dependency = a.dependency.clone();
                     serde_json::to_string(&s)?
                 }
+            };
+            let body = if a.file.is_some() && (a.array.is_some() || a.dependency.is_some()) {
+                // The flags add to a spec file (a gpunet spec; a Kubernetes Job has no such fields).
+                let mut s: JobSubmission = gpunet_api::parse_job(&body)
+                    .map_err(|e| anyhow::anyhow!(e.message))?
+                    .job;
+                if a.array.is_some() {
+                    s.array = a.array.clone();
+                }
+                if a.dependency.is_some() {
+                    s.dependency = a.dependency.clone();
+                }
+                serde_json::to_string(&s)?
+            } else {
+                body
             };
             let q = a.tenant.as_ref().map_or(String::new(), |t| format!("?tenant={t}"));
             if a.dry_run {
@@ -547,11 +574,37 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         }
         Cmd::Show(a) => {
             let c = Client::new(&a.conn)?;
-            let j: JobView = c.get(&format!("/v1/jobs/{}", a.id)).await?;
+            let id = client::resolve_job_id(&c, &a.id).await?;
+            let j: JobView = c.get(&format!("/v1/jobs/{id}")).await?;
             print(&c, &j, |j| {
                 let mut s = client::jobs_table(std::slice::from_ref(j));
                 if let Some(by) = &j.submitted_by {
                     s += &format!("  submitted by {by}\n");
+                }
+                if let Some(x) = &j.array {
+                    s += &format!(
+                        "  array of {} elements ({}): {} expanded, {} live{}, {} succeeded, {} failed, {} cancelled; \
+                         element ids {}..={}\n",
+                        x.total,
+                        j.spec.array.as_deref().unwrap_or(""),
+                        x.expanded,
+                        x.live,
+                        x.limit.map_or(String::new(), |l| format!(" (limit {l})")),
+                        x.succeeded,
+                        x.failed,
+                        x.cancelled,
+                        j.id + 1,
+                        j.id + x.total as u64
+                    );
+                }
+                if let (Some(a), Some(i)) = (j.array_job_id, j.array_index) {
+                    s += &format!("  element job-{a}[{i}] of array job-{a}\n");
+                }
+                if let Some(d) = &j.spec.dependency {
+                    s += &format!("  dependency {d}\n");
+                }
+                if let Some(r) = &j.end_reason {
+                    s += &format!("  ended: {r}\n");
                 }
                 for t in &j.placement {
                     s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
@@ -561,7 +614,8 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         }
         Cmd::Cancel(a) => {
             let c = Client::new(&a.conn)?;
-            let j: JobView = c.post(&format!("/v1/jobs/{}/cancel", a.id), None, "").await?;
+            let id = client::resolve_job_id(&c, &a.id).await?;
+            let j: JobView = c.post(&format!("/v1/jobs/{id}/cancel"), None, "").await?;
             print(&c, &j, |j| match &j.stopping {
                 Some(why) if j.state == "running" => {
                     format!("job-{} is being {why}: its tasks are stopping (it ends once they are gone)\n", j.id)
@@ -575,7 +629,8 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         }
         Cmd::Why(a) => {
             let c = Client::new(&a.conn)?;
-            let e: Explain = c.get(&format!("/v1/jobs/{}/explain", a.id)).await?;
+            let id = client::resolve_job_id(&c, &a.id).await?;
+            let e: Explain = c.get(&format!("/v1/jobs/{id}/explain")).await?;
             print(&c, &e, |e| {
                 let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
                 if let Some(t) = e.eta_ms {

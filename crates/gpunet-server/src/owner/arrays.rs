@@ -117,6 +117,11 @@ impl Owner {
     /// Cancels a whole array: no element is expanded any more, and each live one is cancelled.
     pub(super) fn cancel_array(&mut self, a: JobId, now: u64, writes: &mut Vec<Write>) -> Result<(), ApiError> {
         let live = self.st.cancel_array(a, Time(now))?;
+        // Recorded at once, so that a restart does not expand the array again.
+        if let Some(d) = self.docs.get_mut(&a.0) {
+            d.job.state = JobState::Cancelled;
+        }
+        writes.extend(self.job_doc_write(a.0));
         writes.push(self.event(a.0, "cancelled", format!("array job-{} cancelled: {} live elements", a.0, live.len())));
         for e in live {
             if self.st.job(e).is_some_and(|j| !j.state.is_terminal() && !j.is_stopping()) {

@@ -1,0 +1,76 @@
+//! Job arrays and dependencies end to end: the real `gpunet server`, a real agent (fake GPUs) running the elements as
+//! processes, and the CLI's `submit --array/--dependency`, `show ID[INDEX]`, `why` and `cancel`.
+
+mod common;
+
+use common::{free_port, json, read, wait_for, Server};
+use std::time::Duration;
+
+#[test]
+fn an_array_runs_every_element_with_its_index_and_dependencies_follow_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("server"), free_port(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // Held back by a job that waits for a file, so that the dependents are seen waiting first.
+    let gate = dir.path().join("gate");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.1; done", gate.display());
+    let first = s.submit(&["--gpus", "1", "--name", "gate", "--", "sh", "-c", &hold]);
+    let cmd = format!("echo $GPUNET_ARRAY_JOB_ID $GPUNET_ARRAY_INDEX > {}/$GPUNET_ARRAY_INDEX", out.display());
+    let dep = format!("afterok:{first}");
+    let arr = s.submit(&["--gpus", "1", "--array", "0-10:2%2", "--dependency", &dep, "--", "sh", "-c", &cmd]);
+    let count = format!("ls {} | wc -l > {}/count", out.display(), dir.path().display());
+    let after = s.submit(&["--gpus", "1", "--dependency", &format!("afterok:{arr}"), "--", "sh", "-c", &count]);
+    let never = s.submit(&["--gpus", "1", "--dependency", &format!("afternotok:{arr}"), "--", "true"]);
+    let _agent = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    wait_for(Duration::from_secs(20), || s.job_state(first) == "running");
+    let (ok, why, err) = s.cli("admin-secret", &["why", &after.to_string()]);
+    assert!(ok, "{err}");
+    assert!(why.contains(&format!("dependency: waits for afterok job-{arr} (pending)")), "{why}");
+    let (_, why, _) = s.cli("admin-secret", &["why", &arr.to_string()]);
+    assert!(why.contains(&format!("afterok job-{first} (running)")), "{why}");
+    std::fs::write(&gate, "").unwrap();
+    wait_for(Duration::from_secs(60), || s.job_state(after) == "succeeded");
+    // Six elements (0, 2, …, 10), each with its own index and the array's id.
+    for i in (0..=10).step_by(2) {
+        assert_eq!(read(&out.join(i.to_string())).trim(), format!("{arr} {i}"));
+    }
+    assert_eq!(read(&dir.path().join("count")).trim(), "6", "the dependent ran after every element");
+    assert_eq!(s.job_state(arr), "succeeded");
+    let (ok, shown, err) = s.cli("admin-secret", &["show", &format!("job-{arr}[4]"), "--output", "json"]);
+    assert!(ok, "{err}");
+    let v = json(&shown);
+    assert_eq!((v["id"].as_u64(), v["array_index"].as_u64()), (Some(arr + 3), Some(4)), "{v}");
+    let (_, shown, _) = s.cli("admin-secret", &["show", &arr.to_string()]);
+    assert!(shown.contains("array of 6 elements (0-10:2%2)") && shown.contains("6 succeeded"), "{shown}");
+    // afternotok on an array that succeeded can never be satisfied: the job failed, saying why.
+    wait_for(Duration::from_secs(10), || s.job_state(never) == "failed");
+    let (_, why, _) = s.cli("admin-secret", &["why", &never.to_string()]);
+    assert!(why.contains(&format!("dependency afternotok job-{arr} can never be satisfied")), "{why}");
+    let (ok, _, err) = s.cli("admin-secret", &["show", &format!("{arr}[5]")]);
+    assert!(!ok && err.contains("has no index 5"), "{err}");
+    let (ok, _, err) = s.cli("admin-secret", &["submit", "--tenant", "t", "--array", "9-1", "--", "true"]);
+    assert!(!ok && err.contains("array"), "{err}");
+}
+
+#[test]
+fn cancelling_an_array_stops_its_running_elements_and_the_rest_never_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("server"), free_port(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    let _agent = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let arr = s.submit(&["--gpus", "1", "--array", "1-1000", "--", "sleep", "300"]);
+    wait_for(Duration::from_secs(20), || s.job_state(arr + 1) == "running" && s.job_state(arr + 2) == "running");
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &format!("{arr}[1]")]);
+    assert!(ok, "{out}{err}");
+    wait_for(Duration::from_secs(20), || s.job_state(arr + 1) == "cancelled" && s.job_state(arr + 3) == "running");
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &arr.to_string()]);
+    assert!(ok, "{out}{err}");
+    wait_for(Duration::from_secs(20), || s.job_state(arr) == "cancelled");
+    let (_, shown, _) = s.cli("admin-secret", &["show", &arr.to_string(), "--output", "json"]);
+    let v = json(&shown);
+    assert_eq!((v["array"]["cancelled"].as_u64(), v["array"]["expanded"].as_u64()), (Some(1000), Some(4)), "{v}");
+}
