@@ -329,7 +329,11 @@ impl ClusterState {
                 }
             }
             if live != r.live || live > r.limit() || running > r.limit() {
-                return Err(format!("{a}: {live} live elements ({running} running), counted {}, limit {}", r.live, r.limit()));
+                return Err(format!(
+                    "{a}: {live} live elements ({running} running), counted {}, limit {}",
+                    r.live,
+                    r.limit()
+                ));
             }
             if let Some(h) = r.head {
                 if self.jobs.get(&h).map(|j| j.state) != Some(JobState::Pending) {

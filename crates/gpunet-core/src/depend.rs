@@ -284,7 +284,10 @@ mod tests {
         assert_eq!(s.finish(JobId(1), Time::from_secs(3), false).unwrap(), JobState::Failed);
         let b = s.job(JobId(2)).unwrap();
         assert_eq!(b.state, JobState::Failed);
-        assert_eq!(b.end_reason.as_deref(), Some("dependency afterok job-1 can never be satisfied: job-1 ended failed"));
+        assert_eq!(
+            b.end_reason.as_deref(),
+            Some("dependency afterok job-1 can never be satisfied: job-1 ended failed")
+        );
         assert_eq!(s.job(JobId(3)).unwrap().state, JobState::Pending, "afterany of a failed job is satisfied");
         assert_eq!(started(&s.step(Time::from_secs(3)).unwrap()), vec![3, 4]);
         let e = explain(&s, JobId(2), Time::from_secs(3)).unwrap();
@@ -297,7 +300,10 @@ mod tests {
         let mut s = one_node();
         let mut spec = JobSpec::new(t0(), "x", 1, 1);
         spec.dependencies = after(DepKind::AfterOk, &[7]);
-        assert_eq!(s.submit(JobId(7), spec.clone(), Time::ZERO).unwrap_err().to_string(), "find dependency job-7: no such job");
+        assert_eq!(
+            s.submit(JobId(7), spec.clone(), Time::ZERO).unwrap_err().to_string(),
+            "find dependency job-7: no such job"
+        );
         assert!(s.job(JobId(7)).is_none());
         spec.dependencies = after(DepKind::AfterOk, &[]);
         assert!(s.submit(JobId(8), spec, Time::ZERO).unwrap_err().to_string().contains("dependency"));

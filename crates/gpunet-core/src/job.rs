@@ -381,7 +381,9 @@ impl JobSpec {
             return bad("checkpoint_interval", "0s".into(), "a positive duration, or none");
         }
         let named: usize = self.dependencies.iter().map(|d| d.jobs.len()).sum();
-        if named > MAX_DEPENDENCIES || self.dependencies.iter().any(|d| d.jobs.is_empty() && d.kind != DepKind::Singleton) {
+        if named > MAX_DEPENDENCIES
+            || self.dependencies.iter().any(|d| d.jobs.is_empty() && d.kind != DepKind::Singleton)
+        {
             return bad(
                 "dependency",
                 format!("{named} jobs in {} dependencies", self.dependencies.len()),
@@ -393,7 +395,11 @@ impl JobSpec {
                 return bad("array", format!("{} elements", a.indices.len()), "1 to 100000 elements");
             }
             if a.indices.windows(2).any(|w| w[0] >= w[1]) || a.indices.last().is_some_and(|i| *i > MAX_ARRAY_INDEX) {
-                return bad("array", "unordered, repeated or too large indices".into(), "distinct indices 0 to 9999999");
+                return bad(
+                    "array",
+                    "unordered, repeated or too large indices".into(),
+                    "distinct indices 0 to 9999999",
+                );
             }
             if a.limit == Some(0) {
                 return bad("array", "%0".into(), "a concurrency limit of at least 1");

@@ -53,15 +53,15 @@ pub use error::CoreError;
 pub use gpu::{GpuModel, MigProfile};
 pub use ids::{JobId, NodeId, TenantId};
 pub use job::{
-    ArraySpec, DepKind, Dependency, Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm, TaskPlacement, TaskSpec, Toleration,
-    TopologyScope,
+    ArraySpec, DepKind, Dependency, Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm,
+    TaskPlacement, TaskSpec, Toleration, TopologyScope,
 };
 pub use lifecycle::{AttemptEnded, RankEnd, StopCause};
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, DepWait, queue_order, schedule, schedule_with_stats, Decision, Explanation, PassStats,
+    dry_run_placement, explain, queue_order, schedule, schedule_with_stats, Decision, DepWait, Explanation, PassStats,
     PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};

@@ -1043,7 +1043,8 @@ impl ClusterState {
         self.jobs.retain(|_, j| !(j.state.is_terminal() && j.finished.is_some_and(|f| f < before)));
         let jobs = &self.jobs;
         self.arrays.retain(|a, r| {
-            !(r.finished.is_some_and(|f| f < before) && (0..r.len() as u64).all(|k| !jobs.contains_key(&JobId(a.0 + 1 + k))))
+            !(r.finished.is_some_and(|f| f < before)
+                && (0..r.len() as u64).all(|k| !jobs.contains_key(&JobId(a.0 + 1 + k))))
         });
     }
 

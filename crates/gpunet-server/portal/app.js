@@ -492,7 +492,7 @@ async function jobs(_arg, params) {
       [{ label: "Job" }, { label: "Name" }, { label: "Tenant" }, { label: "By" }, { label: "State" },
         { label: "GPUs", num: true }, { label: "Submitted" }, { label: "Run time" }, { label: "Restarts", num: true },
         { label: "" }],
-      all.slice(0, 500).map((j) => [jobLink(j.id), j.name, j.tenant, j.submitted_by || "—", badge(j.state), String(j.gpus),
+      all.slice(0, 500).map((j) => [jobLink(j.id), jobName(j), j.tenant, j.submitted_by || "—", badge(j.state), String(j.gpus),
         fmtTime(j.submitted_ms),
         j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—", String(j.restarts),
         ACTIVE.has(j.state) ? h("button", { type: "button", class: "danger", "aria-label": `Cancel job-${j.id}`,
@@ -556,6 +556,12 @@ async function job(id) {
       fact("Finished", fmtTime(j.finished_ms)),
       fact("Run time", j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—"),
       fact("Restarts", `${j.restarts} of ${j.spec.max_restarts ?? 3}`), fact("Preemptions", j.preemptions),
+      j.array ? fact("Array", `${j.spec.array}: ${j.array.total} elements (ids ${j.id + 1}–${j.id + j.array.total}), ` +
+        `${j.array.expanded} expanded, ${j.array.live} live, ${j.array.succeeded} succeeded, ${j.array.failed} failed, ` +
+        `${j.array.cancelled} cancelled`) : null,
+      j.array_job_id != null ? fact("Array element", `job-${j.array_job_id}[${j.array_index}]`) : null,
+      j.spec.dependency ? fact("Dependency", j.spec.dependency) : null,
+      j.end_reason ? fact("Ended because", j.end_reason) : null,
       j.warnings.length ? fact("Warnings", j.warnings.join("; ")) : null));
     if (ACTIVE.has(j.state) && j.state !== "running") {
       const e = await api(`/v1/jobs/${id}/explain`);
@@ -591,6 +597,13 @@ async function job(id) {
   rankSel.addEventListener("change", () => followLogs(id, rankSel.value, logs));
   S.refresh = draw;
   await draw();
+}
+
+// An array element is shown as name[index], an array with its progress.
+function jobName(j) {
+  if (j.array_job_id != null && j.array_index != null) return `${j.name}[${j.array_index}]`;
+  if (j.array) return `${j.name} [array: ${j.array.total} elements, ${j.array.live} live]`;
+  return j.name;
 }
 
 function fact(k, v) { return [h("dt", {}, k), h("dd", {}, String(v))]; }

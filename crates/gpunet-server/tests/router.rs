@@ -796,7 +796,8 @@ async fn arrays_expand_within_their_limit_and_dependencies_wait_then_fail_with_a
     assert_eq!(e["reason"]["kind"], "dependency", "{e}");
     assert!(e["message"].as_str().unwrap().contains(&format!("afterok job-{arr} (running)")), "{e}");
     let (s1, v1) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.clone())).await;
-    let (s2, v2) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.replace(&format!("afterok:{arr}"), "afterok:99999"))).await;
+    let (s2, v2) =
+        app.call("POST", "/v1/jobs", Some(&b), Some(dep.replace(&format!("afterok:{arr}"), "afterok:99999"))).await;
     assert_eq!((s1, err(&v1)), (StatusCode::NOT_FOUND, ("not_found", Some("dependency"))), "{v1}");
     assert_eq!(
         (s2, v2["error"]["message"].as_str().unwrap().replace("job-99999", &format!("job-{arr}"))),
@@ -829,17 +830,36 @@ async fn array_elements_get_their_index_and_survive_a_restart() {
     let app = App::on(Path::new("/nonexistent"), store.clone());
     let a = app.tenant("team-a", None).await;
     let cred = app.node("n1", 2).await;
-    let (_, v) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "s", "gpus": 1, "array": "5,7,9", "command": ["true"]}"#.into())).await;
+    let (_, v) = app
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&a),
+            Some(r#"{"name": "s", "gpus": 1, "array": "5,7,9", "command": ["true"]}"#.into()),
+        )
+        .await;
     let arr = v["id"].as_u64().unwrap();
     wait_state(&app, arr + 2, "running").await;
-    let (_, waiting) = app.call("POST", "/v1/jobs", Some(&a), Some(format!(r#"{{"name": "after", "gpus": 1, "dependency": "afterany:{arr}[9]"}}"#))).await;
+    let (_, waiting) = app
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&a),
+            Some(format!(r#"{{"name": "after", "gpus": 1, "dependency": "afterany:{arr}[9]"}}"#)),
+        )
+        .await;
     let after = waiting["id"].as_u64().unwrap();
     let (s, set) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
     assert_eq!(s, StatusCode::OK, "{set}");
     let tasks = set["tasks"].as_array().unwrap();
     let mut idx: Vec<(String, String)> = tasks
         .iter()
-        .map(|t| (t["env"]["GPUNET_ARRAY_JOB_ID"].as_str().unwrap().into(), t["env"]["GPUNET_ARRAY_INDEX"].as_str().unwrap().into()))
+        .map(|t| {
+            (
+                t["env"]["GPUNET_ARRAY_JOB_ID"].as_str().unwrap().into(),
+                t["env"]["GPUNET_ARRAY_INDEX"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     idx.sort();
     assert_eq!(idx, vec![(arr.to_string(), "5".into()), (arr.to_string(), "7".into())]);
@@ -849,7 +869,9 @@ async fn array_elements_get_their_index_and_survive_a_restart() {
     assert_eq!((j["state"].as_str(), j["array"]["expanded"].as_u64()), (Some("pending"), Some(3)), "{j}");
     let (_, e) = again.call("GET", &format!("/v1/jobs/{after}/explain"), Some("admin"), None).await;
     assert!(e["message"].as_str().unwrap().contains(&format!("afterany job-{} (pending)", arr + 3)), "{e}");
-    let (s, v) = again.call("POST", "/v1/jobs", Some("admin"), Some(r#"{"name": "x", "tenant": "team-a", "gpus": 1}"#.into())).await;
+    let (s, v) = again
+        .call("POST", "/v1/jobs", Some("admin"), Some(r#"{"name": "x", "tenant": "team-a", "gpus": 1}"#.into()))
+        .await;
     assert_eq!(s, StatusCode::CREATED);
     assert!(v["id"].as_u64().unwrap() > after, "the array's ids stay reserved after a restart: {v}");
 }

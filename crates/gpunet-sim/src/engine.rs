@@ -498,6 +498,15 @@ impl Engine<'_> {
         let mut evicted = false;
         self.passes += 1;
         let t = Time(now);
+        // Jobs failed because a dependency can never be satisfied leave the queue as failed.
+        for c in self.st.take_cascades() {
+            if let gpunet_core::Cascade::DependencyFailed(j) = c {
+                let idx = (j.0 - 1) as usize;
+                self.jobs[idx].failed = true;
+                self.jobs[idx].finish = Some(now);
+                self.queued_add(idx, -1);
+            }
+        }
         let ds = schedule(&self.st, t);
         for d in &ds {
             match d {
@@ -764,6 +773,8 @@ pub fn simulate(
     if let Some(m) = cfg.max_jobs {
         order.truncate(m);
     }
+    // Trace ids to submission positions, for dependencies.
+    let pos_of: HashMap<&str, usize> = order.iter().enumerate().map(|(p, i)| (trace.jobs[*i].id.as_str(), p)).collect();
     let mut st = ClusterState::new(cfg.sched.clone())?;
     let nodes = cluster.build_nodes();
     if nodes.is_empty() {
@@ -921,6 +932,21 @@ pub fn simulate(
             spec.checkpoint_interval = Some(cfg.checkpoint_interval);
             spec.max_restarts = cfg.max_restarts;
             spec.estimated_duration = e.estimate(tj, tenant, gpus);
+            for (kind, ids) in &tj.dependency {
+                let mut jobs = Vec::with_capacity(ids.len());
+                for d in ids {
+                    match pos_of.get(d.as_str()) {
+                        Some(&p) if p < idx => jobs.push(JobId(p as u64 + 1)),
+                        _ => {
+                            return Err(SimError::invalid(
+                                "trace",
+                                format!("job {:?}: dependency {kind}:{d} names no job submitted before it", tj.id),
+                            ))
+                        }
+                    }
+                }
+                spec.dependencies.push(gpunet_core::Dependency { kind: *kind, jobs });
+            }
             e.jobs[idx] = JobRec {
                 tenant,
                 gpus,

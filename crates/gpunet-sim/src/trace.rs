@@ -2,7 +2,7 @@
 //!
 //! | format | file | mapping |
 //! |---|---|---|
-//! | `gpunet` | `id,submit_s,duration_s,gpus,tenant` + optional `gpu_model,priority,est_duration_s,tasks,cpu_milli,memory_mib,preemptible` | as named; other columns are an error |
+//! | `gpunet` | `id,submit_s,duration_s,gpus,tenant` + optional `gpu_model,priority,est_duration_s,tasks,cpu_milli,memory_mib,preemptible,dependency` | as named (`dependency`: Slurm's `afterok:ID[:ID…],afterany:…,afternotok:…,singleton` over earlier rows' ids, the cell quoted when it has commas); other columns are an error |
 //! | `philly` | `timestamp,duration,num_gpus,gpu_time,cluster` (Philly via Pollux) | submit = timestamp − earliest; VC (`cluster`) → tenant; no GPU model: durations hold on any model |
 //! | `pai2023` | Alibaba PAI `openb_pod_list_*.csv` | submit = `creation_time`; duration = `deletion_time − scheduled_time`; `qos` → tenant; `gpu_spec` → allowed models; a fractional GPU (`gpu_milli` < 1000) takes one whole GPU (gpunet shares GPUs only through MIG); pods never scheduled (`Pending`, no `scheduled_time`) have no run time and are skipped and counted; pods still `Running` at the trace end are censored: their duration is the time observed, a lower bound, and they are flagged |
 //! | `tiresias` | `job_id,num_gpu,submit_time,iterations,model_name,duration,interval` | one tenant `default`; durations measured on the testbed's P100s |
@@ -50,6 +50,8 @@ pub struct TraceJob {
     pub allowed_models: Vec<GpuModel>,
     /// The duration is a lower bound (the job was still running when the trace ended).
     pub censored: bool,
+    /// Jobs it waits for, by trace id (gpunet format's `dependency` column, Slurm's syntax).
+    pub dependency: Vec<(gpunet_core::DepKind, Vec<String>)>,
 }
 
 impl TraceJob {
@@ -69,6 +71,7 @@ impl TraceJob {
             preemptible: true,
             allowed_models: Vec::new(),
             censored: false,
+            dependency: Vec::new(),
         }
     }
 }
@@ -145,8 +148,8 @@ pub struct ReadOptions {
 }
 
 const GPUNET_REQUIRED: [&str; 5] = ["id", "submit_s", "duration_s", "gpus", "tenant"];
-const GPUNET_OPTIONAL: [&str; 7] =
-    ["gpu_model", "priority", "est_duration_s", "tasks", "cpu_milli", "memory_mib", "preemptible"];
+const GPUNET_OPTIONAL: [&str; 8] =
+    ["gpu_model", "priority", "est_duration_s", "tasks", "cpu_milli", "memory_mib", "preemptible", "dependency"];
 
 fn detect(header: &[String]) -> Option<TraceFormat> {
     let has = |c: &str| header.iter().any(|h| h == c);
@@ -389,10 +392,38 @@ fn parse_gpunet(r: &Row<'_>) -> Result<TraceJob, SimError> {
         "false" | "0" | "no" => false,
         _ => return Err(r.bad("preemptible", pr, "true or false")),
     };
+    let d = r.raw("dependency");
+    if !d.is_empty() {
+        j.dependency = parse_dependency(d).ok_or_else(|| {
+            r.bad("dependency", d, "afterok:ID[:ID…], afterany:…, afternotok:… or singleton, comma-separated")
+        })?;
+    }
     if j.gpus == 0 && j.cpu_milli.unwrap_or(0) == 0 && j.memory_mib.unwrap_or(0) == 0 {
         return Err(r.bad("gpus", "0", "at least 1 GPU, or cpu_milli/memory_mib for a CPU-only job"));
     }
     Ok(j)
+}
+
+/// A trace's `dependency` cell: Slurm's syntax over the trace's own ids (`afterok:a:b,afterany:c,singleton`).
+fn parse_dependency(text: &str) -> Option<Vec<(gpunet_core::DepKind, Vec<String>)>> {
+    use gpunet_core::DepKind;
+    let mut out = Vec::new();
+    for item in text.split(',') {
+        let mut parts = item.trim().split(':');
+        let kind = match parts.next()? {
+            "afterok" => DepKind::AfterOk,
+            "afterany" => DepKind::AfterAny,
+            "afternotok" => DepKind::AfterNotOk,
+            "singleton" => DepKind::Singleton,
+            _ => return None,
+        };
+        let ids: Vec<String> = parts.map(str::to_string).collect();
+        if ids.iter().any(String::is_empty) || (kind == DepKind::Singleton) != ids.is_empty() {
+            return None;
+        }
+        out.push((kind, ids));
+    }
+    Some(out)
 }
 
 /// Days since 1970-01-01 of a civil date (proleptic Gregorian).

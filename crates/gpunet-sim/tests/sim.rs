@@ -310,3 +310,38 @@ fn a_cluster_s_prices_table_bills_gpu_cpu_and_memory_per_started_second() {
         gpunet_core::PriceCatalogue::shipped().gpu_hour(gpunet_core::GpuModel::T4, gpunet_core::Lifecycle::OnDemand)
     );
 }
+
+#[test]
+fn a_trace_with_dependencies_starts_each_dependent_after_its_dependency_ends() {
+    let read = |body: &str| {
+        read_trace_from(
+            format!("id,submit_s,duration_s,gpus,tenant,dependency\n{body}").as_bytes(),
+            "deps.csv",
+            ReadOptions::default(),
+        )
+        .unwrap()
+    };
+    // Room for all three at once; b waits for a (100 s), c for a and b ("afterany" of both), d never runs.
+    let with =
+        read("a,0,100,1,t,\nb,0,10,1,t,afterok:a\nc,0,10,1,t,\"afterok:a,afterany:b\"\nd,0,10,1,t,afternotok:a\n");
+    let without = read("a,0,100,1,t,\nb,0,10,1,t,\nc,0,10,1,t,\nd,0,10,1,t,\n");
+    assert_eq!(with.jobs[2].dependency.len(), 2);
+    let r = jcts_by_id(&with, &one_node(4), &cfg(Policy::Fifo));
+    let base = jcts_by_id(&without, &one_node(4), &cfg(Policy::Fifo));
+    assert_eq!((base.completed, base.avg_jct_s), (4, (100.0 + 10.0 * 3.0) / 4.0));
+    // a: 100; b: 100 + 10; c: after b, 110 + 10; d failed (a succeeded): not completed.
+    assert_eq!((r.completed, r.failed), (3, 1), "{r:?}");
+    assert!((r.avg_jct_s - (100.0 + 110.0 + 120.0) / 3.0).abs() < 1e-6, "{}", r.avg_jct_s);
+    // A dependency on a later or unknown row is an error naming the job.
+    let bad = read("a,0,10,1,t,afterok:b\nb,5,10,1,t,\n");
+    let e = simulate(&bad, &one_node(4), &cfg(Policy::Fifo), &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("job \"a\": dependency afterok:b names no job submitted before it"), "{e}");
+    let e = read_trace_from(
+        "id,submit_s,duration_s,gpus,tenant,dependency\na,0,1,1,t,afterfoo:b\n".as_bytes(),
+        "deps.csv",
+        ReadOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("invalid dependency \"afterfoo:b\""), "{e}");
+}

@@ -518,9 +518,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             };
             let body = if a.file.is_some() && (a.array.is_some() || a.dependency.is_some()) {
                 // The flags add to a spec file (a gpunet spec; a Kubernetes Job has no such fields).
-                let mut s: JobSubmission = gpunet_api::parse_job(&body)
-                    .map_err(|e| anyhow::anyhow!(e.message))?
-                    .job;
+                let mut s: JobSubmission = gpunet_api::parse_job(&body).map_err(|e| anyhow::anyhow!(e.message))?.job;
                 if a.array.is_some() {
                     s.array = a.array.clone();
                 }
@@ -1041,6 +1039,9 @@ fn main() -> Result<()> {
                 println!("policy          {}", r.policy);
                 println!("full_pass_ms    {:.1}", r.full_pass_ms);
                 println!("placed          {}", r.placed);
+                if r.arrays > 0 {
+                    println!("arrays          {} ({} elements)", r.arrays, r.array_elements);
+                }
                 println!("event_p50_us    {:.1}", r.event_p50_us);
                 println!("event_p99_us    {:.1}", r.event_p99_us);
                 println!("peak_rss_mib    {:.1}", r.peak_rss_mib);

@@ -203,8 +203,7 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
         },
         PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
         PendingReason::Dependency { waiting_for } => {
-            let list: Vec<String> =
-                waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
+            let list: Vec<String> = waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
             format!("dependency: waits for {}", list.join(", "))
         }
         PendingReason::ArrayLimit { live, limit } => format!("array at its limit: {live} of {limit} elements live"),

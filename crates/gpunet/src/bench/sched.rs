@@ -38,6 +38,12 @@ pub(crate) struct SchedArgs {
     /// Turn preemption off (it is on by default, as in `SchedConfig`).
     #[arg(long)]
     pub(crate) no_preemption: bool,
+    /// Job arrays queued among the pending jobs (each one queue entry, see `gpunet_core::array`).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) arrays: u32,
+    /// Elements of each array (1-GPU tasks).
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) array_size: u32,
     /// Arrival/completion events after the full pass.
     #[arg(long, default_value_t = 10_000)]
     pub(crate) events: u32,
@@ -58,6 +64,10 @@ pub(crate) struct SchedReport {
     pub(crate) full_pass_ms: f64,
     /// Jobs the full pass started.
     pub(crate) placed: usize,
+    /// Job arrays queued (and elements in all).
+    pub(crate) arrays: u32,
+    /// Array elements in all.
+    pub(crate) array_elements: u64,
     /// Median time of one event: the event, a pass and applying its decisions.
     pub event_p50_us: f64,
     /// 99th percentile of the same.
@@ -164,7 +174,21 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     let tenants = s.tenant_count() as u32;
     let mut r = Rng::new(args.seed.wrapping_add(1));
     let mut next_id = 1u64;
+    // Arrays are spread evenly through the pending jobs' submissions.
+    let every = if args.arrays > 0 { (args.pending / args.arrays).max(1) } else { u32::MAX };
+    let mut arrays = 0u32;
     for i in 0..args.pending {
+        if i % every == 0 && arrays < args.arrays {
+            let mut spec = synth_job(&mut r, tenants);
+            spec.tasks = 1;
+            spec.task = JobSpec::new(spec.tenant, "array", 1, 1).task;
+            spec.gang = false;
+            spec.topology = TopologyScope::Any;
+            spec.array = Some(ArraySpec { indices: (0..args.array_size).collect(), limit: None });
+            s.submit(JobId(next_id), spec, Time(i as u64))?;
+            next_id += 1 + args.array_size as u64;
+            arrays += 1;
+        }
         s.submit(JobId(next_id), synth_job(&mut r, tenants), Time(i as u64))?;
         next_id += 1;
     }
@@ -249,6 +273,8 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
         policy: policy.name().to_string(),
         full_pass_ms,
         placed,
+        arrays,
+        array_elements: arrays as u64 * args.array_size as u64,
         event_p50_us: quantile(&samples, 0.5),
         event_p99_us: quantile(&samples, 0.99),
         peak_rss_mib: peak_rss_mib(),
