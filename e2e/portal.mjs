@@ -173,6 +173,22 @@ try {
     await shot("09-queue");
   });
 
+  await step("arrays and dependencies: the queue names a dependency wait, the job page an array", async () => {
+    const dep = await api("POST", "/v1/jobs",
+      { name: "after-h100", tenant: "default", gpus: 1, dependency: `afterok:${stuck}`, command: ["true"] });
+    await page.click("nav >> text=Queue");
+    await page.locator("main table tr", { hasText: `job-${dep.id}` })
+      .filter({ hasText: `waits for afterok job-${stuck}` }).waitFor();
+    const arr = await api("POST", "/v1/jobs",
+      { name: "sweep", tenant: "default", gpus: 1, array: "0-3%2", command: ["true"] });
+    await until("the array to end", async () => (await api("GET", `/v1/jobs/${arr.id}`)).state === "succeeded");
+    await page.goto(`${URL}/#/jobs/${arr.id}`);
+    await page.locator("main dl").filter({ hasText: "0-3%2: 4 elements" }).filter({ hasText: "4 succeeded" }).waitFor();
+    await page.goto(`${URL}/#/jobs/${arr.id + 2}`);
+    await page.locator("main dl").filter({ hasText: `job-${arr.id}[1]` }).waitFor();
+    await shot("09b-array");
+  });
+
   await step("cancel a job from its page", async () => {
     await page.click(`text=job-${stuck}`);
     await page.getByRole("button", { name: "Cancel job" }).click();

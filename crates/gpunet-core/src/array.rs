@@ -97,7 +97,7 @@ impl ClusterState {
     pub(crate) fn submit_array(&mut self, id: JobId, spec: JobSpec, now: Time) -> Result<(), CoreError> {
         let n = spec.array.as_ref().map_or(0, |a| a.indices.len()) as u64;
         let last = JobId(id.0.checked_add(n).ok_or(CoreError::DuplicateJob(id))?);
-        if self.jobs.keys().any(|j| *j >= id && *j <= last)
+        if (id.0..=last.0).any(|j| self.jobs.contains_key(&JobId(j)))
             || self.arrays.range(..=last).next_back().is_some_and(|(a, r)| a.0 + r.len() as u64 >= id.0)
         {
             return Err(CoreError::DuplicateJob(id));
@@ -293,17 +293,18 @@ impl ClusterState {
         Ok(())
     }
 
-    /// For the pass: the jobs of the array elements that may start right behind `head` (an array's head placed in
-    /// this pass), in order, up to the array's limit.
-    pub(crate) fn elements_behind(&self, head: &Job) -> impl Iterator<Item = Job> + '_ {
-        let (array, room, from) = match head.array_of.and_then(|(a, _)| self.arrays.get(&a).map(|r| (a, r))) {
+    /// For the pass: the array elements that may start right behind `head` (an array's head placed in this pass),
+    /// in order, up to the array's limit, as `(job id, index)`; the head's job with these stands for each.
+    pub(crate) fn elements_behind(&self, head: &Job) -> impl Iterator<Item = (JobId, u32)> + '_ {
+        let (array, room, from, indices) = match head.array_of.and_then(|(a, _)| self.arrays.get(&a).map(|r| (a, r))) {
             Some((a, r)) if r.head == Some(head.id) && !r.stopped => {
                 let room = r.limit().saturating_sub(r.live) as usize;
-                (a, room.min(r.len() - r.next), r.next)
+                let indices: &[u32] = r.spec.array.as_ref().map_or(&[], |x| &x.indices);
+                (a, room.min(r.len() - r.next), r.next, indices)
             }
-            _ => (head.id, 0, 0),
+            _ => (head.id, 0, 0, &[][..]),
         };
-        (from..from + room).filter_map(move |k| self.element_job(array, k))
+        (from..from + room).map(move |k| (JobId(array.0 + 1 + k as u64), indices[k]))
     }
 }
 

@@ -300,8 +300,12 @@ impl<'a> Pass<'a> {
     fn start_behind(&mut self, head: &crate::job::Job, min_tasks: u32, base: &[u32]) {
         let st = self.st;
         let t = head.spec.tenant;
-        for e in st.elements_behind(head) {
-            if self.book.admit(&st.shape, t, &crate::quota::job_qvec(&e.spec, min_tasks, None)).is_err() {
+        let mut e = head.clone();
+        let q = crate::quota::job_qvec(&e.spec, min_tasks, None);
+        for (id, index) in st.elements_behind(head) {
+            e.id = id;
+            e.array_of = e.array_of.map(|(a, _)| (a, index));
+            if self.book.admit(&st.shape, t, &q).is_err() {
                 break;
             }
             let Ok(classes) = self.quota_classes(t, &e.spec, min_tasks, base) else { break };

@@ -175,7 +175,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     let mut r = Rng::new(args.seed.wrapping_add(1));
     let mut next_id = 1u64;
     // Arrays are spread evenly through the pending jobs' submissions.
-    let every = if args.arrays > 0 { (args.pending / args.arrays).max(1) } else { u32::MAX };
+    let every = args.pending.checked_div(args.arrays).map_or(u32::MAX, |n| n.max(1));
     let mut arrays = 0u32;
     for i in 0..args.pending {
         if i % every == 0 && arrays < args.arrays {
