@@ -187,6 +187,8 @@ try {
     await page.goto(`${URL}/#/jobs/${arr.id + 2}`);
     await page.locator("main dl").filter({ hasText: `job-${arr.id}[1]` }).waitFor();
     await shot("09b-array");
+    await page.click("nav >> text=Queue");
+    await page.locator("main table tr", { has: page.locator(`a[href="#/jobs/${stuck}"]`) }).waitFor();
   });
 
   await step("cancel a job from its page", async () => {
