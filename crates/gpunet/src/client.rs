@@ -273,3 +273,51 @@ pub(crate) async fn resolve_job_id(c: &Client, text: &str) -> Result<u64> {
     let k = a.indices.binary_search(&index).map_err(|_| anyhow::anyhow!("array job-{} has no index {index}", r.id))?;
     Ok(r.id + 1 + k as u64)
 }
+
+/// Polls the jobs until every one has ended; returns the exit code `gpunet wait` exits with: 0 when all succeeded,
+/// else the first unsuccessful job's (in the order given) — its failing rank's exit code, 128+N for signal N, 1
+/// otherwise. Each job's end is printed to standard error.
+pub(crate) async fn wait_for_jobs(c: &Client, ids: &[u64]) -> Result<i32> {
+    const ENDED: [&str; 3] = ["succeeded", "failed", "cancelled"];
+    let mut states: Vec<Option<String>> = vec![None; ids.len()];
+    loop {
+        for (i, id) in ids.iter().enumerate() {
+            if states[i].is_none() {
+                let j: JobView = c.get(&format!("/v1/jobs/{id}")).await?;
+                if ENDED.contains(&j.state.as_str()) {
+                    eprintln!("job-{id} {}", j.state);
+                    states[i] = Some(j.state);
+                }
+            }
+        }
+        if states.iter().all(Option::is_some) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let Some(i) = states.iter().position(|s| s.as_deref() != Some("succeeded")) else { return Ok(0) };
+    let events: Vec<serde_json::Value> = c.get(&format!("/v1/jobs/{}/events", ids[i])).await?;
+    Ok(events.iter().rev().filter_map(|e| e["message"].as_str()).find_map(exit_code_of).unwrap_or(1))
+}
+
+/// The exit code an attempt's end event names: "exited with code C" → C (1 to 255), "killed by signal S" → 128+S.
+fn exit_code_of(message: &str) -> Option<i32> {
+    let num = |after: &str| -> Option<i32> {
+        let rest = &message[message.find(after)? + after.len()..];
+        rest.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+    };
+    num("exited with code ")
+        .map(|c: i32| c.clamp(1, 255))
+        .or_else(|| num("killed by signal ").map(|s| 128 + s.min(127)))
+}
+
+#[cfg(test)]
+mod wait_tests {
+    #[test]
+    fn exit_codes_come_from_the_end_event() {
+        assert_eq!(super::exit_code_of("job-4 failed: rank 0 exited with code 3"), Some(3));
+        assert_eq!(super::exit_code_of("job-4 failed: rank 1 was killed by signal 9"), Some(137));
+        assert_eq!(super::exit_code_of("job-4 failed: rank 0 exited with code 300"), Some(255));
+        assert_eq!(super::exit_code_of("job-4 cancelled"), None);
+    }
+}

@@ -37,6 +37,9 @@ enum Cmd {
     Cancel(IdArg),
     /// Why a job is pending, with numbers and an ETA.
     Why(IdArg),
+    /// Wait for jobs (or arrays) to end; exits 0 when all succeeded, else with the first unsuccessful one's exit
+    /// code (128+N when killed by signal N; 1 when it has none: cancelled, a dependency never satisfied, an array).
+    Wait(WaitArgs),
     /// A job's output (a rank's latest attempt); `-f` follows it until the job ends.
     Logs(LogsArgs),
     /// Tenants: list, or create with `--create NAME`, or issue a token with `--token-for NAME`.
@@ -342,6 +345,15 @@ struct JobsArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct WaitArgs {
+    /// Job ids (42, job-42, or an array element 42[3]).
+    #[arg(required = true)]
+    ids: Vec<String>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
 struct IdArg {
     /// Job id (42 or job-42), or an array element (42[3] or job-42[3]).
     id: String,
@@ -624,6 +636,15 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         Cmd::Logs(a) => {
             let c = Client::new(&a.conn)?;
             c.stream(&format!("/v1/jobs/{}/logs?rank={}&follow={}", a.id, a.rank, a.follow)).await
+        }
+        Cmd::Wait(a) => {
+            let c = Client::new(&a.conn)?;
+            let mut ids = Vec::with_capacity(a.ids.len());
+            for t in &a.ids {
+                ids.push(client::resolve_job_id(&c, t).await?);
+            }
+            let code = client::wait_for_jobs(&c, &ids).await?;
+            std::process::exit(code);
         }
         Cmd::Why(a) => {
             let c = Client::new(&a.conn)?;

@@ -74,3 +74,28 @@ fn cancelling_an_array_stops_its_running_elements_and_the_rest_never_start() {
     let v = json(&shown);
     assert_eq!((v["array"]["cancelled"].as_u64(), v["array"]["expanded"].as_u64()), (Some(1000), Some(4)), "{v}");
 }
+
+#[test]
+fn wait_exits_with_the_job_s_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("server"), free_port(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    let _agent = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let good = s.submit(&["--gpus", "1", "--", "sh", "-c", "sleep 0.5"]);
+    let bad = common::submit_yaml(
+        &s,
+        dir.path(),
+        "name: three\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'sleep 0.5; exit 3']\n",
+    );
+    let (ok, _, err) = s.cli("admin-secret", &["wait", &good.to_string()]);
+    assert!(ok, "{err}");
+    assert!(err.contains(&format!("job-{good} succeeded")), "{err}");
+    let o = std::process::Command::new(common::BIN)
+        .args(["wait", &good.to_string(), &format!("job-{bad}")])
+        .env("GPUNET_SERVER", &s.url)
+        .env("GPUNET_TOKEN", "admin-secret")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -29,7 +29,19 @@ fn bench_sched_json_has_exactly_the_documented_keys() {
     let obj = v.as_object().unwrap();
     let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
     keys.sort();
-    assert_eq!(keys, ["event_p50_us", "event_p99_us", "full_pass_ms", "peak_rss_mib", "placed", "policy"]);
+    assert_eq!(
+        keys,
+        [
+            "array_elements",
+            "arrays",
+            "event_p50_us",
+            "event_p99_us",
+            "full_pass_ms",
+            "peak_rss_mib",
+            "placed",
+            "policy"
+        ]
+    );
     assert_eq!(obj["policy"], "drf");
     assert!(obj["placed"].as_u64().unwrap() > 0);
     assert!(obj["event_p99_us"].as_f64().unwrap() >= obj["event_p50_us"].as_f64().unwrap());
