@@ -382,6 +382,18 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_array_of_10000_elements_costs_the_pass_one_job() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "hold", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, array(10_000, None), 1);
+        let (ds, stats) = schedule_with_stats(&s, Time::from_secs(2));
+        assert!(ds.iter().all(|d| !matches!(d, Decision::Start { .. })));
+        assert_eq!((stats.considered, stats.placement_attempts), (1, 1), "{stats:?}");
+        assert_eq!(s.jobs().count(), 2, "one running job and the array's head");
+    }
+
+    #[test]
     fn an_array_ends_when_its_elements_do_and_releases_its_dependents() {
         let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 8)], &["a"]);
         let mut spec = array(3, None);

@@ -804,6 +804,13 @@ async fn arrays_expand_within_their_limit_and_dependencies_wait_then_fail_with_a
         (s1, v1["error"]["message"].as_str().unwrap().to_string()),
         "another tenant's job reads exactly like a missing one"
     );
+    // Another tenant can neither see nor cancel the array or its elements.
+    for path in [format!("/v1/jobs/{arr}"), format!("/v1/jobs/{}", arr + 1), format!("/v1/jobs/{arr}/explain")] {
+        let (s, _) = app.call("GET", &path, Some(&b), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, _) = app.call("POST", &format!("/v1/jobs/{arr}/cancel"), Some(&b), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
     // Cancelling one element lets the next start; cancelling the array ends it and fails the dependent.
     let (s, _) = app.call("POST", &format!("/v1/jobs/{}/cancel", arr + 1), Some(&a), None).await;
     assert_eq!(s, StatusCode::OK);
