@@ -35,6 +35,12 @@ pub(crate) struct E2eArgs {
     /// to the preemptor's process start (a local server only).
     #[arg(long)]
     pub(crate) preempt: bool,
+    /// The local agent runs each tenant's tasks as the tenant's own uid (needs root).
+    #[arg(long)]
+    pub(crate) tenant_uids: bool,
+    /// The local agent runs tasks without a PID namespace of their own.
+    #[arg(long)]
+    pub(crate) no_pid_namespace: bool,
 }
 
 /// What it measured.
@@ -70,7 +76,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     let (url, token) = match &a.server {
         Some(u) => (u.trim_end_matches('/').to_string(), a.token.clone().context("--token is required with --server")?),
         None => {
-            let (net, url, admin) = local_net(&dir, a.slots, a.preempt).await?;
+            let (net, url, admin) = local_net(&dir, &a).await?;
             local = Some(net);
             (url, admin)
         }
@@ -202,7 +208,14 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
 }
 
 /// Starts a server and agents with `slots` fake GPUs on loopback; returns them, the URL and the admin token.
-async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result<(LocalNet, String, String)> {
+async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, String, String)> {
+    let (slots, preempt) = (a.slots, a.preempt);
+    if a.tenant_uids {
+        // The tenants' users reach their directories beneath the agents' (the server's stays private).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
     let admin = gpunet_server::new_token();
     let join = gpunet_server::new_token();
     let mut cfg = gpunet_server::Config::new(dir.join("server"));
@@ -243,8 +256,9 @@ async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result
             run_as: None,
             wrapper: std::env::current_exe().ok(),
             task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
-            tenant_uid_base: None,
+            tenant_uid_base: a.tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
             device_dir: None,
+            pid_namespace: !a.no_pid_namespace,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {
