@@ -522,8 +522,7 @@ impl Launcher {
             // ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
             Some(w) => {
                 let prepared = std::fs::create_dir_all(status.parent().expect("status dir"))
-                    .and_then(|_| std::fs::write(&status, b""))
-                    .and_then(|_| crate::wrapper::write_env_file(&env_file, &env));
+                    .and_then(|_| std::fs::write(&status, b""));
                 if let Err(e) = prepared {
                     return fail(format!("prepare {}: {e}", status.display()), &self.exits);
                 }
@@ -531,7 +530,9 @@ impl Launcher {
                     status: Some(status.clone()),
                     cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
                     user,
-                    env_file: Some(env_file.clone()),
+                    // Through its standard input: one file fewer to create and delete per task (creating files is
+                    // what a task start spends most on where the filesystem has no journal).
+                    env_file: Some("-".into()),
                     cwd: Some(cwd.clone()),
                     pid_namespace: self.pid_namespace,
                     ns_init: false,
@@ -553,11 +554,20 @@ impl Launcher {
                 c
             }
         };
-        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+        let stdin = if self.wrapper.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+        cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
         };
+        if let Some(mut pipe) = child.stdin.take() {
+            let bytes = crate::wrapper::env_bytes(&env);
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt as _;
+                // Dropped at the end: the wrapper reads to the end of its input.
+                let _ = pipe.write_all(&bytes).await;
+            });
+        }
         let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
             return fail(format!("start {prog}: no process id"), &self.exits);
         };

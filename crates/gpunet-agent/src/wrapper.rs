@@ -1,8 +1,9 @@
 //! `gpunet task-exec --status FILE [--cgroup PROCS]… [--user UID:GID] [--env-file FILE] [--cwd DIR]
 //! [--pid-namespace] -- PROG ARGS…`: the first process of every task the agent starts (and of its liveness probes,
 //! with `--status -`). It joins the task's cgroups (writing its pid to each `PROCS` file, as root), then runs PROG as
-//! its child with exactly the environment in FILE (`KEY=VALUE` entries separated by NUL), as UID:GID with no
-//! supplementary groups, in DIR; it waits for it and writes how it ended to the status file (`exit N` or
+//! its child with exactly the environment in FILE (`KEY=VALUE` entries separated by NUL; `-`: read from standard
+//! input, which is how the agent passes a task's, so that no file is created and deleted per task), as UID:GID with
+//! no supplementary groups, in DIR; it waits for it and writes how it ended to the status file (`exit N` or
 //! `signal N`), then ends the same way.
 //!
 //! The agent starts the wrapper itself with an empty environment (a `PATH` of its own choosing only): nothing a job
@@ -176,6 +177,18 @@ impl Exec {
             Ok(fd) => fd,
             Err(e) => return refuse(125, format_args!("block signals: {e}")),
         };
+        // `--env-file -`: the agent writes the environment to our standard input (no file to create and delete per
+        // task) and closes it; it reaches the init over the socket.
+        let env = match self.env_file.as_deref() {
+            Some(f) if f == Path::new("-") => {
+                let mut data = Vec::new();
+                if let Err(e) = std::io::stdin().take(ENV_MAX).read_to_end(&mut data) {
+                    return refuse(125, format_args!("read the task's environment from standard input: {e}"));
+                }
+                Some(data)
+            }
+            _ => None,
+        };
         let me = std::process::id().to_string();
         for c in &self.cgroups {
             if let Err(e) = std::fs::write(c, &me) {
@@ -190,12 +203,12 @@ impl Exec {
                 );
             }
         }
-        self.through_init(&pending)
+        self.through_init(&pending, env.as_deref())
     }
 
     /// The wrapper's side of the init: starts it (PID 1 of the new namespace, or just a child without one), hands
     /// it the signals that reached only the wrapper, and learns from it how the task ended.
-    fn through_init(&self, pending: &SignalFd) -> Ended {
+    fn through_init(&self, pending: &SignalFd, env: Option<&[u8]>) -> Ended {
         let (mut ours, theirs) = match std::os::unix::net::UnixStream::pair() {
             Ok(p) => p,
             Err(e) => return refuse(125, format_args!("make a socket pair: {e}")),
@@ -221,7 +234,14 @@ impl Exec {
                         let _ = kill(pid, s);
                     }
                 }
-                let _ = ours.write_all(b"g");
+                // Go, with the environment read from our standard input: its length (8 bytes, little-endian),
+                // then the bytes.
+                let mut go = b"g".to_vec();
+                if let Some(env) = env {
+                    go.extend_from_slice(&(env.len() as u64).to_le_bytes());
+                    go.extend_from_slice(env);
+                }
+                let _ = ours.write_all(&go);
             } else {
                 text.push(first[0] as char);
             }
@@ -276,7 +296,22 @@ impl Exec {
         if wrapper.write_all(b"r").is_err() || !matches!(wrapper.read(&mut go), Ok(1)) {
             return Ended::Exit(125); // the wrapper is gone
         }
-        let task = match self.spawn_task() {
+        let env = match self.env_file.as_deref() {
+            Some(f) if f == Path::new("-") => {
+                let mut len = [0u8; 8];
+                let mut data = Vec::new();
+                let read = wrapper.read_exact(&mut len).and_then(|()| {
+                    let n = u64::from_le_bytes(len).min(ENV_MAX);
+                    (&mut *wrapper).take(n).read_to_end(&mut data)
+                });
+                if let Err(e) = read {
+                    return refuse(125, format_args!("read the task's environment from the wrapper: {e}"));
+                }
+                Some(parse_env(&data))
+            }
+            _ => None,
+        };
+        let task = match self.spawn_task(env) {
             Ok(p) => p,
             Err(e) => return e,
         };
@@ -321,15 +356,22 @@ impl Exec {
     /// Drops to the task's user, changes into its directory (with its rights) and starts it with `posix_spawn`,
     /// which gives the child an empty signal mask and default dispositions at its exec (the init keeps its own
     /// blocked; `std::process::Command` would hand the mask on) and, in a namespace, a process group of its own.
-    fn spawn_task(&self) -> Result<Pid, Ended> {
+    fn spawn_task(&self, env: Option<Vec<(String, String)>>) -> Result<Pid, Ended> {
         use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
         use std::ffi::CString;
         let cstr = |s: &[u8], what: &str| {
             CString::new(s).map_err(|_| refuse(127, format_args!("start {}: a NUL byte in the {what}", self.prog)))
         };
-        let env: Vec<CString> = match &self.env_file {
-            Some(f) => read_env_file(f)
-                .map_err(|e| refuse(125, format_args!("read the task's environment {}: {e}", f.display())))?
+        let env = match (env, &self.env_file) {
+            (Some(env), _) => Some(env),
+            (None, Some(f)) => Some(
+                read_env_file(f)
+                    .map_err(|e| refuse(125, format_args!("read the task's environment {}: {e}", f.display())))?,
+            ),
+            (None, None) => None,
+        };
+        let env: Vec<CString> = match env {
+            Some(env) => env
                 .into_iter()
                 .map(|(k, v)| cstr(format!("{k}={v}").as_bytes(), "environment"))
                 .collect::<Result<_, _>>()?,
@@ -441,6 +483,18 @@ pub fn main(argv: &[String]) -> ! {
 /// Writes a task's environment for [`Exec::env_file`]: `KEY=VALUE` entries separated by NUL, mode 0600 (root's).
 pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
+    let buf = env_bytes(env);
+    // Written aside and renamed over: a wrapper reading the file meanwhile sees the old or the new one, whole.
+    let tmp = path.with_extension("env-new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(&buf)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A task's environment as the wrapper reads it (an env file's contents, or its standard input with
+/// `--env-file -`): `KEY=VALUE` entries separated by NUL; entries that cannot be variables are left out.
+pub fn env_bytes(env: &BTreeMap<String, String>) -> Vec<u8> {
     let mut buf = Vec::new();
     for (k, v) in env {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
@@ -451,25 +505,25 @@ pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::R
         buf.extend_from_slice(v.as_bytes());
         buf.push(0);
     }
-    // Written aside and renamed over: a wrapper reading the file meanwhile sees the old or the new one, whole.
-    let tmp = path.with_extension("env-new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    f.write_all(&buf)?;
-    std::fs::rename(&tmp, path)
+    buf
 }
 
+/// The most a task's environment may hold (`--env-file -`).
+const ENV_MAX: u64 = 16 << 20;
+
 fn read_env_file(path: &Path) -> std::io::Result<Vec<(String, String)>> {
-    let data = std::fs::read(path)?;
-    Ok(data
-        .split(|b| *b == 0)
+    Ok(parse_env(&std::fs::read(path)?))
+}
+
+fn parse_env(data: &[u8]) -> Vec<(String, String)> {
+    data.split(|b| *b == 0)
         .filter(|e| !e.is_empty())
         .filter_map(|e| {
             let s = String::from_utf8_lossy(e);
             let (k, v) = s.split_once('=')?;
             Some((k.to_string(), v.to_string()))
         })
-        .collect())
+        .collect()
 }
 
 /// How the task ended.

@@ -98,3 +98,28 @@ fn a_namespace_s_leftovers_die_with_its_task() {
     let left = Command::new("pgrep").args(["-f", &format!("sleep {marker}")]).output().unwrap();
     assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
 }
+
+#[test]
+fn the_environment_can_come_through_standard_input() {
+    use std::io::Write as _;
+    for ns in modes() {
+        let mut args = vec!["task-exec", "--status", "-", "--env-file", "-", "--user", "200002:200002"];
+        args.extend(ns);
+        args.extend(["--", "sh", "-c", "env"]);
+        let mut child = Command::new(common::BIN)
+            .args(&args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"PATH=/usr/bin:/bin\0ODD=a b=c\nd\0").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{ns:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let mut vars: Vec<&str> = out.split_inclusive('\n').filter(|l| !l.starts_with("PWD=")).collect();
+        vars.sort();
+        assert_eq!(vars, ["ODD=a b=c\n", "PATH=/usr/bin:/bin\n", "d\n"], "{ns:?}: {out}");
+    }
+}
