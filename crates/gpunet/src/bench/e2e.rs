@@ -52,6 +52,10 @@ pub(crate) struct E2eReport {
     pub(crate) start_p99_ms: f64,
     /// First submission → last completion.
     pub(crate) drain_s: f64,
+    /// Median submit → the scheduler's decision (the server's `started` event): the control plane's share.
+    pub(crate) placed_p50_ms: f64,
+    /// Median decision → process started: the sync to the agent and the agent's own setup and spawn.
+    pub(crate) placed_to_start_p50_ms: f64,
 }
 
 async fn json<T: serde::de::DeserializeOwned>(r: reqwest::RequestBuilder) -> Result<T> {
@@ -170,6 +174,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     }
     listener.abort();
     let mut starts = Vec::with_capacity(ids.len());
+    let (mut placed, mut to_start) = (Vec::new(), Vec::new());
     let (mut first, mut last) = (u64::MAX, 0u64);
     for id in &ids {
         let ev: Vec<serde_json::Value> =
@@ -177,6 +182,10 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         let at = |k: &str| ev.iter().find(|e| e["kind"] == k).and_then(|e| e["at_ms"].as_u64());
         let (Some(sub), Some(st)) = (at("submitted"), at("process_started")) else { continue };
         starts.push(st.saturating_sub(sub) as f64);
+        if let Some(p) = at("started") {
+            placed.push(p.saturating_sub(sub) as f64);
+            to_start.push(st.saturating_sub(p) as f64);
+        }
         first = first.min(sub);
         if let Some(end) = ev
             .iter()
@@ -187,11 +196,15 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
             last = last.max(end);
         }
     }
-    starts.sort_by(f64::total_cmp);
+    for v in [&mut starts, &mut placed, &mut to_start] {
+        v.sort_by(f64::total_cmp);
+    }
     let report = E2eReport {
         start_p50_ms: quantile(&starts, 0.5),
         start_p99_ms: quantile(&starts, 0.99),
         drain_s: last.saturating_sub(first) as f64 / 1000.0,
+        placed_p50_ms: quantile(&placed, 0.5),
+        placed_to_start_p50_ms: quantile(&to_start, 0.5),
     };
     stop_local(local, &dir).await;
     if starts.len() < ids.len() {
@@ -203,6 +216,8 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         println!("start_p50_ms  {:.1}", report.start_p50_ms);
         println!("start_p99_ms  {:.1}", report.start_p99_ms);
         println!("drain_s       {:.2}", report.drain_s);
+        println!("placed_p50_ms {:.1}", report.placed_p50_ms);
+        println!("placed_to_start_p50_ms {:.1}", report.placed_to_start_p50_ms);
     }
     Ok(())
 }
