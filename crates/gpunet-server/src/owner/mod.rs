@@ -110,6 +110,8 @@ pub(crate) enum Cmd {
         fake: bool,
         /// The agent's price per GPU-hour, instead of the catalogue's.
         price: Option<f64>,
+        /// Sent with the join token (not the node's own credential nor the admin's): it may only add a new node.
+        join: bool,
         reply: Reply<NodeRegistered>,
     },
     /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
@@ -604,7 +606,7 @@ impl Owner {
             Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
             Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
             // Nodes and their agents (`nodes`).
-            Cmd::RegisterNode { spec, fake, price, reply } => self.register_node(spec, fake, price, reply),
+            Cmd::RegisterNode { spec, fake, price, join, reply } => self.register_node(spec, fake, price, join, reply),
             Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
             Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
             Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),
