@@ -278,11 +278,15 @@ fn not_found(what: &str, key: &str) -> ApiError {
     ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
 }
 
-/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, not starting with `__` (reserved for
-/// gpunet; older versions stored roles under such names).
+/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, starting with a letter or digit (so never
+/// `.` or `..`, which would name a directory's parent in paths such as a tier root `file:///srv/ckpt/{tenant}`), not
+/// starting with `__` (reserved for gpunet; older versions stored roles under such names).
 pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
     if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
+    }
+    if n.starts_with('.') || n.starts_with('-') {
+        return Err(ApiError::invalid(field, n, "a name starting with a letter, a digit or '_' (not '.' or '-')"));
     }
     if n.starts_with("__") {
         return Err(ApiError::invalid(field, n, "a name not starting with '__' (reserved)"));
