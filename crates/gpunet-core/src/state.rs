@@ -513,6 +513,11 @@ impl ClusterState {
         self.queued
     }
 
+    /// Jobs of one tenant waiting in its queue (pending, preempted, restarting), in O(1).
+    pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {
+        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len())
+    }
+
     /// Running jobs.
     pub fn running_count(&self) -> usize {
         self.running_by_end.len()

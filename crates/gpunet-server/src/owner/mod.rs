@@ -264,6 +264,9 @@ pub(crate) struct Owner {
     pub(crate) max_spec_bytes_per_tenant: u64,
     /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
     spec_sizes: HashMap<u64, u64>,
+    /// Spec bytes of each tenant's unfinished jobs: added at submit, taken off when a job ends (`sync_doc`), so never
+    /// below the truth; `None` until the first check counts them from the documents (after a start).
+    unfinished_spec_bytes: Option<HashMap<String, u64>>,
     /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
     /// ships its last lines and its exit for a while after it left the set.
     handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
@@ -332,6 +335,7 @@ impl Owner {
             max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
             max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
             spec_sizes: HashMap::new(),
+            unfinished_spec_bytes: None,
             handed: HashMap::new(),
         }
     }
@@ -531,10 +535,20 @@ impl Owner {
     }
 
     fn sync_doc(&mut self, id: u64) {
+        let mut ended = None;
         if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
+            if !d.job.state.is_terminal() && j.state.is_terminal() {
+                ended = Some(d.tenant.clone());
+            }
             d.job = j.clone();
             if j.run.is_some() {
                 d.last_run = j.run.clone();
+            }
+        }
+        if let Some(tenant) = ended {
+            let size = self.spec_sizes.remove(&id).unwrap_or(0);
+            if let Some(held) = self.unfinished_spec_bytes.as_mut().and_then(|m| m.get_mut(&tenant)) {
+                *held = held.saturating_sub(size);
             }
         }
     }
