@@ -14,7 +14,9 @@
 //! The database URL may hold a password: it is never logged nor put in an error; [`PgStore::target`] says where the
 //! store is without it. Connections are plain TCP or a Unix socket (no TLS yet: keep PostgreSQL on a private network).
 
-use crate::{big, Counts, Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
+use crate::{
+    big, Counts, Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write,
+};
 use postgres::{Client, Config, IsolationLevel, NoTls, Statement};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
