@@ -88,12 +88,12 @@ pub fn open(url: &StoreUrl) -> Result<Arc<dyn Store>, StoreError> {
 pub fn copy(from: &dyn Store, to: &dyn Store) -> Result<Counts, StoreError> {
     let found = to.counts()?;
     if found != Counts::default() {
-        return Err(StoreError::NotEmpty { found });
+        return Err(StoreError::NotEmpty { found: Box::new(found) });
     }
     from.export(&mut |batch| if batch.is_empty() { Ok(()) } else { to.commit(batch) })?;
     let (a, b) = (from.counts()?, to.counts()?);
     if a != b {
-        return Err(StoreError::CountMismatch { from: a, to: b });
+        return Err(StoreError::CountMismatch { from: Box::new(a), to: Box::new(b) });
     }
     Ok(b)
 }

@@ -44,15 +44,15 @@ pub enum StoreError {
     #[error("copy into the store: it is not empty ({found:?}); migrate into an empty database")]
     NotEmpty {
         /// What the target holds.
-        found: Counts,
+        found: Box<Counts>,
     },
     /// After a copy, the two stores do not hold the same number of rows.
     #[error("verify the copy: the source holds {from:?} but the target {to:?} (was a server writing to the source?)")]
     CountMismatch {
         /// Rows in the source.
-        from: Counts,
+        from: Box<Counts>,
         /// Rows in the target.
-        to: Counts,
+        to: Box<Counts>,
     },
     /// A stored document does not decode.
     #[error("decode stored {what} {key}: {source}")]

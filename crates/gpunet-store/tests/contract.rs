@@ -11,8 +11,10 @@ use serde_json::json;
 use std::sync::{Arc, Mutex};
 
 type Open = dyn Fn() -> Arc<dyn Store>;
+/// A named case.
+type Case = (&'static str, fn(&Open));
 
-const CASES: &[(&str, fn(&Open))] = &[
+const CASES: &[Case] = &[
     ("writes_survive_reopening_and_upsert", writes_survive_reopening_and_upsert),
     ("token_records_survive_reopening_and_a_revoked_token_is_gone", token_records_survive_and_revoked_is_gone),
     ("concurrent_commits_are_grouped_and_all_durable", concurrent_commits_are_grouped_and_all_durable),
