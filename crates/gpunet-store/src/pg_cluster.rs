@@ -89,13 +89,11 @@ impl PgCluster {
             let what = what.to_string();
             move |source| ClusterError::Io { what, source }
         };
-        let dir = std::env::temp_dir().join(format!(
-            "gpunet-pg-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&dir).map_err(io("create its directory"))?;
         let run_as = is_root().then_some(NOBODY);
+        // `nobody` must reach the directory: under root, /tmp rather than a TMPDIR that may be private to root.
+        let base = if run_as.is_some() { PathBuf::from("/tmp") } else { std::env::temp_dir() };
+        let dir = base.join(format!("gpunet-pg-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir(&dir).map_err(io("create its directory"))?;
         // From here on, Drop stops the server (if it started) and removes the directory.
         let port =
             TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(io("find a free port"))?.port();
