@@ -54,6 +54,14 @@ pub enum StoreError {
         /// Rows in the target.
         to: Box<Counts>,
     },
+    /// Another server opened the PostgreSQL store after this one: this one's writes are refused from then on.
+    #[error("write the store: a newer server (epoch {newer}) took this database over from this one (epoch {epoch})")]
+    Fenced {
+        /// This store's epoch.
+        epoch: u64,
+        /// The epoch in the database.
+        newer: u64,
+    },
     /// A stored document does not decode.
     #[error("decode stored {what} {key}: {source}")]
     Decode {

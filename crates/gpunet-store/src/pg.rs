@@ -46,6 +46,10 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX usage_tenant_time ON usage (tenant, start_ms);
      CREATE TABLE samples (at_ms BIGINT PRIMARY KEY, gpus_total BIGINT NOT NULL, gpus_allocated BIGINT NOT NULL,
                            queue_length BIGINT NOT NULL, running BIGINT NOT NULL);",
+    // 2: the fencing epoch: each server that opens the store takes the next epoch, and every write checks it.
+    "CREATE TABLE gpunet_leader (id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL,
+                                 since TIMESTAMPTZ NOT NULL DEFAULT now());
+     INSERT INTO gpunet_leader (id, epoch) VALUES (1, 0);",
 ];
 
 /// Key of the advisory lock that serialises migrations of servers starting at once ("gpunet" in ASCII).
@@ -66,6 +70,7 @@ type ReadJob = Box<dyn FnOnce(&Config, &mut Option<Client>) + Send>;
 /// The PostgreSQL store.
 pub struct PgStore {
     target: String,
+    epoch: i64,
     writer: Sender<Request>,
     readers: Sender<ReadJob>,
 }
@@ -142,8 +147,16 @@ fn migrate(c: &mut Client) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Takes the next fencing epoch (waiting for commits in flight under the previous one).
+fn take_over(c: &mut Client) -> Result<i64, StoreError> {
+    let r =
+        c.query_one("UPDATE gpunet_leader SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch", &[])?;
+    Ok(r.get(0))
+}
+
 /// The writer's prepared statements.
 struct Statements {
+    epoch: Statement,
     jobs: Statement,
     events: Statement,
     tenant: Statement,
@@ -160,6 +173,7 @@ struct Statements {
 impl Statements {
     fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
         Ok(Statements {
+            epoch: c.prepare("SELECT epoch FROM gpunet_leader WHERE id = 1 FOR SHARE")?,
             jobs: c.prepare(
                 "INSERT INTO jobs (id, tenant, state, doc)
                  SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
@@ -205,8 +219,14 @@ impl Statements {
 
 /// Writes a group of batches in one transaction, in order. Job upserts and events, the bulk of every group, go in
 /// one statement each (a job written twice in the group keeps its last document, as applying in order would).
-fn write_group(c: &mut Client, s: &Statements, group: &[Request]) -> Result<(), postgres::Error> {
+fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) -> Result<(), StoreError> {
     let mut tx = c.transaction()?;
+    // Fencing: the share lock on the epoch row orders this transaction before any takeover (which updates the row)
+    // or after it, and then it is refused. So once another server took over, nothing of this one's commits.
+    let now: i64 = tx.query_one(&s.epoch, &[])?.get(0);
+    if now != epoch {
+        return Err(StoreError::Fenced { epoch: epoch as u64, newer: now as u64 });
+    }
     let mut job_at: HashMap<u64, usize> = HashMap::new();
     let (mut j_id, mut j_tenant, mut j_state, mut j_doc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut e_job, mut e_at, mut e_kind, mut e_msg) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -284,11 +304,11 @@ fn write_group(c: &mut Client, s: &Statements, group: &[Request]) -> Result<(), 
     if !e_job.is_empty() {
         tx.execute(&s.events, &[&e_job, &e_at, &e_kind, &e_msg])?;
     }
-    tx.commit()
+    Ok(tx.commit()?)
 }
 
 /// The writer thread (see the module's doc).
-fn writer(mut c: Client, s: Statements, rx: Receiver<Request>) {
+fn writer(mut c: Client, s: Statements, epoch: i64, rx: Receiver<Request>) {
     let mut refused: Option<String> = None;
     while let Ok(first) = rx.recv() {
         if let Some(e) = &refused {
@@ -305,7 +325,7 @@ fn writer(mut c: Client, s: Statements, rx: Receiver<Request>) {
                 break;
             }
         }
-        let reply = write_group(&mut c, &s, &group).map_err(|e| e.to_string());
+        let reply = write_group(&mut c, &s, epoch, &group).map_err(|e| e.to_string());
         if let Err(e) = &reply {
             tracing::error!(error = %e, batches = group.len(), "PostgreSQL commit failed; refusing later writes");
             refused = Some(e.clone());
@@ -335,7 +355,7 @@ impl PgStore {
     pub fn open(url: &str) -> Result<PgStore, StoreError> {
         let cfg = parse(url)?;
         let target = describe(&cfg);
-        let (ready_tx, ready_rx) = sync_channel::<Result<(), StoreError>>(1);
+        let (ready_tx, ready_rx) = sync_channel::<Result<i64, StoreError>>(1);
         let (tx, rx) = channel::<Request>();
         let wcfg = cfg.clone();
         let spawn_err = |e| StoreError::Io { path: target.clone(), source: e };
@@ -344,19 +364,20 @@ impl PgStore {
             .spawn(move || {
                 let opened = connect(&wcfg).and_then(|mut c| {
                     migrate(&mut c)?;
+                    let epoch = take_over(&mut c)?;
                     let s = Statements::prepare(&mut c)?;
-                    Ok((c, s))
+                    Ok((c, s, epoch))
                 });
                 match opened {
-                    Ok((c, s)) => {
-                        let _ = ready_tx.send(Ok(()));
-                        writer(c, s, rx);
+                    Ok((c, s, epoch)) => {
+                        let _ = ready_tx.send(Ok(epoch));
+                        writer(c, s, epoch, rx);
                     }
                     Err(e) => drop(ready_tx.send(Err(e))),
                 }
             })
             .map_err(spawn_err)?;
-        ready_rx.recv().map_err(|_| StoreError::Closed)??;
+        let epoch = ready_rx.recv().map_err(|_| StoreError::Closed)??;
         let (rtx, rrx) = channel::<ReadJob>();
         let rrx = Arc::new(Mutex::new(rrx));
         for i in 0..READERS {
@@ -366,8 +387,14 @@ impl PgStore {
                 .spawn(move || reader(cfg, rrx))
                 .map_err(spawn_err)?;
         }
-        tracing::info!(store = %target, "opened the PostgreSQL store");
-        Ok(PgStore { target, writer: tx, readers: rtx })
+        tracing::info!(store = %target, epoch, "opened the PostgreSQL store; writes of servers before this one are refused");
+        Ok(PgStore { target, epoch, writer: tx, readers: rtx })
+    }
+
+    /// This store's fencing epoch: the one it took at open; a store opened later on the same database has a higher
+    /// one, and from then on this one's commits are refused.
+    pub fn epoch(&self) -> u64 {
+        self.epoch as u64
     }
 
     /// Where the store is, without the password.
@@ -706,5 +733,57 @@ mod tests {
         assert!(e.contains("earlier write was refused"), "{e}");
         let ids: Vec<u64> = s.load().unwrap().jobs.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, vec![1]);
+    }
+
+    /// A server that was paused (or partitioned) while another opened the database must not commit anything
+    /// afterwards: its writes are refused, its acknowledged ones are all there, and the new one writes on.
+    #[test]
+    fn a_store_opened_later_on_the_database_fences_the_earlier_one() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("fence").unwrap();
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        let old = Arc::new(PgStore::open(&url).unwrap());
+        old.commit(vec![job(1)]).unwrap();
+        // The old server keeps committing from 4 threads while the new one takes over.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (old, stop) = (old.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    for i in 0.. {
+                        let id = 1000 * (t + 1) + i;
+                        match old.commit(vec![job(id)]) {
+                            Ok(()) => acked.push(id),
+                            Err(e) => return (acked, Some(e.to_string())),
+                        }
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                    (acked, None)
+                })
+            })
+            .collect();
+        while old.counts().unwrap().jobs < 50 {
+            std::thread::yield_now();
+        }
+        let new = PgStore::open(&url).unwrap();
+        assert!(new.epoch() > old.epoch());
+        let e = old.commit(vec![job(2)]).unwrap_err().to_string();
+        assert!(e.contains("newer server") || e.contains("earlier write was refused"), "{e}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acked = vec![1];
+        for w in writers {
+            let (a, err) = w.join().unwrap();
+            let err = err.expect("every writer of the old server was refused");
+            assert!(err.contains("newer server") || err.contains("earlier write"), "{err}");
+            acked.extend(a);
+        }
+        new.commit(vec![job(3)]).unwrap();
+        let stored: std::collections::BTreeSet<u64> = new.load().unwrap().jobs.iter().map(|(id, _)| *id).collect();
+        acked.push(3);
+        let acked: std::collections::BTreeSet<u64> = acked.into_iter().collect();
+        assert_eq!(stored, acked, "exactly what was acknowledged, nothing the old server wrote after the takeover");
     }
 }

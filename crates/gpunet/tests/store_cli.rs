@@ -147,3 +147,31 @@ fn a_bad_store_url_is_refused_naming_the_flag_and_never_the_password() {
         assert!(!o.status.success() && err.contains(says) && !err.contains("hunter2"), "{err}");
     }
 }
+
+/// Two servers on one database (a restarted server whose old process was only paused, or a second one started by
+/// mistake): the one started last takes over, the other's writes are refused and it turns read-only.
+#[test]
+fn a_second_server_on_the_database_fences_the_first_which_turns_read_only() {
+    let Some(pg) = PgCluster::start_for_test() else { return };
+    let url = pg.create_database("two").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(&dir.path().join("a"), free_port(), &["--store", &url]);
+    let (ok, out, err) = a.cli("admin-secret", &["tenants", "--create", "t", "--output", "json"]);
+    assert!(ok, "{out}{err}");
+    let first = a.submit(&["--", "true"]);
+    let b = Server::start(&dir.path().join("b"), free_port(), &["--store", &url]);
+    let (ok, out, err) = a.cli("admin-secret", &["submit", "--tenant", "t", "--", "true"]);
+    assert!(!ok, "the fenced server acknowledged a submission: {out}{err}");
+    let health = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("{}/v1/health", a.url))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&health.stdout), "503", "the fenced server says it is not writable");
+    let second = b.submit(&["--", "true"]);
+    assert_eq!(
+        job_ids(&b, "admin-secret"),
+        vec![first, second],
+        "the new server has the old one's job, not the refused one"
+    );
+}
