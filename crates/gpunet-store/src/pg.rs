@@ -217,6 +217,13 @@ impl Statements {
     }
 }
 
+/// Text as PostgreSQL stores it: its `text` cannot hold NUL, which would fail the commit (and turn the server
+/// read-only) for one NUL in a job's event or a node's name; NUL becomes U+FFFD. Documents are JSON, where NUL is
+/// escaped already.
+fn text(s: &str) -> String {
+    s.replace('\0', "\u{FFFD}")
+}
+
 /// Writes a group of batches in one transaction, in order. Job upserts and events, the bulk of every group, go in
 /// one statement each (a job written twice in the group keeps its last document, as applying in order would).
 fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) -> Result<(), StoreError> {
@@ -234,50 +241,50 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
         match w {
             Write::Job { id, tenant, state, doc } => match job_at.get(id) {
                 Some(&i) => {
-                    j_tenant[i] = tenant.as_str();
-                    j_state[i] = state.as_str();
+                    j_tenant[i] = text(tenant);
+                    j_state[i] = text(state);
                     j_doc[i] = doc.to_string();
                 }
                 None => {
                     job_at.insert(*id, j_id.len());
                     j_id.push(big(*id));
-                    j_tenant.push(tenant.as_str());
-                    j_state.push(state.as_str());
+                    j_tenant.push(text(tenant));
+                    j_state.push(text(state));
                     j_doc.push(doc.to_string());
                 }
             },
             Write::Event { job, at_ms, kind, message } => {
                 e_job.push(big(*job));
                 e_at.push(big(*at_ms));
-                e_kind.push(kind.as_str());
-                e_msg.push(message.as_str());
+                e_kind.push(text(kind));
+                e_msg.push(text(message));
             }
             Write::Tenant { name, doc } => {
-                tx.execute(&s.tenant, &[name, &doc.to_string()])?;
+                tx.execute(&s.tenant, &[&text(name), &doc.to_string()])?;
             }
             Write::Token { hash, role, tenant } => {
-                tx.execute(&s.token, &[hash, &role.as_str(), tenant])?;
+                tx.execute(&s.token, &[&text(hash), &role.as_str(), &tenant.as_deref().map(text)])?;
             }
             Write::TokenDoc { hash, doc } => {
-                tx.execute(&s.token_doc, &[hash, &doc.to_string()])?;
+                tx.execute(&s.token_doc, &[&text(hash), &doc.to_string()])?;
             }
             Write::RevokeToken { hash } => {
-                tx.execute(&s.revoke_token, &[hash])?;
-                tx.execute(&s.revoke_doc, &[hash])?;
+                tx.execute(&s.revoke_token, &[&text(hash)])?;
+                tx.execute(&s.revoke_doc, &[&text(hash)])?;
             }
             Write::Node { name, doc } => {
-                tx.execute(&s.node, &[name, &doc.to_string()])?;
+                tx.execute(&s.node, &[&text(name), &doc.to_string()])?;
             }
             Write::Usage(u) => {
                 tx.execute(
                     &s.usage,
                     &[
                         &big(u.job),
-                        &u.tenant,
+                        &text(&u.tenant),
                         &big(u.start_ms),
                         &big(u.end_ms),
-                        &u.gpu_model,
-                        &u.lifecycle,
+                        &text(&u.gpu_model),
+                        &text(&u.lifecycle),
                         &u.gpu_seconds,
                         &u.cpu_seconds,
                         &u.mem_gib_seconds,
@@ -285,7 +292,7 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
                         &u.gpu_cost,
                         &u.cpu_cost,
                         &u.mem_cost,
-                        &u.submitted_by,
+                        &text(&u.submitted_by),
                     ],
                 )?;
             }
@@ -726,8 +733,10 @@ mod tests {
         let s = PgStore::open(&url).unwrap();
         let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
         s.commit(vec![job(1)]).unwrap();
-        // A NUL byte cannot be stored in PostgreSQL's text.
-        let bad = Write::Event { job: 1, at_ms: 1, kind: "x".into(), message: "a\0b".into() };
+        // The database refuses events of kind `x` from now on.
+        let mut admin = url.parse::<Config>().unwrap().connect(NoTls).unwrap();
+        admin.batch_execute("ALTER TABLE events ADD CONSTRAINT no_x CHECK (kind <> 'x')").unwrap();
+        let bad = Write::Event { job: 1, at_ms: 1, kind: "x".into(), message: String::new() };
         assert!(s.commit(vec![job(2), bad]).is_err());
         let e = s.commit(vec![job(3)]).unwrap_err().to_string();
         assert!(e.contains("earlier write was refused"), "{e}");

@@ -25,6 +25,7 @@ const CASES: &[Case] = &[
     ("async_commits_call_back_once_each_in_order", async_commits_call_back_once_each_in_order),
     ("export_recreates_everything_in_another_store", export_recreates_everything_in_another_store),
     ("copy_refuses_a_target_that_is_not_empty", copy_refuses_a_target_that_is_not_empty),
+    ("text_with_a_nul_is_stored_and_the_store_keeps_working", text_with_a_nul_is_stored),
 ];
 
 fn run_all(store: &str, mut make: impl FnMut(&str) -> Box<Open>) {
@@ -353,4 +354,23 @@ fn copy_refuses_a_target_that_is_not_empty(open: &Open) {
     let e = copy(&from, &*s).unwrap_err().to_string();
     assert!(e.contains("not empty") && e.contains("jobs: 1"), "{e}");
     assert_eq!(s.counts().unwrap(), Counts { jobs: 1, ..Counts::default() }, "nothing was copied");
+}
+
+/// PostgreSQL's text cannot hold NUL: one NUL in an event (a job's name, an exit message) failed the commit and
+/// turned the server read-only. Every store takes it (PostgreSQL keeps U+FFFD in its place).
+fn text_with_a_nul_is_stored(open: &Open) {
+    let s = open();
+    s.commit(vec![
+        Write::Tenant { name: "t\0".into(), doc: json!({"n": "a\u{0}b"}) },
+        job(1, "pending\0"),
+        Write::Event { job: 1, at_ms: 1, kind: "submitted".into(), message: "name a\0b".into() },
+        Write::Usage(UsageRow { submitted_by: "al\0ice".into(), ..usage("t", 0, 10) }),
+    ])
+    .unwrap();
+    s.commit(vec![job(2, "pending")]).unwrap();
+    let m = s.events(1).unwrap()[0].message.clone();
+    assert!(m == "name a\0b" || m == "name a\u{FFFD}b", "{m:?}");
+    let snap = s.load().unwrap();
+    assert_eq!(snap.jobs.len(), 2);
+    assert_eq!(snap.tenants[0].1, json!({"n": "a\u{0}b"}), "documents keep NUL (JSON escapes it)");
 }
