@@ -1,5 +1,6 @@
 //! `gpunet`: the one binary of the gpunet compute network.
 
+mod admin;
 mod bench;
 mod client;
 mod sim_cmd;
@@ -69,6 +70,11 @@ enum Cmd {
     },
     /// Replay a cluster trace on a virtual clock through the real scheduler.
     Sim(Box<sim_cmd::SimCmd>),
+    /// Store operations: migrate SQLite to PostgreSQL, back up SQLite online.
+    Admin {
+        #[command(subcommand)]
+        what: admin::AdminCmd,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -78,9 +84,13 @@ enum Cmd {
 
 #[derive(Debug, clap::Args)]
 struct ServerArgs {
-    /// Data directory (SQLite database).
+    /// Data directory (the SQLite database unless --store names another; TLS files, logs).
     #[arg(long, default_value = "gpunet-data")]
     data_dir: PathBuf,
+    /// Where the state is kept: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`, or `sqlite://DIR` (default: SQLite in
+    /// --data-dir). Default GPUNET_STORE.
+    #[arg(long, env = "GPUNET_STORE", hide_env_values = true)]
+    store: Option<String>,
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
@@ -823,8 +833,12 @@ fn main() -> Result<()> {
             cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
             cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
             cfg.prices = load_prices(a.prices.as_deref())?;
+            let store_url = match &a.store {
+                Some(s) => gpunet_store::StoreUrl::parse(s).context("invalid --store")?,
+                None => gpunet_store::StoreUrl::Sqlite(a.data_dir.clone()),
+            };
             runtime()?.block_on(async move {
-                let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
+                let store = gpunet_store::open(&store_url).context("open the store")?;
                 let running = gpunet_server::start(cfg, store).await?;
                 println!("gpunet server listening on {}", running.url());
                 if let Some(t) = &running.generated_admin_token {
@@ -1017,6 +1031,7 @@ fn main() -> Result<()> {
                 println!("peak_rss_mib    {:.1}", r.peak_rss_mib);
             }
         }
+        Cmd::Admin { what } => admin::run(what)?,
         Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
         Cmd::Bench { what: BenchCmd::E2e(args) } => runtime()?.block_on(bench::e2e::run(args))?,
         Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,
