@@ -188,6 +188,10 @@ struct AgentArgs {
     /// MIG instances of every fake GPU, e.g. 3g.40gb,3g.40gb (tasks see `MIG-fake-…` UUIDs).
     #[arg(long, requires = "fake_gpus", value_delimiter = ',')]
     fake_mig: Vec<String>,
+    /// Fake GPUs report a fixed synthetic sample (50 % busy, a quarter of their memory used; exported with
+    /// `fake="true"`) instead of none: for trying dashboards and alert rules without NVIDIA GPUs.
+    #[arg(long, requires = "fake_gpus")]
+    fake_gpu_samples: bool,
     /// Where logs and checkpoints go.
     #[arg(long, default_value = "gpunet-agent")]
     data_dir: PathBuf,
@@ -280,6 +284,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             ),
             None => None,
         },
+        fake_gpu_samples: a.fake_gpu_samples,
     })
 }
 
@@ -918,6 +923,7 @@ fn main() -> Result<()> {
                     tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
                     device_dir: None,
                     price_per_gpu_hour: None,
+                    fake_gpu_samples: false,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

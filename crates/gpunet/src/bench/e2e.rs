@@ -246,6 +246,7 @@ async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result
             tenant_uid_base: None,
             device_dir: None,
             price_per_gpu_hour: None,
+            fake_gpu_samples: false,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {
