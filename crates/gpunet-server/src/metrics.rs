@@ -79,8 +79,8 @@ pub(crate) struct ServerMetrics {
     pub(crate) not_running_seconds: Histogram,
     /// Per job: when the scheduler asked it to stop (until its attempt ends), and how long it has run in all.
     jobs: Mutex<HashMap<u64, JobClock>>,
-    /// Per tenant: GPU-seconds of runs that ended since the server started.
-    tenant_gpu_seconds: Mutex<BTreeMap<String, f64>>,
+    /// Per tenant: GPU-seconds and cost of runs that ended since the server started.
+    tenant_used: Mutex<BTreeMap<String, (f64, f64)>>,
     /// Per node: checkpoint copies that failed, as its agent last reported (a counter restarting with the agent).
     checkpoint_failures: Mutex<BTreeMap<String, u64>>,
 }
@@ -107,7 +107,7 @@ impl ServerMetrics {
             eviction_seconds: Histogram::new(EVICT),
             not_running_seconds: Histogram::new(PENDING),
             jobs: Mutex::new(HashMap::new()),
-            tenant_gpu_seconds: Mutex::new(BTreeMap::new()),
+            tenant_used: Mutex::new(BTreeMap::new()),
             checkpoint_failures: Mutex::new(BTreeMap::new()),
         }
     }
@@ -117,17 +117,21 @@ impl ServerMetrics {
         self.jobs.lock().expect("job clocks").entry(job).or_default().stop_asked = Some(std::time::Instant::now());
     }
 
-    /// An attempt of `job` (of `tenant`) that ran `ran_ms` and used `gpu_seconds` ended; `life` is the job's
-    /// submission and end (ms) when it has ended for good.
+    /// An attempt of `job` (of `tenant`) that ran `ran_ms` and used `used` (GPU-seconds, cost) ended; `life` is the
+    /// job's submission and end (ms) when it has ended for good.
     pub(crate) fn attempt_ended(
         &self,
         job: u64,
         tenant: &str,
         ran_ms: u64,
-        gpu_seconds: f64,
+        used: (f64, f64),
         life: Option<(u64, u64)>,
     ) {
-        *self.tenant_gpu_seconds.lock().expect("tenant usage").entry(tenant.to_string()).or_default() += gpu_seconds;
+        let mut u = self.tenant_used.lock().expect("tenant usage");
+        let e = u.entry(tenant.to_string()).or_default();
+        e.0 += used.0;
+        e.1 += used.1;
+        drop(u);
         let mut jobs = self.jobs.lock().expect("job clocks");
         let c = jobs.entry(job).or_default();
         if let Some(t) = c.stop_asked.take() {
@@ -311,7 +315,8 @@ pub(crate) fn gauges(o: &Owner) -> String {
             );
         }
     }
-    // Agents' samples, by node, GPU and the job holding it (`job=""` when free): NVML's on real GPUs; on fake GPUs
+    // Agents' samples, by node, GPU and the job holding it (`job_id=""` when free; not `job`, which Prometheus
+    // gives the scrape job): NVML's on real GPUs; on fake GPUs
     // the agent's fixed synthetic ones (`--fake-gpu-samples`), labelled `fake="true"`, or none.
     type Read = fn(&gpunet_api::agent::GpuSample) -> Option<f64>;
     let families: [(&str, &str, &str, Read); 9] = [
@@ -356,7 +361,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
             let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
             let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
             let labels = format!(
-                "node=\"{}\",gpu=\"{}\",model=\"{}\",job=\"{job}\",fake=\"{fake}\"",
+                "node=\"{}\",gpu=\"{}\",model=\"{}\",job_id=\"{job}\",fake=\"{fake}\"",
                 esc(node),
                 g.index,
                 esc(&model)
@@ -387,15 +392,18 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
         e.1 += u64::from(j.spec.total_gpus());
         e.2 = e.2.min(j.submitted.0);
     }
-    // GPU-seconds: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
-    let mut used = o.metrics.tenant_gpu_seconds.lock().expect("tenant usage").clone();
+    // GPU-seconds and cost: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
+    let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
     for d in o.docs.values() {
         let Some(j) = o.st.job(d.job.id).filter(|j| j.state == JobState::Running) else { continue };
         let doc = crate::owner::JobDoc { job: j.clone(), ..d.clone() };
-        let live: f64 = o.usage_rows(&doc, now).iter().map(|r| r.gpu_seconds).sum();
-        *used.entry(d.tenant.clone()).or_default() += live;
+        let e = used.entry(d.tenant.clone()).or_default();
+        for r in o.usage_rows(&doc, now) {
+            e.0 += r.gpu_seconds;
+            e.1 += r.cost;
+        }
     }
-    type Row<'a> = (&'a str, u64, Option<(u64, u64)>, (u64, u64, u64), f64);
+    type Row<'a> = (&'a str, u64, Option<(u64, u64)>, (u64, u64, u64), (f64, f64));
     let rows: Vec<Row<'_>> = o
         .tenants
         .iter()
@@ -409,11 +417,11 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
                 .and_then(|q| q.dims[gpunet_core::tenant::DIM_GPUS])
                 .map(|l| (l.guarantee, l.limit));
             let p = pending.get(name.as_str()).copied().unwrap_or((0, 0, now));
-            Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or(0.0)))
+            Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or_default()))
         })
         .collect();
     type Get = fn(&Row<'_>) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 8] = [
+    let families: [(&str, &str, &str, Get); 9] = [
         ("gpunet_tenant_gpus_allocated", "gauge", "GPUs held by the tenant's running jobs.", |r| Some(r.1 as f64)),
         ("gpunet_tenant_gpu_guarantee", "gauge", "The tenant's guaranteed GPUs (tenants with a GPU quota).", |r| {
             r.2.map(|q| q.0 as f64)
@@ -438,7 +446,13 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
             "gpunet_tenant_gpu_seconds_total",
             "counter",
             "GPU-seconds used: runs ended since the server started, plus running jobs so far (per started second, as the ledger bills).",
-            |r| Some(r.4),
+            |r| Some(r.4 .0),
+        ),
+        (
+            "gpunet_tenant_cost_total",
+            "counter",
+            "Cost of what the tenant used, in the price catalogue's currency: runs ended since the server started, plus running jobs so far.",
+            |r| Some(r.4 .1),
         ),
     ];
     for (name, kind, help, get) in families {

@@ -2,6 +2,8 @@
 
 mod bench;
 mod client;
+mod monitoring;
+mod report;
 mod sim_cmd;
 
 use anyhow::{bail, Context, Result};
@@ -59,6 +61,14 @@ enum Cmd {
     Uncordon(NodeArg),
     /// Usage and cost (GPU, CPU and memory apart) per tenant over a period.
     Bill(BillArgs),
+    /// Accounting per tenant or user over a period: jobs, GPU-hours, cost, waits, failures, preemptions (table, JSON
+    /// or CSV); `--statement` prints a tenant's monthly statement as CSV.
+    Report(report::ReportArgs),
+    /// Administration: `alert-rules` prints gpunet's Prometheus alert rules.
+    Admin {
+        #[command(subcommand)]
+        what: AdminCmd,
+    },
     /// Print the price catalogue shipped with gpunet (TOML, with where its figures come from): the start of a
     /// `--prices` file.
     Prices,
@@ -162,6 +172,13 @@ struct UpArgs {
     /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
     #[arg(long)]
     prices: Option<PathBuf>,
+    /// Also run Prometheus (it must be on PATH) as a child, scraping this server with gpunet's alert rules; its
+    /// configuration and data go to DATA_DIR/prometheus.
+    #[arg(long)]
+    with_prometheus: bool,
+    /// Where that Prometheus listens.
+    #[arg(long, default_value = "127.0.0.1:9090", requires = "with_prometheus")]
+    prometheus_listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -459,6 +476,12 @@ struct BillArgs {
 }
 
 #[derive(Debug, Subcommand)]
+enum AdminCmd {
+    /// Print gpunet's Prometheus alert rules (`deploy/prometheus/gpunet-rules.yml`) for a Prometheus `rule_files`.
+    AlertRules,
+}
+
+#[derive(Debug, Subcommand)]
 enum BenchCmd {
     /// One full scheduling pass over a synthetic cluster, then a stream of arrival/completion events.
     Sched(bench::sched::SchedArgs),
@@ -673,6 +696,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             print(&c, &ns, |n| client::nodes_table(n))
         }
         Cmd::Cordon(a) | Cmd::Drain(a) | Cmd::Uncordon(a) => unreachable!("handled with the action: {a:?}"),
+        Cmd::Report(a) => report::run(a).await,
         Cmd::Bill(a) => {
             let c = Client::new(&a.conn)?;
             let to = gpunet_server::now_ms();
@@ -901,6 +925,18 @@ fn main() -> Result<()> {
                     local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
                 }
                 let url = format!("https://{local}");
+                let prometheus = if a.with_prometheus {
+                    let p = monitoring::start(
+                        &a.data_dir,
+                        &local.to_string(),
+                        &ca.ca_cert,
+                        &token_file,
+                        &a.prometheus_listen.to_string(),
+                    )?;
+                    Some(p)
+                } else {
+                    None
+                };
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
                     ca: Some(ca.ca_cert.clone()),
@@ -962,6 +998,13 @@ fn main() -> Result<()> {
                     }
                 }
                 println!("CA certificate: {}  (clients: --ca or GPUNET_CA; browsers: import it, or accept the warning)", ca.ca_cert.display());
+                if let Some(p) = &prometheus {
+                    println!(
+                        "prometheus: {}  (scraping {url}/metrics with gpunet's alert rules; config in {})",
+                        p.url,
+                        a.data_dir.join("prometheus").display()
+                    );
+                }
                 println!(
                     "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
                     ca.ca_cert.display()
@@ -973,6 +1016,7 @@ fn main() -> Result<()> {
                 let _ = stop_tx.send(());
                 let _ = agent_task.await;
                 running.stop().await;
+                drop(prometheus);
                 Ok::<(), anyhow::Error>(())
             })?;
         }
@@ -980,6 +1024,7 @@ fn main() -> Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "gpunet", &mut std::io::stdout());
         }
         Cmd::Prices => print!("{}", gpunet_core::pricing::SHIPPED_CATALOGUE),
+        Cmd::Admin { what: AdminCmd::AlertRules } => print!("{}", monitoring::ALERT_RULES),
         Cmd::Sim(cmd) => sim_cmd::run(*cmd)?,
         Cmd::Bench { what: BenchCmd::Sched(args) } => {
             if !matches!(args.output.as_str(), "table" | "json") {

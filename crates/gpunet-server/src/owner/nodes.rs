@@ -412,8 +412,8 @@ impl Owner {
             let rows = self.usage_rows(&b, now);
             let ran = b.job.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
             let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| (j.submitted.0, now));
-            let gpu_s = rows.iter().map(|r| r.gpu_seconds).sum();
-            self.metrics.attempt_ended(id, &b.tenant, ran, gpu_s, life);
+            let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
+            self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
             writes.extend(rows.into_iter().map(Write::Usage));
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
