@@ -489,3 +489,45 @@ fn node_gauges(o: &Owner, s: &mut String) {
         let _ = writeln!(s, "gpunet_node_sync_age_seconds{{node=\"{}\"}} {age}", esc(n));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(h: &Histogram) -> (u64, f64) {
+        let g = h.inner.lock().unwrap();
+        (g.2, g.1)
+    }
+
+    #[test]
+    fn an_eviction_is_timed_once_and_a_life_counts_only_time_not_running() {
+        let m = ServerMetrics::new();
+        m.stop_asked(7);
+        // First attempt: evicted after running 30 s; the job goes back to the queue.
+        m.attempt_ended(7, "ta", 30_000, (60.0, 1.5), None);
+        assert_eq!(count(&m.eviction_seconds).0, 1);
+        assert_eq!(count(&m.not_running_seconds).0, 0);
+        // Second attempt runs 50 s and ends the job 100 s after its submission: 20 s not running.
+        m.attempt_ended(7, "ta", 50_000, (100.0, 2.5), Some((1_000, 101_000)));
+        assert_eq!(count(&m.eviction_seconds).0, 1, "no stop was asked of the second attempt");
+        assert_eq!(count(&m.not_running_seconds), (1, 20.0));
+        assert_eq!(m.tenant_used.lock().unwrap()["ta"], (160.0, 4.0));
+        assert!(m.jobs.lock().unwrap().is_empty(), "an ended job's clock is dropped");
+        // A job cancelled while queued: its whole life was waiting.
+        m.job_ended_queued(8, 0, 5_000);
+        assert_eq!(count(&m.not_running_seconds), (2, 25.0));
+    }
+
+    #[test]
+    fn histograms_render_cumulative_buckets() {
+        let h = Histogram::new(&[1.0, 10.0]);
+        h.observe(0.5);
+        h.observe(5.0);
+        let mut s = String::new();
+        h.render(&mut s, "x_seconds", "");
+        assert!(
+            s.contains("x_seconds_bucket{le=\"1\"} 1\nx_seconds_bucket{le=\"10\"} 2\nx_seconds_bucket{le=\"+Inf\"} 2"),
+            "{s}"
+        );
+    }
+}
