@@ -295,3 +295,74 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     assert!(checked >= 40, "only {checked} queries");
     assert!(failures.is_empty(), "{} of {checked} dashboard queries failed:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Starts `gpunet up` with `extra` flags; returns the process and its stdout lines up to "gpunet is up" (or its end).
+fn up(dir: &Path, extra: &[&str], path: Option<&str>) -> (Proc, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut c = Command::new(BIN);
+    c.args(["up", "--data-dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0", "--fake-gpus", "1xT4"]).args(extra);
+    if let Some(p) = path {
+        c.env("PATH", p);
+    }
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let t = Instant::now();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        lines.push(line.trim().to_string());
+        if lines.iter().any(|l| l.starts_with("prometheus: ")) || (extra.is_empty() && line.contains("gpunet is up")) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "gpunet up did not start: {lines:?}");
+    }
+    std::thread::spawn(move || for _ in out.lines() {});
+    (Proc(child), lines)
+}
+
+#[test]
+fn up_with_prometheus_runs_it_scraping_the_server_with_the_rules_and_stops_it() {
+    if !have("prometheus") {
+        return;
+    }
+    // Without Prometheus on PATH, a clear refusal.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let (mut p, _) = up(dir.path(), &["--with-prometheus"], Some(empty.path().to_str().unwrap()));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut p.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!p.0.wait().unwrap().success() && err.contains("no `prometheus` on PATH"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (p, lines) = up(dir.path(), &["--with-prometheus", "--prometheus-listen", &listen], None);
+    let url = format!("http://{listen}");
+    assert!(lines.iter().any(|l| l.starts_with(&format!("prometheus: {url}"))), "{lines:?}");
+    let config = std::fs::read_to_string(dir.path().join("prometheus/prometheus.yml")).unwrap();
+    assert!(config.contains("credentials_file") && config.contains("scheme: https"), "{config}");
+    // It scrapes the server over TLS with the admin token, and loads every rule.
+    let log = || std::fs::read_to_string(dir.path().join("prometheus/prometheus.log")).unwrap_or_default();
+    let t = Instant::now();
+    loop {
+        let r =
+            prom(&url, "/api/v1/query", &[("query", "up{job=\"gpunet\"} == 1 and on() gpunet_store_writable == 1")]);
+        if r["data"]["result"].as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(90), "Prometheus did not scrape gpunet up: {r}\n{}", log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let rules = prom(&url, "/api/v1/rules", &[]);
+    let n: usize =
+        rules["data"]["groups"].as_array().unwrap().iter().map(|g| g["rules"].as_array().unwrap().len()).sum();
+    assert!(n >= 13, "{rules}");
+    // Stopping `gpunet up` stops its Prometheus.
+    drop(p);
+    wait_for(Duration::from_secs(20), || {
+        !Command::new("curl").args(["-sf", &format!("{url}/-/ready")]).status().unwrap().success()
+    });
+}
