@@ -183,7 +183,7 @@ impl ServerMetrics {
         self.pass_seconds.render(&mut s, "gpunet_scheduling_pass_duration_seconds", "");
         let _ = writeln!(
             s,
-            "# HELP gpunet_job_pending_duration_seconds Time from submission to start of jobs that started."
+            "# HELP gpunet_job_pending_duration_seconds Time from submission to first start of jobs that started."
         );
         let _ = writeln!(s, "# TYPE gpunet_job_pending_duration_seconds histogram");
         self.pending_seconds.render(&mut s, "gpunet_job_pending_duration_seconds", "");
