@@ -73,7 +73,7 @@ pub(crate) struct ServerMetrics {
     pub(crate) api: Mutex<BTreeMap<(String, String, u16), Histogram>>,
     /// From a store commit's submission to its durable callback.
     pub(crate) commit_seconds: Histogram,
-    /// From the scheduler asking a victim to stop to its end being confirmed.
+    /// From a preemption or a drain asking a job to stop to its end being confirmed.
     pub(crate) eviction_seconds: Histogram,
     /// Over a job's life (observed when it ends): time from submission to end not spent running.
     pub(crate) not_running_seconds: Histogram,
@@ -112,7 +112,7 @@ impl ServerMetrics {
         }
     }
 
-    /// The scheduler asked `job` to stop (a preemption): the eviction latency runs until its attempt ends.
+    /// `job` was asked to stop by a preemption or a drain: the eviction latency runs until its attempt ends.
     pub(crate) fn stop_asked(&self, job: u64) {
         self.jobs.lock().expect("job clocks").entry(job).or_default().stop_asked = Some(std::time::Instant::now());
     }
@@ -195,7 +195,7 @@ impl ServerMetrics {
             ),
             (
                 "gpunet_eviction_duration_seconds",
-                "Time from the scheduler asking a victim to stop to its end being confirmed.",
+                "Time from a preemption or a drain asking a job to stop to its end being confirmed.",
                 &self.eviction_seconds,
             ),
             (

@@ -294,6 +294,20 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     }
     assert!(checked >= 40, "only {checked} queries");
     assert!(failures.is_empty(), "{} of {checked} dashboard queries failed:\n{}", failures.len(), failures.join("\n"));
+
+    // Draining the node evicts the running job: its agent stops it, and the eviction's latency is observed once.
+    let metrics = || {
+        let m = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&m.stdout).into_owned()
+    };
+    assert!(metrics().contains("gpunet_eviction_duration_seconds_count 0"));
+    let (ok, out, err) = s.cli("admin-secret", &["drain", "n1"]);
+    assert!(ok, "{out}{err}");
+    wait_for(Duration::from_secs(30), || metrics().contains("gpunet_eviction_duration_seconds_count 1"));
+    assert!(metrics().contains("gpunet_node_state{node=\"n1\",state=\"draining\"} 1"));
 }
 
 /// Starts `gpunet up` with `extra` flags; returns the process and its stdout lines up to "gpunet is up" (or its end).

@@ -126,6 +126,9 @@ impl Owner {
                 "stopping",
                 format!("job-{} stopping: node {name} is {state}; its GPUs stay held until its end is confirmed", j.0),
             ));
+            if state == NodeState::Draining {
+                self.metrics.stop_asked(j.0); // an eviction, timed until its end is confirmed
+            }
             if state != NodeState::Lost {
                 self.confirm_unmanaged(*j, now, &mut writes);
             }
