@@ -117,6 +117,10 @@ pub struct AgentConfig {
     /// Fake GPUs send a fixed synthetic sample ([`gpus::fake_sample`]; the server labels it `fake="true"`) instead of
     /// none, for testing dashboards and alert rules without NVIDIA GPUs.
     pub fake_gpu_samples: bool,
+    /// Each task in a PID and mount namespace of its own (needs `wrapper` and root; see [`wrapper`]). Where the
+    /// kernel refuses one, an agent that runs tasks as other users (tenant uids, `run_as`) refuses to start (their
+    /// tasks could see each other's processes); any other agent warns and runs tasks without.
+    pub pid_namespace: bool,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -311,6 +315,29 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     if let Some(d) = &cfg.device_dir {
         launcher.device_dir(d.clone());
+    }
+    if cfg.pid_namespace {
+        let checked = match &cfg.wrapper {
+            Some(w) => wrapper::check_pid_namespace(w),
+            None => Err("tasks run without the wrapper (task-exec)".into()),
+        };
+        match checked {
+            Ok(()) => launcher.pid_namespaces(true),
+            Err(reason) if running_as_root() && (cfg.tenant_uid_base.is_some() || cfg.run_as.is_some()) => {
+                return Err(AgentError::Invalid {
+                    field: "--pid-namespace",
+                    value: "on".into(),
+                    allowed: format!(
+                        "tasks cannot get a pid namespace here ({reason}); without one tenants see each other's \
+                         processes: allow unshare (CAP_SYS_ADMIN) or pass --no-pid-namespace"
+                    ),
+                });
+            }
+            Err(reason) => {
+                tracing::warn!(reason = %reason, "tasks cannot get a pid namespace here: they run without one and \
+                               see the node's processes (--no-pid-namespace silences this)");
+            }
+        }
     }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
@@ -539,6 +566,7 @@ mod tests {
             device_dir: None,
             price_per_gpu_hour: None,
             fake_gpu_samples: false,
+            pid_namespace: false,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

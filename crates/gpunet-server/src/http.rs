@@ -558,7 +558,8 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
         })?;
     }
     let (spec, fake, price) = (reg.spec, reg.fake, reg.price_per_gpu_hour);
-    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, reply }).await?))
+    let join = matches!(p, Principal::Agent);
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, join, reply }).await?))
 }
 
 async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {

@@ -101,7 +101,8 @@ async fn a_tenant_named_admin_or_agent_never_gets_that_role_even_after_a_restart
     let cfg = config(dir.path());
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path()).unwrap());
     let app = App::with(&cfg, store.clone());
-    for name in ["__admin__", "__agent__", "__anything"] {
+    // Nor `.` or `..`, which would name a parent directory in a tier root such as `file:///srv/ckpt/{tenant}`.
+    for name in ["__admin__", "__agent__", "__anything", ".", "..", ".hidden", "-rf"] {
         let (s, v) = app.call("POST", "/v1/tenants", Some("admin"), Some(json!({"name": name}).to_string())).await;
         assert_eq!((s, err(&v)), (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_field", Some("name"))), "{name}: {v}");
     }

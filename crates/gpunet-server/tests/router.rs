@@ -488,6 +488,19 @@ async fn the_join_token_cannot_sync_or_read_a_nodes_tasks() {
     // Not a tenant either: it cannot register nodes.
     let (s, _) = app.call("POST", "/v1/nodes", Some(&a), Some(node_body("evil", 1))).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
+    // The join token cannot take a known node's name over (it would get a fresh credential, the node's tasks and
+    // their secrets, and could set its price): 409, and the node's own credential keeps working.
+    let body = node_body("n1", 1).replace(r#""fake": true"#, r#""fake": true, "price_per_gpu_hour": 0"#);
+    let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(body)).await;
+    assert_eq!((s, err(&v).0), (StatusCode::CONFLICT, "conflict"), "{v}");
+    assert!(v.get("credential").is_none() && !v.to_string().contains("sekrit-a"), "{v}");
+    let (s, v) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!((s, &v["tasks"][0]["env"]["API_KEY"]), (StatusCode::OK, &json!("sekrit-a")), "{v}");
+    // Its own credential re-registers it (an agent's restart), and so does the admin (recovery of a lost credential).
+    let cred = app.node_with("n1", 2, &cred).await;
+    let (s, _) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!(s, StatusCode::OK);
+    app.node_with("n1", 2, "admin").await;
 }
 
 /// With the shared join token, one node could sync as another, forge a task exit for another tenant's job and append
@@ -544,7 +557,7 @@ async fn registering_a_node_again_rotates_its_credential_which_survives_a_restar
     let first = app.node("n1", 1).await;
     let (s, _) = app.sync("n1", &first, empty.clone()).await;
     assert_eq!(s, StatusCode::OK);
-    let second = app.node("n1", 1).await;
+    let second = app.node_with("n1", 1, &first).await;
     assert_ne!(first, second);
     let (s, v) = app.sync("n1", &first, empty.clone()).await;
     assert_eq!((s, err(&v).0), (StatusCode::UNAUTHORIZED, "unauthorized"), "{v}");

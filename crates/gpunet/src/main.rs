@@ -221,13 +221,21 @@ struct AgentArgs {
     /// `PATH` of every task (jobs cannot set their own; they start from an empty environment).
     #[arg(long, env = "GPUNET_TASK_PATH", default_value = gpunet_agent::launcher::DEFAULT_TASK_PATH)]
     task_path: String,
-    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index (the agent must
-    /// run as root; `--run-as` wins).
-    #[arg(long)]
+    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index. The default when
+    /// the agent runs as root and other users can reach the data directory; `--run-as` wins.
+    #[arg(long, conflicts_with = "no_tenant_uids")]
     tenant_uids: bool,
-    /// First uid (and gid) of the per-tenant range.
+    /// Run every task as the agent's own user (or `--run-as`'s) even as root.
+    #[arg(long)]
+    no_tenant_uids: bool,
+    /// First uid (and gid) of the per-tenant range: tenant i runs as base + i.
     #[arg(long, default_value_t = gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE)]
     tenant_uid_base: u32,
+    /// Run tasks without a PID and mount namespace of their own (they then see, though cannot signal, the node's
+    /// other processes). Without this flag an agent that cannot make namespaces refuses to start when it runs
+    /// tasks as other users, and warns otherwise.
+    #[arg(long)]
+    no_pid_namespace: bool,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -269,6 +277,23 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into())
         }
     };
+    // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
+    let data_dir =
+        std::path::absolute(&a.data_dir).with_context(|| format!("resolve --data-dir {}", a.data_dir.display()))?;
+    let tenant_uids = if a.tenant_uids {
+        true
+    } else if a.no_tenant_uids || a.run_as.is_some() || !gpunet_agent::running_as_root() {
+        false
+    } else {
+        let _ = std::fs::create_dir_all(&data_dir);
+        let reach = gpunet_agent::others_can_reach(&data_dir);
+        if !reach {
+            tracing::warn!(data_dir = %data_dir.display(), "other users cannot reach the data directory, so every \
+                           tenant's tasks run as root; use a data directory under a path like /srv or /var/lib for \
+                           per-tenant users (or --no-tenant-uids to silence this)");
+        }
+        reach
+    };
     Ok(gpunet_agent::AgentConfig {
         server: a.server.trim_end_matches('/').to_string(),
         ca: a.ca.clone(),
@@ -282,16 +307,14 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             .map(|p| p.parse::<gpunet_core::MigProfile>().with_context(|| format!("invalid --fake-mig {p:?}")))
             .collect::<Result<Vec<_>>>()?,
         real_gpus: if a.fake_gpus.is_some() { Vec::new() } else { real_gpus()? },
-        // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
-        data_dir: std::path::absolute(&a.data_dir)
-            .with_context(|| format!("resolve --data-dir {}", a.data_dir.display()))?,
+        data_dir,
         cpu: None,
         mem: None,
         address: a.address.clone(),
         run_as: a.run_as.clone(),
         wrapper: std::env::current_exe().ok(),
         task_path: a.task_path.clone(),
-        tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
+        tenant_uid_base: tenant_uids.then_some(a.tenant_uid_base),
         device_dir: Some(a.device_dir.clone()),
         price_per_gpu_hour: match a.price_per_gpu_hour {
             Some(p) => Some(
@@ -302,6 +325,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             None => None,
         },
         fake_gpu_samples: a.fake_gpu_samples,
+        pid_namespace: !a.no_pid_namespace,
     })
 }
 
@@ -960,6 +984,8 @@ fn main() -> Result<()> {
                     device_dir: None,
                     price_per_gpu_hour: None,
                     fake_gpu_samples: false,
+                    // Each task in its own PID namespace where the machine allows (refused with tenant uids).
+                    pid_namespace: true,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

@@ -110,6 +110,8 @@ pub(crate) enum Cmd {
         fake: bool,
         /// The agent's price per GPU-hour, instead of the catalogue's.
         price: Option<f64>,
+        /// Sent with the join token (not the node's own credential nor the admin's): it may only add a new node.
+        join: bool,
         reply: Reply<NodeRegistered>,
     },
     /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
@@ -276,11 +278,15 @@ fn not_found(what: &str, key: &str) -> ApiError {
     ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
 }
 
-/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, not starting with `__` (reserved for
-/// gpunet; older versions stored roles under such names).
+/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, starting with a letter or digit (so never
+/// `.` or `..`, which would name a directory's parent in paths such as a tier root `file:///srv/ckpt/{tenant}`), not
+/// starting with `__` (reserved for gpunet; older versions stored roles under such names).
 pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
     if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
+    }
+    if n.starts_with('.') || n.starts_with('-') {
+        return Err(ApiError::invalid(field, n, "a name starting with a letter, a digit or '_' (not '.' or '-')"));
     }
     if n.starts_with("__") {
         return Err(ApiError::invalid(field, n, "a name not starting with '__' (reserved)"));
@@ -608,7 +614,7 @@ impl Owner {
             Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
             Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
             // Nodes and their agents (`nodes`).
-            Cmd::RegisterNode { spec, fake, price, reply } => self.register_node(spec, fake, price, reply),
+            Cmd::RegisterNode { spec, fake, price, join, reply } => self.register_node(spec, fake, price, join, reply),
             Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
             Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
             Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),

@@ -21,9 +21,23 @@ impl Owner {
         mut spec: NodeSpec,
         fake: bool,
         price: Option<f64>,
+        join: bool,
         reply: Reply<NodeRegistered>,
     ) {
         let name = spec.name.clone();
+        // The join token only adds nodes: a known node re-registers with its own credential (or the admin's token), else
+        // whoever holds the join token could take its name over — its tasks (other tenants' commands and secrets),
+        // their exits and its price. Nodes stored before credentials existed have none and may still use it once.
+        if join && self.nodes.get(&name).is_some_and(|d| d.credential.is_some()) {
+            let _ = reply.send(Err(ApiError::new(
+                "conflict",
+                format!(
+                    "node {name} is already registered: its agent re-registers with its own credential \
+                     (DATA_DIR/node.credential), or an admin token registers it again"
+                ),
+            )));
+            return;
+        }
         let r = if let Some(id) = self.st.node_id(&name) {
             // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
             let known = self.st.node(id).expect("known").spec;
