@@ -80,6 +80,8 @@ pub struct Launcher {
     run_as: Option<(u32, u32)>,
     /// Checkpoints copied to a tier, not yet reported: (task, when).
     pub checkpointed: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// Checkpoint copies to a tier that failed since the agent started (reported to the server's metrics).
+    pub checkpoint_failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// `gpunet task-exec`, which records each task's end so that a restarted agent can adopt it (see
     /// [`crate::wrapper`]); without it tasks run directly and a restarted agent kills them.
     wrapper: Option<PathBuf>,
@@ -116,6 +118,8 @@ struct TierCopier {
     how: crate::copier::How,
     /// Copies not yet reported to the server.
     sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// Copies that failed (the launcher's count).
+    failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Per tier: when it was last copied and the directory's fingerprint then. Held during a copy, so the periodic
     /// and the final copy never run at once.
     last: tokio::sync::Mutex<Vec<(std::time::Instant, u64)>>,
@@ -142,7 +146,10 @@ impl TierCopier {
                     *last = (std::time::Instant::now(), fp);
                     self.sink.lock().expect("checkpoint sink").push((t, at));
                 }
-                Err(e) => tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed"),
+                Err(e) => {
+                    self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed")
+                }
             }
         }
     }
@@ -300,6 +307,7 @@ impl Launcher {
             cgroups,
             run_as: None,
             checkpointed: Default::default(),
+            checkpoint_failures: Default::default(),
             wrapper: None,
             task_path: DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
@@ -733,6 +741,7 @@ impl Launcher {
             task: t,
             how: self.copy_how(self.identity(a)),
             sink: self.checkpointed.clone(),
+            failures: self.checkpoint_failures.clone(),
             last: tokio::sync::Mutex::new(vec![
                 (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));
                 a.tiers.len()

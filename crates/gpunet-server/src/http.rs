@@ -703,6 +703,7 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
+    let sync_failures = sync.checkpoint_failures;
     let reported = !sync.exited.is_empty() || !sync.started.is_empty() || !sync.logs.is_empty();
     if !sync.logs.is_empty() {
         // Only the node's own task attempts' logs are kept.
@@ -726,7 +727,8 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
         return Ok(json(StatusCode::OK, work));
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
-    let again = gpunet_api::agent::AgentSync { known_version: known, ..Default::default() };
+    let again =
+        gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
     Ok(json(StatusCode::OK, work))
 }

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 /// Store operations.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum AdminCmd {
+    /// Print gpunet's Prometheus alert rules (`deploy/prometheus/gpunet-rules.yml`) for a Prometheus `rule_files`.
+    AlertRules,
     /// Copy everything (tenants, tokens, nodes, jobs, events, ledger, samples) from one store into an empty one and
     /// verify the row counts. Stop the server first.
     Migrate(MigrateArgs),
@@ -40,6 +42,10 @@ pub(crate) struct BackupArgs {
 
 pub(crate) fn run(cmd: AdminCmd) -> Result<()> {
     match cmd {
+        AdminCmd::AlertRules => {
+            print!("{}", crate::monitoring::ALERT_RULES);
+            Ok(())
+        }
         AdminCmd::Migrate(a) => migrate(a),
         AdminCmd::Backup(a) => {
             let bytes = gpunet_store::backup(&a.data_dir, &a.to)

@@ -3,6 +3,8 @@
 mod admin;
 mod bench;
 mod client;
+mod monitoring;
+mod report;
 mod sim_cmd;
 
 use anyhow::{bail, Context, Result};
@@ -60,6 +62,9 @@ enum Cmd {
     Uncordon(NodeArg),
     /// Usage and cost (GPU, CPU and memory apart) per tenant over a period.
     Bill(BillArgs),
+    /// Accounting per tenant or user over a period: jobs, GPU-hours, cost, waits, failures, preemptions (table, JSON
+    /// or CSV); `--statement` prints a tenant's monthly statement as CSV.
+    Report(report::ReportArgs),
     /// Print the price catalogue shipped with gpunet (TOML, with where its figures come from): the start of a
     /// `--prices` file.
     Prices,
@@ -70,7 +75,7 @@ enum Cmd {
     },
     /// Replay a cluster trace on a virtual clock through the real scheduler.
     Sim(Box<sim_cmd::SimCmd>),
-    /// Store operations: migrate SQLite to PostgreSQL, back up SQLite online.
+    /// Administration: print the alert rules; migrate SQLite to PostgreSQL; back up SQLite online.
     Admin {
         #[command(subcommand)]
         what: admin::AdminCmd,
@@ -172,6 +177,13 @@ struct UpArgs {
     /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
     #[arg(long)]
     prices: Option<PathBuf>,
+    /// Also run Prometheus (it must be on PATH) as a child, scraping this server with gpunet's alert rules; its
+    /// configuration and data go to DATA_DIR/prometheus.
+    #[arg(long)]
+    with_prometheus: bool,
+    /// Where that Prometheus listens.
+    #[arg(long, default_value = "127.0.0.1:9090", requires = "with_prometheus")]
+    prometheus_listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -198,6 +210,10 @@ struct AgentArgs {
     /// MIG instances of every fake GPU, e.g. 3g.40gb,3g.40gb (tasks see `MIG-fake-…` UUIDs).
     #[arg(long, requires = "fake_gpus", value_delimiter = ',')]
     fake_mig: Vec<String>,
+    /// Fake GPUs report a fixed synthetic sample (50 % busy, a quarter of their memory used; exported with
+    /// `fake="true"`) instead of none: for trying dashboards and alert rules without NVIDIA GPUs.
+    #[arg(long, requires = "fake_gpus")]
+    fake_gpu_samples: bool,
     /// Where logs and checkpoints go.
     #[arg(long, default_value = "gpunet-agent")]
     data_dir: PathBuf,
@@ -313,6 +329,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             ),
             None => None,
         },
+        fake_gpu_samples: a.fake_gpu_samples,
         pid_namespace: !a.no_pid_namespace,
     })
 }
@@ -702,6 +719,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             print(&c, &ns, |n| client::nodes_table(n))
         }
         Cmd::Cordon(a) | Cmd::Drain(a) | Cmd::Uncordon(a) => unreachable!("handled with the action: {a:?}"),
+        Cmd::Report(a) => report::run(a).await,
         Cmd::Bill(a) => {
             let c = Client::new(&a.conn)?;
             let to = gpunet_server::now_ms();
@@ -934,6 +952,18 @@ fn main() -> Result<()> {
                     local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
                 }
                 let url = format!("https://{local}");
+                let prometheus = if a.with_prometheus {
+                    let p = monitoring::start(
+                        &a.data_dir,
+                        &local.to_string(),
+                        &ca.ca_cert,
+                        &token_file,
+                        &a.prometheus_listen.to_string(),
+                    )?;
+                    Some(p)
+                } else {
+                    None
+                };
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
                     ca: Some(ca.ca_cert.clone()),
@@ -956,6 +986,7 @@ fn main() -> Result<()> {
                     tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
                     device_dir: None,
                     price_per_gpu_hour: None,
+                    fake_gpu_samples: false,
                     // Each task in its own PID namespace where the machine allows (refused with tenant uids).
                     pid_namespace: true,
                 };
@@ -996,6 +1027,13 @@ fn main() -> Result<()> {
                     }
                 }
                 println!("CA certificate: {}  (clients: --ca or GPUNET_CA; browsers: import it, or accept the warning)", ca.ca_cert.display());
+                if let Some(p) = &prometheus {
+                    println!(
+                        "prometheus: {}  (scraping {url}/metrics with gpunet's alert rules; config in {})",
+                        p.url,
+                        a.data_dir.join("prometheus").display()
+                    );
+                }
                 println!(
                     "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
                     ca.ca_cert.display()
@@ -1007,6 +1045,7 @@ fn main() -> Result<()> {
                 let _ = stop_tx.send(());
                 let _ = agent_task.await;
                 running.stop().await;
+                drop(prometheus);
                 Ok::<(), anyhow::Error>(())
             })?;
         }

@@ -269,6 +269,42 @@ fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
 }
 
 #[test]
+fn failed_checkpoint_copies_are_counted_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = format!("file://{}/shared-ckpt/{{tenant}}", dir.path().display());
+    let (dir, s) = setup_in(dir, &["--checkpoint-root", &root]);
+    // The tenant's tier directory is a regular file: no copy there can succeed.
+    std::fs::create_dir_all(dir.path().join("shared-ckpt")).unwrap();
+    let shared = dir.path().join("shared-ckpt/t");
+    std::fs::write(&shared, "not a directory").unwrap();
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let cmd = "echo step > $GPUNET_CHECKPOINT_DIR/state; exec sleep 300";
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: broken-tier\ntenant: t\ngpus: 1\ncommand: [sh, -c, {cmd:?}]\ncheckpoint_tiers:\n\
+             - {{name: shared, every: 200ms, keep: 2, url: \"file://{}\"}}\n",
+            shared.display()
+        ),
+    );
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "running");
+    let failures = || {
+        let m = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&m.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("gpunet_checkpoint_copy_failures_total{node=\"a1\"} "))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    wait_for(Duration::from_secs(30), || failures().is_some_and(|n| n >= 1));
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{out}{err}");
+}
+
+#[test]
 fn a_restarted_agent_adopts_the_tasks_the_server_still_owns() {
     let (dir, s) = setup(&["--node-lost-after-s", "60"]);
     let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");

@@ -253,6 +253,9 @@ impl Owner {
                 return;
             }
             self.sync_doc(id);
+            if let Some(j) = self.st.job(jid) {
+                self.metrics.job_ended_queued(id, j.submitted.0, now);
+            }
             writes.push(self.job_doc_write(id).expect("present"));
             writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
         }

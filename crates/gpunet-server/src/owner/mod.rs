@@ -237,7 +237,7 @@ pub(crate) struct Owner {
     /// Version of each node's task set.
     versions: HashMap<String, u64>,
     /// Last sync of each agent-managed node.
-    last_seen: HashMap<String, std::time::Instant>,
+    pub(crate) last_seen: HashMap<String, std::time::Instant>,
     /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
     fail_how: HashMap<u64, (String, bool)>,
     /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
@@ -458,9 +458,11 @@ impl Owner {
     /// Persists `writes` and replies with `value` once they are durable.
     fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
         let metrics = self.metrics.clone();
+        let t0 = std::time::Instant::now();
         self.store.commit_async(
             writes,
             Box::new(move |r| {
+                metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
                 let _ = reply.send(match r {
                     Ok(()) => Ok(value),
                     Err(e) => {
@@ -475,9 +477,11 @@ impl Owner {
     /// Persists `writes` in the background; a refusal makes the control plane read-only.
     fn persist(&self, writes: Vec<Write>, what: &'static str) {
         let metrics = self.metrics.clone();
+        let t0 = std::time::Instant::now();
         self.store.commit_async(
             writes,
             Box::new(move |r| {
+                metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
                 if let Err(e) = r {
                     tracing::error!(error = %e, what, "persist");
                     metrics.store_refused(&e.to_string());
@@ -555,7 +559,7 @@ impl Owner {
 
     /// Usage rows of a run that ends at `end`: one per node the job ran on, billed per started second by the one
     /// pricing function (`gpunet_core::pricing::cost`, which the simulator uses too).
-    fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+    pub(crate) fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
         use gpunet_core::pricing;
         let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
         let ms = end.saturating_sub(run.started.0);
@@ -684,14 +688,18 @@ impl Owner {
             match d {
                 Decision::Start { job, .. } => {
                     self.sync_doc(job.0);
-                    let waited = now.saturating_sub(self.docs[&job.0].job.submitted.0);
-                    self.metrics.pending_seconds.observe(waited as f64 / 1000.0);
+                    // Submission to first start; later starts' waits count in the time not running.
+                    let j = &self.docs[&job.0].job;
+                    if j.attempt() == 0 {
+                        self.metrics.pending_seconds.observe(now.saturating_sub(j.submitted.0) as f64 / 1000.0);
+                    }
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
                 }
                 Decision::Preempt { job, reason, for_job } => {
                     self.sync_doc(job.0);
                     self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.metrics.stop_asked(job.0);
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     // The event is the evicted job's tenant's to read: another tenant's job is not named.
                     let same = self.docs.get(&job.0).map(|d| &d.tenant) == self.docs.get(&for_job.0).map(|d| &d.tenant);

@@ -140,6 +140,9 @@ impl Owner {
                 "stopping",
                 format!("job-{} stopping: node {name} is {state}; its GPUs stay held until its end is confirmed", j.0),
             ));
+            if state == NodeState::Draining {
+                self.metrics.stop_asked(j.0); // an eviction, timed until its end is confirmed
+            }
             if state != NodeState::Lost {
                 self.confirm_unmanaged(*j, now, &mut writes);
             }
@@ -174,6 +177,7 @@ impl Owner {
         sync.checkpoints.retain(|(t, _)| self.task_of_node(id, node, t));
         sync.exited.retain(|e| self.task_of_node(id, node, &e.task));
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
+        self.metrics.checkpoint_failures(node, sync.checkpoint_failures);
         if let Some(samples) = sync.gpu_samples.take() {
             self.gpu_samples.insert(node.to_string(), samples);
         }
@@ -422,7 +426,12 @@ impl Owner {
     ) {
         let id = e.job.0;
         if let Some(b) = before {
-            writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+            let rows = self.usage_rows(&b, now);
+            let ran = b.job.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
+            let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| (j.submitted.0, now));
+            let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
+            self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
+            writes.extend(rows.into_iter().map(Write::Usage));
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
         if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {

@@ -274,6 +274,7 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             tenant_uid_base: a.tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
             device_dir: None,
             price_per_gpu_hour: None,
+            fake_gpu_samples: false,
             pid_namespace: !a.no_pid_namespace,
         };
         tasks.push(tokio::spawn(async move {
