@@ -282,13 +282,7 @@ pub(crate) fn statement(tenant: &str, month: &str, usage: &UsageReport, jobs: &[
             u.mem_cost,
             u.cost,
         );
-        total.gpu_hours += u.gpu_hours;
-        total.cpu_hours += u.cpu_hours;
-        total.memory_gib_hours += u.memory_gib_hours;
-        total.gpu_cost += u.gpu_cost;
-        total.cpu_cost += u.cpu_cost;
-        total.mem_cost += u.mem_cost;
-        total.cost += u.cost;
+        total += u;
     }
     s += &format!(
         "{},{month},total,,,,{},{},{},{},{},{},{},{cur}\n",
