@@ -212,8 +212,9 @@ try {
   let teamToken;
   await step("tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota", async () => {
     await page.click("nav >> text=Tenants");
-    await page.locator("main table tr", { hasText: "default" }).waitFor();
+    await page.locator("main table").first().locator("tr", { hasText: "default" }).waitFor();
     await page.getByText("Spend is this month's").waitFor();
+    await page.getByText("This month per user").waitFor();
     await page.click("summary");
     await page.fill("#t-name", "bad name!");
     await page.click("#tenant-form button[type=submit]");
@@ -224,11 +225,11 @@ try {
     await page.click("#tenant-form button[type=submit]");
     teamToken = (await page.locator("#new-token").textContent()).trim();
     if (!teamToken.startsWith("gpn_")) throw new Error("no token shown: " + teamToken);
-    await page.locator("main table tr", { hasText: "team-b" }).filter({ hasText: "0 / 4 GPUs" }).waitFor();
+    await page.locator("main table").first().locator("tr", { hasText: "team-b" }).filter({ hasText: "0 / 4 GPUs" }).waitFor();
     await page.fill("#t-guarantee", "3");
     await page.fill("#t-limit", "6");
     await page.click("#set-quota");
-    await page.locator("main table tr", { hasText: "team-b" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
+    await page.locator("main table").first().locator("tr", { hasText: "team-b" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
     await shot("12-tenants");
   });
 

@@ -8,7 +8,7 @@
 
 use gpunet_api::agent::GpuSample;
 use gpunet_core::{GpuDevice, GpuModel, MigProfile};
-use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor, TopologyLevel};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::Nvml;
@@ -291,6 +291,9 @@ pub fn sample(nvml: &Nvml) -> Vec<GpuSample> {
             temperature_c: d.temperature(TemperatureSensor::Gpu).ok().map(|t| t as f64),
             nvlink_tx_bytes: None,
             nvlink_rx_bytes: None,
+            // Volatile counts (since the driver loaded): NVML refuses where ECC is off, and then none is sent.
+            ecc_corrected: d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).ok(),
+            ecc_uncorrected: d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
         };
         if let Ok(vals) = d.field_values_for(&[FieldId(NVLINK_TX_KIB), FieldId(NVLINK_RX_KIB)]) {
             for v in vals.into_iter().flatten() {
@@ -307,8 +310,37 @@ pub fn sample(nvml: &Nvml) -> Vec<GpuSample> {
     out
 }
 
+/// A synthetic sample of fake GPU `index` (`--fake-gpu-samples`), `secs` seconds after the agent started: the same
+/// numbers on every machine — 50 % utilisation, a quarter of the model's memory in use, 100 W, 40 °C, 1 MB/s of NVLink
+/// traffic each way and no ECC errors. It describes no hardware; the server exports every sample of a fake node with
+/// `fake="true"`. It exists so that dashboards and alert rules can be checked end to end without NVIDIA GPUs.
+pub fn fake_sample(index: u32, model: GpuModel, secs: u64) -> GpuSample {
+    GpuSample {
+        index,
+        utilization_pct: Some(50.0),
+        memory_used_mib: Some(model.memory_mib() / 4),
+        memory_total_mib: Some(model.memory_mib()),
+        power_watts: Some(100.0),
+        temperature_c: Some(40.0),
+        nvlink_tx_bytes: Some(secs * 1_000_000),
+        nvlink_rx_bytes: Some(secs * 1_000_000),
+        ecc_corrected: Some(0),
+        ecc_uncorrected: Some(0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fake_samples_are_fixed_numbers_with_counters_that_grow() {
+        let a = super::fake_sample(3, super::GpuModel::A100_80GB, 10);
+        let b = super::fake_sample(3, super::GpuModel::A100_80GB, 20);
+        assert_eq!((a.index, a.utilization_pct, a.memory_total_mib), (3, Some(50.0), Some(81_920)));
+        assert_eq!(a.memory_used_mib, Some(20_480));
+        assert!(b.nvlink_tx_bytes > a.nvlink_tx_bytes && b.nvlink_rx_bytes > a.nvlink_rx_bytes);
+        assert_eq!((a.utilization_pct, a.memory_used_mib), (b.utilization_pct, b.memory_used_mib));
+    }
+
     use super::*;
 
     #[test]

@@ -80,6 +80,8 @@ pub struct Launcher {
     run_as: Option<(u32, u32)>,
     /// Checkpoints copied to a tier, not yet reported: (task, when).
     pub checkpointed: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// Checkpoint copies to a tier that failed since the agent started (reported to the server's metrics).
+    pub checkpoint_failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// `gpunet task-exec`, which records each task's end so that a restarted agent can adopt it (see
     /// [`crate::wrapper`]); without it tasks run directly and a restarted agent kills them.
     wrapper: Option<PathBuf>,
@@ -89,6 +91,8 @@ pub struct Launcher {
     tenant_uid_base: Option<u32>,
     /// Where the GPUs' device nodes are (`/dev`; another directory in tests with fake device nodes).
     dev_dir: PathBuf,
+    /// Each task (and probe) in a PID and mount namespace of its own (see [`crate::wrapper`]).
+    pid_namespace: bool,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -114,6 +118,8 @@ struct TierCopier {
     how: crate::copier::How,
     /// Copies not yet reported to the server.
     sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
+    /// Copies that failed (the launcher's count).
+    failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Per tier: when it was last copied and the directory's fingerprint then. Held during a copy, so the periodic
     /// and the final copy never run at once.
     last: tokio::sync::Mutex<Vec<(std::time::Instant, u64)>>,
@@ -140,7 +146,10 @@ impl TierCopier {
                     *last = (std::time::Instant::now(), fp);
                     self.sink.lock().expect("checkpoint sink").push((t, at));
                 }
-                Err(e) => tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed"),
+                Err(e) => {
+                    self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(job = t.job, tier = %tier.name, error = %e, "checkpoint copy failed")
+                }
             }
         }
     }
@@ -231,6 +240,18 @@ fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes `path` (its parents root's), owned by the agent's user and group `gid` when given, mode 0750: the group
+/// reads, only the agent writes. Changed through a descriptor opened without following a symlink.
+fn group_dir(path: &Path, gid: Option<u32>) -> std::io::Result<()> {
+    std::fs::create_dir_all(path)?;
+    let fd = crate::beneath::open_trusted(path)?;
+    if let Some(g) = gid {
+        rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(g)))?;
+    }
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o750))?;
+    Ok(())
+}
+
 /// A job's checkpoint directory on this node.
 pub fn checkpoint_dir(dir: &Path, job: u64) -> PathBuf {
     dir.join("checkpoints").join(format!("job-{job}"))
@@ -286,12 +307,23 @@ impl Launcher {
             cgroups,
             run_as: None,
             checkpointed: Default::default(),
+            checkpoint_failures: Default::default(),
             wrapper: None,
             task_path: DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
             dev_dir: PathBuf::from("/dev"),
             mig_uuids: Vec::new(),
+            pid_namespace: false,
         }
+    }
+
+    /// Runs each task and each liveness probe (through the wrapper) in a PID and mount namespace of its own, where
+    /// it sees and can signal only its own processes (see [`crate::wrapper`]; check first with
+    /// [`crate::wrapper::check_pid_namespace`]). A probe gets a namespace of its own rather than joining its task's:
+    /// it talks to the task through files and the network like any client, and entering a namespace named by a pid
+    /// would let a recycled pid put root-started code into someone else's.
+    pub fn pid_namespaces(&mut self, on: bool) {
+        self.pid_namespace = on;
     }
 
     /// Reads the GPUs' device numbers from `dir` instead of `/dev`.
@@ -336,13 +368,13 @@ impl Launcher {
     }
 
     /// Runs each tenant's tasks as its own uid and gid, `base + the tenant's index` (the server's stable
-    /// registration order, sent in every assignment). Tenants then cannot read each other's files (their task,
-    /// checkpoint and working directories are 0700), `/proc/PID/environ`, memory or file descriptors, nor signal each
-    /// other's processes: the kernel checks all of these against the uid. What stays visible is the process list and
-    /// command lines (world-readable in `/proc`); hiding them needs `hidepid=2` on the host's `/proc` (a host-wide
-    /// mount option that also hides processes from the node's own tools unless a `gid=` group is exempted) or a PID
-    /// namespace per task (which needs its own mount namespace and `/proc`); distinct uids give the protection that
-    /// matters (secrets, signals) without either.
+    /// registration order, sent in every assignment). Tenants then cannot read each other's files (their task and
+    /// checkpoint directories are 0700 and theirs, their logs root's and readable by their group only),
+    /// `/proc/PID/environ`, memory or file descriptors, nor signal each other's processes: the kernel checks these
+    /// against the uid. The process list and command lines would stay visible in the host's `/proc`; each task's
+    /// PID namespace ([`Launcher::pid_namespaces`], the agent's default) hides them, and also keeps two tasks of
+    /// the same tenant apart. `hidepid=2` on the host's `/proc` was the other way: host-wide, it also hides
+    /// processes from the node's own tools, and does nothing between tasks of one uid.
     pub fn tenant_uids(&mut self, base: u32) {
         self.tenant_uid_base = Some(base);
     }
@@ -435,10 +467,24 @@ impl Launcher {
         let home = work_dir(&self.dir, &t);
         let files = (|| -> std::io::Result<(std::fs::File, std::fs::File)> {
             // Logs stay root's: the agent reads them back by name, so the task must not be able to swap them.
-            std::fs::create_dir_all(log.parent().expect("log has a parent"))?;
+            // The tenant's group may read them (its task reads `GPUNET_LOG_FILE`), nobody else.
+            let gid = user.map(|(_, g)| g);
+            group_dir(log.parent().expect("log has a parent"), gid)?;
             own_dir(&ckpt, user)?;
             own_dir(&home, user)?;
-            let f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+            let f = {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o640)
+                    .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                    .open(&log)?
+            };
+            if let Some(g) = gid {
+                rustix::fs::fchown(&f, None, Some(rustix::fs::Gid::from_raw(g)))?;
+            }
+            rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o640))?;
             let g = f.try_clone()?;
             Ok((f, g))
         })();
@@ -494,8 +540,7 @@ impl Launcher {
             // ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
             Some(w) => {
                 let prepared = std::fs::create_dir_all(status.parent().expect("status dir"))
-                    .and_then(|_| std::fs::write(&status, b""))
-                    .and_then(|_| crate::wrapper::write_env_file(&env_file, &env));
+                    .and_then(|_| std::fs::write(&status, b""));
                 if let Err(e) = prepared {
                     return fail(format!("prepare {}: {e}", status.display()), &self.exits);
                 }
@@ -503,8 +548,12 @@ impl Launcher {
                     status: Some(status.clone()),
                     cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
                     user,
-                    env_file: Some(env_file.clone()),
+                    // Through its standard input: one file fewer to create and delete per task (creating files is
+                    // what a task start spends most on where the filesystem has no journal).
+                    env_file: Some("-".into()),
                     cwd: Some(cwd.clone()),
+                    pid_namespace: self.pid_namespace,
+                    ns_init: false,
                     prog: prog.clone(),
                     args: args.to_vec(),
                 };
@@ -523,11 +572,20 @@ impl Launcher {
                 c
             }
         };
-        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+        let stdin = if self.wrapper.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+        cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
         };
+        if let Some(mut pipe) = child.stdin.take() {
+            let bytes = crate::wrapper::env_bytes(&env);
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt as _;
+                // Dropped at the end: the wrapper reads to the end of its input.
+                let _ = pipe.write_all(&bytes).await;
+            });
+        }
         let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
             return fail(format!("start {prog}: no process id"), &self.exits);
         };
@@ -600,6 +658,7 @@ impl Launcher {
             let user = self.identity(a);
             let wrapper = self.wrapper.clone();
             let task_path = self.task_path.clone();
+            let pid_namespace = self.pid_namespace;
             let cgroups = group.map(|g| g.procs.clone()).unwrap_or_default();
             let alive = alive.clone();
             let may_signal = may_signal.clone();
@@ -619,6 +678,8 @@ impl Launcher {
                                 user,
                                 env_file: Some(env_file.clone()),
                                 cwd: Some(home.clone()),
+                                pid_namespace,
+                                ns_init: false,
                                 prog: p.clone(),
                                 args: args.to_vec(),
                             };
@@ -680,6 +741,7 @@ impl Launcher {
             task: t,
             how: self.copy_how(self.identity(a)),
             sink: self.checkpointed.clone(),
+            failures: self.checkpoint_failures.clone(),
             last: tokio::sync::Mutex::new(vec![
                 (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));
                 a.tiers.len()

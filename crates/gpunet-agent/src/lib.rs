@@ -8,7 +8,8 @@
 //! answer decides which of them stay.
 //!
 //! GPUs: real ones are discovered through NVML ([`gpus`]) and sampled every few seconds for the server's metrics;
-//! `--fake-gpus 8xA100-80GB` declares fake GPUs instead (marked `fake` everywhere; they report no samples). Without
+//! `--fake-gpus 8xA100-80GB` declares fake GPUs instead (marked `fake` everywhere; they report no samples unless
+//! `--fake-gpu-samples` asks for fixed synthetic ones, which the server labels `fake="true"`). Without
 //! either the agent registers a node without GPUs.
 
 pub mod beneath;
@@ -113,6 +114,13 @@ pub struct AgentConfig {
     pub device_dir: Option<PathBuf>,
     /// This node's price per GPU-hour, sent at registration instead of the server's catalogue price.
     pub price_per_gpu_hour: Option<f64>,
+    /// Fake GPUs send a fixed synthetic sample ([`gpus::fake_sample`]; the server labels it `fake="true"`) instead of
+    /// none, for testing dashboards and alert rules without NVIDIA GPUs.
+    pub fake_gpu_samples: bool,
+    /// Each task in a PID and mount namespace of its own (needs `wrapper` and root; see [`wrapper`]). Where the
+    /// kernel refuses one, an agent that runs tasks as other users (tenant uids, `run_as`) refuses to start (their
+    /// tasks could see each other's processes); any other agent warns and runs tasks without.
+    pub pid_namespace: bool,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -308,6 +316,29 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     if let Some(d) = &cfg.device_dir {
         launcher.device_dir(d.clone());
     }
+    if cfg.pid_namespace {
+        let checked = match &cfg.wrapper {
+            Some(w) => wrapper::check_pid_namespace(w),
+            None => Err("tasks run without the wrapper (task-exec)".into()),
+        };
+        match checked {
+            Ok(()) => launcher.pid_namespaces(true),
+            Err(reason) if running_as_root() && (cfg.tenant_uid_base.is_some() || cfg.run_as.is_some()) => {
+                return Err(AgentError::Invalid {
+                    field: "--pid-namespace",
+                    value: "on".into(),
+                    allowed: format!(
+                        "tasks cannot get a pid namespace here ({reason}); without one tenants see each other's \
+                         processes: allow unshare (CAP_SYS_ADMIN) or pass --no-pid-namespace"
+                    ),
+                });
+            }
+            Err(reason) => {
+                tracing::warn!(reason = %reason, "tasks cannot get a pid namespace here: they run without one and \
+                               see the node's processes (--no-pid-namespace silences this)");
+            }
+        }
+    }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
     // which of them stay (the others are stopped below like any task the server no longer wants).
     let adopted = launcher.adopt();
@@ -352,6 +383,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         _ => None,
     };
     let mut last_sample: Option<std::time::Instant> = None;
+    let fake_samples = cfg.fake_gpus.filter(|_| cfg.fake_gpu_samples);
+    let started = std::time::Instant::now();
     tokio::pin!(shutdown);
     loop {
         let mut logs = Vec::new();
@@ -380,6 +413,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 let n = n.clone();
                 tokio::task::spawn_blocking(move || gpus::sample(&n)).await.ok()
             }
+            None => match fake_samples {
+                Some((model, count)) if last_sample.is_none_or(|t| t.elapsed() >= GPU_SAMPLE_EVERY) => {
+                    last_sample = Some(std::time::Instant::now());
+                    let secs = started.elapsed().as_secs();
+                    Some((0..count as u32).map(|i| gpus::fake_sample(i, model, secs)).collect())
+                }
+                _ => None,
+            },
             _ => None,
         };
         let sync = AgentSync {
@@ -390,6 +431,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             logs: logs.clone(),
             checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
             gpu_samples,
+            checkpoint_failures: launcher.checkpoint_failures.load(std::sync::atomic::Ordering::Relaxed),
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent = pending.len();
@@ -523,6 +565,8 @@ mod tests {
             tenant_uid_base: None,
             device_dir: None,
             price_per_gpu_hour: None,
+            fake_gpu_samples: false,
+            pid_namespace: false,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -1,8 +1,10 @@
-//! `gpunet task-exec --status FILE [--cgroup PROCS]… [--user UID:GID] [--env-file FILE] [--cwd DIR] -- PROG ARGS…`:
-//! the first process of every task the agent starts (and of its liveness probes, with `--status -`). It joins the
-//! task's cgroups (writing its pid to each `PROCS` file, as root), then runs PROG as its child with exactly the
-//! environment in FILE (`KEY=VALUE` entries separated by NUL), as UID:GID with no supplementary groups, in DIR; it
-//! waits for it and writes how it ended to the status file (`exit N` or `signal N`), then ends the same way.
+//! `gpunet task-exec --status FILE [--cgroup PROCS]… [--user UID:GID] [--env-file FILE] [--cwd DIR]
+//! [--pid-namespace] -- PROG ARGS…`: the first process of every task the agent starts (and of its liveness probes,
+//! with `--status -`). It joins the task's cgroups (writing its pid to each `PROCS` file, as root), then runs PROG as
+//! its child with exactly the environment in FILE (`KEY=VALUE` entries separated by NUL; `-`: read from standard
+//! input, which is how the agent passes a task's, so that no file is created and deleted per task), as UID:GID with
+//! no supplementary groups, in DIR; it waits for it and writes how it ended to the status file (`exit N` or
+//! `signal N`), then ends the same way.
 //!
 //! The agent starts the wrapper itself with an empty environment (a `PATH` of its own choosing only): nothing a job
 //! sets (`LD_PRELOAD`, `PATH`, …) reaches a root process. Only the job's own process gets the job's environment.
@@ -11,17 +13,52 @@
 //! run started are no longer its children; it adopts them (they keep running) and reads their status from FILE when
 //! they end. And joining the cgroups before the task's first instruction needs a process that runs before it.
 //!
-//! Signals: the wrapper leads the task's process group, so a SIGTERM to the group reaches the task directly. The
-//! wrapper catches SIGTERM, SIGINT, SIGHUP and SIGQUIT with a handler that does nothing (caught, not ignored: the task
-//! gets the default dispositions back at exec), so it outlives the task and records its end. SIGKILL to the group
-//! kills both; the file then stays empty and the end is known to whoever sent it. The wrapper stays root while the
-//! task runs as its user, so the task can neither signal it nor write its status file.
+//! **The init.** After joining the cgroups the wrapper starts `task-exec --ns-init` (this program again, through
+//! `/proc/self/exe`) and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
+//! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount namespace, makes every mount
+//! private and mounts a fresh `/proc`, so the task lists only its own namespace's processes. The init then drops to
+//! the task's uid/gid for good (no supplementary groups; a process that changed its uid is not dumpable, so the task
+//! cannot ptrace it, and a PID 1 ignores SIGKILL from inside its namespace), changes into DIR and starts the task
+//! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
+//! SIGQUIT, SIGUSR1 and SIGUSR2 to that group (a PID 1 gets no signal it has no handler for, so the task must not be
+//! PID 1: a Python task without a SIGTERM handler would never stop). It reaps orphans and tells the wrapper how the
+//! task ended (a line on a socket, its standard input) before it exits; the kernel then kills whatever is left in
+//! the namespace. A task therefore cannot name — so cannot signal, ptrace or read `/proc` of — any process outside
+//! its namespace: not another tenant's, not another task's of its own tenant. The pid the agent records (and
+//! signals, and adopts after a restart) is the wrapper's, outside the namespace; the status file is the wrapper's.
+//!
+//! **Signals are never lost.** The wrapper and the init block the forwarded signals before anything else, so a
+//! signal that arrives while there is no task yet (joining the cgroups, starting the init, spawning) stays pending
+//! and is delivered once the task exists: the init gets the group's signals directly once it has blocked them, and
+//! the ones that reached only the wrapper before are handed over (the init waits for that hand-over before it starts
+//! the task, so nothing is passed twice). `posix_spawn` gives the task an empty mask and default dispositions at its
+//! exec (`std::process::Command` would hand the blocked mask on); one that lands in between ends it the default way,
+//! never silently. Without a PID namespace (`--no-pid-namespace`) the task runs in the wrapper's own process group
+//! (SIGKILL to the group must reach it with no namespace to end), so the group's signals reach it directly and the
+//! init passes on only those that arrived before the task existed (one that lands in the microseconds between the
+//! task's exec and the init's check may arrive twice). SIGKILL to the group kills the wrapper and the init (and with
+//! it the namespace); the status file then stays empty and the end is known to whoever sent it. The wrapper stays
+//! root while the task runs as its user, so the task can neither signal it nor write its status file.
 
-use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use nix::sys::signal::{kill, killpg, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::io::{Read as _, Write as _};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+
+/// The signals passed on to the task (SIGKILL and SIGSTOP cannot be caught; they reach everyone directly).
+const FORWARDED: [Signal; 6] =
+    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+
+fn signal_set(extra: Option<Signal>) -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED.iter().copied().chain(extra) {
+        set.add(s);
+    }
+    set
+}
 
 /// What the wrapper is asked to do (its command line).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,10 +73,20 @@ pub struct Exec {
     pub env_file: Option<PathBuf>,
     /// The task's working directory.
     pub cwd: Option<PathBuf>,
+    /// Run the task in a PID and mount namespace of its own, under an init (see the module's doc).
+    pub pid_namespace: bool,
+    /// This process is that init (`--ns-init`; started by the wrapper, never by the agent).
+    pub ns_init: bool,
     /// Program.
     pub prog: String,
     /// Arguments.
     pub args: Vec<String>,
+}
+
+/// Why the wrapper could not start the task: said on stderr (the task's log), the task ends with `code`.
+fn refuse(code: i32, what: std::fmt::Arguments<'_>) -> Ended {
+    eprintln!("gpunet: {what}");
+    Ended::Exit(code)
 }
 
 impl Exec {
@@ -62,6 +109,12 @@ impl Exec {
         if let Some(d) = &self.cwd {
             v.push("--cwd".into());
             v.push(d.display().to_string());
+        }
+        if self.pid_namespace {
+            v.push("--pid-namespace".into());
+        }
+        if self.ns_init {
+            v.push("--ns-init".into());
         }
         v.push("--".into());
         v.push(self.prog.clone());
@@ -86,6 +139,8 @@ impl Exec {
                 }
                 "--env-file" => e.env_file = Some(val("--env-file")?.into()),
                 "--cwd" => e.cwd = Some(val("--cwd")?.into()),
+                "--pid-namespace" => e.pid_namespace = true,
+                "--ns-init" => e.ns_init = true,
                 "--" => {
                     e.prog = it.next().cloned().ok_or("no program after --")?;
                     e.args = it.cloned().collect();
@@ -109,67 +164,314 @@ impl Exec {
     }
 
     fn start_and_wait(&self) -> Ended {
-        // Caught into a flag nobody reads: the signal reaches the task (same group) and the wrapper lives on.
-        let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        for s in [SIGTERM, SIGINT, SIGHUP, SIGQUIT] {
-            let _ = signal_hook::flag::register(s, seen.clone());
+        if self.ns_init {
+            return self.init();
         }
+        // Before anything else: a stop that arrives from now on waits, pending, until there is a task to deliver it
+        // to (read back through a descriptor that no child inherits).
+        let set = signal_set(None);
+        let pending = match set
+            .thread_block()
+            .and_then(|()| SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
+        {
+            Ok(fd) => fd,
+            Err(e) => return refuse(125, format_args!("block signals: {e}")),
+        };
+        // `--env-file -`: the agent writes the environment to our standard input (no file to create and delete per
+        // task) and closes it; it reaches the init over the socket.
+        let env = match self.env_file.as_deref() {
+            Some(f) if f == Path::new("-") => {
+                let mut data = Vec::new();
+                if let Err(e) = std::io::stdin().take(ENV_MAX).read_to_end(&mut data) {
+                    return refuse(125, format_args!("read the task's environment from standard input: {e}"));
+                }
+                Some(data)
+            }
+            _ => None,
+        };
         let me = std::process::id().to_string();
         for c in &self.cgroups {
             if let Err(e) = std::fs::write(c, &me) {
-                eprintln!("gpunet: join cgroup {}: {e}", c.display());
-                return Ended::Exit(125);
+                return refuse(125, format_args!("join cgroup {}: {e}", c.display()));
             }
         }
-        let mut cmd = std::process::Command::new(&self.prog);
-        cmd.args(&self.args);
-        if let Some(f) = &self.env_file {
-            match read_env_file(f) {
-                Ok(env) => {
-                    cmd.env_clear().envs(env);
-                }
-                Err(e) => {
-                    eprintln!("gpunet: read the task's environment {}: {e}", f.display());
-                    return Ended::Exit(125);
-                }
+        if self.pid_namespace {
+            if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID) {
+                return refuse(
+                    125,
+                    format_args!("unshare a pid namespace: {e} (the agent's --no-pid-namespace runs tasks without)"),
+                );
             }
         }
-        if let Some((u, g)) = self.user {
-            // std drops supplementary groups (setgroups(0)) when root changes the uid.
-            cmd.uid(u).gid(g);
-        }
-        if let Some(d) = &self.cwd {
-            // Changed into after the uid: the directory is resolved with the task's own rights.
-            cmd.current_dir(d);
-        }
-        match cmd.spawn() {
-            Err(e) => {
-                eprintln!("gpunet: start {}: {e}", self.prog);
-                Ended::Exit(127)
-            }
-            Ok(mut child) => loop {
-                match child.wait() {
-                    Ok(s) => {
-                        break match (s.code(), s.signal()) {
-                            (Some(c), _) => Ended::Exit(c),
-                            (None, Some(sig)) => Ended::Signal(sig),
-                            _ => Ended::Exit(255),
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        eprintln!("gpunet: wait for {}: {e}", self.prog);
-                        break Ended::Exit(255);
+        self.through_init(&pending, env.as_deref())
+    }
+
+    /// The wrapper's side of the init: starts it (PID 1 of the new namespace, or just a child without one), hands
+    /// it the signals that reached only the wrapper, and learns from it how the task ended.
+    fn through_init(&self, pending: &SignalFd, env: Option<&[u8]>) -> Ended {
+        let (mut ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+            Ok(p) => p,
+            Err(e) => return refuse(125, format_args!("make a socket pair: {e}")),
+        };
+        let init_exec = Exec { status: None, cgroups: Vec::new(), ns_init: true, ..self.clone() };
+        // This very program (the link survives an upgrade of the file on disk), with our empty environment.
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg("task-exec").args(init_exec.to_args()).stdin(std::os::fd::OwnedFd::from(theirs));
+        let spawned = cmd.spawn();
+        drop(cmd); // our copy of the init's end of the socket: EOF once the init is gone
+        let mut init = match spawned {
+            Ok(c) => c,
+            Err(e) => return refuse(125, format_args!("start the task's init: {e}")),
+        };
+        let pid = Pid::from_raw(init.id() as i32);
+        let mut first = [0u8; 1];
+        let mut text = String::new();
+        if matches!(ours.read(&mut first), Ok(1)) {
+            if first[0] == b'r' {
+                // The init has blocked the signals: what reached only us goes to it, before it starts the task.
+                while let Ok(Some(si)) = pending.read_signal() {
+                    if let Ok(s) = Signal::try_from(si.ssi_signo as i32) {
+                        let _ = kill(pid, s);
                     }
                 }
-            },
+                // Go, with the environment read from our standard input: its length (8 bytes, little-endian),
+                // then the bytes.
+                let mut go = b"g".to_vec();
+                if let Some(env) = env {
+                    go.extend_from_slice(&(env.len() as u64).to_le_bytes());
+                    go.extend_from_slice(env);
+                }
+                let _ = ours.write_all(&go);
+            } else {
+                text.push(first[0] as char);
+            }
+            let _ = ours.read_to_string(&mut text);
+        }
+        let status = loop {
+            match init.wait() {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        match (Ended::parse(&text), status) {
+            (Some(e), _) => e,
+            // No word from the init: it was killed (SIGKILL to the group) or failed before it could say.
+            (None, Ok(s)) => ended_of(s),
+            (None, Err(e)) => refuse(255, format_args!("wait for the task's init: {e}")),
         }
     }
+
+    /// The init (`--ns-init`, started by the wrapper; its standard input is the socket to the wrapper): PID 1 of
+    /// the task's namespace with `--pid-namespace`, else a plain parent in the wrapper's process group.
+    fn init(&self) -> Ended {
+        use std::os::fd::AsFd as _;
+        let mut wrapper = match std::io::stdin().as_fd().try_clone_to_owned() {
+            Ok(fd) => std::os::unix::net::UnixStream::from(fd),
+            Err(e) => return refuse(125, format_args!("the wrapper's socket: {e}")),
+        };
+        let e = self.init_run(&mut wrapper);
+        // The init's own exit status could not carry a signal (a PID 1 cannot kill itself): a line says it.
+        let _ = wrapper.write_all(e.to_line().as_bytes());
+        e
+    }
+
+    fn init_run(&self, wrapper: &mut std::os::unix::net::UnixStream) -> Ended {
+        let set = signal_set(Some(Signal::SIGCHLD));
+        if let Err(e) = set.thread_block() {
+            return refuse(125, format_args!("block signals: {e}"));
+        }
+        // Signals that reach us before the task exists (without a namespace: all of them, the task is in our group
+        // and gets later ones itself).
+        let early = match SignalFd::with_flags(&signal_set(None), SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC) {
+            Ok(fd) => fd,
+            Err(e) => return refuse(125, format_args!("read signals: {e}")),
+        };
+        if self.pid_namespace {
+            if let Err(e) = private_proc() {
+                return refuse(125, format_args!("{e}"));
+            }
+        }
+        // Ready: the wrapper hands over what reached only it; nothing is consumed here before its go.
+        let mut go = [0u8; 1];
+        if wrapper.write_all(b"r").is_err() || !matches!(wrapper.read(&mut go), Ok(1)) {
+            return Ended::Exit(125); // the wrapper is gone
+        }
+        let env = match self.env_file.as_deref() {
+            Some(f) if f == Path::new("-") => {
+                let mut len = [0u8; 8];
+                let mut data = Vec::new();
+                let read = wrapper.read_exact(&mut len).and_then(|()| {
+                    let n = u64::from_le_bytes(len).min(ENV_MAX);
+                    (&mut *wrapper).take(n).read_to_end(&mut data)
+                });
+                if let Err(e) = read {
+                    return refuse(125, format_args!("read the task's environment from the wrapper: {e}"));
+                }
+                Some(parse_env(&data))
+            }
+            _ => None,
+        };
+        let task = match self.spawn_task(env) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
+        if !self.pid_namespace {
+            // The task shares the wrapper's group: it got what came after its start itself, so only what came before
+            // is passed on (a signal in the microseconds between its exec and this read may arrive twice).
+            while let Ok(Some(si)) = early.read_signal() {
+                if let Ok(s) = Signal::try_from(si.ssi_signo as i32) {
+                    let _ = kill(task, s);
+                }
+            }
+        }
+        loop {
+            let Ok(sig) = set.wait() else { continue };
+            if sig != Signal::SIGCHLD {
+                if self.pid_namespace {
+                    // The task leads its own group in the namespace: every signal reaches it through us, once.
+                    let _ = killpg(task, sig);
+                }
+                // Without a namespace the group's signal reached the task directly (and is dropped here).
+                while let Ok(Some(_)) = early.read_signal() {}
+                continue;
+            }
+            // Reap every child that ended: the task, and the orphans the namespace hands to its PID 1.
+            use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+            let mut task_ended = None;
+            loop {
+                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(p, c)) if p == task => task_ended = Some(Ended::Exit(c)),
+                    Ok(WaitStatus::Signaled(p, s, _)) if p == task => task_ended = Some(Ended::Signal(s as i32)),
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            if let Some(e) = task_ended {
+                // Exiting kills whatever is left in the namespace.
+                return e;
+            }
+        }
+    }
+
+    /// Drops to the task's user, changes into its directory (with its rights) and starts it with `posix_spawn`,
+    /// which gives the child an empty signal mask and default dispositions at its exec (the init keeps its own
+    /// blocked; `std::process::Command` would hand the mask on) and, in a namespace, a process group of its own.
+    fn spawn_task(&self, env: Option<Vec<(String, String)>>) -> Result<Pid, Ended> {
+        use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
+        use std::ffi::CString;
+        let cstr = |s: &[u8], what: &str| {
+            CString::new(s).map_err(|_| refuse(127, format_args!("start {}: a NUL byte in the {what}", self.prog)))
+        };
+        let env = match (env, &self.env_file) {
+            (Some(env), _) => Some(env),
+            (None, Some(f)) => Some(
+                read_env_file(f)
+                    .map_err(|e| refuse(125, format_args!("read the task's environment {}: {e}", f.display())))?,
+            ),
+            (None, None) => None,
+        };
+        let env: Vec<CString> = match env {
+            Some(env) => env
+                .into_iter()
+                .map(|(k, v)| cstr(format!("{k}={v}").as_bytes(), "environment"))
+                .collect::<Result<_, _>>()?,
+            None => std::env::vars()
+                .map(|(k, v)| cstr(format!("{k}={v}").as_bytes(), "environment"))
+                .collect::<Result<_, _>>()?,
+        };
+        let prog = cstr(self.prog.as_bytes(), "program")?;
+        let mut argv = vec![prog.clone()];
+        for a in &self.args {
+            argv.push(cstr(a.as_bytes(), "arguments")?);
+        }
+        if let Some((u, g)) = self.user {
+            use nix::unistd::{setgid, setgroups, setuid, Gid, Uid};
+            // For good: the init keeps nothing of root's (no supplementary groups either) once the task runs.
+            setgroups(&[])
+                .and_then(|()| setgid(Gid::from_raw(g)))
+                .and_then(|()| setuid(Uid::from_raw(u)))
+                .map_err(|e| refuse(125, format_args!("switch to uid {u} gid {g}: {e}")))?;
+        }
+        if let Some(d) = &self.cwd {
+            // After the uid: the directory is resolved with the task's own rights.
+            std::env::set_current_dir(d).map_err(|e| {
+                refuse(127, format_args!("start {}: working directory {}: {e}", self.prog, d.display()))
+            })?;
+        }
+        let spawn_err = |e: nix::Error| refuse(127, format_args!("start {}: {e}", self.prog));
+        let null = std::fs::File::open("/dev/null").map_err(|e| refuse(125, format_args!("open /dev/null: {e}")))?;
+        let mut actions = PosixSpawnFileActions::init().map_err(spawn_err)?;
+        use std::os::fd::AsRawFd as _;
+        actions.add_dup2(null.as_raw_fd(), 0).map_err(spawn_err)?;
+        let mut attr = PosixSpawnAttr::init().map_err(spawn_err)?;
+        let mut flags = PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF;
+        if self.pid_namespace {
+            flags |= PosixSpawnFlags::POSIX_SPAWN_SETPGROUP;
+            attr.set_pgroup(Pid::from_raw(0)).map_err(spawn_err)?;
+        }
+        attr.set_flags(flags).map_err(spawn_err)?;
+        attr.set_sigmask(&SigSet::empty()).map_err(spawn_err)?;
+        // Rust programs ignore SIGPIPE; the task gets the default back, and of everything it could be sent.
+        let mut defaults = signal_set(Some(Signal::SIGCHLD));
+        defaults.add(Signal::SIGPIPE);
+        attr.set_sigdefault(&defaults).map_err(spawn_err)?;
+        nix::spawn::posix_spawnp(&prog, &actions, &attr, &argv, &env).map_err(spawn_err)
+    }
+}
+
+/// The init's mounts: its own mount namespace, every mount private (nothing propagates back to the host), and a
+/// `/proc` of the task's PID namespace.
+fn private_proc() -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare a mount namespace: {e}"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|e| format!("make the mounts private: {e}"))?;
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("mount /proc for the task's pid namespace: {e}"))
+}
+
+fn ended_of(s: std::process::ExitStatus) -> Ended {
+    match (s.code(), s.signal()) {
+        (Some(c), _) => Ended::Exit(c),
+        (None, Some(sig)) => Ended::Signal(sig),
+        _ => Ended::Exit(255),
+    }
+}
+
+/// Whether tasks can run in PID namespaces here: runs `sh -c 'test $$ = 2'` (the task is PID 2, after the init) through `exe task-exec --pid-namespace`. `Err` says why not (e.g. `EPERM` in an unprivileged container).
+pub fn check_pid_namespace(exe: &Path) -> Result<(), String> {
+    // And its /proc is the namespace's: the caller's pid (above 2 outside a container's init) is not in it.
+    let me = std::process::id();
+    let script = if me > 2 { format!("test $$ = 2 && test ! -d /proc/{me}") } else { "test $$ = 2".into() };
+    let e = Exec { pid_namespace: true, prog: "/bin/sh".into(), args: vec!["-c".into(), script], ..Exec::default() };
+    let out = std::process::Command::new(exe)
+        .arg("task-exec")
+        .args(e.to_args())
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("run {} task-exec: {e}", exe.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&out.stderr).trim().trim_start_matches("gpunet: ").to_string();
+    Err(if why.is_empty() { format!("the check task ended with {}", out.status) } else { why })
 }
 
 /// `gpunet task-exec …`: runs the wrapper and ends like the task did.
 pub fn main(argv: &[String]) -> ! {
     match Exec::parse(argv) {
+        // The init told the wrapper how the task ended; it cannot end by a signal itself (a PID 1 ignores its own).
+        Ok(e) if e.ns_init => {
+            e.run();
+            std::process::exit(0)
+        }
         Ok(e) => exit_like(e.run()),
         Err(e) => {
             eprintln!("gpunet task-exec: {e}");
@@ -181,6 +483,18 @@ pub fn main(argv: &[String]) -> ! {
 /// Writes a task's environment for [`Exec::env_file`]: `KEY=VALUE` entries separated by NUL, mode 0600 (root's).
 pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
+    let buf = env_bytes(env);
+    // Written aside and renamed over: a wrapper reading the file meanwhile sees the old or the new one, whole.
+    let tmp = path.with_extension("env-new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(&buf)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A task's environment as the wrapper reads it (an env file's contents, or its standard input with
+/// `--env-file -`): `KEY=VALUE` entries separated by NUL; entries that cannot be variables are left out.
+pub fn env_bytes(env: &BTreeMap<String, String>) -> Vec<u8> {
     let mut buf = Vec::new();
     for (k, v) in env {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
@@ -191,25 +505,25 @@ pub fn write_env_file(path: &Path, env: &BTreeMap<String, String>) -> std::io::R
         buf.extend_from_slice(v.as_bytes());
         buf.push(0);
     }
-    // Written aside and renamed over: a wrapper reading the file meanwhile sees the old or the new one, whole.
-    let tmp = path.with_extension("env-new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    f.write_all(&buf)?;
-    std::fs::rename(&tmp, path)
+    buf
 }
 
+/// The most a task's environment may hold (`--env-file -`).
+const ENV_MAX: u64 = 16 << 20;
+
 fn read_env_file(path: &Path) -> std::io::Result<Vec<(String, String)>> {
-    let data = std::fs::read(path)?;
-    Ok(data
-        .split(|b| *b == 0)
+    Ok(parse_env(&std::fs::read(path)?))
+}
+
+fn parse_env(data: &[u8]) -> Vec<(String, String)> {
+    data.split(|b| *b == 0)
         .filter(|e| !e.is_empty())
         .filter_map(|e| {
             let s = String::from_utf8_lossy(e);
             let (k, v) = s.split_once('=')?;
             Some((k.to_string(), v.to_string()))
         })
-        .collect())
+        .collect()
 }
 
 /// How the task ended.
@@ -265,53 +579,59 @@ pub fn exit_like(e: Ended) -> ! {
 
 #[cfg(test)]
 mod tests {
+    //! Running the wrapper needs the `gpunet` binary (it starts itself as the init): see
+    //! `crates/gpunet/tests/task_exec.rs`.
     use super::*;
 
-    fn run(status: &Path, prog: &str, args: &[String]) -> Ended {
-        Exec { status: Some(status.into()), prog: prog.into(), args: args.to_vec(), ..Exec::default() }.run()
+    #[test]
+    fn the_command_line_round_trips_and_bad_ones_are_refused() {
+        let e = Exec {
+            status: Some("/d/running/job-1.status".into()),
+            cgroups: vec!["/sys/fs/cgroup/memory/x/cgroup.procs".into()],
+            user: Some((200_001, 200_001)),
+            env_file: Some("/d/running/job-1.env".into()),
+            cwd: Some("/d/homes/job-1/rank-0".into()),
+            pid_namespace: true,
+            ns_init: false,
+            prog: "sh".into(),
+            args: vec!["-c".into(), "--pid-namespace".into()],
+        };
+        assert_eq!(Exec::parse(&e.to_args()).unwrap(), e, "a program's own arguments stay its own");
+        let init = Exec { status: None, ns_init: true, ..e };
+        assert_eq!(Exec::parse(&init.to_args()).unwrap(), init);
+        assert!(Exec::parse(&["--status".into(), "-".into()]).is_err());
+        assert!(Exec::parse(&["--bogus".into()]).is_err());
+        assert!(Exec::parse(&["--user".into(), "1".into(), "--status".into(), "-".into(), "--".into(), "x".into()])
+            .is_err());
     }
 
     #[test]
-    fn the_status_file_says_how_the_task_ended() {
-        let dir = tempfile::tempdir().unwrap();
-        let st = dir.path().join("status");
-        let sh = |script: &str| vec!["-c".to_string(), script.to_string()];
-        assert_eq!(run(&st, "sh", &sh("exit 3")), Ended::Exit(3));
-        assert_eq!(std::fs::read_to_string(&st).unwrap(), "exit 3\n");
-        // The task killed by a signal; the wrapper (caught handlers) is not.
-        assert_eq!(run(&st, "sh", &sh("kill -TERM $$")), Ended::Signal(15));
-        assert_eq!(Ended::parse(&std::fs::read_to_string(&st).unwrap()), Some(Ended::Signal(15)));
-        assert_eq!(run(&st, "/nonexistent/program", &[]), Ended::Exit(127));
-        assert_eq!(Ended::parse(""), None);
-        assert_eq!(Ended::parse("exit x"), None);
-    }
-
-    #[test]
-    fn the_task_gets_exactly_the_environment_file() {
+    fn the_environment_file_round_trips_and_skips_what_cannot_be_a_variable() {
         let dir = tempfile::tempdir().unwrap();
         let env = dir.path().join("env");
-        let out = dir.path().join("out");
         let vars = BTreeMap::from([
             ("PATH".to_string(), "/usr/bin:/bin".to_string()),
             ("ODD".to_string(), "a b=c\nd".to_string()),
+            ("BAD=KEY".to_string(), "x".to_string()),
+            ("NUL".to_string(), "a\0b".to_string()),
         ]);
         write_env_file(&env, &vars).unwrap();
-        let e = Exec {
-            status: None,
-            env_file: Some(env),
-            cwd: Some(dir.path().into()),
-            prog: "sh".into(),
-            args: vec!["-c".into(), format!("env > {}; pwd >> {}", out.display(), out.display())],
-            ..Exec::default()
-        };
-        let again = Exec::parse(&e.to_args()).unwrap();
-        assert_eq!(again, e);
-        assert_eq!(again.run(), Ended::Exit(0));
-        let text = std::fs::read_to_string(&out).unwrap();
-        assert!(text.contains("ODD=a b=c\nd\n") && text.contains("PATH=/usr/bin:/bin"), "{text}");
-        assert!(!text.contains("CARGO") && !text.contains("HOME="), "nothing of the wrapper's own: {text}");
-        assert!(text.ends_with(&format!("{}\n", dir.path().display())), "{text}");
-        assert!(Exec::parse(&["--status".into(), "-".into()]).is_err());
-        assert!(Exec::parse(&["--bogus".into()]).is_err());
+        let back = read_env_file(&env).unwrap();
+        assert_eq!(
+            back,
+            vec![("ODD".to_string(), "a b=c\nd".to_string()), ("PATH".to_string(), "/usr/bin:/bin".to_string())]
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&env).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn status_lines_parse() {
+        for e in [Ended::Exit(3), Ended::Signal(15)] {
+            assert_eq!(Ended::parse(&e.to_line()), Some(e));
+        }
+        assert_eq!(Ended::parse(""), None);
+        assert_eq!(Ended::parse("exit x"), None);
+        assert_eq!(Ended::parse("r"), None);
     }
 }

@@ -70,6 +70,9 @@ pub struct AgentSync {
     /// The latest per-GPU samples (NVML); empty for fake GPUs, `None` when the report carries no new sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_samples: Option<Vec<GpuSample>>,
+    /// Checkpoint copies to a tier that failed since the agent started (a counter; it restarts at 0 with the agent).
+    #[serde(default)]
+    pub checkpoint_failures: u64,
 }
 
 /// One GPU's sample from NVML. Fields NVML could not read are absent.
@@ -98,6 +101,12 @@ pub struct GpuSample {
     /// NVLink bytes received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_rx_bytes: Option<u64>,
+    /// Corrected ECC errors since the driver loaded (NVML's volatile count; absent where ECC is off or unsupported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_corrected: Option<u64>,
+    /// Uncorrected ECC errors since the driver loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected: Option<u64>,
 }
 
 /// Log output of a task attempt, from `offset` bytes into its log. The bytes travel exactly as the task wrote them

@@ -505,3 +505,15 @@ pub struct UsageTotals {
     /// Total cost: `gpu_cost + cpu_cost + mem_cost`.
     pub cost: f64,
 }
+
+impl std::ops::AddAssign<&UsageTotals> for UsageTotals {
+    fn add_assign(&mut self, o: &UsageTotals) {
+        self.gpu_hours += o.gpu_hours;
+        self.cpu_hours += o.cpu_hours;
+        self.memory_gib_hours += o.memory_gib_hours;
+        self.gpu_cost += o.gpu_cost;
+        self.cpu_cost += o.cpu_cost;
+        self.mem_cost += o.mem_cost;
+        self.cost += o.cost;
+    }
+}

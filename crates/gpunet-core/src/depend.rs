@@ -136,7 +136,9 @@ impl ClusterState {
     }
 
     fn wait_on(&mut self, id: JobId, targets: impl Iterator<Item = JobId>) {
-        self.dep_waiting.insert(id);
+        if self.dep_waiting.insert(id) {
+            *self.dep_waiting_per_tenant.entry(self.jobs[&id].spec.tenant).or_default() += 1;
+        }
         for t in targets {
             self.dependents.entry(t).or_default().push(id);
         }
@@ -151,7 +153,7 @@ impl ClusterState {
 
     /// Fails a job waiting on dependencies with `reason`, and lets what waits on it know.
     fn fail_dependency(&mut self, id: JobId, reason: String, now: Time) {
-        self.dep_waiting.remove(&id);
+        self.dep_wait_remove(id);
         let j = self.jobs.get_mut(&id).expect("caller checked");
         if j.transition(JobState::Failed).is_err() {
             return;
@@ -189,7 +191,7 @@ impl ClusterState {
         }
         match self.deps_outcome(&self.jobs[&w].spec) {
             DepOutcome::Met => {
-                self.dep_waiting.remove(&w);
+                self.dep_wait_remove(w);
                 let j = self.jobs[&w].clone();
                 self.enqueue(&j);
                 self.cascades.push(Cascade::Released(w));
@@ -220,6 +222,22 @@ impl ClusterState {
             DepOutcome::Wait(w) => w,
             _ => Vec::new(),
         }
+    }
+
+    /// Takes a job out of the dependency wait; whether it was there.
+    pub(crate) fn dep_wait_remove(&mut self, id: JobId) -> bool {
+        if !self.dep_waiting.remove(&id) {
+            return false;
+        }
+        if let Some(n) = self.jobs.get(&id).and_then(|j| self.dep_waiting_per_tenant.get_mut(&j.spec.tenant)) {
+            *n -= 1;
+        }
+        true
+    }
+
+    /// A tenant's jobs waiting for dependencies (they count against its queued-job limits like queued ones).
+    pub fn tenant_dependency_waiting(&self, tenant: crate::ids::TenantId) -> usize {
+        self.dep_waiting_per_tenant.get(&tenant).copied().unwrap_or(0)
     }
 
     /// Jobs waiting for dependencies (Pending, in no queue), by id.
@@ -333,7 +351,9 @@ mod tests {
         b.dependencies = after(DepKind::AfterOk, &[1]);
         submit(&mut s, 2, b.clone(), 0);
         submit(&mut s, 3, b, 0);
+        assert_eq!(s.tenant_queued_count(t0()), 3, "waiting jobs count against the tenant's queued-job limit");
         s.cancel(JobId(3), Time::ZERO).unwrap();
+        assert_eq!(s.tenant_queued_count(t0()), 2);
         s.check_invariants().unwrap();
         // Restored in any order, the waiting job waits again until resolved.
         let docs: Vec<_> = s.jobs().cloned().collect();

@@ -141,6 +141,8 @@ pub struct ClusterState {
     pub(crate) arrays: std::collections::BTreeMap<JobId, crate::array::ArrayRec>,
     /// Pending jobs waiting for dependencies, in no queue (see [`crate::depend`]).
     pub(crate) dep_waiting: BTreeSet<JobId>,
+    /// How many of them each tenant has.
+    pub(crate) dep_waiting_per_tenant: FxHashMap<TenantId, usize>,
     /// The jobs waiting on each job (or array).
     pub(crate) dependents: FxHashMap<JobId, Vec<JobId>>,
     /// Side effects not yet taken by the driver.
@@ -180,6 +182,7 @@ impl ClusterState {
             queued_no_gpu: 0,
             arrays: std::collections::BTreeMap::new(),
             dep_waiting: BTreeSet::new(),
+            dep_waiting_per_tenant: FxHashMap::default(),
             dependents: FxHashMap::default(),
             cascades: Vec::new(),
             ended_work: Vec::new(),
@@ -533,6 +536,12 @@ impl ClusterState {
     /// Jobs waiting in queues.
     pub fn queued_count(&self) -> usize {
         self.queued
+    }
+
+    /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), or waiting for dependencies
+    /// (what its queued-job limit counts).
+    pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {
+        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len()) + self.tenant_dependency_waiting(tenant)
     }
 
     /// Running jobs.
@@ -1006,7 +1015,7 @@ impl ClusterState {
             self.end_attempt(id, now)?;
             return Ok(());
         }
-        if !self.dep_waiting.remove(&id) {
+        if !self.dep_wait_remove(id) {
             self.dequeue(&job);
         }
         self.preempting_for.remove(&id);
@@ -1159,6 +1168,12 @@ impl ClusterState {
         for (i, u) in usage.iter().enumerate() {
             if *u != self.book.usage[i] {
                 return Err(format!("tenant-{i}: usage book {:?} but running jobs hold {:?}", self.book.usage[i], u));
+            }
+        }
+        for (t, n) in &self.dep_waiting_per_tenant {
+            let real = self.dep_waiting.iter().filter(|j| self.jobs[*j].spec.tenant == *t).count();
+            if real != *n {
+                return Err(format!("{t}: {real} jobs wait for dependencies, counted {n}"));
             }
         }
         self.check_arrays()

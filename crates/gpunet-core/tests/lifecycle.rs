@@ -4,7 +4,9 @@
 //! dies for good (fence timeout); the driver confirms a rank's end to the core only after its process is gone. Over
 //! random submissions, passes, exits, cancels during eviction, node losses and returns, it checks that no GPU ever
 //! runs processes of two jobs (or of two attempts of one job), that no job ever has two live attempts, and that the
-//! core's invariants (resources conserved, nothing allocated twice) hold after every step.
+//! core's invariants (resources conserved, nothing allocated twice) hold after every step. Commands the core must
+//! refuse (a report of an attempt that is not the live one, a stale start, a cancel of an unknown job) are refused and
+//! change nothing.
 
 use gpunet_core::*;
 use proptest::prelude::*;
@@ -42,6 +44,12 @@ enum Op {
     FenceTimeout {
         node: u8,
     },
+    /// A command the core must refuse (or ignore) arrives — a report of an attempt that is not the live one (late or
+    /// forged), a start of a job that runs or has ended, a cancel of an unknown job — and must change nothing.
+    Refused {
+        pick: u16,
+        kind: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -59,6 +67,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3).prop_map(|node| Op::Lose { node }),
         1 => (0u8..3).prop_map(|node| Op::Return { node }),
         1 => (0u8..3).prop_map(|node| Op::FenceTimeout { node }),
+        2 => (any::<u16>(), 0u8..4).prop_map(|(pick, kind)| Op::Refused { pick, kind }),
     ]
 }
 
@@ -77,6 +86,8 @@ struct Model {
     procs: BTreeSet<Proc>,
     now: Time,
     next: u64,
+    /// Start decisions already applied: applying one again is a stale decision.
+    started: Vec<Decision>,
 }
 
 impl Model {
@@ -149,7 +160,7 @@ proptest! {
                 .unwrap();
         }
         let t = s.add_tenant(TenantSpec::new("t")).unwrap();
-        let mut m = Model { s, procs: BTreeSet::new(), now: Time::ZERO, next: 1 };
+        let mut m = Model { s, procs: BTreeSet::new(), now: Time::ZERO, next: 1, started: Vec::new() };
         for op in ops {
             m.now = m.now + Dur::from_secs(1);
             match op {
@@ -166,6 +177,7 @@ proptest! {
                         m.s.apply_decision(d, m.now).unwrap();
                     }
                     m.launch(&ds);
+                    m.started.extend(ds.into_iter().filter(|d| matches!(d, Decision::Start { .. })));
                 }
                 Op::Exit { pick, ok } => {
                     if let Some(p) = m.pick(pick, false) {
@@ -205,6 +217,43 @@ proptest! {
                             m.gone(p, RankEnd::Stopped)?;
                         }
                     }
+                }
+                Op::Refused { pick, kind } => {
+                    let before = format!("{:?}", m.s);
+                    let refused = match kind {
+                        // The rank's end, reported for an attempt other than its live one.
+                        0 | 1 => match m.procs.iter().nth(pick as usize % m.procs.len().max(1)).copied() {
+                            Some(p) => {
+                                let wrong = if kind == 0 { p.attempt + 1 } else { p.attempt.wrapping_sub(1) };
+                                // Refused as `Ok(None)` ("not the live attempt; nothing to do"), so agents may repeat.
+                                let r = m.s.rank_ended(p.job, wrong, p.rank, RankEnd::Exited { success: true }, m.now);
+                                matches!(r, Err(_) | Ok(None))
+                            }
+                            None => true,
+                        },
+                        // A start decided earlier, applied again while its job runs or has ended. (A queued job
+                        // may be started by any placement that fits: that is a new decision, not a stale one.)
+                        2 => {
+                            let stale: Vec<Decision> = m
+                                .started
+                                .iter()
+                                .filter(|d| match d {
+                                    Decision::Start { job, .. } => {
+                                        !m.s.job(*job).unwrap().state.can_become(JobState::Running)
+                                    }
+                                    _ => false,
+                                })
+                                .cloned()
+                                .collect();
+                            match stale.get(pick as usize % stale.len().max(1)) {
+                                Some(d) => m.s.apply_decision(d, m.now).is_err(),
+                                None => true,
+                            }
+                        }
+                        _ => m.s.cancel(JobId(u64::from(pick) + 1_000_000), m.now).is_err(),
+                    };
+                    prop_assert!(refused, "the core accepted a command it must refuse ({:?})", op);
+                    prop_assert_eq!(before, format!("{:?}", m.s), "a refused command changed the state");
                 }
                 Op::FenceTimeout { node } => {
                     let id = NodeId(node as u32);

@@ -850,7 +850,18 @@ async function tenants() {
         return [h("strong", {}, t.name), quotaBar(t.gpus_used, g, l), g ?? "—", l ?? "—", String(t.running),
           String(t.queued), num(t.weight, 2), num(t.fair_share_usage_gpu_hours, 3), num(u.gpu_hours, 3),
           money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur), money(u.mem_cost || 0, cur), money(u.cost, cur)];
-      }), "No tenants."));
+      }), "No tenants."),
+      h("h2", {}, "This month per user"),
+      h("p", { class: "muted" }, "The same ledger figures as `gpunet report --by user --month YYYY-MM` (which adds " +
+        "jobs, waits, failures and preemptions, as a table, JSON or CSV) and `gpunet report --statement --tenant " +
+        "NAME --month YYYY-MM` (a tenant's monthly statement as CSV)."),
+      table([{ label: "Tenant/user" }, { label: "GPU-hours", num: true }, { label: "GPU spend", num: true },
+        { label: "CPU spend", num: true }, { label: "Memory spend", num: true }, { label: "Spend", num: true }],
+      Object.entries(usage.by_user || {}).map(([k, u]) => {
+        const cur = usage.currency || "USD";
+        return [k, num(u.gpu_hours, 3), money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur),
+          money(u.mem_cost || 0, cur), money(u.cost, cur)];
+      }), "No use this month."));
   };
   S.refresh = draw;
   S.timer = setInterval(() => draw().catch(() => {}), 15000);

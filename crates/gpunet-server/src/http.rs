@@ -558,7 +558,8 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
         })?;
     }
     let (spec, fake, price) = (reg.spec, reg.fake, reg.price_per_gpu_hour);
-    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, reply }).await?))
+    let join = matches!(p, Principal::Agent);
+    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, join, reply }).await?))
 }
 
 async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
@@ -632,33 +633,19 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
         let model = format!("{}/{}", if r.gpu_model.is_empty() { "cpu" } else { &r.gpu_model }, r.lifecycle);
         let by = if r.submitted_by.is_empty() { "-" } else { &r.submitted_by };
         let user = format!("{}/{by}", r.tenant);
-        let mut tots = [UsageTotals::default(), UsageTotals::default(), UsageTotals::default(), UsageTotals::default()];
-        for tot in tots.iter_mut() {
-            tot.gpu_hours += r.gpu_seconds * inside / 3600.0;
-            tot.cpu_hours += r.cpu_seconds * inside / 3600.0;
-            tot.memory_gib_hours += r.mem_gib_seconds * inside / 3600.0;
-            tot.gpu_cost += r.gpu_cost * inside;
-            tot.cpu_cost += r.cpu_cost * inside;
-            tot.mem_cost += r.mem_cost * inside;
-            tot.cost += r.cost * inside;
-        }
-        for (dst, add) in [
-            report.tenants.entry(r.tenant.clone()).or_default(),
-            report.jobs.entry(r.job).or_default(),
-            report.by_model.entry(model).or_default(),
-            report.by_user.entry(user).or_default(),
-        ]
-        .into_iter()
-        .zip(tots)
-        {
-            dst.gpu_hours += add.gpu_hours;
-            dst.cpu_hours += add.cpu_hours;
-            dst.memory_gib_hours += add.memory_gib_hours;
-            dst.gpu_cost += add.gpu_cost;
-            dst.cpu_cost += add.cpu_cost;
-            dst.mem_cost += add.mem_cost;
-            dst.cost += add.cost;
-        }
+        let part = UsageTotals {
+            gpu_hours: r.gpu_seconds * inside / 3600.0,
+            cpu_hours: r.cpu_seconds * inside / 3600.0,
+            memory_gib_hours: r.mem_gib_seconds * inside / 3600.0,
+            gpu_cost: r.gpu_cost * inside,
+            cpu_cost: r.cpu_cost * inside,
+            mem_cost: r.mem_cost * inside,
+            cost: r.cost * inside,
+        };
+        *report.tenants.entry(r.tenant.clone()).or_default() += &part;
+        *report.jobs.entry(r.job).or_default() += &part;
+        *report.by_model.entry(model).or_default() += &part;
+        *report.by_user.entry(user).or_default() += &part;
     }
     Ok(json(StatusCode::OK, report))
 }
@@ -702,6 +689,7 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
+    let sync_failures = sync.checkpoint_failures;
     let reported = !sync.exited.is_empty() || !sync.started.is_empty() || !sync.logs.is_empty();
     if !sync.logs.is_empty() {
         // Only the node's own task attempts' logs are kept.
@@ -725,7 +713,8 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
         return Ok(json(StatusCode::OK, work));
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
-    let again = gpunet_api::agent::AgentSync { known_version: known, ..Default::default() };
+    let again =
+        gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
     Ok(json(StatusCode::OK, work))
 }

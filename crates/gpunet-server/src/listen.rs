@@ -1,7 +1,10 @@
 //! The serve loop: accepts connections (TLS when configured) and serves the router over HTTP/1.1 with bounds on every
 //! connection-level resource, so that slow or idle peers cannot hold the server:
 //! - at most `max_connections` connections at once (below the usual 1,024-file limit), and at most
-//!   `max_connections_per_ip` from one address; past that, the connection is closed at once;
+//!   `max_connections_per_ip` from one address; past that, the address's connection that has waited longest for a
+//!   request head (a slow or idle peer) is closed to make room, and only when every one of them is busy with a request
+//!   is the new connection closed at once — so a peer holding half-sent requests cannot lock out others who share its
+//!   address (every local client of `gpunet up` is 127.0.0.1);
 //! - the TLS handshake and every request head must arrive within `header_timeout` (an idle keep-alive connection waits
 //!   for its next request head, so it is closed after the same time);
 //! - a request body must arrive within `body_timeout`.
@@ -46,31 +49,77 @@ impl Default for Limits {
     }
 }
 
-/// Counts connections per address; an entry goes when its last connection does.
-#[derive(Debug, Default)]
-struct PerIp(Mutex<HashMap<IpAddr, usize>>);
+/// One open connection, as its address's book sees it.
+#[derive(Debug)]
+struct Conn {
+    id: u64,
+    /// Since when (ms on a monotonic clock, +1) it waits for a request head; 0 while a request is being served.
+    waiting_since: Arc<std::sync::atomic::AtomicU64>,
+    /// Closes it.
+    close: Arc<tokio::sync::Notify>,
+}
 
-struct PerIpGuard(Arc<PerIp>, IpAddr);
+/// The open connections of each address; an entry goes when its last connection does.
+#[derive(Debug, Default)]
+struct PerIp(Mutex<(u64, HashMap<IpAddr, Vec<Conn>>)>);
+
+struct PerIpGuard(Arc<PerIp>, IpAddr, u64);
+
+/// What a connection gets when it is admitted.
+struct Admitted {
+    guard: PerIpGuard,
+    waiting_since: Arc<std::sync::atomic::AtomicU64>,
+    close: Arc<tokio::sync::Notify>,
+}
+
+fn clock_ms(origin: std::time::Instant) -> u64 {
+    origin.elapsed().as_millis() as u64 + 1
+}
 
 impl PerIp {
-    fn enter(this: &Arc<PerIp>, ip: IpAddr, max: usize) -> Option<PerIpGuard> {
-        let mut m = this.0.lock().expect("per-ip lock");
-        let n = m.entry(ip).or_insert(0);
-        if *n >= max {
-            return None;
+    /// Admits a connection from `ip`; at the address's cap, closes the one that has waited longest for a request
+    /// head to make room, and refuses the new one only when all of them are serving requests.
+    fn enter(this: &Arc<PerIp>, ip: IpAddr, max: usize, now_ms: u64) -> Option<Admitted> {
+        let mut g = this.0.lock().expect("per-ip lock");
+        let (next, m) = &mut *g;
+        let conns = m.entry(ip).or_default();
+        if conns.len() >= max {
+            use std::sync::atomic::Ordering;
+            let oldest = conns
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| match c.waiting_since.load(Ordering::Relaxed) {
+                    0 => None,
+                    t => Some((t, i)),
+                })
+                .min()?;
+            let evicted = conns.swap_remove(oldest.1);
+            evicted.close.notify_one();
+            tracing::debug!(%ip, "connection cap of the address: the longest-waiting connection closed for a new one");
         }
-        *n += 1;
-        Some(PerIpGuard(this.clone(), ip))
+        *next += 1;
+        let c = Conn {
+            id: *next,
+            waiting_since: Arc::new(std::sync::atomic::AtomicU64::new(now_ms)),
+            close: Arc::new(tokio::sync::Notify::new()),
+        };
+        let admitted = Admitted {
+            guard: PerIpGuard(this.clone(), ip, c.id),
+            waiting_since: c.waiting_since.clone(),
+            close: c.close.clone(),
+        };
+        conns.push(c);
+        Some(admitted)
     }
 }
 
 impl Drop for PerIpGuard {
     fn drop(&mut self) {
-        let mut m = self.0 .0.lock().expect("per-ip lock");
-        if let Some(n) = m.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.1);
+        let mut g = self.0 .0.lock().expect("per-ip lock");
+        if let Some(conns) = g.1.get_mut(&self.1) {
+            conns.retain(|c| c.id != self.2);
+            if conns.is_empty() {
+                g.1.remove(&self.1);
             }
         }
     }
@@ -119,6 +168,7 @@ pub(crate) async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let per_ip = Arc::new(PerIp::default());
+    let origin = std::time::Instant::now();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -138,23 +188,30 @@ pub(crate) async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let Some(guard) = PerIp::enter(&per_ip, peer.ip(), limits.max_connections_per_ip) else {
-            tracing::debug!(%peer, "too many connections from one address; closed");
+        let Some(admitted) = PerIp::enter(&per_ip, peer.ip(), limits.max_connections_per_ip, clock_ms(origin)) else {
+            tracing::debug!(%peer, "too many busy connections from one address; closed");
             continue;
         };
+        let Admitted { guard, waiting_since, close } = admitted;
         let _ = tcp.set_nodelay(true);
         let router = router.clone();
         let tls = tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _held = (permit, guard);
-            match tls {
-                Some(acceptor) => match tokio::time::timeout(limits.header_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => connection(stream, router, limits, watcher).await,
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                },
-                None => connection(tcp, router, limits, watcher).await,
+            let serve = async move {
+                match tls {
+                    Some(acceptor) => match tokio::time::timeout(limits.header_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => connection(stream, router, limits, watcher, waiting_since, origin).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    },
+                    None => connection(tcp, router, limits, watcher, waiting_since, origin).await,
+                }
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = close.notified() => tracing::debug!(%peer, "closed to make room for another connection"),
             }
         });
     }
@@ -164,15 +221,30 @@ pub(crate) async fn serve(
     }
 }
 
-async fn connection<I>(io: I, router: Router, limits: Limits, watcher: hyper_util::server::graceful::Watcher)
-where
+async fn connection<I>(
+    io: I,
+    router: Router,
+    limits: Limits,
+    watcher: hyper_util::server::graceful::Watcher,
+    waiting_since: Arc<std::sync::atomic::AtomicU64>,
+    origin: std::time::Instant,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    use std::sync::atomic::Ordering;
     let body_timeout = limits.body_timeout;
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let router = router.clone();
+        let waiting_since = waiting_since.clone();
+        // A request head arrived: the connection is busy (not a candidate to close) until its answer is ready. A
+        // streamed answer (events, followed logs) counts as waiting again once its head is sent.
+        waiting_since.store(0, Ordering::Relaxed);
         let req = req.map(|inner| Body::new(TimedBody { inner, deadline: Box::pin(tokio::time::sleep(body_timeout)) }));
-        async move { tower::ServiceExt::oneshot(router, req).await }
+        async move {
+            let r = tower::ServiceExt::oneshot(router, req).await;
+            waiting_since.store(clock_ms(origin), Ordering::Relaxed);
+            r
+        }
     });
     let mut b = hyper::server::conn::http1::Builder::new();
     b.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(64 * 1024);

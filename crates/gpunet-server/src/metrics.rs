@@ -1,9 +1,17 @@
 //! Prometheus metrics in the text exposition format: counters and histograms updated in place, and gauges computed
 //! from the owner's state when `/metrics` is read.
+//!
+//! Families (every one is listed in README's "Monitoring"; the alert rules and dashboards in `deploy/` use them):
+//! per tenant — GPUs allocated, guarantee, limit, borrowed, pending jobs and GPUs, the oldest pending job's age and
+//! GPU-seconds used (a counter: runs ended since the server started, plus running jobs so far, billed as the ledger
+//! bills); per node — state and agent sync age; jobs by tenant and state; GPUs by model and zone; per GPU —
+//! allocation and the agents' samples (NVML, or `--fake-gpu-samples`, labelled `fake="true"`) with ECC error
+//! counters; checkpoint copy failures per node; histograms of the scheduling pass, the wait from submission to first
+//! start, the time a job spent not running over its life, eviction latency, store commit latency and API requests.
 
 use crate::owner::Owner;
 use gpunet_core::JobState;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -47,6 +55,8 @@ impl Histogram {
 const PASS: &[f64] = &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
 const PENDING: &[f64] = &[1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
 const API: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+const COMMIT: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+const EVICT: &[f64] = &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 
 /// Metrics the server updates as it works.
 #[derive(Debug)]
@@ -61,6 +71,25 @@ pub(crate) struct ServerMetrics {
     /// Why the store cannot be written, once it refused a write (or failed the start-up probe).
     pub(crate) store_refused: Mutex<Option<String>>,
     pub(crate) api: Mutex<BTreeMap<(String, String, u16), Histogram>>,
+    /// From a store commit's submission to its durable callback.
+    pub(crate) commit_seconds: Histogram,
+    /// From a preemption or a drain asking a job to stop to its end being confirmed.
+    pub(crate) eviction_seconds: Histogram,
+    /// Over a job's life (observed when it ends): time from submission to end not spent running.
+    pub(crate) not_running_seconds: Histogram,
+    /// Per job: when the scheduler asked it to stop (until its attempt ends), and how long it has run in all.
+    jobs: Mutex<HashMap<u64, JobClock>>,
+    /// Per tenant: GPU-seconds and cost of runs that ended since the server started.
+    tenant_used: Mutex<BTreeMap<String, (f64, f64)>>,
+    /// Per node: checkpoint copies that failed, as its agent last reported (a counter restarting with the agent).
+    checkpoint_failures: Mutex<BTreeMap<String, u64>>,
+}
+
+/// What the metrics keep about one unfinished job.
+#[derive(Debug, Default)]
+struct JobClock {
+    stop_asked: Option<std::time::Instant>,
+    ran_ms: u64,
 }
 
 impl ServerMetrics {
@@ -74,7 +103,56 @@ impl ServerMetrics {
             store_write_failures: AtomicU64::new(0),
             store_refused: Mutex::new(None),
             api: Mutex::new(BTreeMap::new()),
+            commit_seconds: Histogram::new(COMMIT),
+            eviction_seconds: Histogram::new(EVICT),
+            not_running_seconds: Histogram::new(PENDING),
+            jobs: Mutex::new(HashMap::new()),
+            tenant_used: Mutex::new(BTreeMap::new()),
+            checkpoint_failures: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// `job` was asked to stop by a preemption or a drain: the eviction latency runs until its attempt ends.
+    pub(crate) fn stop_asked(&self, job: u64) {
+        self.jobs.lock().expect("job clocks").entry(job).or_default().stop_asked = Some(std::time::Instant::now());
+    }
+
+    /// An attempt of `job` (of `tenant`) that ran `ran_ms` and used `used` (GPU-seconds, cost) ended; `life` is the
+    /// job's submission and end (ms) when it has ended for good.
+    pub(crate) fn attempt_ended(
+        &self,
+        job: u64,
+        tenant: &str,
+        ran_ms: u64,
+        used: (f64, f64),
+        life: Option<(u64, u64)>,
+    ) {
+        let mut u = self.tenant_used.lock().expect("tenant usage");
+        let e = u.entry(tenant.to_string()).or_default();
+        e.0 += used.0;
+        e.1 += used.1;
+        drop(u);
+        let mut jobs = self.jobs.lock().expect("job clocks");
+        let c = jobs.entry(job).or_default();
+        if let Some(t) = c.stop_asked.take() {
+            self.eviction_seconds.observe(t.elapsed().as_secs_f64());
+        }
+        c.ran_ms += ran_ms;
+        if let Some((submitted, ended)) = life {
+            let ran = jobs.remove(&job).map_or(0, |c| c.ran_ms);
+            self.not_running_seconds.observe(ended.saturating_sub(submitted).saturating_sub(ran) as f64 / 1000.0);
+        }
+    }
+
+    /// `job` ended without running again (cancelled while queued): its time not running is observed.
+    pub(crate) fn job_ended_queued(&self, job: u64, submitted: u64, ended: u64) {
+        let ran = self.jobs.lock().expect("job clocks").remove(&job).map_or(0, |c| c.ran_ms);
+        self.not_running_seconds.observe(ended.saturating_sub(submitted).saturating_sub(ran) as f64 / 1000.0);
+    }
+
+    /// A node's agent reported its count of failed checkpoint copies.
+    pub(crate) fn checkpoint_failures(&self, node: &str, count: u64) {
+        self.checkpoint_failures.lock().expect("checkpoint failures").insert(node.to_string(), count);
     }
 
     /// Records a write the store refused: from now on the control plane is read-only.
@@ -105,10 +183,38 @@ impl ServerMetrics {
         self.pass_seconds.render(&mut s, "gpunet_scheduling_pass_duration_seconds", "");
         let _ = writeln!(
             s,
-            "# HELP gpunet_job_pending_duration_seconds Time from submission to start of jobs that started."
+            "# HELP gpunet_job_pending_duration_seconds Time from submission to first start of jobs that started."
         );
         let _ = writeln!(s, "# TYPE gpunet_job_pending_duration_seconds histogram");
         self.pending_seconds.render(&mut s, "gpunet_job_pending_duration_seconds", "");
+        for (name, help, h) in [
+            (
+                "gpunet_job_not_running_duration_seconds",
+                "Time a job spent not running between its submission and its end (observed when it ends).",
+                &self.not_running_seconds,
+            ),
+            (
+                "gpunet_eviction_duration_seconds",
+                "Time from a preemption or a drain asking a job to stop to its end being confirmed.",
+                &self.eviction_seconds,
+            ),
+            (
+                "gpunet_store_commit_duration_seconds",
+                "Time from a store commit's submission to its durable (or refused) callback.",
+                &self.commit_seconds,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+            h.render(&mut s, name, "");
+        }
+        let _ = writeln!(
+            s,
+            "# HELP gpunet_checkpoint_copy_failures_total Checkpoint copies to a tier that failed, as each node's agent \
+             reports them (restarts with the agent).\n# TYPE gpunet_checkpoint_copy_failures_total counter"
+        );
+        for (n, v) in self.checkpoint_failures.lock().expect("checkpoint failures").iter() {
+            let _ = writeln!(s, "gpunet_checkpoint_copy_failures_total{{node=\"{}\"}} {v}", esc(n));
+        }
         for (name, help, v) in [
             ("gpunet_preemptions_total", "Jobs evicted by the scheduler.", &self.preemptions),
             ("gpunet_restarts_total", "Job restarts after failures.", &self.restarts),
@@ -168,6 +274,8 @@ pub(crate) fn gauges(o: &Owner) -> String {
         "# HELP gpunet_queue_length Jobs waiting.\n# TYPE gpunet_queue_length gauge\ngpunet_queue_length {}",
         o.st.queued_count()
     );
+    tenant_gauges(o, &mut s);
+    node_gauges(o, &mut s);
     let mut total: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
     for n in o.st.nodes() {
         let model = n.spec.gpu_model().map(|m| m.to_string()).unwrap_or_else(|| "none".into());
@@ -207,9 +315,11 @@ pub(crate) fn gauges(o: &Owner) -> String {
             );
         }
     }
-    // NVML samples of real GPUs, by node, GPU and the job holding it (`job=""` when free). Fake GPUs have none.
+    // Agents' samples, by node, GPU and the job holding it (`job_id=""` when free; not `job`, which Prometheus
+    // gives the scrape job): NVML's on real GPUs; on fake GPUs
+    // the agent's fixed synthetic ones (`--fake-gpu-samples`), labelled `fake="true"`, or none.
     type Read = fn(&gpunet_api::agent::GpuSample) -> Option<f64>;
-    let families: [(&str, &str, &str, Read); 7] = [
+    let families: [(&str, &str, &str, Read); 9] = [
         ("gpunet_gpu_utilization_ratio", "gauge", "GPU utilisation over NVML's last sample period (0 to 1).", |g| {
             g.utilization_pct.map(|p| p / 100.0)
         }),
@@ -227,6 +337,18 @@ pub(crate) fn gauges(o: &Owner) -> String {
         ("gpunet_gpu_nvlink_rx_bytes_total", "counter", "NVLink data received, all links.", |g| {
             g.nvlink_rx_bytes.map(|b| b as f64)
         }),
+        (
+            "gpunet_gpu_ecc_corrected_errors_total",
+            "counter",
+            "Corrected ECC errors since the driver loaded (NVML, where ECC is on).",
+            |g| g.ecc_corrected.map(|b| b as f64),
+        ),
+        (
+            "gpunet_gpu_ecc_uncorrected_errors_total",
+            "counter",
+            "Uncorrected ECC errors since the driver loaded (NVML, where ECC is on).",
+            |g| g.ecc_uncorrected.map(|b| b as f64),
+        ),
     ];
     // Each sampled GPU's labels, worked out once for all the families.
     let mut gpus: Vec<(String, &gpunet_api::agent::GpuSample)> = Vec::new();
@@ -234,10 +356,16 @@ pub(crate) fn gauges(o: &Owner) -> String {
         let Some(id) = o.st.node_id(node) else { continue };
         let Some(n) = o.st.node(id) else { continue };
         let holders = o.gpu_holders(id);
+        let fake = o.nodes.get(node).is_some_and(|d| d.fake);
         for g in samples {
             let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
             let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
-            let labels = format!("node=\"{}\",gpu=\"{}\",model=\"{}\",job=\"{job}\"", esc(node), g.index, esc(&model));
+            let labels = format!(
+                "node=\"{}\",gpu=\"{}\",model=\"{}\",job_id=\"{job}\",fake=\"{fake}\"",
+                esc(node),
+                g.index,
+                esc(&model)
+            );
             gpus.push((labels, g));
         }
     }
@@ -250,4 +378,156 @@ pub(crate) fn gauges(o: &Owner) -> String {
         }
     }
     s
+}
+
+/// Per tenant: allocation against quota, pending work, the oldest pending job's age, and GPU-seconds used.
+fn tenant_gauges(o: &Owner, s: &mut String) {
+    let now = crate::now_ms();
+    // Pending jobs, their GPUs and the oldest submission, from the live state.
+    let mut pending: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    for d in o.docs.values() {
+        let Some(j) = o.st.job(d.job.id).filter(|j| j.state.is_queued()) else { continue };
+        let e = pending.entry(d.tenant.as_str()).or_insert((0, 0, now));
+        e.0 += 1;
+        e.1 += u64::from(j.spec.total_gpus());
+        e.2 = e.2.min(j.submitted.0);
+    }
+    // GPU-seconds and cost: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
+    let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
+    for d in o.docs.values() {
+        let Some(j) = o.st.job(d.job.id).filter(|j| j.state == JobState::Running) else { continue };
+        let doc = crate::owner::JobDoc { job: j.clone(), ..d.clone() };
+        let e = used.entry(d.tenant.clone()).or_default();
+        for r in o.usage_rows(&doc, now) {
+            e.0 += r.gpu_seconds;
+            e.1 += r.cost;
+        }
+    }
+    type Row<'a> = (&'a str, u64, Option<(u64, u64)>, (u64, u64, u64), (f64, f64));
+    let rows: Vec<Row<'_>> = o
+        .tenants
+        .iter()
+        .filter_map(|(name, doc)| {
+            let id = o.st.tenant_id(name)?;
+            let alloc = u64::from(o.st.tenant_usage(id).gpus);
+            let q = doc
+                .spec
+                .quota
+                .as_ref()
+                .and_then(|q| q.dims[gpunet_core::tenant::DIM_GPUS])
+                .map(|l| (l.guarantee, l.limit));
+            let p = pending.get(name.as_str()).copied().unwrap_or((0, 0, now));
+            Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or_default()))
+        })
+        .collect();
+    type Get = fn(&Row<'_>) -> Option<f64>;
+    let families: [(&str, &str, &str, Get); 9] = [
+        ("gpunet_tenant_gpus_allocated", "gauge", "GPUs held by the tenant's running jobs.", |r| Some(r.1 as f64)),
+        ("gpunet_tenant_gpu_guarantee", "gauge", "The tenant's guaranteed GPUs (tenants with a GPU quota).", |r| {
+            r.2.map(|q| q.0 as f64)
+        }),
+        ("gpunet_tenant_gpu_limit", "gauge", "The most GPUs the tenant may hold, borrowing included (with a GPU quota).", |r| {
+            r.2.map(|q| q.1 as f64)
+        }),
+        ("gpunet_tenant_gpus_borrowed", "gauge", "GPUs held beyond the tenant's guarantee (with a GPU quota).", |r| {
+            r.2.map(|q| r.1.saturating_sub(q.0) as f64)
+        }),
+        ("gpunet_tenant_pending_jobs", "gauge", "The tenant's jobs waiting (pending, preempted or restarting).", |r| {
+            Some(r.3 .0 as f64)
+        }),
+        ("gpunet_tenant_pending_gpus", "gauge", "GPUs the tenant's waiting jobs ask for.", |r| Some(r.3 .1 as f64)),
+        (
+            "gpunet_tenant_oldest_pending_seconds",
+            "gauge",
+            "Age of the tenant's oldest waiting job since its submission (0 when none waits).",
+            |r| Some(if r.3 .0 == 0 { 0.0 } else { crate::now_ms().saturating_sub(r.3 .2) as f64 / 1000.0 }),
+        ),
+        (
+            "gpunet_tenant_gpu_seconds_total",
+            "counter",
+            "GPU-seconds used: runs ended since the server started, plus running jobs so far (per started second, as the ledger bills).",
+            |r| Some(r.4 .0),
+        ),
+        (
+            "gpunet_tenant_cost_total",
+            "counter",
+            "Cost of what the tenant used, in the price catalogue's currency: runs ended since the server started, plus running jobs so far.",
+            |r| Some(r.4 .1),
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for r in &rows {
+            if let Some(v) = get(r) {
+                let _ = writeln!(s, "{name}{{tenant=\"{}\"}} {v}", esc(r.0));
+            }
+        }
+    }
+}
+
+/// Per node: its state (one series per state, 1 for the current one) and how long ago its agent last synced.
+fn node_gauges(o: &Owner, s: &mut String) {
+    use gpunet_core::NodeState;
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_node_state The node's state (1 for the current one).\n# TYPE gpunet_node_state gauge"
+    );
+    for n in o.st.nodes() {
+        for st in [NodeState::Ready, NodeState::Cordoned, NodeState::Draining, NodeState::Lost] {
+            let v = u8::from(n.state == st);
+            let _ = writeln!(s, "gpunet_node_state{{node=\"{}\",state=\"{st}\"}} {v}", esc(&n.spec.name));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_node_sync_age_seconds Time since the node's agent last synced (nodes with an agent that is not \
+         lost).\n# TYPE gpunet_node_sync_age_seconds gauge"
+    );
+    let mut ages: Vec<(&String, f64)> = o.last_seen.iter().map(|(n, t)| (n, t.elapsed().as_secs_f64())).collect();
+    ages.sort_by(|a, b| a.0.cmp(b.0));
+    for (n, age) in ages {
+        let _ = writeln!(s, "gpunet_node_sync_age_seconds{{node=\"{}\"}} {age}", esc(n));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(h: &Histogram) -> (u64, f64) {
+        let g = h.inner.lock().unwrap();
+        (g.2, g.1)
+    }
+
+    #[test]
+    fn an_eviction_is_timed_once_and_a_life_counts_only_time_not_running() {
+        let m = ServerMetrics::new();
+        m.stop_asked(7);
+        // First attempt: evicted after running 30 s; the job goes back to the queue.
+        m.attempt_ended(7, "ta", 30_000, (60.0, 1.5), None);
+        assert_eq!(count(&m.eviction_seconds).0, 1);
+        assert_eq!(count(&m.not_running_seconds).0, 0);
+        // Second attempt runs 50 s and ends the job 100 s after its submission: 20 s not running.
+        m.attempt_ended(7, "ta", 50_000, (100.0, 2.5), Some((1_000, 101_000)));
+        assert_eq!(count(&m.eviction_seconds).0, 1, "no stop was asked of the second attempt");
+        assert_eq!(count(&m.not_running_seconds), (1, 20.0));
+        assert_eq!(m.tenant_used.lock().unwrap()["ta"], (160.0, 4.0));
+        assert!(m.jobs.lock().unwrap().is_empty(), "an ended job's clock is dropped");
+        // A job cancelled while queued: its whole life was waiting.
+        m.job_ended_queued(8, 0, 5_000);
+        assert_eq!(count(&m.not_running_seconds), (2, 25.0));
+    }
+
+    #[test]
+    fn histograms_render_cumulative_buckets() {
+        let h = Histogram::new(&[1.0, 10.0]);
+        h.observe(0.5);
+        h.observe(5.0);
+        let mut s = String::new();
+        h.render(&mut s, "x_seconds", "");
+        assert!(
+            s.contains("x_seconds_bucket{le=\"1\"} 1\nx_seconds_bucket{le=\"10\"} 2\nx_seconds_bucket{le=\"+Inf\"} 2"),
+            "{s}"
+        );
+    }
 }

@@ -101,7 +101,8 @@ async fn a_tenant_named_admin_or_agent_never_gets_that_role_even_after_a_restart
     let cfg = config(dir.path());
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path()).unwrap());
     let app = App::with(&cfg, store.clone());
-    for name in ["__admin__", "__agent__", "__anything"] {
+    // Nor `.` or `..`, which would name a parent directory in a tier root such as `file:///srv/ckpt/{tenant}`.
+    for name in ["__admin__", "__agent__", "__anything", ".", "..", ".hidden", "-rf"] {
         let (s, v) = app.call("POST", "/v1/tenants", Some("admin"), Some(json!({"name": name}).to_string())).await;
         assert_eq!((s, err(&v)), (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_field", Some("name"))), "{name}: {v}");
     }
@@ -338,7 +339,18 @@ async fn numbers_are_range_checked_and_tenants_have_limits() {
         app.call("POST", "/v1/jobs", Some(&a), Some(json!({"name": "fat", "gpus": 1, "env": env}).to_string())).await;
     assert_eq!((s, err(&v).0), (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded"), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("--max-spec-bytes-per-tenant"), "{v}");
-    app.submit(&a, json!({"name": "thin", "gpus": 1})).await;
+    let thin = app.submit(&a, json!({"name": "thin", "gpus": 1})).await;
+    // Ended jobs give their bytes back (the count is kept as jobs come and go, not recounted per submission).
+    for id in [ids[1], ids[2], thin] {
+        let (s, _) = app.call("POST", &format!("/v1/jobs/{id}/cancel"), Some(&a), None).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let big: serde_json::Map<String, Value> = (0..60).map(|i| (format!("V{i}"), json!("x".repeat(100)))).collect();
+    let big = json!({"name": "big", "gpus": 1, "env": big}).to_string();
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(big.clone())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(big)).await;
+    assert_eq!((s, err(&v).0), (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded"), "the first big job counts: {v}");
 }
 
 /// A tenant's explain and dry run named another tenant's job ids, and its jobs answered 403 (revealing that they

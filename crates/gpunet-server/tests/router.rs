@@ -421,24 +421,34 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     let (_, j) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "t", "gpus": 1}"#.into())).await;
     let job = j["id"].as_u64().unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let report = json!({"known_version": 0, "running": [], "exited": [], "gpu_samples": [
+    let report = json!({"known_version": 0, "running": [], "exited": [], "checkpoint_failures": 2, "gpu_samples": [
         {"index": 0, "utilization_pct": 87.0, "memory_used_mib": 1024, "memory_total_mib": 143771,
-         "power_watts": 412.5, "temperature_c": 61.0, "nvlink_tx_bytes": 2048, "nvlink_rx_bytes": 4096},
+         "power_watts": 412.5, "temperature_c": 61.0, "nvlink_tx_bytes": 2048, "nvlink_rx_bytes": 4096,
+         "ecc_corrected": 5, "ecc_uncorrected": 1},
         {"index": 1, "utilization_pct": 0.0, "memory_used_mib": 0}]});
     let (s, v) = app.call("POST", "/v1/agents/gpu1/sync", Some(&cred), Some(report.to_string())).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
     let m = m.as_str().unwrap().to_string();
     for line in [
-        format!("gpunet_gpu_utilization_ratio{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 0.87"),
-        "gpunet_gpu_utilization_ratio{node=\"gpu1\",gpu=\"1\",model=\"H200-141GB\",job=\"\"} 0".to_string(),
+        format!("gpunet_gpu_utilization_ratio{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 0.87"),
+        "gpunet_gpu_utilization_ratio{node=\"gpu1\",gpu=\"1\",model=\"H200-141GB\",job_id=\"\",fake=\"false\"} 0".to_string(),
         format!(
-            "gpunet_gpu_memory_used_bytes{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 1073741824"
+            "gpunet_gpu_memory_used_bytes{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 1073741824"
         ),
-        format!("gpunet_gpu_power_watts{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 412.5"),
-        format!("gpunet_gpu_temperature_celsius{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 61"),
-        format!("gpunet_gpu_nvlink_rx_bytes_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job=\"{job}\"}} 4096"),
+        format!("gpunet_gpu_power_watts{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 412.5"),
+        format!("gpunet_gpu_temperature_celsius{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 61"),
+        format!("gpunet_gpu_nvlink_rx_bytes_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 4096"),
         "gpunet_gpu_allocated{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",fake=\"false\"} 1".to_string(),
+        format!(
+            "gpunet_gpu_ecc_uncorrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 1"
+        ),
+        format!(
+            "gpunet_gpu_ecc_corrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 5"
+        ),
+        "gpunet_checkpoint_copy_failures_total{node=\"gpu1\"} 2".to_string(),
+        "gpunet_node_state{node=\"gpu1\",state=\"ready\"} 1".to_string(),
+        "gpunet_tenant_gpus_allocated{tenant=\"team-a\"} 1".to_string(),
     ] {
         assert!(m.contains(&line), "missing {line} in\n{m}");
     }
@@ -478,6 +488,19 @@ async fn the_join_token_cannot_sync_or_read_a_nodes_tasks() {
     // Not a tenant either: it cannot register nodes.
     let (s, _) = app.call("POST", "/v1/nodes", Some(&a), Some(node_body("evil", 1))).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
+    // The join token cannot take a known node's name over (it would get a fresh credential, the node's tasks and
+    // their secrets, and could set its price): 409, and the node's own credential keeps working.
+    let body = node_body("n1", 1).replace(r#""fake": true"#, r#""fake": true, "price_per_gpu_hour": 0"#);
+    let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(body)).await;
+    assert_eq!((s, err(&v).0), (StatusCode::CONFLICT, "conflict"), "{v}");
+    assert!(v.get("credential").is_none() && !v.to_string().contains("sekrit-a"), "{v}");
+    let (s, v) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!((s, &v["tasks"][0]["env"]["API_KEY"]), (StatusCode::OK, &json!("sekrit-a")), "{v}");
+    // Its own credential re-registers it (an agent's restart), and so does the admin (recovery of a lost credential).
+    let cred = app.node_with("n1", 2, &cred).await;
+    let (s, _) = app.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!(s, StatusCode::OK);
+    app.node_with("n1", 2, "admin").await;
 }
 
 /// With the shared join token, one node could sync as another, forge a task exit for another tenant's job and append
@@ -534,7 +557,7 @@ async fn registering_a_node_again_rotates_its_credential_which_survives_a_restar
     let first = app.node("n1", 1).await;
     let (s, _) = app.sync("n1", &first, empty.clone()).await;
     assert_eq!(s, StatusCode::OK);
-    let second = app.node("n1", 1).await;
+    let second = app.node_with("n1", 1, &first).await;
     assert_ne!(first, second);
     let (s, v) = app.sync("n1", &first, empty.clone()).await;
     assert_eq!((s, err(&v).0), (StatusCode::UNAUTHORIZED, "unauthorized"), "{v}");

@@ -1,5 +1,7 @@
 //! gpunet's persistence behind one trait: [`SqliteStore`] (the embedded default: WAL, `synchronous=FULL`,
-//! versioned migrations, group commit) and [`MemoryStore`] for tests.
+//! versioned migrations, group commit), [`PgStore`] (PostgreSQL: versioned migrations, group commit, a reader
+//! pool) and [`MemoryStore`] for tests. [`open`] picks one from a `--store` value; [`copy`] moves everything from
+//! one store to another (`gpunet admin migrate`).
 //!
 //! The store keeps documents, not the scheduler's internals: tenants, tokens (hashed), nodes and jobs as JSON
 //! documents with a few indexed columns, job events, and usage-ledger rows. **Durable before acknowledged**:
@@ -10,11 +12,16 @@
 //! Files are private: the SQLite database, its WAL and shared-memory files are created `0600` in a directory created
 //! `0700` (files of an older install are narrowed to `0600` when opened).
 
+mod copy;
 mod memory;
+mod pg;
+pub mod pg_cluster;
 mod sqlite;
 
+pub use copy::{copy, open, Counts, StoreUrl};
 pub use memory::MemoryStore;
-pub use sqlite::{private_dir, private_file, SqliteStore};
+pub use pg::PgStore;
+pub use sqlite::{backup, private_dir, private_file, SqliteStore};
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +31,37 @@ pub enum StoreError {
     /// SQLite refused.
     #[error("write the store: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL refused (or could not be reached).
+    #[error("use the PostgreSQL store: {0}")]
+    Postgres(#[from] postgres::Error),
+    /// A `--store` value is not one gpunet can use (the message never holds a password).
+    #[error("invalid store URL: {reason}")]
+    Url {
+        /// What is wrong.
+        reason: String,
+    },
+    /// `gpunet admin migrate` found rows in the store it should fill.
+    #[error("copy into the store: it is not empty ({found:?}); migrate into an empty database")]
+    NotEmpty {
+        /// What the target holds.
+        found: Box<Counts>,
+    },
+    /// After a copy, the two stores do not hold the same number of rows.
+    #[error("verify the copy: the source holds {from:?} but the target {to:?} (was a server writing to the source?)")]
+    CountMismatch {
+        /// Rows in the source.
+        from: Box<Counts>,
+        /// Rows in the target.
+        to: Box<Counts>,
+    },
+    /// Another server opened the PostgreSQL store after this one: this one's writes are refused from then on.
+    #[error("write the store: a newer server (epoch {newer}) took this database over from this one (epoch {epoch})")]
+    Fenced {
+        /// This store's epoch.
+        epoch: u64,
+        /// The epoch in the database.
+        newer: u64,
+    },
     /// A stored document does not decode.
     #[error("decode stored {what} {key}: {source}")]
     Decode {
@@ -257,6 +295,12 @@ pub struct Snapshot {
     pub jobs: Vec<(u64, serde_json::Value)>,
 }
 
+/// A `u64` as SQL's 64-bit signed integer: times and ids beyond `i64::MAX` are clamped (a cast made `u64::MAX`,
+/// an open end of a time range, negative, and the range empty).
+pub(crate) fn big(x: u64) -> i64 {
+    x.min(i64::MAX as u64) as i64
+}
+
 /// Called once a batch is durable (or failed).
 pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
@@ -284,4 +328,9 @@ pub trait Store: Send + Sync + 'static {
     fn probe_writable(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// How many rows each table holds.
+    fn counts(&self) -> Result<Counts, StoreError>;
+    /// Reads everything stored, as batches of writes that recreate it in an empty store when committed in the
+    /// order given (events and ledger rows in their order; for `gpunet admin migrate`, with the server stopped).
+    fn export(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError>;
 }

@@ -1,6 +1,6 @@
 //! An in-memory store with the same behaviour as SQLite's, for tests.
 
-use crate::{Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
+use crate::{Counts, Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -10,7 +10,8 @@ struct Inner {
     tokens: BTreeMap<String, (TokenRole, Option<String>)>,
     token_docs: BTreeMap<String, serde_json::Value>,
     nodes: Vec<(String, serde_json::Value)>,
-    jobs: BTreeMap<u64, serde_json::Value>,
+    /// Tenant, state and document by id.
+    jobs: BTreeMap<u64, (String, String, serde_json::Value)>,
     events: Vec<EventRow>,
     usage: Vec<UsageRow>,
     samples: BTreeMap<u64, SampleRow>,
@@ -44,8 +45,8 @@ impl MemoryStore {
                     i.token_docs.remove(&hash);
                 }
                 Write::Node { name, doc } => upsert(&mut i.nodes, name, doc),
-                Write::Job { id, doc, .. } => {
-                    i.jobs.insert(id, doc);
+                Write::Job { id, tenant, state, doc } => {
+                    i.jobs.insert(id, (tenant, state, doc));
                 }
                 Write::Event { job, at_ms, kind, message } => {
                     let seq = i.events.len() as u64 + 1;
@@ -81,7 +82,7 @@ impl Store for MemoryStore {
                 .collect(),
             token_docs: i.token_docs.iter().map(|(h, d)| (h.clone(), d.clone())).collect(),
             nodes: i.nodes.clone(),
-            jobs: i.jobs.iter().map(|(id, d)| (*id, d.clone())).collect(),
+            jobs: i.jobs.iter().map(|(id, (_, _, d))| (*id, d.clone())).collect(),
         })
     }
 
@@ -106,5 +107,50 @@ impl Store for MemoryStore {
     fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError> {
         let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
         Ok(i.samples.range(since_ms..).map(|(_, s)| *s).collect())
+    }
+
+    fn counts(&self) -> Result<Counts, StoreError> {
+        let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
+        Ok(Counts {
+            tenants: i.tenants.len() as u64,
+            tokens: i.tokens.len() as u64,
+            token_docs: i.token_docs.len() as u64,
+            nodes: i.nodes.len() as u64,
+            jobs: i.jobs.len() as u64,
+            events: i.events.len() as u64,
+            usage: i.usage.len() as u64,
+            samples: i.samples.len() as u64,
+        })
+    }
+
+    fn export(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let batch = {
+            let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
+            let mut b: Vec<Write> =
+                i.tenants.iter().map(|(name, doc)| Write::Tenant { name: name.clone(), doc: doc.clone() }).collect();
+            b.extend(i.tokens.iter().map(|(hash, (role, tenant))| Write::Token {
+                hash: hash.clone(),
+                role: *role,
+                tenant: tenant.clone(),
+            }));
+            b.extend(i.token_docs.iter().map(|(hash, doc)| Write::TokenDoc { hash: hash.clone(), doc: doc.clone() }));
+            b.extend(i.nodes.iter().map(|(name, doc)| Write::Node { name: name.clone(), doc: doc.clone() }));
+            b.extend(i.jobs.iter().map(|(id, (tenant, state, doc))| Write::Job {
+                id: *id,
+                tenant: tenant.clone(),
+                state: state.clone(),
+                doc: doc.clone(),
+            }));
+            b.extend(i.events.iter().map(|e| Write::Event {
+                job: e.job,
+                at_ms: e.at_ms,
+                kind: e.kind.clone(),
+                message: e.message.clone(),
+            }));
+            b.extend(i.usage.iter().cloned().map(Write::Usage));
+            b.extend(i.samples.values().map(|s| Write::Sample { sample: *s, keep_since_ms: 0 }));
+            b
+        };
+        each(batch)
     }
 }

@@ -1,7 +1,7 @@
 //! SQLite store: WAL journal, `synchronous=FULL` (a commit is on disk when it returns), versioned migrations, and a
 //! single writer thread doing group commit. Reads use their own connection.
 
-use crate::{EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
+use crate::{big, Counts, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -276,6 +276,65 @@ fn narrow(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Copies the SQLite database of data directory `dir` to the file `to` (created `0600`; it must not exist) with
+/// SQLite's online backup API: a consistent copy while a server keeps writing. Returns the copy's size in bytes.
+pub fn backup(dir: &Path, to: &Path) -> Result<u64, StoreError> {
+    let io = |p: &Path| {
+        let p = p.display().to_string();
+        move |e| StoreError::Io { path: p, source: e }
+    };
+    let db = dir.join("gpunet.db");
+    if !db.is_file() {
+        return Err(StoreError::Io {
+            path: db.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no gpunet.db there"),
+        });
+    }
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    drop(o.open(to).map_err(io(to))?);
+    let src = Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    src.busy_timeout(std::time::Duration::from_secs(10))?;
+    let mut dst = Connection::open(to)?;
+    rusqlite::backup::Backup::new(&src, &mut dst)?.run_to_completion(
+        1024,
+        std::time::Duration::from_millis(5),
+        None,
+    )?;
+    drop(dst);
+    Ok(std::fs::metadata(to).map_err(io(to))?.len())
+}
+
+/// Rows per page when exporting.
+const PAGE: i64 = 5000;
+
+/// Keyset-paged export of one table: `sql` takes the last key seen as `?1` and a limit as `?2`.
+fn export_paged(
+    c: &Connection,
+    sql: &str,
+    row: impl Fn(&rusqlite::Row<'_>) -> Result<(i64, Write), StoreError>,
+    each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let mut after = i64::MIN;
+    let mut q = c.prepare(sql)?;
+    loop {
+        let mut page = Vec::new();
+        let mut rows = q.query(params![after, PAGE])?;
+        while let Some(r) = rows.next()? {
+            page.push(row(r)?);
+        }
+        let Some((last, _)) = page.last() else { return Ok(()) };
+        after = *last;
+        let full = page.len() as i64 == PAGE;
+        each(page.into_iter().map(|(_, w)| w).collect())?;
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
 fn decode(what: &'static str, key: String, s: &str) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(s).map_err(|e| StoreError::Decode { what, key, source: e })
 }
@@ -375,7 +434,7 @@ impl Store for SqliteStore {
                         gpu_cost, cpu_cost, mem_cost, submitted_by
                  FROM usage WHERE (?1 IS NULL OR tenant = ?1) AND end_ms > ?2 AND start_ms < ?3 ORDER BY seq",
             )?;
-            let rows = q.query_map(params![tenant, from_ms as i64, to_ms as i64], |r| {
+            let rows = q.query_map(params![tenant, big(from_ms), big(to_ms)], |r| {
                 Ok(UsageRow {
                     job: r.get::<_, i64>(0)? as u64,
                     tenant: r.get(1)?,
@@ -397,13 +456,35 @@ impl Store for SqliteStore {
         })
     }
 
+    fn counts(&self) -> Result<Counts, StoreError> {
+        self.with_read(|c| {
+            let n = |t: &str| -> Result<u64, StoreError> {
+                Ok(c.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get::<_, i64>(0))? as u64)
+            };
+            Ok(Counts {
+                tenants: n("tenants")?,
+                tokens: n("tokens")?,
+                token_docs: n("token_docs")?,
+                nodes: n("nodes")?,
+                jobs: n("jobs")?,
+                events: n("events")?,
+                usage: n("usage")?,
+                samples: n("samples")?,
+            })
+        })
+    }
+
+    fn export(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError> {
+        self.export_all(each)
+    }
+
     fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError> {
         self.with_read(|c| {
             let mut q = c.prepare_cached(
                 "SELECT at_ms, gpus_total, gpus_allocated, queue_length, running FROM samples
                  WHERE at_ms >= ?1 ORDER BY at_ms",
             )?;
-            let rows = q.query_map(params![since_ms as i64], |r| {
+            let rows = q.query_map(params![big(since_ms)], |r| {
                 Ok(SampleRow {
                     at_ms: r.get::<_, i64>(0)? as u64,
                     gpus_total: r.get::<_, i64>(1)? as u64,
@@ -417,6 +498,69 @@ impl Store for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    fn export_all(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let snap = self.load()?;
+        each(snap.tenants.into_iter().map(|(name, doc)| Write::Tenant { name, doc }).collect())?;
+        each(snap.tokens.into_iter().map(|t| Write::Token { hash: t.hash, role: t.role, tenant: t.tenant }).collect())?;
+        each(snap.token_docs.into_iter().map(|(hash, doc)| Write::TokenDoc { hash, doc }).collect())?;
+        each(snap.nodes.into_iter().map(|(name, doc)| Write::Node { name, doc }).collect())?;
+        self.with_read(|c| {
+            export_paged(
+                c,
+                "SELECT id, tenant, state, doc FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2",
+                |r| {
+                    let id: i64 = r.get(0)?;
+                    let doc = decode("job", id.to_string(), &r.get::<_, String>(3)?)?;
+                    Ok((id, Write::Job { id: id as u64, tenant: r.get(1)?, state: r.get(2)?, doc }))
+                },
+                each,
+            )?;
+            export_paged(
+                c,
+                "SELECT seq, job, at_ms, kind, message FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                |r| {
+                    let w = Write::Event {
+                        job: r.get::<_, i64>(1)? as u64,
+                        at_ms: r.get::<_, i64>(2)? as u64,
+                        kind: r.get(3)?,
+                        message: r.get(4)?,
+                    };
+                    Ok((r.get(0)?, w))
+                },
+                each,
+            )?;
+            export_paged(
+                c,
+                "SELECT seq, job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
+                        mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by
+                 FROM usage WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                |r| {
+                    let u = UsageRow {
+                        job: r.get::<_, i64>(1)? as u64,
+                        tenant: r.get(2)?,
+                        start_ms: r.get::<_, i64>(3)? as u64,
+                        end_ms: r.get::<_, i64>(4)? as u64,
+                        gpu_model: r.get(5)?,
+                        lifecycle: r.get(6)?,
+                        gpu_seconds: r.get(7)?,
+                        cpu_seconds: r.get(8)?,
+                        mem_gib_seconds: r.get(9)?,
+                        cost: r.get(10)?,
+                        gpu_cost: r.get(11)?,
+                        cpu_cost: r.get(12)?,
+                        mem_cost: r.get(13)?,
+                        submitted_by: r.get(14)?,
+                    };
+                    Ok((r.get(0)?, Write::Usage(u)))
+                },
+                each,
+            )
+        })?;
+        each(self.samples(0)?.into_iter().map(|sample| Write::Sample { sample, keep_since_ms: 0 }).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,124 +570,6 @@ mod tests {
         Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}) }
     }
 
-    #[test]
-    fn writes_survive_reopening_and_upsert() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = SqliteStore::open(dir.path()).unwrap();
-            s.commit(vec![
-                Write::Tenant { name: "t".into(), doc: json!({"weight": 1}) },
-                Write::Token { hash: "abc".into(), role: TokenRole::Tenant, tenant: Some("t".into()) },
-                job(1, "pending"),
-                job(2, "pending"),
-                Write::Event { job: 1, at_ms: 5, kind: "submitted".into(), message: "hello".into() },
-            ])
-            .unwrap();
-            s.commit(vec![job(1, "running")]).unwrap();
-        }
-        let s = SqliteStore::open(dir.path()).unwrap();
-        let snap = s.load().unwrap();
-        assert_eq!(snap.tenants.len(), 1);
-        assert_eq!(
-            snap.tokens,
-            vec![TokenRow { hash: "abc".into(), role: TokenRole::Tenant, tenant: Some("t".to_string()) }]
-        );
-        assert_eq!(snap.jobs.len(), 2);
-        assert_eq!(snap.jobs[0].1["state"], "running");
-        assert_eq!(s.events(1).unwrap()[0].message, "hello");
-    }
-
-    #[test]
-    fn token_records_survive_reopening_and_a_revoked_token_is_gone() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = SqliteStore::open(dir.path()).unwrap();
-            s.commit(vec![
-                Write::Token { hash: "keep".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) },
-                Write::TokenDoc { hash: "keep".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
-                Write::Token { hash: "gone".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) },
-                Write::TokenDoc { hash: "gone".into(), doc: json!({"role": "tenant", "tenant": "t"}) },
-            ])
-            .unwrap();
-            s.commit(vec![Write::RevokeToken { hash: "gone".into() }]).unwrap();
-        }
-        let snap = SqliteStore::open(dir.path()).unwrap().load().unwrap();
-        assert_eq!(
-            snap.tokens,
-            vec![crate::TokenRow { hash: "keep".into(), role: crate::TokenRole::Tenant, tenant: Some("t".into()) }]
-        );
-        assert_eq!(snap.token_docs, vec![("keep".to_string(), json!({"role": "tenant", "tenant": "t"}))]);
-    }
-
-    #[test]
-    fn concurrent_commits_are_grouped_and_all_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
-        let handles: Vec<_> = (0..8)
-            .map(|t| {
-                let s = s.clone();
-                std::thread::spawn(move || {
-                    for i in 0..100 {
-                        s.commit(vec![job(t * 1000 + i, "pending")]).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        drop(s);
-        let s = SqliteStore::open(dir.path()).unwrap();
-        assert_eq!(s.load().unwrap().jobs.len(), 800);
-    }
-
-    #[test]
-    fn samples_survive_a_reopen_and_old_ones_are_pruned() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open(dir.path()).unwrap();
-        let at = |t: u64| SampleRow { at_ms: t, gpus_total: 8, gpus_allocated: t / 10, queue_length: 1, running: 2 };
-        for t in [10, 20, 30] {
-            s.commit(vec![Write::Sample { sample: at(t), keep_since_ms: 15 }]).unwrap();
-        }
-        drop(s);
-        let s = SqliteStore::open(dir.path()).unwrap();
-        assert_eq!(s.samples(0).unwrap(), vec![at(20), at(30)], "10 is older than the kept window");
-        assert_eq!(s.samples(25).unwrap(), vec![at(30)]);
-    }
-
-    #[test]
-    fn usage_rows_filter_by_tenant_and_time() {
-        let s = SqliteStore::open(tempfile::tempdir().unwrap().path()).unwrap();
-        let row = |tenant: &str, start, end| UsageRow {
-            job: 1,
-            tenant: tenant.into(),
-            start_ms: start,
-            end_ms: end,
-            gpu_model: "A100-80GB".into(),
-            lifecycle: "on-demand".into(),
-            gpu_seconds: 10.0,
-            cpu_seconds: 1.0,
-            mem_gib_seconds: 1.0,
-            gpu_cost: 0.3,
-            cpu_cost: 0.15,
-            mem_cost: 0.05,
-            cost: 0.5,
-            submitted_by: "alice".into(),
-        };
-        s.commit(vec![
-            Write::Usage(row("a", 0, 100)),
-            Write::Usage(row("b", 50, 150)),
-            Write::Usage(row("a", 200, 300)),
-        ])
-        .unwrap();
-        assert_eq!(s.usage(Some("a"), 0, 1000).unwrap().len(), 2);
-        assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
-        assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
-        assert!(s.usage(None, 0, 1000).unwrap().iter().all(|r| r.submitted_by == "alice"), "who submitted is kept");
-    }
-
-    /// Usage rows of schema 4 priced only GPUs, in one `cost` column; the migration keeps them and calls their cost
-    /// GPU cost, and new rows keep their three parts.
     #[test]
     fn old_usage_rows_get_their_cost_as_gpu_cost_and_new_rows_keep_three_parts() {
         let dir = tempfile::tempdir().unwrap();
@@ -638,6 +664,30 @@ mod tests {
             ],
             "a tenant named __agent__ existed: every __agent__ token is revoked"
         );
+    }
+
+    /// The behaviour shared with the other stores is tested in `tests/contract.rs`; here, what is SQLite's own.
+    #[test]
+    fn a_backup_is_a_private_consistent_copy_taken_while_the_store_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        s.commit((1..=50).map(|i| job(i, "pending")).collect()).unwrap();
+        let to = dir.path().join("copy.db");
+        assert!(backup(dir.path(), &to).unwrap() > 0);
+        s.commit(vec![job(51, "pending")]).unwrap();
+        let copy = dir.path().join("copy");
+        std::fs::create_dir(&copy).unwrap();
+        std::fs::rename(&to, copy.join("gpunet.db")).unwrap();
+        assert_eq!(SqliteStore::open(&copy).unwrap().load().unwrap().jobs.len(), 50, "the copy is of when it ran");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(copy.join("gpunet.db")).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+        }
+        let e = backup(dir.path(), &dir.path().join("gpunet.db")).unwrap_err().to_string();
+        assert!(e.contains("exists"), "an existing file is never overwritten: {e}");
+        assert!(backup(&dir.path().join("nowhere"), &dir.path().join("x.db")).is_err());
     }
 
     #[test]

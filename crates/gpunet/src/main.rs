@@ -1,7 +1,10 @@
 //! `gpunet`: the one binary of the gpunet compute network.
 
+mod admin;
 mod bench;
 mod client;
+mod monitoring;
+mod report;
 mod sim_cmd;
 
 use anyhow::{bail, Context, Result};
@@ -62,6 +65,9 @@ enum Cmd {
     Uncordon(NodeArg),
     /// Usage and cost (GPU, CPU and memory apart) per tenant over a period.
     Bill(BillArgs),
+    /// Accounting per tenant or user over a period: jobs, GPU-hours, cost, waits, failures, preemptions (table, JSON
+    /// or CSV); `--statement` prints a tenant's monthly statement as CSV.
+    Report(report::ReportArgs),
     /// Print the price catalogue shipped with gpunet (TOML, with where its figures come from): the start of a
     /// `--prices` file.
     Prices,
@@ -72,6 +78,11 @@ enum Cmd {
     },
     /// Replay a cluster trace on a virtual clock through the real scheduler.
     Sim(Box<sim_cmd::SimCmd>),
+    /// Administration: print the alert rules; migrate SQLite to PostgreSQL; back up SQLite online.
+    Admin {
+        #[command(subcommand)]
+        what: admin::AdminCmd,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -81,9 +92,13 @@ enum Cmd {
 
 #[derive(Debug, clap::Args)]
 struct ServerArgs {
-    /// Data directory (SQLite database).
+    /// Data directory (the SQLite database unless --store names another; TLS files, logs).
     #[arg(long, default_value = "gpunet-data")]
     data_dir: PathBuf,
+    /// Where the state is kept: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`, or `sqlite://DIR` (default: SQLite in
+    /// --data-dir). Default GPUNET_STORE.
+    #[arg(long, env = "GPUNET_STORE", hide_env_values = true)]
+    store: Option<String>,
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
@@ -165,6 +180,13 @@ struct UpArgs {
     /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
     #[arg(long)]
     prices: Option<PathBuf>,
+    /// Also run Prometheus (it must be on PATH) as a child, scraping this server with gpunet's alert rules; its
+    /// configuration and data go to DATA_DIR/prometheus.
+    #[arg(long)]
+    with_prometheus: bool,
+    /// Where that Prometheus listens.
+    #[arg(long, default_value = "127.0.0.1:9090", requires = "with_prometheus")]
+    prometheus_listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -191,6 +213,10 @@ struct AgentArgs {
     /// MIG instances of every fake GPU, e.g. 3g.40gb,3g.40gb (tasks see `MIG-fake-…` UUIDs).
     #[arg(long, requires = "fake_gpus", value_delimiter = ',')]
     fake_mig: Vec<String>,
+    /// Fake GPUs report a fixed synthetic sample (50 % busy, a quarter of their memory used; exported with
+    /// `fake="true"`) instead of none: for trying dashboards and alert rules without NVIDIA GPUs.
+    #[arg(long, requires = "fake_gpus")]
+    fake_gpu_samples: bool,
     /// Where logs and checkpoints go.
     #[arg(long, default_value = "gpunet-agent")]
     data_dir: PathBuf,
@@ -203,13 +229,21 @@ struct AgentArgs {
     /// `PATH` of every task (jobs cannot set their own; they start from an empty environment).
     #[arg(long, env = "GPUNET_TASK_PATH", default_value = gpunet_agent::launcher::DEFAULT_TASK_PATH)]
     task_path: String,
-    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index (the agent must
-    /// run as root; `--run-as` wins).
-    #[arg(long)]
+    /// Run each tenant's tasks as its own uid and gid, `--tenant-uid-base` + the tenant's index. The default when
+    /// the agent runs as root and other users can reach the data directory; `--run-as` wins.
+    #[arg(long, conflicts_with = "no_tenant_uids")]
     tenant_uids: bool,
-    /// First uid (and gid) of the per-tenant range.
+    /// Run every task as the agent's own user (or `--run-as`'s) even as root.
+    #[arg(long)]
+    no_tenant_uids: bool,
+    /// First uid (and gid) of the per-tenant range: tenant i runs as base + i.
     #[arg(long, default_value_t = gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE)]
     tenant_uid_base: u32,
+    /// Run tasks without a PID and mount namespace of their own (they then see, though cannot signal, the node's
+    /// other processes). Without this flag an agent that cannot make namespaces refuses to start when it runs
+    /// tasks as other users, and warns otherwise.
+    #[arg(long)]
+    no_pid_namespace: bool,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -251,6 +285,23 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into())
         }
     };
+    // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
+    let data_dir =
+        std::path::absolute(&a.data_dir).with_context(|| format!("resolve --data-dir {}", a.data_dir.display()))?;
+    let tenant_uids = if a.tenant_uids {
+        true
+    } else if a.no_tenant_uids || a.run_as.is_some() || !gpunet_agent::running_as_root() {
+        false
+    } else {
+        let _ = std::fs::create_dir_all(&data_dir);
+        let reach = gpunet_agent::others_can_reach(&data_dir);
+        if !reach {
+            tracing::warn!(data_dir = %data_dir.display(), "other users cannot reach the data directory, so every \
+                           tenant's tasks run as root; use a data directory under a path like /srv or /var/lib for \
+                           per-tenant users (or --no-tenant-uids to silence this)");
+        }
+        reach
+    };
     Ok(gpunet_agent::AgentConfig {
         server: a.server.trim_end_matches('/').to_string(),
         ca: a.ca.clone(),
@@ -264,16 +315,14 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             .map(|p| p.parse::<gpunet_core::MigProfile>().with_context(|| format!("invalid --fake-mig {p:?}")))
             .collect::<Result<Vec<_>>>()?,
         real_gpus: if a.fake_gpus.is_some() { Vec::new() } else { real_gpus()? },
-        // Absolute, so that paths handed to tasks (GPUNET_CHECKPOINT_DIR) work from their working directory.
-        data_dir: std::path::absolute(&a.data_dir)
-            .with_context(|| format!("resolve --data-dir {}", a.data_dir.display()))?,
+        data_dir,
         cpu: None,
         mem: None,
         address: a.address.clone(),
         run_as: a.run_as.clone(),
         wrapper: std::env::current_exe().ok(),
         task_path: a.task_path.clone(),
-        tenant_uid_base: a.tenant_uids.then_some(a.tenant_uid_base),
+        tenant_uid_base: tenant_uids.then_some(a.tenant_uid_base),
         device_dir: Some(a.device_dir.clone()),
         price_per_gpu_hour: match a.price_per_gpu_hour {
             Some(p) => Some(
@@ -283,6 +332,8 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             ),
             None => None,
         },
+        fake_gpu_samples: a.fake_gpu_samples,
+        pid_namespace: !a.no_pid_namespace,
     })
 }
 
@@ -742,6 +793,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             print(&c, &ns, |n| client::nodes_table(n))
         }
         Cmd::Cordon(a) | Cmd::Drain(a) | Cmd::Uncordon(a) => unreachable!("handled with the action: {a:?}"),
+        Cmd::Report(a) => report::run(a).await,
         Cmd::Bill(a) => {
             let c = Client::new(&a.conn)?;
             let to = gpunet_server::now_ms();
@@ -873,8 +925,12 @@ fn main() -> Result<()> {
             cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
             cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
             cfg.prices = load_prices(a.prices.as_deref())?;
+            let store_url = match &a.store {
+                Some(s) => gpunet_store::StoreUrl::parse(s).context("invalid --store")?,
+                None => gpunet_store::StoreUrl::Sqlite(a.data_dir.clone()),
+            };
             runtime()?.block_on(async move {
-                let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&a.data_dir)?);
+                let store = gpunet_store::open(&store_url).context("open the store")?;
                 let running = gpunet_server::start(cfg, store).await?;
                 println!("gpunet server listening on {}", running.url());
                 if let Some(t) = &running.generated_admin_token {
@@ -970,6 +1026,18 @@ fn main() -> Result<()> {
                     local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
                 }
                 let url = format!("https://{local}");
+                let prometheus = if a.with_prometheus {
+                    let p = monitoring::start(
+                        &a.data_dir,
+                        &local.to_string(),
+                        &ca.ca_cert,
+                        &token_file,
+                        &a.prometheus_listen.to_string(),
+                    )?;
+                    Some(p)
+                } else {
+                    None
+                };
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
                     ca: Some(ca.ca_cert.clone()),
@@ -992,6 +1060,9 @@ fn main() -> Result<()> {
                     tenant_uid_base: tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
                     device_dir: None,
                     price_per_gpu_hour: None,
+                    fake_gpu_samples: false,
+                    // Each task in its own PID namespace where the machine allows (refused with tenant uids).
+                    pid_namespace: true,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {
@@ -1030,6 +1101,13 @@ fn main() -> Result<()> {
                     }
                 }
                 println!("CA certificate: {}  (clients: --ca or GPUNET_CA; browsers: import it, or accept the warning)", ca.ca_cert.display());
+                if let Some(p) = &prometheus {
+                    println!(
+                        "prometheus: {}  (scraping {url}/metrics with gpunet's alert rules; config in {})",
+                        p.url,
+                        a.data_dir.join("prometheus").display()
+                    );
+                }
                 println!(
                     "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
                     ca.ca_cert.display()
@@ -1041,6 +1119,7 @@ fn main() -> Result<()> {
                 let _ = stop_tx.send(());
                 let _ = agent_task.await;
                 running.stop().await;
+                drop(prometheus);
                 Ok::<(), anyhow::Error>(())
             })?;
         }
@@ -1068,6 +1147,7 @@ fn main() -> Result<()> {
                 println!("peak_rss_mib    {:.1}", r.peak_rss_mib);
             }
         }
+        Cmd::Admin { what } => admin::run(what)?,
         Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
         Cmd::Bench { what: BenchCmd::E2e(args) } => runtime()?.block_on(bench::e2e::run(args))?,
         Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,

@@ -83,12 +83,12 @@ fn a_gang_across_two_agents_gets_consistent_ranks() {
 #[test]
 fn cancel_kills_the_whole_process_tree() {
     let (dir, s) = setup(&[]);
-    let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    let a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
     let pidfile = dir.path().join("child.pid");
     let cmd = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
     let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
     wait_for(Duration::from_secs(20), || !read(&pidfile).is_empty());
-    let child = read(&pidfile);
+    let child = common::host_pid(a.0.id(), &read(&pidfile));
     assert!(alive(&child));
     let (ok, out, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
     assert!(ok && out.contains("being cancelled"), "{out}{err}");
@@ -109,10 +109,10 @@ fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
     );
     let id = s.submit(&["--gpus", "4", "--", "sh", "-c", &cmd]);
     wait_for(Duration::from_secs(20), || !read(&out.join("first")).is_empty());
+    let first = common::host_pid(a.0.id(), &read(&out.join("first")));
     let _b = s.agent("a2", "4xT4", dir.path(), "127.0.0.1");
     a.kill9();
     // The machine "died" with its agent: end the orphaned first attempt too.
-    let first = read(&out.join("first"));
     assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
     // End the orphaned attempt as a lost node's task would end: its whole process group (the shell's `sleep` too,
     // which would otherwise outlive the test).
@@ -258,14 +258,50 @@ fn a_job_restarted_on_another_node_gets_its_newest_shared_checkpoint() {
     // Wait until the shared tier holds a snapshot of the state.
     let tier = shared.join(format!("job-{id}/rank-0/shared"));
     wait_for(Duration::from_secs(20), || std::fs::read_dir(&tier).map(|d| d.count()).unwrap_or(0) > 0);
+    let first = common::host_pid(a.0.id(), &read(&out.join("first")));
     let _b = s.agent("a2", "1xT4", dir.path(), "127.0.0.1");
     a.kill9();
-    let first = read(&out.join("first"));
     assert!(first.parse::<u32>().is_ok_and(|p| p > 1), "task pid {first:?}");
     // The task is one process (it execs its sleep): end it as a lost node's task would end.
     let _ = Command::new("kill").args(["-9", &first]).status();
     wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
     assert_eq!(read(&out.join("restored")), "step-7", "the new node restored the shared checkpoint");
+}
+
+#[test]
+fn failed_checkpoint_copies_are_counted_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = format!("file://{}/shared-ckpt/{{tenant}}", dir.path().display());
+    let (dir, s) = setup_in(dir, &["--checkpoint-root", &root]);
+    // The tenant's tier directory is a regular file: no copy there can succeed.
+    std::fs::create_dir_all(dir.path().join("shared-ckpt")).unwrap();
+    let shared = dir.path().join("shared-ckpt/t");
+    std::fs::write(&shared, "not a directory").unwrap();
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let cmd = "echo step > $GPUNET_CHECKPOINT_DIR/state; exec sleep 300";
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: broken-tier\ntenant: t\ngpus: 1\ncommand: [sh, -c, {cmd:?}]\ncheckpoint_tiers:\n\
+             - {{name: shared, every: 200ms, keep: 2, url: \"file://{}\"}}\n",
+            shared.display()
+        ),
+    );
+    wait_for(Duration::from_secs(20), || s.job_state(id) == "running");
+    let failures = || {
+        let m = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&m.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("gpunet_checkpoint_copy_failures_total{node=\"a1\"} "))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    wait_for(Duration::from_secs(30), || failures().is_some_and(|n| n >= 1));
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{out}{err}");
 }
 
 #[test]
@@ -283,7 +319,7 @@ fn a_restarted_agent_adopts_the_tasks_the_server_still_owns() {
     );
     let id = submit_yaml(&s, dir.path(), &yaml);
     wait_for(Duration::from_secs(20), || read(&pids).lines().count() == 1);
-    let first = read(&pids);
+    let first = common::host_pid(a.0.id(), &read(&pids));
     a.kill9();
     assert!(alive(&first), "a task outlives its agent");
     // The same node comes back (same name, same data directory) before the server declares it lost.
@@ -310,18 +346,18 @@ fn an_agent_back_after_its_node_was_lost_stops_the_tasks_that_moved() {
     let cmd = format!("echo $$ >> {}; exec sleep 300", pids.display());
     let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
     wait_for(Duration::from_secs(20), || read(&pids).lines().count() == 1);
-    let first = read(&pids);
+    let first = common::host_pid(a.0.id(), &read(&pids));
     a.kill9();
     // The node is lost; the job's task there is fenced (its GPU held) until the agent confirms it gone.
     wait_for(Duration::from_secs(20), || {
         let (_, o, _) = s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
         common::json(&o)["stopping"] == "node_lost"
     });
-    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
     // The old attempt is no longer the server's: the agent stops it; the job's new attempt starts on the node.
     wait_for(Duration::from_secs(20), || !alive(&first));
     wait_for(Duration::from_secs(30), || read(&pids).lines().count() == 2);
-    let second = read(&pids).lines().nth(1).unwrap().to_string();
+    let second = common::host_pid(a.0.id(), read(&pids).lines().nth(1).unwrap());
     assert!(alive(&second));
     wait_for(Duration::from_secs(10), || s.job_state(id) == "running");
 }

@@ -76,7 +76,7 @@ fn bench_e2e_runs_jobs_through_server_and_agent() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     keys.sort();
-    assert_eq!(keys, ["drain_s", "start_p50_ms", "start_p99_ms"]);
+    assert_eq!(keys, ["drain_s", "placed_p50_ms", "placed_to_start_p50_ms", "start_p50_ms", "start_p99_ms"]);
     assert!(
         v["drain_s"].as_f64().unwrap() > 0.0
             && v["start_p99_ms"].as_f64().unwrap() >= v["start_p50_ms"].as_f64().unwrap()

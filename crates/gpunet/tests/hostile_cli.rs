@@ -29,6 +29,10 @@ fn an_agent_with_a_relative_data_dir_gives_tasks_an_absolute_checkpoint_dir() {
     let _agent = Proc(child);
     let out = dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
+    // The task may run as its tenant's own user (a root agent's default): it must reach `out` to report.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
     // The task runs elsewhere, writes into its checkpoint directory, and records the path it was given.
     let cmd = format!(
         "echo \"$GPUNET_CHECKPOINT_DIR\" > {o}/path && mkdir -p \"$GPUNET_CHECKPOINT_DIR\" && \

@@ -27,12 +27,30 @@ fn alive(pid: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Kills a process this test is responsible for, whether or not the assertion about it held.
-struct KillOnDrop(std::path::PathBuf);
+/// The host's processes whose command line is exactly `args` (a task's pids are its namespace's, so tests find
+/// the processes they mean to watch by a command line of their own, e.g. `sleep 300.<test's own digits>`).
+fn with_args(args: &[&str]) -> Vec<String> {
+    let want: Vec<u8> = args.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().filter(|n| n.parse::<u32>().is_ok()).map(String::from))
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want) && alive(p))
+        .collect()
+}
+
+/// A `sleep` argument no other test (or run) uses.
+fn marker(n: u32) -> String {
+    format!("300.{n}{}", std::process::id())
+}
+
+/// Kills the processes (found by their command line) this test is responsible for, whether or not the assertion
+/// about them held.
+struct KillOnDrop(Vec<String>);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let pid = read(&self.0);
-        if pid.parse::<i32>().is_ok_and(|p| p > 1) && alive(&pid) {
+        let args: Vec<&str> = self.0.iter().map(String::as_str).collect();
+        for pid in with_args(&args) {
             let _ = Command::new("kill").args(["-9", &pid]).status();
         }
     }
@@ -226,13 +244,14 @@ fn a_setsid_process_of_a_task_dies_with_the_job() {
         return;
     }
     let pidfile = dir.path().join("escaped.pid");
-    let _cleanup = KillOnDrop(pidfile.clone());
-    let cmd = format!("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+    let m = marker(1);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    let cmd = format!("setsid sleep {m} </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
     let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
     wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
     let pid = read(&pidfile);
-    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "{pid:?}");
-    wait_for(Duration::from_secs(20), || !alive(&pid));
+    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "it was started: {pid:?}");
+    wait_for(Duration::from_secs(20), || with_args(&["sleep", &m]).is_empty());
 }
 
 #[test]
@@ -244,8 +263,9 @@ fn a_setsid_process_of_a_liveness_probe_dies_with_the_job() {
         return;
     }
     let pidfile = dir.path().join("probe-escaped.pid");
-    let _cleanup = KillOnDrop(pidfile.clone());
-    let probe = format!("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+    let m = marker(2);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    let probe = format!("setsid sleep {m} </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
     let task = format!("while [ ! -s {} ]; do sleep 0.1; done; sleep 0.5", pidfile.display());
     let id = submit_yaml(
         &s,
@@ -257,12 +277,12 @@ fn a_setsid_process_of_a_liveness_probe_dies_with_the_job() {
     );
     wait_for(Duration::from_secs(30), || s.job_state(id) == "succeeded");
     let pid = read(&pidfile);
-    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "{pid:?}");
-    wait_for(Duration::from_secs(20), || !alive(&pid));
+    assert!(pid.parse::<i32>().is_ok_and(|p| p > 1), "it was started: {pid:?}");
+    wait_for(Duration::from_secs(20), || with_args(&["sleep", &m]).is_empty());
 }
 
 #[test]
-fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
+fn tenants_run_as_distinct_users_and_cannot_see_read_or_signal_each_other() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let dir = tempfile::tempdir().unwrap();
     // The tenants' users must reach their directories beneath the agent's data directory.
@@ -270,28 +290,36 @@ fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
     let s = setup_in(dir.path(), &[]);
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "u"]);
     assert!(ok, "{err}");
-    let _a = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--tenant-uids"]);
+    // Root agent, data directory the tenants can reach: per-tenant uids (from the default base) and pid namespaces
+    // by default.
+    let agent = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--tenant-uid-base", "200000"]);
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let bpid = shared.join("b.pid");
-    let _cleanup = KillOnDrop(bpid.clone());
+    let m = marker(3);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
     // Tenant u's job holds a secret in its environment and runs until cancelled.
     let b = submit_yaml(
         &s,
         dir.path(),
         &format!(
-            "name: victim\ntenant: u\ngpus: 1\nenv: {{SECRET: u-secret}}\ncommand: [sh, -c, 'echo $$ > {}; exec sleep 300']\n",
+            "name: victim\ntenant: u\ngpus: 1\nenv: {{SECRET: u-secret}}\ncommand: [sh, -c, 'echo $$ > {}; exec sleep {m}']\n",
             bpid.display()
         ),
     );
     wait_for(Duration::from_secs(30), || read(&bpid).parse::<u32>().is_ok());
+    // B's pid as the host knows it (B's own output is its namespace's): what an attacker would aim at.
+    let host = common::host_pid(agent.0.id(), &read(&bpid));
+    wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]) == [host.clone()]);
+    std::fs::write(shared.join("b.host"), &host).unwrap();
     let attack = format!(
         "id -u; B=$(cat {}); \
          if cat /proc/$B/environ >/dev/null 2>&1; then echo environ-read; else echo environ-denied; fi; \
-         if kill -0 $B 2>/dev/null; then echo signal-sent; else echo signal-denied; fi; \
-         if ls $GPUNET_CHECKPOINT_DIR/../job-{b} >/dev/null 2>&1; then echo files-read; else echo files-denied; fi",
-        bpid.display()
+         kill -0 $B 2>&1 && echo signal-sent; \
+         if ls $GPUNET_CHECKPOINT_DIR/../job-{b} >/dev/null 2>&1; then echo files-read; else echo files-denied; fi; \
+         for p in /proc/[0-9]*; do echo \"proc ${{p#/proc/}} $(tr '\\0' ' ' < $p/cmdline)\"; done",
+        shared.join("b.host").display()
     );
     let a = submit_yaml(
         &s,
@@ -300,16 +328,86 @@ fn tenants_run_as_distinct_users_and_cannot_read_or_signal_each_other() {
     );
     wait_for(Duration::from_secs(30), || s.job_state(a) == "succeeded");
     let out = log(dir.path(), "a1", a);
-    assert_eq!(out.lines().collect::<Vec<_>>(), ["200000", "environ-denied", "signal-denied", "files-denied"], "{out}");
-    // The victim's directories are its own user's, 0700.
-    for d in [format!("a1/checkpoints/job-{b}"), format!("a1/homes/job-{b}/rank-0")] {
-        let m = std::fs::metadata(dir.path().join(&d)).unwrap();
-        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (200_001, 200_001, 0o700), "{d}");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines[..2], ["200000", "environ-denied"], "{out}");
+    assert!(lines[2].ends_with("kill: No such process"), "B's pid names no process here: {out}");
+    assert_eq!(lines[3], "files-denied", "{out}");
+    // Its process list: its namespace's init, its shell and what the shell runs; nothing of B's, nor the host's.
+    let procs: Vec<&str> = lines[4..].iter().filter_map(|l| l.strip_prefix("proc ")).collect();
+    assert!(procs.iter().any(|p| p.starts_with("1 ") && p.contains("task-exec")), "{out}");
+    assert!(procs.len() <= 4 && procs.iter().all(|p| !p.contains(&m) && !p.starts_with(&format!("{host} "))), "{out}");
+    // The victim's directories are its own user's, 0700; its log directory root's, readable by its group only.
+    for (d, owner, mode) in [
+        (format!("a1/checkpoints/job-{b}"), (200_001, 200_001), 0o700),
+        (format!("a1/homes/job-{b}/rank-0"), (200_001, 200_001), 0o700),
+        (format!("a1/logs/job-{b}"), (0, 200_001), 0o750),
+        (format!("a1/logs/job-{b}/rank-0-attempt-0.log"), (0, 200_001), 0o640),
+    ] {
+        let md = std::fs::metadata(dir.path().join(&d)).unwrap();
+        assert_eq!(((md.uid(), md.gid()), md.mode() & 0o777), (owner, mode), "{d}");
     }
     let (ok, _, err) = s.cli("admin-secret", &["cancel", &b.to_string()]);
     assert!(ok, "{err}");
-    let pid = read(&bpid);
-    wait_for(Duration::from_secs(20), || !alive(&pid));
+    wait_for(Duration::from_secs(20), || !alive(&host));
+}
+
+/// A task's SIGTERM reaches it through its namespace's init: a shell that traps it (the task is not PID 1, which
+/// gets no signal it has no handler for) writes its marker and ends well before the grace period's SIGKILL.
+#[test]
+fn a_shell_task_s_sigterm_trap_runs_when_the_job_is_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let out = dir.path().join("trapped");
+    let ready = dir.path().join("ready");
+    let cmd = format!(
+        "trap 'echo trapped > {}; exit 0' TERM; echo $$ > {}; while :; do sleep 1; done",
+        out.display(),
+        ready.display()
+    );
+    let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(30), || !read(&ready).is_empty());
+    assert_eq!(read(&ready), "2", "the task is PID 2 of its namespace (its init is 1)");
+    let t0 = std::time::Instant::now();
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{err}");
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
+    assert_eq!(read(&out), "trapped", "the trap ran");
+    assert!(t0.elapsed() < Duration::from_secs(5), "ended by its trap, not the SIGKILL 10 s later: {:?}", t0.elapsed());
+}
+
+/// A stop that lands while the wrapper is still starting the task (joining its cgroups, starting the init,
+/// between the fork and the task's exec) used to be lost there: the task then ran until the SIGKILL after the
+/// grace period. Each stop now ends the task at once, however early it comes.
+#[test]
+fn a_sigterm_right_at_the_start_ends_the_task() {
+    use std::os::unix::process::CommandExt;
+    for ns in [true, false] {
+        for i in 0..150u32 {
+            let mut args = vec!["task-exec", "--status", "-", "--user", "200003:200003"];
+            if ns {
+                args.push("--pid-namespace");
+            }
+            args.extend(["--", "sleep", "30"]);
+            let mut child = Command::new(common::BIN).args(&args).process_group(0).spawn().unwrap();
+            let group = format!("-{}", child.id());
+            std::thread::sleep(Duration::from_micros(u64::from(i % 75) * 80));
+            assert!(Command::new("kill").args(["-TERM", "--", &group]).status().unwrap().success());
+            let t0 = std::time::Instant::now();
+            let ended = loop {
+                if let Some(st) = child.try_wait().unwrap() {
+                    break Some(st);
+                }
+                if t0.elapsed() > Duration::from_secs(3) {
+                    let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+                    let _ = child.wait();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            assert!(ended.is_some(), "pid namespace {ns}, stop {} us after the start: lost", (i % 75) * 80);
+        }
+    }
 }
 
 #[test]

@@ -97,6 +97,9 @@ fn a_frozen_agent_s_old_copy_is_killed_on_its_return_and_the_job_runs_once_more(
     );
     let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
     wait_for(Duration::from_secs(30), || mark(&marks(&log), "start", "j", 0).is_some());
+    let pidfile = format!("{}.pid", log.display());
+    wait_for(Duration::from_secs(30), || !common::read(Path::new(&pidfile)).is_empty());
+    let pid = common::host_pid(a.0.id(), &common::read(Path::new(&pidfile)));
     let agent_pid = a.0.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &agent_pid]).status().unwrap().success());
     let nodes_state = |name: &str| {
@@ -116,8 +119,7 @@ fn a_frozen_agent_s_old_copy_is_killed_on_its_return_and_the_job_runs_once_more(
     let new_start = mark(&m, "start", "j", 1).expect("the job ran again");
     assert!(new_start > old_end, "the new attempt started before the old copy ended");
     assert_eq!(m.iter().filter(|x| x.0 == "start").count(), 2, "exactly once more: {m:?}");
-    let pid = std::fs::read_to_string(format!("{}.pid", log.display())).unwrap();
-    assert!(!Path::new(&format!("/proc/{}", pid.trim())).exists(), "the old copy is gone");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the old copy is gone");
     let v = view(&s, id);
     assert_eq!((v["restarts"].as_u64(), v["losses"].as_u64()), (Some(0), Some(1)), "{v}");
     a.kill9();

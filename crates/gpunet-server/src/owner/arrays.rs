@@ -108,6 +108,9 @@ impl Owner {
         } else {
             self.st.cancel(jid, Time(now))?;
             self.sync_doc(id);
+            if let Some(j) = self.st.job(jid) {
+                self.metrics.job_ended_queued(id, j.submitted.0, now);
+            }
             writes.extend(self.job_doc_write(id));
             writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));
         }

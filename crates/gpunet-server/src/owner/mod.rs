@@ -111,6 +111,8 @@ pub(crate) enum Cmd {
         fake: bool,
         /// The agent's price per GPU-hour, instead of the catalogue's.
         price: Option<f64>,
+        /// Sent with the join token (not the node's own credential nor the admin's): it may only add a new node.
+        join: bool,
         reply: Reply<NodeRegistered>,
     },
     /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
@@ -236,7 +238,7 @@ pub(crate) struct Owner {
     /// Version of each node's task set.
     versions: HashMap<String, u64>,
     /// Last sync of each agent-managed node.
-    last_seen: HashMap<String, std::time::Instant>,
+    pub(crate) last_seen: HashMap<String, std::time::Instant>,
     /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
     fail_how: HashMap<u64, (String, bool)>,
     /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
@@ -263,6 +265,9 @@ pub(crate) struct Owner {
     pub(crate) max_spec_bytes_per_tenant: u64,
     /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
     spec_sizes: HashMap<u64, u64>,
+    /// Spec bytes of each tenant's unfinished jobs: added at submit, taken off when a job ends (`sync_doc`), so never
+    /// below the truth; `None` until the first check counts them from the documents (after a start).
+    unfinished_spec_bytes: Option<HashMap<String, u64>>,
     /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
     /// ships its last lines and its exit for a while after it left the set.
     handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
@@ -277,11 +282,15 @@ fn not_found(what: &str, key: &str) -> ApiError {
     ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
 }
 
-/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, not starting with `__` (reserved for
-/// gpunet; older versions stored roles under such names).
+/// Tenant, cohort and node names: 1–63 of letters, digits, `-`, `_`, `.`, starting with a letter or digit (so never
+/// `.` or `..`, which would name a directory's parent in paths such as a tier root `file:///srv/ckpt/{tenant}`), not
+/// starting with `__` (reserved for gpunet; older versions stored roles under such names).
 pub(crate) fn valid_name(field: &str, n: &str) -> Result<(), ApiError> {
     if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiError::invalid(field, n, "1 to 63 letters, digits, '-', '_' or '.'"));
+    }
+    if n.starts_with('.') || n.starts_with('-') {
+        return Err(ApiError::invalid(field, n, "a name starting with a letter, a digit or '_' (not '.' or '-')"));
     }
     if n.starts_with("__") {
         return Err(ApiError::invalid(field, n, "a name not starting with '__' (reserved)"));
@@ -327,6 +336,7 @@ impl Owner {
             max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
             max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
             spec_sizes: HashMap::new(),
+            unfinished_spec_bytes: None,
             handed: HashMap::new(),
         }
     }
@@ -449,9 +459,11 @@ impl Owner {
     /// Persists `writes` and replies with `value` once they are durable.
     fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
         let metrics = self.metrics.clone();
+        let t0 = std::time::Instant::now();
         self.store.commit_async(
             writes,
             Box::new(move |r| {
+                metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
                 let _ = reply.send(match r {
                     Ok(()) => Ok(value),
                     Err(e) => {
@@ -466,9 +478,11 @@ impl Owner {
     /// Persists `writes` in the background; a refusal makes the control plane read-only.
     fn persist(&self, writes: Vec<Write>, what: &'static str) {
         let metrics = self.metrics.clone();
+        let t0 = std::time::Instant::now();
         self.store.commit_async(
             writes,
             Box::new(move |r| {
+                metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
                 if let Err(e) = r {
                     tracing::error!(error = %e, what, "persist");
                     metrics.store_refused(&e.to_string());
@@ -547,17 +561,27 @@ impl Owner {
     }
 
     fn sync_doc(&mut self, id: u64) {
+        let mut ended = None;
         if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
+            if !d.job.state.is_terminal() && j.state.is_terminal() {
+                ended = Some(d.tenant.clone());
+            }
             d.job = j.clone();
             if j.run.is_some() {
                 d.last_run = j.run.clone();
+            }
+        }
+        if let Some(tenant) = ended {
+            let size = self.spec_sizes.remove(&id).unwrap_or(0);
+            if let Some(held) = self.unfinished_spec_bytes.as_mut().and_then(|m| m.get_mut(&tenant)) {
+                *held = held.saturating_sub(size);
             }
         }
     }
 
     /// Usage rows of a run that ends at `end`: one per node the job ran on, billed per started second by the one
     /// pricing function (`gpunet_core::pricing::cost`, which the simulator uses too).
-    fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+    pub(crate) fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
         use gpunet_core::pricing;
         let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
         let ms = end.saturating_sub(run.started.0);
@@ -626,7 +650,7 @@ impl Owner {
             Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
             Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
             // Nodes and their agents (`nodes`).
-            Cmd::RegisterNode { spec, fake, price, reply } => self.register_node(spec, fake, price, reply),
+            Cmd::RegisterNode { spec, fake, price, join, reply } => self.register_node(spec, fake, price, join, reply),
             Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
             Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
             Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),
@@ -689,14 +713,18 @@ impl Owner {
             match d {
                 Decision::Start { job, .. } => {
                     self.sync_doc(job.0);
-                    let waited = now.saturating_sub(self.docs[&job.0].job.submitted.0);
-                    self.metrics.pending_seconds.observe(waited as f64 / 1000.0);
+                    // Submission to first start; later starts' waits count in the time not running.
+                    let j = &self.docs[&job.0].job;
+                    if j.attempt() == 0 {
+                        self.metrics.pending_seconds.observe(now.saturating_sub(j.submitted.0) as f64 / 1000.0);
+                    }
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
                 }
                 Decision::Preempt { job, reason, for_job } => {
                     self.sync_doc(job.0);
                     self.metrics.preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.metrics.stop_asked(job.0);
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     // The event is the evicted job's tenant's to read: another tenant's job is not named.
                     let same = self.docs.get(&job.0).map(|d| &d.tenant) == self.docs.get(&for_job.0).map(|d| &d.tenant);

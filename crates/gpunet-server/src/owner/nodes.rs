@@ -21,9 +21,23 @@ impl Owner {
         mut spec: NodeSpec,
         fake: bool,
         price: Option<f64>,
+        join: bool,
         reply: Reply<NodeRegistered>,
     ) {
         let name = spec.name.clone();
+        // The join token only adds nodes: a known node re-registers with its own credential (or the admin's token), else
+        // whoever holds the join token could take its name over — its tasks (other tenants' commands and secrets),
+        // their exits and its price. Nodes stored before credentials existed have none and may still use it once.
+        if join && self.nodes.get(&name).is_some_and(|d| d.credential.is_some()) {
+            let _ = reply.send(Err(ApiError::new(
+                "conflict",
+                format!(
+                    "node {name} is already registered: its agent re-registers with its own credential \
+                     (DATA_DIR/node.credential), or an admin token registers it again"
+                ),
+            )));
+            return;
+        }
         let r = if let Some(id) = self.st.node_id(&name) {
             // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
             let known = self.st.node(id).expect("known").spec;
@@ -126,6 +140,9 @@ impl Owner {
                 "stopping",
                 format!("job-{} stopping: node {name} is {state}; its GPUs stay held until its end is confirmed", j.0),
             ));
+            if state == NodeState::Draining {
+                self.metrics.stop_asked(j.0); // an eviction, timed until its end is confirmed
+            }
             if state != NodeState::Lost {
                 self.confirm_unmanaged(*j, now, &mut writes);
             }
@@ -160,6 +177,7 @@ impl Owner {
         sync.checkpoints.retain(|(t, _)| self.task_of_node(id, node, t));
         sync.exited.retain(|e| self.task_of_node(id, node, &e.task));
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
+        self.metrics.checkpoint_failures(node, sync.checkpoint_failures);
         if let Some(samples) = sync.gpu_samples.take() {
             self.gpu_samples.insert(node.to_string(), samples);
         }
@@ -412,7 +430,12 @@ impl Owner {
     ) {
         let id = e.job.0;
         if let Some(b) = before {
-            writes.extend(self.usage_rows(&b, now).into_iter().map(Write::Usage));
+            let rows = self.usage_rows(&b, now);
+            let ran = b.job.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
+            let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| (j.submitted.0, now));
+            let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
+            self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
+            writes.extend(rows.into_iter().map(Write::Usage));
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
         if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {

@@ -35,6 +35,12 @@ pub(crate) struct E2eArgs {
     /// to the preemptor's process start (a local server only).
     #[arg(long)]
     pub(crate) preempt: bool,
+    /// The local agent runs each tenant's tasks as the tenant's own uid (needs root).
+    #[arg(long)]
+    pub(crate) tenant_uids: bool,
+    /// The local agent runs tasks without a PID namespace of their own.
+    #[arg(long)]
+    pub(crate) no_pid_namespace: bool,
 }
 
 /// What it measured.
@@ -46,6 +52,10 @@ pub(crate) struct E2eReport {
     pub(crate) start_p99_ms: f64,
     /// First submission → last completion.
     pub(crate) drain_s: f64,
+    /// Median submit → the scheduler's decision (the server's `started` event): the control plane's share.
+    pub(crate) placed_p50_ms: f64,
+    /// Median decision → process started: the sync to the agent and the agent's own setup and spawn.
+    pub(crate) placed_to_start_p50_ms: f64,
 }
 
 async fn json<T: serde::de::DeserializeOwned>(r: reqwest::RequestBuilder) -> Result<T> {
@@ -70,7 +80,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     let (url, token) = match &a.server {
         Some(u) => (u.trim_end_matches('/').to_string(), a.token.clone().context("--token is required with --server")?),
         None => {
-            let (net, url, admin) = local_net(&dir, a.slots, a.preempt).await?;
+            let (net, url, admin) = local_net(&dir, &a).await?;
             local = Some(net);
             (url, admin)
         }
@@ -164,6 +174,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     }
     listener.abort();
     let mut starts = Vec::with_capacity(ids.len());
+    let (mut placed, mut to_start) = (Vec::new(), Vec::new());
     let (mut first, mut last) = (u64::MAX, 0u64);
     for id in &ids {
         let ev: Vec<serde_json::Value> =
@@ -171,6 +182,10 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         let at = |k: &str| ev.iter().find(|e| e["kind"] == k).and_then(|e| e["at_ms"].as_u64());
         let (Some(sub), Some(st)) = (at("submitted"), at("process_started")) else { continue };
         starts.push(st.saturating_sub(sub) as f64);
+        if let Some(p) = at("started") {
+            placed.push(p.saturating_sub(sub) as f64);
+            to_start.push(st.saturating_sub(p) as f64);
+        }
         first = first.min(sub);
         if let Some(end) = ev
             .iter()
@@ -181,11 +196,15 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
             last = last.max(end);
         }
     }
-    starts.sort_by(f64::total_cmp);
+    for v in [&mut starts, &mut placed, &mut to_start] {
+        v.sort_by(f64::total_cmp);
+    }
     let report = E2eReport {
         start_p50_ms: quantile(&starts, 0.5),
         start_p99_ms: quantile(&starts, 0.99),
         drain_s: last.saturating_sub(first) as f64 / 1000.0,
+        placed_p50_ms: quantile(&placed, 0.5),
+        placed_to_start_p50_ms: quantile(&to_start, 0.5),
     };
     stop_local(local, &dir).await;
     if starts.len() < ids.len() {
@@ -197,12 +216,21 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         println!("start_p50_ms  {:.1}", report.start_p50_ms);
         println!("start_p99_ms  {:.1}", report.start_p99_ms);
         println!("drain_s       {:.2}", report.drain_s);
+        println!("placed_p50_ms {:.1}", report.placed_p50_ms);
+        println!("placed_to_start_p50_ms {:.1}", report.placed_to_start_p50_ms);
     }
     Ok(())
 }
 
 /// Starts a server and agents with `slots` fake GPUs on loopback; returns them, the URL and the admin token.
-async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result<(LocalNet, String, String)> {
+async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, String, String)> {
+    let (slots, preempt) = (a.slots, a.preempt);
+    if a.tenant_uids {
+        // The tenants' users reach their directories beneath the agents' (the server's stays private).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
     let admin = gpunet_server::new_token();
     let join = gpunet_server::new_token();
     let mut cfg = gpunet_server::Config::new(dir.join("server"));
@@ -243,9 +271,11 @@ async fn local_net(dir: &std::path::Path, slots: usize, preempt: bool) -> Result
             run_as: None,
             wrapper: std::env::current_exe().ok(),
             task_path: gpunet_agent::launcher::DEFAULT_TASK_PATH.into(),
-            tenant_uid_base: None,
+            tenant_uid_base: a.tenant_uids.then_some(gpunet_agent::launcher::DEFAULT_TENANT_UID_BASE),
             device_dir: None,
             price_per_gpu_hour: None,
+            fake_gpu_samples: false,
+            pid_namespace: !a.no_pid_namespace,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {

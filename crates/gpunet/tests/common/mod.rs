@@ -104,6 +104,13 @@ impl Server {
         env: &[(&str, &str)],
     ) -> Proc {
         use std::os::unix::process::CommandExt;
+        // The tests' temporary directories are reachable by other users, so a root agent would run each tenant's
+        // tasks as its own user by default; tests whose tasks write into them run tasks as root unless they pass a
+        // `--tenant-uid…` flag.
+        let mut extra = extra.to_vec();
+        if !extra.iter().any(|a| a.starts_with("--tenant-uid")) {
+            extra.push("--no-tenant-uids");
+        }
         let child = Command::new(BIN)
             .envs(env.iter().copied())
             .process_group(0)
@@ -219,4 +226,42 @@ pub fn submit_yaml(s: &Server, dir: &Path, yaml: &str) -> u64 {
     let (ok, o, e) = s.cli("admin-secret", &["submit", "-f", spec.to_str().unwrap(), "--output", "json"]);
     assert!(ok, "{o}{e}");
     json(&o)["id"].as_u64().unwrap()
+}
+
+/// The host's pid of the process a task knows as `pid` (its `$$` or `$!`: a task runs in a PID namespace of its
+/// own, where pids are small and repeat from task to task), found among the descendants of `ancestor` (the agent's
+/// pid; call it while both run). `pid` itself where tasks run without a namespace. Panics when two processes under
+/// `ancestor` match (two tasks' namespaces both have it): the test must tell them apart another way.
+pub fn host_pid(ancestor: u32, pid: &str) -> String {
+    let mut procs = Vec::new(); // (host pid, parent, pids in each namespace from the host's down)
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(h) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{h}/status")) else { continue };
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.split_whitespace().map(String::from).collect())
+        };
+        let ppid: Vec<String> = field("PPid:").unwrap_or_default();
+        let ns: Vec<String> = field("NSpid:").unwrap_or_default();
+        procs.push((h, ppid.first().and_then(|p| p.parse::<u32>().ok()).unwrap_or(0), ns));
+    }
+    let parent: std::collections::HashMap<u32, u32> = procs.iter().map(|(h, p, _)| (*h, *p)).collect();
+    let under = |mut h: u32| {
+        while h > 1 {
+            h = parent.get(&h).copied().unwrap_or(0);
+            if h == ancestor {
+                return true;
+            }
+        }
+        false
+    };
+    let hits: Vec<u32> = procs
+        .iter()
+        .filter(|(h, _, ns)| ns.len() > 1 && ns.last().map(String::as_str) == Some(pid) && under(*h))
+        .map(|(h, _, _)| *h)
+        .collect();
+    match hits[..] {
+        [] => pid.to_string(),
+        [h] => h.to_string(),
+        _ => panic!("pid {pid} names {hits:?} in several tasks' namespaces"),
+    }
 }

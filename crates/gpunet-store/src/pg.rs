@@ -1,0 +1,798 @@
+//! PostgreSQL store: the same contract as SQLite's (a batch is acknowledged only once its transaction committed,
+//! batches are applied in the order they were queued), versioned migrations, and group commit.
+//!
+//! The [`Store`] trait is synchronous and is called from inside the server's tokio runtime, where the synchronous
+//! `postgres` client cannot block (it drives its own runtime). So every connection lives on a thread of its own:
+//! one **writer** thread takes every batch waiting when it becomes free and writes them in one transaction (job
+//! upserts and events of the whole group go in one `unnest` statement each), and a small pool of **reader** threads
+//! answers queries, each with its own connection, reconnecting when it was lost. Callers block on a channel, as they
+//! block on SQLite's disk.
+//!
+//! After a failed commit the writer refuses every later batch (like SQLite's): what is stored stays an exact prefix
+//! of what was acknowledged, and the server goes read-only until it is restarted.
+//!
+//! The database URL may hold a password: it is never logged nor put in an error; [`PgStore::target`] says where the
+//! store is without it. Connections are plain TCP or a Unix socket (no TLS yet: keep PostgreSQL on a private network).
+
+use crate::{
+    big, Counts, Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write,
+};
+use postgres::{Client, Config, IsolationLevel, NoTls, Statement};
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Schema migrations, applied in order in one transaction each; `gpunet_schema.version` records how many ran.
+/// The first is SQLite's schema after its 6 migrations. Documents are JSON text (not `jsonb`: stored as given, read
+/// back byte for byte, and never queried inside).
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE tenants (seq BIGSERIAL PRIMARY KEY, name TEXT NOT NULL UNIQUE, doc TEXT NOT NULL);
+     CREATE TABLE tokens (hash TEXT PRIMARY KEY, role TEXT NOT NULL, tenant TEXT);
+     CREATE TABLE token_docs (hash TEXT PRIMARY KEY, doc TEXT NOT NULL);
+     CREATE TABLE nodes (seq BIGSERIAL PRIMARY KEY, name TEXT NOT NULL UNIQUE, doc TEXT NOT NULL);
+     CREATE TABLE jobs (id BIGINT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL);
+     CREATE INDEX jobs_tenant_state ON jobs (tenant, state);
+     CREATE TABLE events (seq BIGSERIAL PRIMARY KEY, job BIGINT NOT NULL, at_ms BIGINT NOT NULL, kind TEXT NOT NULL,
+                          message TEXT NOT NULL);
+     CREATE INDEX events_job ON events (job, seq);
+     CREATE TABLE usage (seq BIGSERIAL PRIMARY KEY, job BIGINT NOT NULL, tenant TEXT NOT NULL, start_ms BIGINT NOT NULL,
+                         end_ms BIGINT NOT NULL, gpu_model TEXT NOT NULL, lifecycle TEXT NOT NULL,
+                         gpu_seconds DOUBLE PRECISION NOT NULL, cpu_seconds DOUBLE PRECISION NOT NULL,
+                         mem_gib_seconds DOUBLE PRECISION NOT NULL, cost DOUBLE PRECISION NOT NULL,
+                         gpu_cost DOUBLE PRECISION NOT NULL, cpu_cost DOUBLE PRECISION NOT NULL,
+                         mem_cost DOUBLE PRECISION NOT NULL, submitted_by TEXT NOT NULL);
+     CREATE INDEX usage_tenant_time ON usage (tenant, start_ms);
+     CREATE TABLE samples (at_ms BIGINT PRIMARY KEY, gpus_total BIGINT NOT NULL, gpus_allocated BIGINT NOT NULL,
+                           queue_length BIGINT NOT NULL, running BIGINT NOT NULL);",
+    // 2: the fencing epoch: each server that opens the store takes the next epoch, and every write checks it.
+    "CREATE TABLE gpunet_leader (id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL,
+                                 since TIMESTAMPTZ NOT NULL DEFAULT now());
+     INSERT INTO gpunet_leader (id, epoch) VALUES (1, 0);",
+];
+
+/// Key of the advisory lock that serialises migrations of servers starting at once ("gpunet" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6770_756e_6574;
+
+/// Reader connections (the pool): queries of the portal and the API run beside each other and beside the writer.
+const READERS: usize = 4;
+
+/// Most batches in one group commit.
+const MAX_GROUP: usize = 4096;
+
+/// Rows per page when exporting.
+const PAGE: i64 = 5000;
+
+type Request = (Vec<Write>, Done);
+type ReadJob = Box<dyn FnOnce(&Config, &mut Option<Client>) + Send>;
+
+/// The PostgreSQL store.
+pub struct PgStore {
+    target: String,
+    epoch: i64,
+    writer: Sender<Request>,
+    readers: Sender<ReadJob>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("target", &self.target).finish_non_exhaustive()
+    }
+}
+
+/// Parses a `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?OPTIONS]` URL (or a `key=value` connection string).
+fn parse(url: &str) -> Result<Config, StoreError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(StoreError::Url { reason: "it must start with postgres:// or postgresql://".into() });
+    }
+    // The parser's message names the option at fault, never the password.
+    let mut cfg: Config = url.parse().map_err(|e: postgres::Error| StoreError::Url { reason: e.to_string() })?;
+    if cfg.get_hosts().is_empty() {
+        return Err(StoreError::Url { reason: "it names no host".into() });
+    }
+    if cfg.get_dbname().is_none() {
+        return Err(StoreError::Url { reason: "it names no database (postgres://USER@HOST/DB)".into() });
+    }
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(Duration::from_secs(10));
+    }
+    cfg.application_name("gpunet");
+    Ok(cfg)
+}
+
+/// Where the store is, without the password: `postgres://USER@HOST:PORT/DB`.
+fn describe(cfg: &Config) -> String {
+    let host = match cfg.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => String::new(),
+    };
+    let port = cfg.get_ports().first().map_or(String::new(), |p| format!(":{p}"));
+    let user = cfg.get_user().map_or(String::new(), |u| format!("{u}@"));
+    format!("postgres://{user}{host}{port}/{}", cfg.get_dbname().unwrap_or(""))
+}
+
+fn connect(cfg: &Config) -> Result<Client, StoreError> {
+    let mut c = cfg.connect(NoTls)?;
+    // Acknowledged means committed on disk: a database whose default is `synchronous_commit = off` gets `on` for
+    // our sessions (`local`, `remote_write`, `remote_apply` are kept: they are at least as durable).
+    let sc: String = c.query_one("SELECT current_setting('synchronous_commit')", &[])?.get(0);
+    if sc == "off" {
+        c.batch_execute("SET synchronous_commit TO on")?;
+    }
+    Ok(c)
+}
+
+fn migrate(c: &mut Client) -> Result<(), StoreError> {
+    let mut tx = c.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS gpunet_schema (version INTEGER NOT NULL)")?;
+    let v: i32 = match tx.query_opt("SELECT version FROM gpunet_schema", &[])? {
+        Some(r) => r.get(0),
+        None => {
+            tx.execute("INSERT INTO gpunet_schema (version) VALUES (0)", &[])?;
+            0
+        }
+    };
+    if v as usize > MIGRATIONS.len() {
+        return Err(StoreError::TooNew { found: v as u32, supported: MIGRATIONS.len() as u32 });
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(v as usize) {
+        tx.batch_execute(m)?;
+        tx.execute("UPDATE gpunet_schema SET version = $1", &[&((i + 1) as i32)])?;
+        tracing::info!(version = i + 1, "applied PostgreSQL store migration");
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Takes the next fencing epoch (waiting for commits in flight under the previous one).
+fn take_over(c: &mut Client) -> Result<i64, StoreError> {
+    let r =
+        c.query_one("UPDATE gpunet_leader SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch", &[])?;
+    Ok(r.get(0))
+}
+
+/// The writer's prepared statements.
+struct Statements {
+    epoch: Statement,
+    jobs: Statement,
+    events: Statement,
+    tenant: Statement,
+    token: Statement,
+    token_doc: Statement,
+    revoke_token: Statement,
+    revoke_doc: Statement,
+    node: Statement,
+    usage: Statement,
+    sample: Statement,
+    prune_samples: Statement,
+}
+
+impl Statements {
+    fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
+        Ok(Statements {
+            epoch: c.prepare("SELECT epoch FROM gpunet_leader WHERE id = 1 FOR SHARE")?,
+            jobs: c.prepare(
+                "INSERT INTO jobs (id, tenant, state, doc)
+                 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
+                 ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state, doc = excluded.doc",
+            )?,
+            // Sequence numbers follow the order of the group (WITH ORDINALITY … ORDER BY).
+            events: c.prepare(
+                "INSERT INTO events (job, at_ms, kind, message)
+                 SELECT j, a, k, m FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[])
+                 WITH ORDINALITY AS u(j, a, k, m, n) ORDER BY n",
+            )?,
+            tenant: c.prepare(
+                "INSERT INTO tenants (name, doc) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+            )?,
+            token: c.prepare(
+                "INSERT INTO tokens (hash, role, tenant) VALUES ($1, $2, $3)
+                 ON CONFLICT (hash) DO UPDATE SET role = excluded.role, tenant = excluded.tenant",
+            )?,
+            token_doc: c.prepare(
+                "INSERT INTO token_docs (hash, doc) VALUES ($1, $2) ON CONFLICT (hash) DO UPDATE SET doc = excluded.doc",
+            )?,
+            revoke_token: c.prepare("DELETE FROM tokens WHERE hash = $1")?,
+            revoke_doc: c.prepare("DELETE FROM token_docs WHERE hash = $1")?,
+            node: c.prepare(
+                "INSERT INTO nodes (name, doc) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+            )?,
+            usage: c.prepare(
+                "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
+                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            )?,
+            sample: c.prepare(
+                "INSERT INTO samples (at_ms, gpus_total, gpus_allocated, queue_length, running)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (at_ms) DO UPDATE SET gpus_total = excluded.gpus_total,
+                     gpus_allocated = excluded.gpus_allocated, queue_length = excluded.queue_length,
+                     running = excluded.running",
+            )?,
+            prune_samples: c.prepare("DELETE FROM samples WHERE at_ms < $1")?,
+        })
+    }
+}
+
+/// Text as PostgreSQL stores it: its `text` cannot hold NUL, which would fail the commit (and turn the server
+/// read-only) for one NUL in a job's event or a node's name; NUL becomes U+FFFD. Documents are JSON, where NUL is
+/// escaped already.
+fn text(s: &str) -> String {
+    s.replace('\0', "\u{FFFD}")
+}
+
+/// Writes a group of batches in one transaction, in order. Job upserts and events, the bulk of every group, go in
+/// one statement each (a job written twice in the group keeps its last document, as applying in order would).
+fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) -> Result<(), StoreError> {
+    let mut tx = c.transaction()?;
+    // Fencing: the share lock on the epoch row orders this transaction before any takeover (which updates the row)
+    // or after it, and then it is refused. So once another server took over, nothing of this one's commits.
+    let now: i64 = tx.query_one(&s.epoch, &[])?.get(0);
+    if now != epoch {
+        return Err(StoreError::Fenced { epoch: epoch as u64, newer: now as u64 });
+    }
+    let mut job_at: HashMap<u64, usize> = HashMap::new();
+    let (mut j_id, mut j_tenant, mut j_state, mut j_doc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut e_job, mut e_at, mut e_kind, mut e_msg) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for w in group.iter().flat_map(|(b, _)| b) {
+        match w {
+            Write::Job { id, tenant, state, doc } => match job_at.get(id) {
+                Some(&i) => {
+                    j_tenant[i] = text(tenant);
+                    j_state[i] = text(state);
+                    j_doc[i] = doc.to_string();
+                }
+                None => {
+                    job_at.insert(*id, j_id.len());
+                    j_id.push(big(*id));
+                    j_tenant.push(text(tenant));
+                    j_state.push(text(state));
+                    j_doc.push(doc.to_string());
+                }
+            },
+            Write::Event { job, at_ms, kind, message } => {
+                e_job.push(big(*job));
+                e_at.push(big(*at_ms));
+                e_kind.push(text(kind));
+                e_msg.push(text(message));
+            }
+            Write::Tenant { name, doc } => {
+                tx.execute(&s.tenant, &[&text(name), &doc.to_string()])?;
+            }
+            Write::Token { hash, role, tenant } => {
+                tx.execute(&s.token, &[&text(hash), &role.as_str(), &tenant.as_deref().map(text)])?;
+            }
+            Write::TokenDoc { hash, doc } => {
+                tx.execute(&s.token_doc, &[&text(hash), &doc.to_string()])?;
+            }
+            Write::RevokeToken { hash } => {
+                tx.execute(&s.revoke_token, &[&text(hash)])?;
+                tx.execute(&s.revoke_doc, &[&text(hash)])?;
+            }
+            Write::Node { name, doc } => {
+                tx.execute(&s.node, &[&text(name), &doc.to_string()])?;
+            }
+            Write::Usage(u) => {
+                tx.execute(
+                    &s.usage,
+                    &[
+                        &big(u.job),
+                        &text(&u.tenant),
+                        &big(u.start_ms),
+                        &big(u.end_ms),
+                        &text(&u.gpu_model),
+                        &text(&u.lifecycle),
+                        &u.gpu_seconds,
+                        &u.cpu_seconds,
+                        &u.mem_gib_seconds,
+                        &u.cost,
+                        &u.gpu_cost,
+                        &u.cpu_cost,
+                        &u.mem_cost,
+                        &text(&u.submitted_by),
+                    ],
+                )?;
+            }
+            Write::Sample { sample: x, keep_since_ms } => {
+                tx.execute(
+                    &s.sample,
+                    &[&big(x.at_ms), &big(x.gpus_total), &big(x.gpus_allocated), &big(x.queue_length), &big(x.running)],
+                )?;
+                tx.execute(&s.prune_samples, &[&big(*keep_since_ms)])?;
+            }
+        }
+    }
+    if !j_id.is_empty() {
+        tx.execute(&s.jobs, &[&j_id, &j_tenant, &j_state, &j_doc])?;
+    }
+    if !e_job.is_empty() {
+        tx.execute(&s.events, &[&e_job, &e_at, &e_kind, &e_msg])?;
+    }
+    Ok(tx.commit()?)
+}
+
+/// The writer thread (see the module's doc).
+fn writer(mut c: Client, s: Statements, epoch: i64, rx: Receiver<Request>) {
+    let mut refused: Option<String> = None;
+    while let Ok(first) = rx.recv() {
+        if let Some(e) = &refused {
+            let (_, done) = first;
+            done(Err(StoreError::Commit(format!(
+                "an earlier write was refused ({e}); restart once the cause is fixed"
+            ))));
+            continue;
+        }
+        let mut group = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            group.push(more);
+            if group.len() >= MAX_GROUP {
+                break;
+            }
+        }
+        let reply = write_group(&mut c, &s, epoch, &group).map_err(|e| e.to_string());
+        if let Err(e) = &reply {
+            tracing::error!(error = %e, batches = group.len(), "PostgreSQL commit failed; refusing later writes");
+            refused = Some(e.clone());
+        }
+        for (_, done) in group {
+            done(reply.clone().map_err(StoreError::Commit));
+        }
+    }
+}
+
+/// A reader thread: runs queries on its connection, opened on first use and again after it was lost.
+fn reader(cfg: Config, rx: Arc<Mutex<Receiver<ReadJob>>>) {
+    let mut client: Option<Client> = None;
+    loop {
+        let job = match rx.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = job else { return };
+        job(&cfg, &mut client);
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`), migrates the schema and starts the writer
+    /// and the reader pool. Safe to call from inside an async runtime.
+    pub fn open(url: &str) -> Result<PgStore, StoreError> {
+        let cfg = parse(url)?;
+        let target = describe(&cfg);
+        let (ready_tx, ready_rx) = sync_channel::<Result<i64, StoreError>>(1);
+        let (tx, rx) = channel::<Request>();
+        let wcfg = cfg.clone();
+        let spawn_err = |e| StoreError::Io { path: target.clone(), source: e };
+        std::thread::Builder::new()
+            .name("gpunet-pg-writer".into())
+            .spawn(move || {
+                let opened = connect(&wcfg).and_then(|mut c| {
+                    migrate(&mut c)?;
+                    let epoch = take_over(&mut c)?;
+                    let s = Statements::prepare(&mut c)?;
+                    Ok((c, s, epoch))
+                });
+                match opened {
+                    Ok((c, s, epoch)) => {
+                        let _ = ready_tx.send(Ok(epoch));
+                        writer(c, s, epoch, rx);
+                    }
+                    Err(e) => drop(ready_tx.send(Err(e))),
+                }
+            })
+            .map_err(spawn_err)?;
+        let epoch = ready_rx.recv().map_err(|_| StoreError::Closed)??;
+        let (rtx, rrx) = channel::<ReadJob>();
+        let rrx = Arc::new(Mutex::new(rrx));
+        for i in 0..READERS {
+            let (cfg, rrx) = (cfg.clone(), rrx.clone());
+            std::thread::Builder::new()
+                .name(format!("gpunet-pg-reader-{i}"))
+                .spawn(move || reader(cfg, rrx))
+                .map_err(spawn_err)?;
+        }
+        tracing::info!(store = %target, epoch, "opened the PostgreSQL store; writes of servers before this one are refused");
+        Ok(PgStore { target, epoch, writer: tx, readers: rtx })
+    }
+
+    /// This store's fencing epoch: the one it took at open; a store opened later on the same database has a higher
+    /// one, and from then on this one's commits are refused.
+    pub fn epoch(&self) -> u64 {
+        self.epoch as u64
+    }
+
+    /// Where the store is, without the password.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Runs `f` on a reader connection and waits for its answer.
+    fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = sync_channel(1);
+        let job: ReadJob = Box::new(move |cfg, slot| {
+            if slot.as_ref().is_some_and(|c| c.is_closed()) {
+                *slot = None;
+            }
+            let r = match slot {
+                Some(c) => f(c),
+                None => connect(cfg).and_then(|c| f(slot.insert(c))),
+            };
+            let _ = tx.send(r);
+        });
+        self.readers.send(job).map_err(|_| StoreError::Closed)?;
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Keyset-paged export of one table: `sql` takes the last key seen as `$1` and returns rows ordered by it.
+    fn export_paged(
+        &self,
+        sql: &'static str,
+        row: fn(&postgres::Row) -> Result<(i64, Write), StoreError>,
+        each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut after = i64::MIN;
+        loop {
+            let page =
+                self.read(move |c| c.query(sql, &[&after, &PAGE])?.iter().map(row).collect::<Result<Vec<_>, _>>())?;
+            let Some((last, _)) = page.last() else { return Ok(()) };
+            after = *last;
+            let full = page.len() as i64 == PAGE;
+            each(page.into_iter().map(|(_, w)| w).collect())?;
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn decode(what: &'static str, key: String, s: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Decode { what, key, source: e })
+}
+
+fn usage_row(r: &postgres::Row) -> UsageRow {
+    UsageRow {
+        job: r.get::<_, i64>(0) as u64,
+        tenant: r.get(1),
+        start_ms: r.get::<_, i64>(2) as u64,
+        end_ms: r.get::<_, i64>(3) as u64,
+        gpu_model: r.get(4),
+        lifecycle: r.get(5),
+        gpu_seconds: r.get(6),
+        cpu_seconds: r.get(7),
+        mem_gib_seconds: r.get(8),
+        cost: r.get(9),
+        gpu_cost: r.get(10),
+        cpu_cost: r.get(11),
+        mem_cost: r.get(12),
+        submitted_by: r.get(13),
+    }
+}
+
+const USAGE_COLUMNS: &str = "job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, \
+                             mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by";
+
+fn sample_row(r: &postgres::Row) -> SampleRow {
+    SampleRow {
+        at_ms: r.get::<_, i64>(0) as u64,
+        gpus_total: r.get::<_, i64>(1) as u64,
+        gpus_allocated: r.get::<_, i64>(2) as u64,
+        queue_length: r.get::<_, i64>(3) as u64,
+        running: r.get::<_, i64>(4) as u64,
+    }
+}
+
+fn named_docs(
+    c: &mut impl postgres::GenericClient,
+    what: &'static str,
+    sql: &str,
+) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+    c.query(sql, &[])?
+        .iter()
+        .map(|r| {
+            let (n, d): (String, String) = (r.get(0), r.get(1));
+            let doc = decode(what, if what == "token" { n.chars().take(12).collect() } else { n.clone() }, &d)?;
+            Ok((n, doc))
+        })
+        .collect()
+}
+
+fn tokens(c: &mut impl postgres::GenericClient) -> Result<Vec<TokenRow>, StoreError> {
+    let mut out = Vec::new();
+    for r in c.query("SELECT hash, role, tenant FROM tokens ORDER BY hash", &[])? {
+        let role: String = r.get(1);
+        // An unknown role grants nothing.
+        let Some(role) = TokenRole::parse(&role) else {
+            tracing::warn!(role = %role, "stored token with an unknown role ignored");
+            continue;
+        };
+        out.push(TokenRow { hash: r.get(0), role, tenant: r.get(2) });
+    }
+    Ok(out)
+}
+
+impl Store for PgStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        self.read(|c| {
+            // One consistent snapshot of every table.
+            let mut tx =
+                c.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start()?;
+            let mut snap = Snapshot {
+                tenants: named_docs(&mut tx, "tenant", "SELECT name, doc FROM tenants ORDER BY seq")?,
+                tokens: tokens(&mut tx)?,
+                token_docs: named_docs(&mut tx, "token", "SELECT hash, doc FROM token_docs ORDER BY hash")?,
+                nodes: named_docs(&mut tx, "node", "SELECT name, doc FROM nodes ORDER BY seq")?,
+                jobs: Vec::new(),
+            };
+            for r in tx.query("SELECT id, doc FROM jobs ORDER BY id", &[])? {
+                let (id, d): (i64, String) = (r.get(0), r.get(1));
+                snap.jobs.push((id as u64, decode("job", id.to_string(), &d)?));
+            }
+            tx.commit()?;
+            Ok(snap)
+        })
+    }
+
+    fn commit_async(&self, batch: Vec<Write>, done: Done) {
+        if let Err(e) = self.writer.send((batch, done)) {
+            let (_, done) = e.0;
+            done(Err(StoreError::Closed));
+        }
+    }
+
+    fn events(&self, job: u64) -> Result<Vec<EventRow>, StoreError> {
+        self.read(move |c| {
+            let rows =
+                c.query("SELECT seq, job, at_ms, kind, message FROM events WHERE job = $1 ORDER BY seq", &[&big(job)])?;
+            Ok(rows
+                .iter()
+                .map(|r| EventRow {
+                    seq: r.get::<_, i64>(0) as u64,
+                    job: r.get::<_, i64>(1) as u64,
+                    at_ms: r.get::<_, i64>(2) as u64,
+                    kind: r.get(3),
+                    message: r.get(4),
+                })
+                .collect())
+        })
+    }
+
+    fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError> {
+        let tenant = tenant.map(String::from);
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {USAGE_COLUMNS} FROM usage
+                 WHERE ($1::text IS NULL OR tenant = $1) AND end_ms > $2 AND start_ms < $3 ORDER BY seq"
+            );
+            Ok(c.query(&sql, &[&tenant, &big(from_ms), &big(to_ms)])?.iter().map(usage_row).collect())
+        })
+    }
+
+    fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError> {
+        self.read(move |c| {
+            let rows = c.query(
+                "SELECT at_ms, gpus_total, gpus_allocated, queue_length, running FROM samples
+                 WHERE at_ms >= $1 ORDER BY at_ms",
+                &[&big(since_ms)],
+            )?;
+            Ok(rows.iter().map(sample_row).collect())
+        })
+    }
+
+    fn probe_writable(&self) -> Result<(), StoreError> {
+        // A read-only database (a hot standby, or `default_transaction_read_only`) refuses here, not at the first
+        // request.
+        self.read(|c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute("CREATE TEMPORARY TABLE gpunet_probe (x INTEGER) ON COMMIT DROP")?;
+            let ro: String = tx.query_one("SELECT current_setting('transaction_read_only')", &[])?.get(0);
+            tx.rollback()?;
+            if ro == "on" {
+                return Err(StoreError::Commit("the database is read-only (a standby?)".into()));
+            }
+            Ok(())
+        })
+    }
+
+    fn counts(&self) -> Result<Counts, StoreError> {
+        self.read(|c| {
+            let r = c.query_one(
+                "SELECT (SELECT count(*) FROM tenants), (SELECT count(*) FROM tokens), (SELECT count(*) FROM token_docs),
+                        (SELECT count(*) FROM nodes), (SELECT count(*) FROM jobs), (SELECT count(*) FROM events),
+                        (SELECT count(*) FROM usage), (SELECT count(*) FROM samples)",
+                &[],
+            )?;
+            let n = |i| r.get::<_, i64>(i) as u64;
+            Ok(Counts {
+                tenants: n(0),
+                tokens: n(1),
+                token_docs: n(2),
+                nodes: n(3),
+                jobs: n(4),
+                events: n(5),
+                usage: n(6),
+                samples: n(7),
+            })
+        })
+    }
+
+    fn export(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let (tenants, toks, docs, nodes, samples) = self.read(|c| {
+            Ok((
+                named_docs(c, "tenant", "SELECT name, doc FROM tenants ORDER BY seq")?,
+                tokens(c)?,
+                named_docs(c, "token", "SELECT hash, doc FROM token_docs ORDER BY hash")?,
+                named_docs(c, "node", "SELECT name, doc FROM nodes ORDER BY seq")?,
+                c.query(
+                    "SELECT at_ms, gpus_total, gpus_allocated, queue_length, running FROM samples ORDER BY at_ms",
+                    &[],
+                )?
+                .iter()
+                .map(sample_row)
+                .collect::<Vec<_>>(),
+            ))
+        })?;
+        each(tenants.into_iter().map(|(name, doc)| Write::Tenant { name, doc }).collect())?;
+        each(toks.into_iter().map(|t| Write::Token { hash: t.hash, role: t.role, tenant: t.tenant }).collect())?;
+        each(docs.into_iter().map(|(hash, doc)| Write::TokenDoc { hash, doc }).collect())?;
+        each(nodes.into_iter().map(|(name, doc)| Write::Node { name, doc }).collect())?;
+        self.export_paged(
+            "SELECT id, tenant, state, doc FROM jobs WHERE id > $1 ORDER BY id LIMIT $2",
+            |r| {
+                let id: i64 = r.get(0);
+                let doc = decode("job", id.to_string(), r.get(3))?;
+                Ok((id, Write::Job { id: id as u64, tenant: r.get(1), state: r.get(2), doc }))
+            },
+            each,
+        )?;
+        self.export_paged(
+            "SELECT seq, job, at_ms, kind, message FROM events WHERE seq > $1 ORDER BY seq LIMIT $2",
+            |r| {
+                let w = Write::Event {
+                    job: r.get::<_, i64>(1) as u64,
+                    at_ms: r.get::<_, i64>(2) as u64,
+                    kind: r.get(3),
+                    message: r.get(4),
+                };
+                Ok((r.get(0), w))
+            },
+            each,
+        )?;
+        self.export_paged(
+            "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds,
+                    cost, gpu_cost, cpu_cost, mem_cost, submitted_by, seq
+             FROM usage WHERE seq > $1 ORDER BY seq LIMIT $2",
+            |r| Ok((r.get(14), Write::Usage(usage_row(r)))),
+            each,
+        )?;
+        each(samples.into_iter().map(|sample| Write::Sample { sample, keep_since_ms: 0 }).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_cluster::PgCluster;
+
+    #[test]
+    fn urls_are_checked_and_described_without_the_password() {
+        let e = PgStore::open("mysql://u:pw@h/db").unwrap_err().to_string();
+        assert!(e.contains("postgres://") && !e.contains("pw"), "{e}");
+        let e = PgStore::open("postgres://u:secret@h").unwrap_err().to_string();
+        assert!(e.contains("database") && !e.contains("secret"), "{e}");
+        let e = PgStore::open("postgres://u:secret@h/db?bogus=1").unwrap_err().to_string();
+        assert!(e.contains("invalid") && !e.contains("secret"), "{e}");
+        let cfg = parse("postgres://alice:secret@db.example:5433/gpunet").unwrap();
+        assert_eq!(describe(&cfg), "postgres://alice@db.example:5433/gpunet");
+    }
+
+    #[test]
+    fn an_unreachable_database_is_an_error_without_the_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let e = PgStore::open(&format!("postgres://u:hunter2@127.0.0.1:{port}/db?connect_timeout=5"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    /// Two servers starting at once on an empty database both migrate it without failing (the advisory lock), a
+    /// second open applies nothing, and a schema newer than this binary is refused.
+    #[test]
+    fn migrations_run_once_and_a_newer_schema_is_refused() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("migrate").unwrap();
+        let opens: Vec<_> = (0..3)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || PgStore::open(&url).map(drop))
+            })
+            .collect();
+        for o in opens {
+            o.join().unwrap().unwrap();
+        }
+        let mut c = url.parse::<Config>().unwrap().connect(NoTls).unwrap();
+        let v: i32 = c.query_one("SELECT version FROM gpunet_schema", &[]).unwrap().get(0);
+        assert_eq!(v as usize, MIGRATIONS.len());
+        assert_eq!(c.query("SELECT * FROM gpunet_schema", &[]).unwrap().len(), 1);
+        c.execute("UPDATE gpunet_schema SET version = 99", &[]).unwrap();
+        let e = PgStore::open(&url).unwrap_err().to_string();
+        assert!(e.contains("99") && e.contains("newer"), "{e}");
+    }
+
+    /// A write refused by the database fails its batch and every later one: what is stored stays a prefix of what
+    /// was acknowledged.
+    #[test]
+    fn after_a_refused_commit_later_batches_are_refused_too() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("refuse").unwrap();
+        let s = PgStore::open(&url).unwrap();
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        s.commit(vec![job(1)]).unwrap();
+        // The database refuses events of kind `x` from now on.
+        let mut admin = url.parse::<Config>().unwrap().connect(NoTls).unwrap();
+        admin.batch_execute("ALTER TABLE events ADD CONSTRAINT no_x CHECK (kind <> 'x')").unwrap();
+        let bad = Write::Event { job: 1, at_ms: 1, kind: "x".into(), message: String::new() };
+        assert!(s.commit(vec![job(2), bad]).is_err());
+        let e = s.commit(vec![job(3)]).unwrap_err().to_string();
+        assert!(e.contains("earlier write was refused"), "{e}");
+        let ids: Vec<u64> = s.load().unwrap().jobs.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, vec![1]);
+    }
+
+    /// A server that was paused (or partitioned) while another opened the database must not commit anything
+    /// afterwards: its writes are refused, its acknowledged ones are all there, and the new one writes on.
+    #[test]
+    fn a_store_opened_later_on_the_database_fences_the_earlier_one() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("fence").unwrap();
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        let old = Arc::new(PgStore::open(&url).unwrap());
+        old.commit(vec![job(1)]).unwrap();
+        // The old server keeps committing from 4 threads while the new one takes over.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (old, stop) = (old.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    for i in 0.. {
+                        let id = 1000 * (t + 1) + i;
+                        match old.commit(vec![job(id)]) {
+                            Ok(()) => acked.push(id),
+                            Err(e) => return (acked, Some(e.to_string())),
+                        }
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                    (acked, None)
+                })
+            })
+            .collect();
+        while old.counts().unwrap().jobs < 50 {
+            std::thread::yield_now();
+        }
+        let new = PgStore::open(&url).unwrap();
+        assert!(new.epoch() > old.epoch());
+        let e = old.commit(vec![job(2)]).unwrap_err().to_string();
+        assert!(e.contains("newer server") || e.contains("earlier write was refused"), "{e}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acked = vec![1];
+        for w in writers {
+            let (a, err) = w.join().unwrap();
+            let err = err.expect("every writer of the old server was refused");
+            assert!(err.contains("newer server") || err.contains("earlier write"), "{err}");
+            acked.extend(a);
+        }
+        new.commit(vec![job(3)]).unwrap();
+        let stored: std::collections::BTreeSet<u64> = new.load().unwrap().jobs.iter().map(|(id, _)| *id).collect();
+        acked.push(3);
+        let acked: std::collections::BTreeSet<u64> = acked.into_iter().collect();
+        assert_eq!(stored, acked, "exactly what was acknowledged, nothing the old server wrote after the takeover");
+    }
+}

@@ -1,0 +1,390 @@
+//! `gpunet report`: accounting per tenant and per user over a period (Slurm's `sreport`/`sacct` habit) — jobs
+//! submitted, GPU-hours, cost (GPU, CPU and memory apart), waits, failures, preemptions and restarts — as a table,
+//! JSON or CSV; and `--statement`, a tenant's monthly statement as CSV (one line per job billed in the month, then
+//! the total).
+//!
+//! Usage and cost come from the server's ledger (`GET /v1/usage`, which bills a row crossing the period's edge pro
+//! rata); jobs, their states, waits, preemptions and restarts from `GET /v1/jobs` (every page). A tenant's token sees
+//! only its own figures: both endpoints answer it with its own jobs and usage only.
+
+use crate::client::{Client, Conn};
+use anyhow::{bail, Context, Result};
+use gpunet_api::types::{JobPage, JobView, UsageReport, UsageTotals};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReportArgs {
+    /// Days back from now (ignored with --month).
+    #[arg(long, default_value_t = 30)]
+    days: u64,
+    /// A calendar month (UTC), e.g. 2026-11, instead of --days.
+    #[arg(long)]
+    month: Option<String>,
+    /// Only this tenant (a tenant's token sees only its own anyway).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// One row per tenant, or per user within a tenant (`tenant/user`: who submitted each job).
+    #[arg(long, default_value = "tenant", value_parser = ["tenant", "user"])]
+    by: String,
+    /// Print the monthly statement of --tenant for --month as CSV: one line per job billed, then the total.
+    #[arg(long, requires_all = ["tenant", "month"])]
+    statement: bool,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct ReportRow {
+    /// The tenant, or `tenant/user`.
+    pub(crate) key: String,
+    /// Jobs submitted in the period.
+    pub(crate) jobs: u64,
+    /// Of those, jobs that failed.
+    pub(crate) failed: u64,
+    /// Of those, jobs cancelled.
+    pub(crate) cancelled: u64,
+    /// Preemptions of those jobs.
+    pub(crate) preemptions: u64,
+    /// Restarts of those jobs after failures.
+    pub(crate) restarts: u64,
+    /// Waits from submission to start, in seconds, of those jobs that started once and only once (a later start's
+    /// wait is not known from the job alone): 50th, 90th and 99th percentile (nearest rank), `None` without any.
+    pub(crate) wait_p50_s: Option<f64>,
+    pub(crate) wait_p90_s: Option<f64>,
+    pub(crate) wait_p99_s: Option<f64>,
+    /// Usage billed in the period (the ledger's; any job, including those submitted before it).
+    pub(crate) gpu_hours: f64,
+    pub(crate) cpu_hours: f64,
+    pub(crate) memory_gib_hours: f64,
+    pub(crate) gpu_cost: f64,
+    pub(crate) cpu_cost: f64,
+    pub(crate) mem_cost: f64,
+    pub(crate) cost: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Report {
+    pub(crate) currency: String,
+    pub(crate) from_ms: u64,
+    pub(crate) to_ms: u64,
+    /// `tenant` or `user`.
+    pub(crate) by: String,
+    pub(crate) rows: Vec<ReportRow>,
+}
+
+/// Milliseconds since the epoch of 00:00 UTC on the first day of `month` (`YYYY-MM`), and of the next month.
+pub(crate) fn month_span(month: &str) -> Result<(u64, u64)> {
+    let bad = || anyhow::anyhow!("invalid --month {month:?}: expected YYYY-MM, e.g. 2026-11, from 1970 on");
+    let (y, m) = month.split_once('-').ok_or_else(bad)?;
+    if y.len() != 4 || m.len() != 2 {
+        return Err(bad());
+    }
+    let y: i64 = y.parse().map_err(|_| bad())?;
+    let m: u32 = m.parse().map_err(|_| bad())?;
+    if !(1..=12).contains(&m) || y < 1970 {
+        return Err(bad());
+    }
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let ms = |y, m| days_from_civil(y, m, 1) as u64 * 86_400_000;
+    Ok((ms(y, m), ms(ny, nm)))
+}
+
+/// Days since 1970-01-01 of a date in the proleptic Gregorian calendar (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m as i64 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The nearest-rank `p`-th percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    Some(sorted[rank.min(sorted.len()) - 1])
+}
+
+/// Who submitted a job, as the ledger's `by_user` keys name it (`-` when not recorded).
+fn user_of(j: &JobView) -> &str {
+    j.submitted_by.as_deref().filter(|u| !u.is_empty()).unwrap_or("-")
+}
+
+/// Builds the report from the ledger's usage and the jobs (pure: the CLI fetches, this computes).
+pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Report {
+    let key = |j: &JobView| if by_user { format!("{}/{}", j.tenant, user_of(j)) } else { j.tenant.clone() };
+    let mut rows: BTreeMap<String, (ReportRow, Vec<f64>)> = BTreeMap::new();
+    for j in jobs.iter().filter(|j| j.submitted_ms >= usage.from_ms && j.submitted_ms < usage.to_ms) {
+        let k = key(j);
+        let (r, waits) = rows.entry(k.clone()).or_insert_with(|| (ReportRow { key: k, ..Default::default() }, vec![]));
+        r.jobs += 1;
+        r.failed += u64::from(j.state == "failed");
+        r.cancelled += u64::from(j.state == "cancelled");
+        r.preemptions += u64::from(j.preemptions);
+        r.restarts += u64::from(j.restarts);
+        if let (Some(s), 0, 0, 0) = (j.started_ms, j.restarts, j.preemptions, j.losses) {
+            waits.push(s.saturating_sub(j.submitted_ms) as f64 / 1000.0);
+        }
+    }
+    let totals = if by_user { &usage.by_user } else { &usage.tenants };
+    for (k, u) in totals {
+        let (r, _) =
+            rows.entry(k.clone()).or_insert_with(|| (ReportRow { key: k.clone(), ..Default::default() }, vec![]));
+        add_usage(r, u);
+    }
+    let rows = rows
+        .into_values()
+        .map(|(mut r, mut w)| {
+            w.sort_by(f64::total_cmp);
+            r.wait_p50_s = percentile(&w, 50.0);
+            r.wait_p90_s = percentile(&w, 90.0);
+            r.wait_p99_s = percentile(&w, 99.0);
+            r
+        })
+        .collect();
+    Report {
+        currency: usage.currency.clone(),
+        from_ms: usage.from_ms,
+        to_ms: usage.to_ms,
+        by: if by_user { "user" } else { "tenant" }.into(),
+        rows,
+    }
+}
+
+fn add_usage(r: &mut ReportRow, u: &UsageTotals) {
+    r.gpu_hours += u.gpu_hours;
+    r.cpu_hours += u.cpu_hours;
+    r.memory_gib_hours += u.memory_gib_hours;
+    r.gpu_cost += u.gpu_cost;
+    r.cpu_cost += u.cpu_cost;
+    r.mem_cost += u.mem_cost;
+    r.cost += u.cost;
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break; a leading `=`, `+`, `-` or `@` is prefixed
+/// with `'` so that a spreadsheet does not run a job name as a formula.
+fn csv_field(s: &str) -> String {
+    let s = if s.starts_with(['=', '+', '-', '@']) && s != "-" { format!("'{s}") } else { s.to_string() };
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or(String::new(), |x| format!("{x:.3}"))
+}
+
+/// The report as CSV (a header, then one line per row; amounts unrounded).
+pub(crate) fn to_csv(r: &Report) -> String {
+    let mut s = format!(
+        "{},jobs,failed,cancelled,preemptions,restarts,wait_p50_s,wait_p90_s,wait_p99_s,gpu_hours,cpu_hours,\
+         memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,currency\n",
+        r.by
+    );
+    for x in &r.rows {
+        s += &format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            csv_field(&x.key),
+            x.jobs,
+            x.failed,
+            x.cancelled,
+            x.preemptions,
+            x.restarts,
+            opt(x.wait_p50_s),
+            opt(x.wait_p90_s),
+            opt(x.wait_p99_s),
+            x.gpu_hours,
+            x.cpu_hours,
+            x.memory_gib_hours,
+            x.gpu_cost,
+            x.cpu_cost,
+            x.mem_cost,
+            x.cost,
+            csv_field(&r.currency)
+        );
+    }
+    s
+}
+
+fn to_table(r: &Report) -> String {
+    let cost = format!("COST ({})", if r.currency.is_empty() { "?" } else { &r.currency });
+    crate::client::table(
+        &[
+            if r.by == "user" { "TENANT/USER" } else { "TENANT" },
+            "JOBS",
+            "FAILED",
+            "PREEMPTED",
+            "RESTARTS",
+            "WAIT P50",
+            "WAIT P90",
+            "WAIT P99",
+            "GPU-HOURS",
+            "GPU COST",
+            "CPU COST",
+            "MEM COST",
+            &cost,
+        ],
+        r.rows
+            .iter()
+            .map(|x| {
+                let w = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s:.1}s"));
+                vec![
+                    x.key.clone(),
+                    x.jobs.to_string(),
+                    x.failed.to_string(),
+                    x.preemptions.to_string(),
+                    x.restarts.to_string(),
+                    w(x.wait_p50_s),
+                    w(x.wait_p90_s),
+                    w(x.wait_p99_s),
+                    format!("{:.2}", x.gpu_hours),
+                    crate::money(x.gpu_cost),
+                    crate::money(x.cpu_cost),
+                    crate::money(x.mem_cost),
+                    crate::money(x.cost),
+                ]
+            })
+            .collect(),
+    )
+}
+
+/// A tenant's statement for a month as CSV: one line per job billed in it (name, user and state from the job list),
+/// then a `total` line.
+pub(crate) fn statement(tenant: &str, month: &str, usage: &UsageReport, jobs: &[JobView]) -> String {
+    let by_id: BTreeMap<u64, &JobView> = jobs.iter().map(|j| (j.id, j)).collect();
+    let mut s = String::from(
+        "tenant,month,job,name,user,state,gpu_hours,cpu_hours,memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,currency\n",
+    );
+    let mut total = UsageTotals::default();
+    let cur = csv_field(&usage.currency);
+    for (id, u) in &usage.jobs {
+        let j = by_id.get(id);
+        s += &format!(
+            "{},{month},{id},{},{},{},{},{},{},{},{},{},{},{cur}\n",
+            csv_field(tenant),
+            csv_field(j.map_or("", |j| j.name.as_str())),
+            csv_field(j.map_or("-", |j| user_of(j))),
+            j.map_or("", |j| j.state.as_str()),
+            u.gpu_hours,
+            u.cpu_hours,
+            u.memory_gib_hours,
+            u.gpu_cost,
+            u.cpu_cost,
+            u.mem_cost,
+            u.cost,
+        );
+        total += u;
+    }
+    s += &format!(
+        "{},{month},total,,,,{},{},{},{},{},{},{},{cur}\n",
+        csv_field(tenant),
+        total.gpu_hours,
+        total.cpu_hours,
+        total.memory_gib_hours,
+        total.gpu_cost,
+        total.cpu_cost,
+        total.mem_cost,
+        total.cost
+    );
+    s
+}
+
+/// Every job `c` may see (of `tenant`, when given), page by page.
+async fn all_jobs(c: &Client, tenant: Option<&str>) -> Result<Vec<JobView>> {
+    let mut out = Vec::new();
+    let mut after = 0u64;
+    loop {
+        let mut q = format!("/v1/jobs?limit=1000&after={after}");
+        if let Some(t) = tenant {
+            q += &format!("&tenant={t}");
+        }
+        let page: JobPage = c.get(&q).await?;
+        out.extend(page.jobs);
+        match page.next {
+            Some(n) if n > after => after = n,
+            _ => return Ok(out),
+        }
+    }
+}
+
+pub(crate) async fn run(a: ReportArgs) -> Result<()> {
+    let output = a.conn.output.clone();
+    if !matches!(output.as_str(), "table" | "json" | "csv") {
+        bail!("invalid --output {output:?}: allowed are table, json and csv");
+    }
+    let mut conn = a.conn.clone();
+    conn.output = "table".into();
+    let c = Client::new(&conn)?;
+    let (from, to) = match &a.month {
+        Some(m) => month_span(m)?,
+        None => {
+            let to = gpunet_server::now_ms();
+            (to.saturating_sub(a.days.saturating_mul(86_400_000)), to)
+        }
+    };
+    if let Some(t) = &a.tenant {
+        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            bail!("invalid --tenant {t:?}: a tenant name (letters, digits, '-', '_' or '.')");
+        }
+    }
+    let mut q = format!("?from_ms={from}&to_ms={to}");
+    if let Some(t) = &a.tenant {
+        q += &format!("&tenant={t}");
+    }
+    let usage: UsageReport = c.get(&format!("/v1/usage{q}")).await.context("read usage")?;
+    let jobs = all_jobs(&c, a.tenant.as_deref()).await.context("read jobs")?;
+    if a.statement {
+        let (t, m) = (a.tenant.as_deref().unwrap_or_default(), a.month.as_deref().unwrap_or_default());
+        print!("{}", statement(t, m, &usage, &jobs));
+        return Ok(());
+    }
+    let r = build(&usage, &jobs, a.by == "user");
+    match output.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&r)?),
+        "csv" => print!("{}", to_csv(&r)),
+        _ => print!("{}", to_table(&r)),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn months_span_their_days_in_utc() {
+        // 2026-11-01T00:00:00Z and 2026-12-01T00:00:00Z.
+        assert_eq!(month_span("2026-11").unwrap(), (1_793_491_200_000, 1_796_083_200_000));
+        assert_eq!(month_span("2024-12").unwrap().1, 1_735_689_600_000); // 2025-01-01
+        assert_eq!(month_span("2024-02").unwrap().1 - month_span("2024-02").unwrap().0, 29 * 86_400_000);
+        for bad in ["2026-13", "2026-1", "26-11", "1969-12", "2026/11", ""] {
+            assert!(month_span(bad).unwrap_err().to_string().contains("--month"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(5.0));
+        assert_eq!(percentile(&v, 90.0), Some(9.0));
+        assert_eq!(percentile(&v, 99.0), Some(10.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_and_formulas_defused() {
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_field("=HYPERLINK(1)"), "'=HYPERLINK(1)");
+        assert_eq!(csv_field("-"), "-");
+    }
+}

@@ -1,0 +1,148 @@
+//! `gpunet report` end to end: jobs of two tenants and three users run on a fake-GPU agent (some succeed, one fails,
+//! one is cancelled while waiting); the report's figures per tenant and per user — jobs, failures, GPU-hours and
+//! cost — equal the sums computed here from the ledger the server wrote (read from its store after it stopped); the
+//! CSV carries the same numbers, the monthly statement's total equals the ledger's, and a tenant's token sees only
+//! its own rows.
+
+mod common;
+
+use common::{free_port, json, wait_for, Server};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+#[test]
+fn report_figures_equal_sums_from_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), free_port(), &[]);
+    let _agent = s.agent("n1", "2xT4", dir.path(), "127.0.0.1");
+    let mut tokens = BTreeMap::new();
+    for (tenant, user) in [("ta", "alice"), ("ta", "bob"), ("tb", "carol")] {
+        let _ = s.cli("admin-secret", &["tenants", "--create", tenant]);
+        let (ok, out, err) = s.cli(
+            "admin-secret",
+            &["tokens", "create", "--role", "tenant", "--user", user, "--tenant", tenant, "--output", "json"],
+        );
+        assert!(ok, "{out}{err}");
+        tokens.insert(user, json(&out)["token"].as_str().unwrap().to_string());
+    }
+    let submit = |user: &str, args: &[&str]| {
+        let mut a = vec!["submit", "--output", "json"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = s.cli(&tokens[user], &a);
+        assert!(ok, "{out}{err}");
+        json(&out)["id"].as_u64().unwrap()
+    };
+    let mut ids = vec![
+        submit("alice", &["--gpus", "1", "--", "sleep", "1"]),
+        submit("alice", &["--gpus", "2", "--", "sleep", "1"]),
+        {
+            let spec = dir.path().join("fails.yaml");
+            std::fs::write(&spec, "name: fails\ntenant: ta\ngpus: 1\nmax_restarts: 0\ncommand: [\"false\"]\n").unwrap();
+            submit("bob", &["-f", spec.to_str().unwrap()])
+        },
+        submit("carol", &["--gpus", "1", "--", "sleep", "2"]),
+    ];
+    // One more of carol's that waits behind the others for all 2 GPUs and is cancelled before it starts.
+    let waiting = submit("carol", &["--gpus", "2", "--", "sleep", "600"]);
+    let (ok, out, err) = s.cli(&tokens["carol"], &["cancel", &waiting.to_string()]);
+    assert!(ok, "{out}{err}");
+    ids.push(waiting);
+    wait_for(Duration::from_secs(60), || {
+        ids.iter().all(|id| ["succeeded", "failed", "cancelled"].contains(&s.job_state(*id).as_str()))
+    });
+    assert_eq!(s.job_state(ids[2]), "failed");
+
+    let by_tenant = json(&s.cli("admin-secret", &["report", "--output", "json"]).1);
+    let by_user = json(&s.cli("admin-secret", &["report", "--by", "user", "--output", "json"]).1);
+    let (ok, csv, err) = s.cli("admin-secret", &["report", "--by", "user", "--output", "csv"]);
+    assert!(ok, "{err}");
+    let (ok, table, err) = s.cli("admin-secret", &["report"]);
+    assert!(ok && table.starts_with("TENANT") && table.contains("WAIT P50"), "{table}{err}");
+    let month = String::from_utf8(std::process::Command::new("date").args(["-u", "+%Y-%m"]).output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let (ok, statement, err) = s.cli("admin-secret", &["report", "--statement", "--tenant", "ta", "--month", &month]);
+    assert!(ok, "{err}");
+    // A tenant's token: its own tenant only, and never another's.
+    let (ok, mine, err) = s.cli(&tokens["carol"], &["report", "--by", "user", "--output", "json"]);
+    assert!(ok, "{err}");
+    let mine = json(&mine);
+    let keys: Vec<&str> = mine["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["tb/carol"], "{mine}");
+    let (ok, _, err) = s.cli(&tokens["carol"], &["report", "--tenant", "ta"]);
+    assert!(!ok && err.contains("403"), "{err}");
+    let (ok, _, err) = s.cli("admin-secret", &["report", "--month", "2026-13"]);
+    assert!(!ok && err.contains("--month"), "{err}");
+
+    // The ledger, read from the store once the server is gone.
+    drop(s);
+    let store = gpunet_store::SqliteStore::open(dir.path()).unwrap();
+    let rows = gpunet_store::Store::usage(&store, None, 0, gpunet_server::now_ms() + 3_600_000).unwrap();
+    assert!(rows.len() >= 4, "{rows:?}");
+    let mut want: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    for r in &rows {
+        for key in [r.tenant.clone(), format!("{}/{}", r.tenant, r.submitted_by)] {
+            let e = want.entry(key).or_default();
+            e.0 += r.gpu_seconds / 3600.0;
+            e.1 += r.gpu_cost;
+            e.2 += r.cost;
+        }
+    }
+    assert!(want["ta"].2 > 0.0 && want["tb"].2 > 0.0, "{want:?}");
+    // Jobs and failures per key, as submitted above.
+    let jobs: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::from([
+        ("ta", (3, 1, 0)),
+        ("tb", (2, 0, 1)),
+        ("ta/alice", (2, 0, 0)),
+        ("ta/bob", (1, 1, 0)),
+        ("tb/carol", (2, 0, 1)),
+    ]);
+    for report in [&by_tenant, &by_user] {
+        let got = report["rows"].as_array().unwrap();
+        assert_eq!(got.len(), if report["by"] == "user" { 3 } else { 2 }, "{report}");
+        for r in got {
+            let k = r["key"].as_str().unwrap();
+            let (gh, gc, c) = want[k];
+            assert!(close(r["gpu_hours"].as_f64().unwrap(), gh), "{k}: {r} vs ledger {gh}");
+            assert!(close(r["gpu_cost"].as_f64().unwrap(), gc), "{k}: {r} vs ledger {gc}");
+            assert!(close(r["cost"].as_f64().unwrap(), c), "{k}: {r} vs ledger {c}");
+            let (n, failed, cancelled) = jobs[k];
+            assert_eq!(
+                (r["jobs"].as_u64(), r["failed"].as_u64(), r["cancelled"].as_u64()),
+                (Some(n), Some(failed), Some(cancelled)),
+                "{k}: {r}"
+            );
+            // Every job that ran started once: its wait is known.
+            assert!(r["wait_p50_s"].as_f64().is_some_and(|w| w >= 0.0), "{k}: {r}");
+        }
+    }
+    // The CSV: a header and the same figures.
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(head[0], "user");
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    let mut seen = 0;
+    for l in lines {
+        let f: Vec<&str> = l.split(',').collect();
+        let (gh, _, c) = want[f[0]];
+        assert!(close(f[col("gpu_hours")].parse().unwrap(), gh), "{l}");
+        assert!(close(f[col("cost")].parse().unwrap(), c), "{l}");
+        assert_eq!(f[col("jobs")].parse::<u64>().unwrap(), jobs[f[0]].0, "{l}");
+        seen += 1;
+    }
+    assert_eq!(seen, 3, "{csv}");
+    // The statement: one line per job of ta billed this month, then the total, equal to the ledger's.
+    let lines: Vec<&str> = statement.lines().collect();
+    assert!(lines[0].starts_with("tenant,month,job,"), "{statement}");
+    let total: Vec<&str> = lines.last().unwrap().split(',').collect();
+    assert_eq!(&total[..3], ["ta", month.as_str(), "total"], "{statement}");
+    let head: Vec<&str> = lines[0].split(',').collect();
+    let cost = head.iter().position(|h| *h == "cost").unwrap();
+    assert!(close(total[cost].parse().unwrap(), want["ta"].2), "{statement}");
+    assert_eq!(lines.len(), 2 + 3, "three jobs of ta ran: {statement}");
+}

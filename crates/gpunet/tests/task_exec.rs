@@ -1,0 +1,125 @@
+//! `gpunet task-exec`, the task wrapper, run directly (as the agent runs it: root, an empty environment), with and
+//! without its PID namespace.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn task_exec(args: &[&str]) -> std::process::Output {
+    Command::new(common::BIN).arg("task-exec").args(args).env_clear().env("PATH", "/usr/bin:/bin").output().unwrap()
+}
+
+fn modes() -> [&'static [&'static str]; 2] {
+    [&[], &["--pid-namespace"]]
+}
+
+#[test]
+fn the_status_file_says_how_the_task_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("status");
+    let st = st.to_str().unwrap();
+    for ns in modes() {
+        let run = |prog: &[&str]| {
+            let mut a = vec!["--status", st];
+            a.extend(ns);
+            a.push("--");
+            a.extend(prog);
+            let o = task_exec(&a);
+            (o.status, common::read(Path::new(st)), String::from_utf8_lossy(&o.stderr).into_owned())
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let (s, line, _) = run(&["sh", "-c", "exit 3"]);
+        assert_eq!((s.code(), line.as_str()), (Some(3), "exit 3"), "{ns:?}");
+        // Killed by a signal: the wrapper ends the same way (the init, a PID 1, only says so).
+        let (s, line, _) = run(&["sh", "-c", "kill -TERM $$"]);
+        assert_eq!((s.signal(), line.as_str()), (Some(15), "signal 15"), "{ns:?}");
+        let (s, line, err) = run(&["/nonexistent/program"]);
+        assert_eq!((s.code(), line.as_str()), (Some(127), "exit 127"), "{ns:?}");
+        assert!(err.contains("/nonexistent/program"), "{err}");
+    }
+}
+
+#[test]
+fn the_task_gets_exactly_its_environment_user_and_directory_and_no_blocked_or_ignored_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = dir.path().join("env");
+    std::fs::write(&env, b"PATH=/usr/bin:/bin\0ODD=a b=c\nd\0").unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::os::unix::fs::chown(&work, Some(200_002), Some(200_002)).unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(200_002), Some(200_002)).unwrap();
+    for ns in modes() {
+        let run = |prog: &[&str]| {
+            let mut a = vec!["--status", "-", "--user", "200002:200002", "--env-file", env.to_str().unwrap()];
+            a.extend(["--cwd", work.to_str().unwrap()]);
+            a.extend(ns);
+            a.push("--");
+            a.extend(prog);
+            let o = task_exec(&a);
+            assert!(o.status.success(), "{ns:?}: {}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        // The task's own state as it starts (grep itself is the task: a shell blocks signals around its forks).
+        let out = run(&["sh", "-c", "env; pwd; id -u; id -G; echo $$"])
+            + &run(&["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"]);
+        assert!(out.contains("ODD=a b=c\nd\n") && out.contains("PATH=/usr/bin:/bin"), "{out}");
+        assert!(!out.contains("HOME=") && !out.contains("CARGO"), "nothing of the wrapper's own: {out}");
+        assert!(
+            out.contains(&format!("{}\n200002\n200002\n", work.display())),
+            "directory, uid, only its group: {out}"
+        );
+        assert!(out.contains("SigBlk:\t0000000000000000\n"), "nothing blocked: {out}");
+        // SIGPIPE (ignored by Rust programs) and the forwarded signals are back to their defaults.
+        let ign = out.lines().find_map(|l| l.strip_prefix("SigIgn:\t")).unwrap();
+        let ign = u64::from_str_radix(ign, 16).unwrap();
+        for sig in [1, 2, 3, 10, 12, 13, 15] {
+            assert_eq!(ign & (1 << (sig - 1)), 0, "signal {sig} ignored: {out}");
+        }
+        let pid = out.lines().rev().nth(2).unwrap();
+        assert_eq!(pid == "2", !ns.is_empty(), "PID 2 (after its init) in a namespace: {out}");
+    }
+}
+
+#[test]
+fn a_namespace_s_leftovers_die_with_its_task() {
+    // A task that leaves a daemon behind: without a cgroup, only the namespace's end takes it.
+    let marker = format!("300.9{}", std::process::id());
+    let o = task_exec(&[
+        "--status",
+        "-",
+        "--pid-namespace",
+        "--",
+        "sh",
+        "-c",
+        &format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 & echo started"),
+    ]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("started"));
+    let left = Command::new("pgrep").args(["-f", &format!("sleep {marker}")]).output().unwrap();
+    assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+#[test]
+fn the_environment_can_come_through_standard_input() {
+    use std::io::Write as _;
+    for ns in modes() {
+        let mut args = vec!["task-exec", "--status", "-", "--env-file", "-", "--user", "200002:200002"];
+        args.extend(ns);
+        args.extend(["--", "sh", "-c", "env"]);
+        let mut child = Command::new(common::BIN)
+            .args(&args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"PATH=/usr/bin:/bin\0ODD=a b=c\nd\0").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{ns:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let mut vars: Vec<&str> = out.split_inclusive('\n').filter(|l| !l.starts_with("PWD=")).collect();
+        vars.sort();
+        assert_eq!(vars, ["ODD=a b=c\n", "PATH=/usr/bin:/bin\n", "d\n"], "{ns:?}: {out}");
+    }
+}
