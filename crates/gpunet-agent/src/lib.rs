@@ -16,6 +16,7 @@ pub mod cgroups;
 pub mod checkpoints;
 pub mod copier;
 pub mod devfilter;
+pub mod fds;
 pub mod gpus;
 pub mod identity;
 pub mod launcher;
@@ -117,6 +118,8 @@ pub struct AgentConfig {
     /// kernel refuses one, an agent that runs tasks as other users (tenant uids, `run_as`) refuses to start (their
     /// tasks could see each other's processes); any other agent warns and runs tasks without.
     pub pid_namespace: bool,
+    /// The most processes and threads a task attempt may have at once ([`cgroups::TASK_PIDS_MAX`] by default).
+    pub task_pids_max: u64,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -306,6 +309,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         launcher.wrap_with(w.clone());
     }
     launcher.task_path(cfg.task_path.clone());
+    launcher.pids_max(cfg.task_pids_max);
     if let Some(base) = cfg.tenant_uid_base {
         launcher.tenant_uids(base);
     }
@@ -551,6 +555,7 @@ mod tests {
             device_dir: None,
             price_per_gpu_hour: None,
             pid_namespace: false,
+            task_pids_max: cgroups::TASK_PIDS_MAX,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

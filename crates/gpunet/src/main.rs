@@ -215,6 +215,10 @@ struct AgentArgs {
     /// tasks as other users, and warns otherwise.
     #[arg(long)]
     no_pid_namespace: bool,
+    /// The most processes and threads one task attempt may have at once (`pids.max` of its cgroup, where the node
+    /// has the pids controller): a fork bomb stops there.
+    #[arg(long, default_value_t = gpunet_agent::cgroups::TASK_PIDS_MAX)]
+    task_pids_max: u64,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -304,6 +308,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             None => None,
         },
         pid_namespace: !a.no_pid_namespace,
+        task_pids_max: a.task_pids_max,
     })
 }
 
@@ -751,6 +756,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
+    // Before anything else (one thread still): descriptors we inherited (`exec 7<secret; gpunet agent`) reach no task,
+    // wrapper, init or copier we start (see `gpunet_agent::fds`).
+    gpunet_agent::fds::cloexec_inherited();
     // The task wrapper starts with every task (and probe): skip building the whole command line parser for it. It
     // runs as root with an empty environment (see `gpunet_agent::wrapper`).
     let argv: Vec<String> = std::env::args().collect();
@@ -944,6 +952,7 @@ fn main() -> Result<()> {
                     price_per_gpu_hour: None,
                     // Each task in its own PID namespace where the machine allows (refused with tenant uids).
                     pid_namespace: true,
+                    task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

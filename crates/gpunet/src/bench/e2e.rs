@@ -275,6 +275,7 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             device_dir: None,
             price_per_gpu_hour: None,
             pid_namespace: !a.no_pid_namespace,
+            task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {
