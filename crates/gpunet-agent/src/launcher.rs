@@ -93,6 +93,8 @@ pub struct Launcher {
     pid_namespace: bool,
     /// The most processes a task attempt may have (`pids.max` of its cgroup, where the pids controller is there).
     pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write to a tier.
+    snapshot_max_bytes: u64,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -116,6 +118,8 @@ struct TierCopier {
     task: TaskRef,
     /// In a copier process as the task's user, or in the agent.
     how: crate::copier::How,
+    /// The most bytes one snapshot may write.
+    max_bytes: u64,
     /// Copies not yet reported to the server.
     sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
     /// Per tier: when it was last copied and the directory's fingerprint then. Held during a copy, so the periodic
@@ -135,7 +139,7 @@ impl TierCopier {
                 continue;
             }
             let at = now_ms();
-            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at).await {
+            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at, self.max_bytes).await {
                 Ok(skipped) => {
                     if !skipped.is_empty() {
                         tracing::warn!(job = t.job, tier = %tier.name, skipped = ?skipped, "checkpoint copy skipped \
@@ -324,7 +328,14 @@ impl Launcher {
             mig_uuids: Vec::new(),
             pid_namespace: false,
             pids_max: crate::cgroups::TASK_PIDS_MAX,
+            snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
         }
+    }
+
+    /// The most bytes one checkpoint snapshot may write to a tier (default
+    /// [`crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`]).
+    pub fn snapshot_max_bytes(&mut self, n: u64) {
+        self.snapshot_max_bytes = n;
     }
 
     /// The most processes and threads each task attempt may have at once (default
@@ -761,6 +772,7 @@ impl Launcher {
             dir: ckpt.clone(),
             task: t,
             how: self.copy_how(self.identity(a)),
+            max_bytes: self.snapshot_max_bytes,
             sink: self.checkpointed.clone(),
             last: tokio::sync::Mutex::new(vec![
                 (std::time::Instant::now(), crate::checkpoints::fingerprint(&ckpt));

@@ -120,6 +120,8 @@ pub struct AgentConfig {
     pub pid_namespace: bool,
     /// The most processes and threads a task attempt may have at once ([`cgroups::TASK_PIDS_MAX`] by default).
     pub task_pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
+    pub snapshot_max_bytes: u64,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -310,6 +312,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     launcher.task_path(cfg.task_path.clone());
     launcher.pids_max(cfg.task_pids_max);
+    launcher.snapshot_max_bytes(cfg.snapshot_max_bytes);
     if let Some(base) = cfg.tenant_uid_base {
         launcher.tenant_uids(base);
     }
@@ -556,6 +559,7 @@ mod tests {
             price_per_gpu_hour: None,
             pid_namespace: false,
             task_pids_max: cgroups::TASK_PIDS_MAX,
+            snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -219,6 +219,10 @@ struct AgentArgs {
     /// has the pids controller): a fork bomb stops there.
     #[arg(long, default_value_t = gpunet_agent::cgroups::TASK_PIDS_MAX)]
     task_pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write to a tier (data bytes on a filesystem tier, whose copies keep
+    /// a file's holes; every byte to an object store). A snapshot over it fails and is removed.
+    #[arg(long, default_value_t = gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES)]
+    checkpoint_snapshot_max_bytes: u64,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -309,6 +313,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         },
         pid_namespace: !a.no_pid_namespace,
         task_pids_max: a.task_pids_max,
+        snapshot_max_bytes: a.checkpoint_snapshot_max_bytes,
     })
 }
 
@@ -953,6 +958,7 @@ fn main() -> Result<()> {
                     // Each task in its own PID namespace where the machine allows (refused with tenant uids).
                     pid_namespace: true,
                     task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
+                    snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {
