@@ -572,3 +572,51 @@ fn a_fork_bomb_stops_at_the_tasks_pids_limit() {
     assert!(ok, "{err}");
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
 }
+
+/// The hostile-tenant probe, finding 4: one log budget per sync was shared first come, first served by every task
+/// on the node, and a task's unshipped log was dropped once its exit was reported, so a quiet job's output never
+/// reached the server while another tenant spammed. Now each task gets a fair share, and an ended task's log keeps
+/// shipping until it is all sent.
+#[test]
+fn one_tasks_log_spam_does_not_lose_another_tasks_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    let spam = "while :; do head -c 8000000 /dev/zero | tr '\\\\0' A; sleep 0.5; done";
+    let spammers: Vec<u64> = (0..2)
+        .map(|i| {
+            submit_yaml(
+                &s,
+                dir.path(),
+                &format!("name: spam{i}\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, \"{spam}\"]\n"),
+            )
+        })
+        .collect();
+    // Their logs pile up on the node faster than a sync ships them.
+    wait_for(Duration::from_secs(30), || {
+        spammers.iter().all(|j| {
+            let p = dir.path().join(format!("a1/logs/job-{j}/rank-0-attempt-0.log"));
+            std::fs::metadata(p).is_ok_and(|m| m.len() > 16_000_000)
+        })
+    });
+    let quiet: Vec<u64> = (0..2)
+        .map(|i| {
+            submit_yaml(
+                &s,
+                dir.path(),
+                &format!(
+                    "name: quiet{i}\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'echo B_IMPORTANT_{i}']\n"
+                ),
+            )
+        })
+        .collect();
+    for (i, j) in quiet.iter().enumerate() {
+        let at = dir.path().join(format!("server/logs/job-{j}/rank-0-attempt-0.log"));
+        wait_for(Duration::from_secs(30), || read(&at).contains(&format!("B_IMPORTANT_{i}")));
+        assert_eq!(s.job_state(*j), "succeeded");
+    }
+    for j in spammers {
+        let (ok, _, err) = s.cli("admin-secret", &["cancel", &j.to_string()]);
+        assert!(ok, "{err}");
+    }
+}
