@@ -15,8 +15,9 @@
 //!
 //! **The init.** After joining the cgroups the wrapper starts `task-exec --ns-init` (this program again, through
 //! `/proc/self/exe`) and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
-//! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount namespace, makes every mount
-//! private and mounts a fresh `/proc`, so the task lists only its own namespace's processes. The init then drops to
+//! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount and an IPC namespace, makes
+//! every mount private and mounts a fresh `/proc`, so the task lists only its own namespace's processes, and private
+//! tmpfs on `/tmp` and `/dev/shm` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
 //! the task's uid/gid for good (no supplementary groups; a process that changed its uid is not dumpable, so the task
 //! cannot ptrace it, and a PID 1 ignores SIGKILL from inside its namespace), changes into DIR and starts the task
 //! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
