@@ -92,6 +92,18 @@ pub fn fair_shares(owed: &[u64], budget: u64) -> Vec<u64> {
     out
 }
 
+/// The longest one sync may wait for the server's answer (its long poll holds a request about a second).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a sync got no answer.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
 /// How often real GPUs are sampled.
 const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
@@ -410,6 +422,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         _ => None,
     };
     let mut last_sample: Option<std::time::Instant> = None;
+    // Self-fencing: when the last sync succeeded, and after how long without one the server gives our tasks away.
+    let mut last_synced = std::time::Instant::now();
+    let mut fence_after: Option<Duration> = None;
+    let mut fenced = false;
     tokio::pin!(shutdown);
     loop {
         let mut logs = Vec::new();
@@ -467,6 +483,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             .bearer_auth(&credential)
             .json(&sync)
             .send();
+        // A server that stopped answering (frozen, or a network that drops packets) must not hold the loop: a sync
+        // gives up after SYNC_TIMEOUT (well above the server's long poll), or a quarter of the fence time.
+        let wait = fence_after.map_or(SYNC_TIMEOUT, |f| SYNC_TIMEOUT.min(f / 4).max(Duration::from_millis(500)));
+        let req = tokio::time::timeout(wait, req);
         tokio::select! {
             _ = &mut shutdown => {
                 launcher.stop_all(Duration::from_secs(5));
@@ -495,6 +515,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 // The in-flight request is dropped; the next one carries the exits (reports are idempotent).
             }
             r = req => {
+                let r = match r {
+                    Ok(r) => r.map_err(SyncError::from),
+                    Err(_) => Err(SyncError::NoAnswer(wait)),
+                };
                 let work = match r {
                     Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
                     Ok(resp) if matches!(resp.status().as_u16(), 401 | 404) => {
@@ -517,11 +541,35 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     }
                 };
                 let Some(work) = work else {
+                    if let Some(f) = fence_after {
+                        // Stop a little before the server gives the tasks away: they need their grace to end.
+                        let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
+                        let at = f.saturating_sub(grace).max(f / 2);
+                        let running = launcher.running();
+                        if last_synced.elapsed() >= at && !running.is_empty() {
+                            if !fenced {
+                                tracing::error!(
+                                    silent_s = last_synced.elapsed().as_secs(),
+                                    fence_s = f.as_secs(),
+                                    tasks = running.len(),
+                                    "no sync with the server for nearly its fence time: it is giving this node's \
+                                     tasks away, so they are stopped here (self-fencing)"
+                                );
+                            }
+                            fenced = true;
+                            for t in &running {
+                                launcher.stop(t, grace);
+                            }
+                        }
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 };
                 backoff = Duration::from_millis(100);
+                last_synced = std::time::Instant::now();
+                fenced = false;
+                fence_after = work.fence_after_ms.map(Duration::from_millis);
                 for c in &logs {
                     shipped.insert(c.task, c.offset + c.data.len() as u64);
                 }

@@ -620,3 +620,34 @@ fn one_tasks_log_spam_does_not_lose_another_tasks_output() {
         assert!(ok, "{err}");
     }
 }
+
+/// The hostile-tenant probe, finding 6: an agent cut off from its server kept running tasks the server had given
+/// away after the fence timeout (the same job then ran twice). Now the server's sync answer says after how long it
+/// gives a silent node's tasks away, and an agent that could not sync for that long stops them itself. (A frozen
+/// agent cannot: that still needs fencing out of band, e.g. the machine's power.)
+#[test]
+fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &["--node-lost-after-s", "1", "--node-fence-s", "2"]);
+    let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let m = marker(13);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!("name: long\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sleep, '{m}']\n"),
+    );
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).len() == 1);
+    assert_eq!(s.job_state(id), "running");
+    // The server stops answering (as behind a partition); it would give the task away 3 s after the last sync.
+    let server = s.proc.0.id().to_string();
+    struct Resume(String);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+    let _resume = Resume(server.clone());
+    assert!(Command::new("kill").args(["-STOP", &server]).status().unwrap().success());
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+}
