@@ -568,6 +568,15 @@ fn a_fork_bomb_stops_at_the_tasks_pids_limit() {
     wait_for(Duration::from_secs(60), || log(dir.path(), "a1", id).contains("bomb-over"));
     let n = with_args(&["sleep", &m]).len();
     assert!((10..64).contains(&n), "{n} processes");
+    // The agent's records of its running tasks are root's alone (finding 5).
+    use std::os::unix::fs::PermissionsExt;
+    let running = dir.path().join("a1/running");
+    assert_eq!(std::fs::metadata(&running).unwrap().permissions().mode() & 0o777, 0o700);
+    let records: Vec<_> = std::fs::read_dir(&running).unwrap().flatten().collect();
+    assert!(!records.is_empty());
+    for r in records {
+        assert_eq!(r.metadata().unwrap().permissions().mode() & 0o777, 0o600, "{:?}", r.path());
+    }
     let (ok, _, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
     assert!(ok, "{err}");
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
@@ -650,4 +659,37 @@ fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     let _resume = Resume(server.clone());
     assert!(Command::new("kill").args(["-STOP", &server]).status().unwrap().success());
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+}
+
+/// What a task keeps in its private `/tmp` and `/dev/shm` is memory (tmpfs), charged to the task's memory cgroup:
+/// 40 MiB in each (each under its tmpfs' own size bound, the task's limit) is over a 64 MiB job's limit, and the job
+/// ends as OOM, like any other use of memory over its limit. (On the host's disk-backed `/tmp` it would not count.)
+#[test]
+fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    if !needs_cgroups(&s) {
+        return;
+    }
+    if !isolation(&s).starts_with("cgroup-v1: memory") && std::env::var_os("GPUNET_TEST_OOM").is_none() {
+        eprintln!("SKIPPED: cgroup v2 uses the kernel's OOM killer; set GPUNET_TEST_OOM=1 where that is safe");
+        return;
+    }
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        "name: fill\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\ncommand: [sh, -c, 'head -c 41943040 \
+         /dev/zero > /dev/shm/a && head -c 41943040 /dev/zero > /tmp/b && echo survived']\n",
+    );
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
+    assert!(!log(dir.path(), "a1", id).contains("survived"));
+    // The events are read from the store, which may trail the job's state by a moment.
+    wait_for(Duration::from_secs(10), || {
+        let o = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("\"kind\":\"oom\"")
+    });
 }
