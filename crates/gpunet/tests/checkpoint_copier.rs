@@ -343,6 +343,10 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
     .collect();
     let dir = reachable_tempdir();
     let ckpt = checkpoint_dir(dir.path());
+    // Over one upload part: a multipart upload, streamed (the copier holds at most two parts of it).
+    let big: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(ckpt.join("big.bin"), &big).unwrap();
+    own(&ckpt.join("big.bin"), UID, 0o600);
     let tier =
         CheckpointTier { name: "archive".into(), every_ms: 100, keep: 1, url: Some("s3://ckpt-bucket/t".into()) };
     let node = dir.path().join("node");
@@ -351,7 +355,8 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
         let (ok, r) = reply(start_copier(&request(work, &ckpt, &node, aws.clone(), 60_000)));
         assert!(ok, "{r:?}");
         assert!(
-            matches!(&r, Reply::Copied { skipped, .. } if skipped == &["root-only (not readable by the copier)"]),
+            matches!(&r, Reply::Copied { skipped, peak_rss_kib } if skipped == &["root-only (not readable by the copier)"]
+                && *peak_rss_kib < 64 << 10),
             "{r:?}"
         );
     }
@@ -366,6 +371,7 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
     assert!(ok, "{r:?}");
     assert_eq!(r, Reply::Restored { snapshot: Some(2_000) });
     assert_eq!(std::fs::read_to_string(dst.join("state")).unwrap(), "step-1");
+    assert!(std::fs::read(dst.join("big.bin")).unwrap() == big, "the multipart object restored whole");
     for p in everything(&dst) {
         let m = std::fs::symlink_metadata(&p).unwrap();
         assert_eq!((m.uid(), m.gid()), (UID, UID), "{}", p.display());
