@@ -3,7 +3,8 @@
 //! descriptor with `openat2` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no symlink is ever
 //! followed and no `..` leaves the directory; each name is checked to be a plain name first; files are checked to be
 //! regular files (and not hard links, which could name a file the job may not read) on the opened descriptor, never on
-//! a path. Directories are made 0700 and files 0600.
+//! a path. Directories are made 0700 and files 0600. Copies stream through a bounded buffer and keep a file's holes
+//! ([`copy_sparse`]): a job's sparse file of any claimed size costs the copier neither memory nor disk.
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use std::io;
@@ -145,8 +146,8 @@ pub fn walk(dir: &OwnedFd) -> io::Result<Walk> {
     Ok(out)
 }
 
-/// Reads the regular file `rel` beneath `dir` (no symlink, no device or fifo, no hard link).
-pub fn read_file(dir: &OwnedFd, rel: &str) -> io::Result<Vec<u8>> {
+/// Opens the regular file `rel` beneath `dir` for reading (no symlink, no device or fifo, no hard link).
+pub fn open_file(dir: &OwnedFd, rel: &str) -> io::Result<std::fs::File> {
     let parts: Vec<&str> = rel.split('/').collect();
     if !parts.iter().all(|p| plain_name(p)) {
         return Err(invalid("a path part that is not a plain name"));
@@ -162,15 +163,24 @@ pub fn read_file(dir: &OwnedFd, rel: &str) -> io::Result<Vec<u8>> {
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_nlink > 1 {
         return Err(invalid("not a regular file of its own"));
     }
+    Ok(std::fs::File::from(fd))
+}
+
+/// Reads the regular file `rel` beneath `dir` (see [`open_file`]), at most `max` bytes: a longer file is an error.
+pub fn read_file(dir: &OwnedFd, rel: &str, max: u64) -> io::Result<Vec<u8>> {
     use std::io::Read as _;
-    let mut data = Vec::with_capacity(st.st_size as usize);
-    std::fs::File::from(fd).read_to_end(&mut data)?;
+    let mut data = Vec::new();
+    // Never sized by the file's own length (a sparse file claims any): it grows with what is read.
+    open_file(dir, rel)?.take(max.saturating_add(1)).read_to_end(&mut data)?;
+    if data.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("{rel} is over {max} bytes")));
+    }
     Ok(data)
 }
 
-/// Writes `data` to the new file `rel` beneath `dir` (mode 0600, owned by `owner` when given), making its parent
-/// directories; an existing file of that name is replaced, never written through.
-pub fn write_file(dir: &OwnedFd, rel: &str, data: &[u8], owner: Option<(u32, u32)>) -> io::Result<()> {
+/// Makes the new file `rel` beneath `dir` (mode 0600, owned by `owner` when given) and its parent directories, and
+/// opens it for writing; an existing file of that name is replaced, never written through.
+pub fn create_file(dir: &OwnedFd, rel: &str, owner: Option<(u32, u32)>) -> io::Result<std::fs::File> {
     let parts: Vec<&str> = rel.split('/').collect();
     let Some((name, parents)) = parts.split_last() else { return Err(invalid("an empty path")) };
     if !plain_name(name) {
@@ -189,8 +199,75 @@ pub fn write_file(dir: &OwnedFd, rel: &str, data: &[u8], owner: Option<(u32, u32
         rustix::fs::fchown(&fd, Some(uid(u)), Some(gid(g)))?;
     }
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600))?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Writes `data` to the new file `rel` beneath `dir` (see [`create_file`]).
+pub fn write_file(dir: &OwnedFd, rel: &str, data: &[u8], owner: Option<(u32, u32)>) -> io::Result<()> {
     use std::io::Write as _;
-    std::fs::File::from(fd).write_all(data)
+    create_file(dir, rel, owner)?.write_all(data)
+}
+
+/// The buffer a copy streams through: a copy never holds more of a file in memory.
+pub const COPY_BUF: usize = 1 << 20;
+
+/// The error of a copy that would write more than its budget allows.
+pub fn over_budget(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::FileTooLarge, format!("{what}: over the snapshot's byte limit"))
+}
+
+/// Copies the file `from` into the new file `to` through a [`COPY_BUF`] buffer, keeping its holes: only the data
+/// extents (`SEEK_DATA`/`SEEK_HOLE`) are read and written, then the length is set, so a sparse file stays sparse.
+/// Each byte written is taken from `budget`; a copy that would exceed it fails with [`over_budget`].
+pub fn copy_sparse(from: &std::fs::File, to: &std::fs::File, budget: &mut u64) -> io::Result<()> {
+    use rustix::fs::SeekFrom;
+    use std::os::unix::fs::FileExt as _;
+    let len = from.metadata()?.len();
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut pos = 0u64;
+    'extents: while pos < len {
+        let data = match rustix::fs::seek(from, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NXIO) => break, // only a hole is left
+            Err(rustix::io::Errno::INVAL) => pos,  // a filesystem without SEEK_DATA: all of it is data
+            Err(e) => return Err(e.into()),
+        };
+        let hole = match rustix::fs::seek(from, SeekFrom::Hole(data)) {
+            Ok(h) => h.min(len),
+            Err(_) => len,
+        };
+        let mut at = data;
+        while at < hole {
+            let want = (hole - at).min(COPY_BUF as u64) as usize;
+            let got = from.read_at(&mut buf[..want], at)?;
+            if got == 0 {
+                break 'extents; // shrunk meanwhile
+            }
+            if got as u64 > *budget {
+                return Err(over_budget("copy"));
+            }
+            *budget -= got as u64;
+            to.write_all_at(&buf[..got], at)?;
+            at += got as u64;
+        }
+        pos = hole.max(data + 1).max(at);
+    }
+    to.set_len(len)
+}
+
+/// Copies the regular file `rel` beneath `src` to the new file `to_rel` beneath `dst` (see [`open_file`],
+/// [`create_file`], [`copy_sparse`]).
+pub fn copy_file(
+    src: &OwnedFd,
+    rel: &str,
+    dst: &OwnedFd,
+    to_rel: &str,
+    owner: Option<(u32, u32)>,
+    budget: &mut u64,
+) -> io::Result<()> {
+    let from = open_file(src, rel)?;
+    let to = create_file(dst, to_rel, owner)?;
+    copy_sparse(&from, &to, budget)
 }
 
 /// Names in the directory (not `.`/`..`).
@@ -261,10 +338,11 @@ mod tests {
         let rels: Vec<&str> = w.files.iter().map(|e| e.rel.as_str()).collect();
         assert_eq!(rels, ["state", "sub/w"]);
         assert_eq!(w.skipped.len(), 3, "{:?}", w.skipped);
-        assert!(read_file(&fd, "leak").is_err() && read_file(&fd, "dirlink/secret").is_err());
-        assert!(read_file(&fd, "hard").is_err(), "a hard link to another file is not read");
-        assert!(read_file(&fd, "../outside/secret").is_err());
-        assert_eq!(read_file(&fd, "sub/w").unwrap(), b"w");
+        assert!(read_file(&fd, "leak", 100).is_err() && read_file(&fd, "dirlink/secret", 100).is_err());
+        assert!(read_file(&fd, "hard", 100).is_err(), "a hard link to another file is not read");
+        assert!(read_file(&fd, "../outside/secret", 100).is_err());
+        assert_eq!(read_file(&fd, "sub/w", 100).unwrap(), b"w");
+        assert!(read_file(&fd, "sub/w", 0).is_err(), "over the limit");
         // Writing through a planted symlink (file or directory) replaces the link; the target is untouched.
         write_file(&fd, "leak", b"new", None).unwrap();
         assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "root only");
@@ -279,5 +357,32 @@ mod tests {
         assert!(!src.exists());
         assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "root only");
         assert!(make_dirs(&top, &[".."], None).is_err());
+    }
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_file_is_copied_sparse_and_a_budget_is_kept() {
+        use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+        let root = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(root.path().join("sparse")).unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(b"tail", 1 << 30).unwrap();
+        let fd = open_trusted(root.path()).unwrap();
+        let mut budget = 1 << 20;
+        copy_file(&fd, "sparse", &fd, "copy/sparse", None, &mut budget).unwrap();
+        let m = std::fs::metadata(root.path().join("copy/sparse")).unwrap();
+        assert_eq!(m.len(), (1 << 30) + 4);
+        assert!(m.blocks() * 512 < 1 << 20, "{} blocks", m.blocks());
+        let c = std::fs::File::open(root.path().join("copy/sparse")).unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact_at(&mut b, 1 << 30).unwrap();
+        assert_eq!(&b, b"tail");
+        assert!(((1 << 20) - 2 * 4096 * 16..1 << 20).contains(&budget), "{budget}");
+        let mut small = 2;
+        assert!(copy_file(&fd, "sparse", &fd, "copy/again", None, &mut small).is_err());
     }
 }

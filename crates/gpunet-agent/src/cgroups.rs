@@ -8,6 +8,11 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// The default of the most processes and threads one task attempt may have at once (`pids.max`, where the pids
+/// controller is there; the agent's `--task-pids-max`): a fork bomb stops at it (its `fork` fails with `EAGAIN`)
+/// instead of filling the node's process table.
+pub const TASK_PIDS_MAX: u64 = 4096;
+
 /// What isolation this machine offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cgroups {
@@ -31,6 +36,8 @@ pub enum Cgroups {
         freezer: Option<PathBuf>,
         /// Parent of task groups in the devices hierarchy (a task opens only the devices it was given).
         devices: Option<PathBuf>,
+        /// Parent of task groups in the pids hierarchy (a task has at most `pids_max` processes, [`TASK_PIDS_MAX`] by default).
+        pids: Option<PathBuf>,
     },
     /// No usable cgroups: tasks run without limits.
     None,
@@ -74,8 +81,8 @@ impl Cgroups {
             let own = own_path("").unwrap_or_else(|| "/".into());
             let base = root.join(own.trim_start_matches('/')).join(tag);
             let wanted: Vec<String> =
-                ctrls.split_whitespace().filter(|c| *c == "memory" || *c == "cpu").map(String::from).collect();
-            if !wanted.is_empty() && writable_dir(&base) {
+                ctrls.split_whitespace().filter(|c| ["memory", "cpu", "pids"].contains(c)).map(String::from).collect();
+            if wanted.iter().any(|c| c != "pids") && writable_dir(&base) {
                 let enable = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
                 if std::fs::write(base.join("cgroup.subtree_control"), enable).is_ok() {
                     return Cgroups::V2 { base, controllers: wanted, devices: crate::devfilter::available() };
@@ -93,7 +100,7 @@ impl Cgroups {
         };
         let (memory, cpu) = (v1("memory"), v1("cpu"));
         if memory.is_some() || cpu.is_some() {
-            return Cgroups::V1 { memory, cpu, freezer: v1("freezer"), devices: v1("devices") };
+            return Cgroups::V1 { memory, cpu, freezer: v1("freezer"), devices: v1("devices"), pids: v1("pids") };
         }
         Cgroups::None
     }
@@ -108,7 +115,7 @@ impl Cgroups {
                 }
                 format!("cgroup-v2: {}", v.join(", "))
             }
-            Cgroups::V1 { memory, cpu, freezer, devices } => {
+            Cgroups::V1 { memory, cpu, freezer, devices, pids } => {
                 let mut v = Vec::new();
                 if memory.is_some() {
                     v.push("memory");
@@ -121,6 +128,9 @@ impl Cgroups {
                 }
                 if devices.is_some() {
                     v.push("devices");
+                }
+                if pids.is_some() {
+                    v.push("pids");
                 }
                 format!("cgroup-v1: {}", v.join(", "))
             }
@@ -136,6 +146,7 @@ impl Cgroups {
         name: &str,
         memory_mib: u64,
         cpu_milli: u64,
+        pids_max: u64,
         devices: Option<&[String]>,
     ) -> io::Result<Option<TaskCgroup>> {
         let bytes = memory_mib.max(4) * 1024 * 1024;
@@ -161,9 +172,12 @@ impl Cgroups {
                 if controllers.iter().any(|c| c == "cpu") {
                     std::fs::write(d.join("cpu.max"), format!("{quota} 100000"))?;
                 }
+                if controllers.iter().any(|c| c == "pids") {
+                    std::fs::write(d.join("pids.max"), pids_max.max(1).to_string())?;
+                }
                 Ok(Some(TaskCgroup::v2(d)))
             }
-            Cgroups::V1 { memory, cpu, freezer, devices: dev_parent } => {
+            Cgroups::V1 { memory, cpu, freezer, devices: dev_parent, pids } => {
                 let mut t = TaskCgroup::empty();
                 if let (Some(p), Some(rules)) = (dev_parent, devices) {
                     let d = p.join(name);
@@ -203,6 +217,13 @@ impl Cgroups {
                     t.procs.push(d.join("cgroup.procs"));
                     t.dirs.push(d);
                 }
+                if let Some(p) = pids {
+                    let d = p.join(name);
+                    std::fs::create_dir_all(&d)?;
+                    std::fs::write(d.join("pids.max"), pids_max.max(1).to_string())?;
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
                 Ok(Some(t))
             }
         }
@@ -214,8 +235,8 @@ impl Cgroups {
     pub fn remove_parents(&self) {
         let dirs: Vec<&PathBuf> = match self {
             Cgroups::V2 { base, .. } => vec![base],
-            Cgroups::V1 { memory, cpu, freezer, devices } => {
-                [memory, cpu, freezer, devices].into_iter().flatten().collect()
+            Cgroups::V1 { memory, cpu, freezer, devices, pids } => {
+                [memory, cpu, freezer, devices, pids].into_iter().flatten().collect()
             }
             Cgroups::None => Vec::new(),
         };
@@ -232,7 +253,7 @@ impl Cgroups {
                 let d = base.join(name);
                 d.is_dir().then(|| TaskCgroup::v2(d))
             }
-            Cgroups::V1 { memory, cpu, freezer, devices } => {
+            Cgroups::V1 { memory, cpu, freezer, devices, pids } => {
                 let mut t = TaskCgroup::empty();
                 if let Some(d) = devices.as_ref().map(|p| p.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
@@ -251,6 +272,10 @@ impl Cgroups {
                     t.dirs.push(d);
                 }
                 if let Some(d) = cpu.as_ref().map(|c| c.join(name)).filter(|d| d.is_dir()) {
+                    t.procs.push(d.join("cgroup.procs"));
+                    t.dirs.push(d);
+                }
+                if let Some(d) = pids.as_ref().map(|c| c.join(name)).filter(|d| d.is_dir()) {
                     t.procs.push(d.join("cgroup.procs"));
                     t.dirs.push(d);
                 }
@@ -412,11 +437,11 @@ mod tests {
         }
         let cg = Cgroups::detect(&root, "gpunet-test");
         match &cg {
-            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None, devices: None } => {}
+            Cgroups::V1 { memory: Some(_), cpu: Some(_), freezer: None, devices: None, pids: None } => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(cg.describe(), "cgroup-v1: memory, cpu");
-        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500, None).unwrap().unwrap();
+        let t = cg.create("job-1-rank-0-attempt-0", 512, 1500, TASK_PIDS_MAX, None).unwrap().unwrap();
         assert_eq!(t.procs.len(), 2);
         let mem = t.procs[0].with_file_name("memory.limit_in_bytes");
         assert_eq!(std::fs::read_to_string(mem).unwrap(), (512u64 * 1024 * 1024).to_string());
@@ -468,7 +493,7 @@ mod tests {
         let base = mount.join(format!("gpunet-devfilter-test-{}", std::process::id()));
         let cg = Cgroups::V2 { base: base.clone(), controllers: Vec::new(), devices: true };
         let rules = device_rules(dev.path(), &[0]);
-        let t = cg.create("job-1-rank-0-attempt-0", 64, 1000, Some(&rules)).unwrap().unwrap();
+        let t = cg.create("job-1-rank-0-attempt-0", 64, 1000, TASK_PIDS_MAX, Some(&rules)).unwrap().unwrap();
         let script = format!(
             "echo $$ > {procs} || exit 9; for d in /dev/null {dev}/nvidia0 {dev}/nvidia1; do \
              if cat $d >/dev/null 2>&1; then echo \"$d ok\"; else cat $d 2>&1 >/dev/null | sed \"s|^|$d |\"; fi; done",

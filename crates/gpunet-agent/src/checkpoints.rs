@@ -175,14 +175,69 @@ async fn snapshots(t: &Tier) -> Result<Vec<u64>, String> {
     Ok(v)
 }
 
-/// Reads a file of the checkpoint directory: `Ok(None)` when it is gone meanwhile or may not be read (a file of
+/// The default of the most bytes one snapshot may write to a tier (the agent's `--checkpoint-snapshot-max-bytes`):
+/// data bytes for a tier on a filesystem (holes are kept and cost nothing), every byte for an object store. A
+/// snapshot over it fails (and what it wrote is removed), so a job cannot fill a tier, or the node's disk, with
+/// copies of a file it made huge.
+pub const DEFAULT_SNAPSHOT_MAX_BYTES: u64 = 64 << 30;
+
+/// Parts of an object-store upload: a file up to one part is one `put`, a longer one a multipart upload with at
+/// most two parts in flight (the copier's memory holds no more of it).
+const UPLOAD_PART: usize = 8 << 20;
+
+/// Opens a file of the checkpoint directory: `Ok(None)` when it is gone meanwhile or may not be read (a file of
 /// another user's placed there: the copier runs as the job's user, so that fails with EACCES, and it is skipped).
-fn read_source(src: &OwnedFd, rel: &str) -> Result<Option<Vec<u8>>, String> {
-    match beneath::read_file(src, rel) {
-        Ok(d) => Ok(Some(d)),
+fn open_source(src: &OwnedFd, rel: &str) -> Result<Option<std::fs::File>, String> {
+    match beneath::open_file(src, rel) {
+        Ok(f) => Ok(Some(f)),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => Ok(None),
         Err(e) => Err(err(format_args!("read {rel}"), e)),
     }
+}
+
+/// Uploads the file `f` to `obj`, streaming (see [`UPLOAD_PART`]); every byte is taken from `budget`.
+async fn upload(store: &Arc<dyn ObjectStore>, obj: &ObjPath, f: std::fs::File, budget: &mut u64) -> Result<(), String> {
+    use std::io::Read as _;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len > *budget {
+        return Err(beneath::over_budget(obj.as_ref()).to_string());
+    }
+    *budget -= len;
+    let read_part = |mut f: std::fs::File| {
+        blocking(move || {
+            let mut part = Vec::new();
+            (&mut f).take(UPLOAD_PART as u64).read_to_end(&mut part).map_err(|e| e.to_string())?;
+            Ok((f, part))
+        })
+    };
+    let (f, first) = read_part(f).await?;
+    if first.len() < UPLOAD_PART {
+        store.put(obj, PutPayload::from(first)).await.map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    let up = store.put_multipart(obj).await.map_err(|e| e.to_string())?;
+    let mut w = object_store::WriteMultipart::new_with_chunk_size(up, UPLOAD_PART);
+    let (mut f, mut part) = (f, first);
+    let mut sent = 0u64;
+    loop {
+        if part.is_empty() {
+            break;
+        }
+        sent += part.len() as u64;
+        if sent > len {
+            // Grew while copied: only what the budget was charged for.
+            let _ = w.abort().await;
+            return Err(format!("{obj}: grew while copied"));
+        }
+        if let Err(e) = w.wait_for_capacity(2).await {
+            let _ = w.abort().await;
+            return Err(e.to_string());
+        }
+        w.put(part.into());
+        (f, part) = read_part(f).await?;
+    }
+    w.finish().await.map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Copies `dir` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots, in this process (see
@@ -193,15 +248,17 @@ pub async fn snapshot(
     t: &TaskRef,
     dir: &Path,
     at_ms: u64,
+    max_bytes: u64,
 ) -> Result<Vec<String>, String> {
     let tr = open_tier(tier, local_root, t, &aws_env(), None)?;
-    snapshot_to(&tr, Arc::new(open_dir(dir)?), at_ms).await
+    snapshot_to(&tr, Arc::new(open_dir(dir)?), at_ms, max_bytes).await
 }
 
 /// Copies the directory `src` to the tier as a snapshot taken at `at_ms`, then prunes old snapshots. Files are read
 /// without following symlinks; what was skipped (symlinks, devices, fifos, hard links, files that may not be read)
-/// is returned. Files are read and written with this process's rights.
-pub async fn snapshot_to(tr: &Tier, src: Arc<OwnedFd>, at_ms: u64) -> Result<Vec<String>, String> {
+/// is returned. Files are read and written with this process's rights, streamed (never a whole file in memory),
+/// holes kept on a filesystem tier; a snapshot that would write more than `max_bytes` fails and is removed.
+pub async fn snapshot_to(tr: &Tier, src: Arc<OwnedFd>, at_ms: u64, max_bytes: u64) -> Result<Vec<String>, String> {
     let mut found = {
         let src = src.clone();
         blocking(move || beneath::walk(&src).map_err(|e| err("list the checkpoint directory", e))).await?
@@ -217,13 +274,28 @@ pub async fn snapshot_to(tr: &Tier, src: Arc<OwnedFd>, at_ms: u64) -> Result<Vec
                 parts.push(&ts);
                 let snap = beneath::make_dirs(&root, &parts, None).map_err(|e| err("make the snapshot", e))?;
                 let mut skipped = Vec::new();
+                let mut budget = max_bytes;
                 for f in &files {
-                    let Some(data) = read_source(&src, &f.rel)? else {
+                    let Some(from) = open_source(&src, &f.rel)? else {
                         skipped.push(unreadable(&f.rel));
                         continue;
                     };
-                    beneath::write_file(&snap, &f.rel, &data, None)
-                        .map_err(|e| err(format_args!("copy {} to tier {name}", f.rel), e))?;
+                    let copied = beneath::create_file(&snap, &f.rel, None)
+                        .and_then(|to| beneath::copy_sparse(&from, &to, &mut budget));
+                    if let Err(e) = copied {
+                        // Nothing half-written stays in the tier.
+                        drop(snap);
+                        let tier_dir = beneath::open_dir(&root, &parts[..parts.len() - 1]);
+                        if let Ok(d) = tier_dir {
+                            let _ = beneath::remove(&d, &ts);
+                        }
+                        let why = if e.kind() == std::io::ErrorKind::FileTooLarge {
+                            format!("the snapshot would write over {max_bytes} bytes")
+                        } else {
+                            e.to_string()
+                        };
+                        return Err(format!("copy {} to tier {name}: {why}", f.rel));
+                    }
                 }
                 Ok(skipped)
             })
@@ -232,17 +304,23 @@ pub async fn snapshot_to(tr: &Tier, src: Arc<OwnedFd>, at_ms: u64) -> Result<Vec
         }
         Where::Object { store, prefix } => {
             let snap = prefix.clone().join(ts.as_str());
+            let mut budget = max_bytes;
             for f in &found.files {
                 let (src2, rel) = (src.clone(), f.rel.clone());
-                let Some(data) = blocking(move || read_source(&src2, &rel)).await? else {
+                let Some(from) = blocking(move || open_source(&src2, &rel)).await? else {
                     found.skipped.push(unreadable(&f.rel));
                     continue;
                 };
                 let obj = f.rel.split('/').fold(snap.clone(), |o, part| o.join(part));
-                store
-                    .put(&obj, PutPayload::from(data))
-                    .await
-                    .map_err(|e| format!("copy {} to tier {}: {e}", f.rel, tr.name))?;
+                if let Err(e) = upload(store, &obj, from, &mut budget).await {
+                    // Nothing half-written stays in the tier.
+                    if let Ok(objs) = store.list(Some(&snap)).map_ok(|m| m.location).try_collect::<Vec<_>>().await {
+                        for o in objs {
+                            let _ = store.delete(&o).await;
+                        }
+                    }
+                    return Err(format!("copy {} to tier {}: {e}", f.rel, tr.name));
+                }
             }
         }
     }
@@ -312,8 +390,9 @@ pub async fn restore_from(
                 parts.push(&name);
                 let snap = beneath::open_dir(&root, &parts).map_err(|e| err("open the snapshot", e))?;
                 for f in beneath::walk(&snap).map_err(|e| err("list the snapshot", e))?.files {
-                    let data = beneath::read_file(&snap, &f.rel).map_err(|e| err(format_args!("read {}", f.rel), e))?;
-                    beneath::write_file(&dst, &f.rel, &data, owner)
+                    // The tier's snapshots were bounded when written; streamed and sparse all the same.
+                    let mut unbounded = u64::MAX;
+                    beneath::copy_file(&snap, &f.rel, &dst, &f.rel, owner, &mut unbounded)
                         .map_err(|e| err(format_args!("restore {}", f.rel), e))?;
                 }
                 Ok(())
@@ -332,12 +411,21 @@ pub async fn restore_from(
                 if rel.is_empty() {
                     continue;
                 }
-                let bytes = store.get(&o).await.map_err(|e| e.to_string())?.bytes().await.map_err(|e| e.to_string())?;
-                let (dst, rel) = (dst.clone(), rel.join("/"));
-                blocking(move || {
-                    beneath::write_file(&dst, &rel, &bytes, owner).map_err(|e| err(format_args!("restore {rel}"), e))
+                let (dst2, rel) = (dst.clone(), rel.join("/"));
+                let mut to = blocking(move || {
+                    beneath::create_file(&dst2, &rel, owner).map_err(|e| err(format_args!("restore {rel}"), e))
                 })
                 .await?;
+                // Streamed: one chunk of the object in memory at a time.
+                let mut chunks = store.get(&o).await.map_err(|e| e.to_string())?.into_stream();
+                while let Some(chunk) = chunks.try_next().await.map_err(|e| e.to_string())? {
+                    to = blocking(move || {
+                        use std::io::Write as _;
+                        to.write_all(&chunk).map_err(|e| err("restore", e))?;
+                        Ok(to)
+                    })
+                    .await?;
+                }
             }
         }
     }
@@ -368,7 +456,7 @@ mod tests {
             std::fs::write(src.join("state"), format!("step-{i}")).unwrap();
             std::fs::write(src.join("sub/w.bin"), vec![i as u8; 10]).unwrap();
             for tier in &tiers {
-                snapshot(tier, &root.path().join("node"), &t, &src, at).await.unwrap();
+                snapshot(tier, &root.path().join("node"), &t, &src, at, DEFAULT_SNAPSHOT_MAX_BYTES).await.unwrap();
             }
         }
         let kept = |p: &Path| std::fs::read_dir(p).map(|r| r.count()).unwrap_or(0);
@@ -409,7 +497,7 @@ mod tests {
         std::fs::write(src.join("state"), "step-1").unwrap();
         symlink(outside.join("secret"), src.join("leak")).unwrap();
         symlink(&outside, src.join("dir")).unwrap();
-        let skipped = snapshot(&tier, root.path(), &t, &src, 100).await.unwrap();
+        let skipped = snapshot(&tier, root.path(), &t, &src, 100, DEFAULT_SNAPSHOT_MAX_BYTES).await.unwrap();
         assert_eq!(skipped.len(), 2, "{skipped:?}");
         let snaps = shared.join("job-7/rank-0/shared");
         let first = snaps.join(format!("{:020}", 100));
@@ -421,7 +509,7 @@ mod tests {
         // Symlinks planted in the tier: an old "snapshot" that points elsewhere, and a link inside a snapshot.
         symlink(&outside, snaps.join(format!("{:020}", 50))).unwrap();
         symlink(outside.join("victim"), first.join("victim")).unwrap();
-        snapshot(&tier, root.path(), &t, &src, 200).await.unwrap();
+        snapshot(&tier, root.path(), &t, &src, 200, DEFAULT_SNAPSHOT_MAX_BYTES).await.unwrap();
         assert_eq!(std::fs::read_to_string(outside.join("victim")).unwrap(), "keep me", "pruning followed a link");
         assert!(outside.join("secret").exists());
         let left: Vec<String> =
@@ -433,7 +521,7 @@ mod tests {
             [format!("file://{}/link/x", root.path().display()), format!("file://{}/../x", root.path().display())]
         {
             let bad = CheckpointTier { url: Some(url.clone()), ..tier.clone() };
-            assert!(snapshot(&bad, root.path(), &t, &src, 300).await.is_err(), "{url}");
+            assert!(snapshot(&bad, root.path(), &t, &src, 300, DEFAULT_SNAPSHOT_MAX_BYTES).await.is_err(), "{url}");
         }
         assert!(!outside.join("x").exists() && !outside.join("job-7").exists());
     }
@@ -503,7 +591,7 @@ mod tests {
         for (i, at) in [1_000u64, 2_000, 3_000].into_iter().enumerate() {
             std::fs::write(src.join("model.pt"), format!("weights-{i}")).unwrap();
             std::fs::write(src.join("opt/state"), vec![i as u8; 1 << 16]).unwrap();
-            snapshot(&tier, root.path(), &t, &src, at).await.unwrap();
+            snapshot(&tier, root.path(), &t, &src, at, DEFAULT_SNAPSHOT_MAX_BYTES).await.unwrap();
         }
         // The bucket holds the two newest snapshots, under the URL's prefix.
         let list = http.get(format!("{endpoint}/ckpt-bucket?list-type=2")).send().await.unwrap().text().await.unwrap();

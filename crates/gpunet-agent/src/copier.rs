@@ -24,8 +24,11 @@
 //!    started the copier: a tokio worker, which lives as long as the agent's runtime.)
 //!
 //! The copier is in no cgroup of the task's: the final copy runs after the attempt's cgroup was emptied and removed,
-//! and a copy must not count against (or be killed by) the task's memory limit. It is bounded instead by its
-//! deadline, and it never outlives the attempt: the periodic copies stop when the task ends, and the final copy is
+//! and a copy must not count against (or be killed by) the task's memory limit. It is bounded instead: in memory by
+//! streaming every file through one [`crate::beneath::COPY_BUF`] buffer (an object-store upload holds at most two
+//! parts; the reply says its peak RSS), in disk by keeping holes and by the snapshot's byte limit
+//! ([`Request::max_bytes`], the agent's `--checkpoint-snapshot-max-bytes`), in time by its deadline; and it never
+//! outlives the attempt: the periodic copies stop when the task ends, and the final copy is
 //! awaited before the end is reported.
 //!
 //! Without per-tenant identities (the agent not root, or neither `--tenant-uids` nor `--run-as`) there is no user to
@@ -87,6 +90,21 @@ pub struct Request {
     pub aws: Vec<(String, String)>,
     /// The copier's deadline, from its start.
     pub timeout_ms: u64,
+    /// The most bytes a snapshot may write (see [`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`]).
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
+}
+
+fn default_max_bytes() -> u64 {
+    checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` of `/proc/self/status`; 0 where unknown).
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse().ok()))
+        .unwrap_or(0)
 }
 
 impl std::fmt::Debug for Request {
@@ -109,6 +127,10 @@ pub enum Reply {
     Copied {
         /// `path (why)`.
         skipped: Vec<String>,
+        /// The copier's peak resident memory (KiB, `VmHWM`): copies stream through a bounded buffer, so this stays
+        /// small whatever the files' sizes.
+        #[serde(default)]
+        peak_rss_kib: u64,
     },
     /// A restore ended: the snapshot restored, `None` when there was none.
     Restored {
@@ -139,7 +161,9 @@ pub enum How {
     },
 }
 
-/// Takes a snapshot of `dir` to `tier` (see [`checkpoints::snapshot_to`]); returns what was skipped.
+/// Takes a snapshot of `dir` to `tier` writing at most `max_bytes` (see [`checkpoints::snapshot_to`]); returns what
+/// was skipped.
+#[allow(clippy::too_many_arguments)]
 pub async fn snapshot(
     how: &How,
     tier: &CheckpointTier,
@@ -147,13 +171,15 @@ pub async fn snapshot(
     t: &TaskRef,
     dir: &Path,
     at_ms: u64,
+    max_bytes: u64,
 ) -> Result<Vec<String>, String> {
     match how {
-        How::InProcess { .. } => checkpoints::snapshot(tier, local_root, t, dir, at_ms).await,
+        How::InProcess { .. } => checkpoints::snapshot(tier, local_root, t, dir, at_ms, max_bytes).await,
         How::Child { exe, user } => {
             let work = Work::Snapshot { tier: tier.clone(), at_ms };
-            match spawn(exe, &request(work, t, dir, local_root, *user)).await? {
-                Reply::Copied { skipped } => Ok(skipped),
+            let req = Request { max_bytes, ..request(work, t, dir, local_root, *user) };
+            match spawn(exe, &req).await? {
+                Reply::Copied { skipped, .. } => Ok(skipped),
                 other => Err(format!("unexpected copier reply {other:?}")),
             }
         }
@@ -189,6 +215,7 @@ fn request(work: Work, t: &TaskRef, dir: &Path, local_root: &Path, user: (u32, u
         user,
         aws: checkpoints::aws_env(),
         timeout_ms: COPY_TIMEOUT.as_millis() as u64,
+        max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
     }
 }
 
@@ -308,13 +335,13 @@ fn child() -> Result<Reply, String> {
         match req.work {
             Work::Snapshot { at_ms, .. } => {
                 let tier = opened.into_iter().next().expect("one tier");
-                let mut skipped = checkpoints::snapshot_to(&tier, dir, at_ms).await?;
+                let mut skipped = checkpoints::snapshot_to(&tier, dir, at_ms, req.max_bytes).await?;
                 if skipped.len() > MAX_SKIPPED {
                     let more = skipped.len() - MAX_SKIPPED;
                     skipped.truncate(MAX_SKIPPED);
                     skipped.push(format!("… and {more} more"));
                 }
-                Ok(Reply::Copied { skipped })
+                Ok(Reply::Copied { skipped, peak_rss_kib: peak_rss_kib() })
             }
             Work::Restore { .. } => {
                 Ok(Reply::Restored { snapshot: checkpoints::restore_from(opened, dir, None).await? })
@@ -340,13 +367,14 @@ mod tests {
             user: (200_000, 200_000),
             aws: vec![("AWS_SECRET_ACCESS_KEY".into(), "very-secret".into())],
             timeout_ms: 1000,
+            max_bytes: 1 << 30,
         };
         let text = serde_json::to_string(&req).unwrap();
         assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), req);
         let dbg = format!("{req:?}");
         assert!(dbg.contains("AWS_SECRET_ACCESS_KEY") && !dbg.contains("very-secret"), "{dbg}");
         for r in [
-            Reply::Copied { skipped: vec!["a (a symlink)".into()] },
+            Reply::Copied { skipped: vec!["a (a symlink)".into()], peak_rss_kib: 9000 },
             Reply::Restored { snapshot: Some(3) },
             Reply::Failed { error: "x".into() },
         ] {

@@ -11,7 +11,7 @@
 //!
 //! The bytecode is assembled here (no compiler, no ELF object): it is a handful of loads, compares and returns, and
 //! [`evaluate`] — an interpreter of exactly that subset — lets unit tests check its verdicts without a kernel. The two
-//! `bpf(2)` calls are the only `unsafe` in the agent.
+//! `bpf(2)` calls are, with `fds`' `fcntl` on inherited descriptors, the only `unsafe` in the agent.
 #![allow(unsafe_code)]
 
 use std::io;

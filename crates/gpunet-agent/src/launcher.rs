@@ -93,6 +93,10 @@ pub struct Launcher {
     dev_dir: PathBuf,
     /// Each task (and probe) in a PID and mount namespace of its own (see [`crate::wrapper`]).
     pid_namespace: bool,
+    /// The most processes a task attempt may have (`pids.max` of its cgroup, where the pids controller is there).
+    pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write to a tier.
+    snapshot_max_bytes: u64,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -116,6 +120,8 @@ struct TierCopier {
     task: TaskRef,
     /// In a copier process as the task's user, or in the agent.
     how: crate::copier::How,
+    /// The most bytes one snapshot may write.
+    max_bytes: u64,
     /// Copies not yet reported to the server.
     sink: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
     /// Copies that failed (the launcher's count).
@@ -137,7 +143,7 @@ impl TierCopier {
                 continue;
             }
             let at = now_ms();
-            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at).await {
+            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at, self.max_bytes).await {
                 Ok(skipped) => {
                     if !skipped.is_empty() {
                         tracing::warn!(job = t.job, tier = %tier.name, skipped = ?skipped, "checkpoint copy skipped \
@@ -164,6 +170,21 @@ pub fn log_path(dir: &Path, t: &TaskRef) -> PathBuf {
 /// find the ones its previous life left behind.
 fn record_path(dir: &Path, t: &TaskRef) -> PathBuf {
     dir.join("running").join(format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt))
+}
+
+/// `DATA/running`: root's alone (0700), like the records, status and environment files in it (0600).
+fn running_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes a file under `DATA/running`, mode 0600 (also when it existed with another).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600))?;
+    std::io::Write::write_all(&mut f, bytes)
 }
 
 /// Where the wrapper writes how a task attempt ended.
@@ -314,7 +335,21 @@ impl Launcher {
             dev_dir: PathBuf::from("/dev"),
             mig_uuids: Vec::new(),
             pid_namespace: false,
+            pids_max: crate::cgroups::TASK_PIDS_MAX,
+            snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
         }
+    }
+
+    /// The most bytes one checkpoint snapshot may write to a tier (default
+    /// [`crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`]).
+    pub fn snapshot_max_bytes(&mut self, n: u64) {
+        self.snapshot_max_bytes = n;
+    }
+
+    /// The most processes and threads each task attempt may have at once (default
+    /// [`crate::cgroups::TASK_PIDS_MAX`]; where the node has the pids controller).
+    pub fn pids_max(&mut self, n: u64) {
+        self.pids_max = n.max(1);
     }
 
     /// Runs each task and each liveness probe (through the wrapper) in a PID and mount namespace of its own, where
@@ -525,6 +560,7 @@ impl Launcher {
             &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
             a.memory_mib,
             a.cpu_milli,
+            self.pids_max,
             Some(&devices),
         ) {
             Ok(g) => g,
@@ -539,8 +575,8 @@ impl Launcher {
             // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the task
             // ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
             Some(w) => {
-                let prepared = std::fs::create_dir_all(status.parent().expect("status dir"))
-                    .and_then(|_| std::fs::write(&status, b""));
+                let prepared =
+                    running_dir(status.parent().expect("status dir")).and_then(|_| write_private(&status, b""));
                 if let Err(e) = prepared {
                     return fail(format!("prepare {}: {e}", status.display()), &self.exits);
                 }
@@ -554,6 +590,8 @@ impl Launcher {
                     cwd: Some(cwd.clone()),
                     pid_namespace: self.pid_namespace,
                     ns_init: false,
+                    // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
+                    tmp_mib: Some(a.memory_mib.max(4)),
                     prog: prog.clone(),
                     args: args.to_vec(),
                 };
@@ -592,8 +630,8 @@ impl Launcher {
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         if let Some((_, start)) = proc_identity(pid) {
             let rec = record_path(&self.dir, &t);
-            let _ = std::fs::create_dir_all(rec.parent().expect("record dir"));
-            let _ = std::fs::write(&rec, format!("{pid} {start} {}\n", u8::from(self.wrapper.is_some())));
+            let _ = running_dir(rec.parent().expect("record dir"));
+            let _ = write_private(&rec, format!("{pid} {start} {}\n", u8::from(self.wrapper.is_some())).as_bytes());
         }
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
@@ -659,6 +697,7 @@ impl Launcher {
             let wrapper = self.wrapper.clone();
             let task_path = self.task_path.clone();
             let pid_namespace = self.pid_namespace;
+            let tmp_mib = a.memory_mib.max(4);
             let cgroups = group.map(|g| g.procs.clone()).unwrap_or_default();
             let alive = alive.clone();
             let may_signal = may_signal.clone();
@@ -680,6 +719,7 @@ impl Launcher {
                                 cwd: Some(home.clone()),
                                 pid_namespace,
                                 ns_init: false,
+                                tmp_mib: Some(tmp_mib),
                                 prog: p.clone(),
                                 args: args.to_vec(),
                             };
@@ -740,6 +780,7 @@ impl Launcher {
             dir: ckpt.clone(),
             task: t,
             how: self.copy_how(self.identity(a)),
+            max_bytes: self.snapshot_max_bytes,
             sink: self.checkpointed.clone(),
             failures: self.checkpoint_failures.clone(),
             last: tokio::sync::Mutex::new(vec![

@@ -17,6 +17,7 @@ pub mod cgroups;
 pub mod checkpoints;
 pub mod copier;
 pub mod devfilter;
+pub mod fds;
 pub mod gpus;
 pub mod identity;
 pub mod launcher;
@@ -70,6 +71,40 @@ pub enum AgentError {
     },
 }
 
+/// Most log bytes one sync carries, shared fairly by the tasks with something to ship (see [`fair_shares`]).
+const LOG_BUDGET: u64 = 256 * 1024;
+
+/// How long an ended task's log keeps shipping after its exit was reported (the server takes a node's task
+/// attempts' logs for 5 minutes after they left it).
+const LOG_DRAIN: Duration = Duration::from_secs(240);
+
+/// Splits `budget` among claims `owed` max-min fairly: every claim gets an equal share, and what a small claim does
+/// not need is shared by the others (a task with a line to ship gets it, however much another task spams).
+pub fn fair_shares(owed: &[u64], budget: u64) -> Vec<u64> {
+    let mut out = vec![0u64; owed.len()];
+    let mut order: Vec<usize> = (0..owed.len()).collect();
+    order.sort_by_key(|&i| owed[i]);
+    let mut left = budget;
+    for (k, &i) in order.iter().enumerate() {
+        let share = left / (order.len() - k) as u64;
+        out[i] = owed[i].min(share);
+        left -= out[i];
+    }
+    out
+}
+
+/// The longest one sync may wait for the server's answer (its long poll holds a request about a second).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a sync got no answer.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
 /// How often real GPUs are sampled.
 const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
@@ -121,6 +156,10 @@ pub struct AgentConfig {
     /// kernel refuses one, an agent that runs tasks as other users (tenant uids, `run_as`) refuses to start (their
     /// tasks could see each other's processes); any other agent warns and runs tasks without.
     pub pid_namespace: bool,
+    /// The most processes and threads a task attempt may have at once ([`cgroups::TASK_PIDS_MAX`] by default).
+    pub task_pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
+    pub snapshot_max_bytes: u64,
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -310,6 +349,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         launcher.wrap_with(w.clone());
     }
     launcher.task_path(cfg.task_path.clone());
+    launcher.pids_max(cfg.task_pids_max);
+    launcher.snapshot_max_bytes(cfg.snapshot_max_bytes);
     if let Some(base) = cfg.tenant_uid_base {
         launcher.tenant_uids(base);
     }
@@ -370,6 +411,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut known = 0u64;
     // How far each task attempt's log has been shipped.
     let mut shipped: std::collections::HashMap<TaskRef, u64> = std::collections::HashMap::new();
+    // Ended task attempts (their exit reported) whose log is not all shipped yet, since when.
+    let mut draining: std::collections::HashMap<TaskRef, std::time::Instant> = std::collections::HashMap::new();
     backoff = Duration::from_millis(100);
     // Real GPUs are sampled for the server's metrics; fake ones report nothing.
     let nvml = match (&cfg.fake_gpus, cfg.real_gpus.is_empty()) {
@@ -385,25 +428,39 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut last_sample: Option<std::time::Instant> = None;
     let fake_samples = cfg.fake_gpus.filter(|_| cfg.fake_gpu_samples);
     let started = std::time::Instant::now();
+    // Self-fencing: when the last sync succeeded, and after how long without one the server gives our tasks away.
+    let mut last_synced = std::time::Instant::now();
+    let mut fence_after: Option<Duration> = None;
+    let mut fenced = false;
     tokio::pin!(shutdown);
     loop {
         let mut logs = Vec::new();
-        let mut budget = 256 * 1024usize;
         let mut tasks: Vec<TaskRef> = launcher.running();
         tasks.extend(pending.iter().map(|e| e.task));
-        for t in tasks {
-            let path = launcher::log_path(&cfg.data_dir, &t);
-            let from = shipped.get(&t).copied().unwrap_or(0);
-            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
-            if len > from && budget > 0 {
-                let take = ((len - from) as usize).min(budget);
-                if let Ok(mut f) = std::fs::File::open(&path) {
-                    use std::io::{Read, Seek};
-                    let mut buf = vec![0u8; take];
-                    if f.seek(std::io::SeekFrom::Start(from)).is_ok() && f.read_exact(&mut buf).is_ok() {
-                        budget -= take;
-                        logs.push(gpunet_api::agent::LogChunk { task: t, offset: from, data: buf });
-                    }
+        tasks.extend(draining.keys().copied());
+        let mut seen = HashSet::new();
+        tasks.retain(|t| seen.insert(*t));
+        // What each task has left to ship; the sync's budget is shared fairly (one task's spam cannot starve
+        // another's output).
+        let owed: Vec<(TaskRef, u64, u64)> = tasks
+            .into_iter()
+            .map(|t| {
+                let from = shipped.get(&t).copied().unwrap_or(0);
+                let len = std::fs::metadata(launcher::log_path(&cfg.data_dir, &t)).map_or(0, |m| m.len());
+                (t, from, len.saturating_sub(from))
+            })
+            .filter(|(_, _, n)| *n > 0)
+            .collect();
+        let shares = fair_shares(&owed.iter().map(|(_, _, n)| *n).collect::<Vec<_>>(), LOG_BUDGET);
+        for ((t, from, _), take) in owed.into_iter().zip(shares) {
+            if take == 0 {
+                continue;
+            }
+            if let Ok(mut f) = std::fs::File::open(launcher::log_path(&cfg.data_dir, &t)) {
+                use std::io::{Read, Seek};
+                let mut buf = vec![0u8; take as usize];
+                if f.seek(std::io::SeekFrom::Start(from)).is_ok() && f.read_exact(&mut buf).is_ok() {
+                    logs.push(gpunet_api::agent::LogChunk { task: t, offset: from, data: buf });
                 }
             }
         }
@@ -441,6 +498,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             .bearer_auth(&credential)
             .json(&sync)
             .send();
+        // A server that stopped answering (frozen, or a network that drops packets) must not hold the loop: a sync
+        // gives up after SYNC_TIMEOUT (well above the server's long poll), or a quarter of the fence time.
+        let wait = fence_after.map_or(SYNC_TIMEOUT, |f| SYNC_TIMEOUT.min(f / 4).max(Duration::from_millis(500)));
+        let req = tokio::time::timeout(wait, req);
         tokio::select! {
             _ = &mut shutdown => {
                 launcher.stop_all(Duration::from_secs(5));
@@ -469,6 +530,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 // The in-flight request is dropped; the next one carries the exits (reports are idempotent).
             }
             r = req => {
+                let r = match r {
+                    Ok(r) => r.map_err(SyncError::from),
+                    Err(_) => Err(SyncError::NoAnswer(wait)),
+                };
                 let work = match r {
                     Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
                     Ok(resp) if matches!(resp.status().as_u16(), 401 | 404) => {
@@ -491,16 +556,51 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     }
                 };
                 let Some(work) = work else {
+                    if let Some(f) = fence_after {
+                        // Stop a little before the server gives the tasks away: they need their grace to end.
+                        let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
+                        let at = f.saturating_sub(grace).max(f / 2);
+                        let running = launcher.running();
+                        if last_synced.elapsed() >= at && !running.is_empty() {
+                            if !fenced {
+                                tracing::error!(
+                                    silent_s = last_synced.elapsed().as_secs(),
+                                    fence_s = f.as_secs(),
+                                    tasks = running.len(),
+                                    "no sync with the server for nearly its fence time: it is giving this node's \
+                                     tasks away, so they are stopped here (self-fencing)"
+                                );
+                            }
+                            fenced = true;
+                            for t in &running {
+                                launcher.stop(t, grace);
+                            }
+                        }
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 };
                 backoff = Duration::from_millis(100);
+                last_synced = std::time::Instant::now();
+                fenced = false;
+                fence_after = work.fence_after_ms.map(Duration::from_millis);
                 for c in &logs {
                     shipped.insert(c.task, c.offset + c.data.len() as u64);
                 }
-                // Exits whose logs were fully shipped are done.
-                pending.drain(..sent.min(pending.len()));
+                // Reported exits are done; what is left of their logs keeps shipping (the server takes the logs of
+                // a node's task attempts for a while after they left it), for at most LOG_DRAIN.
+                for e in pending.drain(..sent.min(pending.len())) {
+                    draining.insert(e.task, std::time::Instant::now());
+                }
+                draining.retain(|t, since| {
+                    let len = std::fs::metadata(launcher::log_path(&cfg.data_dir, t)).map_or(0, |m| m.len());
+                    let left = shipped.get(t).copied().unwrap_or(0) < len;
+                    if left && since.elapsed() >= LOG_DRAIN {
+                        tracing::warn!(job = t.job, rank = t.rank, "the end of an ended task's log was not shipped in time");
+                    }
+                    left && since.elapsed() < LOG_DRAIN
+                });
                 launcher.started.drain(..sent_starts.min(launcher.started.len()));
                 {
                     let mut c = launcher.checkpointed.lock().expect("checkpoint sink");
@@ -510,7 +610,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 known = work.version;
                 let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
                 ended.retain(|t| want.contains(t));
-                let live: HashSet<TaskRef> = launcher.running().into_iter().chain(pending.iter().map(|e| e.task)).collect();
+                let live: HashSet<TaskRef> = launcher
+                    .running()
+                    .into_iter()
+                    .chain(pending.iter().map(|e| e.task))
+                    .chain(draining.keys().copied())
+                    .collect();
                 shipped.retain(|t, _| live.contains(t));
                 for t in launcher.running() {
                     if !want.contains(&t) {
@@ -533,6 +638,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_budget_shares_are_fair() {
+        assert_eq!(fair_shares(&[10_000_000, 20], 1000), vec![980, 20]);
+        assert_eq!(fair_shares(&[5000, 5000, 10], 1000), vec![495, 495, 10]);
+        assert_eq!(fair_shares(&[1, 2], 1000), vec![1, 2]);
+        assert_eq!(fair_shares(&[], 1000), Vec::<u64>::new());
+    }
 
     #[test]
     fn fake_gpu_specs_parse() {
@@ -567,6 +680,8 @@ mod tests {
             price_per_gpu_hour: None,
             fake_gpu_samples: false,
             pid_namespace: false,
+            task_pids_max: cgroups::TASK_PIDS_MAX,
+            snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -15,8 +15,9 @@
 //!
 //! **The init.** After joining the cgroups the wrapper starts `task-exec --ns-init` (this program again, through
 //! `/proc/self/exe`) and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
-//! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount namespace, makes every mount
-//! private and mounts a fresh `/proc`, so the task lists only its own namespace's processes. The init then drops to
+//! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount and an IPC namespace, makes
+//! every mount private and mounts a fresh `/proc`, so the task lists only its own namespace's processes, and private
+//! tmpfs on `/tmp` and `/dev/shm` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
 //! the task's uid/gid for good (no supplementary groups; a process that changed its uid is not dumpable, so the task
 //! cannot ptrace it, and a PID 1 ignores SIGKILL from inside its namespace), changes into DIR and starts the task
 //! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
@@ -77,6 +78,9 @@ pub struct Exec {
     pub pid_namespace: bool,
     /// This process is that init (`--ns-init`; started by the wrapper, never by the agent).
     pub ns_init: bool,
+    /// The size bound (MiB) of the task's private `/tmp` and `/dev/shm` (`--tmp-size-mib`; with `pid_namespace`);
+    /// `None`: tmpfs's default, half the RAM. Either way the pages count against the task's memory limit.
+    pub tmp_mib: Option<u64>,
     /// Program.
     pub prog: String,
     /// Arguments.
@@ -116,6 +120,10 @@ impl Exec {
         if self.ns_init {
             v.push("--ns-init".into());
         }
+        if let Some(m) = self.tmp_mib {
+            v.push("--tmp-size-mib".into());
+            v.push(m.to_string());
+        }
         v.push("--".into());
         v.push(self.prog.clone());
         v.extend(self.args.iter().cloned());
@@ -141,6 +149,9 @@ impl Exec {
                 "--cwd" => e.cwd = Some(val("--cwd")?.into()),
                 "--pid-namespace" => e.pid_namespace = true,
                 "--ns-init" => e.ns_init = true,
+                "--tmp-size-mib" => {
+                    e.tmp_mib = Some(val("--tmp-size-mib")?.parse().map_err(|_| "--tmp-size-mib is a number")?)
+                }
                 "--" => {
                     e.prog = it.next().cloned().ok_or("no program after --")?;
                     e.args = it.cloned().collect();
@@ -287,7 +298,7 @@ impl Exec {
             Err(e) => return refuse(125, format_args!("read signals: {e}")),
         };
         if self.pid_namespace {
-            if let Err(e) = private_proc() {
+            if let Err(e) = private_mounts(self.cwd.as_deref(), self.tmp_mib) {
                 return refuse(125, format_args!("{e}"));
             }
         }
@@ -419,21 +430,49 @@ impl Exec {
     }
 }
 
-/// The init's mounts: its own mount namespace, every mount private (nothing propagates back to the host), and a
-/// `/proc` of the task's PID namespace.
-fn private_proc() -> Result<(), String> {
+/// The init's mounts: its own mount namespace, every mount private (nothing propagates back to the host), a
+/// `/proc` of the task's PID namespace, and a System V IPC namespace of its own. `/tmp` and `/dev/shm` are fresh
+/// tmpfs (mode 1777, `size=` `tmp_mib` MiB), the task's alone: no other tenant's task sees what it leaves there, and
+/// it all goes with the namespace when the task ends (a tmpfs lives as long as its last mount). Their pages are
+/// charged to the memory cgroup of the process that writes them, the task's, so its memory limit bounds them too.
+///
+/// The agent's data directory may lie under `/tmp` (the task's working directory `cwd` is in it): the host's
+/// directory directly under `/tmp` that holds it stays visible at its path (bind-mounted into the private one).
+fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare a mount namespace: {e}"))?;
+    use nix::sched::CloneFlags;
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
+        .map_err(|e| format!("unshare a mount and IPC namespace: {e}"))?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(|e| format!("make the mounts private: {e}"))?;
-    mount(
-        Some("proc"),
-        "/proc",
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(|e| format!("mount /proc for the task's pid namespace: {e}"))
+    let safe = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some("proc"), "/proc", Some("proc"), safe | MsFlags::MS_NOEXEC, None::<&str>)
+        .map_err(|e| format!("mount /proc for the task's pid namespace: {e}"))?;
+    let opts = match tmp_mib {
+        Some(m) => format!("mode=1777,size={}m", m.max(1)),
+        None => "mode=1777".to_string(),
+    };
+    if Path::new("/dev/shm").is_dir() {
+        mount(Some("tmpfs"), "/dev/shm", Some("tmpfs"), safe, Some(opts.as_str()))
+            .map_err(|e| format!("mount the task's /dev/shm: {e}"))?;
+    }
+    // The host's directory under /tmp that holds the working directory, reached through a descriptor opened before
+    // the private /tmp hides it.
+    let keep = cwd.and_then(|d| d.strip_prefix("/tmp").ok()).and_then(|r| r.components().next()).map(|c| {
+        let name = PathBuf::from(c.as_os_str());
+        (std::fs::File::open("/tmp"), name)
+    });
+    mount(Some("tmpfs"), "/tmp", Some("tmpfs"), safe, Some(opts.as_str()))
+        .map_err(|e| format!("mount the task's /tmp: {e}"))?;
+    if let Some((Ok(old), name)) = keep {
+        use std::os::fd::AsRawFd as _;
+        let from = PathBuf::from(format!("/proc/self/fd/{}", old.as_raw_fd())).join(&name);
+        let to = Path::new("/tmp").join(&name);
+        std::fs::create_dir(&to).map_err(|e| format!("keep {}: {e}", to.display()))?;
+        mount(Some(&from), &to, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .map_err(|e| format!("keep {} in the task's /tmp: {e}", to.display()))?;
+    }
+    Ok(())
 }
 
 fn ended_of(s: std::process::ExitStatus) -> Ended {
@@ -593,6 +632,7 @@ mod tests {
             cwd: Some("/d/homes/job-1/rank-0".into()),
             pid_namespace: true,
             ns_init: false,
+            tmp_mib: Some(512),
             prog: "sh".into(),
             args: vec!["-c".into(), "--pid-namespace".into()],
         };

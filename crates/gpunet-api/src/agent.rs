@@ -228,4 +228,9 @@ pub struct AgentWork {
     pub version: u64,
     /// Every task that should run on the node; anything else must stop.
     pub tasks: Vec<TaskAssignment>,
+    /// After how long without a sync the server gives the node's tasks away (it declares a silent node lost, then
+    /// takes its tasks as gone once their fence times out): an agent that could not sync for about this long stops
+    /// its tasks itself, so that no task runs twice. Absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_after_ms: Option<u64>,
 }

@@ -244,6 +244,14 @@ struct AgentArgs {
     /// tasks as other users, and warns otherwise.
     #[arg(long)]
     no_pid_namespace: bool,
+    /// The most processes and threads one task attempt may have at once (`pids.max` of its cgroup, where the node
+    /// has the pids controller): a fork bomb stops there.
+    #[arg(long, default_value_t = gpunet_agent::cgroups::TASK_PIDS_MAX)]
+    task_pids_max: u64,
+    /// The most bytes one checkpoint snapshot may write to a tier (data bytes on a filesystem tier, whose copies keep
+    /// a file's holes; every byte to an object store). A snapshot over it fails and is removed.
+    #[arg(long, default_value_t = gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES)]
+    checkpoint_snapshot_max_bytes: u64,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -334,6 +342,8 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         },
         fake_gpu_samples: a.fake_gpu_samples,
         pid_namespace: !a.no_pid_namespace,
+        task_pids_max: a.task_pids_max,
+        snapshot_max_bytes: a.checkpoint_snapshot_max_bytes,
     })
 }
 
@@ -853,6 +863,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
+    // Before anything else (one thread still): descriptors we inherited (`exec 7<secret; gpunet agent`) reach no task,
+    // wrapper, init or copier we start (see `gpunet_agent::fds`).
+    gpunet_agent::fds::cloexec_inherited();
     // The task wrapper starts with every task (and probe): skip building the whole command line parser for it. It
     // runs as root with an empty environment (see `gpunet_agent::wrapper`).
     let argv: Vec<String> = std::env::args().collect();
@@ -1063,6 +1076,8 @@ fn main() -> Result<()> {
                     fake_gpu_samples: false,
                     // Each task in its own PID namespace where the machine allows (refused with tenant uids).
                     pid_namespace: true,
+                    task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
+                    snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

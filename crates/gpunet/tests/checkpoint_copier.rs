@@ -104,6 +104,7 @@ fn request(work: Work, dir: &Path, local_root: &Path, aws: Vec<(String, String)>
         user: (UID, UID),
         aws,
         timeout_ms,
+        max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
     }
 }
 
@@ -131,7 +132,10 @@ fn the_copier_writes_a_snapshot_and_restores_it_as_the_jobs_user_and_skips_what_
         let work = Work::Snapshot { tier: t.clone(), at_ms: 100 + i as u64 };
         let (ok, r) = reply(start_copier(&request(work, &ckpt, &local, vec![], 60_000)));
         assert!(ok, "{r:?}");
-        assert_eq!(r, Reply::Copied { skipped: vec!["root-only (not readable by the copier)".into()] });
+        assert!(
+            matches!(&r, Reply::Copied { skipped, .. } if skipped == &["root-only (not readable by the copier)"]),
+            "{r:?}"
+        );
     }
     // The tier's own directory is root's 0700; everything beneath it the job's user's, 0700 and 0600.
     let m = std::fs::metadata(tiers.join("t")).unwrap();
@@ -339,6 +343,10 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
     .collect();
     let dir = reachable_tempdir();
     let ckpt = checkpoint_dir(dir.path());
+    // Over one upload part: a multipart upload, streamed (the copier holds at most two parts of it).
+    let big: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(ckpt.join("big.bin"), &big).unwrap();
+    own(&ckpt.join("big.bin"), UID, 0o600);
     let tier =
         CheckpointTier { name: "archive".into(), every_ms: 100, keep: 1, url: Some("s3://ckpt-bucket/t".into()) };
     let node = dir.path().join("node");
@@ -346,7 +354,11 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
         let work = Work::Snapshot { tier: tier.clone(), at_ms: at };
         let (ok, r) = reply(start_copier(&request(work, &ckpt, &node, aws.clone(), 60_000)));
         assert!(ok, "{r:?}");
-        assert_eq!(r, Reply::Copied { skipped: vec!["root-only (not readable by the copier)".into()] });
+        assert!(
+            matches!(&r, Reply::Copied { skipped, peak_rss_kib } if skipped == &["root-only (not readable by the copier)"]
+                && *peak_rss_kib < 64 << 10),
+            "{r:?}"
+        );
     }
     let (_, list) = curl(&[&format!("{endpoint}/ckpt-bucket?list-type=2")]);
     assert!(list.contains("t/job-1/rank-0/archive/00000000000000002000/state"), "{list}");
@@ -359,6 +371,7 @@ fn an_s3_tier_is_written_and_restored_by_the_copier_with_the_credentials_it_read
     assert!(ok, "{r:?}");
     assert_eq!(r, Reply::Restored { snapshot: Some(2_000) });
     assert_eq!(std::fs::read_to_string(dst.join("state")).unwrap(), "step-1");
+    assert!(std::fs::read(dst.join("big.bin")).unwrap() == big, "the multipart object restored whole");
     for p in everything(&dst) {
         let m = std::fs::symlink_metadata(&p).unwrap();
         assert_eq!((m.uid(), m.gid()), (UID, UID), "{}", p.display());
@@ -470,4 +483,48 @@ fn a_copier_dies_with_the_agent_that_started_it() {
     };
     wait_for(Duration::from_secs(10), gone);
     std::mem::forget(cleanup);
+}
+
+/// The hostile-tenant probe, finding 3: a 64Mi job's `truncate -s 1500M $GPUNET_CHECKPOINT_DIR/sparse` made the
+/// copier (outside the job's memory cgroup) read the whole claimed size into memory (1.5 GB RSS), and each snapshot
+/// wrote 1.5 GB of real disk from an 8 KB source. Now a copy streams through a bounded buffer and keeps the holes,
+/// and a snapshot that would write over its byte limit fails and leaves nothing behind.
+#[test]
+fn a_sparse_file_costs_the_copier_neither_memory_nor_disk_and_a_snapshot_is_bounded() {
+    use std::os::unix::fs::FileExt as _;
+    if !root() {
+        return;
+    }
+    let dir = reachable_tempdir();
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    own(&ckpt, UID, 0o700);
+    let sparse = ckpt.join("sparse");
+    let f = std::fs::File::create(&sparse).unwrap();
+    f.write_all_at(&[1u8; 4096], 0).unwrap();
+    f.set_len(1500 << 20).unwrap();
+    f.write_all_at(&[2u8; 4096], (1500 << 20) - 4096).unwrap();
+    drop(f);
+    own(&sparse, UID, 0o600);
+    let local = dir.path().join("node-tiers");
+    let node = CheckpointTier { name: "local".into(), every_ms: 100, keep: 2, url: None };
+    let work = Work::Snapshot { tier: node.clone(), at_ms: 100 };
+    let (ok, r) = reply(start_copier(&request(work, &ckpt, &local, vec![], 60_000)));
+    assert!(ok, "{r:?}");
+    let Reply::Copied { skipped, peak_rss_kib } = r else { panic!("{r:?}") };
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert!(peak_rss_kib > 0 && peak_rss_kib < 64 << 10, "the copier's peak RSS: {peak_rss_kib} KiB");
+    let copy = local.join(format!("job-1/rank-0/local/{:020}/sparse", 100));
+    let m = std::fs::metadata(&copy).unwrap();
+    assert_eq!(m.len(), 1500 << 20);
+    assert!(m.blocks() * 512 < 1 << 20, "the copy is sparse: {} bytes on disk", m.blocks() * 512);
+    let mut tail = [0u8; 4096];
+    std::fs::File::open(&copy).unwrap().read_exact_at(&mut tail, (1500 << 20) - 4096).unwrap();
+    assert_eq!(tail, [2u8; 4096]);
+    // A snapshot over the limit (here 4 KiB of data too many) is refused, and none of it stays in the tier.
+    let work = Work::Snapshot { tier: node, at_ms: 200 };
+    let req = Request { max_bytes: 4096, ..request(work, &ckpt, &local, vec![], 60_000) };
+    let (ok, r) = reply(start_copier(&req));
+    assert!(!ok && matches!(&r, Reply::Failed { error } if error.contains("over 4096 bytes")), "{r:?}");
+    assert!(!local.join(format!("job-1/rank-0/local/{:020}", 200)).exists());
 }

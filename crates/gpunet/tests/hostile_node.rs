@@ -450,3 +450,246 @@ fn a_task_opens_its_own_gpu_device_and_not_another_tasks() {
     assert_eq!(line("other "), "other denied", "{out}");
     assert_eq!(line("null "), "null opened", "{out}");
 }
+
+/// The hostile-tenant probe, finding 1: whatever launched the agent left a descriptor open on a root-only file
+/// (`exec 7<secret; gpunet agent …`), and every task inherited it (`cat <&7`). Now a task starts with its standard
+/// input, output and error only.
+#[test]
+fn a_task_inherits_none_of_the_descriptors_the_agent_was_started_with() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "ROOT-ONLY-SECRET\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let launch = ["sh", "-c", "exec 7<\"$0\"; exec \"$@\"", secret.to_str().unwrap()];
+    let _agent = s.agent_through(&launch, "a1", "1xT4", dir.path(), "127.0.0.1", &["--tenant-uid-base", "200000"], &[]);
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        "name: fds\ntenant: t\ngpus: 1\nmax_restarts: 0\n\
+         command: [sh, -c, 'echo fds $(ls /proc/self/fd); cat <&7; cat /proc/self/fd/7; echo end']\n",
+    );
+    wait_for(Duration::from_secs(30), || log(dir.path(), "a1", id).contains("end"));
+    let out = log(dir.path(), "a1", id);
+    // `ls` lists its own descriptors: the three it was given and the one it reads the directory with.
+    assert!(out.lines().any(|l| l == "fds 0 1 2 3"), "{out}");
+    assert!(!out.contains("ROOT-ONLY-SECRET"), "{out}");
+}
+
+/// The hostile-tenant probe, finding 2: `/tmp`, `/dev/shm` and System V IPC were the host's, so tenant B read
+/// tenant A's files there and a job's 600 MiB in `/dev/shm` outlived it. Now each task has its own, gone with it.
+#[test]
+fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "u"]);
+    assert!(ok, "{err}");
+    let _agent = s.agent_with("a1", "2xT4", dir.path(), "127.0.0.1", &["--tenant-uid-base", "200000"]);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let m = marker(11);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    let (tmp_file, shm_file, big) =
+        (format!("/tmp/a-secret-{m}"), format!("/dev/shm/a-secret-{m}"), format!("/dev/shm/big-{m}"));
+    // A (umask 022: world-readable files) fills its /tmp and /dev/shm, makes a shared memory segment, and runs on.
+    let a = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: writer\ntenant: t\ngpus: 1\nmemory: 256Mi\nmax_restarts: 0\ncommand: [sh, -c, 'umask 022; \
+             echo a > {tmp_file}; echo a > {shm_file}; head -c 33554432 /dev/zero > {big}; \
+             echo size $(stat -c %s {big}); ipcmk -M 4096; echo ready > {}/a-ready; exec sleep {m}']\n",
+            shared.display()
+        ),
+    );
+    wait_for(Duration::from_secs(30), || shared.join("a-ready").exists());
+    let out_a = log(dir.path(), "a1", a);
+    assert!(out_a.contains("size 33554432") && out_a.contains("Shared memory id"), "{out_a}");
+    // Not on the host…
+    for f in [&tmp_file, &shm_file, &big] {
+        assert!(!Path::new(f).exists(), "{f} is on the host");
+    }
+    let host_ipc = String::from_utf8_lossy(&Command::new("ipcs").arg("-m").output().unwrap().stdout).into_owned();
+    assert!(!host_ipc.contains("200000"), "{host_ipc}");
+    // …nor in another tenant's task running at the same time.
+    let b = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: reader\ntenant: u\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'for f in {tmp_file} {shm_file} \
+             {big}; do test -e $f && echo seen $f; done; echo tmp $(ls -A /tmp | grep -v ^.tmp); \
+             echo shm $(ls -A /dev/shm); ipcs -m | grep -c 200000; echo end']\n"
+        ),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(b) == "succeeded");
+    let out_b = log(dir.path(), "a1", b);
+    let lines: Vec<&str> = out_b.lines().collect();
+    assert_eq!(lines, ["tmp", "shm", "0", "end"], "B sees nothing of A's: {out_b}");
+    assert_eq!(s.job_state(a), "running");
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &a.to_string()]);
+    assert!(ok, "{err}");
+    wait_for(Duration::from_secs(20), || with_args(&["sleep", &m]).is_empty());
+    for f in [&tmp_file, &shm_file, &big] {
+        assert!(!Path::new(f).exists(), "{f} is on the host");
+    }
+}
+
+/// The hostile-tenant probe, finding 5: nothing bounded how many processes a task could make. Now the pids
+/// controller does (`--task-pids-max`; 4096 by default): a fork bomb stops there.
+#[test]
+fn a_fork_bomb_stops_at_the_tasks_pids_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent = s.agent_with("a1", "1xT4", dir.path(), "127.0.0.1", &["--task-pids-max", "64"]);
+    if !needs_cgroups(&s) {
+        return;
+    }
+    if !isolation(&s).contains("pids") {
+        assert!(std::env::var_os("CI").is_none(), "CI has the pids controller: {}", isolation(&s));
+        eprintln!("SKIPPED: no pids controller here");
+        return;
+    }
+    let m = marker(12);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    // The subshell forks until it cannot (then it ends with an error); the task says so and sleeps on.
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: bomb\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, '(for i in $(seq 300); do \
+             sleep {m} & done) 2>/dev/null; echo bomb-over; exec sleep {m}']\n"
+        ),
+    );
+    wait_for(Duration::from_secs(60), || log(dir.path(), "a1", id).contains("bomb-over"));
+    let n = with_args(&["sleep", &m]).len();
+    assert!((10..64).contains(&n), "{n} processes");
+    // The agent's records of its running tasks are root's alone (finding 5).
+    use std::os::unix::fs::PermissionsExt;
+    let running = dir.path().join("a1/running");
+    assert_eq!(std::fs::metadata(&running).unwrap().permissions().mode() & 0o777, 0o700);
+    let records: Vec<_> = std::fs::read_dir(&running).unwrap().flatten().collect();
+    assert!(!records.is_empty());
+    for r in records {
+        assert_eq!(r.metadata().unwrap().permissions().mode() & 0o777, 0o600, "{:?}", r.path());
+    }
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{err}");
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+}
+
+/// The hostile-tenant probe, finding 4: one log budget per sync was shared first come, first served by every task
+/// on the node, and a task's unshipped log was dropped once its exit was reported, so a quiet job's output never
+/// reached the server while another tenant spammed. Now each task gets a fair share, and an ended task's log keeps
+/// shipping until it is all sent.
+#[test]
+fn one_tasks_log_spam_does_not_lose_another_tasks_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    let spam = "while :; do head -c 8000000 /dev/zero | tr '\\\\0' A; sleep 0.5; done";
+    let spammers: Vec<u64> = (0..2)
+        .map(|i| {
+            submit_yaml(
+                &s,
+                dir.path(),
+                &format!("name: spam{i}\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, \"{spam}\"]\n"),
+            )
+        })
+        .collect();
+    // Their logs pile up on the node faster than a sync ships them.
+    wait_for(Duration::from_secs(30), || {
+        spammers.iter().all(|j| {
+            let p = dir.path().join(format!("a1/logs/job-{j}/rank-0-attempt-0.log"));
+            std::fs::metadata(p).is_ok_and(|m| m.len() > 16_000_000)
+        })
+    });
+    let quiet: Vec<u64> = (0..2)
+        .map(|i| {
+            submit_yaml(
+                &s,
+                dir.path(),
+                &format!(
+                    "name: quiet{i}\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'echo B_IMPORTANT_{i}']\n"
+                ),
+            )
+        })
+        .collect();
+    for (i, j) in quiet.iter().enumerate() {
+        let at = dir.path().join(format!("server/logs/job-{j}/rank-0-attempt-0.log"));
+        wait_for(Duration::from_secs(30), || read(&at).contains(&format!("B_IMPORTANT_{i}")));
+        assert_eq!(s.job_state(*j), "succeeded");
+    }
+    for j in spammers {
+        let (ok, _, err) = s.cli("admin-secret", &["cancel", &j.to_string()]);
+        assert!(ok, "{err}");
+    }
+}
+
+/// The hostile-tenant probe, finding 6: an agent cut off from its server kept running tasks the server had given
+/// away after the fence timeout (the same job then ran twice). Now the server's sync answer says after how long it
+/// gives a silent node's tasks away, and an agent that could not sync for that long stops them itself. (A frozen
+/// agent cannot: that still needs fencing out of band, e.g. the machine's power.)
+#[test]
+fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &["--node-lost-after-s", "1", "--node-fence-s", "2"]);
+    let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let m = marker(13);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!("name: long\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sleep, '{m}']\n"),
+    );
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).len() == 1);
+    assert_eq!(s.job_state(id), "running");
+    // The server stops answering (as behind a partition); it would give the task away 3 s after the last sync.
+    let server = s.proc.0.id().to_string();
+    struct Resume(String);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+    let _resume = Resume(server.clone());
+    assert!(Command::new("kill").args(["-STOP", &server]).status().unwrap().success());
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+}
+
+/// What a task keeps in its private `/tmp` and `/dev/shm` is memory (tmpfs), charged to the task's memory cgroup:
+/// 40 MiB in each (each under its tmpfs' own size bound, the task's limit) is over a 64 MiB job's limit, and the job
+/// ends as OOM, like any other use of memory over its limit. (On the host's disk-backed `/tmp` it would not count.)
+#[test]
+fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    if !needs_cgroups(&s) {
+        return;
+    }
+    if !isolation(&s).starts_with("cgroup-v1: memory") && std::env::var_os("GPUNET_TEST_OOM").is_none() {
+        eprintln!("SKIPPED: cgroup v2 uses the kernel's OOM killer; set GPUNET_TEST_OOM=1 where that is safe");
+        return;
+    }
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        "name: fill\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\ncommand: [sh, -c, 'head -c 41943040 \
+         /dev/zero > /dev/shm/a && head -c 41943040 /dev/zero > /tmp/b && echo survived']\n",
+    );
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
+    assert!(!log(dir.path(), "a1", id).contains("survived"));
+    // The events are read from the store, which may trail the job's state by a moment.
+    wait_for(Duration::from_secs(10), || {
+        let o = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("\"kind\":\"oom\"")
+    });
+}

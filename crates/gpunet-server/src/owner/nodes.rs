@@ -276,7 +276,12 @@ impl Owner {
         let at = std::time::Instant::now();
         handed.retain(|_, t| at.duration_since(*t) < HANDED_KEEP);
         handed.extend(tasks.iter().map(|a| (a.task, at)));
-        let work = gpunet_api::agent::AgentWork { version: self.versions.get(node).copied().unwrap_or(0), tasks };
+        let work = gpunet_api::agent::AgentWork {
+            version: self.versions.get(node).copied().unwrap_or(0),
+            tasks,
+            // The agent fences itself when it cannot sync this long (see `AgentWork::fence_after_ms`).
+            fence_after_ms: Some((self.lost_after + self.fence_after).as_millis() as u64),
+        };
         Ok((writes, work))
     }
 

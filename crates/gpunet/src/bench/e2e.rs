@@ -276,6 +276,8 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             price_per_gpu_hour: None,
             fake_gpu_samples: false,
             pid_namespace: !a.no_pid_namespace,
+            task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
+            snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {

@@ -103,6 +103,22 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Proc {
+        self.agent_through(&[], name, gpus, dir, address, extra, env)
+    }
+
+    /// Starts an agent like [`Server::agent_with_env`], through `launch` (a program and its arguments that end by
+    /// running the agent's command line given after them, e.g. `sh -c 'exec 7<secret; exec "$@"' sh`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn agent_through(
+        &self,
+        launch: &[&str],
+        name: &str,
+        gpus: &str,
+        dir: &Path,
+        address: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         use std::os::unix::process::CommandExt;
         // The tests' temporary directories are reachable by other users, so a root agent would run each tenant's
         // tasks as its own user by default; tests whose tasks write into them run tasks as root unless they pass a
@@ -111,7 +127,15 @@ impl Server {
         if !extra.iter().any(|a| a.starts_with("--tenant-uid")) {
             extra.push("--no-tenant-uids");
         }
-        let child = Command::new(BIN)
+        let mut cmd = match launch.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .envs(env.iter().copied())
             .process_group(0)
             .args([
