@@ -436,8 +436,8 @@ impl Exec {
 /// it all goes with the namespace when the task ends (a tmpfs lives as long as its last mount). Their pages are
 /// charged to the memory cgroup of the process that writes them, the task's, so its memory limit bounds them too.
 ///
-/// The agent's data directory may lie under `/tmp` (the task's working directory `cwd` is in it): the host's
-/// directory directly under `/tmp` that holds it stays visible at its path (bind-mounted into the private one).
+/// The agent's data directory may lie under `/tmp` or `/dev/shm` (the task's working directory `cwd` is in it): the
+/// host's directory directly under it that holds it stays visible at its path (bind-mounted into the private one).
 fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     use nix::sched::CloneFlags;
@@ -452,25 +452,28 @@ fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String
         Some(m) => format!("mode=1777,size={}m", m.max(1)),
         None => "mode=1777".to_string(),
     };
-    if Path::new("/dev/shm").is_dir() {
-        mount(Some("tmpfs"), "/dev/shm", Some("tmpfs"), safe, Some(opts.as_str()))
-            .map_err(|e| format!("mount the task's /dev/shm: {e}"))?;
-    }
-    // The host's directory under /tmp that holds the working directory, reached through a descriptor opened before
-    // the private /tmp hides it.
-    let keep = cwd.and_then(|d| d.strip_prefix("/tmp").ok()).and_then(|r| r.components().next()).map(|c| {
-        let name = PathBuf::from(c.as_os_str());
-        (std::fs::File::open("/tmp"), name)
-    });
-    mount(Some("tmpfs"), "/tmp", Some("tmpfs"), safe, Some(opts.as_str()))
-        .map_err(|e| format!("mount the task's /tmp: {e}"))?;
-    if let Some((Ok(old), name)) = keep {
-        use std::os::fd::AsRawFd as _;
-        let from = PathBuf::from(format!("/proc/self/fd/{}", old.as_raw_fd())).join(&name);
-        let to = Path::new("/tmp").join(&name);
-        std::fs::create_dir(&to).map_err(|e| format!("keep {}: {e}", to.display()))?;
-        mount(Some(&from), &to, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-            .map_err(|e| format!("keep {} in the task's /tmp: {e}", to.display()))?;
+    // Each becomes a fresh tmpfs. Where the task's working directory lies under one (the agent's data directory on
+    // `/tmp` or `/dev/shm`), the host's directory directly under it that holds the working directory stays visible at
+    // its path: reached through a descriptor opened before the private tmpfs hides it, and bind-mounted into it.
+    for dir in ["/dev/shm", "/tmp"] {
+        let at = Path::new(dir);
+        if !at.is_dir() {
+            continue;
+        }
+        let keep = cwd.and_then(|d| d.strip_prefix(at).ok()).and_then(|r| r.components().next()).map(|c| {
+            let name = PathBuf::from(c.as_os_str());
+            (std::fs::File::open(at), name)
+        });
+        mount(Some("tmpfs"), at, Some("tmpfs"), safe, Some(opts.as_str()))
+            .map_err(|e| format!("mount the task's {dir}: {e}"))?;
+        if let Some((Ok(old), name)) = keep {
+            use std::os::fd::AsRawFd as _;
+            let from = PathBuf::from(format!("/proc/self/fd/{}", old.as_raw_fd())).join(&name);
+            let to = at.join(&name);
+            std::fs::create_dir(&to).map_err(|e| format!("keep {}: {e}", to.display()))?;
+            mount(Some(&from), &to, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                .map_err(|e| format!("keep {} in the task's {dir}: {e}", to.display()))?;
+        }
     }
     Ok(())
 }

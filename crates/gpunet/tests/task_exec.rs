@@ -123,3 +123,32 @@ fn the_environment_can_come_through_standard_input() {
         assert_eq!(vars, ["ODD=a b=c\n", "PATH=/usr/bin:/bin\n", "d\n"], "{ns:?}: {out}");
     }
 }
+
+/// The task's `/tmp` and `/dev/shm` are private tmpfs; a working directory under either (an agent whose data directory
+/// is there, e.g. with `TMPDIR=/dev/shm`) stays reachable at its path, and what the task writes there reaches the host.
+#[test]
+fn a_working_directory_under_tmp_or_dev_shm_stays_reachable_in_the_tasks_namespace() {
+    for parent in ["/tmp", "/dev/shm"] {
+        if !Path::new(parent).is_dir() {
+            continue;
+        }
+        let dir = tempfile::tempdir_in(parent).unwrap();
+        let work = dir.path().join("agent").join("homes");
+        std::fs::create_dir_all(&work).unwrap();
+        let out = task_exec(&[
+            "--status",
+            "-",
+            "--cwd",
+            work.to_str().unwrap(),
+            "--pid-namespace",
+            "--",
+            "sh",
+            "-c",
+            "pwd && echo kept > here && ls -a /tmp /dev/shm | wc -l",
+        ]);
+        assert!(out.status.success(), "{parent}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with(&format!("{}\n", work.display())), "{parent}: {text}");
+        assert_eq!(std::fs::read_to_string(work.join("here")).unwrap(), "kept\n", "{parent}");
+    }
+}
