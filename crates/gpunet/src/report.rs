@@ -55,13 +55,8 @@ pub(crate) struct ReportRow {
     pub(crate) wait_p90_s: Option<f64>,
     pub(crate) wait_p99_s: Option<f64>,
     /// Usage billed in the period (the ledger's; any job, including those submitted before it).
-    pub(crate) gpu_hours: f64,
-    pub(crate) cpu_hours: f64,
-    pub(crate) memory_gib_hours: f64,
-    pub(crate) gpu_cost: f64,
-    pub(crate) cpu_cost: f64,
-    pub(crate) mem_cost: f64,
-    pub(crate) cost: f64,
+    #[serde(flatten)]
+    pub(crate) usage: UsageTotals,
 }
 
 /// The whole report.
@@ -137,7 +132,7 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
     for (k, u) in totals {
         let (r, _) =
             rows.entry(k.clone()).or_insert_with(|| (ReportRow { key: k.clone(), ..Default::default() }, vec![]));
-        add_usage(r, u);
+        r.usage += u;
     }
     let rows = rows
         .into_values()
@@ -156,16 +151,6 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
         by: if by_user { "user" } else { "tenant" }.into(),
         rows,
     }
-}
-
-fn add_usage(r: &mut ReportRow, u: &UsageTotals) {
-    r.gpu_hours += u.gpu_hours;
-    r.cpu_hours += u.cpu_hours;
-    r.memory_gib_hours += u.memory_gib_hours;
-    r.gpu_cost += u.gpu_cost;
-    r.cpu_cost += u.cpu_cost;
-    r.mem_cost += u.mem_cost;
-    r.cost += u.cost;
 }
 
 /// A CSV field: quoted when it holds a comma, a quote or a line break; a leading `=`, `+`, `-` or `@` is prefixed
@@ -192,7 +177,7 @@ pub(crate) fn to_csv(r: &Report) -> String {
     );
     for x in &r.rows {
         s += &format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(&x.key),
             x.jobs,
             x.failed,
@@ -202,13 +187,7 @@ pub(crate) fn to_csv(r: &Report) -> String {
             opt(x.wait_p50_s),
             opt(x.wait_p90_s),
             opt(x.wait_p99_s),
-            x.gpu_hours,
-            x.cpu_hours,
-            x.memory_gib_hours,
-            x.gpu_cost,
-            x.cpu_cost,
-            x.mem_cost,
-            x.cost,
+            usage_csv(&x.usage),
             csv_field(&r.currency)
         );
     }
@@ -246,11 +225,11 @@ fn to_table(r: &Report) -> String {
                     w(x.wait_p50_s),
                     w(x.wait_p90_s),
                     w(x.wait_p99_s),
-                    format!("{:.2}", x.gpu_hours),
-                    crate::money(x.gpu_cost),
-                    crate::money(x.cpu_cost),
-                    crate::money(x.mem_cost),
-                    crate::money(x.cost),
+                    format!("{:.2}", x.usage.gpu_hours),
+                    crate::money(x.usage.gpu_cost),
+                    crate::money(x.usage.cpu_cost),
+                    crate::money(x.usage.mem_cost),
+                    crate::money(x.usage.cost),
                 ]
             })
             .collect(),
@@ -269,32 +248,16 @@ pub(crate) fn statement(tenant: &str, month: &str, usage: &UsageReport, jobs: &[
     for (id, u) in &usage.jobs {
         let j = by_id.get(id);
         s += &format!(
-            "{},{month},{id},{},{},{},{},{},{},{},{},{},{},{cur}\n",
+            "{},{month},{id},{},{},{},{},{cur}\n",
             csv_field(tenant),
             csv_field(j.map_or("", |j| j.name.as_str())),
             csv_field(j.map_or("-", |j| user_of(j))),
             j.map_or("", |j| j.state.as_str()),
-            u.gpu_hours,
-            u.cpu_hours,
-            u.memory_gib_hours,
-            u.gpu_cost,
-            u.cpu_cost,
-            u.mem_cost,
-            u.cost,
+            usage_csv(u),
         );
         total += u;
     }
-    s += &format!(
-        "{},{month},total,,,,{},{},{},{},{},{},{},{cur}\n",
-        csv_field(tenant),
-        total.gpu_hours,
-        total.cpu_hours,
-        total.memory_gib_hours,
-        total.gpu_cost,
-        total.cpu_cost,
-        total.mem_cost,
-        total.cost
-    );
+    s += &format!("{},{month},total,,,,{},{cur}\n", csv_field(tenant), usage_csv(&total));
     s
 }
 
@@ -354,6 +317,14 @@ pub(crate) async fn run(a: ReportArgs) -> Result<()> {
         _ => print!("{}", to_table(&r)),
     }
     Ok(())
+}
+
+/// The seven usage figures as CSV fields: GPU-, CPU- and memory-hours, GPU, CPU and memory cost, total cost.
+fn usage_csv(u: &UsageTotals) -> String {
+    format!(
+        "{},{},{},{},{},{},{}",
+        u.gpu_hours, u.cpu_hours, u.memory_gib_hours, u.gpu_cost, u.cpu_cost, u.mem_cost, u.cost
+    )
 }
 
 #[cfg(test)]

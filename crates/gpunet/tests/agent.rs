@@ -290,11 +290,7 @@ fn failed_checkpoint_copies_are_counted_in_the_metrics() {
     );
     wait_for(Duration::from_secs(20), || s.job_state(id) == "running");
     let failures = || {
-        let m = Command::new("curl")
-            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&m.stdout).into_owned();
+        let text = s.get("/metrics");
         text.lines()
             .find_map(|l| l.strip_prefix("gpunet_checkpoint_copy_failures_total{node=\"a1\"} "))
             .and_then(|v| v.parse::<u64>().ok())

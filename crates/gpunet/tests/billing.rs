@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{free_port, json, submit_yaml, wait_for, Proc, Server, BIN};
+use common::{free_port, json, submit_yaml, wait_for, Proc, Server};
 use gpunet_sim::{read_trace_from, simulate, ClusterSpec, ReadOptions, SimConfig, SpotJobs};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Prices large enough that a few seconds cost dollars, so that cents tell them apart: per second, 10 per on-demand
@@ -25,36 +24,13 @@ fn catalogue(table: &str) -> String {
     )
 }
 
-/// An agent with one fake A100 and these labels (the shared helper sets `zone` only).
+/// An agent with one fake A100 and these labels.
 fn agent(s: &Server, dir: &Path, name: &str, labels: &str) -> Proc {
-    use std::os::unix::process::CommandExt;
-    let child = Command::new(BIN)
-        .process_group(0)
-        .args(["agent", "--server", &s.url, "--join-token", "join-secret", "--name", name])
-        .args(["--fake-gpus", "1xA100-80GB", "--data-dir", dir.join(name).to_str().unwrap()])
-        .args(["--address", "127.0.0.1", "--labels", labels])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let p = Proc(child);
-    wait_for(Duration::from_secs(20), || {
-        let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
-        serde_json::from_str::<serde_json::Value>(&out)
-            .ok()
-            .and_then(|v| v.as_array().cloned())
-            .is_some_and(|a| a.iter().any(|n| n["name"] == name && n["state"] == "ready"))
-    });
-    p
+    s.agent_with(name, "1xA100-80GB", dir, "127.0.0.1", &["--labels", labels])
 }
 
 fn usage(s: &Server) -> serde_json::Value {
-    let o = Command::new("curl")
-        .args(["-sf", "-H", "Authorization: Bearer admin-secret"])
-        .arg(format!("{}/v1/usage?from_ms=0&to_ms={}", s.url, gpunet_server::now_ms() + 60_000))
-        .output()
-        .unwrap();
-    json(&String::from_utf8_lossy(&o.stdout))
+    json(&s.get(&format!("/v1/usage?from_ms=0&to_ms={}", gpunet_server::now_ms() + 60_000)))
 }
 
 fn cents(x: f64) -> i64 {

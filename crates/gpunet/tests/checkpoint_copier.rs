@@ -186,14 +186,9 @@ fn status_line(pid: u32, key: &str) -> String {
         .unwrap_or_default()
 }
 
-#[test]
-fn the_copiers_credentials_are_out_of_reach_of_the_jobs_own_processes_and_it_stops_at_its_deadline() {
-    if !root() {
-        return;
-    }
-    let dir = reachable_tempdir();
-    let ckpt = checkpoint_dir(dir.path());
-    // An S3 endpoint that accepts connections and never answers: the copier waits there, as the job's user.
+/// An S3 endpoint that accepts connections and never answers: its URL, and a channel that gets one message per
+/// connection (the copier reached it).
+fn silent_s3() -> (String, std::sync::mpsc::Receiver<()>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
@@ -204,6 +199,18 @@ fn the_copiers_credentials_are_out_of_reach_of_the_jobs_own_processes_and_it_sto
             let _ = tx.send(());
         }
     });
+    (endpoint, rx)
+}
+
+#[test]
+fn the_copiers_credentials_are_out_of_reach_of_the_jobs_own_processes_and_it_stops_at_its_deadline() {
+    if !root() {
+        return;
+    }
+    let dir = reachable_tempdir();
+    let ckpt = checkpoint_dir(dir.path());
+    // An S3 endpoint that accepts connections and never answers: the copier waits there, as the job's user.
+    let (endpoint, rx) = silent_s3();
     let aws = [
         ("AWS_ENDPOINT", endpoint.as_str()),
         ("AWS_ALLOW_HTTP", "true"),
@@ -435,16 +442,7 @@ fn a_copier_dies_with_the_agent_that_started_it() {
     }
     let dir = reachable_tempdir();
     let ckpt = checkpoint_dir(dir.path());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in listener.incoming().flatten() {
-            held.push(s);
-            let _ = tx.send(());
-        }
-    });
+    let (endpoint, rx) = silent_s3();
     let aws = [("AWS_ENDPOINT", endpoint.as_str()), ("AWS_ALLOW_HTTP", "true"), ("AWS_ACCESS_KEY_ID", "k")]
         .into_iter()
         .chain([("AWS_SECRET_ACCESS_KEY", "s"), ("AWS_REGION", "us-east-1")])

@@ -685,11 +685,5 @@ fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
     wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
     assert!(!log(dir.path(), "a1", id).contains("survived"));
     // The events are read from the store, which may trail the job's state by a moment.
-    wait_for(Duration::from_secs(10), || {
-        let o = Command::new("curl")
-            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/v1/jobs/{id}/events", s.url)])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).contains("\"kind\":\"oom\"")
-    });
+    wait_for(Duration::from_secs(10), || s.get(&format!("/v1/jobs/{id}/events")).contains("\"kind\":\"oom\""));
 }

@@ -123,11 +123,7 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     assert_eq!(s.job_state(held), "pending");
 
     // /metrics: every family the rules and dashboards use, and promtool's check.
-    let m = Command::new("curl")
-        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&m.stdout).into_owned();
+    let text = s.get("/metrics");
     for family in [
         "gpunet_tenant_gpus_allocated{tenant=\"ta\"} 1",
         "gpunet_tenant_gpu_guarantee{tenant=\"ta\"} 1",
@@ -296,13 +292,7 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     assert!(failures.is_empty(), "{} of {checked} dashboard queries failed:\n{}", failures.len(), failures.join("\n"));
 
     // Draining the node evicts the running job: its agent stops it, and the eviction's latency is observed once.
-    let metrics = || {
-        let m = Command::new("curl")
-            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&m.stdout).into_owned()
-    };
+    let metrics = || s.get("/metrics");
     assert!(metrics().contains("gpunet_eviction_duration_seconds_count 0"));
     let (ok, out, err) = s.cli("admin-secret", &["drain", "n1"]);
     assert!(ok, "{out}{err}");

@@ -166,11 +166,7 @@ fn promtool_accepts_live_metrics_and_the_cli_works() {
     let (ok, out, _) = s.cli("admin-secret", &["drain", "n1"]);
     assert!(ok && out.contains("draining"), "{out}");
     // promtool on the live metrics.
-    let m = Command::new("curl")
-        .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}/metrics", s.url)])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&m.stdout).into_owned();
+    let text = s.get("/metrics");
     for name in [
         "gpunet_jobs{",
         "gpunet_queue_length",

@@ -67,11 +67,12 @@ impl Owner {
             return;
         }
         // Per-tenant limits, for every tenant of the batch.
+        let sizes: Vec<u64> = prepared.iter().map(|(_, sub, _, _)| spec_bytes(sub)).collect();
         let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
-        for (tenant, sub, _, _) in &prepared {
+        for ((tenant, ..), size) in prepared.iter().zip(&sizes) {
             let e = per.entry(tenant.clone()).or_default();
             e.0 += 1;
-            e.1 += serde_json::to_vec(sub).map_or(0, |v| v.len() as u64);
+            e.1 += size;
         }
         for (tenant, (n, bytes)) in per {
             if let Err(e) = self.tenant_limits(&tenant, n, bytes) {
@@ -82,7 +83,7 @@ impl Owner {
         // Durable, then visible: the jobs are written first and enter the live state only once the store
         // has accepted them; a refused write leaves no trace (no job, no start, no event).
         let mut docs = Vec::with_capacity(prepared.len());
-        for (tenant, sub, warnings, spec) in prepared {
+        for ((tenant, sub, warnings, spec), size) in prepared.into_iter().zip(sizes) {
             if let Err(e) = spec.validate() {
                 let _ = reply.send(Err(e.into()));
                 return;
@@ -111,7 +112,7 @@ impl Owner {
                 message: format!("job-{id} submitted"),
             });
             out.push(Submitted { id, state: "pending".into(), warnings });
-            docs.push(doc);
+            docs.push((doc, size));
         }
         let tx = self.self_tx.clone();
         let metrics = self.metrics.clone();
@@ -124,7 +125,7 @@ impl Owner {
                     return;
                 }
                 let apply = Applier(Box::new(move |o: &mut Owner| {
-                    for mut doc in docs {
+                    for (mut doc, size) in docs {
                         let id = doc.job.id;
                         if let Err(e) = o.st.submit(id, doc.job.spec.clone(), doc.job.submitted) {
                             tracing::error!(job = %id, error = %e, "a stored job was refused by the core");
@@ -133,7 +134,6 @@ impl Owner {
                         if let Some(j) = o.st.job(id) {
                             doc.job = j.clone(); // an array is not a job of the core: its document keeps its spec
                         }
-                        let size = serde_json::to_vec(&doc.submission).map_or(0, |v| v.len() as u64);
                         o.spec_sizes.insert(id.0, size);
                         if let Some(m) = o.unfinished_spec_bytes.as_mut() {
                             *m.entry(doc.tenant.clone()).or_default() += size;
@@ -334,7 +334,7 @@ impl Owner {
         if let Some(n) = self.spec_sizes.get(&id) {
             return *n;
         }
-        let n = self.docs.get(&id).map_or(0, |d| serde_json::to_vec(&d.submission).map_or(0, |v| v.len() as u64));
+        let n = self.docs.get(&id).map_or(0, |d| spec_bytes(&d.submission));
         self.spec_sizes.insert(id, n);
         n
     }
@@ -388,4 +388,9 @@ impl Owner {
         }
         Ok(())
     }
+}
+
+/// The bytes a job's spec holds, as the per-tenant limit counts them (its JSON).
+fn spec_bytes(sub: &JobSubmission) -> u64 {
+    serde_json::to_vec(sub).map_or(0, |v| v.len() as u64)
 }

@@ -73,6 +73,15 @@ impl Server {
         Server { proc: Proc(child), url: format!("http://127.0.0.1:{port}") }
     }
 
+    /// The body of an admin `GET` of `path` (e.g. `/metrics`), empty when it fails.
+    pub fn get(&self, path: &str) -> String {
+        let o = Command::new("curl")
+            .args(["-sf", "-H", "Authorization: Bearer admin-secret", &format!("{}{path}", self.url)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
     pub fn cli(&self, token: &str, args: &[&str]) -> (bool, String, String) {
         let o =
             Command::new(BIN).args(args).env("GPUNET_SERVER", &self.url).env("GPUNET_TOKEN", token).output().unwrap();
@@ -152,9 +161,9 @@ impl Server {
                 dir.join(name).to_str().unwrap(),
                 "--address",
                 address,
-                "--labels",
-                "zone=z1",
             ])
+            // `zone=z1` unless the test gives its own labels.
+            .args(if extra.contains(&"--labels") { &[][..] } else { &["--labels", "zone=z1"][..] })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
