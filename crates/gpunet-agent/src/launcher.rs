@@ -9,9 +9,10 @@ use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use tokio::sync::mpsc;
+
+mod start;
 
 /// A running task.
 #[derive(Debug)]
@@ -478,188 +479,6 @@ impl Launcher {
         self.mig_uuids = uuids;
     }
 
-    /// Starts a task. A task that cannot start (no command, a missing program, a bad working directory) ends at once
-    /// with code 127. With checkpoint tiers, an empty checkpoint directory first gets the newest snapshot of any tier.
-    pub async fn start(&mut self, a: &TaskAssignment) {
-        let t = a.task;
-        let fail = |msg: String, exits: &mpsc::UnboundedSender<TaskExit>| {
-            tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
-            let _ = exits.send(TaskExit {
-                task: t,
-                code: Some(127),
-                signal: None,
-                oom: false,
-                stopped: false,
-                reason: Some(format!("could not start: {msg}")),
-            });
-        };
-        let Some((prog, args)) = a.command.split_first() else {
-            return fail("the job has no command".into(), &self.exits);
-        };
-        let user = self.identity(a);
-        let log = log_path(&self.dir, &t);
-        let ckpt = checkpoint_dir(&self.dir, t.job);
-        let home = work_dir(&self.dir, &t);
-        let files = (|| -> std::io::Result<(std::fs::File, std::fs::File)> {
-            // Logs stay root's: the agent reads them back by name, so the task must not be able to swap them.
-            // The tenant's group may read them (its task reads `GPUNET_LOG_FILE`), nobody else.
-            let gid = user.map(|(_, g)| g);
-            group_dir(log.parent().expect("log has a parent"), gid)?;
-            own_dir(&ckpt, user)?;
-            own_dir(&home, user)?;
-            let f = {
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(0o640)
-                    .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                    .open(&log)?
-            };
-            if let Some(g) = gid {
-                rustix::fs::fchown(&f, None, Some(rustix::fs::Gid::from_raw(g)))?;
-            }
-            rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o640))?;
-            let g = f.try_clone()?;
-            Ok((f, g))
-        })();
-        let (out, err) = match files {
-            Ok(f) => f,
-            Err(e) => return fail(format!("prepare the task's directories: {e}"), &self.exits),
-        };
-        // The working directory: relative, beneath the task's own directory, made without following symlinks.
-        let cwd = match a.working_dir.as_deref() {
-            None => home.clone(),
-            Some(w) => match gpunet_api::spec::relative_working_dir(w) {
-                None => {
-                    return fail(
-                        format!("invalid working_dir {w:?}: allowed is a relative path without '..'"),
-                        &self.exits,
-                    )
-                }
-                Some(parts) => {
-                    let made =
-                        crate::beneath::open_trusted(&home).and_then(|h| crate::beneath::make_dirs(&h, &parts, user));
-                    if let Err(e) = made {
-                        return fail(format!("make working_dir {w:?}: {e}"), &self.exits);
-                    }
-                    parts.iter().fold(home.clone(), |p, x| p.join(x))
-                }
-            },
-        };
-        let tier_root = self.dir.join("tiers");
-        if !a.tiers.is_empty() && std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()) {
-            match crate::copier::restore(&self.copy_how(user), &a.tiers, &tier_root, &t, &ckpt).await {
-                Ok(Some(ts)) => tracing::info!(job = t.job, rank = t.rank, snapshot = ts, "checkpoint restored"),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
-            }
-        }
-        let devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
-        let group = match self.cgroups.create(
-            &format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt),
-            a.memory_mib,
-            a.cpu_milli,
-            self.pids_max,
-            Some(&devices),
-        ) {
-            Ok(g) => g,
-            // A node that has cgroups never runs a task outside them: without its group the task would have no memory
-            // or CPU limit, no device restriction, and could leave children behind. It fails to start instead.
-            Err(e) => return fail(format!("create the task's cgroups: {e}"), &self.exits),
-        };
-        let env = self.task_env(a, &home);
-        let status = status_path(&self.dir, &t);
-        let env_file = env_path(&self.dir, &t);
-        let mut cmd = match &self.wrapper {
-            // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the task
-            // ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
-            Some(w) => {
-                let prepared =
-                    running_dir(status.parent().expect("status dir")).and_then(|_| write_private(&status, b""));
-                if let Err(e) = prepared {
-                    return fail(format!("prepare {}: {e}", status.display()), &self.exits);
-                }
-                let exec = crate::wrapper::Exec {
-                    status: Some(status.clone()),
-                    cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
-                    user,
-                    // Through its standard input: one file fewer to create and delete per task (creating files is
-                    // what a task start spends most on where the filesystem has no journal).
-                    env_file: Some("-".into()),
-                    cwd: Some(cwd.clone()),
-                    pid_namespace: self.pid_namespace,
-                    ns_init: false,
-                    // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
-                    tmp_mib: Some(a.memory_mib.max(4)),
-                    prog: prog.clone(),
-                    args: args.to_vec(),
-                };
-                wrapper_command(w, &exec, &self.task_path)
-            }
-            // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
-            None => {
-                if group.is_some() {
-                    tracing::warn!(job = t.job, "no task wrapper: the task runs outside its cgroups");
-                }
-                let mut c = tokio::process::Command::new(prog);
-                c.args(args).env_clear().envs(&env).current_dir(&cwd);
-                if let Some((uid, gid)) = user {
-                    c.uid(uid).gid(gid);
-                }
-                c
-            }
-        };
-        let stdin = if self.wrapper.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() };
-        cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return fail(format!("start {prog}: {e}"), &self.exits),
-        };
-        if let Some(mut pipe) = child.stdin.take() {
-            let bytes = crate::wrapper::env_bytes(&env);
-            tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt as _;
-                // Dropped at the end: the wrapper reads to the end of its input.
-                let _ = pipe.write_all(&bytes).await;
-            });
-        }
-        let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
-            return fail(format!("start {prog}: no process id"), &self.exits);
-        };
-        tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
-        if let Some((_, start)) = proc_identity(pid) {
-            let rec = record_path(&self.dir, &t);
-            let _ = running_dir(rec.parent().expect("record dir"));
-            let _ = write_private(&rec, format!("{pid} {start} {}\n", u8::from(self.wrapper.is_some())).as_bytes());
-        }
-        let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
-        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
-        let extras = Extras::default();
-        self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
-        if let Some(g) = &group {
-            watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
-        }
-        let exits = self.exits.clone();
-        let record = record_path(&self.dir, &t);
-        tokio::spawn(async move {
-            let status_now = child.wait().await;
-            alive.store(false, std::sync::atomic::Ordering::SeqCst);
-            let _ = std::fs::remove_file(&record);
-            let _ = std::fs::remove_file(&status);
-            let _ = std::fs::remove_file(&env_file);
-            let (code, signal) = match status_now {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
-            };
-            // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
-            // cgroup goes in `finish`.
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            finish(t, code, signal, group, extras, exits).await;
-        });
-    }
-
     /// Starts the liveness probe and the periodic checkpoint copies of a task (our child, or an adopted one once its
     /// assignment is known), putting the copier and the probe's verdict where the exit watcher finds them.
     fn attach_extras(
@@ -945,6 +764,7 @@ impl Launcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
     use std::os::unix::process::CommandExt;
 
     #[tokio::test]

@@ -623,13 +623,16 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                         launcher.stop(&t, grace);
                     }
                 }
+                let mut new = Vec::new();
                 for a in &work.tasks {
                     if launcher.is_running(&a.task) {
                         launcher.attach(a); // an adopted task gets its probe and checkpoint copies
                     } else if !ended.contains(&a.task) {
-                        launcher.start(a).await;
+                        new.push(a);
                     }
                 }
+                // Together: the last of a batch does not wait for the others' directories, cgroups and execs.
+                launcher.start_all(&new).await;
             }
         }
     }

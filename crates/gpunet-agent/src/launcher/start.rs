@@ -1,0 +1,321 @@
+//! Starting task attempts. The tasks of one answer of the server are started together: each one's directories,
+//! cgroups and process are made on the blocking pool, several at once, and only then registered with the launcher
+//! in the answer's order. A start is mostly system calls that wait (directory and file creation on the node's disk,
+//! cgroup directories, the `execve` of the wrapper, for which a spawning thread waits), so started one after the
+//! other the last task of a batch of 16 waited for 15 others; now they overlap.
+
+use super::{
+    checkpoint_dir, env_path, finish, group_dir, log_path, now_ms, own_dir, proc_identity, record_path, running_dir,
+    status_path, watch_oom, work_dir, wrapper_command, write_private, Extras, Launcher, Proc,
+};
+use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+
+/// A task attempt whose process runs, ready to be registered.
+struct Launched {
+    child: tokio::process::Child,
+    pid: i32,
+    group: Option<crate::cgroups::TaskCgroup>,
+    status: PathBuf,
+    env_file: PathBuf,
+    /// When its process was started, ms since the Unix epoch.
+    at_ms: u64,
+}
+
+/// Runs `f` on the blocking pool; a panic there becomes an error.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(format!("the start's thread failed: {e}")))
+}
+
+/// Makes the task's log directory and file (root's, readable by the tenant's group), its checkpoint and own
+/// directories (the task user's, 0700) and its working directory beneath its own; returns the log twice (stdout and
+/// stderr) and the working directory.
+fn prepare_files(
+    log: &Path,
+    ckpt: &Path,
+    home: &Path,
+    user: Option<(u32, u32)>,
+    working_dir: Option<&str>,
+) -> Result<(std::fs::File, std::fs::File, PathBuf), String> {
+    let files = (|| -> std::io::Result<(std::fs::File, std::fs::File)> {
+        // Logs stay root's: the agent reads them back by name, so the task must not be able to swap them.
+        // The tenant's group may read them (its task reads `GPUNET_LOG_FILE`), nobody else.
+        let gid = user.map(|(_, g)| g);
+        group_dir(log.parent().expect("log has a parent"), gid)?;
+        own_dir(ckpt, user)?;
+        own_dir(home, user)?;
+        let f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o640)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(log)?
+        };
+        if let Some(g) = gid {
+            rustix::fs::fchown(&f, None, Some(rustix::fs::Gid::from_raw(g)))?;
+        }
+        rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o640))?;
+        let g = f.try_clone()?;
+        Ok((f, g))
+    })();
+    let (out, err) = files.map_err(|e| format!("prepare the task's directories: {e}"))?;
+    // The working directory: relative, beneath the task's own directory, made without following symlinks.
+    let cwd = match working_dir {
+        None => home.to_path_buf(),
+        Some(w) => match gpunet_api::spec::relative_working_dir(w) {
+            None => return Err(format!("invalid working_dir {w:?}: allowed is a relative path without '..'")),
+            Some(parts) => {
+                crate::beneath::open_trusted(home)
+                    .and_then(|h| crate::beneath::make_dirs(&h, &parts, user))
+                    .map_err(|e| format!("make working_dir {w:?}: {e}"))?;
+                parts.iter().fold(home.to_path_buf(), |p, x| p.join(x))
+            }
+        },
+    };
+    Ok((out, err, cwd))
+}
+
+impl Launcher {
+    /// Starts a task. A task that cannot start (no command, a missing program, a bad working directory) ends at once
+    /// with code 127. With checkpoint tiers, an empty checkpoint directory first gets the newest snapshot of any tier.
+    pub async fn start(&mut self, a: &TaskAssignment) {
+        self.start_all(&[a]).await;
+    }
+
+    /// Starts tasks together (see the module's documentation), each as [`Launcher::start`] does.
+    pub async fn start_all(&mut self, tasks: &[&TaskAssignment]) {
+        let launched = futures_util::future::join_all(tasks.iter().map(|a| self.launch(a))).await;
+        for (a, l) in tasks.iter().zip(launched) {
+            if let Some(l) = l {
+                self.register(a, l);
+            }
+        }
+    }
+
+    /// Reports a task that could not start: it ends at once with code 127.
+    fn fail_start(&self, t: TaskRef, msg: String) -> Option<Launched> {
+        tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
+        let _ = self.exits.send(TaskExit {
+            task: t,
+            code: Some(127),
+            signal: None,
+            oom: false,
+            stopped: false,
+            reason: Some(format!("could not start: {msg}")),
+        });
+        None
+    }
+
+    /// Makes everything a task attempt needs and starts its process; `None` when it could not start (reported).
+    async fn launch(&self, a: &TaskAssignment) -> Option<Launched> {
+        let t = a.task;
+        let Some((prog, args)) = a.command.split_first() else {
+            return self.fail_start(t, "the job has no command".into());
+        };
+        let (prog, args) = (prog.clone(), args.to_vec());
+        let user = self.identity(a);
+        let ckpt = checkpoint_dir(&self.dir, t.job);
+        let home = work_dir(&self.dir, &t);
+        let prepared = {
+            let (log, ckpt, home, wd) = (log_path(&self.dir, &t), ckpt.clone(), home.clone(), a.working_dir.clone());
+            blocking(move || prepare_files(&log, &ckpt, &home, user, wd.as_deref())).await
+        };
+        let (out, err, cwd) = match prepared {
+            Ok(p) => p,
+            Err(msg) => return self.fail_start(t, msg),
+        };
+        let tier_root = self.dir.join("tiers");
+        if !a.tiers.is_empty() && std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()) {
+            match crate::copier::restore(&self.copy_how(user), &a.tiers, &tier_root, &t, &ckpt).await {
+                Ok(Some(ts)) => tracing::info!(job = t.job, rank = t.rank, snapshot = ts, "checkpoint restored"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(job = t.job, error = %e, "checkpoint restore failed; starting without"),
+            }
+        }
+        let env = self.task_env(a, &home);
+        let status = status_path(&self.dir, &t);
+        let env_file = env_path(&self.dir, &t);
+        let record = record_path(&self.dir, &t);
+        let devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
+        let cgroups = self.cgroups.clone();
+        let group_name = format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt);
+        let (memory_mib, cpu_milli, pids_max) = (a.memory_mib, a.cpu_milli, self.pids_max);
+        let (wrapper, task_path, pid_namespace) = (self.wrapper.clone(), self.task_path.clone(), self.pid_namespace);
+        let env_for_direct = env.clone();
+        let status_for_spawn = status.clone();
+        let spawned = blocking(move || {
+            let status = status_for_spawn;
+            let group = cgroups
+                .create(&group_name, memory_mib, cpu_milli, pids_max, Some(&devices))
+                // A node that has cgroups never runs a task outside them: without its group the task would have no
+                // memory or CPU limit, no device restriction, and could leave children behind. It fails to start
+                // instead.
+                .map_err(|e| format!("create the task's cgroups: {e}"))?;
+            let mut cmd = match &wrapper {
+                // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the
+                // task ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
+                Some(w) => {
+                    running_dir(status.parent().expect("status dir"))
+                        .and_then(|_| write_private(&status, b""))
+                        .map_err(|e| format!("prepare {}: {e}", status.display()))?;
+                    let exec = crate::wrapper::Exec {
+                        status: Some(status.clone()),
+                        cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
+                        user,
+                        // Through its standard input: one file fewer to create and delete per task (creating files
+                        // is what a task start spends most on where the filesystem has no journal).
+                        env_file: Some("-".into()),
+                        cwd: Some(cwd.clone()),
+                        pid_namespace,
+                        ns_init: false,
+                        // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
+                        tmp_mib: Some(memory_mib.max(4)),
+                        prog: prog.clone(),
+                        args: args.clone(),
+                    };
+                    wrapper_command(w, &exec, &task_path)
+                }
+                // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
+                None => {
+                    if group.is_some() {
+                        tracing::warn!(job = t.job, "no task wrapper: the task runs outside its cgroups");
+                    }
+                    let mut c = tokio::process::Command::new(&prog);
+                    c.args(&args).env_clear().envs(&env_for_direct).current_dir(&cwd);
+                    if let Some((uid, gid)) = user {
+                        c.uid(uid).gid(gid);
+                    }
+                    c
+                }
+            };
+            let stdin = if wrapper.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+            cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+            let unmade = |group: &Option<crate::cgroups::TaskCgroup>| {
+                if let Some(g) = group {
+                    g.remove();
+                }
+            };
+            let child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    unmade(&group);
+                    return Err(format!("start {prog}: {e}"));
+                }
+            };
+            let at_ms = now_ms();
+            let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
+                unmade(&group);
+                return Err(format!("start {prog}: no process id"));
+            };
+            if let Some((_, start)) = proc_identity(pid) {
+                let _ = running_dir(record.parent().expect("record dir"));
+                let wrapped = u8::from(wrapper.is_some());
+                let _ = write_private(&record, format!("{pid} {start} {wrapped}\n").as_bytes());
+            }
+            Ok((child, pid, group, at_ms))
+        })
+        .await;
+        let (mut child, pid, group, at_ms) = match spawned {
+            Ok(s) => s,
+            Err(msg) => return self.fail_start(t, msg),
+        };
+        if let Some(mut pipe) = child.stdin.take() {
+            let bytes = crate::wrapper::env_bytes(&env);
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt as _;
+                // Dropped at the end: the wrapper reads to the end of its input.
+                let _ = pipe.write_all(&bytes).await;
+            });
+        }
+        Some(Launched { child, pid, group, status, env_file, at_ms })
+    }
+
+    /// Takes a started task attempt into the launcher: its start is reported, its probe and checkpoint copies run,
+    /// and its end is watched.
+    fn register(&mut self, a: &TaskAssignment, l: Launched) {
+        let t = a.task;
+        let Launched { mut child, pid, group, status, env_file, at_ms } = l;
+        tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
+        let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
+        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
+        let extras = Extras::default();
+        self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
+        if let Some(g) = &group {
+            watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
+        }
+        let exits = self.exits.clone();
+        let record = record_path(&self.dir, &t);
+        tokio::spawn(async move {
+            let status_now = child.wait().await;
+            alive.store(false, std::sync::atomic::Ordering::SeqCst);
+            let _ = std::fs::remove_file(&record);
+            let _ = std::fs::remove_file(&status);
+            let _ = std::fs::remove_file(&env_file);
+            let (code, signal) = match status_now {
+                Ok(s) => (s.code(), s.signal()),
+                Err(_) => (None, None),
+            };
+            // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
+            // cgroup goes in `finish`.
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            finish(t, code, signal, group, extras, exits).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_made_beneath_the_tasks_own_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let t = TaskRef { job: 7, rank: 1, attempt: 0 };
+        let (log, ckpt, home) = (log_path(d.path(), &t), checkpoint_dir(d.path(), 7), work_dir(d.path(), &t));
+        let (_, _, cwd) = prepare_files(&log, &ckpt, &home, None, Some("a/b")).unwrap();
+        assert_eq!(cwd, home.join("a").join("b"));
+        assert!(cwd.is_dir() && log.is_file() && ckpt.is_dir());
+        let e = prepare_files(&log, &ckpt, &home, None, Some("../x")).unwrap_err();
+        assert!(e.contains("invalid working_dir"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn several_tasks_start_together_and_each_failure_is_its_own() {
+        let d = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut l = Launcher::new(d.path().to_path_buf(), tx, crate::cgroups::Cgroups::None);
+        let mk = |job: u64, command: Vec<&str>| TaskAssignment {
+            task: TaskRef { job, rank: 0, attempt: 0 },
+            command: command.into_iter().map(String::from).collect(),
+            env: Default::default(),
+            working_dir: None,
+            gpus: vec![],
+            mig: vec![],
+            cpu_milli: 100,
+            memory_mib: 64,
+            grace_ms: 1000,
+            liveness: None,
+            tiers: vec![],
+            tenant_index: None,
+        };
+        let (ok1, bad, ok2) = (mk(1, vec!["true"]), mk(2, vec!["/nonexistent/program"]), mk(3, vec!["true"]));
+        l.start_all(&[&ok1, &bad, &ok2]).await;
+        // The two good ones started, in the answer's order; the bad one ended at once with 127.
+        let started: Vec<u64> = l.started.iter().map(|s| s.task.job).collect();
+        assert_eq!(started, vec![1, 3]);
+        let mut ends = std::collections::BTreeMap::new();
+        while ends.len() < 3 {
+            let e = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+            ends.insert(e.task.job, e);
+        }
+        assert_eq!(ends[&2].code, Some(127));
+        assert!(ends[&2].reason.as_deref().unwrap_or_default().contains("/nonexistent/program"));
+        assert_eq!((ends[&1].code, ends[&3].code), (Some(0), Some(0)));
+    }
+}
