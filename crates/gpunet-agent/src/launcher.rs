@@ -764,8 +764,8 @@ impl Launcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::ExitStatusExt;
     use std::os::unix::process::CommandExt;
+    use std::os::unix::process::ExitStatusExt;
 
     #[tokio::test]
     async fn left_tasks_are_adopted_or_killed_only_when_the_record_matches_the_live_process() {

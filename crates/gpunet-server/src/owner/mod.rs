@@ -756,7 +756,9 @@ impl Owner {
     }
 
     /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of
-    /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`.
+    /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`. A change that
+    /// comes within 5 ms of the last pass is scheduled exactly when those 5 ms are over (not at the next tick of a
+    /// free-running timer, which could come up to twice as late).
     pub(crate) async fn run(
         mut self,
         mut rx: mpsc::Receiver<Cmd>,
@@ -764,19 +766,15 @@ impl Owner {
         tick: std::time::Duration,
     ) {
         let min_gap = std::time::Duration::from_millis(5);
-        let mut ticker = tokio::time::interval(min_gap);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_pass = std::time::Instant::now() - tick;
+        let mut last_pass = tokio::time::Instant::now() - tick;
         loop {
+            // The next pass: 5 ms after the last one when something changed, else a tick after it.
+            let due = last_pass + if self.dirty { min_gap } else { tick };
             tokio::select! {
                 Some(f) = applied.recv() => {
                     (f.0)(&mut self);
                     while let Ok(f) = applied.try_recv() {
                         (f.0)(&mut self);
-                    }
-                    if self.dirty && last_pass.elapsed() >= min_gap {
-                        self.pass();
-                        last_pass = std::time::Instant::now();
                     }
                 }
                 cmd = rx.recv() => {
@@ -791,17 +789,13 @@ impl Owner {
                         }
                         n += 1;
                     }
-                    if self.dirty && last_pass.elapsed() >= min_gap {
-                        self.pass();
-                        last_pass = std::time::Instant::now();
-                    }
                 }
-                _ = ticker.tick() => {
-                    if (self.dirty && last_pass.elapsed() >= min_gap) || last_pass.elapsed() >= tick {
-                        self.pass();
-                        last_pass = std::time::Instant::now();
-                    }
-                }
+                _ = tokio::time::sleep_until(due) => {}
+            }
+            let gap = last_pass.elapsed();
+            if (self.dirty && gap >= min_gap) || gap >= tick {
+                self.pass();
+                last_pass = tokio::time::Instant::now();
             }
         }
     }
