@@ -1,5 +1,6 @@
 //! `gpunet report`: accounting per tenant and per user over a period (Slurm's `sreport`/`sacct` habit) — jobs
-//! submitted, GPU-hours, cost (GPU, CPU and memory apart), waits, failures, preemptions and restarts — as a table,
+//! submitted, GPU-hours, the allocated GPUs' average utilisation where the agents sample it (NVML), cost (GPU, CPU
+//! and memory apart), waits, failures, preemptions and restarts — as a table,
 //! JSON or CSV; and `--statement`, a tenant's monthly statement as CSV (one line per job billed in the month, then
 //! the total).
 //!
@@ -54,6 +55,9 @@ pub(crate) struct ReportRow {
     pub(crate) wait_p50_s: Option<f64>,
     pub(crate) wait_p90_s: Option<f64>,
     pub(crate) wait_p99_s: Option<f64>,
+    /// Average utilisation (0 to 1) of the GPUs allocated, over the GPU-time the agents sampled (NVML, or fake GPUs'
+    /// `--fake-gpu-samples`); `None` where no GPU held in the period sent samples.
+    pub(crate) gpu_utilization: Option<f64>,
     /// Usage billed in the period (the ledger's; any job, including those submitted before it).
     #[serde(flatten)]
     pub(crate) usage: UsageTotals,
@@ -141,6 +145,7 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
             r.wait_p50_s = percentile(&w, 50.0);
             r.wait_p90_s = percentile(&w, 90.0);
             r.wait_p99_s = percentile(&w, 99.0);
+            r.gpu_utilization = r.usage.gpu_utilization();
             r
         })
         .collect();
@@ -172,12 +177,12 @@ fn opt(v: Option<f64>) -> String {
 pub(crate) fn to_csv(r: &Report) -> String {
     let mut s = format!(
         "{},jobs,failed,cancelled,preemptions,restarts,wait_p50_s,wait_p90_s,wait_p99_s,gpu_hours,cpu_hours,\
-         memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,currency\n",
+         memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,gpu_utilization,currency\n",
         r.by
     );
     for x in &r.rows {
         s += &format!(
-            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(&x.key),
             x.jobs,
             x.failed,
@@ -188,6 +193,7 @@ pub(crate) fn to_csv(r: &Report) -> String {
             opt(x.wait_p90_s),
             opt(x.wait_p99_s),
             usage_csv(&x.usage),
+            x.gpu_utilization.map_or(String::new(), |u| u.to_string()),
             csv_field(&r.currency)
         );
     }
@@ -207,6 +213,7 @@ fn to_table(r: &Report) -> String {
             "WAIT P90",
             "WAIT P99",
             "GPU-HOURS",
+            "GPU UTIL",
             "GPU COST",
             "CPU COST",
             "MEM COST",
@@ -226,6 +233,7 @@ fn to_table(r: &Report) -> String {
                     w(x.wait_p90_s),
                     w(x.wait_p99_s),
                     format!("{:.2}", x.usage.gpu_hours),
+                    x.gpu_utilization.map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
                     crate::money(x.usage.gpu_cost),
                     crate::money(x.usage.cpu_cost),
                     crate::money(x.usage.mem_cost),
