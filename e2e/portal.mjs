@@ -215,6 +215,7 @@ try {
     await page.locator("main table").first().locator("tr", { hasText: "default" }).waitFor();
     await page.getByText("Spend is this month's").waitFor();
     await page.getByText("This month per user").waitFor();
+    await page.getByText("This month per GPU model and lifecycle").waitFor();
     await page.click("summary");
     await page.fill("#t-name", "bad name!");
     await page.click("#tenant-form button[type=submit]");

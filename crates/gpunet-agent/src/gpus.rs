@@ -275,8 +275,9 @@ fn as_u64(v: &SampleValue) -> Option<u64> {
     }
 }
 
-/// One sample of every GPU. Values NVML cannot give on this GPU are left out, never made up.
-pub fn sample(nvml: &Nvml) -> Vec<GpuSample> {
+/// One sample of every GPU, with the XID errors `xid` counted (see [`crate::gpu_errors::watch_xid`]). Values NVML
+/// cannot give on this GPU are left out, never made up.
+pub fn sample(nvml: &Nvml, xid: &crate::gpu_errors::XidCounts) -> Vec<GpuSample> {
     let count = nvml.device_count().unwrap_or(0);
     let mut out = Vec::with_capacity(count as usize);
     for index in 0..count {
@@ -294,6 +295,8 @@ pub fn sample(nvml: &Nvml) -> Vec<GpuSample> {
             // Volatile counts (since the driver loaded): NVML refuses where ECC is off, and then none is sent.
             ecc_corrected: d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).ok(),
             ecc_uncorrected: d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+            xid_errors: xid.of(index).map(|x| x.count),
+            xid_last: xid.of(index).map(|x| x.last),
         };
         if let Ok(vals) = d.field_values_for(&[FieldId(NVLINK_TX_KIB), FieldId(NVLINK_RX_KIB)]) {
             for v in vals.into_iter().flatten() {
@@ -312,9 +315,10 @@ pub fn sample(nvml: &Nvml) -> Vec<GpuSample> {
 
 /// A synthetic sample of fake GPU `index` (`--fake-gpu-samples`), `secs` seconds after the agent started: the same
 /// numbers on every machine — 50 % utilisation, a quarter of the model's memory in use, 100 W, 40 °C, 1 MB/s of NVLink
-/// traffic each way and no ECC errors. It describes no hardware; the server exports every sample of a fake node with
-/// `fake="true"`. It exists so that dashboards and alert rules can be checked end to end without NVIDIA GPUs.
-pub fn fake_sample(index: u32, model: GpuModel, secs: u64) -> GpuSample {
+/// traffic each way — and the errors `errors` lists (from [`crate::gpu_errors::FAKE_ERRORS_FILE`]; none unless a
+/// test or a person writes them there). It describes no hardware; the server exports every sample of a fake node
+/// with `fake="true"`. It exists so that dashboards and alert rules can be checked end to end without NVIDIA GPUs.
+pub fn fake_sample(index: u32, model: GpuModel, secs: u64, errors: &crate::gpu_errors::FakeErrors) -> GpuSample {
     GpuSample {
         index,
         utilization_pct: Some(50.0),
@@ -324,8 +328,10 @@ pub fn fake_sample(index: u32, model: GpuModel, secs: u64) -> GpuSample {
         temperature_c: Some(40.0),
         nvlink_tx_bytes: Some(secs * 1_000_000),
         nvlink_rx_bytes: Some(secs * 1_000_000),
-        ecc_corrected: Some(0),
-        ecc_uncorrected: Some(0),
+        ecc_corrected: Some(errors.ecc_corrected),
+        ecc_uncorrected: Some(errors.ecc_uncorrected),
+        xid_errors: Some(errors.xid.count),
+        xid_last: Some(errors.xid.last),
     }
 }
 
@@ -333,8 +339,13 @@ pub fn fake_sample(index: u32, model: GpuModel, secs: u64) -> GpuSample {
 mod tests {
     #[test]
     fn fake_samples_are_fixed_numbers_with_counters_that_grow() {
-        let a = super::fake_sample(3, super::GpuModel::A100_80GB, 10);
-        let b = super::fake_sample(3, super::GpuModel::A100_80GB, 20);
+        let none = crate::gpu_errors::FakeErrors::default();
+        let a = super::fake_sample(3, super::GpuModel::A100_80GB, 10, &none);
+        let b = super::fake_sample(3, super::GpuModel::A100_80GB, 20, &none);
+        assert_eq!((a.xid_errors, a.ecc_uncorrected), (Some(0), Some(0)), "no errors unless listed");
+        let (errs, _) = crate::gpu_errors::parse_fake_errors("3 xid 79\n3 ecc-uncorrected 2\n");
+        let c = super::fake_sample(3, super::GpuModel::A100_80GB, 30, &errs[&3]);
+        assert_eq!((c.xid_errors, c.xid_last, c.ecc_uncorrected), (Some(1), Some(79), Some(2)));
         assert_eq!((a.index, a.utilization_pct, a.memory_total_mib), (3, Some(50.0), Some(81_920)));
         assert_eq!(a.memory_used_mib, Some(20_480));
         assert!(b.nvlink_tx_bytes > a.nvlink_tx_bytes && b.nvlink_rx_bytes > a.nvlink_rx_bytes);
@@ -411,7 +422,7 @@ mod tests {
             Ok(nvml) => {
                 let gpus = discover(&nvml).unwrap();
                 assert!(gpus.iter().all(|g| g.uuid.starts_with("GPU-") && g.memory_mib > 0), "{gpus:?}");
-                assert_eq!(sample(&nvml).len(), gpus.len());
+                assert_eq!(sample(&nvml, &crate::gpu_errors::XidCounts::default()).len(), gpus.len());
             }
             Err(e) => assert!(matches!(e, GpuError::NoNvml(_)), "{e}"),
         }

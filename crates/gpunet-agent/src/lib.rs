@@ -18,6 +18,7 @@ pub mod checkpoints;
 pub mod copier;
 pub mod devfilter;
 pub mod fds;
+pub mod gpu_errors;
 pub mod gpus;
 pub mod identity;
 pub mod launcher;
@@ -160,6 +161,17 @@ pub struct AgentConfig {
     pub task_pids_max: u64,
     /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
     pub snapshot_max_bytes: u64,
+}
+
+/// The errors fake GPUs report, from the data directory's [`gpu_errors::FAKE_ERRORS_FILE`] (none without one;
+/// lines it does not understand are logged and count for nothing).
+fn fake_errors(path: &std::path::Path) -> BTreeMap<u32, gpu_errors::FakeErrors> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (errors, bad) = gpu_errors::parse_fake_errors(&text);
+    for b in bad {
+        tracing::warn!(error = %b, "fake GPU error ignored");
+    }
+    errors
 }
 
 /// Whether this process runs as root (and so can run tasks as other users).
@@ -425,6 +437,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         },
         _ => None,
     };
+    // XID errors come from NVML's event API, on a thread of its own that ends when `xid` is dropped with this loop.
+    let xid = std::sync::Arc::new(gpu_errors::XidCounts::default());
+    if let Some(n) = &nvml {
+        if let Err(e) = gpu_errors::watch_xid(n.clone(), &xid) {
+            tracing::warn!(error = %e, "XID errors are not watched: no thread");
+        }
+    }
+    let fake_errors_file = cfg.data_dir.join(gpu_errors::FAKE_ERRORS_FILE);
     let mut last_sample: Option<std::time::Instant> = None;
     let fake_samples = cfg.fake_gpus.filter(|_| cfg.fake_gpu_samples);
     let started = std::time::Instant::now();
@@ -467,14 +487,19 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         let gpu_samples = match &nvml {
             Some(n) if last_sample.is_none_or(|t| t.elapsed() >= GPU_SAMPLE_EVERY) => {
                 last_sample = Some(std::time::Instant::now());
-                let n = n.clone();
-                tokio::task::spawn_blocking(move || gpus::sample(&n)).await.ok()
+                let (n, xid) = (n.clone(), xid.clone());
+                tokio::task::spawn_blocking(move || gpus::sample(&n, &xid)).await.ok()
             }
             None => match fake_samples {
                 Some((model, count)) if last_sample.is_none_or(|t| t.elapsed() >= GPU_SAMPLE_EVERY) => {
                     last_sample = Some(std::time::Instant::now());
                     let secs = started.elapsed().as_secs();
-                    Some((0..count as u32).map(|i| gpus::fake_sample(i, model, secs)).collect())
+                    let errors = fake_errors(&fake_errors_file);
+                    Some(
+                        (0..count as u32)
+                            .map(|i| gpus::fake_sample(i, model, secs, &errors.get(&i).copied().unwrap_or_default()))
+                            .collect(),
+                    )
                 }
                 _ => None,
             },

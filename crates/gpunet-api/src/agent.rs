@@ -107,6 +107,13 @@ pub struct GpuSample {
     /// Uncorrected ECC errors since the driver loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ecc_uncorrected: Option<u64>,
+    /// Critical XID errors (NVML's event API) since the agent started watching; absent where NVML cannot deliver
+    /// XID events for this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_errors: Option<u64>,
+    /// The code of the latest XID error (NVIDIA's XID catalogue, e.g. 79: fallen off the bus; 999: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_last: Option<u64>,
 }
 
 /// Log output of a task attempt, from `offset` bytes into its log. The bytes travel exactly as the task wrote them

@@ -504,6 +504,20 @@ pub struct UsageTotals {
     pub mem_cost: f64,
     /// Total cost: `gpu_cost + cpu_cost + mem_cost`.
     pub cost: f64,
+    /// GPU-hours covered by the agents' utilisation samples (NVML; 0 where GPUs send none).
+    #[serde(default)]
+    pub sampled_gpu_hours: f64,
+    /// Those GPU-hours weighted by utilisation: `busy_gpu_hours / sampled_gpu_hours` is the average utilisation of
+    /// the GPUs allocated (see [`UsageTotals::gpu_utilization`]).
+    #[serde(default)]
+    pub busy_gpu_hours: f64,
+}
+
+impl UsageTotals {
+    /// The average utilisation (0 to 1) of the GPUs allocated, over the time samples covered; `None` without any.
+    pub fn gpu_utilization(&self) -> Option<f64> {
+        (self.sampled_gpu_hours > 0.0).then(|| self.busy_gpu_hours / self.sampled_gpu_hours)
+    }
 }
 
 impl std::ops::AddAssign<&UsageTotals> for UsageTotals {
@@ -515,5 +529,7 @@ impl std::ops::AddAssign<&UsageTotals> for UsageTotals {
         self.cpu_cost += o.cpu_cost;
         self.mem_cost += o.mem_cost;
         self.cost += o.cost;
+        self.sampled_gpu_hours += o.sampled_gpu_hours;
+        self.busy_gpu_hours += o.busy_gpu_hours;
     }
 }

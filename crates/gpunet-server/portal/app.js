@@ -105,6 +105,10 @@ function money(x, currency = "USD") {
     return `${x.toLocaleString(undefined, { maximumFractionDigits: digits })} ${currency}`;
   }
 }
+/** The allocated GPUs' average utilisation from a usage total (busy over sampled GPU-hours), "—" without samples. */
+function utilisation(u) {
+  return u.sampled_gpu_hours > 0 ? `${Math.round((100 * u.busy_gpu_hours) / u.sampled_gpu_hours)}%` : "—";
+}
 function num(x, d = 1) { return Number(x).toLocaleString(undefined, { maximumFractionDigits: d }); }
 function badge(state) { return h("span", { class: "badge " + state }, state); }
 function jobLink(id, text) { return h("a", { href: "#/jobs/" + id }, text || "job-" + id); }
@@ -855,11 +859,23 @@ async function tenants() {
       h("p", { class: "muted" }, "The same ledger figures as `gpunet report --by user --month YYYY-MM` (which adds " +
         "jobs, waits, failures and preemptions, as a table, JSON or CSV) and `gpunet report --statement --tenant " +
         "NAME --month YYYY-MM` (a tenant's monthly statement as CSV)."),
-      table([{ label: "Tenant/user" }, { label: "GPU-hours", num: true }, { label: "GPU spend", num: true },
-        { label: "CPU spend", num: true }, { label: "Memory spend", num: true }, { label: "Spend", num: true }],
+      table([{ label: "Tenant/user" }, { label: "GPU-hours", num: true }, { label: "GPU utilisation", num: true },
+        { label: "GPU spend", num: true }, { label: "CPU spend", num: true }, { label: "Memory spend", num: true },
+        { label: "Spend", num: true }],
       Object.entries(usage.by_user || {}).map(([k, u]) => {
         const cur = usage.currency || "USD";
-        return [k, num(u.gpu_hours, 3), money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur),
+        return [k, num(u.gpu_hours, 3), utilisation(u), money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur),
+          money(u.mem_cost || 0, cur), money(u.cost, cur)];
+      }), "No use this month."),
+      h("h2", {}, "This month per GPU model and lifecycle"),
+      h("p", { class: "muted" }, "On-demand, spot and reserved GPUs apart, as `gpunet bill --by model --month " +
+        "YYYY-MM` shows them."),
+      table([{ label: "Model/lifecycle" }, { label: "GPU-hours", num: true }, { label: "GPU utilisation", num: true },
+        { label: "GPU spend", num: true }, { label: "CPU spend", num: true }, { label: "Memory spend", num: true },
+        { label: "Spend", num: true }],
+      Object.entries(usage.by_model || {}).map(([k, u]) => {
+        const cur = usage.currency || "USD";
+        return [k, num(u.gpu_hours, 3), utilisation(u), money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur),
           money(u.mem_cost || 0, cur), money(u.cost, cur)];
       }), "No use this month."));
   };

@@ -649,6 +649,8 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
             cpu_cost: r.cpu_cost * inside,
             mem_cost: r.mem_cost * inside,
             cost: r.cost * inside,
+            sampled_gpu_hours: r.sampled_gpu_seconds * inside / 3600.0,
+            busy_gpu_hours: r.busy_gpu_seconds * inside / 3600.0,
         };
         *report.tenants.entry(r.tenant.clone()).or_default() += &part;
         *report.jobs.entry(r.job).or_default() += &part;

@@ -288,6 +288,15 @@ pub fn build(
         let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
         o.docs.insert(id, owner::JobDoc { job, ..d });
     }
+    // Cumulative counters continue where the last run left them (a counter that starts again at 0 reads as a reset to
+    // Prometheus, and its running jobs' usage so far would be counted twice): usage from the ledger, preemptions,
+    // restarts and submissions from the jobs.
+    metrics.restore_totals(
+        store.ledger_totals()?,
+        o.docs.values().map(|d| u64::from(d.job.preemptions)).sum(),
+        o.docs.values().map(|d| u64::from(d.job.restarts)).sum(),
+        o.docs.values().filter(|d| d.job.array_of.is_none()).count() as u64,
+    );
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.
     o.st.resolve_restored(Time(now_ms()));
     o.restored_cascades();

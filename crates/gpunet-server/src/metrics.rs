@@ -3,9 +3,9 @@
 //!
 //! Families (every one is listed in README's "Monitoring"; the alert rules and dashboards in `deploy/` use them):
 //! per tenant — GPUs allocated, guarantee, limit, borrowed, pending jobs and GPUs, the oldest pending job's age and
-//! GPU-seconds used (a counter: runs ended since the server started, plus running jobs so far, billed as the ledger
-//! bills); per node — state and agent sync age; jobs by tenant and state; GPUs by model and zone; per GPU —
-//! allocation and the agents' samples (NVML, or `--fake-gpu-samples`, labelled `fake="true"`) with ECC error
+//! GPU-seconds used (a counter: every run in the ledger, plus running jobs so far, billed as the ledger bills; it
+//! continues across restarts, as do the counters of preemptions, restarts and submissions); per node — state and agent sync age; jobs by tenant and state; GPUs by model and zone; per GPU —
+//! allocation and the agents' samples (NVML, or `--fake-gpu-samples`, labelled `fake="true"`) with ECC and XID error
 //! counters; checkpoint copy failures per node; histograms of the scheduling pass, the wait from submission to first
 //! start, the time a job spent not running over its life, eviction latency, store commit latency and API requests.
 
@@ -79,7 +79,7 @@ pub(crate) struct ServerMetrics {
     pub(crate) not_running_seconds: Histogram,
     /// Per job: when the scheduler asked it to stop (until its attempt ends), and how long it has run in all.
     jobs: Mutex<HashMap<u64, JobClock>>,
-    /// Per tenant: GPU-seconds and cost of runs that ended since the server started.
+    /// Per tenant: GPU-seconds and cost of runs that ended (the ledger's sums at start, then each run as it ends).
     tenant_used: Mutex<BTreeMap<String, (f64, f64)>>,
     /// Per node: checkpoint copies that failed, as its agent last reported (a counter restarting with the agent).
     checkpoint_failures: Mutex<BTreeMap<String, u64>>,
@@ -110,6 +110,23 @@ impl ServerMetrics {
             tenant_used: Mutex::new(BTreeMap::new()),
             checkpoint_failures: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Starts the cumulative counters from what the store holds: per tenant the ledger's sums (every run that ended,
+    /// before this start too), and the jobs' preemptions, restarts and submissions. Counters of the process itself
+    /// (refused writes, histograms, API requests) start again at 0, as a restarted process's do.
+    pub(crate) fn restore_totals(
+        &self,
+        ledger: BTreeMap<String, gpunet_store::LedgerTotals>,
+        preemptions: u64,
+        restarts: u64,
+        submitted: u64,
+    ) {
+        *self.tenant_used.lock().expect("tenant usage") =
+            ledger.into_iter().map(|(t, l)| (t, (l.gpu_seconds, l.cost))).collect();
+        self.preemptions.store(preemptions, Ordering::Relaxed);
+        self.restarts.store(restarts, Ordering::Relaxed);
+        self.submitted.store(submitted, Ordering::Relaxed);
     }
 
     /// `job` was asked to stop by a preemption or a drain: the eviction latency runs until its attempt ends.
@@ -319,7 +336,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
     // gives the scrape job): NVML's on real GPUs; on fake GPUs
     // the agent's fixed synthetic ones (`--fake-gpu-samples`), labelled `fake="true"`, or none.
     type Read = fn(&gpunet_api::agent::GpuSample) -> Option<f64>;
-    let families: [(&str, &str, &str, Read); 9] = [
+    let families: [(&str, &str, &str, Read); 11] = [
         ("gpunet_gpu_utilization_ratio", "gauge", "GPU utilisation over NVML's last sample period (0 to 1).", |g| {
             g.utilization_pct.map(|p| p / 100.0)
         }),
@@ -348,6 +365,18 @@ pub(crate) fn gauges(o: &Owner) -> String {
             "counter",
             "Uncorrected ECC errors since the driver loaded (NVML, where ECC is on).",
             |g| g.ecc_uncorrected.map(|b| b as f64),
+        ),
+        (
+            "gpunet_gpu_xid_errors_total",
+            "counter",
+            "Critical XID errors NVML reported as events since the node's agent started (where the driver delivers them).",
+            |g| g.xid_errors.map(|b| b as f64),
+        ),
+        (
+            "gpunet_gpu_xid_last_code",
+            "gauge",
+            "Code of the latest XID error in NVIDIA's catalogue (0 before the first; 999 unknown).",
+            |g| g.xid_last.map(|b| b as f64),
         ),
     ];
     // Each sampled GPU's labels, worked out once for all the families.
@@ -445,13 +474,13 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
         (
             "gpunet_tenant_gpu_seconds_total",
             "counter",
-            "GPU-seconds used: runs ended since the server started, plus running jobs so far (per started second, as the ledger bills).",
+            "GPU-seconds used: every run in the ledger, plus running jobs so far (per started second, as the ledger bills).",
             |r| Some(r.4 .0),
         ),
         (
             "gpunet_tenant_cost_total",
             "counter",
-            "Cost of what the tenant used, in the price catalogue's currency: runs ended since the server started, plus running jobs so far.",
+            "Cost of what the tenant used, in the price catalogue's currency: every run in the ledger, plus running jobs so far.",
             |r| Some(r.4 .1),
         ),
     ];

@@ -424,7 +424,7 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     let report = json!({"known_version": 0, "running": [], "exited": [], "checkpoint_failures": 2, "gpu_samples": [
         {"index": 0, "utilization_pct": 87.0, "memory_used_mib": 1024, "memory_total_mib": 143771,
          "power_watts": 412.5, "temperature_c": 61.0, "nvlink_tx_bytes": 2048, "nvlink_rx_bytes": 4096,
-         "ecc_corrected": 5, "ecc_uncorrected": 1},
+         "ecc_corrected": 5, "ecc_uncorrected": 1, "xid_errors": 3, "xid_last": 79},
         {"index": 1, "utilization_pct": 0.0, "memory_used_mib": 0}]});
     let (s, v) = app.call("POST", "/v1/agents/gpu1/sync", Some(&cred), Some(report.to_string())).await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -446,6 +446,8 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
         format!(
             "gpunet_gpu_ecc_corrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 5"
         ),
+        format!("gpunet_gpu_xid_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 3"),
+        format!("gpunet_gpu_xid_last_code{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 79"),
         "gpunet_checkpoint_copy_failures_total{node=\"gpu1\"} 2".to_string(),
         "gpunet_node_state{node=\"gpu1\",state=\"ready\"} 1".to_string(),
         "gpunet_tenant_gpus_allocated{tenant=\"team-a\"} 1".to_string(),
@@ -454,6 +456,8 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     }
     // GPU 1 reported no power: nothing is made up for it.
     assert!(!m.contains("gpunet_gpu_power_watts{node=\"gpu1\",gpu=\"1\""), "{m}");
+    // Nor XID counts for a GPU whose driver delivers no XID events (absent, not 0).
+    assert!(!m.contains("gpunet_gpu_xid_errors_total{node=\"gpu1\",gpu=\"1\""), "{m}");
     let (_, n) = app.call("GET", "/v1/nodes", Some(&a), None).await;
     assert_eq!(n[0]["devices"][0]["utilization_pct"], 87.0, "{n}");
     assert_eq!(n[0]["devices"][0]["memory_used_mib"], 1024);

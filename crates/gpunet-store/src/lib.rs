@@ -263,6 +263,22 @@ pub struct UsageRow {
     /// Who submitted the job (the token's user, else its role); empty in rows written before it was recorded.
     #[serde(default)]
     pub submitted_by: String,
+    /// GPU-seconds of the interval covered by the agents' utilisation samples (NVML; 0 where none came).
+    #[serde(default)]
+    pub sampled_gpu_seconds: f64,
+    /// Those GPU-seconds weighted by the sampled utilisation (0 to 1): `busy / sampled` is the average utilisation
+    /// of the GPUs the job held.
+    #[serde(default)]
+    pub busy_gpu_seconds: f64,
+}
+
+/// A tenant's sums over the whole usage ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LedgerTotals {
+    /// GPU-seconds.
+    pub gpu_seconds: f64,
+    /// Cost.
+    pub cost: f64,
 }
 
 /// One stored job event.
@@ -321,6 +337,16 @@ pub trait Store: Send + Sync + 'static {
     fn events(&self, job: u64) -> Result<Vec<EventRow>, StoreError>;
     /// Usage rows overlapping `[from_ms, to_ms)`, of one tenant or all.
     fn usage(&self, tenant: Option<&str>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError>;
+    /// Per tenant, the sums of every usage row (at start-up: the server's cumulative counters continue from them).
+    fn ledger_totals(&self) -> Result<std::collections::BTreeMap<String, LedgerTotals>, StoreError> {
+        let mut out = std::collections::BTreeMap::<String, LedgerTotals>::new();
+        for r in self.usage(None, 0, u64::MAX)? {
+            let e = out.entry(r.tenant).or_default();
+            e.gpu_seconds += r.gpu_seconds;
+            e.cost += r.cost;
+        }
+        Ok(out)
+    }
     /// Cluster samples taken at or after `since_ms`, oldest first.
     fn samples(&self, since_ms: u64) -> Result<Vec<SampleRow>, StoreError>;
     /// Checks that the store's medium accepts writes now (at start-up: a full disk or a read-only file is reported

@@ -15,7 +15,8 @@
 //! store is without it. Connections are plain TCP or a Unix socket (no TLS yet: keep PostgreSQL on a private network).
 
 use crate::{
-    big, Counts, Done, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write,
+    big, Counts, Done, EventRow, LedgerTotals, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow,
+    Write,
 };
 use postgres::{Client, Config, IsolationLevel, NoTls, Statement};
 use std::collections::HashMap;
@@ -50,6 +51,9 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE gpunet_leader (id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL,
                                  since TIMESTAMPTZ NOT NULL DEFAULT now());
      INSERT INTO gpunet_leader (id, epoch) VALUES (1, 0);",
+    // 3: the GPU-seconds the agents' utilisation samples covered, and those weighted by utilisation.
+    "ALTER TABLE usage ADD COLUMN sampled_gpu_seconds DOUBLE PRECISION NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN busy_gpu_seconds DOUBLE PRECISION NOT NULL DEFAULT 0;",
 ];
 
 /// Key of the advisory lock that serialises migrations of servers starting at once ("gpunet" in ASCII).
@@ -202,8 +206,9 @@ impl Statements {
             )?,
             usage: c.prepare(
                 "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
-                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by,
+                                    sampled_gpu_seconds, busy_gpu_seconds)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             )?,
             sample: c.prepare(
                 "INSERT INTO samples (at_ms, gpus_total, gpus_allocated, queue_length, running)
@@ -293,6 +298,8 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
                         &u.cpu_cost,
                         &u.mem_cost,
                         &text(&u.submitted_by),
+                        &u.sampled_gpu_seconds,
+                        &u.busy_gpu_seconds,
                     ],
                 )?;
             }
@@ -471,11 +478,14 @@ fn usage_row(r: &postgres::Row) -> UsageRow {
         cpu_cost: r.get(11),
         mem_cost: r.get(12),
         submitted_by: r.get(13),
+        sampled_gpu_seconds: r.get(14),
+        busy_gpu_seconds: r.get(15),
     }
 }
 
 const USAGE_COLUMNS: &str = "job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, \
-                             mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by";
+                             mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by, \
+                             sampled_gpu_seconds, busy_gpu_seconds";
 
 fn sample_row(r: &postgres::Row) -> SampleRow {
     SampleRow {
@@ -559,6 +569,16 @@ impl Store for PgStore {
                     message: r.get(4),
                 })
                 .collect())
+        })
+    }
+
+    fn ledger_totals(&self) -> Result<std::collections::BTreeMap<String, LedgerTotals>, StoreError> {
+        self.read(|c| {
+            let rows = c.query(
+                "SELECT tenant, SUM(gpu_seconds)::DOUBLE PRECISION, SUM(cost)::DOUBLE PRECISION FROM usage GROUP BY tenant",
+                &[],
+            )?;
+            Ok(rows.iter().map(|r| (r.get(0), LedgerTotals { gpu_seconds: r.get(1), cost: r.get(2) })).collect())
         })
     }
 
@@ -665,9 +685,9 @@ impl Store for PgStore {
         )?;
         self.export_paged(
             "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds,
-                    cost, gpu_cost, cpu_cost, mem_cost, submitted_by, seq
+                    cost, gpu_cost, cpu_cost, mem_cost, submitted_by, sampled_gpu_seconds, busy_gpu_seconds, seq
              FROM usage WHERE seq > $1 ORDER BY seq LIMIT $2",
-            |r| Ok((r.get(14), Write::Usage(usage_row(r)))),
+            |r| Ok((r.get(16), Write::Usage(usage_row(r)))),
             each,
         )?;
         each(samples.into_iter().map(|sample| Write::Sample { sample, keep_since_ms: 0 }).collect())

@@ -1,8 +1,11 @@
 //! SQLite store: WAL journal, `synchronous=FULL` (a commit is on disk when it returns), versioned migrations, and a
 //! single writer thread doing group commit. Reads use their own connection.
 
-use crate::{big, Counts, EventRow, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write};
+use crate::{
+    big, Counts, EventRow, LedgerTotals, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow, Write,
+};
 use rusqlite::{params, Connection};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
@@ -43,6 +46,9 @@ const MIGRATIONS: &[&str] = &[
      UPDATE usage SET gpu_cost = cost;",
     // 6: who submitted each billed job (per-user accounting); older rows have none.
     "ALTER TABLE usage ADD COLUMN submitted_by TEXT NOT NULL DEFAULT '';",
+    // 7: the GPU-seconds the agents' utilisation samples covered, and those weighted by utilisation.
+    "ALTER TABLE usage ADD COLUMN sampled_gpu_seconds REAL NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN busy_gpu_seconds REAL NOT NULL DEFAULT 0;",
 ];
 
 type Request = (Vec<Write>, crate::Done);
@@ -137,8 +143,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
         Write::Usage(u) => {
             tx.prepare_cached(
                 "INSERT INTO usage (job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
-                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                    mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by,
+                                    sampled_gpu_seconds, busy_gpu_seconds)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?
             .execute(params![
                 u.job as i64,
@@ -154,7 +161,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 u.gpu_cost,
                 u.cpu_cost,
                 u.mem_cost,
-                u.submitted_by
+                u.submitted_by,
+                u.sampled_gpu_seconds,
+                u.busy_gpu_seconds
             ])?;
         }
     }
@@ -431,7 +440,7 @@ impl Store for SqliteStore {
         self.with_read(|c| {
             let mut q = c.prepare_cached(
                 "SELECT job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds, mem_gib_seconds, cost,
-                        gpu_cost, cpu_cost, mem_cost, submitted_by
+                        gpu_cost, cpu_cost, mem_cost, submitted_by, sampled_gpu_seconds, busy_gpu_seconds
                  FROM usage WHERE (?1 IS NULL OR tenant = ?1) AND end_ms > ?2 AND start_ms < ?3 ORDER BY seq",
             )?;
             let rows = q.query_map(params![tenant, big(from_ms), big(to_ms)], |r| {
@@ -450,9 +459,20 @@ impl Store for SqliteStore {
                     cpu_cost: r.get(11)?,
                     mem_cost: r.get(12)?,
                     submitted_by: r.get(13)?,
+                    sampled_gpu_seconds: r.get(14)?,
+                    busy_gpu_seconds: r.get(15)?,
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
+    fn ledger_totals(&self) -> Result<BTreeMap<String, LedgerTotals>, StoreError> {
+        self.with_read(|c| {
+            let mut q = c.prepare_cached("SELECT tenant, SUM(gpu_seconds), SUM(cost) FROM usage GROUP BY tenant")?;
+            let rows =
+                q.query_map([], |r| Ok((r.get(0)?, LedgerTotals { gpu_seconds: r.get(1)?, cost: r.get(2)? })))?;
+            Ok(rows.collect::<Result<BTreeMap<_, _>, _>>()?)
         })
     }
 
@@ -533,7 +553,8 @@ impl SqliteStore {
             export_paged(
                 c,
                 "SELECT seq, job, tenant, start_ms, end_ms, gpu_model, lifecycle, gpu_seconds, cpu_seconds,
-                        mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by
+                        mem_gib_seconds, cost, gpu_cost, cpu_cost, mem_cost, submitted_by, sampled_gpu_seconds,
+                        busy_gpu_seconds
                  FROM usage WHERE seq > ?1 ORDER BY seq LIMIT ?2",
                 |r| {
                     let u = UsageRow {
@@ -551,6 +572,8 @@ impl SqliteStore {
                         cpu_cost: r.get(12)?,
                         mem_cost: r.get(13)?,
                         submitted_by: r.get(14)?,
+                        sampled_gpu_seconds: r.get(15)?,
+                        busy_gpu_seconds: r.get(16)?,
                     };
                     Ok((r.get(0)?, Write::Usage(u)))
                 },
@@ -594,8 +617,11 @@ mod tests {
         assert_eq!((old[0].gpu_cost, old[0].cpu_cost, old[0].mem_cost, old[0].cost), (2.5, 0.0, 0.0, 2.5));
         assert_eq!((old[0].job, old[0].lifecycle.as_str(), old[0].gpu_seconds), (7, "spot", 3600.0));
         assert_eq!(old[0].submitted_by, "", "rows from before who-submitted was recorded have no one");
+        assert_eq!((old[0].sampled_gpu_seconds, old[0].busy_gpu_seconds), (0.0, 0.0), "old rows were not sampled");
         let new = UsageRow {
             job: 8,
+            sampled_gpu_seconds: 3000.0,
+            busy_gpu_seconds: 1500.0,
             gpu_cost: 1.0,
             cpu_cost: 0.25,
             mem_cost: 0.125,

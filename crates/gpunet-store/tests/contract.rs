@@ -5,7 +5,8 @@
 
 use gpunet_store::pg_cluster::PgCluster;
 use gpunet_store::{
-    copy, Counts, MemoryStore, PgStore, SampleRow, SqliteStore, Store, TokenRole, TokenRow, UsageRow, Write,
+    copy, Counts, LedgerTotals, MemoryStore, PgStore, SampleRow, SqliteStore, Store, TokenRole, TokenRow, UsageRow,
+    Write,
 };
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -182,6 +183,8 @@ fn usage(tenant: &str, start_ms: u64, end_ms: u64) -> UsageRow {
         mem_cost: 0.05,
         cost: 0.5,
         submitted_by: "alice".into(),
+        sampled_gpu_seconds: 8.0,
+        busy_gpu_seconds: 2.0,
     }
 }
 
@@ -197,6 +200,13 @@ fn usage_rows_filter_by_tenant_and_time(open: &Open) {
     assert_eq!(s.usage(None, 120, 250).unwrap().len(), 2);
     assert_eq!(s.usage(Some("b"), 0, 40).unwrap().len(), 0);
     assert_eq!(s.usage(None, 0, u64::MAX).unwrap().len(), 3, "an open end is no error");
+    // The ledger's sums per tenant (what the server's cumulative counters start from), the same after a reopen.
+    let want = std::collections::BTreeMap::from([
+        ("a".to_string(), LedgerTotals { gpu_seconds: 20.0, cost: 1.0 }),
+        ("b".to_string(), LedgerTotals { gpu_seconds: 10.0, cost: 0.5 }),
+    ]);
+    assert_eq!(s.ledger_totals().unwrap(), want);
+    assert_eq!(open().ledger_totals().unwrap(), want);
 }
 
 fn events_keep_order_and_job_keeps_last_write(open: &Open) {

@@ -63,7 +63,8 @@ enum Cmd {
     Drain(NodeArg),
     /// Uncordon a node.
     Uncordon(NodeArg),
-    /// Usage and cost (GPU, CPU and memory apart) per tenant over a period.
+    /// Usage and cost (GPU, CPU and memory apart) per tenant, user or GPU model and lifecycle, over a period
+    /// (`--days`, `--month` or `--from`/`--to`).
     Bill(BillArgs),
     /// Accounting per tenant or user over a period: jobs, GPU-hours, cost, waits, failures, preemptions (table, JSON
     /// or CSV); `--statement` prints a tenant's monthly statement as CSV.
@@ -523,9 +524,8 @@ struct QuotaArgs {
 
 #[derive(Debug, clap::Args)]
 struct BillArgs {
-    /// Days back from now.
-    #[arg(long, default_value_t = 30)]
-    days: u64,
+    #[command(flatten)]
+    period: report::Period,
     /// Only this tenant.
     #[arg(long)]
     tenant: Option<String>,
@@ -806,8 +806,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         Cmd::Report(a) => report::run(a).await,
         Cmd::Bill(a) => {
             let c = Client::new(&a.conn)?;
-            let to = gpunet_server::now_ms();
-            let from = to.saturating_sub(a.days * 86_400_000);
+            let (from, to) = a.period.span(gpunet_server::now_ms())?;
             let mut q = format!("?from_ms={from}&to_ms={to}");
             if let Some(t) = &a.tenant {
                 q += &format!("&tenant={t}");

@@ -1,5 +1,6 @@
 //! `gpunet report`: accounting per tenant and per user over a period (Slurm's `sreport`/`sacct` habit) — jobs
-//! submitted, GPU-hours, cost (GPU, CPU and memory apart), waits, failures, preemptions and restarts — as a table,
+//! submitted, GPU-hours, the allocated GPUs' average utilisation where the agents sample it (NVML), cost (GPU, CPU
+//! and memory apart), waits, failures, preemptions and restarts — as a table,
 //! JSON or CSV; and `--statement`, a tenant's monthly statement as CSV (one line per job billed in the month, then
 //! the total).
 //!
@@ -13,14 +14,71 @@ use gpunet_api::types::{JobPage, JobView, UsageReport, UsageTotals};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-#[derive(Debug, clap::Args)]
-pub(crate) struct ReportArgs {
-    /// Days back from now (ignored with --month).
+/// The period a bill or a report covers: the last `--days`, a calendar `--month`, or any `--from`/`--to`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Period {
+    /// Days back from now (or from --to).
     #[arg(long, default_value_t = 30)]
     days: u64,
     /// A calendar month (UTC), e.g. 2026-11, instead of --days.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["from", "to"])]
     month: Option<String>,
+    /// Start of the period: a UTC date, e.g. 2026-11-03 (its 00:00).
+    #[arg(long)]
+    from: Option<String>,
+    /// End of the period, not included: a UTC date, e.g. 2026-11-10 (its 00:00); now by default.
+    #[arg(long)]
+    to: Option<String>,
+}
+
+impl Period {
+    /// The period in milliseconds since the epoch, `[from, to)`, with `now` for an open end.
+    pub(crate) fn span(&self, now: u64) -> Result<(u64, u64)> {
+        if let Some(m) = &self.month {
+            return month_span(m);
+        }
+        let to = match &self.to {
+            Some(d) => date_ms(d, "--to")?,
+            None => now,
+        };
+        let from = match &self.from {
+            Some(d) => date_ms(d, "--from")?,
+            None => to.saturating_sub(self.days.saturating_mul(86_400_000)),
+        };
+        if from >= to {
+            bail!(
+                "invalid --from {:?}: the period must start before it ends ({})",
+                self.from.as_deref().unwrap_or("-"),
+                self.to.as_deref().unwrap_or("now")
+            );
+        }
+        Ok((from, to))
+    }
+}
+
+/// Milliseconds since the epoch of 00:00 UTC on `date` (`YYYY-MM-DD`, from 1970 on); `flag` names it in errors.
+pub(crate) fn date_ms(date: &str, flag: &str) -> Result<u64> {
+    let bad =
+        || anyhow::anyhow!("invalid {flag} {date:?}: expected a UTC date YYYY-MM-DD, e.g. 2026-11-03, from 1970 on");
+    let f: Vec<&str> = date.split('-').collect();
+    let [y, m, d] = f[..] else { return Err(bad()) };
+    if y.len() != 4 || m.len() != 2 || d.len() != 2 {
+        return Err(bad());
+    }
+    let (y, m, d): (i64, u32, u32) =
+        (y.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?, d.parse().map_err(|_| bad())?);
+    let month = month_span(&format!("{y:04}-{m:02}")).map_err(|_| bad())?;
+    let days_in_month = (month.1 - month.0) / 86_400_000;
+    if d == 0 || u64::from(d) > days_in_month {
+        return Err(bad());
+    }
+    Ok(days_from_civil(y, m, d) as u64 * 86_400_000)
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReportArgs {
+    #[command(flatten)]
+    period: Period,
     /// Only this tenant (a tenant's token sees only its own anyway).
     #[arg(long)]
     tenant: Option<String>,
@@ -54,6 +112,9 @@ pub(crate) struct ReportRow {
     pub(crate) wait_p50_s: Option<f64>,
     pub(crate) wait_p90_s: Option<f64>,
     pub(crate) wait_p99_s: Option<f64>,
+    /// Average utilisation (0 to 1) of the GPUs allocated, over the GPU-time the agents sampled (NVML, or fake GPUs'
+    /// `--fake-gpu-samples`); `None` where no GPU held in the period sent samples.
+    pub(crate) gpu_utilization: Option<f64>,
     /// Usage billed in the period (the ledger's; any job, including those submitted before it).
     #[serde(flatten)]
     pub(crate) usage: UsageTotals,
@@ -141,6 +202,7 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
             r.wait_p50_s = percentile(&w, 50.0);
             r.wait_p90_s = percentile(&w, 90.0);
             r.wait_p99_s = percentile(&w, 99.0);
+            r.gpu_utilization = r.usage.gpu_utilization();
             r
         })
         .collect();
@@ -172,12 +234,12 @@ fn opt(v: Option<f64>) -> String {
 pub(crate) fn to_csv(r: &Report) -> String {
     let mut s = format!(
         "{},jobs,failed,cancelled,preemptions,restarts,wait_p50_s,wait_p90_s,wait_p99_s,gpu_hours,cpu_hours,\
-         memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,currency\n",
+         memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,gpu_utilization,currency\n",
         r.by
     );
     for x in &r.rows {
         s += &format!(
-            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(&x.key),
             x.jobs,
             x.failed,
@@ -188,6 +250,7 @@ pub(crate) fn to_csv(r: &Report) -> String {
             opt(x.wait_p90_s),
             opt(x.wait_p99_s),
             usage_csv(&x.usage),
+            x.gpu_utilization.map_or(String::new(), |u| u.to_string()),
             csv_field(&r.currency)
         );
     }
@@ -207,6 +270,7 @@ fn to_table(r: &Report) -> String {
             "WAIT P90",
             "WAIT P99",
             "GPU-HOURS",
+            "GPU UTIL",
             "GPU COST",
             "CPU COST",
             "MEM COST",
@@ -226,6 +290,7 @@ fn to_table(r: &Report) -> String {
                     w(x.wait_p90_s),
                     w(x.wait_p99_s),
                     format!("{:.2}", x.usage.gpu_hours),
+                    x.gpu_utilization.map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
                     crate::money(x.usage.gpu_cost),
                     crate::money(x.usage.cpu_cost),
                     crate::money(x.usage.mem_cost),
@@ -287,13 +352,7 @@ pub(crate) async fn run(a: ReportArgs) -> Result<()> {
     let mut conn = a.conn.clone();
     conn.output = "table".into();
     let c = Client::new(&conn)?;
-    let (from, to) = match &a.month {
-        Some(m) => month_span(m)?,
-        None => {
-            let to = gpunet_server::now_ms();
-            (to.saturating_sub(a.days.saturating_mul(86_400_000)), to)
-        }
-    };
+    let (from, to) = a.period.span(gpunet_server::now_ms())?;
     if let Some(t) = &a.tenant {
         if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             bail!("invalid --tenant {t:?}: a tenant name (letters, digits, '-', '_' or '.')");
@@ -306,7 +365,7 @@ pub(crate) async fn run(a: ReportArgs) -> Result<()> {
     let usage: UsageReport = c.get(&format!("/v1/usage{q}")).await.context("read usage")?;
     let jobs = all_jobs(&c, a.tenant.as_deref()).await.context("read jobs")?;
     if a.statement {
-        let (t, m) = (a.tenant.as_deref().unwrap_or_default(), a.month.as_deref().unwrap_or_default());
+        let (t, m) = (a.tenant.as_deref().unwrap_or_default(), a.period.month.as_deref().unwrap_or_default());
         print!("{}", statement(t, m, &usage, &jobs));
         return Ok(());
     }
@@ -340,6 +399,34 @@ mod tests {
         for bad in ["2026-13", "2026-1", "26-11", "1969-12", "2026/11", ""] {
             assert!(month_span(bad).unwrap_err().to_string().contains("--month"), "{bad}");
         }
+    }
+
+    #[test]
+    fn periods_are_days_back_a_month_or_dates() {
+        let p = |days, month: Option<&str>, from: Option<&str>, to: Option<&str>| Period {
+            days,
+            month: month.map(String::from),
+            from: from.map(String::from),
+            to: to.map(String::from),
+        };
+        let now = 1_796_083_200_000 + 3_600_000; // 2026-12-01T01:00Z
+        assert_eq!(p(1, None, None, None).span(now).unwrap(), (now - 86_400_000, now));
+        assert_eq!(p(30, Some("2026-11"), None, None).span(now).unwrap(), (1_793_491_200_000, 1_796_083_200_000));
+        assert_eq!(
+            p(30, None, Some("2026-11-01"), Some("2026-12-01")).span(now).unwrap(),
+            (1_793_491_200_000, 1_796_083_200_000)
+        );
+        assert_eq!(p(30, None, Some("2026-11-30"), None).span(now).unwrap(), (1_796_083_200_000 - 86_400_000, now));
+        assert_eq!(p(2, None, None, Some("2026-12-01")).span(now).unwrap().0, 1_796_083_200_000 - 2 * 86_400_000);
+        assert!(p(30, None, Some("2026-12-02"), Some("2026-12-01"))
+            .span(now)
+            .unwrap_err()
+            .to_string()
+            .contains("--from"));
+        for bad in ["2026-02-30", "2026-13-01", "2026-1-01", "26-11-01", "2026/11/01", "1969-12-31", "2026-11-00", ""] {
+            assert!(date_ms(bad, "--from").unwrap_err().to_string().contains("--from"), "{bad}");
+        }
+        assert_eq!(date_ms("2024-02-29", "--from").unwrap(), 1_709_164_800_000);
     }
 
     #[test]

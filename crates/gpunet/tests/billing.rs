@@ -139,4 +139,24 @@ fn gpunet_bill_shows_a_live_job_s_cost_priced_by_the_shipped_catalogue() {
     assert!(table.starts_with("TENANT/USER"), "{table}");
     let row = table.lines().find(|l| l.starts_with(&format!("t/{by} "))).unwrap_or_else(|| panic!("{by}: {table}"));
     assert_eq!(row.split_whitespace().last().unwrap().parse::<f64>().unwrap(), cost(7), "{table}");
+    // Any period: this month and today's dates hold the job's whole cost; a month long past holds nothing.
+    let day = |fmt: &str| {
+        let o = std::process::Command::new("date").args(["-u", fmt]).output().unwrap();
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let (today, month) = (day("+%Y-%m-%d"), day("+%Y-%m"));
+    let total = |args: &[&str]| {
+        let mut a = vec!["bill", "--output", "json"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = s.cli("admin-secret", &a);
+        assert!(ok, "{args:?}: {err}");
+        json(&out)["tenants"]["t"]["cost"].as_f64().unwrap_or(0.0)
+    };
+    let all = total(&[]);
+    assert!(all > 0.0);
+    assert_eq!(total(&["--month", &month]), all, "--month {month}");
+    assert_eq!(total(&["--from", &today]), all, "--from {today}");
+    assert_eq!(total(&["--from", "2020-01-01", "--to", "2020-02-01"]), 0.0);
+    let (ok, _, err) = s.cli("admin-secret", &["bill", "--from", "2026-02-30"]);
+    assert!(!ok && err.contains("invalid --from"), "{err}");
 }

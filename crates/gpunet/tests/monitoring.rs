@@ -149,6 +149,8 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
         "gpunet_gpu_nvlink_tx_bytes_total{",
         "gpunet_gpu_ecc_corrected_errors_total{",
         "gpunet_gpu_ecc_uncorrected_errors_total{",
+        "gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 0",
+        "gpunet_gpu_xid_last_code{",
     ] {
         assert!(text.contains(family), "{family} missing from /metrics:\n{text}");
     }
@@ -291,8 +293,35 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     assert!(checked >= 40, "only {checked} queries");
     assert!(failures.is_empty(), "{} of {checked} dashboard queries failed:\n{}", failures.len(), failures.join("\n"));
 
-    // Draining the node evicts the running job: its agent stops it, and the eviction's latency is observed once.
     let metrics = || s.get("/metrics");
+    // An XID error on fake GPU 1 (listed in the agent's fake-errors file): the agent reports it with its next sample,
+    // /metrics counts it, and the shipped GpuErrors rule fires for that GPU, saying it is an XID error.
+    std::fs::write(dir.path().join("n1/fake-gpu-errors"), "1 xid 79\n").unwrap();
+    wait_for(Duration::from_secs(30), || {
+        metrics()
+            .contains("gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 1")
+    });
+    assert!(
+        metrics().contains("gpunet_gpu_xid_last_code{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 79")
+    );
+    let t = Instant::now();
+    loop {
+        let r = prom(&url, "/api/v1/query", &[("query", "ALERTS{alertname=\"GpuErrors\",alertstate=\"firing\"}")]);
+        let firing = r["data"]["result"].as_array().cloned().unwrap_or_default();
+        if !firing.is_empty() {
+            assert_eq!(firing.len(), 1, "only GPU 1 had an error: {r}");
+            let l = &firing[0]["metric"];
+            assert_eq!(
+                (l["node"].as_str(), l["gpu"].as_str(), l["error"].as_str()),
+                (Some("n1"), Some("1"), Some("XID"))
+            );
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "GpuErrors did not fire: {r}\n{}", log_text());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Draining the node evicts the running job: its agent stops it, and the eviction's latency is observed once.
     assert!(metrics().contains("gpunet_eviction_duration_seconds_count 0"));
     let (ok, out, err) = s.cli("admin-secret", &["drain", "n1"]);
     assert!(ok, "{out}{err}");
@@ -369,4 +398,62 @@ fn up_with_prometheus_runs_it_scraping_the_server_with_the_rules_and_stops_it() 
     wait_for(Duration::from_secs(20), || {
         !Command::new("curl").args(["-sf", &format!("{url}/-/ready")]).status().unwrap().success()
     });
+}
+
+/// The value of the sample `series` (name and labels, exactly as `/metrics` writes them) in a scrape.
+fn sample_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing from /metrics:\n{text}"))
+}
+
+/// Cumulative counters continue when the server restarts on the same data directory: a tenant's GPU-seconds and
+/// cost start from the ledger (before, they started from 0 plus running jobs, which Prometheus read as a reset and
+/// then counted the running jobs' usage again), and so do the counts of submissions, preemptions and restarts.
+#[test]
+fn cumulative_counters_continue_when_the_server_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let s = Server::start(dir.path(), port, &[]);
+    let _agent = s.agent("n1", "2xT4", dir.path(), "127.0.0.1");
+    for t in ["ta", "tb"] {
+        let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", t]);
+        assert!(ok, "{err}");
+    }
+    let submit = |tenant: &str, args: &[&str]| {
+        let mut a = vec!["submit", "--tenant", tenant, "--output", "json"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = s.cli("admin-secret", &a);
+        assert!(ok, "{out}{err}");
+        json(&out)["id"].as_u64().unwrap()
+    };
+    let done = submit("ta", &["--gpus", "1", "--", "sleep", "2"]);
+    wait_for(Duration::from_secs(30), || s.job_state(done) == "succeeded");
+    let running = submit("tb", &["--gpus", "1", "--", "sleep", "600"]);
+    wait_for(Duration::from_secs(30), || s.job_state(running) == "running");
+    let before = s.get("/metrics");
+    let ended = "gpunet_tenant_gpu_seconds_total{tenant=\"ta\"}";
+    assert!(sample_value(&before, ended) >= 2.0, "{before}");
+    assert!(sample_value(&before, "gpunet_tenant_cost_total{tenant=\"ta\"}") > 0.0, "{before}");
+    assert_eq!(sample_value(&before, "gpunet_jobs_submitted_total"), 2.0);
+
+    // The same server again, on the same data directory and port (the agent keeps its task running meanwhile).
+    drop(s);
+    let s = Server::start(dir.path(), port, &[]);
+    let after = s.get("/metrics");
+    for series in [
+        ended,
+        "gpunet_tenant_cost_total{tenant=\"ta\"}",
+        "gpunet_jobs_submitted_total",
+        "gpunet_preemptions_total",
+        "gpunet_restarts_total",
+    ] {
+        assert_eq!(sample_value(&after, series), sample_value(&before, series), "{series}");
+    }
+    // The running job's usage so far is counted once: at least what it was, not reset to less.
+    for series in ["gpunet_tenant_gpu_seconds_total{tenant=\"tb\"}", "gpunet_tenant_cost_total{tenant=\"tb\"}"] {
+        assert!(sample_value(&after, series) >= sample_value(&before, series), "{series}: {before}\n{after}");
+    }
+    assert_eq!(s.job_state(running), "running");
 }

@@ -146,3 +146,63 @@ fn report_figures_equal_sums_from_the_ledger() {
     assert!(close(total[cost].parse().unwrap(), want["ta"].2), "{statement}");
     assert_eq!(lines.len(), 2 + 3, "three jobs of ta ran: {statement}");
 }
+
+/// Allocated-GPU utilisation: one node's fake GPU sends samples (`--fake-gpu-samples`: always 50 % busy), another's
+/// sends none. The tenant whose job ran on the sampled GPU reads 50 % in every format, equal to the ledger's busy over
+/// sampled GPU-seconds; the other reads "no samples", never 0 %.
+#[test]
+fn report_shows_allocated_gpu_utilisation_where_the_agents_sample_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), free_port(), &[]);
+    let _sampled = s.agent_with("n1", "1xT4", dir.path(), "127.0.0.1", &["--fake-gpu-samples"]);
+    let _silent = s.agent("n2", "1xA10", dir.path(), "127.0.0.1");
+    let mut ids = Vec::new();
+    for (tenant, model, secs) in [("ta", "T4", 12), ("tb", "A10", 2)] {
+        let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", tenant]);
+        assert!(ok, "{err}");
+        let spec =
+            format!("name: busy\ntenant: {tenant}\ngpus: 1\ngpu_models: [{model}]\ncommand: [sleep, \"{secs}\"]\n");
+        ids.push(common::submit_yaml(&s, dir.path(), &spec));
+    }
+    wait_for(Duration::from_secs(60), || ids.iter().all(|id| s.job_state(*id) == "succeeded"));
+
+    let report = json(&s.cli("admin-secret", &["report", "--output", "json"]).1);
+    let row = |k: &str| report["rows"].as_array().unwrap().iter().find(|r| r["key"] == k).cloned().unwrap();
+    let (ta, tb) = (row("ta"), row("tb"));
+    assert!(close(ta["gpu_utilization"].as_f64().unwrap(), 0.5), "{ta}");
+    assert!(ta["sampled_gpu_hours"].as_f64().unwrap() > 0.0, "{ta}");
+    assert!(tb["gpu_utilization"].is_null() && tb["sampled_gpu_hours"] == 0.0, "no samples is not idle: {tb}");
+    assert!(tb["gpu_hours"].as_f64().unwrap() > 0.0, "{tb}");
+    let (ok, table, err) = s.cli("admin-secret", &["report"]);
+    assert!(ok && table.contains("GPU UTIL"), "{table}{err}");
+    let line = |k: &str| table.lines().find(|l| l.starts_with(k)).unwrap().split_whitespace().collect::<Vec<_>>();
+    assert!(line("ta").contains(&"50%"), "{table}");
+    assert!(!line("tb").iter().any(|c| c.ends_with('%')), "no samples reads '-': {table}");
+    let (ok, csv, err) = s.cli("admin-secret", &["report", "--output", "csv"]);
+    assert!(ok, "{err}");
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = head.iter().position(|h| *h == "gpu_utilization").unwrap();
+    let cells: BTreeMap<String, String> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].to_string(), f[col].to_string())
+        })
+        .collect();
+    assert_eq!((cells["ta"].as_str(), cells["tb"].as_str()), ("0.5", ""), "{csv}");
+
+    // The ledger holds the figures the report shows.
+    drop(s);
+    let store = gpunet_store::SqliteStore::open(dir.path()).unwrap();
+    let rows = gpunet_store::Store::usage(&store, None, 0, gpunet_server::now_ms() + 3_600_000).unwrap();
+    let (sampled, busy) = rows
+        .iter()
+        .filter(|r| r.tenant == "ta")
+        .fold((0.0, 0.0), |a, r| (a.0 + r.sampled_gpu_seconds, a.1 + r.busy_gpu_seconds));
+    assert!(sampled >= 5.0 && close(busy / sampled, 0.5), "{rows:?}");
+    assert!(close(ta["sampled_gpu_hours"].as_f64().unwrap(), sampled / 3600.0), "{ta} vs ledger {sampled}");
+    // A sample never covers more than the GPU-time billed.
+    let billed: f64 = rows.iter().filter(|r| r.tenant == "ta").map(|r| r.gpu_seconds).sum();
+    assert!(sampled <= billed, "{sampled} sampled of {billed} billed");
+    assert!(rows.iter().filter(|r| r.tenant == "tb").all(|r| r.sampled_gpu_seconds == 0.0), "{rows:?}");
+}

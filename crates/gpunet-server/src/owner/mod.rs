@@ -9,13 +9,15 @@
 //! - `jobs`: submit, dry run, get, list, cancel, explain; who may see which job, and masking other tenants' jobs;
 //! - `tenants`: tenants, quotas and tokens;
 //! - `nodes`: node registration and states, the agents' sync (task sets, exits, checkpoints, samples) and fencing;
-//! - `queries`: reads of the cluster (summary, live usage, the queue with reasons and ETAs).
+//! - `queries`: reads of the cluster (summary, live usage, the queue with reasons and ETAs);
+//! - `utilisation`: the agents' GPU samples accumulated per running attempt, for its ledger rows.
 
 mod arrays;
 mod jobs;
 mod nodes;
 mod queries;
 mod tenants;
+mod utilisation;
 
 pub(crate) use tenants::quota_from_request;
 
@@ -257,6 +259,8 @@ pub(crate) struct Owner {
     last_sample: Option<std::time::Instant>,
     /// The latest per-GPU samples each agent sent (real GPUs only).
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
+    /// Sampled and busy GPU-seconds of each running attempt, per node (see `utilisation`).
+    util: utilisation::Utilisation,
     /// The owner's own queue, for changes applied once durable.
     pub(crate) self_tx: Option<mpsc::UnboundedSender<Applier>>,
     /// Most queued jobs per tenant.
@@ -332,6 +336,7 @@ impl Owner {
             history: std::collections::VecDeque::new(),
             last_sample: None,
             gpu_samples: HashMap::new(),
+            util: utilisation::Utilisation::default(),
             self_tx: None,
             max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
             max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
@@ -591,6 +596,7 @@ impl Owner {
             .filter_map(|(n, held)| {
                 let node = self.st.node(n)?;
                 let c = pricing::cost(held, &self.prices.node_rates(node.spec), ms);
+                let u = self.util.of(doc.job.id.0, doc.job.attempt(), &node.spec.name);
                 Some(UsageRow {
                     job: doc.job.id.0,
                     tenant: doc.tenant.clone(),
@@ -606,6 +612,8 @@ impl Owner {
                     mem_cost: c.mem,
                     cost: c.total(),
                     submitted_by: doc.submitted_by.clone().unwrap_or_default(),
+                    sampled_gpu_seconds: u.sampled,
+                    busy_gpu_seconds: u.busy,
                 })
             })
             .collect()

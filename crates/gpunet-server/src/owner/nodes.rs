@@ -179,6 +179,8 @@ impl Owner {
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
         self.metrics.checkpoint_failures(node, sync.checkpoint_failures);
         if let Some(samples) = sync.gpu_samples.take() {
+            let holders = self.gpu_attempts(id);
+            self.util.record(node, &samples, &holders, now);
             self.gpu_samples.insert(node.to_string(), samples);
         }
         let mut writes = Vec::new();
@@ -441,6 +443,7 @@ impl Owner {
             let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
             self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
             writes.extend(rows.into_iter().map(Write::Usage));
+            self.util.ended(id, b.job.attempt());
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
         if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {
@@ -596,6 +599,18 @@ impl Owner {
             }
         }
         holder
+    }
+
+    /// The attempt holding each GPU of node `id` (by index), for the utilisation figures.
+    fn gpu_attempts(&self, id: gpunet_core::NodeId) -> BTreeMap<u32, super::utilisation::Holder> {
+        self.gpu_holders(id)
+            .into_iter()
+            .filter_map(|(i, job)| {
+                let j = self.st.job(JobId(job))?;
+                let started_ms = j.run.as_ref()?.started.0;
+                Some((i, super::utilisation::Holder { job, attempt: j.attempt(), started_ms }))
+            })
+            .collect()
     }
 
     fn node_view(&self, name: &str, who: &Principal) -> Option<NodeView> {
