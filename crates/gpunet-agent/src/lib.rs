@@ -333,6 +333,18 @@ async fn register(
     Err(AgentError::Register { server: cfg.server.clone(), reason: refused })
 }
 
+/// Whether a sync answer may be applied: one from an older leader's term (`Gpunet-Epoch` below the newest seen: a
+/// leader that was paused and answers after another took over) is not; `newest` follows the newest epoch seen. An
+/// answer without the header (a lone server) is applied.
+pub fn accept_epoch(newest: &mut u64, header: Option<&str>) -> bool {
+    let Some(e) = header.and_then(|h| h.trim().parse::<u64>().ok()) else { return true };
+    if e < *newest {
+        return false;
+    }
+    *newest = e;
+    true
+}
+
 /// When `r` comes from a replica that is not the leader (a standby's 307, or 503 with `Retry-After` while no leader
 /// serves), moves `servers` to the leader it names (when one of the list) or to the next server, and says why.
 fn not_the_leader(r: &reqwest::Response, servers: &ServerList) -> Option<String> {
@@ -449,6 +461,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
+    // The newest leader epoch a sync answer carried (see `accept_epoch`).
+    let mut newest_epoch = 0u64;
     // How far each task attempt's log has been shipped.
     let mut shipped: std::collections::HashMap<TaskRef, u64> = std::collections::HashMap::new();
     // Ended task attempts (their exit reported) whose log is not all shipped yet, since when.
@@ -575,7 +589,16 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     Err(_) => Err(SyncError::NoAnswer(wait)),
                 };
                 let work = match r {
-                    Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
+                    Ok(resp) if resp.status().is_success() => {
+                        let epoch = resp.headers().get("gpunet-epoch").and_then(|v| v.to_str().ok());
+                        if accept_epoch(&mut newest_epoch, epoch) {
+                            resp.json::<AgentWork>().await.ok()
+                        } else {
+                            tracing::warn!(server = %servers.current(), "a task set from an older leader's term ignored");
+                            servers.rotate();
+                            None
+                        }
+                    }
                     Ok(resp) if not_the_leader(&resp, &servers).is_some() => {
                         // A failover: the tasks run on; the next sync goes to the leader (or the next server), and
                         // tells it what runs here.
@@ -693,6 +716,19 @@ mod tests {
         assert_eq!(fair_shares(&[5000, 5000, 10], 1000), vec![495, 495, 10]);
         assert_eq!(fair_shares(&[1, 2], 1000), vec![1, 2]);
         assert_eq!(fair_shares(&[], 1000), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn an_older_leaders_task_set_is_not_applied() {
+        let mut newest = 0;
+        assert!(accept_epoch(&mut newest, None), "a lone server's answer");
+        assert!(accept_epoch(&mut newest, Some("7")));
+        assert!(accept_epoch(&mut newest, Some("7")));
+        assert!(accept_epoch(&mut newest, Some("9")));
+        assert!(!accept_epoch(&mut newest, Some("8")), "a paused old leader answering late");
+        assert_eq!(newest, 9);
+        assert!(accept_epoch(&mut newest, Some("not a number")));
+        assert_eq!(newest, 9);
     }
 
     #[test]

@@ -749,13 +749,22 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let n = node.clone();
     let work = ask(&st, |reply| Cmd::AgentSync { node: n, sync, reply }).await?;
     if work.version != known || reported {
-        return Ok(json(StatusCode::OK, work));
+        return Ok(with_epoch(&st, json(StatusCode::OK, work)));
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
     let again =
         gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
-    Ok(json(StatusCode::OK, work))
+    Ok(with_epoch(&st, json(StatusCode::OK, work)))
+}
+
+/// A leader among replicas marks its agents' task sets with its fencing epoch (`Gpunet-Epoch`): an agent that has
+/// seen a newer leader's answer ignores an older one's (a leader that was paused and answers late).
+fn with_epoch(st: &AppState, mut r: Response) -> Response {
+    if let Some((epoch, _)) = &st.leader {
+        r.headers_mut().insert("gpunet-epoch", axum::http::HeaderValue::from(*epoch));
+    }
+    r
 }
 
 fn log_file(dir: &std::path::Path, job: u64, rank: u32, attempt: u32) -> std::path::PathBuf {
