@@ -25,6 +25,7 @@ pub mod launcher;
 pub mod wrapper;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
+use gpunet_api::servers::ServerList;
 use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec};
 use launcher::Launcher;
 use std::collections::{BTreeMap, HashSet};
@@ -112,7 +113,9 @@ const GPU_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Server URL (`https://…`; plain `http://` only to a server on the same machine).
+    /// Server URL (`https://…`; plain `http://` only to a server on the same machine), or the URLs of several
+    /// replicas, comma-separated: the agent syncs with the leader, follows a standby's redirect within the list and
+    /// moves to the next when one is unreachable; its tasks run on through a failover.
     pub server: String,
     /// CA certificate (PEM) the server's certificate must chain to; `None`: the system's roots.
     pub ca: Option<PathBuf>,
@@ -255,7 +258,9 @@ pub fn mig_uuids(cfg: &AgentConfig) -> Vec<Vec<String>> {
 
 /// The agent's HTTP client: it trusts only the configured CA when there is one.
 fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
-    let mut b = reqwest::Client::builder();
+    // A standby's redirect to the leader is followed by the agent itself, within its list of servers (reqwest would
+    // drop the credential on the way, and could follow it anywhere).
+    let mut b = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     if let Some(p) = &cfg.ca {
         let bad =
             |reason: String| AgentError::Invalid { field: "--ca", value: p.display().to_string(), allowed: reason };
@@ -290,7 +295,12 @@ fn save_credential(data_dir: &std::path::Path, credential: &str) -> Result<(), A
 
 /// Registers the node: with its stored credential when it has one, else (or when the server refuses it) with the join
 /// token. Returns the node's new credential, already saved.
-async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) -> Result<String, AgentError> {
+async fn register(
+    http: &reqwest::Client,
+    cfg: &AgentConfig,
+    servers: &ServerList,
+    isolation: &str,
+) -> Result<String, AgentError> {
     let mut spec = node_spec(cfg);
     spec.labels.insert("isolation".into(), isolation.to_string());
     let mut body = serde_json::json!({"spec": spec, "fake": cfg.fake_gpus.is_some()});
@@ -310,13 +320,14 @@ async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) ->
     }
     let mut refused = String::new();
     for token in tokens {
-        let r = http
-            .post(format!("{}/v1/nodes", cfg.server))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| AgentError::Unreachable { server: cfg.server.clone(), reason: e.to_string() })?;
+        let server = servers.current().to_string();
+        let r = http.post(format!("{server}/v1/nodes")).bearer_auth(token).json(&body).send().await.map_err(|e| {
+            servers.rotate();
+            AgentError::Unreachable { server: server.clone(), reason: e.to_string() }
+        })?;
+        if let Some(why) = not_the_leader(&r, servers) {
+            return Err(AgentError::Unreachable { server, reason: why });
+        }
         let status = r.status();
         if status.is_success() {
             let reg: gpunet_api::types::NodeRegistered = r
@@ -334,8 +345,49 @@ async fn register(http: &reqwest::Client, cfg: &AgentConfig, isolation: &str) ->
     Err(AgentError::Register { server: cfg.server.clone(), reason: refused })
 }
 
+/// Whether a sync answer may be applied: one from an older leader's term (`Gpunet-Epoch` below the newest seen: a
+/// leader that was paused and answers after another took over) is not; `newest` follows the newest epoch seen. An
+/// answer without the header (a lone server) is applied.
+pub fn accept_epoch(newest: &mut u64, header: Option<&str>) -> bool {
+    let Some(e) = header.and_then(|h| h.trim().parse::<u64>().ok()) else { return true };
+    if e < *newest {
+        return false;
+    }
+    *newest = e;
+    true
+}
+
+/// When `r` comes from a replica that is not the leader (a standby's 307, or 503 with `Retry-After` while no leader
+/// serves), moves `servers` to the leader it names (when one of the list) or to the next server, and says why.
+fn not_the_leader(r: &reqwest::Response, servers: &ServerList) -> Option<String> {
+    let header = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(String::from);
+    match r.status().as_u16() {
+        307 | 308 => {
+            let to = header("location").unwrap_or_default();
+            if !servers.follow(&to) {
+                tracing::warn!(to = %to, "a standby sends this agent to a leader that is not among its --server URLs");
+                servers.rotate();
+            }
+            Some(format!("a standby; the leader is {to}"))
+        }
+        503 if r.headers().contains_key("retry-after") => {
+            let leader = header("gpunet-leader");
+            if !leader.as_deref().is_some_and(|l| servers.follow(l)) {
+                servers.rotate();
+            }
+            Some("no leader serves right now".into())
+        }
+        _ => None,
+    }
+}
+
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    let servers = ServerList::parse("--server", &cfg.server).map_err(|e| AgentError::Invalid {
+        field: "--server",
+        value: cfg.server.clone(),
+        allowed: e.message,
+    })?;
     let http = http_client(&cfg)?;
     // One parent group per agent and data directory: two agents on one machine never share task groups (whose
     // processes are all killed at the end of an attempt), and an agent started again on the same directory finds
@@ -400,17 +452,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     let mut backoff = Duration::from_millis(100);
     let mut credential = loop {
-        match register(&http, &cfg, &isolation).await {
+        match register(&http, &cfg, &servers, &isolation).await {
             Ok(c) => break c,
-            Err(AgentError::Unreachable { reason, .. }) => {
-                tracing::warn!(server = %cfg.server, error = %reason, "server unreachable; retrying");
+            Err(AgentError::Unreachable { server, reason }) => {
+                tracing::warn!(server = %server, error = %reason, "server unreachable; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e),
         }
     };
-    tracing::info!(node = %cfg.name, server = %cfg.server, "agent registered");
+    tracing::info!(node = %cfg.name, server = %servers.current(), "agent registered");
     if let Some(u) = &cfg.run_as {
         launcher.run_as(u).map_err(|reason| AgentError::Invalid {
             field: "--run-as",
@@ -421,6 +473,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
+    // The newest leader epoch a sync answer carried (see `accept_epoch`).
+    let mut newest_epoch = 0u64;
     // How far each task attempt's log has been shipped.
     let mut shipped: std::collections::HashMap<TaskRef, u64> = std::collections::HashMap::new();
     // Ended task attempts (their exit reported) whose log is not all shipped yet, since when.
@@ -519,7 +573,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         let sent = pending.len();
         let sent_starts = launcher.started.len();
         let req = http
-            .post(format!("{}/v1/agents/{}/sync", cfg.server, cfg.name))
+            .post(format!("{}/v1/agents/{}/sync", servers.current(), cfg.name))
             .bearer_auth(&credential)
             .json(&sync)
             .send();
@@ -560,12 +614,28 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     Err(_) => Err(SyncError::NoAnswer(wait)),
                 };
                 let work = match r {
-                    Ok(resp) if resp.status().is_success() => resp.json::<AgentWork>().await.ok(),
+                    Ok(resp) if resp.status().is_success() => {
+                        let epoch = resp.headers().get("gpunet-epoch").and_then(|v| v.to_str().ok());
+                        if accept_epoch(&mut newest_epoch, epoch) {
+                            resp.json::<AgentWork>().await.ok()
+                        } else {
+                            tracing::warn!(server = %servers.current(), "a task set from an older leader's term ignored");
+                            servers.rotate();
+                            None
+                        }
+                    }
+                    Ok(resp) if not_the_leader(&resp, &servers).is_some() => {
+                        // A failover: the tasks run on; the next sync goes to the leader (or the next server), and
+                        // tells it what runs here.
+                        tracing::info!(status = %resp.status(), server = %servers.current(), "not the leader; moving");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
                     Ok(resp) if matches!(resp.status().as_u16(), 401 | 404) => {
                         // The server does not know this node (a new server) or no longer takes its credential (the
                         // node was registered again elsewhere): register again.
                         tracing::warn!(status = %resp.status(), node = %cfg.name, "sync refused; registering again");
-                        match register(&http, &cfg, &isolation).await {
+                        match register(&http, &cfg, &servers, &isolation).await {
                             Ok(c) => credential = c,
                             Err(e) => tracing::warn!(error = %e, "register again"),
                         }
@@ -576,7 +646,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                         None
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "server unreachable; retrying");
+                        tracing::warn!(server = %servers.current(), error = %e, "server unreachable; retrying");
+                        servers.rotate();
                         None
                     }
                 };
@@ -673,6 +744,19 @@ mod tests {
         assert_eq!(fair_shares(&[5000, 5000, 10], 1000), vec![495, 495, 10]);
         assert_eq!(fair_shares(&[1, 2], 1000), vec![1, 2]);
         assert_eq!(fair_shares(&[], 1000), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn an_older_leaders_task_set_is_not_applied() {
+        let mut newest = 0;
+        assert!(accept_epoch(&mut newest, None), "a lone server's answer");
+        assert!(accept_epoch(&mut newest, Some("7")));
+        assert!(accept_epoch(&mut newest, Some("7")));
+        assert!(accept_epoch(&mut newest, Some("9")));
+        assert!(!accept_epoch(&mut newest, Some("8")), "a paused old leader answering late");
+        assert_eq!(newest, 9);
+        assert!(accept_epoch(&mut newest, Some("not a number")));
+        assert_eq!(newest, 9);
     }
 
     #[test]

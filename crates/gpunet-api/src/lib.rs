@@ -6,6 +6,7 @@ pub mod depsyntax;
 pub mod error;
 pub mod k8s;
 pub mod limits;
+pub mod servers;
 pub mod spec;
 pub mod types;
 pub mod units;

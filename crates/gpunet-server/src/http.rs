@@ -47,6 +47,10 @@ pub struct AppState {
     pub(crate) parse_slots: Arc<tokio::sync::Semaphore>,
     /// Currency of the price catalogue, for usage reports.
     pub(crate) currency: String,
+    /// The owner task (ended when a leader's term ends, see `ha`).
+    pub(crate) owner: tokio::task::AbortHandle,
+    /// As one of several replicas (`ha`): this leader's fencing epoch and the address clients reach it at.
+    pub(crate) leader: Option<(u64, String)>,
 }
 
 /// Body limit of routes that take a small document (tenants, quotas, node registration).
@@ -258,18 +262,45 @@ fn with_tenant(mut job: gpunet_api::spec::JobSubmission, q: &Option<String>) -> 
     Ok(job)
 }
 
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+fn idempotency_key(h: &HeaderMap) -> R<Option<String>> {
+    let Some(v) = h.get("idempotency-key") else { return Ok(None) };
+    match v.to_str() {
+        Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => Ok(Some(k.to_string())),
+        _ => Err(Fail(ApiError::invalid(
+            "Idempotency-Key",
+            &String::from_utf8_lossy(v.as_bytes()),
+            "1 to 255 visible ASCII characters",
+        ))),
+    }
+}
+
+/// A submission's answer: 201 with the new jobs, or 200 with `Idempotent-Replayed: true` and the jobs an earlier try
+/// with the same `Idempotency-Key` made.
+fn submitted<T: Serialize>(v: T, replayed: bool) -> Response {
+    if replayed {
+        let mut r = json(StatusCode::OK, v);
+        r.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+        r
+    } else {
+        json(StatusCode::CREATED, v)
+    }
+}
+
 async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
     let c = user_cred(&st, &h)?;
+    let key = idempotency_key(&h)?;
     let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
     let (p, by) = (c.who.clone(), c.submitter());
-    let mut out =
-        ask(&st, |reply| Cmd::Submit { who: p, by, subs: vec![(parsed.job, parsed.warnings)], reply }).await?;
-    Ok(json(StatusCode::CREATED, out.remove(0)))
+    let subs = vec![(parsed.job, parsed.warnings)];
+    let (mut out, replayed) = ask(&st, |reply| Cmd::Submit { who: p, by, subs, key, reply }).await?;
+    Ok(submitted(out.remove(0), replayed))
 }
 
 async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     let c = user_cred(&st, &h)?;
+    let key = idempotency_key(&h)?;
     let (p, by) = (c.who.clone(), c.submitter());
     let subs = parse_off_thread(&st, body, |text| {
         gpunet_api::limits::check_json_depth(text)?;
@@ -290,8 +321,8 @@ async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> 
         Ok(subs)
     })
     .await?;
-    let out = ask(&st, |reply| Cmd::Submit { who: p, by, subs, reply }).await?;
-    Ok(json(StatusCode::CREATED, out))
+    let (out, replayed) = ask(&st, |reply| Cmd::Submit { who: p, by, subs, key, reply }).await?;
+    Ok(submitted(out, replayed))
 }
 
 async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
@@ -720,13 +751,22 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     let n = node.clone();
     let work = ask(&st, |reply| Cmd::AgentSync { node: n, sync, reply }).await?;
     if work.version != known || reported {
-        return Ok(json(StatusCode::OK, work));
+        return Ok(with_epoch(&st, json(StatusCode::OK, work)));
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
     let again =
         gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;
-    Ok(json(StatusCode::OK, work))
+    Ok(with_epoch(&st, json(StatusCode::OK, work)))
+}
+
+/// A leader among replicas marks its agents' task sets with its fencing epoch (`Gpunet-Epoch`): an agent that has
+/// seen a newer leader's answer ignores an older one's (a leader that was paused and answers late).
+fn with_epoch(st: &AppState, mut r: Response) -> Response {
+    if let Some((epoch, _)) = &st.leader {
+        r.headers_mut().insert("gpunet-epoch", axum::http::HeaderValue::from(*epoch));
+    }
+    r
 }
 
 fn log_file(dir: &std::path::Path, job: u64, rank: u32, attempt: u32) -> std::path::PathBuf {
@@ -889,15 +929,20 @@ async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 
 /// `GET /v1/health` (no token): 200 when the control plane accepts changes, 503 when its store refused a write (it is
 /// read-only until the cause is fixed and it restarts).
+/// Its `role` is `leader` (a lone server leads too); a leader among replicas also names its `epoch` and its address
+/// (`leader`); standbys answer `/v1/health` themselves (see `ha`).
 async fn health(State(st): State<AppState>) -> Response {
-    if st.metrics.store_writable() {
-        json(StatusCode::OK, serde_json::json!({"status": "ok", "store": "writable"}))
+    let mut body = if st.metrics.store_writable() {
+        serde_json::json!({"status": "ok", "store": "writable", "role": "leader"})
     } else {
-        json(
-            StatusCode::SERVICE_UNAVAILABLE,
-            serde_json::json!({"status": "degraded", "store": "refused a write: read-only until restarted"}),
-        )
+        serde_json::json!({"status": "degraded", "store": "refused a write: read-only until restarted", "role": "leader"})
+    };
+    if let Some((epoch, address)) = &st.leader {
+        body["epoch"] = (*epoch).into();
+        body["leader"] = address.clone().into();
     }
+    let status = if st.metrics.store_writable() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json(status, body)
 }
 
 async fn openapi() -> Response {

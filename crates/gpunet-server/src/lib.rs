@@ -8,6 +8,7 @@
 //! It serves HTTPS ([`tls`]) with connection-level bounds ([`listen`]); plain HTTP only on a loopback address unless
 //! `insecure_http` is set.
 
+pub mod ha;
 pub mod http;
 pub mod listen;
 pub mod metrics;
@@ -181,6 +182,8 @@ pub struct Running {
     pub generated_join_token: Option<String>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    /// As one of several replicas: its part in the election.
+    pub ha: Option<ha::Replica>,
 }
 
 impl Running {
@@ -189,8 +192,12 @@ impl Running {
         format!("{}://{}", self.scheme, self.addr)
     }
 
-    /// Stops accepting requests and waits for in-flight ones.
+    /// Stops accepting requests and waits for in-flight ones (a leader among replicas first gives its lease up, so
+    /// that a standby takes over at once).
     pub async fn stop(self) {
+        if let Some(r) = self.ha {
+            r.leave().await;
+        }
         let _ = self.shutdown.send(());
         let _ = self.task.await;
     }
@@ -286,6 +293,9 @@ pub fn build(
             o.st.restore(j, Time(now_ms())).map_err(|e| recover(format!("job {id}"), e.to_string()))?;
         }
         let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
+        if let Some(k) = &d.idempotency_key {
+            o.idempotent.entry(k.clone()).or_default().push(id);
+        }
         o.docs.insert(id, owner::JobDoc { job, ..d });
     }
     // Cumulative counters continue where the last run left them (a counter that starts again at 0 reads as a reset to
@@ -297,6 +307,10 @@ pub fn build(
         o.docs.values().map(|d| u64::from(d.job.restarts)).sum(),
         o.docs.values().filter(|d| d.job.array_of.is_none()).count() as u64,
     );
+    // A batch's jobs in the order it listed them.
+    for ids in o.idempotent.values_mut() {
+        ids.sort_unstable();
+    }
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.
     o.st.resolve_restored(Time(now_ms()));
     o.restored_cascades();
@@ -341,7 +355,7 @@ pub fn build(
     let (atx, arx) = mpsc::unbounded_channel();
     o.self_tx = Some(atx);
     let tick = cfg.tick;
-    tokio::spawn(o.run(rx, arx, tick));
+    let owner = tokio::spawn(o.run(rx, arx, tick)).abort_handle();
     let logs_dir = cfg.data_dir.join("logs");
     let app = http::AppState {
         tx,
@@ -356,13 +370,15 @@ pub fn build(
         max_streams_per_token: cfg.max_streams_per_token,
         parse_slots: Arc::new(tokio::sync::Semaphore::new(2)),
         currency: cfg.prices.currency.clone(),
+        owner,
+        leader: None,
     };
     Ok((app, gen_admin, gen_join))
 }
 
-/// Starts the server: recovers, listens, serves until stopped.
-pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, ServerError> {
-    let acceptor = match &cfg.tls {
+/// The TLS acceptor of `cfg` (`None`: plain HTTP, allowed on loopback or with `insecure_http`).
+fn acceptor(cfg: &Config) -> Result<Option<tokio_rustls::TlsAcceptor>, ServerError> {
+    Ok(match &cfg.tls {
         Some(files) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(files)?)),
         None if cfg.listen.ip().is_loopback() => None,
         None if cfg.insecure_http => {
@@ -370,12 +386,23 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
             None
         }
         None => return Err(ServerError::PlainHttp { addr: cfg.listen }),
-    };
-    let (app, gen_admin, gen_join) = build(&cfg, store)?;
+    })
+}
+
+/// Binds the listening socket; returns it with its address.
+async fn bind(cfg: &Config) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| ServerError::Listen { addr: cfg.listen, source: e })?;
     let addr = listener.local_addr().map_err(|e| ServerError::Listen { addr: cfg.listen, source: e })?;
+    Ok((listener, addr))
+}
+
+/// Starts the server: recovers, listens, serves until stopped.
+pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, ServerError> {
+    let acceptor = acceptor(&cfg)?;
+    let (app, gen_admin, gen_join) = build(&cfg, store)?;
+    let (listener, addr) = bind(&cfg).await?;
     let (stx, srx) = tokio::sync::oneshot::channel::<()>();
     let router = http::router(app);
     let scheme = if acceptor.is_some() { "https" } else { "http" };
@@ -383,5 +410,13 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         let _ = srx.await;
     }));
     tracing::info!(%addr, scheme, "gpunet server listening");
-    Ok(Running { addr, scheme, generated_admin_token: gen_admin, generated_join_token: gen_join, shutdown: stx, task })
+    Ok(Running {
+        addr,
+        scheme,
+        generated_admin_token: gen_admin,
+        generated_join_token: gen_join,
+        shutdown: stx,
+        task,
+        ha: None,
+    })
 }

@@ -3,6 +3,16 @@
 
 use serde_json::{json, Value};
 
+/// A submission that takes an `Idempotency-Key`.
+fn idempotent(mut o: Value) -> Value {
+    o["parameters"] = json!([{"name": "Idempotency-Key", "in": "header", "required": false,
+        "description": "1 to 255 visible ASCII characters; a retry with the same key (from the same submitter) gets the jobs the first try made",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255}}]);
+    o["responses"]["200"] = json!({"description": "a replay (header Idempotent-Replayed: true): the jobs an earlier try with this key made", "content": {"application/json": {}}});
+    o["responses"]["409"] = json!({"$ref": "#/components/responses/Error"});
+    o
+}
+
 fn op(summary: &str, tag: &str, body: Option<&str>, ok: (&str, &str)) -> Value {
     let mut o = json!({
         "summary": summary,
@@ -39,7 +49,7 @@ pub fn document() -> Value {
                  "description": "The gpunet control-plane API. Errors are {\"error\": {\"code\", \"message\", \"field\"}}."},
         "paths": {
             "/v1/jobs": {
-                "post": op("Submit a job (durable when acknowledged)", "jobs", Some(job_spec), ("201", "Submitted")),
+                "post": idempotent(op("Submit a job (durable when acknowledged)", "jobs", Some(job_spec), ("201", "Submitted"))),
                 "get": {
                     "parameters": [
                         {"name": "tenant", "in": "query", "schema": {"type": "string"}},
@@ -54,7 +64,7 @@ pub fn document() -> Value {
                                   "422": {"$ref": "#/components/responses/Error"}}
                 }
             },
-            "/v1/jobs/batch": {"post": op("Submit up to 10000 jobs at once", "jobs", Some("A JSON array of job specs"), ("201", "Submitted[]"))},
+            "/v1/jobs/batch": {"post": idempotent(op("Submit up to 10000 jobs at once", "jobs", Some("A JSON array of job specs"), ("201", "Submitted[]")))},
             "/v1/jobs/dry-run": {"post": op("Placement and ETA without queuing", "jobs", Some(job_spec), ("200", "DryRun"))},
             "/v1/jobs/{id}": {"get": op("A job", "jobs", None, ("200", "JobView")), "parameters": id_param()},
             "/v1/jobs/{id}/cancel": {"post": op("Cancel a job", "jobs", None, ("200", "JobView")), "parameters": id_param()},
@@ -99,8 +109,8 @@ pub fn document() -> Value {
             "/v1/queue": {"get": op("Queued jobs in policy order with why-pending reasons and ETAs (a tenant sees its own)", "jobs", None, ("200", "QueueView")),
                 "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}]},
             "/v1/whoami": {"get": op("The role (admin or tenant) of the token", "cluster", None, ("200", "WhoAmI"))},
-            "/v1/health": {"get": {"summary": "Whether the control plane accepts changes (503: its store refused a write and it is read-only until restarted); no token", "tags": ["cluster"], "security": [],
-                "responses": {"200": {"description": "ok"}, "503": {"description": "degraded: read-only"}}}},
+            "/v1/health": {"get": {"summary": "Whether the control plane accepts changes (503: its store refused a write and it is read-only until restarted), and its role: leader, or (replicas on PostgreSQL) standby with the leader's address; no token", "tags": ["cluster"], "security": [],
+                "responses": {"200": {"description": "ok, or a standby"}, "503": {"description": "degraded: read-only, or no leader serves yet"}}}},
             "/v1/usage": {"get": op("Usage and cost per tenant, job and GPU model over a period: GPU-, CPU core- and memory GiB-hours; gpu_cost, cpu_cost, mem_cost and cost (their sum) in the catalogue's currency; billed per started second", "billing", None, ("200", "UsageReport"))},
             "/v1/events": {"get": op("Server-sent events of jobs (a tenant sees its own)", "events", None, ("200", "text/event-stream"))},
             "/metrics": {"get": op("Prometheus metrics (admin)", "metrics", None, ("200", "text/plain"))}

@@ -1,6 +1,6 @@
 //! gpunet's persistence behind one trait: [`SqliteStore`] (the embedded default: WAL, `synchronous=FULL`,
 //! versioned migrations, group commit), [`PgStore`] (PostgreSQL: versioned migrations, group commit, a reader
-//! pool) and [`MemoryStore`] for tests. [`open`] picks one from a `--store` value; [`copy`] moves everything from
+//! pool; [`pg_lease`] elects one leader among servers sharing the database) and [`MemoryStore`] for tests. [`open`] picks one from a `--store` value; [`copy`] moves everything from
 //! one store to another (`gpunet admin migrate`).
 //!
 //! The store keeps documents, not the scheduler's internals: tenants, tokens (hashed), nodes and jobs as JSON
@@ -16,6 +16,7 @@ mod copy;
 mod memory;
 mod pg;
 pub mod pg_cluster;
+pub mod pg_lease;
 mod sqlite;
 
 pub use copy::{copy, open, Counts, StoreUrl};

@@ -54,6 +54,13 @@ const MIGRATIONS: &[&str] = &[
     // 3: the GPU-seconds the agents' utilisation samples covered, and those weighted by utilisation.
     "ALTER TABLE usage ADD COLUMN sampled_gpu_seconds DOUBLE PRECISION NOT NULL DEFAULT 0;
      ALTER TABLE usage ADD COLUMN busy_gpu_seconds DOUBLE PRECISION NOT NULL DEFAULT 0;",
+    // 4: the leader's lease (see `pg_lease`): who holds the epoch, where clients reach it, its session (to see it
+    // gone at once when its process dies) and until when it holds it without renewing.
+    "ALTER TABLE gpunet_leader ADD COLUMN holder TEXT NOT NULL DEFAULT '',
+                               ADD COLUMN address TEXT NOT NULL DEFAULT '',
+                               ADD COLUMN holder_pid INTEGER,
+                               ADD COLUMN holder_started TIMESTAMPTZ,
+                               ADD COLUMN lease_until TIMESTAMPTZ NOT NULL DEFAULT '-infinity';",
 ];
 
 /// Key of the advisory lock that serialises migrations of servers starting at once ("gpunet" in ASCII).
@@ -86,7 +93,7 @@ impl std::fmt::Debug for PgStore {
 }
 
 /// Parses a `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?OPTIONS]` URL (or a `key=value` connection string).
-fn parse(url: &str) -> Result<Config, StoreError> {
+pub(crate) fn parse(url: &str) -> Result<Config, StoreError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(StoreError::Url { reason: "it must start with postgres:// or postgresql://".into() });
     }
@@ -106,7 +113,7 @@ fn parse(url: &str) -> Result<Config, StoreError> {
 }
 
 /// Where the store is, without the password: `postgres://USER@HOST:PORT/DB`.
-fn describe(cfg: &Config) -> String {
+pub(crate) fn describe(cfg: &Config) -> String {
     let host = match cfg.get_hosts().first() {
         Some(postgres::config::Host::Tcp(h)) => h.clone(),
         Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
@@ -117,7 +124,7 @@ fn describe(cfg: &Config) -> String {
     format!("postgres://{user}{host}{port}/{}", cfg.get_dbname().unwrap_or(""))
 }
 
-fn connect(cfg: &Config) -> Result<Client, StoreError> {
+pub(crate) fn connect(cfg: &Config) -> Result<Client, StoreError> {
     let mut c = cfg.connect(NoTls)?;
     // Acknowledged means committed on disk: a database whose default is `synchronous_commit = off` gets `on` for
     // our sessions (`local`, `remote_write`, `remote_apply` are kept: they are at least as durable).
@@ -128,7 +135,7 @@ fn connect(cfg: &Config) -> Result<Client, StoreError> {
     Ok(c)
 }
 
-fn migrate(c: &mut Client) -> Result<(), StoreError> {
+pub(crate) fn migrate(c: &mut Client) -> Result<(), StoreError> {
     let mut tx = c.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS gpunet_schema (version INTEGER NOT NULL)")?;
@@ -367,6 +374,16 @@ impl PgStore {
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`), migrates the schema and starts the writer
     /// and the reader pool. Safe to call from inside an async runtime.
     pub fn open(url: &str) -> Result<PgStore, StoreError> {
+        PgStore::open_with(url, None)
+    }
+
+    /// Like [`PgStore::open`], but writes under `epoch`, which a leader election took (`pg_lease`), instead of
+    /// taking the next one: refused at once when the database holds another epoch already.
+    pub fn open_at(url: &str, epoch: u64) -> Result<PgStore, StoreError> {
+        PgStore::open_with(url, Some(epoch as i64))
+    }
+
+    fn open_with(url: &str, at: Option<i64>) -> Result<PgStore, StoreError> {
         let cfg = parse(url)?;
         let target = describe(&cfg);
         let (ready_tx, ready_rx) = sync_channel::<Result<i64, StoreError>>(1);
@@ -378,7 +395,16 @@ impl PgStore {
             .spawn(move || {
                 let opened = connect(&wcfg).and_then(|mut c| {
                     migrate(&mut c)?;
-                    let epoch = take_over(&mut c)?;
+                    let epoch = match at {
+                        None => take_over(&mut c)?,
+                        Some(e) => {
+                            let now: i64 = c.query_one("SELECT epoch FROM gpunet_leader WHERE id = 1", &[])?.get(0);
+                            if now != e {
+                                return Err(StoreError::Fenced { epoch: e as u64, newer: now as u64 });
+                            }
+                            e
+                        }
+                    };
                     let s = Statements::prepare(&mut c)?;
                     Ok((c, s, epoch))
                 });

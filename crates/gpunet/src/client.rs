@@ -3,6 +3,12 @@
 //! then the config file (`$GPUNET_CONFIG`, else `~/.config/gpunet/config.toml` with `server = "…"`, `token = "…"` and
 //! `ca = "…"`). With a CA file, the server's certificate must chain to it (and nothing else); without one, to the
 //! system's roots.
+//!
+//! The server may be several replicas (`--server URL,URL`, see `gpunet_api::servers`): requests go to the leader — a
+//! standby's redirect is followed to the replica it names when that one is in the list, and an unreachable or
+//! leaderless replica makes the client try the next — for up to [`FAILOVER_WAIT`]. A request that may have reached
+//! a server is sent again only when that is safe: reads, and submissions, which carry an `Idempotency-Key` (one per
+//! `gpunet submit`, the same on every try) so that a retry after a failover returns the job the first try made.
 
 use anyhow::{bail, Context, Result};
 use gpunet_api::types::*;
@@ -12,7 +18,8 @@ use std::path::PathBuf;
 /// Connection flags shared by every client command.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Conn {
-    /// Server URL (default `GPUNET_SERVER`, the config file, then https://127.0.0.1:7070).
+    /// Server URL, or the URLs of several replicas comma-separated (default `GPUNET_SERVER`, the config file, then
+    /// https://127.0.0.1:7070).
     #[arg(long, global = true)]
     pub(crate) server: Option<String>,
     /// CA certificate (PEM) the server's certificate must chain to (default `GPUNET_CA`, then the config file).
@@ -47,46 +54,118 @@ fn config_file() -> Result<ConfigFile> {
     }
 }
 
+/// How long a request keeps trying the replicas (a failover takes a few seconds).
+pub(crate) const FAILOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A connected client.
 pub(crate) struct Client {
-    base: String,
+    servers: gpunet_api::servers::ServerList,
     token: Option<String>,
     http: reqwest::Client,
     pub(crate) json: bool,
 }
 
+/// A fresh idempotency key: 128 random bits, hex.
+pub(crate) fn new_idempotency_key() -> String {
+    gpunet_server::new_token()[4..36].to_string()
+}
+
+/// Sends what `make` builds to the leader among `servers` (see the module's doc): follows a standby's redirect within
+/// the list, moves to the next server when one is unreachable or answers 503 with `Retry-After` (no leader yet, or
+/// one recovering), until [`FAILOVER_WAIT`]. After an error that may have reached the server, it sends again only when
+/// `resend` (a read, or a submission with an idempotency key).
+pub(crate) async fn send_to_leader(
+    servers: &gpunet_api::servers::ServerList,
+    resend: bool,
+    make: impl Fn(&str) -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response> {
+    let deadline = std::time::Instant::now() + FAILOVER_WAIT;
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        let base = servers.current().to_string();
+        let last_try = std::time::Instant::now() >= deadline;
+        match make(&base).send().await {
+            Ok(r) if matches!(r.status().as_u16(), 307 | 308) => {
+                let to = r.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                if !servers.follow(&to) {
+                    bail!(
+                        "the server at {base} is a standby and sends clients to {to:?}, which is not among the servers                          given (--server / GPUNET_SERVER): add it to the list"
+                    );
+                }
+                if last_try {
+                    bail!("no leader answered within {}s (last: {base} redirected to {to})", FAILOVER_WAIT.as_secs());
+                }
+                continue;
+            }
+            Ok(r) if r.status().as_u16() == 503 && r.headers().contains_key("retry-after") && !last_try => {
+                let leader = r.headers().get("gpunet-leader").and_then(|v| v.to_str().ok()).map(String::from);
+                if !leader.is_some_and(|l| servers.follow(&l) && servers.current() != base) {
+                    servers.rotate();
+                }
+            }
+            Ok(r) => return Ok(r),
+            Err(e) if (e.is_connect() || resend) && !last_try => {
+                tracing::debug!(server = %base, error = %e, "server unreachable; trying the next");
+                servers.rotate();
+            }
+            Err(e) => return Err(e).with_context(|| format!("reach the server at {base}")),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(500));
+    }
+}
+
 impl Client {
     pub(crate) fn new(c: &Conn) -> Result<Client> {
         let file = config_file()?;
-        let base = c
+        let list = c
             .server
             .clone()
             .or_else(|| std::env::var("GPUNET_SERVER").ok())
             .or(file.server)
             .unwrap_or_else(|| "https://127.0.0.1:7070".into());
+        let servers =
+            gpunet_api::servers::ServerList::parse("--server", &list).map_err(|e| anyhow::anyhow!(e.message))?;
         let token = c.token.clone().or_else(|| std::env::var("GPUNET_TOKEN").ok()).or(file.token);
         let ca = c.ca.clone().or_else(|| std::env::var_os("GPUNET_CA").map(PathBuf::from)).or(file.ca);
         if !matches!(c.output.as_str(), "table" | "json") {
             bail!("invalid --output {:?}: allowed are table and json", c.output);
         }
-        Ok(Client {
-            base: base.trim_end_matches('/').to_string(),
-            token,
-            http: http_client(ca.as_deref(), 64)?,
-            json: c.output == "json",
-        })
+        Ok(Client { servers, token, http: http_client(ca.as_deref(), 64)?, json: c.output == "json" })
     }
 
-    fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(m, format!("{}{}", self.base, path));
+    /// A request to `base`, with the token.
+    fn req(&self, base: &str, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(m, format!("{base}{path}"));
         match &self.token {
             Some(t) => r.bearer_auth(t),
             None => r,
         }
     }
 
-    async fn send<T: DeserializeOwned>(&self, r: reqwest::RequestBuilder) -> Result<T> {
-        let resp = r.send().await.with_context(|| format!("reach the server at {}", self.base))?;
+    /// Sends to the leader (see [`send_to_leader`]); a request whose body is `Some((content type, body))`.
+    async fn call(
+        &self,
+        m: reqwest::Method,
+        path: &str,
+        body: Option<(&str, String)>,
+        key: Option<&str>,
+    ) -> Result<reqwest::Response> {
+        let resend = m == reqwest::Method::GET || key.is_some();
+        send_to_leader(&self.servers, resend, |base| {
+            let mut r = self.req(base, m.clone(), path);
+            if let Some((ctype, b)) = &body {
+                r = r.header("content-type", *ctype).body(b.clone());
+            }
+            if let Some(k) = key {
+                r = r.header("idempotency-key", k);
+            }
+            r
+        })
+        .await
+    }
+
+    async fn answer<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
         let status = resp.status();
         let body = resp.bytes().await?;
         if !status.is_success() {
@@ -101,11 +180,7 @@ impl Client {
     /// Copies a streamed text answer to standard output as it arrives.
     pub(crate) async fn stream(&self, path: &str) -> Result<()> {
         use std::io::Write as _;
-        let mut resp = self
-            .req(reqwest::Method::GET, path)
-            .send()
-            .await
-            .with_context(|| format!("reach the server at {}", self.base))?;
+        let mut resp = self.call(reqwest::Method::GET, path, None, None).await?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.bytes().await?;
@@ -123,25 +198,30 @@ impl Client {
     }
 
     pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        self.send(self.req(reqwest::Method::GET, path)).await
+        Client::answer(self.call(reqwest::Method::GET, path, None, None).await?).await
     }
 
     pub(crate) async fn post<T: DeserializeOwned>(&self, path: &str, body: Option<String>, ctype: &str) -> Result<T> {
-        let mut r = self.req(reqwest::Method::POST, path);
-        if let Some(b) = body {
-            r = r.header("content-type", ctype).body(b);
-        }
-        self.send(r).await
+        Client::answer(self.call(reqwest::Method::POST, path, body.map(|b| (ctype, b)), None).await?).await
+    }
+
+    /// A submission: sent with an idempotency key, the same on every try (a retry after a failover returns the job
+    /// the first try made).
+    pub(crate) async fn submit<T: DeserializeOwned>(&self, path: &str, body: String, ctype: &str) -> Result<T> {
+        let key = new_idempotency_key();
+        Client::answer(self.call(reqwest::Method::POST, path, Some((ctype, body)), Some(&key)).await?).await
     }
 
     pub(crate) async fn put<T: DeserializeOwned>(&self, path: &str, body: String) -> Result<T> {
-        self.send(self.req(reqwest::Method::PUT, path).header("content-type", "application/yaml").body(body)).await
+        Client::answer(self.call(reqwest::Method::PUT, path, Some(("application/yaml", body)), None).await?).await
     }
 }
 
 /// An HTTP client that trusts only the CA in `ca` when given (else the system's roots).
 pub(crate) fn http_client(ca: Option<&std::path::Path>, idle_per_host: usize) -> Result<reqwest::Client> {
-    let mut b = reqwest::Client::builder().pool_max_idle_per_host(idle_per_host);
+    // Redirects are the replicas' (a standby's 307 to the leader): followed by `send_to_leader`, within the list.
+    let mut b =
+        reqwest::Client::builder().pool_max_idle_per_host(idle_per_host).redirect(reqwest::redirect::Policy::none());
     if let Some(p) = ca {
         let pem = std::fs::read(p).with_context(|| format!("read the CA file {}", p.display()))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)

@@ -161,6 +161,58 @@ struct ServerArgs {
     /// shipped with gpunet (`gpunet prices` prints it).
     #[arg(long)]
     prices: Option<PathBuf>,
+    /// With a PostgreSQL store (where servers run as replicas, one leading): the URL clients reach this server at,
+    /// to which standbys redirect while it leads. Default: this server's scheme and --listen address.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// With a PostgreSQL store: seconds the leader's lease lasts without renewal; a standby takes over once it
+    /// expires (at once when the leader's process died and its database session ended).
+    #[arg(long, default_value_t = 4.0)]
+    lease_ttl_s: f64,
+    /// Seconds between the leader's lease renewals (below half the lease).
+    #[arg(long, default_value_t = 1.0)]
+    lease_renew_s: f64,
+    /// Seconds between a standby's attempts to take the lease.
+    #[arg(long, default_value_t = 0.25)]
+    lease_poll_s: f64,
+}
+
+/// The lease of a replica on PostgreSQL, from `gpunet server`'s flags.
+fn lease_config(a: &ServerArgs, tls: bool) -> Result<gpunet_store::pg_lease::LeaseConfig> {
+    let ok = |x: f64| x.is_finite() && x > 0.0;
+    if !ok(a.lease_ttl_s) || !ok(a.lease_renew_s) || !ok(a.lease_poll_s) {
+        bail!("invalid --lease-ttl-s / --lease-renew-s / --lease-poll-s: allowed are seconds > 0");
+    }
+    if a.lease_renew_s * 2.0 > a.lease_ttl_s || a.lease_poll_s > a.lease_ttl_s {
+        bail!(
+            "invalid --lease-renew-s {} / --lease-poll-s {}: allowed are at most half of --lease-ttl-s {} and at most \
+             --lease-ttl-s",
+            a.lease_renew_s,
+            a.lease_poll_s,
+            a.lease_ttl_s
+        );
+    }
+    let address = match &a.advertise {
+        Some(u) => {
+            let l = gpunet_api::servers::ServerList::parse("--advertise", u).map_err(|e| anyhow::anyhow!(e.message))?;
+            if l.all().len() != 1 {
+                bail!("invalid --advertise {u:?}: allowed is one URL");
+            }
+            l.current().to_string()
+        }
+        None if a.listen.ip().is_unspecified() => {
+            bail!("missing --advertise: with --listen {} give the URL clients reach this server at", a.listen)
+        }
+        None => format!("{}://{}", if tls { "https" } else { "http" }, a.listen),
+    };
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    Ok(gpunet_store::pg_lease::LeaseConfig {
+        holder: format!("{host}/{}/{address}", std::process::id()),
+        address,
+        ttl: std::time::Duration::from_secs_f64(a.lease_ttl_s),
+        renew_every: std::time::Duration::from_secs_f64(a.lease_renew_s),
+        poll_every: std::time::Duration::from_secs_f64(a.lease_poll_s),
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -192,7 +244,7 @@ struct UpArgs {
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
-    /// Server URL.
+    /// Server URL, or the URLs of several replicas comma-separated (the agent syncs with the leader).
     #[arg(long, env = "GPUNET_SERVER")]
     server: String,
     /// CA certificate (PEM) the server's certificate must chain to (default: the system's roots).
@@ -625,7 +677,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                     s
                 });
             }
-            let r: Submitted = c.post(&format!("/v1/jobs{q}"), Some(body), "application/yaml").await?;
+            let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
             for w in &r.warnings {
                 eprintln!("warning: {w}");
             }
@@ -941,15 +993,46 @@ fn main() -> Result<()> {
                 Some(s) => gpunet_store::StoreUrl::parse(s).context("invalid --store")?,
                 None => gpunet_store::StoreUrl::Sqlite(a.data_dir.clone()),
             };
+            let lease = match &store_url {
+                gpunet_store::StoreUrl::Postgres(_) => Some(lease_config(&a, cfg.tls.is_some())?),
+                gpunet_store::StoreUrl::Sqlite(_) => None,
+            };
             runtime()?.block_on(async move {
-                let store = gpunet_store::open(&store_url).context("open the store")?;
-                let running = gpunet_server::start(cfg, store).await?;
+                let running = match (store_url, lease) {
+                    // On PostgreSQL, servers are replicas: one leads, the others stand by (`gpunet_server::ha`).
+                    (gpunet_store::StoreUrl::Postgres(url), Some(lease)) => {
+                        let on_generated: gpunet_server::ha::OnGenerated = std::sync::Arc::new(|admin, join| {
+                            if let Some(t) = admin {
+                                println!("admin token (shown once, store it): {t}");
+                            }
+                            if let Some(t) = join {
+                                println!("agent join token (shown once): {t}");
+                            }
+                        });
+                        let ha =
+                            gpunet_server::ha::HaConfig { store_url: url, lease, on_generated: Some(on_generated) };
+                        gpunet_server::ha::start_ha(cfg, ha).await?
+                    }
+                    (url, _) => {
+                        let store = gpunet_store::open(&url).context("open the store")?;
+                        gpunet_server::start(cfg, store).await?
+                    }
+                };
                 println!("gpunet server listening on {}", running.url());
                 if let Some(t) = &running.generated_admin_token {
                     println!("admin token (shown once, store it): {t}");
                 }
                 if let Some(t) = &running.generated_join_token {
                     println!("agent join token (shown once): {t}");
+                }
+                if let Some(r) = &running.ha {
+                    match r.role() {
+                        gpunet_store::pg_lease::Role::Leader { epoch, .. } => println!("role: leader (epoch {epoch})"),
+                        gpunet_store::pg_lease::Role::Standby { leader } => {
+                            println!("role: standby (leader: {})", leader.as_deref().unwrap_or("none yet"))
+                        }
+                        gpunet_store::pg_lease::Role::Starting => println!("role: starting"),
+                    }
                 }
                 use std::io::Write as _;
                 std::io::stdout().flush()?;

@@ -148,10 +148,11 @@ fn a_bad_store_url_is_refused_naming_the_flag_and_never_the_password() {
     }
 }
 
-/// Two servers on one database (a restarted server whose old process was only paused, or a second one started by
-/// mistake): the one started last takes over, the other's writes are refused and it turns read-only.
+/// Two servers on one database (a replica, or a second one started by mistake): the first keeps leading and
+/// writing, the second stands by — it sends clients to the leader and writes nothing — until the leader stops, and
+/// then takes over with everything the first acknowledged. (A leader that was only paused is fenced: `tests/ha.rs`.)
 #[test]
-fn a_second_server_on_the_database_fences_the_first_which_turns_read_only() {
+fn a_second_server_on_the_database_stands_by_until_the_first_stops() {
     let Some(pg) = PgCluster::start_for_test() else { return };
     let url = pg.create_database("two").unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -160,18 +161,17 @@ fn a_second_server_on_the_database_fences_the_first_which_turns_read_only() {
     assert!(ok, "{out}{err}");
     let first = a.submit(&["--", "true"]);
     let b = Server::start(&dir.path().join("b"), free_port(), &["--store", &url]);
-    let (ok, out, err) = a.cli("admin-secret", &["submit", "--tenant", "t", "--", "true"]);
-    assert!(!ok, "the fenced server acknowledged a submission: {out}{err}");
-    let health = Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-        .arg(format!("{}/v1/health", a.url))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&health.stdout), "503", "the fenced server says it is not writable");
-    let second = b.submit(&["--", "true"]);
-    assert_eq!(
-        job_ids(&b, "admin-secret"),
-        vec![first, second],
-        "the new server has the old one's job, not the refused one"
-    );
+    let second = a.submit(&["--", "true"]);
+    let health = |s: &Server| {
+        let o = Command::new("curl").args(["-s", &format!("{}/v1/health", s.url)]).output().unwrap();
+        json(&String::from_utf8_lossy(&o.stdout))
+    };
+    let h = health(&b);
+    assert_eq!((h["role"].as_str(), h["leader"].as_str()), (Some("standby"), Some(a.url.as_str())), "{h}");
+    // A client that knows only the standby is told where the leader is.
+    let (ok, out, err) = b.cli("admin-secret", &["submit", "--tenant", "t", "--", "true"]);
+    assert!(!ok && err.contains(&a.url) && err.contains("standby"), "{out}{err}");
+    drop(a);
+    common::wait_for(Duration::from_secs(30), || health(&b)["role"] == "leader" && health(&b)["status"] == "ok");
+    assert_eq!(job_ids(&b, "admin-secret"), vec![first, second], "the new leader has every job, and only those");
 }

@@ -18,8 +18,15 @@ impl Owner {
         who: Principal,
         by: String,
         subs: Vec<(JobSubmission, Vec<String>)>,
-        reply: Reply<Vec<Submitted>>,
+        key: Option<String>,
+        reply: Reply<(Vec<Submitted>, bool)>,
     ) {
+        // A retried submission (the same key from the same submitter) gets the jobs it made, not new ones.
+        let key = key.map(|k| format!("{}/{by}/{k}", idempotency_scope(&who)));
+        if let Some(ids) = key.as_ref().and_then(|k| self.idempotent.get(k)) {
+            let ids = ids.clone();
+            return self.replay(ids, &subs, reply);
+        }
         let now = now_ms();
         let mut writes = Vec::with_capacity(subs.len() * 2);
         let mut out = Vec::with_capacity(subs.len());
@@ -98,6 +105,7 @@ impl Owner {
                 warnings: warnings.clone(),
                 last_run: None,
                 submitted_by: Some(by.clone()),
+                idempotency_key: key.clone(),
             };
             writes.push(Write::Job {
                 id,
@@ -113,6 +121,10 @@ impl Owner {
             });
             out.push(Submitted { id, state: "pending".into(), warnings });
             docs.push((doc, size));
+        }
+        if let Some(k) = key {
+            // From now on (before it is durable: a retry may come while the first try is in flight).
+            self.idempotent.insert(k, out.iter().map(|s| s.id).collect());
         }
         let tx = self.self_tx.clone();
         let metrics = self.metrics.clone();
@@ -143,13 +155,46 @@ impl Owner {
                         o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     o.dirty = true;
-                    let _ = reply.send(Ok(out));
+                    let _ = reply.send(Ok((out, false)));
                 }));
                 if let Some(tx) = tx {
                     let _ = tx.send(apply);
                 }
             }),
         );
+    }
+
+    /// Answers a retried submission with the jobs its first try made, once they are durable: the same ids and their
+    /// states now. A key reused for other jobs is a conflict (compared with the stored submissions; a first try still
+    /// in flight is answered without the comparison).
+    fn replay(&self, ids: Vec<u64>, subs: &[(JobSubmission, Vec<String>)], reply: Reply<(Vec<Submitted>, bool)>) {
+        let same = ids.len() == subs.len()
+            && ids.iter().zip(subs).all(|(id, (sub, _))| self.docs.get(id).is_none_or(|d| d.submission == *sub));
+        if !same {
+            let _ = reply.send(Err(ApiError {
+                code: "conflict".into(),
+                message: "this Idempotency-Key was used for another submission; send a new key for new jobs".into(),
+                field: Some("Idempotency-Key".into()),
+            }));
+            return;
+        }
+        let out: Vec<Submitted> = ids
+            .iter()
+            .map(|id| match self.docs.get(id) {
+                Some(d) => Submitted {
+                    id: *id,
+                    state: self.st.job(JobId(*id)).map_or(d.job.state, |j| j.state).to_string(),
+                    warnings: d.warnings.clone(),
+                },
+                None => Submitted { id: *id, state: JobState::Pending.to_string(), warnings: Vec::new() },
+            })
+            .collect();
+        if ids.iter().all(|id| self.docs.contains_key(id)) {
+            let _ = reply.send(Ok((out, true)));
+        } else {
+            // The first try is still in flight: answer once it is durable (batches are durable in order).
+            self.durable(Vec::new(), reply, (out, true));
+        }
     }
 
     /// Where and when a job would start, on a copy of the live state.
@@ -393,4 +438,14 @@ impl Owner {
 /// The bytes a job's spec holds, as the per-tenant limit counts them (its JSON).
 fn spec_bytes(sub: &JobSubmission) -> u64 {
     serde_json::to_vec(sub).map_or(0, |v| v.len() as u64)
+}
+
+/// Whose idempotency keys a principal shares: keys of different tenants (or the admin) never meet.
+fn idempotency_scope(who: &Principal) -> String {
+    match who {
+        Principal::Admin => "admin".into(),
+        Principal::Tenant(t) => format!("tenant:{t}"),
+        Principal::Agent => "agent".into(),
+        Principal::Node(n) => format!("node:{n}"),
+    }
 }

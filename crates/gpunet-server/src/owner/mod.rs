@@ -45,7 +45,10 @@ pub(crate) enum Cmd {
         /// The submitting token's user (or role), recorded on the jobs.
         by: String,
         subs: Vec<(JobSubmission, Vec<String>)>,
-        reply: Reply<Vec<Submitted>>,
+        /// The request's `Idempotency-Key`, checked: a submission with a key already used by the same submitter is
+        /// answered with the jobs it made (`true`: a replay), not made again.
+        key: Option<String>,
+        reply: Reply<(Vec<Submitted>, bool)>,
     },
     DryRun {
         who: Principal,
@@ -188,6 +191,10 @@ pub(crate) struct JobDoc {
     /// Who submitted it (the token's user, else its role).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) submitted_by: Option<String>,
+    /// The submission's `Idempotency-Key`, scoped to who sent it (see `Owner::idempotent`): stored with the job, so a
+    /// retried submission finds its jobs after a restart or a failover too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) idempotency_key: Option<String>,
 }
 
 /// A tenant as persisted.
@@ -275,6 +282,9 @@ pub(crate) struct Owner {
     /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
     /// ships its last lines and its exit for a while after it left the set.
     handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
+    /// Jobs by the scoped idempotency key of the submission that made them (from the time it was accepted, before it
+    /// is durable; rebuilt from the documents at start).
+    pub(crate) idempotent: HashMap<String, Vec<u64>>,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -343,6 +353,7 @@ impl Owner {
             spec_sizes: HashMap::new(),
             unfinished_spec_bytes: None,
             handed: HashMap::new(),
+            idempotent: HashMap::new(),
         }
     }
 
@@ -641,7 +652,7 @@ impl Owner {
     fn handle_cmd(&mut self, cmd: Cmd) {
         match cmd {
             // Jobs (`jobs`).
-            Cmd::Submit { who, by, subs, reply } => self.submit(who, by, subs, reply),
+            Cmd::Submit { who, by, subs, key, reply } => self.submit(who, by, subs, key, reply),
             Cmd::DryRun { who, sub, warnings, reply } => self.dry_run(who, sub, warnings, reply),
             Cmd::Get { who, id, reply } => self.get_job(who, id, reply),
             Cmd::List { who, tenant, state, after, limit, reply } => {

@@ -1,6 +1,7 @@
 //! `gpunet bench api`: durable job submissions per second from concurrent clients against a running server.
 
 use crate::bench::quantile;
+use crate::client::send_to_leader;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::io::Write as _;
@@ -10,7 +11,8 @@ use std::time::Instant;
 /// Options.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ApiArgs {
-    /// Server URL.
+    /// Server URL, or the URLs of several replicas comma-separated: each submission goes to the leader with its own
+    /// idempotency key, retried with the same key through a failover.
     #[arg(long, default_value = "https://127.0.0.1:7070", env = "GPUNET_SERVER")]
     pub(crate) server: String,
     /// CA certificate (PEM) the server's certificate must chain to (default `GPUNET_CA`; else the system's roots).
@@ -44,6 +46,11 @@ pub(crate) struct ApiReport {
     pub(crate) p50_ms: f64,
     /// 99th percentile latency.
     pub(crate) p99_ms: f64,
+    /// Submissions answered as replays of an earlier try (the same idempotency key: the first try was durable but
+    /// its answer was lost, e.g. in a failover).
+    pub(crate) replayed: usize,
+    /// The longest time between two acknowledgements (across a failover: how long submissions stalled).
+    pub(crate) longest_gap_ms: f64,
 }
 
 pub(crate) async fn run(a: ApiArgs) -> Result<()> {
@@ -53,18 +60,21 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
     if a.clients == 0 || a.jobs == 0 {
         bail!("invalid --clients/--jobs: both must be at least 1");
     }
-    let base = a.server.trim_end_matches('/').to_string();
+    let servers =
+        gpunet_api::servers::ServerList::parse("--server", &a.server).map_err(|e| anyhow::anyhow!(e.message))?;
     let http = crate::client::http_client(a.ca.as_deref(), a.clients * 2)?;
     // An admin token submits for tenant `bench`.
-    let who = http.get(format!("{base}/metrics")).bearer_auth(&a.token).send().await.context("reach the server")?;
+    let who = send_to_leader(&servers, true, |base| http.get(format!("{base}/metrics")).bearer_auth(&a.token))
+        .await
+        .context("reach the server")?;
     let tenant_field = if who.status().is_success() {
-        let r = http
-            .post(format!("{base}/v1/tenants"))
-            .bearer_auth(&a.token)
-            .header("content-type", "application/json")
-            .body(r#"{"name":"bench"}"#)
-            .send()
-            .await?;
+        let r = send_to_leader(&servers, false, |base| {
+            http.post(format!("{base}/v1/tenants"))
+                .bearer_auth(&a.token)
+                .header("content-type", "application/json")
+                .body(r#"{"name":"bench"}"#)
+        })
+        .await?;
         if !(r.status().is_success() || r.status().as_u16() == 409) {
             bail!("create tenant bench: {}", r.text().await?);
         }
@@ -86,38 +96,50 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
     let mut handles = Vec::new();
     for c in 0..a.clients {
         let n = a.jobs / a.clients + usize::from(c < a.jobs % a.clients);
-        let (http, base, token, ids) = (http.clone(), base.clone(), a.token.clone(), ids.clone());
+        let (http, servers, token, ids) = (http.clone(), servers.clone(), a.token.clone(), ids.clone());
         let body = format!(r#"{{"name":"bench-{c}","gpus":1,"command":["true"]{tenant_field}}}"#);
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(n);
+            let mut acks = Vec::with_capacity(n);
+            let mut replayed = 0usize;
             for _ in 0..n {
                 let t = Instant::now();
-                let r = http
-                    .post(format!("{base}/v1/jobs"))
-                    .bearer_auth(&token)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await;
+                let key = crate::client::new_idempotency_key();
+                let r = send_to_leader(&servers, true, |base| {
+                    http.post(format!("{base}/v1/jobs"))
+                        .bearer_auth(&token)
+                        .header("content-type", "application/json")
+                        .header("idempotency-key", &key)
+                        .body(body.clone())
+                })
+                .await;
                 let Ok(r) = r else { break };
-                if r.status().as_u16() != 201 {
-                    break;
+                match r.status().as_u16() {
+                    201 => {}
+                    200 if r.headers().contains_key("idempotent-replayed") => replayed += 1,
+                    _ => break,
                 }
                 let v: serde_json::Value = r.json().await.unwrap_or_default();
                 lat.push(t.elapsed().as_secs_f64() * 1e3);
+                acks.push(t0.elapsed().as_secs_f64() * 1e3);
                 if let (Some(ids), Some(id)) = (&ids, v["id"].as_u64()) {
                     let mut f = ids.lock().expect("ids file lock");
                     let _ = writeln!(f, "{id}");
                     let _ = f.flush();
                 }
             }
-            lat
+            (lat, acks, replayed)
         }));
     }
-    let mut lat = Vec::new();
+    let (mut lat, mut acks, mut replayed) = (Vec::new(), vec![0.0], 0);
     for h in handles {
-        lat.extend(h.await?);
+        let (l, a, r) = h.await?;
+        lat.extend(l);
+        acks.extend(a);
+        replayed += r;
     }
+    acks.sort_by(f64::total_cmp);
+    let longest_gap_ms = acks.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
     let secs = t0.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
     let r = ApiReport {
@@ -125,6 +147,8 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
         submissions_per_s: lat.len() as f64 / secs,
         p50_ms: quantile(&lat, 0.5),
         p99_ms: quantile(&lat, 0.99),
+        replayed,
+        longest_gap_ms,
     };
     if a.output == "json" {
         println!("{}", serde_json::to_string(&r)?);
@@ -133,6 +157,8 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
         println!("submissions_per_s  {:.0}", r.submissions_per_s);
         println!("p50_ms             {:.2}", r.p50_ms);
         println!("p99_ms             {:.2}", r.p99_ms);
+        println!("replayed           {}", r.replayed);
+        println!("longest_gap_ms     {:.0}", r.longest_gap_ms);
     }
     Ok(())
 }
