@@ -457,6 +457,10 @@ pub struct QueueView {
     pub policy: String,
     /// Jobs waiting in all (all tenants).
     pub queue_length: usize,
+    /// Jobs waiting that the caller may see (a tenant: its own), dependency waits included: what `entries` would
+    /// hold without the limit.
+    #[serde(default)]
+    pub visible_length: usize,
     /// The first queued jobs in policy order (a tenant sees only its own, with their positions in the whole queue).
     pub entries: Vec<QueueEntry>,
 }
