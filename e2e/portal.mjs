@@ -150,7 +150,7 @@ try {
     const seen = await badge().textContent();
     if (seen === "running") await shot("07-job-running");
     await badge().filter({ hasText: "succeeded" }).waitFor();
-    const events = await page.locator("main table").nth(1).textContent();
+    const events = await page.locator("main table").nth(2).textContent(); // placement, attempts, events
     for (const k of ["submitted", "started", "succeeded"]) {
       if (!events.includes(k)) throw new Error(`event ${k} missing: ${events}`);
     }
@@ -159,10 +159,15 @@ try {
   });
 
   let stuck;
-  await step("YAML box: a job that cannot fit shows its reason in the queue", async () => {
+  await step("YAML box: a job that can never fit is refused with why; kept, it shows its reason in the queue", async () => {
     await page.click("nav >> text=Submit");
     await page.click("#tab-yaml");
-    await page.fill("#f-yaml", "name: needs-h100\ntenant: default\ngpus: 1\ngpu_models: [H100-80GB]\n" +
+    // No `tenant:` in the spec: the tenant picker names it (an admin got "missing field tenant").
+    await page.selectOption("#f-yaml-tenant", "default");
+    await page.fill("#f-yaml", "name: needs-h100\ngpus: 1\ngpu_models: [H100-80GB]\ncommand: [sleep, '1']\n");
+    await page.click("#panel-yaml button[type=submit]");
+    await page.locator("#err-yaml").filter({ hasText: "can never run on this cluster" }).waitFor();
+    await page.fill("#f-yaml", "name: needs-h100\ngpus: 1\ngpu_models: [H100-80GB]\nhold_never_fits: true\n" +
       "command: [sleep, '1']\n");
     await page.click("#panel-yaml button[type=submit]");
     await page.waitForURL(/#\/jobs\/\d+$/);
@@ -198,8 +203,17 @@ try {
     await shot("10-job-cancelled");
   });
 
-  await step("jobs page filters by state and text", async () => {
+  await step("jobs page filters by state, user and text; its headers are words", async () => {
     await page.click("nav >> text=Jobs");
+    await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();
+    const heads = await page.locator("main table th").allTextContents();
+    if (heads.some((t) => /object/i.test(t))) throw new Error("a header reads [object Object]: " + heads.join("|"));
+    await page.getByText(/job\(s\)/).first().waitFor();
+    await page.fill("#f-user", "nobody-at-all");
+    await page.locator("#f-user").dispatchEvent("change");
+    await page.getByText("No jobs match.").waitFor();
+    await page.fill("#f-user", "");
+    await page.locator("#f-user").dispatchEvent("change");
     await page.selectOption("#f-state", "succeeded");
     await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();
     await page.fill("#f-text", "no-such-job-name");
@@ -207,6 +221,9 @@ try {
     await page.fill("#f-text", "portal-job");
     await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();
     await shot("11-jobs");
+    // Its attempt, with how it ended.
+    await page.goto(`${URL}/#/jobs/${formJob}`);
+    await page.locator("main table tr", { hasText: "exit 0" }).filter({ hasText: "succeeded" }).waitFor();
   });
 
   let teamToken;
@@ -229,8 +246,15 @@ try {
     await page.locator("main table").first().locator("tr", { hasText: "team-b" }).filter({ hasText: "0 / 4 GPUs" }).waitFor();
     await page.fill("#t-guarantee", "3");
     await page.fill("#t-limit", "6");
+    await page.fill("#t-cpu", "8");
     await page.click("#set-quota");
-    await page.locator("main table").first().locator("tr", { hasText: "team-b" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
+    const teamRow = page.locator("main table").first().locator("tr", { hasText: "team-b" });
+    await teamRow.filter({ hasText: "0 / 6 GPUs" }).filter({ hasText: "8" }).waitFor();
+    // One field set: the others are kept.
+    for (const f of ["#t-guarantee", "#t-limit", "#t-cpu"]) await page.fill(f, "");
+    await page.fill("#t-mem", "64Gi");
+    await page.click("#set-quota");
+    await teamRow.filter({ hasText: "64Gi" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
     await shot("12-tenants");
   });
 
@@ -248,6 +272,9 @@ try {
 
   await step("a tenant sees only its own jobs", async () => {
     const t = { token: teamToken };
+    // Another tenant's job that waits (no H100 here), for the queue page below.
+    await api("POST", "/v1/jobs", { name: "waits-for-h100", tenant: "default", gpus: 1, gpu_models: ["H100-80GB"],
+      hold_never_fits: true, command: ["true"] });
     const own = await api("POST", "/v1/jobs", { name: "b-job", gpus: 1, command: ["sleep", "1"] }, t.token);
     await page.click("#logout");
     await page.locator("#login-token").waitFor();
@@ -266,6 +293,12 @@ try {
     // Another tenant's job is not reachable by id: it does not exist for this tenant (404, as for a missing job).
     await page.goto(`${URL}/#/jobs/${formJob}`);
     await page.locator(".error-box").filter({ hasText: "no such job" }).waitFor();
+    // The queue holds another tenant's job only: said so, not "1 job(s) waiting (0 shown)" then "empty".
+    await until("team-b's job to end", async () => (await api("GET", `/v1/jobs/${own.id}`)).state === "succeeded");
+    await page.goto(`${URL}/#/queue`);
+    await page.getByText("None of your jobs is waiting").waitFor();
+    const q = await page.locator("main").textContent();
+    if (q.includes("(0 shown)") || !q.includes("0 of your job(s) waiting")) throw new Error("queue page: " + q);
   });
 
   await step("tokens page: the admin makes a tenant admin's token; its holder sees who it is, its tenant's tokens, " +
@@ -315,6 +348,9 @@ try {
     "submit form: a bad field is shown next to the field": /Failed to load resource.*(400|422)/,
     // 404: another tenant's job by id; 401: a refresh still in flight with the admin's token as it logs out.
     "a tenant sees only its own jobs": /Failed to load resource.*(401|404)/,
+    // 422: the job that can never fit, refused.
+    "YAML box: a job that can never fit is refused with why; kept, it shows its reason in the queue":
+      /Failed to load resource.*422/,
     "tenants page: quota use, this month's spend; an admin creates a tenant and sets its quota":
       /Failed to load resource.*(400|422)/,
   };

@@ -590,6 +590,28 @@ impl Launcher {
                 }
             });
         }
+        if let Some(limit) = a.time_limit_ms {
+            // The run-time limit: counted from the process's start (from now for an adopted task, whose start the
+            // agent did not see), then SIGTERM to the group, and SIGKILL after the grace period.
+            let failed = extras.probe_failed.clone();
+            let alive = alive.clone();
+            let may_signal = may_signal.clone();
+            let grace = std::time::Duration::from_millis(a.grace_ms);
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(limit)).await;
+                if !alive.load(std::sync::atomic::Ordering::SeqCst) || !may_signal() {
+                    return;
+                }
+                tracing::warn!(job = t.job, rank = t.rank, limit_ms = limit, "time limit reached: stopping the task");
+                *failed.lock().expect("probe lock") =
+                    Some(format!("exceeded its time limit of {}", gpunet_api::units::format_duration_ms(limit)));
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+                tokio::time::sleep(grace).await;
+                if may_signal() {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            });
+        }
         if a.tiers.is_empty() {
             return;
         }

@@ -203,6 +203,10 @@ pub struct TaskAssignment {
     /// runs the task as uid and gid `base + tenant_index`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_index: Option<u32>,
+    /// The attempt's run-time limit, ms from its start: past it the agent stops the task (SIGTERM, then SIGKILL
+    /// after `grace_ms`) and reports the exit with the reason `exceeded its time limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
 }
 
 /// A MIG slice of a node: the GPU's index and the instance's position among that GPU's MIG instances.

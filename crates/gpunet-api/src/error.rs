@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
-    /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `parse_error`, `not_found`,
+    /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `never_fits`, `parse_error`, `not_found`,
     /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `limit_exceeded`, `internal`.
     pub code: String,
     /// What went wrong, naming the field and what is allowed.
@@ -52,6 +52,18 @@ impl ApiError {
         }
     }
 
+    /// No node of the cluster could ever hold the job (422), with why; `hold_never_fits` keeps such a job.
+    pub fn never_fits(why: &str) -> ApiError {
+        ApiError {
+            code: "never_fits".into(),
+            message: format!(
+                "the job can never run on this cluster: {why} (hold_never_fits: true, or `--hold-never-fits`, keeps it \
+                 waiting for such a node)"
+            ),
+            field: None,
+        }
+    }
+
     /// A required field is missing.
     pub fn missing(field: &str) -> ApiError {
         ApiError { code: "missing_field".into(), message: format!("missing field {field}"), field: Some(field.into()) }
@@ -72,7 +84,7 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self.code.as_str() {
             "parse_error" => 400,
-            "invalid_field" | "unknown_field" | "missing_field" => 422,
+            "invalid_field" | "unknown_field" | "missing_field" | "never_fits" => 422,
             "unauthorized" => 401,
             "forbidden" => 403,
             "not_found" => 404,

@@ -336,7 +336,7 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
 /// A tenant quota from a ResourceQuota: guarantee and limit alike (a ResourceQuota is a hard cap).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QuotaSubmission {
-    /// Tenant (the quota's name, else its namespace).
+    /// Tenant: the quota's namespace (Kubernetes applies a ResourceQuota of any name to its namespace), else its name.
     pub tenant: String,
     /// GPUs.
     pub gpus: Option<u64>,
@@ -375,7 +375,7 @@ pub fn quota_from_k8s(text_doc: &str) -> Result<(QuotaSubmission, Vec<String>), 
     let mut meta = take(&mut v, "metadata").unwrap_or(Value::Null);
     let name = req_str(take(&mut meta, "name"), "metadata.name")?;
     let ns = req_str(take(&mut meta, "namespace"), "metadata.namespace")?;
-    let tenant = name.or(ns).ok_or_else(|| ApiError::missing("metadata.name"))?;
+    let tenant = ns.or(name).ok_or_else(|| ApiError::missing("metadata.namespace"))?;
     let mut spec = take(&mut v, "spec").ok_or_else(|| ApiError::missing("spec"))?;
     let mut hard = take(&mut spec, "hard").ok_or_else(|| ApiError::missing("spec.hard"))?;
     let mut q = QuotaSubmission { tenant, gpus: None, cpu: None, memory: None };

@@ -15,17 +15,20 @@
 //! affinity: [{key: zone, operator: In, values: [zone-a]}]
 //! tolerations: [{key: lifecycle, value: spot}]
 //! priority: 0
-//! estimated_duration: 2h
+//! estimated_duration: 2h            # what the scheduler plans with (backfill, ETAs); never enforced
+//! time_limit: 4h                    # each attempt is killed after this long (SIGTERM, then SIGKILL after the grace)
 //! preemptible: true
 //! checkpoint_interval: 10m
 //! max_restarts: 3
 //! elastic: {min_tasks: 1, max_tasks: 4}
 //! command: [python, train.py]
 //! env: {EPOCHS: "90"}
-//! working_dir: run/out          # relative, beneath the task's own directory (its HOME)
+//! working_dir: run/out          # relative, beneath the task's own directory (its HOME, the default working
+//!                                # directory: DATA_DIR/homes/job-ID/rank-R on the agent's node)
 //! liveness: {command: [nvidia-smi], initial_delay: 30s, period: 10s}
 //! array: 0-99%8                  # a job array: elements 0..99, at most 8 live at once
 //! dependency: afterok:12,singleton  # start once job-12 succeeded and no earlier job of this name runs
+//! hold_never_fits: false         # keep a job no registered node could ever hold (default: refused at submit)
 //! ```
 //! Unknown fields are errors that name the field.
 
@@ -185,6 +188,14 @@ pub struct JobSubmission {
     /// Estimated run time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_duration: Option<String>,
+    /// Run-time limit of each attempt: the agent stops the tasks (SIGTERM, then SIGKILL) once it has passed, and the
+    /// attempt fails with the outcome `time_limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<String>,
+    /// Keep the job even when no registered node could ever hold it (it waits for such a node); by default such a
+    /// job is refused at submit, saying why.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_never_fits: bool,
     /// May be preempted.
     #[serde(default = "yes")]
     pub preemptible: bool,
@@ -244,6 +255,8 @@ impl JobSubmission {
             affinity: Vec::new(),
             tolerations: Vec::new(),
             estimated_duration: None,
+            time_limit: None,
+            hold_never_fits: false,
             preemptible: true,
             checkpoint_interval: None,
             max_restarts: None,
@@ -320,6 +333,11 @@ impl JobSubmission {
             self.tolerations.iter().map(|t| Toleration { key: t.key.clone(), value: t.value.clone() }).collect();
         if let Some(d) = &self.estimated_duration {
             spec.estimated_duration = Some(parse_duration("estimated_duration", d)?);
+        }
+        if let Some(d) = &self.time_limit {
+            if parse_duration("time_limit", d)?.0 < 1000 {
+                return Err(ApiError::invalid("time_limit", d, "at least 1s"));
+            }
         }
         spec.preemptible = self.preemptible;
         if let Some(d) = &self.checkpoint_interval {

@@ -87,6 +87,37 @@ pub struct JobView {
     /// Why it ended without running to its end on its own (a dependency that can never be satisfied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// Its attempts, oldest first: where each ran, when, and how it ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptView>,
+}
+
+/// One attempt of a job: a start and, once confirmed, its end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptView {
+    /// Attempt number (0 first; restarts, preemptions and node losses each begin another).
+    pub attempt: u32,
+    /// Where its tasks ran.
+    pub placement: Vec<TaskView>,
+    /// Started, ms since the Unix epoch.
+    pub started_ms: u64,
+    /// Its end confirmed, ms since the Unix epoch; absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+    /// How it ended: `succeeded`, `failed`, `oom`, `liveness`, `time_limit`, `preempted`, `drained`, `cancelled`,
+    /// `node_lost` or `interrupted`; absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// The exit code of the rank that ended it (0 when every rank exited 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that killed the rank that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The end in one sentence (which rank, why; for a preemption, the job it made room for when it is the same
+    /// tenant's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.
@@ -114,9 +145,12 @@ pub struct ArrayProgress {
 pub struct JobPage {
     /// Jobs, by id.
     pub jobs: Vec<JobView>,
-    /// Pass as `after` to get the next page; absent on the last page.
+    /// Pass as `after` (or, newest first, as `before`) to get the next page; absent on the last page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<u64>,
+    /// Jobs matching the filters in all, over every page.
+    #[serde(default)]
+    pub total: usize,
 }
 
 /// Why a job waits, with an ETA.
@@ -423,6 +457,10 @@ pub struct QueueView {
     pub policy: String,
     /// Jobs waiting in all (all tenants).
     pub queue_length: usize,
+    /// Jobs waiting that the caller may see (a tenant: its own), dependency waits included: what `entries` would
+    /// hold without the limit.
+    #[serde(default)]
+    pub visible_length: usize,
     /// The first queued jobs in policy order (a tenant sees only its own, with their positions in the whole queue).
     pub entries: Vec<QueueEntry>,
 }

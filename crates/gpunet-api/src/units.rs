@@ -57,6 +57,23 @@ pub fn parse_duration(field: &str, s: &str) -> Result<Dur, ApiError> {
     bounded(total)
 }
 
+/// A duration in ms as people write it, the two largest units: `1d4h`, `2h5m`, `3m20s`, `45s`, `250ms`; what
+/// [`parse_duration`] reads back (to within the dropped smaller units).
+pub fn format_duration_ms(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = ms / 1000;
+    let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    let parts = [(d, "d"), (h, "h"), (m, "m"), (sec, "s")];
+    let first = parts.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    let mut out = format!("{}{}", parts[first].0, parts[first].1);
+    if let Some((n, u)) = parts.get(first + 1).filter(|(n, _)| *n > 0) {
+        out += &format!("{n}{u}");
+    }
+    out
+}
+
 /// Parses CPU: cores (`8`, `1.5`) or millicores (`500m`).
 pub fn parse_cpu(field: &str, s: &str) -> Result<MilliCpu, ApiError> {
     let bad = || ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m, at most 1000000000 cores");
@@ -98,6 +115,18 @@ pub fn parse_memory(field: &str, s: &str) -> Result<MiB, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_formatted_with_their_two_largest_units() {
+        assert_eq!(format_duration_ms(250), "250ms");
+        assert_eq!(format_duration_ms(45_000), "45s");
+        assert_eq!(format_duration_ms(200_000), "3m20s");
+        assert_eq!(format_duration_ms(7_500_000), "2h5m");
+        assert_eq!(format_duration_ms(3_600_000), "1h");
+        assert_eq!(format_duration_ms(100_800_000 + 59_000), "1d4h");
+        let back = parse_duration("d", &format_duration_ms(7_500_000)).unwrap();
+        assert_eq!(back.0, 7_500_000);
+    }
 
     #[test]
     fn durations() {

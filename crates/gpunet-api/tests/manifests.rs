@@ -35,6 +35,15 @@ fn the_k8s_resource_quota_fixture_converts() {
 }
 
 #[test]
+fn a_resource_quota_of_any_name_belongs_to_its_namespace() {
+    // Kubernetes applies a ResourceQuota to its namespace whatever its name; `team-a-quota` was refused.
+    let text = include_str!("fixtures/k8s-resourcequota.yaml")
+        .replace("  name: team-a\n", "  name: team-a-quota\n  namespace: team-a\n");
+    let (q, _) = quota_from_k8s(&text).unwrap();
+    assert_eq!(q.tenant, "team-a");
+}
+
+#[test]
 fn unknown_kubernetes_fields_are_named_never_ignored() {
     let text = include_str!("fixtures/k8s-job.yaml")
         .replace("  template:\n", "  ttlSecondsAfterFinished: 100\n  template:\n")

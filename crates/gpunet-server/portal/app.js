@@ -435,8 +435,13 @@ async function queue() {
   setMain("Queue", head, body);
   const draw = async () => {
     const q = await api("/v1/queue?limit=50");
-    head.textContent = `${q.queue_length} job(s) waiting, in the order the ${q.policy} policy considers them` +
-      (q.entries.length < q.queue_length ? ` (${q.entries.length} shown)` : "") + ".";
+    // What the caller may see: a tenant's own jobs (the whole queue's length counts every tenant's).
+    const n = q.visible_length ?? q.queue_length;
+    head.textContent = (isAdmin() ? `${n} job(s) waiting` : `${n} of your job(s) waiting (${q.queue_length} in the ` +
+      "whole queue)") + `, in the order the ${q.policy} policy considers them` +
+      (q.entries.length < n ? ` (the first ${q.entries.length} shown)` : "") + ".";
+    const empty = !isAdmin() && q.queue_length > 0
+      ? `None of your jobs is waiting (${q.queue_length} of other tenants' are).` : "The queue is empty.";
     body.replaceChildren(table(
       [{ label: "#", num: true }, { label: "Job" }, { label: "Tenant" }, { label: "State" }, { label: "GPUs", num: true },
         { label: "Priority", num: true }, { label: "Waiting" }, { label: "Why pending" }, { label: "Expected start" }],
@@ -444,7 +449,7 @@ async function queue() {
         e.tenant, badge(e.state), String(e.gpus), String(e.priority), fmtDur(Date.now() - e.submitted_ms),
         h("span", { class: "reason" }, e.message),
         e.eta_ms ? h("span", { title: fmtTime(e.eta_ms) }, eta(e.eta_ms)) : h("span", { class: "muted" }, "unknown")]),
-      "The queue is empty."));
+      empty));
   };
   S.refresh = draw;
   S.timer = setInterval(() => draw().catch(() => {}), 10000);
@@ -458,11 +463,13 @@ async function jobs(_arg, params) {
   const stateSel = h("select", { id: "f-state", name: "state" }, h("option", { value: "" }, "any state"),
     STATES.map((s) => h("option", { value: s }, s)));
   const text = h("input", { id: "f-text", name: "q", type: "search", placeholder: "id, name, command" });
+  const userIn = h("input", { id: "f-user", name: "user", type: "search", placeholder: "any user" });
   const list = h("div", {});
   const count = h("p", { class: "muted", "aria-live": "polite" });
   const filters = h("form", { class: "filters", role: "search", onsubmit: (e) => e.preventDefault() },
     isAdmin() ? h("div", {}, h("label", { for: "f-tenant" }, "Tenant"), tenantSel) : null,
     h("div", {}, h("label", { for: "f-state" }, "State"), stateSel),
+    h("div", {}, h("label", { for: "f-user" }, "User"), userIn),
     h("div", { style: null }, h("label", { for: "f-text" }, "Text"), text));
   setMain("Jobs", filters, count, list);
   if (isAdmin()) {
@@ -471,27 +478,25 @@ async function jobs(_arg, params) {
   tenantSel.value = params.get("tenant") || "";
   stateSel.value = params.get("state") || "";
   text.value = params.get("q") || "";
+  userIn.value = params.get("user") || "";
   const draw = async () => {
     const q = new URLSearchParams();
     if (tenantSel.value) q.set("tenant", tenantSel.value);
     if (stateSel.value) q.set("state", stateSel.value);
-    q.set("limit", "1000");
-    let all = [];
-    let after = null;
-    for (let i = 0; i < 5; i++) {
-      if (after) q.set("after", after);
-      const page = await api("/v1/jobs?" + q.toString());
-      all = all.concat(page.jobs);
-      if (!page.next) break;
-      after = page.next;
-    }
+    if (userIn.value.trim()) q.set("user", userIn.value.trim());
+    // The newest first, with the count of all that match: the newest are never the ones left out.
+    q.set("order", "newest");
+    q.set("limit", "500");
+    const page = await api("/v1/jobs?" + q.toString());
+    let all = page.jobs;
+    const total = page.total ?? all.length;
     const needle = text.value.trim().toLowerCase();
     if (needle) {
       all = all.filter((j) => ("job-" + j.id + " " + j.id + " " + j.name + " " + j.tenant + " " + (j.submitted_by || "") + " " +
         (j.spec.command || []).join(" ")).toLowerCase().includes(needle));
     }
-    all.sort((a, b) => b.id - a.id);
-    count.textContent = `${all.length} job(s)`;
+    count.textContent = needle ? `${all.length} of the newest ${page.jobs.length} job(s) match` :
+      page.jobs.length < total ? `The newest ${page.jobs.length} of ${total} job(s)` : `${total} job(s)`;
     list.replaceChildren(table(
       [{ label: "Job" }, { label: "Name" }, { label: "Tenant" }, { label: "By" }, { label: "State" },
         { label: "GPUs", num: true }, { label: "Submitted" }, { label: "Run time" }, { label: "Restarts", num: true },
@@ -507,6 +512,7 @@ async function jobs(_arg, params) {
     const q = new URLSearchParams();
     if (tenantSel.value) q.set("tenant", tenantSel.value);
     if (stateSel.value) q.set("state", stateSel.value);
+    if (userIn.value) q.set("user", userIn.value);
     if (text.value) q.set("q", text.value);
     history.replaceState(null, "", "#/jobs" + (q.toString() ? "?" + q.toString() : ""));
     draw().catch((e) => toast(e.message, true));
@@ -514,6 +520,7 @@ async function jobs(_arg, params) {
   tenantSel.addEventListener("change", sync);
   stateSel.addEventListener("change", sync);
   text.addEventListener("input", sync);
+  userIn.addEventListener("change", sync);
   S.refresh = draw;
   await draw();
 }
@@ -534,13 +541,14 @@ async function job(id) {
   const facts = h("div", { class: "card" });
   const why = h("div", {});
   const place = h("div", {});
+  const attempts = h("div", {});
   const evs = h("div", {});
   const ckpts = h("div", {});
   const spec = h("pre", { class: "spec", tabindex: "0", "aria-label": "Job spec" });
   const rankSel = h("select", { id: "log-rank", class: "inline" });
   const logs = h("pre", { id: "logs", tabindex: "0", "aria-label": "Log output", "aria-live": "off" });
   setMain("job-" + id, head, h("div", { class: "grid two" }, facts, h("div", {}, why, h("h2", {}, "Placement"), place)),
-    h("h2", {}, "Events"), evs, h("h2", {}, "Checkpoints"), ckpts,
+    h("h2", {}, "Attempts"), attempts, h("h2", {}, "Events"), evs, h("h2", {}, "Checkpoints"), ckpts,
     h("h2", { class: "row" }, "Logs ", h("label", { for: "log-rank", class: "muted", style: null }, "rank"), rankSel),
     logs, h("h2", {}, "Spec"), spec);
   let ranks = -1;
@@ -579,6 +587,14 @@ async function job(id) {
     place.replaceChildren(table([{ label: "Rank", num: true }, { label: "Node" }, { label: "GPUs" }],
       j.placement.map((t, i) => [String(i), t.node, t.mig_slot !== undefined ? `MIG slot ${t.mig_slot}` :
         t.gpus.join(", ")]), "Not placed."));
+    attempts.replaceChildren(table([{ label: "#", num: true }, { label: "Where" }, { label: "Started" },
+      { label: "Ended" }, { label: "Ran" }, { label: "End" }, { label: "How" }],
+    (j.attempts || []).map((a) => [String(a.attempt),
+      a.placement.map((t) => `${t.node}: ${t.gpus.join(", ") || "no GPU"}`).join("; "), fmtTime(a.started_ms),
+      a.ended_ms ? fmtTime(a.ended_ms) : "—", fmtDur((a.ended_ms || Date.now()) - a.started_ms),
+      a.outcome ? badge(a.outcome) : badge("running") ,
+      (a.exit_code != null ? `exit ${a.exit_code}` : a.signal != null ? `signal ${a.signal}` : "") +
+        (a.message ? (a.exit_code != null || a.signal != null ? " · " : "") + a.message : "")]), "Not started yet."));
     evs.replaceChildren(table([{ label: "Time" }, { label: "Kind" }, { label: "What" }],
       ev.map((e) => [fmtTime(e.at_ms), badge(e.kind), e.message]), "No events."));
     const cks = ev.filter((e) => e.kind === "checkpoint");
@@ -735,8 +751,13 @@ async function submit() {
   const yaml = h("textarea", { id: "f-yaml", name: "yaml", spellcheck: "false", "aria-describedby": "err-yaml" });
   yaml.value = YAML_EXAMPLE;
   const yamlErr = h("div", { id: "err-yaml" });
+  // An admin names the tenant here unless the spec does (`tenant:` in it wins).
+  const yamlTenant = isAdmin() ? h("select", { id: "f-yaml-tenant", name: "tenant" },
+    h("option", { value: "" }, "the spec's tenant"),
+    (inputs.tenant ? Array.from(inputs.tenant.options) : []).map((o) => h("option", { value: o.value }, o.value))) : null;
   const yamlPanel = h("form", { id: "panel-yaml", role: "tabpanel", "aria-labelledby": "tab-yaml", class: "card",
     hidden: true, onsubmit: (e) => { e.preventDefault(); send(false, "yaml"); } },
+  yamlTenant ? h("div", {}, h("label", { for: "f-yaml-tenant" }, "Tenant"), yamlTenant) : null,
   h("label", { for: "f-yaml" }, "Job spec (gpunet YAML or a Kubernetes Job)"), yaml, yamlErr,
   h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Submit YAML"),
     h("button", { type: "button", onclick: () => send(true, "yaml") }, "Dry run")));
@@ -794,7 +815,8 @@ async function submit() {
     let body;
     try {
       body = mode === "form" ? build() : yaml.value;
-      const path = dry ? "/v1/jobs/dry-run" : "/v1/jobs";
+      const tq = mode === "yaml" && yamlTenant && yamlTenant.value ? "?tenant=" + encodeURIComponent(yamlTenant.value) : "";
+      const path = (dry ? "/v1/jobs/dry-run" : "/v1/jobs") + tq;
       const r = await api(path, { method: "POST", body, type: mode === "form" ? "application/json" : "application/yaml" });
       if (dry) {
         r.placement = r.placement || [];
@@ -841,7 +863,9 @@ async function tenants() {
       h("p", { class: "muted" }, `Spend is this month's (since ${new Date(month).toLocaleDateString()}), from the ` +
         "billing ledger, per second of use, running jobs included; GPUs, CPU and memory are priced apart."),
       table([{ label: "Tenant" }, { label: "GPUs in use vs quota" }, { label: "Guarantee", num: true },
-        { label: "Limit", num: true }, { label: "Running", num: true }, { label: "Queued", num: true },
+        { label: "Limit", num: true }, { label: "CPU guarantee", num: true }, { label: "CPU limit", num: true },
+        { label: "Memory guarantee", num: true }, { label: "Memory limit", num: true },
+        { label: "Running", num: true }, { label: "Queued", num: true },
         { label: "Weight", num: true }, { label: "Fair-share usage (GPU-h, decayed)", num: true },
         { label: "GPU-hours this month", num: true }, { label: "GPU spend", num: true },
         { label: "CPU spend", num: true }, { label: "Memory spend", num: true },
@@ -851,7 +875,9 @@ async function tenants() {
         const g = q.guarantee_gpus, l = q.limit_gpus ?? g;
         const u = usage.tenants[t.name] || { gpu_hours: 0, gpu_cost: 0, cpu_cost: 0, mem_cost: 0, cost: 0 };
         const cur = usage.currency || "USD";
-        return [h("strong", {}, t.name), quotaBar(t.gpus_used, g, l), g ?? "—", l ?? "—", String(t.running),
+        return [h("strong", {}, t.name), quotaBar(t.gpus_used, g, l), g ?? "—", l ?? "—",
+          q.guarantee_cpu ?? "—", q.limit_cpu ?? q.guarantee_cpu ?? "—",
+          q.guarantee_memory ?? "—", q.limit_memory ?? q.guarantee_memory ?? "—", String(t.running),
           String(t.queued), num(t.weight, 2), num(t.fair_share_usage_gpu_hours, 3), num(u.gpu_hours, 3),
           money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur), money(u.mem_cost || 0, cur), money(u.cost, cur)];
       }), "No tenants."),
@@ -896,21 +922,33 @@ function tenantAdmin() {
   const weight = field("t-weight", "Fair-share weight", { type: "number", value: "1", step: "0.1", min: "0" });
   const guar = field("t-guarantee", "Guaranteed GPUs", { type: "number", min: "0", placeholder: "none" });
   const limit = field("t-limit", "GPU limit (with borrowing)", { type: "number", min: "0", placeholder: "= guarantee" });
-  const fields = { name, weight, quota: guar, guarantee_gpus: guar, limit_gpus: limit };
+  const cpu = field("t-cpu", "Guaranteed CPU (cores or 500m)", { type: "text", placeholder: "none" });
+  const cpuLimit = field("t-cpu-limit", "CPU limit", { type: "text", placeholder: "= guarantee" });
+  const mem = field("t-mem", "Guaranteed memory (256Gi)", { type: "text", placeholder: "none" });
+  const memLimit = field("t-mem-limit", "Memory limit", { type: "text", placeholder: "= guarantee" });
+  const fields = { name, weight, quota: guar, guarantee_gpus: guar, limit_gpus: limit, guarantee_cpu: cpu,
+    limit_cpu: cpuLimit, guarantee_memory: mem, limit_memory: memLimit };
+  const quotaFields = [["guarantee_gpus", guar, Number], ["limit_gpus", limit, Number], ["guarantee_cpu", cpu, String],
+    ["limit_cpu", cpuLimit, String], ["guarantee_memory", mem, String], ["limit_memory", memLimit, String]];
+  /** The quota fields filled in, over `base` (the fields left empty keep their values). */
+  const quotaOf = (base) => {
+    const q = { ...(base || {}) };
+    for (const [k, f, conv] of quotaFields) if (f.el.value.trim()) q[k] = conv(f.el.value.trim());
+    return q;
+  };
   const showToken = (t) => out.replaceChildren(h("div", { class: "ok-box", role: "status" },
     h("p", {}, `Token for ${t.tenant} (shown once; only its hash is stored):`),
     h("pre", { class: "spec", id: "new-token", tabindex: "0" }, t.token)));
   const create = async (e) => {
     e.preventDefault();
-    for (const f of [name, weight, guar, limit]) { f.el.removeAttribute("aria-invalid"); f.err.textContent = ""; }
+    for (const f of [name, weight, guar, limit, cpu, cpuLimit, mem, memLimit]) {
+      f.el.removeAttribute("aria-invalid"); f.err.textContent = "";
+    }
     out.replaceChildren();
     const req = { name: name.el.value.trim() };
     if (weight.el.value) req.weight = Number(weight.el.value);
-    if (guar.el.value || limit.el.value) {
-      req.quota = {};
-      if (guar.el.value) req.quota.guarantee_gpus = Number(guar.el.value);
-      if (limit.el.value) req.quota.limit_gpus = Number(limit.el.value);
-    }
+    const q = quotaOf({});
+    if (Object.keys(q).length) req.quota = q;
     try {
       showToken(await api("/v1/tenants", { method: "POST", body: JSON.stringify(req) }));
       if (S.refresh) await S.refresh();
@@ -924,7 +962,8 @@ function tenantAdmin() {
   return h("details", { class: "card", style: null },
     h("summary", {}, "Admin: create a tenant, set a quota or issue a token"),
     h("form", { id: "tenant-form", onsubmit: create, novalidate: true },
-      h("div", { class: "form-grid" }, name.box, weight.box, guar.box, limit.box),
+      h("div", { class: "form-grid" }, name.box, weight.box, guar.box, limit.box, cpu.box, cpuLimit.box, mem.box,
+        memLimit.box),
       h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Create tenant"),
         h("button", { type: "button", onclick: async () => {
           const n = name.el.value.trim();
@@ -934,12 +973,14 @@ function tenantAdmin() {
         } }, "Issue another token for this name"),
         h("button", { type: "button", id: "set-quota", onclick: async () => {
           const n = name.el.value.trim();
-          for (const f of [name, guar, limit]) { f.el.removeAttribute("aria-invalid"); f.err.textContent = ""; }
+          for (const f of [name, guar, limit, cpu, cpuLimit, mem, memLimit]) {
+            f.el.removeAttribute("aria-invalid"); f.err.textContent = "";
+          }
           if (!n) { name.err.textContent = "Enter the tenant's name."; name.el.focus(); return; }
-          const q = {};
-          if (guar.el.value) q.guarantee_gpus = Number(guar.el.value);
-          if (limit.el.value) q.limit_gpus = Number(limit.el.value);
           try {
+            // The fields left empty keep the tenant's current values (as `gpunet quota` does).
+            const cur = (await api("/v1/tenants")).find((t) => t.name === n);
+            const q = quotaOf(cur && cur.quota);
             await api(`/v1/tenants/${encodeURIComponent(n)}/quota`, { method: "PUT", body: JSON.stringify(q) });
             out.replaceChildren(h("div", { class: "ok-box", role: "status" }, `Quota of ${n} set.`));
             if (S.refresh) await S.refresh();
@@ -948,7 +989,7 @@ function tenantAdmin() {
             if (f) { f.el.setAttribute("aria-invalid", "true"); f.err.textContent = x.message; f.el.focus(); }
             else out.replaceChildren(h("div", { class: "error-box", role: "alert" }, x.message));
           }
-        } }, "Set this GPU quota on the tenant"))),
+        } }, "Set these quota fields on the tenant"))),
     out);
 }
 

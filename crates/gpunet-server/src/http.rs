@@ -335,27 +335,41 @@ async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery
 
 async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
-    let q = query(&q, &["tenant", "state", "after", "limit"])?;
-    let states = ["pending", "running", "preempted", "restarting", "succeeded", "failed", "cancelled"];
+    let q = query(&q, &["tenant", "state", "user", "after", "before", "order", "limit"])?;
+    let known = ["pending", "running", "preempted", "restarting", "succeeded", "failed", "cancelled"];
+    let mut states = Vec::new();
     if let Some(s) = q.get("state") {
-        if !states.contains(&s.as_str()) {
-            return Err(Fail(ApiError::invalid("state", s, &states.join(", "))));
+        // One state or several, comma-separated: `pending,running`.
+        for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            if !known.contains(&x) {
+                return Err(Fail(ApiError::invalid("state", x, &known.join(", "))));
+            }
+            states.push(x.to_string());
         }
     }
     let after = match q.get("after") {
         Some(a) => parse_id(a)?,
         None => 0,
     };
-    let limit = limit_param(&q, 1000, 100)?;
-    let r = ask(&st, |reply| Cmd::List {
-        who: p,
+    let before = q.get("before").map(|b| parse_id(b)).transpose()?;
+    let newest = match q.get("order").map(String::as_str) {
+        None | Some("oldest") => false,
+        Some("newest") => true,
+        Some(o) => return Err(Fail(ApiError::invalid("order", o, "oldest or newest"))),
+    };
+    if before.is_some() && !newest {
+        return Err(Fail(ApiError::invalid("before", &before.unwrap_or(0).to_string(), "only with order=newest")));
+    }
+    let filter = crate::owner::JobFilter {
         tenant: q.get("tenant").cloned(),
-        state: q.get("state").cloned(),
+        states,
+        user: q.get("user").cloned(),
         after,
-        limit,
-        reply,
-    })
-    .await?;
+        before,
+        newest,
+        limit: limit_param(&q, 1000, 100)?,
+    };
+    let r = ask(&st, |reply| Cmd::List { who: p, filter, reply }).await?;
     Ok(json(StatusCode::OK, r))
 }
 
@@ -426,9 +440,9 @@ async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<St
     let quota = if let Some((q, warnings)) = k8s {
         if q.tenant != name {
             return Err(Fail(ApiError::invalid(
-                "metadata.name",
+                "metadata.namespace",
                 &q.tenant,
-                &format!("the tenant in the path ({name})"),
+                &format!("the tenant in the path ({name}); a quota without a namespace is named after its tenant"),
             )));
         }
         for w in &warnings {

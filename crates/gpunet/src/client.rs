@@ -10,6 +10,7 @@
 //! a server is sent again only when that is safe: reads, and submissions, which carry an `Idempotency-Key` (one per
 //! `gpunet submit`, the same on every try) so that a retry after a failover returns the job the first try made.
 
+use crate::cli::output::Output;
 use anyhow::{bail, Context, Result};
 use gpunet_api::types::*;
 use serde::de::DeserializeOwned;
@@ -28,8 +29,8 @@ pub(crate) struct Conn {
     /// Bearer token (default `GPUNET_TOKEN`, then the config file).
     #[arg(long, global = true)]
     pub(crate) token: Option<String>,
-    /// table or json.
-    #[arg(long, global = true, default_value = "table")]
+    /// table, wide (more columns), json or yaml.
+    #[arg(short = 'o', long, global = true, default_value = "table")]
     pub(crate) output: String,
 }
 
@@ -62,7 +63,7 @@ pub(crate) struct Client {
     servers: gpunet_api::servers::ServerList,
     token: Option<String>,
     http: reqwest::Client,
-    pub(crate) json: bool,
+    pub(crate) output: Output,
 }
 
 /// A fresh idempotency key: 128 random bits, hex.
@@ -128,10 +129,8 @@ impl Client {
             gpunet_api::servers::ServerList::parse("--server", &list).map_err(|e| anyhow::anyhow!(e.message))?;
         let token = c.token.clone().or_else(|| std::env::var("GPUNET_TOKEN").ok()).or(file.token);
         let ca = c.ca.clone().or_else(|| std::env::var_os("GPUNET_CA").map(PathBuf::from)).or(file.ca);
-        if !matches!(c.output.as_str(), "table" | "json") {
-            bail!("invalid --output {:?}: allowed are table and json", c.output);
-        }
-        Ok(Client { servers, token, http: http_client(ca.as_deref(), 64)?, json: c.output == "json" })
+        let output = Output::parse(&c.output)?;
+        Ok(Client { servers, token, http: http_client(ca.as_deref(), 64)?, output })
     }
 
     /// A request to `base`, with the token.
@@ -177,9 +176,8 @@ impl Client {
         serde_json::from_slice(&body).context("decode the server's answer")
     }
 
-    /// Copies a streamed text answer to standard output as it arrives.
-    pub(crate) async fn stream(&self, path: &str) -> Result<()> {
-        use std::io::Write as _;
+    /// Hands a streamed answer to `sink` as it arrives.
+    pub(crate) async fn stream(&self, path: &str, mut sink: impl FnMut(&[u8])) -> Result<()> {
         let mut resp = self.call(reqwest::Method::GET, path, None, None).await?;
         if !resp.status().is_success() {
             let status = resp.status();
@@ -189,10 +187,8 @@ impl Client {
             }
             bail!("the server answered {status}");
         }
-        let mut out = std::io::stdout();
         while let Some(chunk) = resp.chunk().await? {
-            out.write_all(&chunk)?;
-            out.flush()?;
+            sink(&chunk);
         }
         Ok(())
     }
@@ -259,89 +255,6 @@ pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-fn ago(ms: u64) -> String {
-    let now = gpunet_server::now_ms();
-    let s = now.saturating_sub(ms) / 1000;
-    match s {
-        0..=59 => format!("{s}s ago"),
-        60..=3599 => format!("{}m ago", s / 60),
-        3600..=86_399 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86_400),
-    }
-}
-
-pub(crate) fn jobs_table(jobs: &[JobView]) -> String {
-    table(
-        &["ID", "TENANT", "NAME", "STATE", "GPUS", "TASKS", "SUBMITTED", "NODES"],
-        jobs.iter()
-            .map(|j| {
-                let mut nodes: Vec<&str> = j.placement.iter().map(|t| t.node.as_str()).collect();
-                nodes.dedup();
-                vec![
-                    match (j.array_job_id, j.array_index) {
-                        (Some(a), Some(i)) => format!("{}  ({a}[{i}])", j.id),
-                        _ => j.id.to_string(),
-                    },
-                    j.tenant.clone(),
-                    match &j.array {
-                        Some(a) => format!("{} [{} elements]", j.name, a.total),
-                        None => j.name.clone(),
-                    },
-                    j.state.clone(),
-                    j.gpus.to_string(),
-                    j.tasks.to_string(),
-                    ago(j.submitted_ms),
-                    nodes.join(","),
-                ]
-            })
-            .collect(),
-    )
-}
-
-pub(crate) fn nodes_table(nodes: &[NodeView]) -> String {
-    table(
-        &["NAME", "STATE", "MODEL", "GPUS", "FREE", "ZONE", "LIFECYCLE", "PRICE/GPU-H", "JOBS", "FAKE"],
-        nodes
-            .iter()
-            .map(|n| {
-                vec![
-                    n.name.clone(),
-                    n.state.clone(),
-                    n.gpu_model.clone().unwrap_or_else(|| "-".into()),
-                    n.gpus.to_string(),
-                    n.free_gpus.to_string(),
-                    n.labels.get("zone").cloned().unwrap_or_default(),
-                    n.labels.get("lifecycle").cloned().unwrap_or_default(),
-                    format!("{:.2}", n.price_per_gpu_hour),
-                    n.jobs.len().to_string(),
-                    if n.fake { "yes".into() } else { "no".into() },
-                ]
-            })
-            .collect(),
-    )
-}
-
-pub(crate) fn tenants_table(ts: &[TenantView]) -> String {
-    table(
-        &["TENANT", "WEIGHT", "GPUS USED", "GUARANTEE", "LIMIT", "QUEUED", "RUNNING", "COHORT"],
-        ts.iter()
-            .map(|t| {
-                let q = t.quota.clone().unwrap_or_default();
-                vec![
-                    t.name.clone(),
-                    format!("{}", t.weight),
-                    t.gpus_used.to_string(),
-                    q.guarantee_gpus.map_or("-".into(), |g| g.to_string()),
-                    q.limit_gpus.or(q.guarantee_gpus).map_or("-".into(), |g| g.to_string()),
-                    t.queued.to_string(),
-                    t.running.to_string(),
-                    t.cohort.clone().unwrap_or_default(),
-                ]
-            })
-            .collect(),
-    )
-}
-
 /// A job id as the CLI takes it: `42`, `job-42`, or an array element `42[3]` (`job-42[3]`), which is looked up as the
 /// array's element with index 3 (element `k` of array `A`, the `k`-th index, is job `A+1+k`).
 pub(crate) async fn resolve_job_id(c: &Client, text: &str) -> Result<u64> {
@@ -355,8 +268,8 @@ pub(crate) async fn resolve_job_id(c: &Client, text: &str) -> Result<u64> {
 }
 
 /// Polls the jobs until every one has ended; returns the exit code `gpunet wait` exits with: 0 when all succeeded,
-/// else the first unsuccessful job's (in the order given) — its failing rank's exit code, 128+N for signal N, 1
-/// otherwise. Each job's end is printed to standard error.
+/// else the first unsuccessful job's (in the order given), see [`job_exit_code`]. Each job's end is printed to
+/// standard error.
 pub(crate) async fn wait_for_jobs(c: &Client, ids: &[u64]) -> Result<i32> {
     const ENDED: [&str; 3] = ["succeeded", "failed", "cancelled"];
     let mut states: Vec<Option<String>> = vec![None; ids.len()];
@@ -376,7 +289,31 @@ pub(crate) async fn wait_for_jobs(c: &Client, ids: &[u64]) -> Result<i32> {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     let Some(i) = states.iter().position(|s| s.as_deref() != Some("succeeded")) else { return Ok(0) };
-    let events: Vec<serde_json::Value> = c.get(&format!("/v1/jobs/{}/events", ids[i])).await?;
+    job_exit_code(c, ids[i]).await
+}
+
+/// The exit code that stands for an ended job: 0 when it succeeded; else its last attempt's failing rank's exit
+/// code (1 to 255), 128+N when a signal N killed it; 1 when it has none (cancelled, a dependency never satisfied,
+/// an array, an OOM or a failed probe without a code).
+pub(crate) async fn job_exit_code(c: &Client, id: u64) -> Result<i32> {
+    let j: JobView = c.get(&format!("/v1/jobs/{id}")).await?;
+    if j.state == "succeeded" {
+        return Ok(0);
+    }
+    if j.state == "failed" {
+        if let Some(a) = j.attempts.iter().rev().find(|a| a.outcome.as_deref().is_some_and(|o| o != "succeeded")) {
+            match (a.exit_code, a.signal) {
+                (Some(code), _) if code != 0 => return Ok(code.clamp(1, 255)),
+                (_, Some(sig)) => return Ok(128 + sig.clamp(1, 127)),
+                _ => {}
+            }
+        }
+    }
+    if j.state == "cancelled" || !j.attempts.is_empty() {
+        return Ok(1);
+    }
+    // A job from before attempts were recorded: its end event.
+    let events: Vec<serde_json::Value> = c.get(&format!("/v1/jobs/{id}/events")).await?;
     Ok(events.iter().rev().filter_map(|e| e["message"].as_str()).find_map(exit_code_of).unwrap_or(1))
 }
 

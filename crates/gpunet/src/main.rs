@@ -2,6 +2,7 @@
 
 mod admin;
 mod bench;
+mod cli;
 mod client;
 mod monitoring;
 mod report;
@@ -10,7 +11,6 @@ mod sim_cmd;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 use client::{Client, Conn};
-use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
 use std::path::PathBuf;
 
@@ -31,24 +31,29 @@ enum Cmd {
     /// Run a node agent: register this machine and run its tasks.
     Agent(AgentArgs),
     /// Submit a job: `-f spec.yaml` (gpunet spec or Kubernetes Job), or flags and `-- CMD ARGS…`.
-    Submit(Box<SubmitArgs>),
-    /// List jobs.
-    Jobs(JobsArgs),
-    /// Show one job.
-    Show(IdArg),
-    /// Cancel a job.
-    Cancel(IdArg),
-    /// Why a job is pending, with numbers and an ETA.
-    Why(IdArg),
+    Submit(Box<cli::jobs::SubmitArgs>),
+    /// Run a job like `srun`: submit it, wait for its start, stream every rank's output (prefixed with the rank when
+    /// there are several), cancel it on Ctrl-C (exit 130), and exit with its exit code as `wait` does.
+    Run(Box<cli::run::RunArgs>),
+    /// List jobs, newest first (`--all` for every one), with the count of those not shown.
+    Jobs(cli::jobs::JobsArgs),
+    /// Show one job: its attempts (where, when, how each ended), its events, its estimate against its run time.
+    Show(cli::jobs::ShowArgs),
+    /// Cancel jobs: ids, or every unfinished job matching `--state`/`--user`/`--tenant`.
+    Cancel(cli::jobs::CancelArgs),
+    /// Why a job is pending, with numbers and an ETA; for a finished job, how it ended.
+    Why(cli::jobs::IdArg),
     /// Wait for jobs (or arrays) to end; exits 0 when all succeeded, else with the first unsuccessful one's exit
     /// code (128+N when killed by signal N; 1 when it has none: cancelled, a dependency never satisfied, an array).
-    Wait(WaitArgs),
-    /// A job's output (a rank's latest attempt); `-f` follows it until the job ends.
-    Logs(LogsArgs),
-    /// Tenants: list, or create with `--create NAME`, or issue a token with `--token-for NAME`.
-    Tenants(TenantsArgs),
-    /// Set a tenant's quota from flags or a ResourceQuota manifest.
-    Quota(QuotaArgs),
+    Wait(cli::jobs::WaitArgs),
+    /// A job's output (a rank's latest attempt); `-f` follows it until the job ends and exits with its exit code.
+    Logs(cli::jobs::LogsArgs),
+    /// Tenants: list (with GPU, CPU and memory quotas), or create with `--create NAME`, or issue a token with
+    /// `--token-for NAME`.
+    Tenants(cli::tenants::TenantsArgs),
+    /// Show a tenant's quota, set some of its fields (the others are kept), replace it from a ResourceQuota
+    /// manifest, or `--clear` it.
+    Quota(cli::tenants::QuotaArgs),
     /// Tokens: list, create (per user, with a role and an optional expiry) or revoke. The admin manages all; a
     /// tenant's admins manage that tenant's.
     Tokens {
@@ -56,7 +61,7 @@ enum Cmd {
         what: TokensCmd,
     },
     /// List nodes.
-    Nodes(ConnOnly),
+    Nodes(cli::tenants::NodesArgs),
     /// Cordon a node (no new tasks).
     Cordon(NodeArg),
     /// Drain a node (evict its jobs, no new tasks).
@@ -401,122 +406,9 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
 }
 
 #[derive(Debug, clap::Args)]
-struct SubmitArgs {
-    /// A spec file (YAML or JSON; gpunet's or a Kubernetes batch/v1 Job); `-` reads standard input.
-    #[arg(short = 'f', long)]
-    file: Option<PathBuf>,
-    /// Job name (default: the command's name).
-    #[arg(long)]
-    name: Option<String>,
-    /// GPUs per task.
-    #[arg(long, default_value_t = 1)]
-    gpus: u32,
-    /// Tasks (a gang).
-    #[arg(long, default_value_t = 1)]
-    tasks: u32,
-    /// Tenant (admin tokens only; a tenant token submits to its own).
-    #[arg(long)]
-    tenant: Option<String>,
-    /// Priority.
-    #[arg(long, default_value_t = 0)]
-    priority: i32,
-    /// Estimated run time, e.g. 2h.
-    #[arg(long)]
-    estimate: Option<String>,
-    /// A job array: indices `0-99`, `0-99:2` (a step) or `1,3,7`, and `%8` to run at most 8 at once. Each element
-    /// is a job of its own (`ID[INDEX]`, e.g. `job-12[3]`) whose tasks get `GPUNET_ARRAY_INDEX` and
-    /// `GPUNET_ARRAY_JOB_ID`; `show`/`cancel` take the array's id for the whole array.
-    #[arg(long)]
-    array: Option<String>,
-    /// Start only after other jobs: `afterok:ID[:ID…]` (they succeeded), `afterany:…` (they ended),
-    /// `afternotok:…` (they failed or were cancelled), `singleton` (no earlier job of this name runs), comma-separated.
-    /// IDs may be arrays or elements (`12[3]`). A dependency that can never be satisfied fails the job, saying why.
-    #[arg(long)]
-    dependency: Option<String>,
-    /// Ask where and when it would start, without queuing.
-    #[arg(long)]
-    dry_run: bool,
-    #[command(flatten)]
-    conn: Conn,
-    /// Command and arguments.
-    #[arg(last = true)]
-    command: Vec<String>,
-}
-
-#[derive(Debug, clap::Args)]
-struct JobsArgs {
-    /// Only this tenant's jobs.
-    #[arg(long)]
-    tenant: Option<String>,
-    /// Only jobs in this state.
-    #[arg(long)]
-    state: Option<String>,
-    /// At most this many.
-    #[arg(long, default_value_t = 100)]
-    limit: usize,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
-struct WaitArgs {
-    /// Job ids (42, job-42, or an array element 42[3]).
-    #[arg(required = true)]
-    ids: Vec<String>,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
-struct IdArg {
-    /// Job id (42 or job-42), or an array element (42[3] or job-42[3]).
-    id: String,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
-struct LogsArgs {
-    /// Job id.
-    id: String,
-    /// Follow until the job ends.
-    #[arg(short = 'f', long)]
-    follow: bool,
-    /// Task rank.
-    #[arg(long, default_value_t = 0)]
-    rank: u32,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
-struct ConnOnly {
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
 struct NodeArg {
     /// Node name.
     name: String,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
-struct TenantsArgs {
-    /// Create this tenant (admin); prints its token.
-    #[arg(long)]
-    create: Option<String>,
-    /// Weight of the tenant created.
-    #[arg(long)]
-    weight: Option<f64>,
-    /// Cohort of the tenant created.
-    #[arg(long)]
-    cohort: Option<String>,
-    /// Issue another token for this tenant (admin).
-    #[arg(long)]
-    token_for: Option<String>,
     #[command(flatten)]
     conn: Conn,
 }
@@ -558,23 +450,6 @@ enum TokensCmd {
 }
 
 #[derive(Debug, clap::Args)]
-struct QuotaArgs {
-    /// Tenant.
-    tenant: String,
-    /// A Kubernetes v1 ResourceQuota manifest.
-    #[arg(short = 'f', long)]
-    file: Option<PathBuf>,
-    /// Guaranteed GPUs.
-    #[arg(long)]
-    gpus: Option<u64>,
-    /// GPU limit with borrowing.
-    #[arg(long)]
-    limit: Option<u64>,
-    #[command(flatten)]
-    conn: Conn,
-}
-
-#[derive(Debug, clap::Args)]
 struct BillArgs {
     #[command(flatten)]
     period: report::Period,
@@ -608,186 +483,29 @@ fn read_file(p: &PathBuf) -> Result<String> {
 }
 
 fn print<T: serde::Serialize>(c: &Client, v: &T, table: impl FnOnce(&T) -> String) -> Result<()> {
-    if c.json {
-        println!("{}", serde_json::to_string_pretty(v)?);
-    } else {
-        print!("{}", table(v));
-    }
-    Ok(())
+    cli::output::emit(c.output, v, |v, _| table(v))
 }
 
 async fn run_client(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Submit(a) => {
-            let c = Client::new(&a.conn)?;
-            let body = match &a.file {
-                Some(f) => read_file(f)?,
-                None => {
-                    if a.command.is_empty() {
-                        bail!("nothing to run: pass -f SPEC or a command after --");
-                    }
-                    let name = a.name.clone().unwrap_or_else(|| {
-                        std::path::Path::new(&a.command[0])
-                            .file_name()
-                            .map_or("job".into(), |n| n.to_string_lossy().into_owned())
-                    });
-                    let mut s = JobSubmission::new(&name, a.gpus, a.tasks);
-                    s.tenant = a.tenant.clone();
-                    s.priority = a.priority;
-                    s.estimated_duration = a.estimate.clone();
-                    s.command = a.command.clone();
-                    s.array = a.array.clone();
-                    s.dependency = a.dependency.clone();
-                    serde_json::to_string(&s)?
-                }
-            };
-            let body = if a.file.is_some() && (a.array.is_some() || a.dependency.is_some()) {
-                // The flags add to a spec file (a gpunet spec; a Kubernetes Job has no such fields).
-                let mut s: JobSubmission = gpunet_api::parse_job(&body).map_err(|e| anyhow::anyhow!(e.message))?.job;
-                if a.array.is_some() {
-                    s.array = a.array.clone();
-                }
-                if a.dependency.is_some() {
-                    s.dependency = a.dependency.clone();
-                }
-                serde_json::to_string(&s)?
-            } else {
-                body
-            };
-            let q = a.tenant.as_ref().map_or(String::new(), |t| format!("?tenant={t}"));
-            if a.dry_run {
-                let r: DryRun = c.post(&format!("/v1/jobs/dry-run{q}"), Some(body), "application/yaml").await?;
-                return print(&c, &r, |r| {
-                    let mut s = String::new();
-                    if !r.placement.is_empty() {
-                        s += &format!(
-                            "would start now on {}\n",
-                            r.placement
-                                .iter()
-                                .map(|t| format!("{}:{:?}", t.node, t.gpus))
-                                .collect::<Vec<_>>()
-                                .join(" ")
-                        );
-                    } else {
-                        s += &format!("would wait: {}\n", r.message);
-                    }
-                    if let Some(e) = r.eta_ms {
-                        s += &format!("predicted start in {}s\n", e.saturating_sub(gpunet_server::now_ms()) / 1000);
-                    }
-                    s
-                });
-            }
-            let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
-            for w in &r.warnings {
-                eprintln!("warning: {w}");
-            }
-            print(&c, &r, |r| format!("job-{} submitted ({})\n", r.id, r.state))
-        }
-        Cmd::Jobs(a) => {
-            let c = Client::new(&a.conn)?;
-            let mut q = format!("?limit={}", a.limit.clamp(1, 1000));
-            if let Some(t) = &a.tenant {
-                q += &format!("&tenant={t}");
-            }
-            if let Some(s) = &a.state {
-                q += &format!("&state={s}");
-            }
-            let page: JobPage = c.get(&format!("/v1/jobs{q}")).await?;
-            print(&c, &page, |p| client::jobs_table(&p.jobs))
-        }
-        Cmd::Show(a) => {
-            let c = Client::new(&a.conn)?;
-            let id = client::resolve_job_id(&c, &a.id).await?;
-            let j: JobView = c.get(&format!("/v1/jobs/{id}")).await?;
-            print(&c, &j, |j| {
-                let mut s = client::jobs_table(std::slice::from_ref(j));
-                if let Some(by) = &j.submitted_by {
-                    s += &format!("  submitted by {by}\n");
-                }
-                if let Some(x) = &j.array {
-                    s += &format!(
-                        "  array of {} elements ({}): {} expanded, {} live{}, {} succeeded, {} failed, {} cancelled; \
-                         element ids {}..={}\n",
-                        x.total,
-                        j.spec.array.as_deref().unwrap_or(""),
-                        x.expanded,
-                        x.live,
-                        x.limit.map_or(String::new(), |l| format!(" (limit {l})")),
-                        x.succeeded,
-                        x.failed,
-                        x.cancelled,
-                        j.id + 1,
-                        j.id + x.total as u64
-                    );
-                }
-                if let (Some(a), Some(i)) = (j.array_job_id, j.array_index) {
-                    s += &format!("  element job-{a}[{i}] of array job-{a}\n");
-                }
-                if let Some(d) = &j.spec.dependency {
-                    s += &format!("  dependency {d}\n");
-                }
-                if let Some(r) = &j.end_reason {
-                    s += &format!("  ended: {r}\n");
-                }
-                for t in &j.placement {
-                    s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
-                }
-                s
-            })
-        }
-        Cmd::Cancel(a) => {
-            let c = Client::new(&a.conn)?;
-            let id = client::resolve_job_id(&c, &a.id).await?;
-            let j: JobView = c.post(&format!("/v1/jobs/{id}/cancel"), None, "").await?;
-            print(&c, &j, |j| match &j.stopping {
-                Some(why) if j.state == "running" => {
-                    format!("job-{} is being {why}: its tasks are stopping (it ends once they are gone)\n", j.id)
-                }
-                _ => format!("job-{} {}\n", j.id, j.state),
-            })
-        }
+        Cmd::Submit(a) => cli::jobs::submit(&a).await,
+        Cmd::Jobs(a) => cli::jobs::jobs(&a).await,
+        Cmd::Show(a) => cli::jobs::show(&a).await,
+        Cmd::Cancel(a) => cli::jobs::cancel(&a).await,
+        Cmd::Why(a) => cli::jobs::why(&a).await,
         Cmd::Logs(a) => {
-            let c = Client::new(&a.conn)?;
-            c.stream(&format!("/v1/jobs/{}/logs?rank={}&follow={}", a.id, a.rank, a.follow)).await
-        }
-        Cmd::Wait(a) => {
-            let c = Client::new(&a.conn)?;
-            let mut ids = Vec::with_capacity(a.ids.len());
-            for t in &a.ids {
-                ids.push(client::resolve_job_id(&c, t).await?);
-            }
-            let code = client::wait_for_jobs(&c, &ids).await?;
+            let code = cli::jobs::logs(&a).await?;
             std::process::exit(code);
         }
-        Cmd::Why(a) => {
-            let c = Client::new(&a.conn)?;
-            let id = client::resolve_job_id(&c, &a.id).await?;
-            let e: Explain = c.get(&format!("/v1/jobs/{id}/explain")).await?;
-            print(&c, &e, |e| {
-                let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
-                if let Some(t) = e.eta_ms {
-                    s += &format!("predicted start in {}s\n", t.saturating_sub(gpunet_server::now_ms()) / 1000);
-                }
-                s
-            })
+        Cmd::Wait(a) => {
+            let code = cli::jobs::wait(&a).await?;
+            std::process::exit(code);
         }
-        Cmd::Tenants(a) => {
-            let c = Client::new(&a.conn)?;
-            if let Some(name) = &a.create {
-                let req = TenantRequest { name: name.clone(), weight: a.weight, cohort: a.cohort.clone(), quota: None };
-                let t: TokenIssued =
-                    c.post("/v1/tenants", Some(serde_json::to_string(&req)?), "application/json").await?;
-                return print(&c, &t, |t| {
-                    format!("tenant {} created; its token (shown once): {}\n", t.tenant, t.token)
-                });
-            }
-            if let Some(name) = &a.token_for {
-                let t: TokenIssued = c.post(&format!("/v1/tenants/{name}/tokens"), None, "").await?;
-                return print(&c, &t, |t| format!("new token for {} (shown once): {}\n", t.tenant, t.token));
-            }
-            let ts: Vec<TenantView> = c.get("/v1/tenants").await?;
-            print(&c, &ts, |t| client::tenants_table(t))
+        Cmd::Run(a) => {
+            let code = cli::run::run(&a).await?;
+            std::process::exit(code);
         }
+        Cmd::Tenants(a) => cli::tenants::tenants(&a).await,
         Cmd::Tokens { what: TokensCmd::List { tenant, conn } } => {
             let c = Client::new(&conn)?;
             let q = tenant.map_or(String::new(), |t| format!("?tenant={t}"));
@@ -836,24 +554,8 @@ async fn run_client(cmd: Cmd) -> Result<()> {
             let t: TokenInfo = c.post(&format!("/v1/tokens/{id}/revoke"), None, "").await?;
             print(&c, &t, |t| format!("token {} revoked\n", t.id))
         }
-        Cmd::Quota(a) => {
-            let c = Client::new(&a.conn)?;
-            let body = match &a.file {
-                Some(f) => read_file(f)?,
-                None => serde_json::to_string(&QuotaRequest {
-                    guarantee_gpus: a.gpus,
-                    limit_gpus: a.limit,
-                    ..Default::default()
-                })?,
-            };
-            let t: TenantView = c.put(&format!("/v1/tenants/{}/quota", a.tenant), body).await?;
-            print(&c, &t, |t| client::tenants_table(std::slice::from_ref(t)))
-        }
-        Cmd::Nodes(a) => {
-            let c = Client::new(&a.conn)?;
-            let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
-            print(&c, &ns, |n| client::nodes_table(n))
-        }
+        Cmd::Quota(a) => cli::tenants::quota(&a).await,
+        Cmd::Nodes(a) => cli::tenants::nodes(&a).await,
         Cmd::Cordon(a) | Cmd::Drain(a) | Cmd::Uncordon(a) => unreachable!("handled with the action: {a:?}"),
         Cmd::Report(a) => report::run(a).await,
         Cmd::Bill(a) => {
@@ -906,14 +608,23 @@ fn money(x: f64) -> String {
 async fn node_action(a: NodeArg, action: &str) -> Result<()> {
     let c = Client::new(&a.conn)?;
     let n: NodeView = c.post(&format!("/v1/nodes/{}/{action}", a.name), None, "").await?;
-    print(&c, &n, |n| client::nodes_table(std::slice::from_ref(n)))
+    print(&c, &n, |n| cli::tenants::nodes_table(std::slice::from_ref(n), false))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn main() -> Result<()> {
+/// Errors end the process with their causes on one line and status 1, never with a backtrace (even where
+/// `RUST_BACKTRACE` is set: they are for people, not developers).
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
     // Before anything else (one thread still): descriptors we inherited (`exec 7<secret; gpunet agent`) reach no task,
     // wrapper, init or copier we start (see `gpunet_agent::fds`).
     gpunet_agent::fds::cloexec_inherited();

@@ -303,6 +303,7 @@ mod tests {
             liveness: None,
             tiers: vec![],
             tenant_index: None,
+            time_limit_ms: None,
         };
         let (ok1, bad, ok2) = (mk(1, vec!["true"]), mk(2, vec!["/nonexistent/program"]), mk(3, vec!["true"]));
         l.start_all(&[&ok1, &bad, &ok2]).await;

@@ -9,7 +9,7 @@ use crate::ids::{JobId, TenantId};
 use crate::job::{DepKind, Job, JobSpec, JobState, TopologyScope};
 use crate::quota::{Deny, QuotaBlock};
 use crate::state::ClusterState;
-use crate::units::Time;
+use crate::units::{Dur, Time};
 use serde::{Deserialize, Serialize};
 
 /// Why a queued job is not running, with numbers.
@@ -141,7 +141,7 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
             .map(|(kind, t)| DepWait { kind, job: t, state: state.dep_state(t).unwrap_or(JobState::Pending) })
             .collect();
         let reason = PendingReason::Dependency { waiting_for };
-        return Ok(Explanation { job, message: describe(state, j, &reason), reason, position: 0 });
+        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
     }
     if !j.state.is_queued() {
         let reason = PendingReason::NotQueued { state: j.state };
@@ -158,16 +158,19 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
         Some(r) => r,
         None => PendingReason::Order { ahead, policy: state.cfg.policy, blocked_by: p.blocked_by },
     };
-    let message = describe(state, j, &reason);
+    let message = describe(state, j, &reason, now);
     Ok(Explanation { job, reason, message, position: ahead })
 }
 
-fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
+/// The reason in one sentence. Times are said relative to `now` ("in 2h5m"): the core's clock is an offset that
+/// means nothing to a reader (the server's is ms since the Unix epoch); the structured reason keeps the instants.
+fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> String {
+    let after = |t: &Time| Dur(t.0.saturating_sub(now.0));
     let tenant = state.tenant(j.spec.tenant).map_or("?", |t| t.name.as_str());
     match r {
         PendingReason::Starting => format!("{} fits now and starts in the next scheduling pass", j.id),
         PendingReason::Backoff { until } => {
-            format!("restart {} of {} waits for its backoff until {until}", j.restarts, j.spec.max_restarts)
+            format!("restart {} of {} waits for its backoff, {} more", j.restarts, j.spec.max_restarts, after(until))
         }
         PendingReason::Quota { tenant, block } => format!("quota: {tenant} {block}"),
         PendingReason::NeverFits { detail } => format!("never fits: {detail}"),
@@ -187,13 +190,16 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason) -> String {
                 s += &format!("; evicting {} job(s) to make room", preempting.len());
             }
             match eta {
-                Some(t) if *t != Time::MAX => s += &format!("; expected to start at {t}"),
+                Some(t) if *t != Time::MAX => s += &format!("; expected to start in {}", after(t)),
                 _ => {}
             }
             s
         }
         PendingReason::Reservation { holder, until } => {
-            format!("waiting for the reservation of {holder} (expected to start at {until}); this job would outlast it")
+            format!(
+                "waiting for the reservation of {holder} (expected to start in {}); this job would outlast it",
+                after(until)
+            )
         }
         PendingReason::Order { ahead, policy, blocked_by } => match blocked_by {
             Some(b) => format!(

@@ -35,8 +35,8 @@ pub(crate) mod testkit;
 
 pub use explain::{explain, DepWait, Explanation, PendingReason};
 pub use order::queue_order;
-pub use placement::dry_run_placement;
 pub(crate) use placement::spec_sig;
+pub use placement::{dry_run_placement, never_fits};
 pub use preempt::PreemptReason;
 
 use crate::alloc::Free;
@@ -360,6 +360,12 @@ mod tests {
         assert!(started(&s.step(Time::from_secs(6)).unwrap()).is_empty(), "backoff of 10 s");
         let e = explain(&s, JobId(1), Time::from_secs(6)).unwrap();
         assert_eq!(e.reason, PendingReason::Backoff { until: Time::from_secs(15) });
+        // Said relative to now: the server's clock is ms since the epoch, and `t+498912h` meant nothing.
+        assert!(
+            e.message.ends_with("waits for its backoff, 9.000s more") && !e.message.contains("t+"),
+            "{}",
+            e.message
+        );
         assert_eq!(started(&s.step(Time::from_secs(15)).unwrap()), vec![1]);
         assert_eq!(s.finish(JobId(1), Time::from_secs(20), false).unwrap(), JobState::Failed);
         s.check_invariants().unwrap();

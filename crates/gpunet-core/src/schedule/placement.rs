@@ -65,58 +65,7 @@ impl Pass<'_> {
 
     /// Why no node could ever hold the job, if so.
     fn never_fits(&self, spec: &JobSpec, classes: &[u32]) -> Option<String> {
-        let topo = &self.st.topo;
-        if classes.is_empty() {
-            return Some("no node matches its selector, tolerations and GPU models".into());
-        }
-        let ts = &spec.task;
-        let fit: Vec<&crate::alloc::ClassInfo> = classes
-            .iter()
-            .map(|c| &topo.classes[*c as usize])
-            .filter(|c| c.max_gpus >= ts.gpus && c.max_cpu >= ts.cpu && c.max_mem >= ts.mem)
-            .collect();
-        if fit.is_empty() {
-            return Some(format!("no eligible node has {} GPUs, {} and {} for one task", ts.gpus, ts.cpu, ts.mem));
-        }
-        let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
-        let total = ts.gpus as u64 * min_tasks as u64;
-        if ts.gpus == 0 {
-            return None;
-        }
-        match spec.topology {
-            TopologyScope::NvLink if min_tasks > 1 || spec.tasks > 1 => {
-                if !fit.iter().any(|c| c.max_domain as u64 >= total) {
-                    return Some(format!("no node has {total} GPUs in one NVLink domain"));
-                }
-            }
-            TopologyScope::NvLink => {
-                if !fit.iter().any(|c| c.max_domain >= ts.gpus) {
-                    return Some(format!("no node has {} GPUs in one NVLink domain", ts.gpus));
-                }
-            }
-            TopologyScope::Node => {
-                if !fit.iter().any(|c| c.max_gpus as u64 >= total) {
-                    return Some(format!("no node has {total} GPUs"));
-                }
-            }
-            _ => {
-                // Per model group (and per zone unless Any), enough GPUs in total.
-                let mut groups: BTreeMap<(Option<GpuModel>, Option<u32>), u64> = BTreeMap::new();
-                for c in &fit {
-                    let m = if spec.allow_mixed_models { None } else { c.model };
-                    let z = if spec.topology == TopologyScope::Any { None } else { Some(c.zone) };
-                    *groups.entry((m, z)).or_default() += c.total_gpus;
-                }
-                if !groups.values().any(|g| *g >= total) {
-                    return Some(format!(
-                        "needs {total} GPUs of one model in {}; the largest such group has {}",
-                        spec.topology,
-                        groups.values().max().copied().unwrap_or(0)
-                    ));
-                }
-            }
-        }
-        None
+        never_fits_in(&self.st.topo, spec, classes)
     }
 
     /// `never_fits`, memoised by everything it depends on.
@@ -211,6 +160,77 @@ impl Pass<'_> {
     }
 }
 
+/// Why no node of the given classes could ever hold the job (whatever runs now), if so.
+fn never_fits_in(topo: &crate::alloc::Topology, spec: &JobSpec, classes: &[u32]) -> Option<String> {
+    if classes.is_empty() {
+        return Some("no node matches its selector, tolerations and GPU models".into());
+    }
+    let ts = &spec.task;
+    let fit: Vec<&crate::alloc::ClassInfo> = classes
+        .iter()
+        .map(|c| &topo.classes[*c as usize])
+        .filter(|c| c.max_gpus >= ts.gpus && c.max_cpu >= ts.cpu && c.max_mem >= ts.mem)
+        .collect();
+    if fit.is_empty() {
+        return Some(format!("no eligible node has {} GPUs, {} and {} for one task", ts.gpus, ts.cpu, ts.mem));
+    }
+    let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+    let total = ts.gpus as u64 * min_tasks as u64;
+    if ts.gpus == 0 {
+        return None;
+    }
+    match spec.topology {
+        TopologyScope::NvLink if min_tasks > 1 || spec.tasks > 1 => {
+            if !fit.iter().any(|c| c.max_domain as u64 >= total) {
+                return Some(format!("no node has {total} GPUs in one NVLink domain"));
+            }
+        }
+        TopologyScope::NvLink => {
+            if !fit.iter().any(|c| c.max_domain >= ts.gpus) {
+                return Some(format!("no node has {} GPUs in one NVLink domain", ts.gpus));
+            }
+        }
+        TopologyScope::Node => {
+            if !fit.iter().any(|c| c.max_gpus as u64 >= total) {
+                return Some(format!("no node has {total} GPUs"));
+            }
+        }
+        _ => {
+            // Per model group (and per zone unless Any), enough GPUs in total.
+            let mut groups: BTreeMap<(Option<GpuModel>, Option<u32>), u64> = BTreeMap::new();
+            for c in &fit {
+                let m = if spec.allow_mixed_models { None } else { c.model };
+                let z = if spec.topology == TopologyScope::Any { None } else { Some(c.zone) };
+                *groups.entry((m, z)).or_default() += c.total_gpus;
+            }
+            if !groups.values().any(|g| *g >= total) {
+                return Some(format!(
+                    "needs {total} GPUs of one model in {}; the largest such group has {}",
+                    spec.topology,
+                    groups.values().max().copied().unwrap_or(0)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Why no node of the cluster could ever hold a job with this spec (however much is free), if so: "never fits" of
+/// the scheduling pass, for refusing such a job at submit. `None` on a cluster without nodes (they may come).
+pub fn never_fits(state: &ClusterState, spec: &JobSpec) -> Option<String> {
+    let topo = &state.topo;
+    if topo.classes.is_empty() {
+        return None;
+    }
+    let classes: Vec<u32> =
+        topo.classes.iter().enumerate().filter(|(_, c)| spec.node_eligible(&c.spec)).map(|(i, _)| i as u32).collect();
+    let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+    if min_tasks == 0 {
+        return None;
+    }
+    never_fits_in(topo, spec, &classes)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
@@ -280,6 +300,27 @@ mod tests {
         assert!(started(&s2.step(Time::ZERO).unwrap()).is_empty());
         let e = explain(&s2, JobId(1), Time::ZERO).unwrap();
         assert!(e.message.contains("NVLink"), "{}", e.message);
+    }
+
+    #[test]
+    fn never_fits_names_why_a_job_could_never_run_and_spares_jobs_that_could() {
+        let s = cluster(
+            cfg(Policy::Fifo),
+            vec![node("a", GpuModel::A100_80GB, 8), node("b", GpuModel::A100_80GB, 8)],
+            &["t"],
+        );
+        // 9 GPUs in one task on 8-GPU nodes: never, whatever is free.
+        let why = super::never_fits(&s, &JobSpec::new(t0(), "nine", 9, 1)).expect("never fits");
+        assert!(why.contains("9 GPUs"), "{why}");
+        // Two tasks of 8 fit across the two nodes; one of 8 fits too.
+        assert_eq!(super::never_fits(&s, &JobSpec::new(t0(), "two", 8, 2)), None);
+        assert_eq!(super::never_fits(&s, &JobSpec::new(t0(), "one", 8, 1)), None);
+        let mut h100 = JobSpec::new(t0(), "h100", 1, 1);
+        h100.gpu_models = vec![GpuModel::H100_80GB];
+        assert!(super::never_fits(&s, &h100).is_some_and(|w| w.contains("GPU models")));
+        // A cluster without nodes yet refuses nothing: they may come.
+        let empty = cluster(cfg(Policy::Fifo), vec![], &["t"]);
+        assert_eq!(super::never_fits(&empty, &JobSpec::new(t0(), "nine", 9, 1)), None);
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl Owner {
                         submission: p.submission.clone(),
                         warnings: Vec::new(),
                         last_run: None,
+                        attempts: Vec::new(),
                         submitted_by: p.submitted_by.clone(),
                         idempotency_key: None,
                     };

@@ -2,7 +2,7 @@
 //! explain; which jobs a principal may see, and how other tenants' jobs are masked in the texts a tenant reads; the
 //! per-tenant limits on queued jobs and spec bytes.
 
-use super::{not_found, Applier, JobDoc, Owner, Reply, OTHER_JOB};
+use super::{not_found, Applier, JobDoc, JobFilter, Owner, Reply, OTHER_JOB};
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
@@ -57,6 +57,11 @@ impl Owner {
             match sub.to_core(tid).and_then(|mut s| {
                 gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
                 self.resolve_dependencies(&sub, &tenant, &mut s)?;
+                if !sub.hold_never_fits {
+                    if let Some(why) = gpunet_core::never_fits(&self.st, &s) {
+                        return Err(ApiError::never_fits(&why));
+                    }
+                }
                 Ok(s)
             }) {
                 Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
@@ -104,6 +109,7 @@ impl Owner {
                 submission: sub,
                 warnings: warnings.clone(),
                 last_run: None,
+                attempts: Vec::new(),
                 submitted_by: Some(by.clone()),
                 idempotency_key: key.clone(),
             };
@@ -233,17 +239,10 @@ impl Owner {
         let _ = reply.send(r);
     }
 
-    /// A page of the jobs `who` may see, by id after `after`.
-    pub(super) fn list_jobs(
-        &mut self,
-        who: Principal,
-        tenant: Option<String>,
-        state: Option<String>,
-        after: u64,
-        limit: usize,
-        reply: Reply<JobPage>,
-    ) {
-        let tenant = match (&who, tenant) {
+    /// A page of the jobs `who` may see: by id after `after`, or newest first below `before`; with the count of all
+    /// that match.
+    pub(super) fn list_jobs(&mut self, who: Principal, f: JobFilter, reply: Reply<JobPage>) {
+        let tenant = match (&who, f.tenant) {
             (Principal::Tenant(t), Some(x)) if x != *t => {
                 let _ = reply.send(Err(ApiError::new("forbidden", "a tenant token lists only its own jobs")));
                 return;
@@ -251,23 +250,48 @@ impl Owner {
             (Principal::Tenant(t), _) => Some(t.clone()),
             (_, x) => x,
         };
+        if let Some(t) = &tenant {
+            if let Err(e) = self.tenant_id(t) {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
+        let matches = |o: &Owner, id: u64, d: &JobDoc| {
+            if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
+                return false;
+            }
+            if f.user.as_ref().is_some_and(|u| d.submitted_by.as_ref() != Some(u)) {
+                return false;
+            }
+            f.states.is_empty() || {
+                let s = o.state_of(id).unwrap_or(d.job.state).to_string();
+                f.states.contains(&s)
+            }
+        };
         let mut jobs = Vec::new();
         let mut next = None;
-        for (id, d) in self.docs.range(after + 1..) {
-            if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
+        let range: Box<dyn Iterator<Item = (&u64, &JobDoc)>> = if f.newest {
+            Box::new(self.docs.range(..f.before.unwrap_or(u64::MAX)).rev())
+        } else {
+            Box::new(self.docs.range(f.after.saturating_add(1)..))
+        };
+        for (id, d) in range {
+            if !matches(self, *id, d) {
                 continue;
             }
-            let s = self.state_of(*id).unwrap_or(d.job.state);
-            if state.as_ref().is_some_and(|x| x != s.as_str()) {
-                continue;
-            }
-            if jobs.len() == limit {
+            if jobs.len() == f.limit {
                 next = jobs.last().map(|v: &JobView| v.id);
                 break;
             }
             jobs.push(self.view(*id).expect("present"));
         }
-        let _ = reply.send(Ok(JobPage { jobs, next }));
+        // Over every page, so that a listing can say how many it does not show.
+        let total = if tenant.is_none() && f.user.is_none() && f.states.is_empty() {
+            self.docs.len()
+        } else {
+            self.docs.iter().filter(|(id, d)| matches(self, **id, d)).count()
+        };
+        let _ = reply.send(Ok(JobPage { jobs, next, total }));
     }
 
     /// Cancels a queued job, or asks a running one to stop.
@@ -314,7 +338,28 @@ impl Owner {
                 None
             };
             let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
-            let message = self.mask(&who, &e.message, Some(&mut reason));
+            let mut message = self.mask(&who, &e.message, Some(&mut reason));
+            if state.is_terminal() {
+                // How it ended, rather than that it is not queued.
+                let j = self.st.job(JobId(id)).unwrap_or(&d.job);
+                let last = d.attempts.last().and_then(|a| a.message.clone());
+                let how = match (&j.end_reason, last) {
+                    (Some(r), _) => format!("job-{id} {state}: {r}"),
+                    (None, Some(m)) => m,
+                    (None, None) => format!("job-{id} {state} without running"),
+                };
+                let ran = match (d.attempts.first(), j.finished) {
+                    (Some(a), Some(f)) => format!(
+                        " ({} attempt(s); last ended {} after starting)",
+                        d.attempts.len(),
+                        gpunet_api::units::format_duration_ms(
+                            f.0.saturating_sub(d.attempts.last().map_or(a.started_ms, |l| l.started_ms))
+                        )
+                    ),
+                    _ => String::new(),
+                };
+                message = self.mask(&who, &format!("{how}{ran}"), None);
+            }
             Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta })
         })();
         let _ = reply.send(r);

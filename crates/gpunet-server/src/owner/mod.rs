@@ -63,10 +63,7 @@ pub(crate) enum Cmd {
     },
     List {
         who: Principal,
-        tenant: Option<String>,
-        state: Option<String>,
-        after: u64,
-        limit: usize,
+        filter: JobFilter,
         reply: Reply<JobPage>,
     },
     Cancel {
@@ -195,6 +192,43 @@ pub(crate) struct JobDoc {
     /// retried submission finds its jobs after a restart or a failover too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) idempotency_key: Option<String>,
+    /// Its attempts, oldest first (the newest [`MAX_ATTEMPT_RECORDS`]): recorded at each start and completed when
+    /// the attempt's end is confirmed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) attempts: Vec<AttemptView>,
+}
+
+/// Which jobs a listing returns, and in which order.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobFilter {
+    /// Only this tenant's (must exist).
+    pub(crate) tenant: Option<String>,
+    /// Only jobs in one of these states (none: any).
+    pub(crate) states: Vec<String>,
+    /// Only jobs this user submitted.
+    pub(crate) user: Option<String>,
+    /// Ids above this (oldest first).
+    pub(crate) after: u64,
+    /// Ids below this (newest first).
+    pub(crate) before: Option<u64>,
+    /// Newest first.
+    pub(crate) newest: bool,
+    /// Most jobs on the page.
+    pub(crate) limit: usize,
+}
+
+/// Most attempts a job document keeps (a job preempted over and over keeps its newest ones).
+pub(crate) const MAX_ATTEMPT_RECORDS: usize = 100;
+
+/// How a rank's failure ended an attempt, as its agent reported it: kept until the attempt's end is confirmed.
+#[derive(Debug, Clone)]
+pub(crate) struct FailHow {
+    /// In words: "rank 0 exited with code 3".
+    pub(crate) how: String,
+    /// `failed`, `oom`, `liveness` or `time_limit`.
+    pub(crate) outcome: &'static str,
+    pub(crate) code: Option<i32>,
+    pub(crate) signal: Option<i32>,
 }
 
 /// A tenant as persisted.
@@ -249,7 +283,7 @@ pub(crate) struct Owner {
     /// Last sync of each agent-managed node.
     pub(crate) last_seen: HashMap<String, std::time::Instant>,
     /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
-    fail_how: HashMap<u64, (String, bool)>,
+    fail_how: HashMap<u64, FailHow>,
     /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
     lost_since: HashMap<String, std::time::Instant>,
     pub(crate) notifies: Notifies,
@@ -564,6 +598,7 @@ impl Owner {
             array_job_id: j.array_of.map(|(a, _)| a.0),
             array_index: j.array_of.map(|(_, i)| i),
             end_reason: j.end_reason.clone(),
+            attempts: d.attempts.clone(),
         })
     }
 
@@ -655,9 +690,7 @@ impl Owner {
             Cmd::Submit { who, by, subs, key, reply } => self.submit(who, by, subs, key, reply),
             Cmd::DryRun { who, sub, warnings, reply } => self.dry_run(who, sub, warnings, reply),
             Cmd::Get { who, id, reply } => self.get_job(who, id, reply),
-            Cmd::List { who, tenant, state, after, limit, reply } => {
-                self.list_jobs(who, tenant, state, after, limit, reply)
-            }
+            Cmd::List { who, filter, reply } => self.list_jobs(who, filter, reply),
             Cmd::Cancel { who, id, reply } => self.cancel(who, id, reply),
             Cmd::Explain { who, id, reply } => self.explain_job(who, id, reply),
             // Tenants, quotas and tokens (`tenants`).
@@ -736,6 +769,23 @@ impl Owner {
                     let j = &self.docs[&job.0].job;
                     if j.attempt() == 0 {
                         self.metrics.pending_seconds.observe(now.saturating_sub(j.submitted.0) as f64 / 1000.0);
+                    }
+                    if let Some(run) = self.st.job(*job).and_then(|j| j.run.clone().map(|r| (j.attempt(), r))) {
+                        let placement = self.placement_view(&run.1.placement);
+                        if let Some(d) = self.docs.get_mut(&job.0) {
+                            d.attempts.push(AttemptView {
+                                attempt: run.0,
+                                placement,
+                                started_ms: run.1.started.0,
+                                ended_ms: None,
+                                outcome: None,
+                                exit_code: None,
+                                signal: None,
+                                message: None,
+                            });
+                            let over = d.attempts.len().saturating_sub(MAX_ATTEMPT_RECORDS);
+                            d.attempts.drain(..over);
+                        }
                     }
                     writes.push(self.job_doc_write(job.0).expect("present"));
                     writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));

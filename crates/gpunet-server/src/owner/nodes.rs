@@ -243,18 +243,23 @@ impl Owner {
             let was_stopping = run.stop.is_some();
             let nodes = self.nodes_of(jid);
             let before = self.docs.get(&jid.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
-            let end = if e.stopped { RankEnd::Stopped } else { RankEnd::Exited { success: e.code == Some(0) } };
-            if !e.stopped && e.code != Some(0) && !was_stopping {
-                let how = match (e.code, e.signal, e.oom) {
+            // An exit the agent caused (a failed probe, the time limit) is a failure whatever the code.
+            let success = e.code == Some(0) && e.reason.is_none();
+            let end = if e.stopped { RankEnd::Stopped } else { RankEnd::Exited { success } };
+            if !e.stopped && !success && !was_stopping {
+                let rank = e.task.rank;
+                let (how, outcome) = match (e.code, e.signal, e.oom) {
                     _ if e.reason.is_some() => {
-                        format!("rank {} {}", e.task.rank, e.reason.as_deref().unwrap_or_default())
+                        let r = e.reason.as_deref().unwrap_or_default();
+                        let outcome = if r.contains("time limit") { "time_limit" } else { "liveness" };
+                        (format!("rank {rank} {r}"), outcome)
                     }
-                    (_, _, true) => format!("rank {} was killed for exceeding its memory limit (OOM)", e.task.rank),
-                    (Some(c), _, _) => format!("rank {} exited with code {c}", e.task.rank),
-                    (None, Some(sig), _) => format!("rank {} was killed by signal {sig}", e.task.rank),
-                    _ => format!("rank {} ended", e.task.rank),
+                    (_, _, true) => (format!("rank {rank} was killed for exceeding its memory limit (OOM)"), "oom"),
+                    (Some(c), _, _) => (format!("rank {rank} exited with code {c}"), "failed"),
+                    (None, Some(sig), _) => (format!("rank {rank} was killed by signal {sig}"), "failed"),
+                    _ => (format!("rank {rank} ended"), "failed"),
                 };
-                self.fail_how.insert(jid.0, (how, e.oom));
+                self.fail_how.insert(jid.0, super::FailHow { how, outcome, code: e.code, signal: e.signal });
             }
             let ended = self.st.rank_ended(jid, e.task.attempt, e.task.rank, end, Time(now))?;
             match ended {
@@ -262,7 +267,7 @@ impl Owner {
                 None => {
                     if !was_stopping && self.st.job(jid).is_some_and(|j| j.is_stopping()) {
                         // A rank failed: the others are stopped before the job restarts.
-                        let how = self.fail_how.get(&jid.0).map(|h| h.0.clone()).unwrap_or_default();
+                        let how = self.fail_how.get(&jid.0).map(|h| h.how.clone()).unwrap_or_default();
                         writes.push(self.event(
                             jid.0,
                             "stopping",
@@ -394,6 +399,12 @@ impl Owner {
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
                     tenant_index: Some(j.spec.tenant.0),
+                    time_limit_ms: doc
+                        .submission
+                        .time_limit
+                        .as_deref()
+                        .and_then(|d| gpunet_api::units::parse_duration("time_limit", d).ok())
+                        .map(|d| d.0),
                     tiers: doc
                         .submission
                         .checkpoint_tiers
@@ -450,20 +461,32 @@ impl Owner {
             writes.extend(self.usage_writes(now, Some(&t)));
         }
         self.sync_doc(id);
-        if let Some(w) = self.job_doc_write(id) {
-            writes.push(w);
-        }
         let how = self.fail_how.remove(&id);
         let state = e.state;
-        let (kind, message) = match e.cause {
-            None => ("succeeded".to_string(), format!("job-{id} succeeded: every rank exited 0")),
+        // (event kind, outcome of the attempt, exit code, signal, message)
+        let (kind, outcome, code, signal, message) = match e.cause {
+            None => (
+                "succeeded".to_string(),
+                "succeeded",
+                Some(0),
+                None,
+                format!("job-{id} succeeded: every rank exited 0"),
+            ),
             Some(StopCause::Failed { rank }) => {
-                let (how, oom) = how.unwrap_or_else(|| (format!("rank {rank} failed"), false));
-                let kind = if oom { "oom".to_string() } else { state.to_string() };
-                (kind, format!("job-{id} {state}: {how}"))
+                let h = how.unwrap_or_else(|| super::FailHow {
+                    how: format!("rank {rank} failed"),
+                    outcome: "failed",
+                    code: None,
+                    signal: None,
+                });
+                let kind = if h.outcome == "oom" { "oom".to_string() } else { state.to_string() };
+                (kind, h.outcome, h.code, h.signal, format!("job-{id} {state}: {}", h.how))
             }
             Some(StopCause::Preempted { for_job }) => (
                 "preempted".into(),
+                "preempted",
+                None,
+                None,
                 match for_job {
                     // The event is the evicted job's tenant's to read: another tenant's job is not named.
                     Some(f) if self.docs.get(&f.0).map(|d| &d.tenant) == self.docs.get(&id).map(|d| &d.tenant) => {
@@ -473,14 +496,21 @@ impl Owner {
                     None => format!("job-{id} preempted: attempt {} ended", e.attempt),
                 },
             ),
-            Some(StopCause::Drained) => {
-                ("preempted".into(), format!("job-{id} preempted: its node is draining (attempt {} ended)", e.attempt))
-            }
-            Some(StopCause::Cancelled) => ("cancelled".into(), format!("job-{id} cancelled")),
+            Some(StopCause::Drained) => (
+                "preempted".into(),
+                "drained",
+                None,
+                None,
+                format!("job-{id} preempted: its node is draining (attempt {} ended)", e.attempt),
+            ),
+            Some(StopCause::Cancelled) => ("cancelled".into(), "cancelled", None, None, format!("job-{id} cancelled")),
             Some(StopCause::NodeLost { node }) => {
                 let name = self.st.node(node).map(|n| n.spec.name.clone()).unwrap_or_default();
                 (
                     "requeued".into(),
+                    "node_lost",
+                    None,
+                    None,
                     format!(
                         "job-{id} requeued: node {name} was lost and attempt {} is confirmed ended (not a restart)",
                         e.attempt
@@ -489,9 +519,24 @@ impl Owner {
             }
             Some(StopCause::Interrupted) => (
                 "requeued".into(),
+                "interrupted",
+                None,
+                None,
                 format!("job-{id} requeued: its node stopped attempt {} (not a restart)", e.attempt),
             ),
         };
+        if let Some(a) =
+            self.docs.get_mut(&id).and_then(|d| d.attempts.iter_mut().rev().find(|a| a.attempt == e.attempt))
+        {
+            a.ended_ms = Some(now);
+            a.outcome = Some(outcome.to_string());
+            a.exit_code = code;
+            a.signal = signal;
+            a.message = Some(message.clone());
+        }
+        if let Some(w) = self.job_doc_write(id) {
+            writes.push(w);
+        }
         if state == JobState::Restarting {
             self.metrics.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

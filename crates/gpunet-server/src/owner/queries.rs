@@ -54,22 +54,19 @@ impl Owner {
         // A tenant sees its own jobs with their places in the whole queue: walk far enough to find `limit` of them.
         let walk = if matches!(who, Principal::Tenant(_)) { usize::MAX } else { limit };
         let order = queue_order(&self.st, now, walk);
-        let mine: Vec<(usize, JobId)> = order
-            .iter()
-            .enumerate()
-            .filter(|(_, j)| match who {
-                Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
-                _ => true,
-            })
-            .take(limit)
-            .map(|(i, j)| (i, *j))
-            .collect();
-        // Jobs waiting for dependencies are in no queue; they follow it, by id, with their reason.
-        let mut mine = mine;
         let visible = |j: &JobId| match who {
             Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
             _ => true,
         };
+        let all_mine: Vec<(usize, JobId)> =
+            order.iter().enumerate().filter(|(_, j)| visible(j)).map(|(i, j)| (i, *j)).collect();
+        let waiting_deps = self.st.dependency_waiting().filter(visible).count();
+        let visible_length = match who {
+            Principal::Tenant(_) => all_mine.len() + waiting_deps,
+            _ => self.st.queued_count() + waiting_deps,
+        };
+        let mut mine: Vec<(usize, JobId)> = all_mine.into_iter().take(limit).collect();
+        // Jobs waiting for dependencies are in no queue; they follow it, by id, with their reason.
         let room = limit.saturating_sub(mine.len());
         mine.extend(
             self.st.dependency_waiting().filter(visible).take(room).enumerate().map(|(k, j)| (order.len() + k, j)),
@@ -99,6 +96,11 @@ impl Owner {
                 eta_ms: etas.get(&j).map(|t| t.0),
             });
         }
-        Ok(QueueView { policy: self.st.policy().to_string(), queue_length: self.st.queued_count(), entries })
+        Ok(QueueView {
+            policy: self.st.policy().to_string(),
+            queue_length: self.st.queued_count(),
+            visible_length,
+            entries,
+        })
     }
 }
