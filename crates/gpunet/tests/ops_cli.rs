@@ -186,3 +186,58 @@ fn man_pages_are_written_for_every_command() {
     let (ok, out, _) = run(&["completions", "bash"]);
     assert!(ok && out.contains("gpunet__server") || out.contains("server"), "completions");
 }
+
+/// The systemd units' command lines are ones this binary accepts: the server's starts a server (its paths moved into
+/// a temporary directory), the agent's parses. Where `systemd-analyze` is installed, it verifies both units too.
+#[test]
+fn the_systemd_units_run_this_binary_with_flags_it_accepts() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");
+    let dir = tempfile::tempdir().unwrap();
+    let exec = |unit: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(units.join(unit)).unwrap();
+        let line = text.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
+        let mut words: Vec<String> = line.split_whitespace().map(String::from).collect();
+        assert_eq!(words.remove(0), "/usr/local/bin/gpunet", "{unit} runs the installed binary");
+        words
+    };
+    let cfg = dir.path().join("server.toml");
+    let (ok, template, _) = run(&["admin", "config"]);
+    assert!(ok);
+    std::fs::write(&cfg, template.replace("127.0.0.1:7070", &format!("127.0.0.1:{}", free_port()))).unwrap();
+    let args: Vec<String> = exec("gpunet-server.service")
+        .into_iter()
+        .map(|w| match w.as_str() {
+            "/etc/gpunet/server.toml" => cfg.to_str().unwrap().to_string(),
+            "/var/lib/gpunet" => dir.path().join("data").to_str().unwrap().to_string(),
+            _ => w,
+        })
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (s, _) = start(&args, &dir.path().join("log"), "listening");
+    drop(s);
+    assert!(dir.path().join("data/gpunet.db").is_file(), "the unit's --data-dir holds the database");
+    // The agent's: the flags parse (the server comes from GPUNET_SERVER in its environment file).
+    let mut agent = exec("gpunet-agent.service");
+    agent.push("--help".into());
+    let o = Command::new(BIN).args(&agent).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let analyze = Command::new("systemd-analyze").arg("--version").output();
+    if analyze.is_err() {
+        eprintln!("skipped: systemd-analyze verify (systemd-analyze is not installed)");
+        return;
+    }
+    for unit in ["gpunet-server.service", "gpunet-agent.service"] {
+        let text = std::fs::read_to_string(units.join(unit))
+            .unwrap()
+            .replace("/usr/local/bin/gpunet", BIN)
+            .lines()
+            .filter(|l| !l.starts_with("Documentation="))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path = dir.path().join(unit);
+        std::fs::write(&path, text).unwrap();
+        let o = Command::new("systemd-analyze").arg("verify").arg(&path).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !err.contains(unit), "systemd-analyze verify {unit}: {err}");
+    }
+}
