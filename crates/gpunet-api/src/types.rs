@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Answer to a submission.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Submitted {
     /// Job id.
     pub id: u64,
@@ -17,7 +17,7 @@ pub struct Submitted {
 }
 
 /// Where one task runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     /// Node name.
     pub node: String,
@@ -29,7 +29,7 @@ pub struct TaskView {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     /// Id.
     pub id: u64,
@@ -90,7 +90,7 @@ pub struct JobView {
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ArrayProgress {
     /// Elements in all.
     pub total: usize,
@@ -110,7 +110,7 @@ pub struct ArrayProgress {
 }
 
 /// A page of jobs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobPage {
     /// Jobs, by id.
     pub jobs: Vec<JobView>,
@@ -120,7 +120,7 @@ pub struct JobPage {
 }
 
 /// Why a job waits, with an ETA.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Explain {
     /// Job.
     pub id: u64,
@@ -129,6 +129,7 @@ pub struct Explain {
     /// The reason with its numbers, in one sentence.
     pub message: String,
     /// The structured reason (`kind` and its fields).
+    #[schema(value_type = Object)]
     pub reason: serde_json::Value,
     /// Queued jobs ahead in policy order.
     pub position: usize,
@@ -139,7 +140,7 @@ pub struct Explain {
 }
 
 /// The answer to a dry run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DryRun {
     /// Where it would start now, if it fits now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -155,7 +156,7 @@ pub struct DryRun {
 }
 
 /// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TokenRole {
     /// Everything.
@@ -181,7 +182,7 @@ impl TokenRole {
 }
 
 /// A token to create: `POST /v1/tokens` (admin: any; a tenant admin: its tenant's `tenant` and `tenant-admin` tokens).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// Role.
@@ -197,7 +198,7 @@ pub struct TokenRequest {
 }
 
 /// A token as listed (never the secret).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     /// Id (the start of the token's hash): what `revoke` takes.
     pub id: String,
@@ -217,7 +218,7 @@ pub struct TokenInfo {
 }
 
 /// A new token (the secret is shown once; only its hash is stored).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenCreated {
     /// The token's record.
     #[serde(flatten)]
@@ -227,7 +228,7 @@ pub struct TokenCreated {
 }
 
 /// A tenant to create (admin).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TenantRequest {
     /// Name (letters, digits, `-`, `_`, `.`; 1 to 63 characters).
@@ -244,7 +245,7 @@ pub struct TenantRequest {
 }
 
 /// A quota in API form; absent dimensions are not constrained. Limits default to the guarantees.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaRequest {
     /// Guaranteed GPUs.
@@ -271,7 +272,7 @@ pub struct QuotaRequest {
 }
 
 /// A tenant as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TenantView {
     /// Name.
     pub name: String,
@@ -298,7 +299,7 @@ pub struct TenantView {
 }
 
 /// A new token (shown once).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenIssued {
     /// Tenant.
     pub tenant: String,
@@ -307,7 +308,7 @@ pub struct TokenIssued {
 }
 
 /// A node as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeView {
     /// Name.
     pub name: String,
@@ -336,7 +337,7 @@ pub struct NodeView {
 
 /// The answer to a node's registration: the node, and its own credential (shown once; only its hash is stored). The
 /// agent syncs with this credential, which is bound to the node's name; registering the node again replaces it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeRegistered {
     /// The node.
     #[serde(flatten)]
@@ -346,7 +347,7 @@ pub struct NodeRegistered {
 }
 
 /// One whole GPU of a node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuView {
     /// Index on the node.
     pub index: u32,
@@ -375,7 +376,7 @@ pub struct GpuView {
 }
 
 /// Who a token belongs to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WhoAmI {
     /// `admin` or `tenant`.
     pub role: String,
@@ -389,7 +390,7 @@ pub struct WhoAmI {
 }
 
 /// One queued job in policy order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueEntry {
     /// Queued jobs ahead of it.
     pub position: usize,
@@ -410,6 +411,7 @@ pub struct QueueEntry {
     /// Why it waits, in one sentence with numbers.
     pub message: String,
     /// The structured reason.
+    #[schema(value_type = Object)]
     pub reason: serde_json::Value,
     /// Predicted start, ms since the Unix epoch; absent when it cannot be told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -417,7 +419,7 @@ pub struct QueueEntry {
 }
 
 /// The queue as the policy will consider it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueView {
     /// Policy.
     pub policy: String,
@@ -428,7 +430,7 @@ pub struct QueueView {
 }
 
 /// One sample of the cluster's allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HistoryPoint {
     /// When, ms since the Unix epoch.
     pub at_ms: u64,
@@ -443,7 +445,7 @@ pub struct HistoryPoint {
 }
 
 /// The cluster at a glance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterSummary {
     /// Policy.
     pub policy: String,
@@ -462,7 +464,7 @@ pub struct ClusterSummary {
 }
 
 /// Usage over a period, billed per second (see `gpunet_core::pricing`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageReport {
     /// Currency of every cost (the server's price catalogue's).
     #[serde(default)]
@@ -474,6 +476,8 @@ pub struct UsageReport {
     /// Per tenant: GPU-hours, CPU core-hours, memory GiB-hours, cost.
     pub tenants: BTreeMap<String, UsageTotals>,
     /// Per job.
+    /// (JSON object keys are strings: the job ids in decimal.)
+    #[schema(value_type = BTreeMap<String, UsageTotals>)]
     pub jobs: BTreeMap<u64, UsageTotals>,
     /// Per GPU model and lifecycle (`A100-80GB/spot`).
     #[serde(default)]
@@ -485,7 +489,7 @@ pub struct UsageReport {
 }
 
 /// Totals of usage.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageTotals {
     /// GPU-hours.
     pub gpu_hours: f64,

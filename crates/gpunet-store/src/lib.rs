@@ -266,7 +266,7 @@ pub struct UsageRow {
 }
 
 /// One stored job event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventRow {
     /// Sequence number (increasing).
     pub seq: u64,
