@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One task attempt: job, rank and attempt number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskRef {
     /// Job id.
     pub job: u64,
@@ -19,7 +19,7 @@ pub struct TaskRef {
 }
 
 /// How a task attempt ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskExit {
     /// Which.
     pub task: TaskRef,
@@ -39,7 +39,7 @@ pub struct TaskExit {
 }
 
 /// A liveness probe: a command run in the task's environment; a non-zero exit (or a hang past the period) fails it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Liveness {
     /// Command and arguments.
     pub command: Vec<String>,
@@ -50,7 +50,7 @@ pub struct Liveness {
 }
 
 /// The agent's report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentSync {
     /// The version of the task set the agent last applied (0 at first).
     pub known_version: u64,
@@ -76,7 +76,7 @@ pub struct AgentSync {
 }
 
 /// One GPU's sample from NVML. Fields NVML could not read are absent.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuSample {
     /// GPU index on the node.
     pub index: u32,
@@ -119,7 +119,7 @@ pub struct GpuSample {
 /// Log output of a task attempt, from `offset` bytes into its log. The bytes travel exactly as the task wrote them
 /// (base64 on the wire, as `data_base64`): a UTF-8 sequence cut between two chunks, or output that is not text at
 /// all, arrives unchanged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogChunk {
     /// Which.
     pub task: TaskRef,
@@ -127,6 +127,7 @@ pub struct LogChunk {
     pub offset: u64,
     /// The bytes.
     #[serde(rename = "data_base64", with = "base64_bytes")]
+    #[schema(value_type = String, format = Byte)]
     pub data: Vec<u8>,
 }
 
@@ -159,7 +160,7 @@ mod tests {
 }
 
 /// A task's process started.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskStart {
     /// Which.
     pub task: TaskRef,
@@ -170,7 +171,7 @@ pub struct TaskStart {
 }
 
 /// A task the node should run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskAssignment {
     /// Which.
     pub task: TaskRef,
@@ -210,7 +211,7 @@ pub struct TaskAssignment {
 }
 
 /// A MIG slice of a node: the GPU's index and the instance's position among that GPU's MIG instances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MigSlice {
     /// GPU index on the node.
     pub gpu: u32,
@@ -219,7 +220,7 @@ pub struct MigSlice {
 }
 
 /// A checkpoint tier, resolved.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CheckpointTier {
     /// Name.
     pub name: String,
@@ -233,7 +234,7 @@ pub struct CheckpointTier {
 }
 
 /// The server's answer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentWork {
     /// Version of this task set.
     pub version: u64,

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// One API error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
     /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `never_fits`, `parse_error`, `not_found`,
@@ -18,7 +18,7 @@ pub struct ApiError {
 }
 
 /// The response body of an error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// The error.
     pub error: ApiError,

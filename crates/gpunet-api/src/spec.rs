@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A quantity written as a number or a string (`8`, `"500m"`, `"32Gi"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Quantity {
     /// A number.
@@ -59,7 +59,7 @@ impl Quantity {
 }
 
 /// One required affinity term.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AffinityTerm {
     /// Label key.
@@ -72,7 +72,7 @@ pub struct AffinityTerm {
 }
 
 /// A toleration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TolerationSpec {
     /// Taint key.
@@ -84,7 +84,7 @@ pub struct TolerationSpec {
 
 /// A checkpoint tier: the agent copies what the job writes to `GPUNET_CHECKPOINT_DIR` every `every`, keeping the
 /// newest `keep` copies, to `url` (an object-store URL such as `file:///mnt/shared/ckpt`; none: the node's disk).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointTierSpec {
     /// Name (`local`, `shared`, `archive`).
@@ -100,7 +100,7 @@ pub struct CheckpointTierSpec {
 }
 
 /// Elastic bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ElasticSpec {
     /// Fewest tasks.
@@ -110,7 +110,7 @@ pub struct ElasticSpec {
 }
 
 /// A liveness probe: a command run in the task's environment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LivenessSpec {
     /// Command and arguments.
@@ -132,7 +132,7 @@ fn yes() -> bool {
 }
 
 /// A job as submitted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSubmission {
     /// `gpunet/v1` (optional).

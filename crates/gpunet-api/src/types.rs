@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Answer to a submission.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Submitted {
     /// Job id.
     pub id: u64,
@@ -17,7 +17,7 @@ pub struct Submitted {
 }
 
 /// Where one task runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     /// Node name.
     pub node: String,
@@ -29,7 +29,7 @@ pub struct TaskView {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     /// Id.
     pub id: u64,
@@ -93,7 +93,7 @@ pub struct JobView {
 }
 
 /// One attempt of a job: a start and, once confirmed, its end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AttemptView {
     /// Attempt number (0 first; restarts, preemptions and node losses each begin another).
     pub attempt: u32,
@@ -121,7 +121,7 @@ pub struct AttemptView {
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ArrayProgress {
     /// Elements in all.
     pub total: usize,
@@ -141,7 +141,7 @@ pub struct ArrayProgress {
 }
 
 /// A page of jobs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobPage {
     /// Jobs, by id.
     pub jobs: Vec<JobView>,
@@ -154,7 +154,7 @@ pub struct JobPage {
 }
 
 /// Why a job waits, with an ETA.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Explain {
     /// Job.
     pub id: u64,
@@ -163,6 +163,7 @@ pub struct Explain {
     /// The reason with its numbers, in one sentence.
     pub message: String,
     /// The structured reason (`kind` and its fields).
+    #[schema(value_type = Object)]
     pub reason: serde_json::Value,
     /// Queued jobs ahead in policy order.
     pub position: usize,
@@ -173,7 +174,7 @@ pub struct Explain {
 }
 
 /// The answer to a dry run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DryRun {
     /// Where it would start now, if it fits now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -189,7 +190,7 @@ pub struct DryRun {
 }
 
 /// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TokenRole {
     /// Everything.
@@ -215,7 +216,7 @@ impl TokenRole {
 }
 
 /// A token to create: `POST /v1/tokens` (admin: any; a tenant admin: its tenant's `tenant` and `tenant-admin` tokens).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// Role.
@@ -231,7 +232,7 @@ pub struct TokenRequest {
 }
 
 /// A token as listed (never the secret).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     /// Id (the start of the token's hash): what `revoke` takes.
     pub id: String,
@@ -251,7 +252,7 @@ pub struct TokenInfo {
 }
 
 /// A new token (the secret is shown once; only its hash is stored).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenCreated {
     /// The token's record.
     #[serde(flatten)]
@@ -261,7 +262,7 @@ pub struct TokenCreated {
 }
 
 /// A tenant to create (admin).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TenantRequest {
     /// Name (letters, digits, `-`, `_`, `.`; 1 to 63 characters).
@@ -278,7 +279,7 @@ pub struct TenantRequest {
 }
 
 /// A quota in API form; absent dimensions are not constrained. Limits default to the guarantees.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaRequest {
     /// Guaranteed GPUs.
@@ -305,7 +306,7 @@ pub struct QuotaRequest {
 }
 
 /// A tenant as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TenantView {
     /// Name.
     pub name: String,
@@ -332,7 +333,7 @@ pub struct TenantView {
 }
 
 /// A new token (shown once).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenIssued {
     /// Tenant.
     pub tenant: String,
@@ -341,7 +342,7 @@ pub struct TokenIssued {
 }
 
 /// A node as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeView {
     /// Name.
     pub name: String,
@@ -370,7 +371,7 @@ pub struct NodeView {
 
 /// The answer to a node's registration: the node, and its own credential (shown once; only its hash is stored). The
 /// agent syncs with this credential, which is bound to the node's name; registering the node again replaces it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeRegistered {
     /// The node.
     #[serde(flatten)]
@@ -380,7 +381,7 @@ pub struct NodeRegistered {
 }
 
 /// One whole GPU of a node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuView {
     /// Index on the node.
     pub index: u32,
@@ -409,7 +410,7 @@ pub struct GpuView {
 }
 
 /// Who a token belongs to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WhoAmI {
     /// `admin` or `tenant`.
     pub role: String,
@@ -423,7 +424,7 @@ pub struct WhoAmI {
 }
 
 /// One queued job in policy order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueEntry {
     /// Queued jobs ahead of it.
     pub position: usize,
@@ -444,6 +445,7 @@ pub struct QueueEntry {
     /// Why it waits, in one sentence with numbers.
     pub message: String,
     /// The structured reason.
+    #[schema(value_type = Object)]
     pub reason: serde_json::Value,
     /// Predicted start, ms since the Unix epoch; absent when it cannot be told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -451,7 +453,7 @@ pub struct QueueEntry {
 }
 
 /// The queue as the policy will consider it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueView {
     /// Policy.
     pub policy: String,
@@ -466,7 +468,7 @@ pub struct QueueView {
 }
 
 /// One sample of the cluster's allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HistoryPoint {
     /// When, ms since the Unix epoch.
     pub at_ms: u64,
@@ -481,7 +483,7 @@ pub struct HistoryPoint {
 }
 
 /// The cluster at a glance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterSummary {
     /// Policy.
     pub policy: String,
@@ -500,7 +502,7 @@ pub struct ClusterSummary {
 }
 
 /// Usage over a period, billed per second (see `gpunet_core::pricing`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageReport {
     /// Currency of every cost (the server's price catalogue's).
     #[serde(default)]
@@ -512,6 +514,8 @@ pub struct UsageReport {
     /// Per tenant: GPU-hours, CPU core-hours, memory GiB-hours, cost.
     pub tenants: BTreeMap<String, UsageTotals>,
     /// Per job.
+    /// (JSON object keys are strings: the job ids in decimal.)
+    #[schema(value_type = BTreeMap<String, UsageTotals>)]
     pub jobs: BTreeMap<u64, UsageTotals>,
     /// Per GPU model and lifecycle (`A100-80GB/spot`).
     #[serde(default)]
@@ -523,7 +527,7 @@ pub struct UsageReport {
 }
 
 /// Totals of usage.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageTotals {
     /// GPU-hours.
     pub gpu_hours: f64,

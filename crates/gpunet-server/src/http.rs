@@ -287,6 +287,7 @@ fn submitted<T: Serialize>(v: T, replayed: bool) -> Response {
     }
 }
 
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", summary = "Submit a job (durable when acknowledged)", params(("tenant" = Option<String>, Query, description = "The tenant to submit to (admin tokens; a tenant token submits to its own)"), ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters; a retry with the same key from the same submitter gets the jobs the first try made (200, header Idempotent-Replayed: true)")), request_body(description = "A gpunet job spec (JSON or YAML) or a Kubernetes batch/v1 Job (YAML or JSON)", content((gpunet_api::spec::JobSubmission = "application/json"), (gpunet_api::spec::JobSubmission = "application/yaml"))), responses((status = 201, description = "Submitted", body = Submitted), (status = 200, description = "A replay: the job an earlier try with this Idempotency-Key made", body = Submitted)))]
 async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
     let c = user_cred(&st, &h)?;
     let key = idempotency_key(&h)?;
@@ -298,6 +299,7 @@ async fn submit(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery,
     Ok(submitted(out.remove(0), replayed))
 }
 
+#[utoipa::path(post, path = "/v1/jobs/batch", tag = "jobs", summary = "Submit up to 10000 jobs at once, all or none", params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters; a retry with the same key from the same submitter gets the jobs the first try made (200, header Idempotent-Replayed: true)")), request_body(description = "A JSON array of gpunet job specs", content = Vec<gpunet_api::spec::JobSubmission>, content_type = "application/json"), responses((status = 201, description = "Submitted, in the order given", body = Vec<Submitted>), (status = 200, description = "A replay: the jobs an earlier try with this Idempotency-Key made", body = Vec<Submitted>)))]
 async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     let c = user_cred(&st, &h)?;
     let key = idempotency_key(&h)?;
@@ -325,6 +327,7 @@ async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> 
     Ok(submitted(out, replayed))
 }
 
+#[utoipa::path(post, path = "/v1/jobs/dry-run", tag = "jobs", summary = "Where and when a job would start, without queuing it", params(("tenant" = Option<String>, Query, description = "The tenant to submit to (admin tokens; a tenant token submits to its own)")), request_body(description = "A gpunet job spec (JSON or YAML) or a Kubernetes batch/v1 Job (YAML or JSON)", content((gpunet_api::spec::JobSubmission = "application/json"), (gpunet_api::spec::JobSubmission = "application/yaml"))), responses((status = 200, description = "Placement and predicted start", body = DryRun)))]
 async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
     let p = user(&st, &h)?;
     let mut parsed = parse_off_thread(&st, body, parse_job).await?;
@@ -333,6 +336,7 @@ async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery
     Ok(json(StatusCode::OK, r))
 }
 
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", summary = "List jobs, by id (a tenant sees its own)", params(("tenant" = Option<String>, Query, description = "Only this tenant's"), ("state" = Option<String>, Query, description = "Only jobs in one of these states, comma-separated: pending, running, preempted, restarting, succeeded, failed or cancelled"), ("user" = Option<String>, Query, description = "Only jobs this user submitted"), ("order" = Option<String>, Query, description = "oldest (by id, the default) or newest"), ("before" = Option<u64>, Query, description = "Only jobs with a smaller id (paging newest first)"), ("after" = Option<u64>, Query, description = "Only jobs with a larger id (paging: the previous page's `next`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100)")), responses((status = 200, description = "A page of jobs", body = JobPage)))]
 async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["tenant", "state", "user", "after", "before", "order", "limit"])?;
@@ -373,24 +377,28 @@ async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQue
     Ok(json(StatusCode::OK, r))
 }
 
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job", body = JobView)))]
 async fn get_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
     let id = parse_id(&id)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Get { who: p, id, reply }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", summary = "Cancel a job (or a whole array)", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job after the cancel", body = JobView)))]
 async fn cancel_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
     let id = parse_id(&id)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Cancel { who: p, id, reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/jobs/{id}/explain", tag = "jobs", summary = "Why a job is pending, with numbers and an ETA", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The explanation", body = Explain)))]
 async fn explain_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
     let id = parse_id(&id)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Explain { who: p, id, reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", summary = "A job's events, oldest first", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "Events", body = Vec<gpunet_store::EventRow>)))]
 async fn job_events(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
     let id = parse_id(&id)?;
@@ -403,6 +411,7 @@ async fn job_events(State(st): State<AppState>, h: HeaderMap, Path(id): Path<Str
     Ok(json(StatusCode::OK, rows))
 }
 
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", summary = "Create a tenant (admin); returns its first token (its tenant admin)", request_body(content = TenantRequest, content_type = "application/json"), responses((status = 201, description = "Created", body = TokenIssued)))]
 async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     admin(&st, &h)?;
     let req: TenantRequest = parse_off_thread(&st, body, |text| {
@@ -419,11 +428,13 @@ async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::CreateTenant { req, reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants", summary = "Tenants with their quota use (a tenant sees itself)", responses((status = 200, description = "Tenants", body = Vec<TenantView>)))]
 async fn list_tenants(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let p = user(&st, &h)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Tenants { who: p, reply }).await?))
 }
 
+#[utoipa::path(put, path = "/v1/tenants/{name}/quota", tag = "tenants", summary = "Set a tenant's quota (admin): a QuotaRequest, or a Kubernetes v1 ResourceQuota (YAML or JSON)", params(("name" = String, Path, description = "Tenant")), request_body(content((QuotaRequest = "application/json"), (QuotaRequest = "application/yaml"))), responses((status = 200, description = "The tenant", body = TenantView)))]
 async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<String>, body: Bytes) -> R<Response> {
     admin(&st, &h)?;
     valid_name("tenant", &name)?;
@@ -473,6 +484,7 @@ async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<St
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetQuota { tenant: name, quota, reply }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", tag = "tenants", summary = "Issue another token for a tenant (admin)", params(("name" = String, Path, description = "Tenant")), responses((status = 201, description = "The token, shown once", body = TokenIssued)))]
 async fn issue_token(State(st): State<AppState>, h: HeaderMap, Path(name): Path<String>) -> R<Response> {
     admin(&st, &h)?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::IssueToken { tenant: name, reply }).await?))
@@ -488,6 +500,7 @@ fn token_scope(c: &crate::tokens::Cred) -> R<Option<String>> {
 }
 
 /// `GET /v1/tokens?tenant=T`: tokens, never their secrets (a tenant admin sees its tenant's).
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens", summary = "Tokens, never their secrets (admin: all; a tenant admin: its tenant's)", params(("tenant" = Option<String>, Query, description = "Only this tenant's")), responses((status = 200, description = "Tokens", body = Vec<TokenInfo>)))]
 async fn list_tokens(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let scope = token_scope(&cred(&st, &h)?)?;
     let q = query(&q, &["tenant"])?;
@@ -502,6 +515,7 @@ async fn list_tokens(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQ
 }
 
 /// `POST /v1/tokens`: a new token for a user (shown once).
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", summary = "Create a token for a user (shown once)", request_body(content = TokenRequest, content_type = "application/json"), responses((status = 201, description = "The token", body = TokenCreated)))]
 async fn create_token(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     let scope = token_scope(&cred(&st, &h)?)?;
     let req: TokenRequest =
@@ -551,14 +565,19 @@ async fn create_token(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> 
 }
 
 /// `POST /v1/tokens/{id}/revoke`: the token stops working at once.
+#[utoipa::path(post, path = "/v1/tokens/{id}/revoke", tag = "tokens", summary = "Revoke a token; it stops working at once", params(("id" = String, Path, description = "Token id (from GET /v1/tokens)")), responses((status = 200, description = "The revoked token", body = TokenInfo)))]
 async fn revoke_token(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let tenant = token_scope(&cred(&st, &h)?)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::RevokeToken { id, tenant, reply }).await?))
 }
 
-#[derive(serde::Deserialize)]
+/// A node's registration (by its agent, with the join token).
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NodeRegistration {
+pub(crate) struct NodeRegistration {
+    /// The node: name, GPUs (model, NUMA node, NVLink domain, PCIe switch, MIG), CPU (millicores), memory (MiB),
+    /// labels, taints.
+    #[schema(value_type = Object)]
     spec: NodeSpec,
     #[serde(default)]
     fake: bool,
@@ -589,6 +608,7 @@ fn check_node(n: &NodeSpec) -> Result<(), ApiError> {
     Ok(())
 }
 
+#[utoipa::path(post, path = "/v1/nodes", tag = "nodes", summary = "Register a node (join token); returns the node's own credential", request_body(content = NodeRegistration, content_type = "application/json"), responses((status = 201, description = "Registered", body = NodeRegistered)))]
 async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     let p = who(&st, &h)?;
     if matches!(p, Principal::Tenant(_)) {
@@ -615,11 +635,13 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, join, reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/nodes", tag = "nodes", summary = "Nodes with their GPUs", responses((status = 200, description = "Nodes", body = Vec<NodeView>)))]
 async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let p = user(&st, &h)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Nodes { who: p, reply }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/nodes/{name}/{action}", tag = "nodes", summary = "Cordon, drain or uncordon a node (admin)", params(("name" = String, Path, description = "Node"), ("action" = String, Path, description = "cordon, drain or uncordon")), responses((status = 200, description = "The node", body = NodeView)))]
 async fn node_action(
     State(st): State<AppState>,
     h: HeaderMap,
@@ -635,11 +657,13 @@ async fn node_action(
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetNodeState { name, state, reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals", responses((status = 200, description = "Summary", body = ClusterSummary)))]
 async fn cluster(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     user(&st, &h)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Summary { reply }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/usage", tag = "cluster", summary = "Usage and cost per tenant, user and GPU model over a period", params(("from_ms" = Option<u64>, Query, description = "Start, ms since the Unix epoch (default 30 days ago)"), ("to_ms" = Option<u64>, Query, description = "End (default now)"), ("tenant" = Option<String>, Query, description = "Only this tenant")), responses((status = 200, description = "The report", body = UsageReport)))]
 async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["from_ms", "to_ms", "tenant"])?;
@@ -705,6 +729,7 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
     Ok(json(StatusCode::OK, report))
 }
 
+#[utoipa::path(get, path = "/v1/events", tag = "cluster", summary = "Server-sent events: every job event (a tenant sees its own)", responses((status = 200, description = "An event stream; each data line is a JSON event", body = String, content_type = "text/event-stream")))]
 async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let p = user(&st, &h)?;
     let slot = stream_slot(&st, &h)?;
@@ -731,6 +756,7 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 
 /// `POST /v1/agents/{node}/sync`: apply the agent's report; answer with the node's task set, holding the request up to
 /// a second while it does not change.
+#[utoipa::path(post, path = "/v1/agents/{node}/sync", tag = "agents", summary = "An agent's report; the answer is its node's task set (the node's own credential)", params(("node" = String, Path, description = "Node")), request_body(content = gpunet_api::agent::AgentSync, content_type = "application/json"), responses((status = 200, description = "The node's work", body = gpunet_api::agent::AgentWork)))]
 async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<String>, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
         Principal::Node(n) if n == node => {}
@@ -827,6 +853,7 @@ fn read_log_at(path: &std::path::Path, offset: u64) -> Vec<u8> {
 
 /// `GET /v1/jobs/{id}/logs?rank=R&follow=true`: the latest attempt's log of a rank; with `follow`, streamed until the
 /// job ends.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs", tag = "jobs", summary = "A rank's output (latest attempt); follow=true streams it until the job ends", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]"), ("rank" = Option<u32>, Query, description = "Task rank (default 0)"), ("follow" = Option<bool>, Query, description = "Stream until the job ends")), responses((status = 200, description = "The log", body = String, content_type = "text/plain")))]
 async fn job_logs(
     State(st): State<AppState>,
     h: HeaderMap,
@@ -911,6 +938,7 @@ async fn job_logs(
     Ok(([("content-type", "text/plain; charset=utf-8")], axum::body::Body::from_stream(stream)).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/whoami", tag = "tokens", summary = "Who this token is", responses((status = 200, description = "Role, tenant and token", body = WhoAmI)))]
 async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let c = user_cred(&st, &h)?;
     let token = Some(crate::tokens::info(&hash_token(bearer(&h)?), &c));
@@ -922,6 +950,7 @@ async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 }
 
 /// `GET /v1/queue?limit=N`: queued jobs in policy order with their reasons and predicted starts.
+#[utoipa::path(get, path = "/v1/queue", tag = "cluster", summary = "Queued jobs in policy order with their reasons and predicted starts", params(("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "At most this many (default 50)")), responses((status = 200, description = "The queue", body = QueueView)))]
 async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["limit"])?;
@@ -930,11 +959,13 @@ async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQu
 }
 
 /// `GET /v1/cluster/history`: allocation and queue length sampled every 15 s over the last 12 hours.
+#[utoipa::path(get, path = "/v1/cluster/history", tag = "cluster", summary = "Allocation and queue length every 15 s over the last 12 hours", responses((status = 200, description = "Samples, oldest first", body = Vec<HistoryPoint>)))]
 async fn history(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     user(&st, &h)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::History { reply }).await?))
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "cluster", summary = "Prometheus metrics (admin)", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     admin(&st, &h)?;
     let gauges = ask(&st, |reply| Cmd::Gauges { reply }).await?;
@@ -945,20 +976,37 @@ async fn metrics(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 /// read-only until the cause is fixed and it restarts).
 /// Its `role` is `leader` (a lone server leads too); a leader among replicas also names its `epoch` and its address
 /// (`leader`); standbys answer `/v1/health` themselves (see `ha`).
+#[utoipa::path(get, path = "/v1/health", tag = "cluster", summary = "Whether the control plane accepts changes (no token)", security(()), responses((status = 200, description = "Accepting changes", body = Health), (status = 503, description = "The store refused a write: read-only until restarted", body = Health)))]
 async fn health(State(st): State<AppState>) -> Response {
-    let mut body = if st.metrics.store_writable() {
-        serde_json::json!({"status": "ok", "store": "writable", "role": "leader"})
-    } else {
-        serde_json::json!({"status": "degraded", "store": "refused a write: read-only until restarted", "role": "leader"})
+    let writable = st.metrics.store_writable();
+    let body = Health {
+        status: if writable { "ok" } else { "degraded" }.into(),
+        store: if writable { "writable" } else { "refused a write: read-only until restarted" }.into(),
+        role: "leader".into(),
+        epoch: st.leader.as_ref().map(|(e, _)| *e),
+        leader: st.leader.as_ref().map(|(_, a)| a.clone()),
     };
-    if let Some((epoch, address)) = &st.leader {
-        body["epoch"] = (*epoch).into();
-        body["leader"] = address.clone().into();
-    }
-    let status = if st.metrics.store_writable() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json(status, body)
+    json(if writable { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, body)
 }
 
+/// The answer of `GET /v1/health`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Health {
+    /// `ok` or `degraded`.
+    status: String,
+    /// The store's state: `writable`, or why it is not.
+    store: String,
+    /// `leader`, or `standby` (a replica waiting for the lease; see `ha`).
+    role: String,
+    /// The leader's fencing epoch, among replicas sharing PostgreSQL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
+    /// The leader's address, among replicas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leader: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "cluster", summary = "This document (no token)", security(()), responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
 async fn openapi() -> Response {
     json(StatusCode::OK, crate::openapi::document())
 }

@@ -283,7 +283,7 @@ pub struct LedgerTotals {
 }
 
 /// One stored job event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventRow {
     /// Sequence number (increasing).
     pub seq: u64,

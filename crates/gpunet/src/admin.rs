@@ -1,4 +1,5 @@
-//! `gpunet admin`: operations on a store, run beside (backup) or instead of (migrate) the server.
+//! `gpunet admin`: operations on a store, run beside (backup) or instead of (migrate) the server; what an operator
+//! installs beside the binary (the server's configuration file, man pages, alert rules).
 
 use anyhow::{bail, Context, Result};
 use gpunet_store::StoreUrl;
@@ -14,6 +15,14 @@ pub(crate) enum AdminCmd {
     Migrate(MigrateArgs),
     /// Copy a SQLite store to a file while the server keeps running (SQLite's online backup API).
     Backup(BackupArgs),
+    /// Print the server's configuration file (`gpunet server --config FILE`) with every key at its default.
+    Config,
+    /// Write man pages (gpunet.1, gpunet-server.1, …, one per command) into a directory, e.g.
+    /// /usr/local/share/man/man1.
+    Man {
+        /// Directory to write them to (created if missing).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -47,6 +56,16 @@ pub(crate) fn run(cmd: AdminCmd) -> Result<()> {
             Ok(())
         }
         AdminCmd::Migrate(a) => migrate(a),
+        AdminCmd::Config => {
+            print!("{}", crate::config::template());
+            Ok(())
+        }
+        AdminCmd::Man { dir } => {
+            use clap::CommandFactory as _;
+            let files = crate::ops::write_man_pages(crate::Cli::command(), &dir)?;
+            println!("wrote {} man pages to {}", files.len(), dir.display());
+            Ok(())
+        }
         AdminCmd::Backup(a) => {
             let bytes = gpunet_store::backup(&a.data_dir, &a.to)
                 .with_context(|| format!("back up {}", a.data_dir.display()))?;

@@ -4,8 +4,11 @@ mod admin;
 mod bench;
 mod cli;
 mod client;
+mod config;
 mod monitoring;
+mod ops;
 mod report;
+mod server_cmd;
 mod sim_cmd;
 
 use anyhow::{bail, Context, Result};
@@ -17,6 +20,10 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "gpunet", version, about = "An open-source AI compute network: pooled GPUs, fair scheduling, traces.")]
 struct Cli {
+    /// Log lines of `up`, `server` and `agent` on standard error: text (colours only on a terminal) or json (one
+    /// object per line). `GPUNET_LOG` sets the level, e.g. debug.
+    #[arg(long, global = true, value_enum, env = "GPUNET_LOG_FORMAT")]
+    log_format: Option<config::LogFormat>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -27,7 +34,7 @@ enum Cmd {
     /// fake ones) and the web portal, in one process.
     Up(UpArgs),
     /// Run the control plane.
-    Server(ServerArgs),
+    Server(Box<server_cmd::ServerArgs>),
     /// Run a node agent: register this machine and run its tasks.
     Agent(AgentArgs),
     /// Submit a job: `-f spec.yaml` (gpunet spec or Kubernetes Job), or flags and `-- CMD ARGS…`.
@@ -94,130 +101,6 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
-}
-
-#[derive(Debug, clap::Args)]
-struct ServerArgs {
-    /// Data directory (the SQLite database unless --store names another; TLS files, logs).
-    #[arg(long, default_value = "gpunet-data")]
-    data_dir: PathBuf,
-    /// Where the state is kept: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`, or `sqlite://DIR` (default: SQLite in
-    /// --data-dir). Default GPUNET_STORE.
-    #[arg(long, env = "GPUNET_STORE", hide_env_values = true)]
-    store: Option<String>,
-    /// Listen address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: std::net::SocketAddr,
-    /// Admin token (default GPUNET_ADMIN_TOKEN; generated and printed once if none is stored).
-    #[arg(long, env = "GPUNET_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
-    /// Join token for node agents (default GPUNET_JOIN_TOKEN; generated and printed once if none is stored).
-    #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
-    join_token: Option<String>,
-    /// Queue policy.
-    #[arg(long, default_value = "fifo")]
-    policy: String,
-    /// Turn EASY backfill off.
-    #[arg(long)]
-    no_backfill: bool,
-    /// Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
-    #[arg(long, default_value_t = 10.0)]
-    node_lost_after_s: f64,
-    /// Seconds a lost node's tasks stay fenced (their GPUs held) waiting for its agent to come back and confirm them
-    /// killed; after that they are taken as gone and their jobs run again elsewhere.
-    #[arg(long, default_value_t = 60.0)]
-    node_fence_s: f64,
-    /// Seconds before the first restart of a failed job (doubling after each restart).
-    #[arg(long, default_value_t = 10.0)]
-    restart_backoff_s: f64,
-    /// A job that has run less than this many seconds is never preempted.
-    #[arg(long, default_value_t = 300.0)]
-    preempt_min_run_s: f64,
-    /// Where checkpoint tiers may go, repeatable: `file:///srv/ckpt/{tenant}` or `s3://bucket/{tenant}/`
-    /// (`{tenant}`: the job's tenant). A tier URL outside every root is refused at submit; without roots, tiers
-    /// live only on the nodes' disks.
-    #[arg(long = "checkpoint-root")]
-    checkpoint_roots: Vec<String>,
-    /// Most queued jobs one tenant may have; more submissions get 429.
-    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT)]
-    max_queued_jobs_per_tenant: usize,
-    /// Most bytes of job specs one tenant's unfinished jobs may hold (default 64 MiB); more submissions get 429.
-    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_SPEC_BYTES_PER_TENANT)]
-    max_spec_bytes_per_tenant: u64,
-    /// Most log and event streams one token may have open at once; more get 429.
-    #[arg(long, default_value_t = gpunet_server::DEFAULT_MAX_STREAMS_PER_TOKEN)]
-    max_streams_per_token: usize,
-    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The certificate's private key (PEM).
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Allow plain HTTP on a non-loopback address (tokens and task secrets cross the network in clear text).
-    #[arg(long)]
-    insecure_http: bool,
-    /// Most connections at once (keep it below the open-file limit).
-    #[arg(long, default_value_t = 768)]
-    max_connections: usize,
-    /// Seconds a client has for the TLS handshake and for each request head (and an idle connection is kept).
-    #[arg(long, default_value_t = 10.0)]
-    header_timeout_s: f64,
-    /// Price catalogue (TOML: GPU prices by model and lifecycle, CPU core-hour, memory GiB-hour); default: the one
-    /// shipped with gpunet (`gpunet prices` prints it).
-    #[arg(long)]
-    prices: Option<PathBuf>,
-    /// With a PostgreSQL store (where servers run as replicas, one leading): the URL clients reach this server at,
-    /// to which standbys redirect while it leads. Default: this server's scheme and --listen address.
-    #[arg(long)]
-    advertise: Option<String>,
-    /// With a PostgreSQL store: seconds the leader's lease lasts without renewal; a standby takes over once it
-    /// expires (at once when the leader's process died and its database session ended).
-    #[arg(long, default_value_t = 4.0)]
-    lease_ttl_s: f64,
-    /// Seconds between the leader's lease renewals (below half the lease).
-    #[arg(long, default_value_t = 1.0)]
-    lease_renew_s: f64,
-    /// Seconds between a standby's attempts to take the lease.
-    #[arg(long, default_value_t = 0.25)]
-    lease_poll_s: f64,
-}
-
-/// The lease of a replica on PostgreSQL, from `gpunet server`'s flags.
-fn lease_config(a: &ServerArgs, tls: bool) -> Result<gpunet_store::pg_lease::LeaseConfig> {
-    let ok = |x: f64| x.is_finite() && x > 0.0;
-    if !ok(a.lease_ttl_s) || !ok(a.lease_renew_s) || !ok(a.lease_poll_s) {
-        bail!("invalid --lease-ttl-s / --lease-renew-s / --lease-poll-s: allowed are seconds > 0");
-    }
-    if a.lease_renew_s * 2.0 > a.lease_ttl_s || a.lease_poll_s > a.lease_ttl_s {
-        bail!(
-            "invalid --lease-renew-s {} / --lease-poll-s {}: allowed are at most half of --lease-ttl-s {} and at most \
-             --lease-ttl-s",
-            a.lease_renew_s,
-            a.lease_poll_s,
-            a.lease_ttl_s
-        );
-    }
-    let address = match &a.advertise {
-        Some(u) => {
-            let l = gpunet_api::servers::ServerList::parse("--advertise", u).map_err(|e| anyhow::anyhow!(e.message))?;
-            if l.all().len() != 1 {
-                bail!("invalid --advertise {u:?}: allowed is one URL");
-            }
-            l.current().to_string()
-        }
-        None if a.listen.ip().is_unspecified() => {
-            bail!("missing --advertise: with --listen {} give the URL clients reach this server at", a.listen)
-        }
-        None => format!("{}://{}", if tls { "https" } else { "http" }, a.listen),
-    };
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    Ok(gpunet_store::pg_lease::LeaseConfig {
-        holder: format!("{host}/{}/{address}", std::process::id()),
-        address,
-        ttl: std::time::Duration::from_secs_f64(a.lease_ttl_s),
-        renew_every: std::time::Duration::from_secs_f64(a.lease_renew_s),
-        poll_every: std::time::Duration::from_secs_f64(a.lease_poll_s),
-    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -641,140 +524,20 @@ fn real_main() -> Result<()> {
     }
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Server(a) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
-            let mut cfg = gpunet_server::Config::new(a.data_dir.clone());
-            cfg.listen = a.listen;
-            cfg.admin_token = a.admin_token.clone();
-            cfg.join_token = a.join_token.clone();
-            cfg.sched.policy = a.policy.parse().context("--policy")?;
-            cfg.sched.backfill = !a.no_backfill;
-            let lost_ok = a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0;
-            let backoff_ok = a.restart_backoff_s.is_finite() && a.restart_backoff_s >= 0.0;
-            if !lost_ok || !backoff_ok {
-                bail!("invalid --node-lost-after-s / --restart-backoff-s: allowed are seconds > 0 and >= 0");
-            }
-            cfg.node_lost_after = std::time::Duration::from_secs_f64(a.node_lost_after_s);
-            if !a.node_fence_s.is_finite() || a.node_fence_s < 0.0 {
-                bail!("invalid --node-fence-s {}: allowed is seconds >= 0", a.node_fence_s);
-            }
-            cfg.node_fence_after = std::time::Duration::from_secs_f64(a.node_fence_s);
-            cfg.sched.restart_backoff = gpunet_core::Dur((a.restart_backoff_s * 1000.0) as u64);
-            if !a.preempt_min_run_s.is_finite() || a.preempt_min_run_s < 0.0 {
-                bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
-            }
-            cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
-            for r in &a.checkpoint_roots {
-                if !(r.starts_with("file:///") || r.starts_with("s3://")) || r.contains("..") {
-                    bail!(
-                        "invalid --checkpoint-root {r:?}: allowed is file:///PATH or s3://BUCKET/PREFIX without '..'"
-                    );
-                }
-            }
-            cfg.checkpoint_roots = a.checkpoint_roots.clone();
-            if a.max_queued_jobs_per_tenant == 0 || a.max_spec_bytes_per_tenant == 0 || a.max_streams_per_token == 0 {
-                bail!(
-                    "invalid --max-queued-jobs-per-tenant / --max-spec-bytes-per-tenant / --max-streams-per-token: \
-                     allowed are numbers > 0"
-                );
-            }
-            cfg.max_queued_jobs_per_tenant = a.max_queued_jobs_per_tenant;
-            cfg.max_spec_bytes_per_tenant = a.max_spec_bytes_per_tenant;
-            cfg.max_streams_per_token = a.max_streams_per_token;
-            if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
-                cfg.tls = Some(gpunet_server::tls::TlsFiles { cert: cert.clone(), key: key.clone() });
-            }
-            cfg.insecure_http = a.insecure_http;
-            if a.insecure_http {
-                eprintln!("warning: --insecure-http: tokens and task secrets may cross the network in clear text");
-            }
-            if a.max_connections == 0 || !a.header_timeout_s.is_finite() || a.header_timeout_s <= 0.0 {
-                bail!("invalid --max-connections / --header-timeout-s: allowed are at least 1 and seconds > 0");
-            }
-            cfg.limits.max_connections = a.max_connections;
-            cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
-            cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
-            cfg.prices = load_prices(a.prices.as_deref())?;
-            let store_url = match &a.store {
-                Some(s) => gpunet_store::StoreUrl::parse(s).context("invalid --store")?,
-                None => gpunet_store::StoreUrl::Sqlite(a.data_dir.clone()),
-            };
-            let lease = match &store_url {
-                gpunet_store::StoreUrl::Postgres(_) => Some(lease_config(&a, cfg.tls.is_some())?),
-                gpunet_store::StoreUrl::Sqlite(_) => None,
-            };
-            runtime()?.block_on(async move {
-                let running = match (store_url, lease) {
-                    // On PostgreSQL, servers are replicas: one leads, the others stand by (`gpunet_server::ha`).
-                    (gpunet_store::StoreUrl::Postgres(url), Some(lease)) => {
-                        let on_generated: gpunet_server::ha::OnGenerated = std::sync::Arc::new(|admin, join| {
-                            if let Some(t) = admin {
-                                println!("admin token (shown once, store it): {t}");
-                            }
-                            if let Some(t) = join {
-                                println!("agent join token (shown once): {t}");
-                            }
-                        });
-                        let ha =
-                            gpunet_server::ha::HaConfig { store_url: url, lease, on_generated: Some(on_generated) };
-                        gpunet_server::ha::start_ha(cfg, ha).await?
-                    }
-                    (url, _) => {
-                        let store = gpunet_store::open(&url).context("open the store")?;
-                        gpunet_server::start(cfg, store).await?
-                    }
-                };
-                println!("gpunet server listening on {}", running.url());
-                if let Some(t) = &running.generated_admin_token {
-                    println!("admin token (shown once, store it): {t}");
-                }
-                if let Some(t) = &running.generated_join_token {
-                    println!("agent join token (shown once): {t}");
-                }
-                if let Some(r) = &running.ha {
-                    match r.role() {
-                        gpunet_store::pg_lease::Role::Leader { epoch, .. } => println!("role: leader (epoch {epoch})"),
-                        gpunet_store::pg_lease::Role::Standby { leader } => {
-                            println!("role: standby (leader: {})", leader.as_deref().unwrap_or("none yet"))
-                        }
-                        gpunet_store::pg_lease::Role::Starting => println!("role: starting"),
-                    }
-                }
-                use std::io::Write as _;
-                std::io::stdout().flush()?;
-                tokio::signal::ctrl_c().await?;
-                eprintln!("stopping");
-                running.stop().await;
-                Ok::<(), anyhow::Error>(())
-            })?;
-        }
+        Cmd::Server(a) => server_cmd::run(&a, cli.log_format)?,
         Cmd::Agent(a) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            ops::init_logging(cli.log_format.unwrap_or_default(), "info");
             let cfg = agent_config(&a)?;
+            let _lock = ops::DataDirLock::acquire(&cfg.data_dir)?;
             runtime()?.block_on(async move {
                 gpunet_agent::run(cfg, async {
-                    let _ = tokio::signal::ctrl_c().await;
+                    let _ = ops::stop_signal().await;
                 })
                 .await
             })?;
         }
         Cmd::Up(a) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("GPUNET_LOG").unwrap_or_else(|_| "warn".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            ops::init_logging(cli.log_format.unwrap_or_default(), "warn");
             let asked = a.fake_gpus.as_deref().map(gpunet_agent::parse_fake_gpus).transpose()?;
             let real = if asked.is_some() { Vec::new() } else { real_gpus()? };
             let fake = match asked {
@@ -782,27 +545,13 @@ fn real_main() -> Result<()> {
                 None if real.is_empty() => Some((gpunet_core::GpuModel::A100_80GB, 8)),
                 None => None,
             };
-            std::fs::create_dir_all(&a.data_dir).with_context(|| format!("create {}", a.data_dir.display()))?;
-            // Single-machine mode keeps the admin token in the data directory so that it can be shown at every start.
+            // One `gpunet up` per data directory (it creates the directory).
+            let _lock = ops::DataDirLock::acquire(&a.data_dir)?;
+            // Single-machine mode keeps the admin and join tokens in the data directory so that they can be shown at
+            // every start (and the printed `gpunet agent` command keeps working).
             let token_file = a.data_dir.join("admin.token");
-            let admin = match std::fs::read_to_string(&token_file) {
-                Ok(t) => t.trim().to_string(),
-                Err(_) => {
-                    use std::io::Write as _;
-                    use std::os::unix::fs::OpenOptionsExt;
-                    let t = gpunet_server::new_token();
-                    // Created readable by its owner only (never briefly world-readable).
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&token_file)
-                        .and_then(|mut f| f.write_all(t.as_bytes()))
-                        .with_context(|| format!("write {}", token_file.display()))?;
-                    t
-                }
-            };
-            let join = gpunet_server::new_token();
+            let admin = ops::token_file(&token_file)?;
+            let join = ops::token_file(&a.data_dir.join("join.token"))?;
             // A private CA in the data directory (kept across starts) and a server certificate it signs.
             let ca = gpunet_server::tls::local_ca(&a.data_dir, &gpunet_server::tls::local_names(a.listen))?;
             let mut cfg = gpunet_server::Config::new(a.data_dir.join("server"));
@@ -847,7 +596,7 @@ fn real_main() -> Result<()> {
                 let agent = gpunet_agent::AgentConfig {
                     server: url.clone(),
                     ca: Some(ca.ca_cert.clone()),
-                    join_token: Some(join),
+                    join_token: Some(join.clone()),
                     name: "local".into(),
                     labels: std::collections::BTreeMap::from([("zone".to_string(), "local".to_string())]),
                     fake_gpus: fake,
@@ -916,14 +665,15 @@ fn real_main() -> Result<()> {
                         a.data_dir.join("prometheus").display()
                     );
                 }
+                print!("{}", ops::join_instructions(running.addr, &ca.ca_cert, &join));
                 println!(
                     "try:  GPUNET_SERVER={url} GPUNET_CA={} GPUNET_TOKEN={admin} gpunet submit --tenant default --gpus 1 -- nvidia-smi -L",
                     ca.ca_cert.display()
                 );
                 use std::io::Write as _;
                 std::io::stdout().flush()?;
-                tokio::signal::ctrl_c().await?;
-                eprintln!("stopping");
+                ops::stop_signal().await?;
+                tracing::info!("stopping");
                 let _ = stop_tx.send(());
                 let _ = agent_task.await;
                 running.stop().await;

@@ -181,21 +181,33 @@ fn promtool_accepts_live_metrics_and_the_cli_works() {
     ] {
         assert!(text.contains(name), "{name} missing");
     }
-    let mut p = Command::new("promtool")
+    // promtool (Debian's prometheus package) is optional here: the test says it skips the check without it, except
+    // under CI=true, where it fails (`.ci/run` installs it).
+    match Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("promtool (Debian package prometheus) must be installed; .ci/run installs it");
-    std::io::Write::write_all(&mut p.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    let o = p.wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    {
+        Ok(mut p) => {
+            std::io::Write::write_all(&mut p.stdin.take().unwrap(), text.as_bytes()).unwrap();
+            let o = p.wait_with_output().unwrap();
+            assert!(
+                o.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "promtool (Debian package prometheus) must be installed under CI: {e}"
+            );
+            eprintln!("skipped: promtool check metrics (promtool is not installed: apt-get install prometheus)");
+        }
+    }
     // Completions.
     let o = Command::new(BIN).args(["completions", "bash"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("gpunet"));
