@@ -288,6 +288,8 @@ pub fn build(
         let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
         o.docs.insert(id, owner::JobDoc { job, ..d });
     }
+    // Learned estimates start from the succeeded jobs in the store.
+    o.relearn();
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.
     o.st.resolve_restored(Time(now_ms()));
     o.restored_cascades();

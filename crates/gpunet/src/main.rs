@@ -108,9 +108,13 @@ struct ServerArgs {
     /// Join token for node agents (default GPUNET_JOIN_TOKEN; generated and printed once if none is stored).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
-    /// Queue policy.
-    #[arg(long, default_value = "fifo")]
-    policy: String,
+    /// Queue policy (default: the --sched-config file's, else fifo).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Scheduler knobs (TOML, a `[scheduler]` table: policy, backfill, preemptive, LAS thresholds, minimum run time,
+    /// eviction rate limit, restart backoff, tick; see docs/scheduler.md). Flags given explicitly win over the file.
+    #[arg(long, env = "GPUNET_SCHED_CONFIG")]
+    sched_config: Option<PathBuf>,
     /// Turn EASY backfill off.
     #[arg(long)]
     no_backfill: bool,
@@ -174,9 +178,12 @@ struct UpArgs {
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
-    /// Queue policy.
-    #[arg(long, default_value = "fifo")]
-    policy: String,
+    /// Queue policy (default: the --sched-config file's, else fifo).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Scheduler knobs (TOML), as for `gpunet server --sched-config`.
+    #[arg(long, env = "GPUNET_SCHED_CONFIG")]
+    sched_config: Option<PathBuf>,
     /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
     #[arg(long)]
     prices: Option<PathBuf>,
@@ -274,6 +281,30 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
 }
 
 /// The price catalogue of `--prices FILE`, or the shipped one.
+/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`.
+fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, policy: Option<&str>) -> Result<()> {
+    if let Some(p) = file {
+        let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
+        let k = gpunet_core::SchedKnobs::from_toml(&text)
+            .and_then(|k| k.apply(&mut cfg.sched).map(|()| k))
+            .with_context(|| format!("load --sched-config {}", p.display()))?;
+        if let Some(t) = k.tick {
+            cfg.tick = std::time::Duration::from_millis(t.0 .0);
+        }
+        if k.checkpoint_interval.is_some() || k.stop_time.is_some() {
+            tracing::warn!(
+                file = %p.display(),
+                "checkpoint_interval and stop_time are simulator knobs: live jobs checkpoint on their own interval \
+                 and stop within the agent's grace period"
+            );
+        }
+    }
+    if let Some(p) = policy {
+        cfg.sched.policy = p.parse().context("--policy")?;
+    }
+    Ok(())
+}
+
 fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatalogue> {
     let Some(p) = path else { return Ok(gpunet_core::PriceCatalogue::shipped()) };
     let text = std::fs::read_to_string(p).with_context(|| format!("read --prices {}", p.display()))?;
@@ -677,6 +708,9 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                 if let Some(r) = &j.end_reason {
                     s += &format!("  ended: {r}\n");
                 }
+                if let Some(est) = &j.estimate {
+                    s += &format!("  {}", client::estimate_line(est));
+                }
                 for t in &j.placement {
                     s += &format!("  task on {} GPUs {:?}\n", t.node, t.gpus);
                 }
@@ -715,6 +749,9 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                 let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
                 if let Some(t) = e.eta_ms {
                     s += &format!("predicted start in {}s\n", t.saturating_sub(gpunet_server::now_ms()) / 1000);
+                }
+                if let Some(est) = &e.estimate {
+                    s += &client::estimate_line(est);
                 }
                 s
             })
@@ -890,8 +927,9 @@ fn main() -> Result<()> {
             cfg.listen = a.listen;
             cfg.admin_token = a.admin_token.clone();
             cfg.join_token = a.join_token.clone();
-            cfg.sched.policy = a.policy.parse().context("--policy")?;
-            cfg.sched.backfill = !a.no_backfill;
+            if a.no_backfill {
+                cfg.sched.backfill = false;
+            }
             let lost_ok = a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0;
             let backoff_ok = a.restart_backoff_s.is_finite() && a.restart_backoff_s >= 0.0;
             if !lost_ok || !backoff_ok {
@@ -907,6 +945,7 @@ fn main() -> Result<()> {
                 bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
             }
             cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
+            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
             for r in &a.checkpoint_roots {
                 if !(r.starts_with("file:///") || r.starts_with("s3://")) || r.contains("..") {
                     bail!(
@@ -1017,7 +1056,7 @@ fn main() -> Result<()> {
             cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
-            cfg.sched.policy = a.policy.parse().context("--policy")?;
+            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
             cfg.prices = load_prices(a.prices.as_deref())?;
             // Shared checkpoint tiers go beneath the data directory, one directory per tenant.
             let data =

@@ -57,6 +57,7 @@ impl Owner {
                         warnings: Vec::new(),
                         last_run: None,
                         submitted_by: p.submitted_by.clone(),
+                        learned_estimate: None,
                     };
                     self.docs.insert(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));

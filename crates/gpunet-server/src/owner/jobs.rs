@@ -83,7 +83,8 @@ impl Owner {
         // Durable, then visible: the jobs are written first and enter the live state only once the store
         // has accepted them; a refused write leaves no trace (no job, no start, no event).
         let mut docs = Vec::with_capacity(prepared.len());
-        for ((tenant, sub, warnings, spec), size) in prepared.into_iter().zip(sizes) {
+        for ((tenant, sub, warnings, mut spec), size) in prepared.into_iter().zip(sizes) {
+            let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
             if let Err(e) = spec.validate() {
                 let _ = reply.send(Err(e.into()));
                 return;
@@ -98,6 +99,7 @@ impl Owner {
                 warnings: warnings.clone(),
                 last_run: None,
                 submitted_by: Some(by.clone()),
+                learned_estimate: learned,
             };
             writes.push(Write::Job {
                 id,
@@ -270,7 +272,8 @@ impl Owner {
             };
             let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
             let message = self.mask(&who, &e.message, Some(&mut reason));
-            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta })
+            let estimate = self.estimate_view(d);
+            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta, estimate })
         })();
         let _ = reply.send(r);
     }

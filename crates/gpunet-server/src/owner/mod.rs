@@ -12,6 +12,7 @@
 //! - `queries`: reads of the cluster (summary, live usage, the queue with reasons and ETAs).
 
 mod arrays;
+mod estimates;
 mod jobs;
 mod nodes;
 mod queries;
@@ -186,6 +187,9 @@ pub(crate) struct JobDoc {
     /// Who submitted it (the token's user, else its role).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) submitted_by: Option<String>,
+    /// The prediction given to a job submitted without an estimate (see `owner/estimates.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) learned_estimate: Option<gpunet_core::Prediction>,
 }
 
 /// A tenant as persisted.
@@ -271,6 +275,8 @@ pub(crate) struct Owner {
     /// Task attempts handed to each node, with when they were last in its task set: a task the server stopped still
     /// ships its last lines and its exit for a while after it left the set.
     handed: HashMap<String, HashMap<gpunet_api::agent::TaskRef, std::time::Instant>>,
+    /// Learned run-time estimates (`owner/estimates.rs`).
+    pub(crate) predictor: gpunet_core::Predictor,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -338,6 +344,7 @@ impl Owner {
             spec_sizes: HashMap::new(),
             unfinished_spec_bytes: None,
             handed: HashMap::new(),
+            predictor: gpunet_core::Predictor::new(),
         }
     }
 
@@ -548,6 +555,7 @@ impl Owner {
             array_job_id: j.array_of.map(|(a, _)| a.0),
             array_index: j.array_of.map(|(_, i)| i),
             end_reason: j.end_reason.clone(),
+            estimate: self.estimate_view(d),
         })
     }
 
