@@ -18,6 +18,9 @@ pub enum Policy {
     Sjf,
     /// Shortest remaining estimated time first (progress kept by checkpoints counts).
     Srtf,
+    /// Shortest remaining estimated GPU-work first: remaining estimated time × GPUs (SRPT on GPU-time; a wide job
+    /// counts for all the GPUs it holds).
+    Srgf,
     /// Weighted Dominant Resource Fairness across tenants.
     Drf,
     /// Fair share on decayed historical GPU usage plus current allocation, divided by weight.
@@ -28,8 +31,16 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Policy; 7] =
-        [Policy::Fifo, Policy::Priority, Policy::Sjf, Policy::Srtf, Policy::Drf, Policy::FairShare, Policy::Las];
+    pub const ALL: [Policy; 8] = [
+        Policy::Fifo,
+        Policy::Priority,
+        Policy::Sjf,
+        Policy::Srtf,
+        Policy::Srgf,
+        Policy::Drf,
+        Policy::FairShare,
+        Policy::Las,
+    ];
 
     /// Name as accepted on the command line.
     pub const fn name(self) -> &'static str {
@@ -38,6 +49,7 @@ impl Policy {
             Policy::Priority => "priority",
             Policy::Sjf => "sjf",
             Policy::Srtf => "srtf",
+            Policy::Srgf => "srgf",
             Policy::Drf => "drf",
             Policy::FairShare => "fairshare",
             Policy::Las => "las",
@@ -80,8 +92,8 @@ pub struct PreemptionConfig {
     pub max_per_interval: u32,
     /// … in any window of this length.
     pub interval: Dur,
-    /// Preemptive SJF/SRTF: under `sjf` or `srtf`, a waiting job whose policy key (estimate ÷ GPUs, or remaining
-    /// estimated time) is at most `1 / shorter_ratio` of a running job's evicts it (same victim choice, minimum run
+    /// Preemptive SJF/SRTF: under `sjf`, `srtf` or `srgf`, a waiting job whose policy key (estimate ÷ GPUs,
+    /// remaining estimated time, or remaining estimated GPU-time) is at most `1 / shorter_ratio` of a running job's evicts it (same victim choice, minimum run
     /// time and rate limit as every preemption). Off by default.
     #[serde(default)]
     pub shorter_first: bool,
@@ -246,7 +258,7 @@ impl<'de> Deserialize<'de> for HumanDur {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedKnobs {
-    /// Queue policy (`fifo`, `priority`, `sjf`, `srtf`, `drf`, `fairshare`, `las`).
+    /// Queue policy (`fifo`, `priority`, `sjf`, `srtf`, `srgf`, `drf`, `fairshare`, `las`).
     pub policy: Option<Policy>,
     /// EASY backfill.
     pub backfill: Option<bool>,

@@ -1209,6 +1209,17 @@ pub(crate) fn sjf_key(j: &Job) -> u64 {
     }
 }
 
+/// A job's key under SRGF: remaining estimated time × GPUs at its minimum size (ms), `u64::MAX` without estimate.
+pub(crate) fn srgf_key(j: &Job) -> u64 {
+    match j.spec.estimated_duration {
+        Some(_) => {
+            let tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
+            j.remaining_estimate().0.saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
+        }
+        None => u64::MAX,
+    }
+}
+
 /// The queue key of a job under the configured policy.
 pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
     let prio = (i32::MAX as i64 - j.spec.priority as i64) as u64;
@@ -1217,6 +1228,7 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
         Policy::Priority | Policy::Drf | Policy::FairShare => prio,
         Policy::Sjf => sjf_key(j),
         Policy::Srtf => j.remaining_estimate().0,
+        Policy::Srgf => srgf_key(j),
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
     };
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);

@@ -152,7 +152,7 @@ fn drive(s: &mut ClusterState, jobs: &[JobGen], check: &mut dyn FnMut(&ClusterSt
 }
 
 fn policies() -> impl Strategy<Value = (Policy, bool, bool)> {
-    (0usize..7, any::<bool>(), any::<bool>()).prop_map(|(p, bf, pre)| (Policy::ALL[p], bf, pre))
+    (0usize..Policy::ALL.len(), any::<bool>(), any::<bool>()).prop_map(|(p, bf, pre)| (Policy::ALL[p], bf, pre))
 }
 
 fn cfg_of(p: Policy, backfill: bool, preempt: bool) -> SchedConfig {

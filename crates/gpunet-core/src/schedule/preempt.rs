@@ -170,6 +170,7 @@ impl Pass<'_> {
         // Preemptive SJF/SRTF: the waiting job's key, when it has one.
         let my_key = match st.cfg.policy {
             Policy::Srtf => job.remaining_estimate().0,
+            Policy::Srgf => crate::state::srgf_key(job),
             Policy::Sjf => crate::state::sjf_key(job),
             _ => u64::MAX,
         };
@@ -213,6 +214,9 @@ impl Pass<'_> {
                 // A victim without an estimate is not known to be longer: it is left alone.
                 let vk = match st.cfg.policy {
                     Policy::Srtf if r.est_end != crate::units::Time::MAX => r.est_end.since(self.now).0,
+                    Policy::Srgf if r.est_end != crate::units::Time::MAX => {
+                        r.est_end.since(self.now).0.saturating_mul(r.gpus.max(1) as u64)
+                    }
                     Policy::Sjf => r.sjf_key,
                     _ => continue,
                 };
@@ -595,5 +599,29 @@ mod tests {
         submit(&mut s, 3, JobSpec::new(t0(), "x", 2, 1).estimate(Dur::from_secs(500)), 10);
         let ds = schedule(&s, Time::from_secs(20));
         assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 500, waiting_s: 250 })]);
+    }
+
+    /// SRGF orders and preempts by remaining GPU-time: a running 4-GPU job with 100 s left (400 GPU-s) is evicted for
+    /// a waiting 4-GPU job of 50 s (200 GPU-s), where SRTF compares 100 s with 50 s alike; but a waiting 1-GPU job of
+    /// 300 s (300 GPU-s) goes before a 4-GPU job of 100 s (400 GPU-s), which SRTF orders the other way.
+    #[test]
+    fn srgf_orders_and_preempts_by_remaining_gpu_time() {
+        let mut s = cluster(cfg(Policy::Srgf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "fill", 4, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(100)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(300)), 2);
+        assert_eq!(queue_order(&s, Time::from_secs(3), 10), vec![JobId(3), JobId(2)]);
+        let mut t = cluster(cfg(Policy::Srtf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut t, 2, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(100)), 1);
+        submit(&mut t, 3, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(300)), 2);
+        assert_eq!(queue_order(&t, Time::from_secs(3), 10), vec![JobId(2), JobId(3)]);
+
+        let mut s = cluster(preemptive(Policy::Srgf, 0), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "running", 4, 1).estimate(Dur::from_secs(110)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "short", 4, 1).estimate(Dur::from_secs(50)), 5);
+        let ds = schedule(&s, Time::from_secs(10));
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 400, waiting_s: 200 })]);
     }
 }
