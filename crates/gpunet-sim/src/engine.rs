@@ -749,7 +749,7 @@ pub fn simulate(
     let pre = &cfg.sched.preemption;
     let needs_tick = matches!(cfg.sched.policy, Policy::Las | Policy::FairShare)
         || (pre.enabled && (cfg.borrowing || order.iter().any(|i| trace.jobs[*i].priority != 0)))
-        || (pre.enabled && pre.shorter_first && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf));
+        || (pre.enabled && pre.shorter_first && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf));
     let t0 = order.first().map_or(0, |i| ms(trace.jobs[*i].submit_s));
     let mut e = Engine {
         cfg,

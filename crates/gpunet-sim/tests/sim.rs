@@ -291,9 +291,10 @@ fn every_job_completes_once_and_gpu_time_is_conserved() {
     let trace = synthetic(300, 7);
     let demand: f64 = trace.jobs.iter().map(|j| j.duration_s * j.gpus as f64).sum::<f64>() / 3600.0;
     for policy in Policy::ALL {
-        for backfill in [false, true] {
+        for (backfill, preemptive) in [(false, false), (true, false), (true, true)] {
             let mut c = cfg(policy);
             c.sched.backfill = backfill;
+            c.sched.preemption.shorter_first = preemptive;
             let r = simulate(&trace, &spec4x8(), &c, &mut |_, _| {}).unwrap();
             assert_eq!(r.completed + r.failed + r.unfinished, r.jobs, "{policy}");
             assert_eq!((r.completed, r.unfinished), (300, 0), "{policy}: every job completes exactly once");

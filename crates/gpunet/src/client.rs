@@ -331,4 +331,3 @@ mod wait_tests {
         assert_eq!(super::exit_code_of("job-4 cancelled"), None);
     }
 }
-

@@ -1193,6 +1193,7 @@ fn main() -> Result<()> {
                 println!("policy          {}", r.policy);
                 println!("full_pass_ms    {:.1}", r.full_pass_ms);
                 println!("placed          {}", r.placed);
+                println!("placeable       {}", r.placeable);
                 if r.arrays > 0 {
                     println!("arrays          {} ({} elements)", r.arrays, r.array_elements);
                 }

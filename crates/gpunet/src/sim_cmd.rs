@@ -109,7 +109,7 @@ pub(crate) struct SimOpts {
 pub(crate) struct SimCmd {
     #[command(subcommand)]
     pub(crate) sub: Option<SimSub>,
-    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
+    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
     /// else fifo).
     #[arg(long)]
     pub(crate) policy: Option<String>,
