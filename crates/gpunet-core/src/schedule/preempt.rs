@@ -212,11 +212,14 @@ impl Pass<'_> {
                 PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
             } else if shorter && lendable {
                 // A victim without an estimate is not known to be longer: it is left alone.
+                // Past its estimated end a victim is expected to run about as long again as this attempt has.
+                let left = || match r.est_end {
+                    end if end > self.now => end.since(self.now).0,
+                    _ => self.now.since(r.started).0.max(1),
+                };
                 let vk = match st.cfg.policy {
-                    Policy::Srtf if r.est_end != crate::units::Time::MAX => r.est_end.since(self.now).0,
-                    Policy::Srgf if r.est_end != crate::units::Time::MAX => {
-                        r.est_end.since(self.now).0.saturating_mul(r.gpus.max(1) as u64)
-                    }
+                    Policy::Srtf if r.est_end != crate::units::Time::MAX => left(),
+                    Policy::Srgf if r.est_end != crate::units::Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
                     Policy::Sjf => r.sjf_key,
                     _ => continue,
                 };
