@@ -90,6 +90,9 @@ pub struct JobView {
     /// Its attempts, oldest first: where each ran, when, and how it ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptView>,
+    /// The run-time estimate the scheduler uses (given in the spec, or learned from history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<EstimateView>,
 }
 
 /// One attempt of a job: a start and, once confirmed, its end.
@@ -118,6 +121,24 @@ pub struct AttemptView {
     /// tenant's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A job's run-time estimate as the scheduler uses it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EstimateView {
+    /// Estimated run time, seconds.
+    pub seconds: u64,
+    /// `given` (in the job's spec) or `learned` (predicted from the history of jobs like it).
+    pub source: String,
+    /// For a learned estimate: confidence in [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    /// For a learned estimate: the history it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<String>,
+    /// For a learned estimate: the runs behind it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u32>,
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.
@@ -171,6 +192,9 @@ pub struct Explain {
     /// cannot be predicted (e.g. running jobs without estimates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_ms: Option<u64>,
+    /// The run-time estimate the scheduler uses for the job (given or learned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<EstimateView>,
 }
 
 /// The answer to a dry run.

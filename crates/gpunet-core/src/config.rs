@@ -18,6 +18,9 @@ pub enum Policy {
     Sjf,
     /// Shortest remaining estimated time first (progress kept by checkpoints counts).
     Srtf,
+    /// Shortest remaining estimated GPU-work first: remaining estimated time × GPUs (SRPT on GPU-time; a wide job
+    /// counts for all the GPUs it holds).
+    Srgf,
     /// Weighted Dominant Resource Fairness across tenants.
     Drf,
     /// Fair share on decayed historical GPU usage plus current allocation, divided by weight.
@@ -28,8 +31,16 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Policy; 7] =
-        [Policy::Fifo, Policy::Priority, Policy::Sjf, Policy::Srtf, Policy::Drf, Policy::FairShare, Policy::Las];
+    pub const ALL: [Policy; 8] = [
+        Policy::Fifo,
+        Policy::Priority,
+        Policy::Sjf,
+        Policy::Srtf,
+        Policy::Srgf,
+        Policy::Drf,
+        Policy::FairShare,
+        Policy::Las,
+    ];
 
     /// Name as accepted on the command line.
     pub const fn name(self) -> &'static str {
@@ -38,6 +49,7 @@ impl Policy {
             Policy::Priority => "priority",
             Policy::Sjf => "sjf",
             Policy::Srtf => "srtf",
+            Policy::Srgf => "srgf",
             Policy::Drf => "drf",
             Policy::FairShare => "fairshare",
             Policy::Las => "las",
@@ -80,6 +92,18 @@ pub struct PreemptionConfig {
     pub max_per_interval: u32,
     /// … in any window of this length.
     pub interval: Dur,
+    /// Preemptive SJF/SRTF: under `sjf`, `srtf` or `srgf`, a waiting job whose policy key (estimate ÷ GPUs,
+    /// remaining estimated time, or remaining estimated GPU-time) is at most `1 / shorter_ratio` of a running job's evicts it (same victim choice, minimum run
+    /// time and rate limit as every preemption). Off by default.
+    #[serde(default)]
+    pub shorter_first: bool,
+    /// How much shorter the waiting job must be (≥ 1; 2 = half the victim's key or less).
+    #[serde(default = "default_shorter_ratio")]
+    pub shorter_ratio: u32,
+}
+
+fn default_shorter_ratio() -> u32 {
+    2
 }
 
 impl Default for PreemptionConfig {
@@ -89,6 +113,8 @@ impl Default for PreemptionConfig {
             min_run_time: Dur::from_mins(5),
             max_per_interval: 20,
             interval: Dur::from_mins(10),
+            shorter_first: false,
+            shorter_ratio: default_shorter_ratio(),
         }
     }
 }
@@ -159,9 +185,190 @@ impl SchedConfig {
                 allowed: "strictly increasing thresholds".into(),
             });
         }
+        if self.preemption.shorter_ratio == 0 {
+            return Err(CoreError::InvalidField {
+                field: "preemption.shorter_ratio",
+                value: "0".into(),
+                allowed: "a ratio of at least 1".into(),
+            });
+        }
         if self.fairshare_half_life == Dur::ZERO {
             return Err(CoreError::InvalidField {
                 field: "fairshare_half_life",
+                value: "0s".into(),
+                allowed: "a positive duration".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A duration written for people: a whole number with a unit — `ms`, `s`, `m`, `h` or `d` (`"90s"`, `"10m"`); a bare
+/// number is seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
+pub struct HumanDur(pub Dur);
+
+impl From<HumanDur> for String {
+    fn from(d: HumanDur) -> String {
+        format!("{}ms", d.0 .0)
+    }
+}
+
+impl FromStr for HumanDur {
+    type Err = String;
+    fn from_str(s: &str) -> Result<HumanDur, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration such as \"90s\" or \"10m\""))?;
+        let ms: u64 = match unit {
+            "ms" => 1,
+            "" | "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(format!("{s:?} has an unknown unit; allowed are ms, s, m, h, d")),
+        };
+        n.checked_mul(ms).map(|v| HumanDur(Dur(v))).ok_or_else(|| format!("{s:?} is too long"))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<HumanDur, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(n) => {
+                n.checked_mul(1000).map(|v| HumanDur(Dur(v))).ok_or_else(|| serde::de::Error::custom("too long"))
+            }
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The scheduler's knobs as written in a file: the `[scheduler]` table of the simulator's cluster TOML and of the
+/// server's `--sched-config` file. Every field is optional; what is absent keeps its default (or the command line's
+/// value). `tick`, `checkpoint_interval` and `stop_time` are the simulator's (the live server has `tick` too; live
+/// checkpoints and stops are the jobs' and agents' own).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedKnobs {
+    /// Queue policy (`fifo`, `priority`, `sjf`, `srtf`, `srgf`, `drf`, `fairshare`, `las`).
+    pub policy: Option<Policy>,
+    /// EASY backfill.
+    pub backfill: Option<bool>,
+    /// Preemption at all.
+    pub preemption: Option<bool>,
+    /// Preemptive SJF/SRTF ([`PreemptionConfig::shorter_first`]).
+    pub preemptive: Option<bool>,
+    /// [`PreemptionConfig::shorter_ratio`].
+    pub shorter_ratio: Option<u32>,
+    /// LAS thresholds in GPU-seconds, strictly increasing; `n` thresholds make `n + 1` queues.
+    pub las_thresholds_gpu_s: Option<Vec<u64>>,
+    /// A job younger than this in its attempt is never preempted.
+    pub min_run_time: Option<HumanDur>,
+    /// At most this many evictions …
+    pub max_evictions: Option<u32>,
+    /// … in any window of this length.
+    pub eviction_window: Option<HumanDur>,
+    /// Backoff before a restart (doubling, capped at 32×).
+    pub restart_backoff: Option<HumanDur>,
+    /// Scheduling tick (how often a pass runs while jobs wait).
+    pub tick: Option<HumanDur>,
+    /// How often jobs checkpoint (simulator).
+    pub checkpoint_interval: Option<HumanDur>,
+    /// Time from asking a job to stop until it is gone (simulator; default: measured stop times).
+    pub stop_time: Option<HumanDur>,
+}
+
+impl SchedKnobs {
+    /// Parses a `[scheduler]` table's text (the table's body, or a whole file holding `[scheduler]`).
+    pub fn from_toml(text: &str) -> Result<SchedKnobs, CoreError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            version: Option<u32>,
+            scheduler: Option<SchedKnobs>,
+        }
+        let bad = |e: String| CoreError::InvalidField {
+            field: "scheduler",
+            value: e,
+            allowed: "see docs/scheduler.md".into(),
+        };
+        let f: File = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if f.version.is_some_and(|v| v != 1) {
+            return Err(CoreError::InvalidField {
+                field: "version",
+                value: format!("{:?}", f.version),
+                allowed: "1".into(),
+            });
+        }
+        Ok(f.scheduler.unwrap_or_default())
+    }
+
+    /// Applies the knobs that are set to `cfg` and checks the result; on an error `cfg` is left as it was.
+    pub fn apply(&self, cfg: &mut SchedConfig) -> Result<(), CoreError> {
+        let mut next = cfg.clone();
+        self.apply_unchecked(&mut next)?;
+        next.validate()?;
+        *cfg = next;
+        Ok(())
+    }
+
+    fn apply_unchecked(&self, cfg: &mut SchedConfig) -> Result<(), CoreError> {
+        if let Some(p) = self.policy {
+            cfg.policy = p;
+        }
+        if let Some(b) = self.backfill {
+            cfg.backfill = b;
+        }
+        let pre = &mut cfg.preemption;
+        if let Some(v) = self.preemption {
+            pre.enabled = v;
+        }
+        if let Some(v) = self.preemptive {
+            pre.shorter_first = v;
+        }
+        if let Some(v) = self.shorter_ratio {
+            pre.shorter_ratio = v;
+        }
+        if let Some(v) = self.min_run_time {
+            pre.min_run_time = v.0;
+        }
+        if let Some(v) = self.max_evictions {
+            pre.max_per_interval = v;
+        }
+        if let Some(v) = self.eviction_window {
+            if v.0 == Dur::ZERO {
+                return Err(CoreError::InvalidField {
+                    field: "eviction_window",
+                    value: "0s".into(),
+                    allowed: "a positive duration".into(),
+                });
+            }
+            pre.interval = v.0;
+        }
+        if let Some(v) = &self.las_thresholds_gpu_s {
+            cfg.las_thresholds_gpu_s = v.clone();
+        }
+        if let Some(v) = self.restart_backoff {
+            cfg.restart_backoff = v.0;
+        }
+        if self.tick.is_some_and(|t| t.0 == Dur::ZERO) {
+            return Err(CoreError::InvalidField {
+                field: "tick",
+                value: "0s".into(),
+                allowed: "a positive duration".into(),
+            });
+        }
+        if self.checkpoint_interval.is_some_and(|t| t.0 == Dur::ZERO) {
+            return Err(CoreError::InvalidField {
+                field: "checkpoint_interval",
                 value: "0s".into(),
                 allowed: "a positive duration".into(),
             });
@@ -198,5 +405,39 @@ mod tests {
         assert_eq!(c.backoff(1), Dur::from_secs(10));
         assert_eq!(c.backoff(3), Dur::from_secs(40));
         assert_eq!(c.backoff(30), Dur::from_secs(320));
+    }
+
+    #[test]
+    fn knobs_parse_human_durations_and_apply_only_what_is_set() {
+        let k = SchedKnobs::from_toml(
+            "version = 1\n[scheduler]\npolicy = \"las\"\nlas_thresholds_gpu_s = [100, 1000, 10000]\nmin_run_time = \"90s\"\n\
+             max_evictions = 3\neviction_window = \"1h\"\ntick = 5\ncheckpoint_interval = \"10m\"\nstop_time = \"500ms\"\n",
+        )
+        .unwrap();
+        let mut c = SchedConfig::default();
+        k.apply(&mut c).unwrap();
+        assert_eq!(c.policy, Policy::Las);
+        assert_eq!(c.las_queue(10_000_000), 3, "three thresholds make four queues");
+        assert_eq!(c.preemption.min_run_time, Dur::from_secs(90));
+        assert_eq!((c.preemption.max_per_interval, c.preemption.interval), (3, Dur::from_hours(1)));
+        assert_eq!(c.backfill, SchedConfig::default().backfill, "absent knobs keep their value");
+        assert_eq!(k.tick, Some(HumanDur(Dur::from_secs(5))));
+        assert_eq!(k.checkpoint_interval, Some(HumanDur(Dur::from_mins(10))));
+        assert_eq!(k.stop_time, Some(HumanDur(Dur(500))));
+    }
+
+    #[test]
+    fn bad_knobs_name_the_field_and_change_nothing() {
+        let e = SchedKnobs::from_toml("[scheduler]\nmin_run_tme = \"5m\"\n").unwrap_err().to_string();
+        assert!(e.contains("min_run_tme"), "{e}");
+        let e = SchedKnobs::from_toml("[scheduler]\ntick = \"5 parsecs\"\n").unwrap_err().to_string();
+        assert!(e.contains("unknown unit"), "{e}");
+        let k = SchedKnobs::from_toml("[scheduler]\nlas_thresholds_gpu_s = [10, 5]\n").unwrap();
+        let mut c = SchedConfig::default();
+        let e = k.apply(&mut c).unwrap_err().to_string();
+        assert!(e.contains("las_thresholds_gpu_s"), "{e}");
+        assert_eq!(c, SchedConfig::default(), "a refused file changes nothing");
+        let e = SchedKnobs::from_toml("[scheduler]\neviction_window = \"0s\"\n").unwrap().apply(&mut c).unwrap_err();
+        assert!(e.to_string().contains("eviction_window"));
     }
 }

@@ -626,10 +626,13 @@ impl Job {
         self.attained_gpu_ms.saturating_add(cur)
     }
 
-    /// Remaining estimated time given kept progress (`Dur::MAX` without estimate).
+    /// Remaining estimated time given kept progress (`Dur::MAX` without estimate). A job that has run past its
+    /// estimate is expected to run about as long again as it has (run times are heavy-tailed: the longer a job has
+    /// run, the longer it is likely to run), not to end at once.
     pub fn remaining_estimate(&self) -> Dur {
         match self.spec.estimated_duration {
-            Some(e) => Dur(e.0.saturating_sub(self.progress.0).max(1)),
+            Some(e) if e.0 > self.progress.0 => Dur(e.0 - self.progress.0),
+            Some(_) => Dur(self.progress.0.max(1)),
             None => Dur::MAX,
         }
     }
@@ -740,5 +743,16 @@ mod tests {
         j.run.as_mut().unwrap().last_checkpoint = Some(Time::ZERO + Dur::from_mins(24));
         assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(1).0);
         assert_eq!(j.attained_at(now), 2 * Dur::from_mins(25).0);
+    }
+
+    #[test]
+    fn past_its_estimate_a_job_is_expected_to_run_as_long_again() {
+        let mut j = Job::new(JobId(1), JobSpec::new(TenantId(0), "x", 1, 1).estimate(Dur::from_secs(100)), Time::ZERO);
+        j.progress = Dur::from_secs(60);
+        assert_eq!(j.remaining_estimate(), Dur::from_secs(40));
+        j.progress = Dur::from_secs(250);
+        assert_eq!(j.remaining_estimate(), Dur::from_secs(250));
+        j.spec.estimated_duration = None;
+        assert_eq!(j.remaining_estimate(), Dur::MAX);
     }
 }

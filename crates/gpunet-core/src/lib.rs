@@ -32,6 +32,7 @@ pub mod autoscale;
 pub mod config;
 pub mod depend;
 pub mod error;
+pub mod estimate;
 pub mod fxhash;
 pub mod gpu;
 pub mod ids;
@@ -47,9 +48,10 @@ pub mod tenant;
 pub mod units;
 
 pub use array::ArrayView;
-pub use config::{Policy, PreemptionConfig, SchedConfig};
+pub use config::{HumanDur, Policy, PreemptionConfig, SchedConfig, SchedKnobs};
 pub use depend::Cascade;
 pub use error::CoreError;
+pub use estimate::{Basis, JobKey, Prediction, Predictor};
 pub use gpu::{GpuModel, MigProfile};
 pub use ids::{JobId, NodeId, TenantId};
 pub use job::{
@@ -61,8 +63,8 @@ pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, never_fits, queue_order, schedule, schedule_with_stats, Decision, DepWait, Explanation,
-    PassStats, PendingReason, PreemptReason,
+    dry_run_placement, explain, never_fits, placeable, queue_order, schedule, schedule_with_stats, Decision, DepWait,
+    Explanation, PassStats, PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};
 pub use tenant::{Quota, TenantSpec};

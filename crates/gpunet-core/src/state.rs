@@ -67,6 +67,10 @@ pub(crate) struct RunRow {
     /// Last reported checkpoint; `Time::MAX` when none.
     pub(crate) last_ckpt: Time,
     pub(crate) attained_before: u64,
+    /// Estimated end (`Time::MAX` without estimate), for preemptive SRTF.
+    pub(crate) est_end: Time,
+    /// The job's SJF key (estimate ÷ GPUs in ms; `u64::MAX` without estimate), for preemptive SJF.
+    pub(crate) sjf_key: u64,
     /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
     pub(crate) classes: u64,
 }
@@ -706,6 +710,8 @@ impl ClusterState {
             ckpt_interval: j.spec.checkpoint_interval.map_or(0, |d| d.0),
             last_ckpt,
             attained_before: j.attained_gpu_ms,
+            est_end: end,
+            sjf_key: sjf_key(j),
             classes,
         };
         let part = borrowed as usize;
@@ -1195,17 +1201,34 @@ impl ClusterState {
     }
 }
 
+/// A job's key under SJF: its estimate ÷ its GPUs (ms), `u64::MAX` without estimate.
+pub(crate) fn sjf_key(j: &Job) -> u64 {
+    match j.spec.estimated_duration {
+        Some(e) => e.0 / j.spec.total_gpus().max(1) as u64,
+        None => u64::MAX,
+    }
+}
+
+/// A job's key under SRGF: remaining estimated time × GPUs at its minimum size (ms), `u64::MAX` without estimate.
+pub(crate) fn srgf_key(j: &Job) -> u64 {
+    match j.spec.estimated_duration {
+        Some(_) => {
+            let tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
+            j.remaining_estimate().0.saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
+        }
+        None => u64::MAX,
+    }
+}
+
 /// The queue key of a job under the configured policy.
 pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
     let prio = (i32::MAX as i64 - j.spec.priority as i64) as u64;
     let major = match cfg.policy {
         Policy::Fifo => 0,
         Policy::Priority | Policy::Drf | Policy::FairShare => prio,
-        Policy::Sjf => match j.spec.estimated_duration {
-            Some(e) => e.0 / j.spec.total_gpus().max(1) as u64,
-            None => u64::MAX,
-        },
+        Policy::Sjf => sjf_key(j),
         Policy::Srtf => j.remaining_estimate().0,
+        Policy::Srgf => srgf_key(j),
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
     };
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);

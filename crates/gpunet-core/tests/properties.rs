@@ -152,13 +152,19 @@ fn drive(s: &mut ClusterState, jobs: &[JobGen], check: &mut dyn FnMut(&ClusterSt
 }
 
 fn policies() -> impl Strategy<Value = (Policy, bool, bool)> {
-    (0usize..7, any::<bool>(), any::<bool>()).prop_map(|(p, bf, pre)| (Policy::ALL[p], bf, pre))
+    (0usize..Policy::ALL.len(), any::<bool>(), any::<bool>()).prop_map(|(p, bf, pre)| (Policy::ALL[p], bf, pre))
 }
 
 fn cfg_of(p: Policy, backfill: bool, preempt: bool) -> SchedConfig {
     SchedConfig {
         backfill,
-        preemption: PreemptionConfig { enabled: preempt, min_run_time: Dur::from_secs(60), ..Default::default() },
+        // With preemption on, sjf and srtf also preempt for much shorter jobs.
+        preemption: PreemptionConfig {
+            enabled: preempt,
+            min_run_time: Dur::from_secs(60),
+            shorter_first: preempt,
+            ..Default::default()
+        },
         las_thresholds_gpu_s: vec![120, 1200],
         ..SchedConfig::with_policy(p)
     }
@@ -294,7 +300,7 @@ proptest! {
     fn guarantees_are_reclaimed_from_borrowers(guarantee in 1u64..8, flood in 8u64..24, want in 1u64..8) {
         let want = want.min(guarantee);
         let cfg = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), max_per_interval: 100, interval: Dur::from_mins(10) },
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), max_per_interval: 100, interval: Dur::from_mins(10), ..Default::default() },
             ..SchedConfig::with_policy(Policy::Fifo)
         };
         let mut s = ClusterState::new(cfg).unwrap();

@@ -311,6 +311,8 @@ pub fn build(
     for ids in o.idempotent.values_mut() {
         ids.sort_unstable();
     }
+    // Learned estimates start from the succeeded jobs in the store.
+    o.relearn();
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.
     o.st.resolve_restored(Time(now_ms()));
     o.restored_cascades();

@@ -97,6 +97,10 @@ pub struct ClusterSpec {
     /// Prices (optional; default: the catalogue shipped with gpunet), as the server's `--prices` file.
     #[serde(default)]
     pub prices: Option<PriceCatalogue>,
+    /// The scheduler's knobs (optional `[scheduler]` table: LAS thresholds, minimum run time, eviction rate limit,
+    /// tick, checkpoint interval, stop time, …; see `docs/scheduler.md`). Flags given on the command line win.
+    #[serde(default)]
+    pub scheduler: Option<gpunet_core::SchedKnobs>,
     /// Explicit nodes (presets built from machine lists); not part of the TOML format.
     #[serde(skip)]
     pub nodes: Vec<NodeSpec>,
@@ -154,6 +158,10 @@ impl ClusterSpec {
         if let Some(p) = &spec.prices {
             p.validate().map_err(|e| SimError::invalid(&what, e.to_string()))?;
         }
+        if let Some(k) = &spec.scheduler {
+            let mut c = crate::SimConfig::default();
+            c.apply_knobs(k).map_err(|e| SimError::invalid(format!("{what}: [scheduler]"), e.to_string()))?;
+        }
         if spec.node_group.is_empty() {
             return Err(SimError::invalid(&what, "no [[node_group]]; at least one is required"));
         }
@@ -198,6 +206,7 @@ impl ClusterSpec {
             node_group: groups,
             tenant: Vec::new(),
             prices: None,
+            scheduler: None,
             nodes: Vec::new(),
         };
         let group = |count, gpus, model: &str, cpu: u64, mem_gib: u64, rack| NodeGroup {

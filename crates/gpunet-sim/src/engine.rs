@@ -13,6 +13,8 @@
 
 use crate::cluster::ClusterSpec;
 use crate::error::SimError;
+use crate::metrics::{JobEnd, JobOutcome};
+pub use crate::metrics::{SimResult, TenantResult};
 use crate::rng::Rng;
 use crate::trace::{Trace, TraceJob};
 use gpunet_core::pricing::{self, Cost, Held, NodeRates, PriceCatalogue};
@@ -70,8 +72,9 @@ pub enum EstimateMode {
         /// σ of the log error.
         sigma: f64,
     },
-    /// Learned online from the tenant's completed jobs (mean duration of its jobs of the same size, else of all its
-    /// jobs, else of all jobs); no estimate before the first completion.
+    /// Learned online from completed jobs by the core's predictor ([`gpunet_core::Predictor`]: the same tenant, job
+    /// name and GPUs, else the tenant's jobs of the same size, else the tenant's, else all jobs); the past only; no
+    /// estimate before the first completion.
     History,
 }
 
@@ -139,6 +142,24 @@ pub struct SimConfig {
     /// writing a checkpoint); its GPUs stay allocated meanwhile, as live. Default: drawn from stop times measured on
     /// real processes (see [`crate::stop`]), at most the agent's grace period before SIGKILL.
     pub stop_time: crate::stop::StopTime,
+}
+
+impl SimConfig {
+    /// Applies a `[scheduler]` table: the core's knobs, and the tick, checkpoint interval and stop time of the
+    /// simulation. On an error nothing changes.
+    pub fn apply_knobs(&mut self, k: &gpunet_core::SchedKnobs) -> Result<(), gpunet_core::CoreError> {
+        k.apply(&mut self.sched)?;
+        if let Some(t) = k.tick {
+            self.tick = t.0;
+        }
+        if let Some(c) = k.checkpoint_interval {
+            self.checkpoint_interval = c.0;
+        }
+        if let Some(s) = k.stop_time {
+            self.stop_time = crate::stop::StopTime::Fixed(s.0);
+        }
+        Ok(())
+    }
 }
 
 /// Which jobs tolerate spot nodes.
@@ -214,103 +235,6 @@ pub struct Sample {
     pub fragmentation: f64,
 }
 
-/// Per-tenant results.
-#[derive(Debug, Clone, Serialize)]
-pub struct TenantResult {
-    /// Name.
-    pub tenant: String,
-    /// Jobs completed.
-    pub jobs: usize,
-    /// Mean JCT of its completed jobs.
-    pub avg_jct_s: f64,
-    /// Mean bounded slowdown of its completed jobs.
-    pub avg_bounded_slowdown: f64,
-    /// Its share of all GPU-time used.
-    pub gpu_share: f64,
-}
-
-/// What a simulation measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct SimResult {
-    /// Policy.
-    pub policy: String,
-    /// Backfill on.
-    pub backfill: bool,
-    /// Jobs simulated.
-    pub jobs: usize,
-    /// Jobs that succeeded.
-    pub completed: usize,
-    /// Jobs that failed for good (restart limit).
-    pub failed: usize,
-    /// Jobs still waiting when nothing more could happen (e.g. larger than a quota or any node group).
-    pub unfinished: usize,
-    /// Mean job completion time (submit → finish) of completed jobs.
-    pub avg_jct_s: f64,
-    /// Median JCT.
-    pub median_jct_s: f64,
-    /// 95th percentile JCT.
-    pub p95_jct_s: f64,
-    /// 99th percentile JCT.
-    pub p99_jct_s: f64,
-    /// Mean queueing delay (submit → first start).
-    pub avg_queue_s: f64,
-    /// 99th percentile queueing delay.
-    pub p99_queue_s: f64,
-    /// Mean bounded slowdown: JCT ÷ max(trace duration, 10 s), at least 1.
-    pub avg_bounded_slowdown: f64,
-    /// Allocated GPU-time ÷ schedulable GPU-time between the first submission and the last completion.
-    pub utilization: f64,
-    /// Mean fragmentation over the samples taken while jobs waited.
-    pub fragmentation: f64,
-    /// First submission → last completion.
-    pub makespan_s: f64,
-    /// Jain's index over tenants of 1 ÷ mean bounded slowdown (1 = all tenants slowed down alike).
-    pub jain_fairness: f64,
-    /// Evictions.
-    pub preemptions: usize,
-    /// Restarts after the jobs' own failures.
-    pub restarts: usize,
-    /// Attempts ended by the loss of their node (requeued without a restart charge).
-    pub node_losses: usize,
-    /// GPU-hours of work lost to evictions and failures.
-    pub lost_gpu_hours: f64,
-    /// Currency of the costs (the cluster's price catalogue's).
-    pub currency: String,
-    /// Cost of what jobs held on on-demand and reserved nodes (GPUs, CPU, memory), billed per started second by the
-    /// server's pricing function (`gpunet_core::pricing::cost`).
-    pub cost_on_demand: f64,
-    /// Cost of what jobs held on spot nodes.
-    pub cost_spot: f64,
-    /// Cost of GPUs, on every node.
-    pub cost_gpu: f64,
-    /// Cost of CPU.
-    pub cost_cpu: f64,
-    /// Cost of memory.
-    pub cost_mem: f64,
-    /// Total cost: on-demand + spot = GPU + CPU + memory.
-    pub cost: f64,
-    /// GPU-hours allocated to jobs (useful work plus work lost).
-    pub gpu_hours_used: f64,
-    /// Spot nodes added by the autoscaler.
-    pub scaled_out_nodes: usize,
-    /// Spot nodes released by the autoscaler.
-    pub scaled_in_nodes: usize,
-    /// Scheduling passes run.
-    pub passes: usize,
-    /// Malformed trace rows skipped.
-    pub skipped_rows: usize,
-    /// Wall-clock time of the simulation, milliseconds.
-    pub wall_ms: f64,
-    /// Per tenant.
-    pub per_tenant: Vec<TenantResult>,
-    /// Time series (for reports; not in JSON output).
-    #[serde(skip)]
-    pub series: Vec<Sample>,
-    /// Completed jobs' JCTs in seconds, sorted (for the CDF).
-    #[serde(skip)]
-    pub jcts: Vec<f64>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Completion {
@@ -349,6 +273,14 @@ struct JobRec {
     run_gpus: u32,
     /// What the current run holds on each of its nodes (billed at its end).
     run_held: Vec<(NodeId, Held)>,
+    /// Time held over all attempts (start to confirmed end), ms.
+    held_ms: u64,
+    /// Evictions suffered.
+    evictions: u32,
+    /// The current attempt is being evicted.
+    evicting: bool,
+    /// The estimate given at submission, seconds.
+    estimate_s: Option<f64>,
 }
 
 const PHILLY_VC: &str = include_str!("../../../data/traces/philly/philly_vc_from_helios_qssf.csv");
@@ -371,15 +303,20 @@ struct Engine<'a> {
     restarts: usize,
     node_losses: usize,
     lost_gpu_ms: f64,
+    /// GPU-ms lost by evicted attempts.
+    evict_lost_gpu_ms: f64,
+    /// Allocated and schedulable GPU-ms up to the last submission.
+    span_area: Option<(f64, f64)>,
     cost_od: f64,
     cost_spot: f64,
     cost: Cost,
     passes: usize,
     tick_pending: bool,
     needs_tick: bool,
-    history: HashMap<(u32, u32), (f64, u32)>,
-    history_tenant: HashMap<u32, (f64, u32)>,
-    history_all: (f64, u32),
+    /// Learned estimates (`--estimates history`), fed with completions as they happen.
+    predictor: gpunet_core::Predictor,
+    tenant_names: Vec<String>,
+    job_names: Vec<String>,
     series: Vec<Sample>,
     t0: u64,
     node_spot: Vec<bool>,
@@ -432,14 +369,16 @@ impl Engine<'_> {
         }
     }
 
-    /// Ends the current run of a job at `now`: cost, allocation, and the work kept up to `kept_until`.
-    fn end_run(&mut self, idx: usize, now: u64, kept_until: u64) {
+    /// Ends the current run of a job at `now`: cost, allocation, and the work kept up to `kept_until`. Returns the
+    /// GPU-ms lost.
+    fn end_run(&mut self, idx: usize, now: u64, kept_until: u64) -> f64 {
         let j = &mut self.jobs[idx];
         let ran = now.saturating_sub(j.run_start) as f64;
         let kept = kept_until.saturating_sub(j.run_start).min(now - j.run_start) as f64;
         j.remaining_ms = (j.remaining_ms - kept * j.run_factor).max(0.0);
-        let lost = ran - kept;
-        self.lost_gpu_ms += lost * j.run_gpus as f64;
+        let lost = (ran - kept) * j.run_gpus as f64;
+        self.lost_gpu_ms += lost;
+        j.held_ms += now.saturating_sub(j.run_start);
         // Billed like the server's usage ledger: one row per node, per started second.
         let held = std::mem::take(&mut j.run_held);
         let ran_ms = now.saturating_sub(j.run_start);
@@ -455,6 +394,7 @@ impl Engine<'_> {
         let j = &self.jobs[idx];
         self.gpu_time_by_tenant[j.tenant as usize] += ran * j.run_gpus as f64;
         self.alloc_gpus -= j.run_gpus as u64;
+        lost
     }
 
     fn estimate(&mut self, job: &TraceJob, tenant: u32, gpus: u32) -> Option<Dur> {
@@ -465,28 +405,24 @@ impl Engine<'_> {
             EstimateMode::Oracle => Some(job.duration_s),
             EstimateMode::Noisy { sigma } => Some(job.duration_s * (sigma * self.rng.normal()).exp()),
             EstimateMode::History => {
-                let mean = |(sum, n): (f64, u32)| (n > 0).then(|| sum / n as f64);
-                self.history
-                    .get(&(tenant, gpus))
-                    .and_then(|v| mean(*v))
-                    .or_else(|| self.history_tenant.get(&tenant).and_then(|v| mean(*v)))
-                    .or_else(|| mean(self.history_all))
+                let key = gpunet_core::JobKey { user: &self.tenant_names[tenant as usize], name: &job.id, gpus };
+                return self.predictor.predict(key).map(|p| p.duration);
             }
         };
         s.map(|s| Dur(ms(s).max(1)))
     }
 
     fn learn(&mut self, idx: usize) {
+        if self.cfg.estimates != EstimateMode::History {
+            return;
+        }
         let j = &self.jobs[idx];
-        let d = j.duration_ms / 1000.0;
-        let e = self.history.entry((j.tenant, j.gpus)).or_default();
-        e.0 += d;
-        e.1 += 1;
-        let e = self.history_tenant.entry(j.tenant).or_default();
-        e.0 += d;
-        e.1 += 1;
-        self.history_all.0 += d;
-        self.history_all.1 += 1;
+        let key = gpunet_core::JobKey {
+            user: &self.tenant_names[j.tenant as usize],
+            name: &self.job_names[idx],
+            gpus: j.gpus,
+        };
+        self.predictor.observe(key, Dur(j.duration_ms.round().max(1.0) as u64));
     }
 
     fn run_jobs_on(&self, node: NodeId) -> Vec<JobId> {
@@ -546,6 +482,8 @@ impl Engine<'_> {
                     let idx = (job.0 - 1) as usize;
                     self.st.apply_decision(d, t)?;
                     self.preemptions += 1;
+                    self.jobs[idx].evicting = true;
+                    self.jobs[idx].evictions += 1;
                     let stop = self.cfg.stop_time.draw(&mut self.stop_rng);
                     if stop.0 == 0 {
                         self.confirm_end(idx, now)?;
@@ -601,7 +539,10 @@ impl Engine<'_> {
             return Ok(());
         }
         let ck = self.st.job(id).and_then(|j| j.last_checkpoint_at(t)).map_or(now, |c| c.0);
-        self.end_run(idx, now, ck);
+        let lost = self.end_run(idx, now, ck);
+        if std::mem::take(&mut self.jobs[idx].evicting) {
+            self.evict_lost_gpu_ms += lost;
+        }
         let ended = self.st.end_attempt(id, t)?;
         self.jobs[idx].attempt += 1;
         match ended.state {
@@ -805,8 +746,10 @@ pub fn simulate(
     for t in tenant_quotas(cfg, cluster, &names, &demand, st.capacity_gpus())? {
         st.add_tenant(t)?;
     }
+    let pre = &cfg.sched.preemption;
     let needs_tick = matches!(cfg.sched.policy, Policy::Las | Policy::FairShare)
-        || (cfg.sched.preemption.enabled && (cfg.borrowing || order.iter().any(|i| trace.jobs[*i].priority != 0)));
+        || (pre.enabled && (cfg.borrowing || order.iter().any(|i| trace.jobs[*i].priority != 0)))
+        || (pre.enabled && pre.shorter_first && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf));
     let t0 = order.first().map_or(0, |i| ms(trace.jobs[*i].submit_s));
     let mut e = Engine {
         cfg,
@@ -825,15 +768,17 @@ pub fn simulate(
         restarts: 0,
         node_losses: 0,
         lost_gpu_ms: 0.0,
+        evict_lost_gpu_ms: 0.0,
+        span_area: None,
         cost_od: 0.0,
         cost_spot: 0.0,
         cost: Cost::default(),
         passes: 0,
         tick_pending: false,
         needs_tick,
-        history: HashMap::new(),
-        history_tenant: HashMap::new(),
-        history_all: (0.0, 0),
+        predictor: gpunet_core::Predictor::new(),
+        tenant_names: names.clone(),
+        job_names: Vec::new(),
         series: Vec::new(),
         t0,
         node_spot,
@@ -932,6 +877,7 @@ pub fn simulate(
             spec.checkpoint_interval = Some(cfg.checkpoint_interval);
             spec.max_restarts = cfg.max_restarts;
             spec.estimated_duration = e.estimate(tj, tenant, gpus);
+            let estimate_s = spec.estimated_duration.map(|d| d.0 as f64 / 1000.0);
             for (kind, ids) in &tj.dependency {
                 let mut jobs = Vec::with_capacity(ids.len());
                 for d in ids {
@@ -954,12 +900,19 @@ pub fn simulate(
                 duration_ms: tj.duration_s * 1000.0,
                 remaining_ms: tj.duration_s * 1000.0,
                 measured: tj.gpu_model,
+                estimate_s,
                 ..JobRec::default()
             };
+            if cfg.estimates == EstimateMode::History {
+                e.job_names.push(tj.id.clone());
+            }
             e.st.submit(JobId(idx as u64 + 1), spec, Time(now))?;
             e.queued_add(idx, 1);
             next += 1;
             changed = true;
+            if next == order.len() {
+                e.span_area = Some((e.alloc_area, e.cap_area));
+            }
         }
         while let Some(Reverse((t, _, _))) = e.heap.peek() {
             if *t != now {
@@ -1056,91 +1009,93 @@ pub fn simulate(
     }
     progress(total, total);
     let end = e.last_t;
-    // Results.
-    let mut jcts = Vec::new();
-    let mut queues = Vec::new();
-    let mut slow = Vec::new();
-    let mut per: Vec<(usize, f64, f64)> = vec![(0, 0.0, 0.0); names.len()];
+    let sec = |t: u64| t.saturating_sub(t0) as f64 / 1000.0;
+    let mut rows = Vec::with_capacity(order.len());
     let (mut completed, mut failed, mut unfinished) = (0, 0, 0);
     let mut last_finish = t0;
-    for j in &e.jobs {
-        match (j.finish, j.failed) {
-            (Some(f), false) => {
-                completed += 1;
-                let submit = f.saturating_sub(0);
-                let _ = submit;
-                last_finish = last_finish.max(f);
-            }
-            (Some(f), true) => {
-                failed += 1;
-                last_finish = last_finish.max(f);
-            }
-            (None, _) => unfinished += 1,
-        }
-    }
     for (k, &i) in order.iter().enumerate() {
         let j = &e.jobs[k];
-        let (Some(f), false) = (j.finish, j.failed) else { continue };
-        let submit = ms(trace.jobs[i].submit_s);
-        let jct = (f - submit) as f64 / 1000.0;
-        let q = (j.first_start.unwrap_or(f) - submit) as f64 / 1000.0;
-        let bs = (jct / (j.duration_ms / 1000.0).max(10.0)).max(1.0);
-        jcts.push(jct);
-        queues.push(q);
-        slow.push(bs);
-        let p = &mut per[j.tenant as usize];
-        p.0 += 1;
-        p.1 += jct;
-        p.2 += bs;
+        let tj = &trace.jobs[i];
+        let submit = ms(tj.submit_s);
+        let state = match (j.finish, j.failed) {
+            (Some(f), failed_for_good) => {
+                last_finish = last_finish.max(f);
+                if failed_for_good {
+                    failed += 1;
+                    JobEnd::Failed
+                } else {
+                    completed += 1;
+                    JobEnd::Completed
+                }
+            }
+            (None, _) => {
+                unfinished += 1;
+                JobEnd::Unfinished
+            }
+        };
+        let until = j.finish.unwrap_or(end).max(submit);
+        rows.push(JobOutcome {
+            id: tj.id.clone(),
+            tenant: names[j.tenant as usize].clone(),
+            gpus: j.gpus,
+            submit_s: sec(submit),
+            duration_s: tj.duration_s,
+            estimate_s: j.estimate_s,
+            first_start_s: j.first_start.map(sec),
+            end_s: j.finish.map(sec),
+            end: state,
+            held_s: j.held_ms as f64 / 1000.0,
+            wait_s: (until - submit).saturating_sub(j.held_ms) as f64 / 1000.0,
+            evictions: j.evictions,
+        });
     }
-    jcts.sort_by(f64::total_cmp);
-    queues.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-    let q = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { v[(((v.len() - 1) as f64) * p).round() as usize] };
     let total_gpu_time: f64 = e.gpu_time_by_tenant.iter().sum::<f64>().max(1e-9);
-    let per_tenant: Vec<TenantResult> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| TenantResult {
-            tenant: n.clone(),
-            jobs: per[i].0,
-            avg_jct_s: if per[i].0 > 0 { per[i].1 / per[i].0 as f64 } else { 0.0 },
-            avg_bounded_slowdown: if per[i].0 > 0 { per[i].2 / per[i].0 as f64 } else { 0.0 },
-            gpu_share: e.gpu_time_by_tenant[i] / total_gpu_time,
-        })
-        .collect();
-    let xs: Vec<f64> = per_tenant.iter().filter(|t| t.jobs > 0).map(|t| 1.0 / t.avg_bounded_slowdown).collect();
-    let jain = if xs.is_empty() {
-        1.0
-    } else {
-        let s: f64 = xs.iter().sum();
-        let s2: f64 = xs.iter().map(|x| x * x).sum();
-        s * s / (xs.len() as f64 * s2)
-    };
+    let shares: Vec<f64> = e.gpu_time_by_tenant.iter().map(|g| g / total_gpu_time).collect();
     let waiting: Vec<f64> = e.series.iter().filter(|s| s.queued > 0).map(|s| s.fragmentation).collect();
-    let _ = end;
-    Ok(SimResult {
+    let fragmentation = if waiting.is_empty() { 0.0 } else { waiting.iter().sum::<f64>() / waiting.len() as f64 };
+    let ratio = |a: f64, c: f64| if c > 0.0 { (a / c).min(1.0) } else { 0.0 };
+    let (span_alloc, span_cap) = e.span_area.unwrap_or((e.alloc_area, e.cap_area));
+    let gpu_hours_used = e.alloc_area / 3_600_000.0;
+    let eviction_lost_gpu_hours = e.evict_lost_gpu_ms / 3_600_000.0;
+    let latency = crate::metrics::latency(&rows, &names);
+    let mut r = SimResult {
         policy: cfg.sched.policy.name().to_string(),
         backfill: cfg.sched.backfill,
+        preemptive: cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first,
+        estimates: match cfg.estimates {
+            EstimateMode::Oracle => "oracle",
+            EstimateMode::Noisy { .. } => "noisy",
+            EstimateMode::History => "history",
+        }
+        .to_string(),
         jobs: total,
         completed,
         failed,
         unfinished,
-        avg_jct_s: mean(&jcts),
-        median_jct_s: q(&jcts, 0.5),
-        p95_jct_s: q(&jcts, 0.95),
-        p99_jct_s: q(&jcts, 0.99),
-        avg_queue_s: mean(&queues),
-        p99_queue_s: q(&queues, 0.99),
-        avg_bounded_slowdown: mean(&slow),
-        utilization: if e.cap_area > 0.0 { (e.alloc_area / e.cap_area).min(1.0) } else { 0.0 },
-        fragmentation: mean(&waiting),
+        avg_jct_s: 0.0,
+        median_jct_s: 0.0,
+        p95_jct_s: 0.0,
+        p99_jct_s: 0.0,
+        avg_wait_s: 0.0,
+        median_wait_s: 0.0,
+        p95_wait_s: 0.0,
+        p99_wait_s: 0.0,
+        avg_first_start_s: 0.0,
+        p99_first_start_s: 0.0,
+        avg_queue_s: 0.0,
+        p99_queue_s: 0.0,
+        avg_bounded_slowdown: 0.0,
+        utilization: ratio(e.alloc_area, e.cap_area),
+        utilization_span: ratio(span_alloc, span_cap),
+        fragmentation,
         makespan_s: (last_finish - t0) as f64 / 1000.0,
-        jain_fairness: jain,
+        jain_fairness: 1.0,
         preemptions: e.preemptions,
         restarts: e.restarts,
         node_losses: e.node_losses,
         lost_gpu_hours: e.lost_gpu_ms / 3_600_000.0,
+        eviction_lost_gpu_hours,
+        eviction_lost_fraction: if gpu_hours_used > 0.0 { eviction_lost_gpu_hours / gpu_hours_used } else { 0.0 },
         currency: e.prices.currency.clone(),
         cost_on_demand: e.cost_od,
         cost_spot: e.cost_spot,
@@ -1148,14 +1103,30 @@ pub fn simulate(
         cost_cpu: e.cost.cpu,
         cost_mem: e.cost.mem,
         cost: e.cost_od + e.cost_spot,
-        gpu_hours_used: e.alloc_area / 3_600_000.0,
+        gpu_hours_used,
         scaled_out_nodes: e.scale_outs,
         scaled_in_nodes: e.scale_ins,
         passes: e.passes,
         skipped_rows: trace.skipped_bad_rows,
-        wall_ms: wall.elapsed().as_secs_f64() * 1000.0,
-        per_tenant,
+        wall_ms: 0.0,
+        per_tenant: names
+            .iter()
+            .map(|n| TenantResult {
+                tenant: n.clone(),
+                jobs: 0,
+                avg_jct_s: 0.0,
+                avg_wait_s: 0.0,
+                avg_bounded_slowdown: 0.0,
+                gpu_share: 0.0,
+            })
+            .collect(),
+        by_size: Vec::new(),
         series: e.series,
-        jcts,
-    })
+        jcts: Vec::new(),
+        job_rows: Vec::new(),
+    };
+    latency.fill(&mut r, &shares);
+    r.job_rows = rows;
+    r.wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
+    Ok(r)
 }

@@ -20,6 +20,7 @@
 pub mod cluster;
 pub mod engine;
 pub mod error;
+pub mod metrics;
 pub mod pollux;
 /// ETA prediction lives in the core (a forward replay of its own lifecycle); re-exported for callers of the simulator.
 pub use gpunet_core::predict;
@@ -33,5 +34,6 @@ pub use engine::{
     simulate, AutoscaleSim, EstimateMode, QuotaMode, Sample, SimConfig, SimResult, SpotJobs, TenantResult,
 };
 pub use error::SimError;
+pub use metrics::{write_jobs_csv, JobEnd, JobOutcome, SizeResult};
 pub use stop::StopTime;
 pub use trace::{read_trace, read_trace_from, ReadOptions, Trace, TraceFormat, TraceJob};

@@ -1,8 +1,8 @@
 //! `--report DIR`: `report.md` with the summary, per-tenant table and SVG charts (utilisation and queue length over
 //! time, JCT CDF). The SVGs are written by hand: no plotting dependency, no network.
 
-use crate::engine::SimResult;
 use crate::error::SimError;
+use crate::metrics::SimResult;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -90,8 +90,16 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     let mut md = String::new();
     let _ = writeln!(md, "# gpunet simulation: {title}\n");
     let _ = writeln!(md, "| metric | value |\n|---|---|");
-    let rows: [(&str, String); 18] = [
-        ("policy", format!("{}{}", r.policy, if r.backfill { " + backfill" } else { "" })),
+    let rows: [(&str, String); 22] = [
+        (
+            "policy",
+            format!(
+                "{}{}{}",
+                r.policy,
+                if r.preemptive { " (preemptive)" } else { "" },
+                if r.backfill { " + backfill" } else { "" }
+            ),
+        ),
         (
             "jobs (completed / failed / unfinished)",
             format!("{} ({} / {} / {})", r.jobs, r.completed, r.failed, r.unfinished),
@@ -100,8 +108,10 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         ("median JCT", format!("{:.0} s", r.median_jct_s)),
         ("p95 JCT", format!("{:.0} s", r.p95_jct_s)),
         ("p99 JCT", format!("{:.0} s", r.p99_jct_s)),
-        ("average queueing delay", format!("{:.0} s", r.avg_queue_s)),
-        ("p99 queueing delay", format!("{:.0} s", r.p99_queue_s)),
+        ("average wait (all time not running)", format!("{:.0} s", r.avg_wait_s)),
+        ("p99 wait", format!("{:.0} s", r.p99_wait_s)),
+        ("average time to first start", format!("{:.0} s", r.avg_first_start_s)),
+        ("p99 time to first start", format!("{:.0} s", r.p99_first_start_s)),
         ("average bounded slowdown", format!("{:.2}", r.avg_bounded_slowdown)),
         ("makespan", format!("{:.0} s", r.makespan_s)),
         ("GPU utilisation", format!("{:.1}%", r.utilization * 100.0)),
@@ -109,6 +119,11 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         ("Jain's fairness (tenants)", format!("{:.3}", r.jain_fairness)),
         ("preemptions / restarts", format!("{} / {}", r.preemptions, r.restarts)),
         ("lost GPU-hours", format!("{:.1}", r.lost_gpu_hours)),
+        (
+            "GPU-hours lost to evictions",
+            format!("{:.1} ({:.2}% of GPU-hours used)", r.eviction_lost_gpu_hours, r.eviction_lost_fraction * 100.0),
+        ),
+        ("GPU utilisation over the trace's span", format!("{:.1}%", r.utilization_span * 100.0)),
         (
             "cost (on-demand + spot)",
             format!("{:.2} + {:.2} = {:.2} {}", r.cost_on_demand, r.cost_spot, r.cost, r.currency),
@@ -125,17 +140,29 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     let _ = writeln!(md, "\n![utilisation](utilization.svg)\n\n![queue](queue.svg)\n\n![JCT CDF](jct_cdf.svg)\n");
     let _ = writeln!(
         md,
-        "## Tenants\n\n| tenant | jobs | avg JCT (s) | avg slowdown | GPU share |\n|---|---:|---:|---:|---:|"
+        "## Tenants\n\n| tenant | jobs | avg JCT (s) | avg wait (s) | avg slowdown | GPU share |\n|---|---:|---:|---:|---:|---:|"
     );
     for t in &r.per_tenant {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.2} | {:.1}% |",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.1}% |",
             t.tenant,
             t.jobs,
             t.avg_jct_s,
+            t.avg_wait_s,
             t.avg_bounded_slowdown,
             t.gpu_share * 100.0
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## Job sizes\n\n| GPUs | jobs | avg JCT (s) | avg wait (s) | p99 wait (s) | avg slowdown |\n|---|---:|---:|---:|---:|---:|"
+    );
+    for c in &r.by_size {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            c.class, c.jobs, c.avg_jct_s, c.avg_wait_s, c.p99_wait_s, c.avg_bounded_slowdown
         );
     }
     let p = dir.join("report.md");

@@ -108,6 +108,162 @@ fn queueing_delay_and_slowdown_are_measured() {
     assert!((r.gpu_hours_used - 160.0 / 3600.0).abs() < 1e-9);
 }
 
+/// Total wait counts every wait, not only the first: under LAS (the hand-computed run above) a runs 0–30 and
+/// 70–140 (held 100 s of a 140 s life: waits 40 s), b runs 30–60 and 140–160 (submitted at 10: waits 100 s), c
+/// runs 60–70 (submitted at 20: waits 40 s). Average wait 60 s; average time to first start (a 0, b 20, c 40) 20 s.
+#[test]
+fn avg_wait_counts_waits_after_preemption_and_first_start_does_not() {
+    let r = jcts_by_id(&csv(THREE_JOBS), &one_node(1), &cfg(Policy::Las));
+    assert_eq!(r.jcts, vec![50.0, 140.0, 150.0]);
+    assert!((r.avg_wait_s - 60.0).abs() < 1e-9, "{}", r.avg_wait_s);
+    assert!((r.avg_first_start_s - 20.0).abs() < 1e-9, "{}", r.avg_first_start_s);
+    assert_eq!(r.avg_queue_s, r.avg_first_start_s, "the old key is an alias");
+    assert_eq!((r.median_wait_s, r.p99_wait_s), (40.0, 100.0));
+    let waits: Vec<(String, f64, u32)> = r.job_rows.iter().map(|j| (j.id.clone(), j.wait_s, j.evictions)).collect();
+    assert_eq!(waits, vec![("a".into(), 40.0, 1), ("b".into(), 100.0, 1), ("c".into(), 40.0, 0)]);
+    assert_eq!(r.eviction_lost_gpu_hours, 0.0, "both evictions fell on checkpoints");
+    assert_eq!(r.by_size[0].jobs, 3);
+    assert!((r.by_size[0].avg_wait_s - 60.0).abs() < 1e-9);
+    assert!((r.per_tenant[0].avg_wait_s - 60.0).abs() < 1e-9);
+}
+
+/// Preemptive SRTF, hand-computed: a (100 s) runs from 0; b (20 s) arrives at 10 when a has 90 s left (≥ 2 × 20):
+/// a is evicted at its checkpoint at 10 s, b runs 10–30, a resumes with 90 s left and ends at 120. JCTs b 20,
+/// a 120; waits a 20 (120 − 100 held), b 0. Without preemption: a 0–100, b 100–120 (waits 0 and 90).
+#[test]
+fn preemptive_srtf_gives_the_hand_computed_jcts_and_waits() {
+    let trace = csv("a,0,100,1,t\nb,10,20,1,t\n");
+    let mut c = cfg(Policy::Srtf);
+    c.sched.preemption.shorter_first = true;
+    let r = jcts_by_id(&trace, &one_node(1), &c);
+    assert_eq!(r.jcts, vec![20.0, 120.0]);
+    assert_eq!(r.preemptions, 1);
+    assert!((r.avg_wait_s - 10.0).abs() < 1e-9, "{}", r.avg_wait_s);
+    assert_eq!(r.avg_first_start_s, 0.0);
+    assert!(r.preemptive);
+    let plain = jcts_by_id(&trace, &one_node(1), &cfg(Policy::Srtf));
+    assert_eq!(plain.jcts, vec![100.0, 110.0]);
+    assert_eq!(plain.preemptions, 0);
+    assert!((plain.avg_wait_s - 45.0).abs() < 1e-9);
+}
+
+/// An eviction between checkpoints loses the work since the last one; the loss is counted as lost to evictions.
+#[test]
+fn work_lost_to_evictions_is_counted_apart() {
+    // a (100 s, checkpoints every 10 s) is evicted at 15 s by b (20 s): 5 GPU-s lost.
+    let trace = csv("a,0,100,1,t\nb,15,20,1,t\n");
+    let mut c = cfg(Policy::Srtf);
+    c.sched.preemption.shorter_first = true;
+    let r = jcts_by_id(&trace, &one_node(1), &c);
+    assert_eq!(r.preemptions, 1);
+    assert!((r.eviction_lost_gpu_hours - 5.0 / 3600.0).abs() < 1e-12, "{}", r.eviction_lost_gpu_hours);
+    assert!((r.eviction_lost_fraction - 5.0 / 125.0).abs() < 1e-9, "{}", r.eviction_lost_fraction);
+    // b 15–35; a resumes at 35 with 90 s left, ends at 125: held 15 + 90 = 105, waits 20.
+    assert_eq!(r.jcts, vec![20.0, 125.0]);
+    assert!((r.avg_wait_s - 10.0).abs() < 1e-9, "{}", r.avg_wait_s);
+}
+
+#[test]
+fn jobs_out_writes_a_row_per_job() {
+    let r = jcts_by_id(&csv(THREE_JOBS), &one_node(1), &cfg(Policy::Fifo));
+    let dir = std::env::temp_dir().join(format!("gpunet-sim-jobs-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("jobs.csv");
+    write_jobs_csv(&p, &r.job_rows).unwrap();
+    let text = std::fs::read_to_string(&p).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4);
+    assert!(lines[0].starts_with("id,tenant,gpus,size_class,submit_s"));
+    // b: submitted 10, started 100, ended 150: waited 90.
+    assert_eq!(lines[2], "b,t,1,1,10.000,50.000,50.000,100.000,150.000,completed,50.000,90.000,140.000,0");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One node of `gpus` GPUs with a `[scheduler]` table, and the test configuration with the table applied.
+fn knobbed(policy: Policy, gpus: u32, knobs: &str) -> (ClusterSpec, SimConfig) {
+    let cluster = ClusterSpec::from_toml(
+        &format!(
+            "version = 1\n[[node_group]]\ncount = 1\ngpus_per_node = {gpus}\ngpu_model = \"T4\"\n[scheduler]\n{knobs}"
+        ),
+        "knobbed",
+    )
+    .unwrap();
+    let mut c = cfg(policy);
+    c.apply_knobs(cluster.scheduler.as_ref().unwrap()).unwrap();
+    (cluster, c)
+}
+
+fn run_knobbed(trace: &str, policy: Policy, gpus: u32, knobs: &str) -> SimResult {
+    let (cluster, c) = knobbed(policy, gpus, knobs);
+    jcts_by_id(&csv(trace), &cluster, &c)
+}
+
+#[test]
+fn knob_las_thresholds_decide_demotion() {
+    let r = run_knobbed(THREE_JOBS, Policy::Las, 1, "las_thresholds_gpu_s = [30]\n");
+    assert_eq!((r.preemptions, r.jcts.clone()), (2, vec![50.0, 140.0, 150.0]));
+    // One queue below 1,000 GPU-s: nobody is demoted; LAS serves in submission order.
+    let r = run_knobbed(THREE_JOBS, Policy::Las, 1, "las_thresholds_gpu_s = [1000]\n");
+    assert_eq!((r.preemptions, r.jcts), (0, vec![100.0, 140.0, 140.0]));
+}
+
+#[test]
+fn knob_min_run_time_holds_a_young_victim() {
+    let t = "a,0,1000,1,t\nb,10,20,1,t\n";
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\nmin_run_time = \"0s\"\n");
+    assert_eq!(r.jcts, vec![20.0, 1020.0]);
+    // a may be evicted only from 30 s on (the tick at 30): b runs 30–50.
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\nmin_run_time = \"30s\"\n");
+    assert_eq!(r.jcts, vec![40.0, 1020.0]);
+}
+
+#[test]
+fn knob_eviction_rate_limit_caps_evictions() {
+    let t = "a1,0,1000,1,t\na2,0,1000,1,t\nb1,10,20,1,t\nb2,10,20,1,t\n";
+    let r = run_knobbed(t, Policy::Srtf, 2, "preemptive = true\n");
+    assert_eq!(r.preemptions, 2);
+    let r = run_knobbed(t, Policy::Srtf, 2, "preemptive = true\nmax_evictions = 1\neviction_window = \"1h\"\n");
+    assert_eq!(r.preemptions, 1, "b2 waits for b1 instead of evicting a second job");
+}
+
+#[test]
+fn knob_tick_paces_las_demotion() {
+    assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "tick = \"10s\"\n").preemptions, 2);
+    // With a tick of 1,000 s no pass runs while a crosses 30 GPU-s: it is never demoted.
+    let r = run_knobbed(THREE_JOBS, Policy::Las, 1, "tick = \"1000s\"\n");
+    assert_eq!((r.preemptions, r.jcts), (0, vec![100.0, 140.0, 140.0]));
+}
+
+#[test]
+fn knob_checkpoint_interval_sets_the_work_an_eviction_loses() {
+    let t = "a,0,100,1,t\nb,15,20,1,t\n";
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\ncheckpoint_interval = \"10s\"\n");
+    assert!((r.eviction_lost_gpu_hours * 3600.0 - 5.0).abs() < 1e-9);
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\ncheckpoint_interval = \"15s\"\n");
+    assert_eq!(r.eviction_lost_gpu_hours, 0.0, "a checkpoint at 15 s keeps all");
+}
+
+#[test]
+fn knob_stop_time_keeps_a_victims_gpu_while_it_stops() {
+    assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "stop_time = \"0s\"\n").makespan_s, 160.0);
+    assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "stop_time = \"5s\"\n").makespan_s, 165.0);
+}
+
+#[test]
+fn a_bad_scheduler_table_names_the_field() {
+    let bad = |knobs: &str| {
+        ClusterSpec::from_toml(
+            &format!("[[node_group]]\ncount = 1\ngpus_per_node = 1\ngpu_model = \"T4\"\n[scheduler]\n{knobs}"),
+            "bad",
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad("min_run = 5\n").contains("min_run"));
+    assert!(bad("las_thresholds_gpu_s = [5, 5]\n").contains("las_thresholds_gpu_s"));
+    assert!(bad("tick = \"0s\"\n").contains("tick"));
+}
+
 fn synthetic(n: usize, seed: u64) -> Trace {
     let mut r = rng::Rng::new(seed);
     let mut body = String::new();
@@ -135,9 +291,10 @@ fn every_job_completes_once_and_gpu_time_is_conserved() {
     let trace = synthetic(300, 7);
     let demand: f64 = trace.jobs.iter().map(|j| j.duration_s * j.gpus as f64).sum::<f64>() / 3600.0;
     for policy in Policy::ALL {
-        for backfill in [false, true] {
+        for (backfill, preemptive) in [(false, false), (true, false), (true, true)] {
             let mut c = cfg(policy);
             c.sched.backfill = backfill;
+            c.sched.preemption.shorter_first = preemptive;
             let r = simulate(&trace, &spec4x8(), &c, &mut |_, _| {}).unwrap();
             assert_eq!(r.completed + r.failed + r.unfinished, r.jobs, "{policy}");
             assert_eq!((r.completed, r.unfinished), (300, 0), "{policy}: every job completes exactly once");

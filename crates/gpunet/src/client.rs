@@ -328,6 +328,16 @@ fn exit_code_of(message: &str) -> Option<i32> {
         .or_else(|| num("killed by signal ").map(|s| 128 + s.min(127)))
 }
 
+/// One line describing a job's run-time estimate, given or learned.
+pub(crate) fn estimate_line(e: &gpunet_api::types::EstimateView) -> String {
+    match (e.source.as_str(), e.confidence, &e.basis, e.samples) {
+        ("learned", Some(c), Some(b), Some(n)) => {
+            format!("estimated run time {}s, learned from {b} ({n} runs, confidence {c:.2})\n", e.seconds)
+        }
+        _ => format!("estimated run time {}s ({})\n", e.seconds, e.source),
+    }
+}
+
 #[cfg(test)]
 mod wait_tests {
     #[test]

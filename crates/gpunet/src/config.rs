@@ -35,7 +35,9 @@ pub(crate) struct ServerFile {
     pub(crate) listen: SocketAddr,
     pub(crate) admin_token: Option<String>,
     pub(crate) join_token: Option<String>,
-    pub(crate) policy: String,
+    /// Absent: the `sched_config` file's policy, else fifo.
+    pub(crate) policy: Option<String>,
+    pub(crate) sched_config: Option<PathBuf>,
     pub(crate) backfill: bool,
     pub(crate) node_lost_after_s: f64,
     pub(crate) node_fence_s: f64,
@@ -70,7 +72,8 @@ impl Default for ServerFile {
             listen: "127.0.0.1:7070".parse().expect("valid address"),
             admin_token: None,
             join_token: None,
-            policy: "fifo".into(),
+            policy: None,
+            sched_config: None,
             backfill: true,
             node_lost_after_s: 10.0,
             node_fence_s: 60.0,
@@ -152,9 +155,14 @@ listen = "{listen}"
 # admin_token = "…"
 # join_token = "…"
 
-# Scheduling: queue policy (fifo, priority, sjf, srtf, drf, fairshare, las) and EASY backfill.
-policy = "{policy}"
+# Scheduling: queue policy (fifo, priority, sjf, srtf, srgf, drf, fairshare, las; default: the sched_config file's,
+# else fifo) and EASY backfill.
+# policy = "fifo"
 backfill = {backfill}
+# Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, LAS thresholds, minimum run
+# time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false here win
+# over the file; its minimum run time and restart backoff win over preempt_min_run_s and restart_backoff_s.
+# sched_config = "/etc/gpunet/scheduler.toml"
 # Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
 node_lost_after_s = {node_lost_after_s:?}
 # Seconds a lost node's tasks stay fenced waiting for its agent to confirm them killed.
@@ -197,7 +205,6 @@ log_format = "text"
         version = d.version,
         data_dir = d.data_dir.display(),
         listen = d.listen,
-        policy = d.policy,
         backfill = d.backfill,
         node_lost_after_s = d.node_lost_after_s,
         node_fence_s = d.node_fence_s,

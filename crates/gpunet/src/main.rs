@@ -115,9 +115,12 @@ struct UpArgs {
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
-    /// Queue policy.
-    #[arg(long, default_value = "fifo")]
-    policy: String,
+    /// Queue policy (default: the --sched-config file's, else fifo).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Scheduler knobs (TOML), as for `gpunet server --sched-config`.
+    #[arg(long, env = "GPUNET_SCHED_CONFIG")]
+    sched_config: Option<PathBuf>,
     /// Price catalogue (TOML), as for `gpunet server --prices`; default: the shipped one.
     #[arg(long)]
     prices: Option<PathBuf>,
@@ -215,6 +218,30 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
 }
 
 /// The price catalogue of `--prices FILE`, or the shipped one.
+/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`.
+fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, policy: Option<&str>) -> Result<()> {
+    if let Some(p) = file {
+        let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
+        let k = gpunet_core::SchedKnobs::from_toml(&text)
+            .and_then(|k| k.apply(&mut cfg.sched).map(|()| k))
+            .with_context(|| format!("load --sched-config {}", p.display()))?;
+        if let Some(t) = k.tick {
+            cfg.tick = std::time::Duration::from_millis(t.0 .0);
+        }
+        if k.checkpoint_interval.is_some() || k.stop_time.is_some() {
+            tracing::warn!(
+                file = %p.display(),
+                "checkpoint_interval and stop_time are simulator knobs: live jobs checkpoint on their own interval \
+                 and stop within the agent's grace period"
+            );
+        }
+    }
+    if let Some(p) = policy {
+        cfg.sched.policy = p.parse().context("--policy")?;
+    }
+    Ok(())
+}
+
 fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatalogue> {
     let Some(p) = path else { return Ok(gpunet_core::PriceCatalogue::shipped()) };
     let text = std::fs::read_to_string(p).with_context(|| format!("read --prices {}", p.display()))?;
@@ -559,7 +586,7 @@ fn real_main() -> Result<()> {
             cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
-            cfg.sched.policy = a.policy.parse().context("--policy")?;
+            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
             cfg.prices = load_prices(a.prices.as_deref())?;
             // Shared checkpoint tiers go beneath the data directory, one directory per tenant.
             let data =
@@ -697,6 +724,7 @@ fn real_main() -> Result<()> {
                 println!("policy          {}", r.policy);
                 println!("full_pass_ms    {:.1}", r.full_pass_ms);
                 println!("placed          {}", r.placed);
+                println!("placeable       {}", r.placeable);
                 if r.arrays > 0 {
                     println!("arrays          {} ({} elements)", r.arrays, r.array_elements);
                 }

@@ -29,9 +29,16 @@ pub(crate) struct ServerArgs {
     /// Join token for node agents (default GPUNET_JOIN_TOKEN; generated and printed once if none is stored).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
-    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare or las [default: fifo].
+    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las [default: the --sched-config file's,
+    /// else fifo].
     #[arg(long)]
     policy: Option<String>,
+    /// Scheduler knobs (TOML, a `[scheduler]` table: policy, backfill, preemptive, LAS thresholds, minimum run time,
+    /// eviction rate limit, restart backoff, tick; see docs/scheduler.md). `--policy` and `--no-backfill` win over
+    /// it; its minimum run time and restart backoff, when it sets them, win over `--preempt-min-run-s` and
+    /// `--restart-backoff-s`.
+    #[arg(long, env = "GPUNET_SCHED_CONFIG")]
+    sched_config: Option<PathBuf>,
     /// Turn EASY backfill off (file: `backfill = false`).
     #[arg(long)]
     no_backfill: bool,
@@ -120,7 +127,8 @@ impl ServerArgs {
         over(&self.listen, &mut f.listen);
         over_opt(&self.admin_token, &mut f.admin_token);
         over_opt(&self.join_token, &mut f.join_token);
-        over(&self.policy, &mut f.policy);
+        over_opt(&self.policy, &mut f.policy);
+        over_opt(&self.sched_config, &mut f.sched_config);
         f.backfill &= !self.no_backfill;
         over(&self.node_lost_after_s, &mut f.node_lost_after_s);
         over(&self.node_fence_s, &mut f.node_fence_s);
@@ -155,8 +163,6 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
     cfg.listen = a.listen;
     cfg.admin_token.clone_from(&a.admin_token);
     cfg.join_token.clone_from(&a.join_token);
-    cfg.sched.policy = a.policy.parse().context("--policy")?;
-    cfg.sched.backfill = a.backfill;
     let lost_ok = a.node_lost_after_s.is_finite() && a.node_lost_after_s > 0.0;
     let backoff_ok = a.restart_backoff_s.is_finite() && a.restart_backoff_s >= 0.0;
     if !lost_ok || !backoff_ok {
@@ -172,6 +178,10 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
         bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
     }
     cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
+    crate::load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
+    if !a.backfill {
+        cfg.sched.backfill = false;
+    }
     for r in &a.checkpoint_roots {
         if !(r.starts_with("file:///") || r.starts_with("s3://")) || r.contains("..") {
             bail!("invalid --checkpoint-root {r:?}: allowed is file:///PATH or s3://BUCKET/PREFIX without '..'");
@@ -365,7 +375,7 @@ mod tests {
         let crate::Cmd::Server(a) = cli.cmd else { panic!() };
         let f = a.merged().unwrap();
         assert_eq!(f.listen.port(), 9999, "from the file");
-        assert_eq!((f.policy.as_str(), f.max_connections), ("las", 9), "flags win");
+        assert_eq!((f.policy.as_deref(), f.max_connections), (Some("las"), 9), "flags win");
         assert!(!f.backfill && f.node_fence_s == 5.0);
         assert_eq!(f.header_timeout_s, 10.0, "the default where neither says");
         let cfg = server_config(&f).unwrap();

@@ -1,7 +1,7 @@
 //! `gpunet sim` and `gpunet sim compare`.
 
 use anyhow::{bail, Context, Result};
-use gpunet_core::{Dur, Policy, SchedConfig};
+use gpunet_core::{Dur, Policy};
 use gpunet_sim::{read_trace, report, simulate, ClusterSpec, ReadOptions, SimConfig, SimResult, Trace};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -48,9 +48,24 @@ pub(crate) struct SimOpts {
     /// Seconds of notice before a spot node goes.
     #[arg(long, default_value_t = 120)]
     pub(crate) spot_notice_s: u64,
-    /// Minutes between job checkpoints.
-    #[arg(long, default_value_t = 30)]
-    pub(crate) checkpoint_mins: u64,
+    /// Minutes between job checkpoints (default: the cluster's `[scheduler] checkpoint_interval`, else 30).
+    #[arg(long)]
+    pub(crate) checkpoint_mins: Option<u64>,
+    /// LAS queue thresholds in GPU-seconds, comma-separated and increasing (default 3600,36000: three queues).
+    #[arg(long)]
+    pub(crate) las_thresholds: Option<String>,
+    /// A job younger than this (seconds, in its attempt) is never preempted (default 300).
+    #[arg(long)]
+    pub(crate) min_run_time_s: Option<u64>,
+    /// At most this many evictions per eviction window (default 20).
+    #[arg(long)]
+    pub(crate) max_evictions: Option<u32>,
+    /// The eviction rate limit's window in seconds (default 600).
+    #[arg(long)]
+    pub(crate) eviction_window_s: Option<u64>,
+    /// Seconds between scheduling passes while jobs wait (default 60).
+    #[arg(long)]
+    pub(crate) tick_s: Option<u64>,
     /// Seconds from asking a preempted or drained job to stop until its processes are gone (its GPUs stay held
     /// meanwhile, as live), the same for every stop. Default: each stop draws one of the times measured on real
     /// processes writing a checkpoint on SIGTERM (data/stop-times/README.md), at most the agent's 10 s grace period.
@@ -63,6 +78,14 @@ pub(crate) struct SimOpts {
     /// Turn preemption off.
     #[arg(long)]
     pub(crate) no_preemption: bool,
+    /// Preemptive SJF/SRTF: under sjf or srtf a waiting job with a much smaller key (half or less) evicts a
+    /// running one, with the same victim choice, minimum run time and rate limit as other preemption.
+    #[arg(long)]
+    pub(crate) preemptive: bool,
+    /// Write one CSV row per job (times, wait, evictions) to this file (`sim compare`: one file per policy, the
+    /// policy's name inserted before the extension).
+    #[arg(long)]
+    pub(crate) jobs_out: Option<PathBuf>,
     /// Which jobs may run on spot nodes: none, preemptible or all.
     #[arg(long, default_value = "preemptible")]
     pub(crate) spot_jobs: String,
@@ -86,9 +109,10 @@ pub(crate) struct SimOpts {
 pub(crate) struct SimCmd {
     #[command(subcommand)]
     pub(crate) sub: Option<SimSub>,
-    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare or las.
-    #[arg(long, default_value = "fifo")]
-    pub(crate) policy: String,
+    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
+    /// else fifo).
+    #[arg(long)]
+    pub(crate) policy: Option<String>,
     #[command(flatten)]
     pub(crate) opts: Option<SimOpts>,
 }
@@ -121,9 +145,6 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
     if o.spot_reclaims_per_hour.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
         bail!("invalid --spot-reclaims-per-hour: allowed is a number >= 0");
     }
-    if o.checkpoint_mins == 0 {
-        bail!("invalid --checkpoint-mins 0: allowed is at least 1");
-    }
     let autoscale = match o.autoscale_max_nodes {
         None => None,
         Some(max) => {
@@ -139,8 +160,50 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
             })
         }
     };
-    let mut sched = SchedConfig { backfill: o.backfill, ..SchedConfig::with_policy(policy) };
-    sched.preemption.enabled = !o.no_preemption;
+    // The cluster's [scheduler] table first, then the flags given.
+    let mut base = SimConfig::default();
+    if let Some(k) = &cluster.scheduler {
+        base.apply_knobs(k).context("the cluster's [scheduler]")?;
+    }
+    let sched = &mut base.sched;
+    sched.policy = policy;
+    if o.backfill {
+        sched.backfill = true;
+    }
+    if o.no_preemption {
+        sched.preemption.enabled = false;
+    }
+    if o.preemptive {
+        sched.preemption.shorter_first = true;
+    }
+    if let Some(t) = &o.las_thresholds {
+        sched.las_thresholds_gpu_s =
+            t.split(',').map(|x| x.trim().parse::<u64>()).collect::<Result<_, _>>().map_err(|_| {
+                anyhow::anyhow!("invalid --las-thresholds {t:?}: allowed are GPU-seconds such as 3600,36000")
+            })?;
+    }
+    if let Some(s) = o.min_run_time_s {
+        sched.preemption.min_run_time = Dur::from_secs(s);
+    }
+    if let Some(n) = o.max_evictions {
+        sched.preemption.max_per_interval = n;
+    }
+    match o.eviction_window_s {
+        Some(0) => bail!("invalid --eviction-window-s 0: allowed is at least 1"),
+        Some(s) => sched.preemption.interval = Dur::from_secs(s),
+        None => {}
+    }
+    sched.validate().context("invalid scheduler settings")?;
+    match o.checkpoint_mins {
+        Some(0) => bail!("invalid --checkpoint-mins 0: allowed is at least 1"),
+        Some(m) => base.checkpoint_interval = Dur::from_mins(m),
+        None => {}
+    }
+    match o.tick_s {
+        Some(0) => bail!("invalid --tick-s 0: allowed is at least 1"),
+        Some(t) => base.tick = Dur::from_secs(t),
+        None => {}
+    }
     let stop_time = match (o.stop_time_s, &o.stop_times) {
         (Some(s), _) if !s.is_finite() || !(0.0..=86_400.0).contains(&s) => {
             bail!("invalid --stop-time-s {s}: allowed are 0 to 86400 seconds")
@@ -151,10 +214,9 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
             gpunet_sim::StopTime::from_csv(&f.display().to_string(), &text)
                 .with_context(|| format!("invalid --stop-times {}", f.display()))?
         }
-        (None, None) => gpunet_sim::StopTime::default(),
+        (None, None) => base.stop_time.clone(),
     };
     Ok(SimConfig {
-        sched,
         quotas: o.quotas.parse()?,
         borrowing,
         estimates: o.estimates.parse()?,
@@ -163,12 +225,11 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
         mttr: Dur((o.mttr_hours * 3_600_000.0) as u64),
         spot_reclaims_per_hour: o.spot_reclaims_per_hour,
         spot_notice: Dur::from_secs(o.spot_notice_s),
-        checkpoint_interval: Dur::from_mins(o.checkpoint_mins),
         max_jobs: o.max_jobs,
         autoscale,
         spot_jobs: o.spot_jobs.parse()?,
         stop_time,
-        ..SimConfig::default()
+        ..base
     })
 }
 
@@ -202,28 +263,42 @@ fn progress_bar(enabled: bool) -> impl FnMut(usize, usize) {
 /// A table row: its label and how to print it.
 type Row = (&'static str, fn(&SimResult) -> String);
 
-const ROWS: [Row; 16] = [
+const ROWS: [Row; 22] = [
     ("jobs", |r| r.jobs.to_string()),
     ("completed / unfinished", |r| format!("{} / {}", r.completed, r.unfinished)),
     ("avg JCT (s)", |r| format!("{:.0}", r.avg_jct_s)),
     ("median JCT (s)", |r| format!("{:.0}", r.median_jct_s)),
     ("p95 JCT (s)", |r| format!("{:.0}", r.p95_jct_s)),
     ("p99 JCT (s)", |r| format!("{:.0}", r.p99_jct_s)),
-    ("avg queue (s)", |r| format!("{:.0}", r.avg_queue_s)),
-    ("p99 queue (s)", |r| format!("{:.0}", r.p99_queue_s)),
+    ("avg wait, all not running (s)", |r| format!("{:.0}", r.avg_wait_s)),
+    ("p50 / p99 wait (s)", |r| format!("{:.0} / {:.0}", r.median_wait_s, r.p99_wait_s)),
+    ("avg to first start (s)", |r| format!("{:.0}", r.avg_first_start_s)),
+    ("p99 to first start (s)", |r| format!("{:.0}", r.p99_first_start_s)),
     ("avg bounded slowdown", |r| format!("{:.2}", r.avg_bounded_slowdown)),
-    ("utilization", |r| format!("{:.1}%", r.utilization * 100.0)),
+    ("avg wait by size 1|2-4|5-8|>8 (s)", |r| {
+        r.by_size.iter().map(|c| format!("{:.0}", c.avg_wait_s)).collect::<Vec<_>>().join("|")
+    }),
+    ("utilization (to last end)", |r| format!("{:.1}%", r.utilization * 100.0)),
+    ("utilization (trace span)", |r| format!("{:.1}%", r.utilization_span * 100.0)),
     ("fragmentation", |r| format!("{:.1}%", r.fragmentation * 100.0)),
     ("makespan (s)", |r| format!("{:.0}", r.makespan_s)),
     ("Jain fairness", |r| format!("{:.3}", r.jain_fairness)),
     ("preemptions / restarts", |r| format!("{} / {}", r.preemptions, r.restarts)),
     ("lost GPU-hours", |r| format!("{:.1}", r.lost_gpu_hours)),
+    ("lost to evictions (GPU-h)", |r| {
+        format!("{:.1} ({:.2}%)", r.eviction_lost_gpu_hours, r.eviction_lost_fraction * 100.0)
+    }),
+    ("estimates", |r| r.estimates.clone()),
     ("wall (ms)", |r| format!("{:.0}", r.wall_ms)),
 ];
 
 fn table(results: &[SimResult]) -> String {
-    let heads: Vec<String> =
-        results.iter().map(|r| format!("{}{}", r.policy, if r.backfill { "+bf" } else { "" })).collect();
+    let heads: Vec<String> = results
+        .iter()
+        .map(|r| {
+            format!("{}{}{}", r.policy, if r.preemptive { "+pre" } else { "" }, if r.backfill { "+bf" } else { "" })
+        })
+        .collect();
     let w0 = ROWS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let cells: Vec<Vec<String>> = ROWS.iter().map(|(_, f)| results.iter().map(f).collect()).collect();
     let ws: Vec<usize> = (0..results.len())
@@ -244,18 +319,34 @@ fn table(results: &[SimResult]) -> String {
     out
 }
 
+/// `jobs.csv` for policy `las` → `jobs.las.csv` (beside the given path).
+fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
+    let stem = p.file_stem().map_or_else(|| "jobs".into(), |s| s.to_string_lossy().into_owned());
+    let name = match p.extension() {
+        Some(e) => format!("{stem}.{policy}.{}", e.to_string_lossy()),
+        None => format!("{stem}.{policy}"),
+    };
+    p.with_file_name(name)
+}
+
 /// Runs `gpunet sim …`.
 pub(crate) fn run(cmd: SimCmd) -> Result<()> {
     match cmd.sub {
         None => {
             let o = cmd.opts.context("--trace is required")?;
-            let policy: Policy = cmd.policy.parse().context("--policy")?;
             let (trace, cluster) = load(&o)?;
+            let policy: Policy = match &cmd.policy {
+                Some(p) => p.parse().context("--policy")?,
+                None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
+            };
             let cfg = config(&o, policy, &cluster)?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
             let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
             if let Some(dir) = &o.report {
                 report::write_report(dir, &format!("{} on {}", o.trace.display(), o.cluster), &r)?;
+            }
+            if let Some(p) = &o.jobs_out {
+                gpunet_sim::write_jobs_csv(p, &r.job_rows)?;
             }
             if o.output == "json" {
                 println!("{}", serde_json::to_string(&r)?);
@@ -300,6 +391,11 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
+            if let Some(p) = &o.jobs_out {
+                for r in &results {
+                    gpunet_sim::write_jobs_csv(&per_policy_path(p, &r.policy), &r.job_rows)?;
+                }
+            }
             if let Some(dir) = &o.report {
                 for r in &results {
                     report::write_report(

@@ -38,12 +38,14 @@ fn bench_sched_json_has_exactly_the_documented_keys() {
             "event_p99_us",
             "full_pass_ms",
             "peak_rss_mib",
+            "placeable",
             "placed",
             "policy"
         ]
     );
     assert_eq!(obj["policy"], "drf");
     assert!(obj["placed"].as_u64().unwrap() > 0);
+    assert!(obj["placeable"].as_u64().unwrap() > 0, "{obj:?}");
     assert!(obj["event_p99_us"].as_f64().unwrap() >= obj["event_p50_us"].as_f64().unwrap());
     assert!(obj["peak_rss_mib"].as_f64().unwrap() > 0.0);
 }

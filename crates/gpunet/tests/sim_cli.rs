@@ -24,6 +24,14 @@ fn sim_json_has_the_documented_keys() {
         "p99_jct_s",
         "avg_queue_s",
         "p99_queue_s",
+        "avg_wait_s",
+        "median_wait_s",
+        "p99_wait_s",
+        "avg_first_start_s",
+        "eviction_lost_gpu_hours",
+        "eviction_lost_fraction",
+        "utilization_span",
+        "by_size",
         "utilization",
         "makespan_s",
         "jain_fairness",
@@ -33,6 +41,10 @@ fn sim_json_has_the_documented_keys() {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
     assert_eq!(v["jobs"], 3000);
+    assert_eq!(v["avg_queue_s"], v["avg_first_start_s"], "the old key is an alias");
+    assert!(v["avg_wait_s"].as_f64().unwrap() >= v["avg_first_start_s"].as_f64().unwrap());
+    let classes: Vec<&str> = v["by_size"].as_array().unwrap().iter().map(|c| c["class"].as_str().unwrap()).collect();
+    assert_eq!(classes, ["1", "2-4", "5-8", ">8"]);
     assert!(v["utilization"].as_f64().unwrap() > 0.0 && v["utilization"].as_f64().unwrap() <= 1.0);
 }
 
@@ -129,4 +141,78 @@ fn stop_times_come_from_measurements_a_file_or_a_fixed_value() {
     assert!(!out.status.success() && err.contains("bad.csv:3") && err.contains("soon"), "{err}");
     let out = gpunet(&[&base[..], &["--stop-time-s", "2", "--stop-times", good.to_str().unwrap()]].concat());
     assert!(!out.status.success(), "--stop-time-s and --stop-times together are refused");
+}
+
+/// `--jobs-out` writes a row per job (one file per policy under `compare`); the cluster file's `[scheduler]` table
+/// changes the run, and a flag given wins over it; a bad `--sched-config` stops the server before it starts.
+#[test]
+fn jobs_out_and_scheduler_tables_reach_the_simulator_and_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = data("tiresias/60_job.csv");
+    let jobs = dir.path().join("jobs.csv");
+    let out = gpunet(&[
+        "sim",
+        "compare",
+        "--policies",
+        "fifo,srtf",
+        "--preemptive",
+        "--trace",
+        &trace,
+        "--cluster",
+        "tiresias-n1g4",
+        "--jobs-out",
+        jobs.to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for p in ["fifo", "srtf"] {
+        let text = std::fs::read_to_string(dir.path().join(format!("jobs.{p}.csv"))).unwrap();
+        assert_eq!(text.lines().count(), 61, "{p}: a header and 60 jobs");
+        assert!(text.starts_with("id,tenant,gpus,size_class,submit_s"));
+    }
+    let spec = |knobs: &str| {
+        let f = dir.path().join(format!("c{}.toml", knobs.len()));
+        std::fs::write(
+            &f,
+            format!("version = 1\n[[node_group]]\ncount = 1\ngpus_per_node = 4\ngpu_model = \"V100-16GB\"\n[scheduler]\n{knobs}"),
+        )
+        .unwrap();
+        f
+    };
+    let run = |cluster: &std::path::Path, extra: &[&str]| {
+        let mut a = vec!["sim", "--trace", &trace, "--cluster", cluster.to_str().unwrap(), "--output", "json"];
+        a.extend(extra);
+        let out = gpunet(&a);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let las_low = spec("policy = \"las\"\nlas_thresholds_gpu_s = [60]\nmin_run_time = \"0s\"\n");
+    let las_high = spec("policy = \"las\"\nlas_thresholds_gpu_s = [100000000]\n");
+    let (a, b) = (run(&las_low, &[]), run(&las_high, &[]));
+    assert_eq!((a["policy"].as_str(), b["policy"].as_str()), (Some("las"), Some("las")), "the table names the policy");
+    assert!(
+        a["preemptions"].as_u64().unwrap() > 0 && b["preemptions"] == 0,
+        "{} vs {}",
+        a["preemptions"],
+        b["preemptions"]
+    );
+    assert_eq!(run(&las_low, &["--policy", "fifo"])["preemptions"], 0, "--policy wins over the table");
+    let bad = spec("min_run_tme = \"5m\"\n");
+    let out = gpunet(&["sim", "--trace", &trace, "--cluster", bad.to_str().unwrap()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("min_run_tme"));
+    let sched = dir.path().join("sched.toml");
+    std::fs::write(&sched, "[scheduler]\nmax_evictions = \"many\"\n").unwrap();
+    let data_dir = dir.path().join("server");
+    let out = gpunet(&[
+        "server",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--sched-config",
+        sched.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--sched-config") && err.contains("max_evictions"), "{err}");
 }

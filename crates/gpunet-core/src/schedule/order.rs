@@ -1,4 +1,4 @@
-//! Queue order: which queued job the pass considers next. Policies that order jobs (fifo, priority, sjf, srtf, las)
+//! Queue order: which queued job the pass considers next. Policies that order jobs (fifo, priority, sjf, srtf, srgf, las)
 //! merge the tenant queues by key through a heap of tenant heads; policies that order tenants (DRF, fair share) pick
 //! the tenant with the lowest weighted share each time and take its next job.
 

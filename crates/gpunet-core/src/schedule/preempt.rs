@@ -1,5 +1,5 @@
 //! Victim search: which running jobs to evict so that a job can start (quota reclaim from borrowers, priority, LAS
-//! demotion; fewest lost GPU-time, then fewest jobs, within the preemption rate limit), evictions already under way
+//! demotion, a much shorter job under preemptive SJF/SRTF; fewest lost GPU-time, then fewest jobs, within the preemption rate limit), evictions already under way
 //! counted first; and the jobs that evictions were made for, which go first in the next passes so that the
 //! victims do not take their room back.
 
@@ -34,6 +34,14 @@ pub enum PreemptReason {
         victim_queue: usize,
         /// Waiting job's queue.
         waiting_queue: usize,
+    },
+    /// Preemptive SJF/SRTF: the waiting job's key (remaining estimated time, or estimate ÷ GPUs) is at most
+    /// `1 / shorter_ratio` of the victim's.
+    ShorterJob {
+        /// Victim's key, seconds.
+        victim_s: u64,
+        /// Waiting job's key, seconds.
+        waiting_s: u64,
     },
 }
 
@@ -159,10 +167,18 @@ impl Pass<'_> {
             (0..st.tenants.len()).map(|i| self.book.over_guarantee(shape, TenantId(i as u32))).collect();
         let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
         let las = st.cfg.policy == Policy::Las;
+        // Preemptive SJF/SRTF: the waiting job's key, when it has one.
+        let my_key = match st.cfg.policy {
+            Policy::Srtf => job.remaining_estimate().0,
+            Policy::Srgf => crate::state::srgf_key(job),
+            Policy::Sjf => crate::state::sjf_key(job),
+            _ => u64::MAX,
+        };
+        let shorter = cfg.shorter_first && my_key != u64::MAX;
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
         let prio_possible = st.prio_counts.range(..spec.priority).next().is_some();
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
-        let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible {
+        let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible || shorter {
             &st.run_rows[..]
         } else if quota_blocked {
             return None;
@@ -194,6 +210,23 @@ impl Pass<'_> {
                     continue;
                 }
                 PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
+            } else if shorter && lendable {
+                // A victim without an estimate is not known to be longer: it is left alone.
+                // Past its estimated end a victim is expected to run about as long again as this attempt has.
+                let left = || match r.est_end {
+                    end if end > self.now => end.since(self.now).0,
+                    _ => self.now.since(r.started).0.max(1),
+                };
+                let vk = match st.cfg.policy {
+                    Policy::Srtf if r.est_end != crate::units::Time::MAX => left(),
+                    Policy::Srgf if r.est_end != crate::units::Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
+                    Policy::Sjf => r.sjf_key,
+                    _ => continue,
+                };
+                if vk == u64::MAX || vk < my_key.saturating_mul(cfg.shorter_ratio as u64) {
+                    continue;
+                }
+                PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
             } else {
                 continue;
             };
@@ -342,6 +375,7 @@ mod tests {
                 min_run_time: Dur::from_secs(10),
                 max_per_interval: 1,
                 interval: Dur::from_mins(10),
+                ..Default::default()
             },
             ..SchedConfig::with_policy(Policy::Priority)
         };
@@ -481,5 +515,116 @@ mod tests {
             )),
             "{ds:?}"
         );
+    }
+
+    fn preemptive(policy: Policy, min_run: u64) -> SchedConfig {
+        SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::from_secs(min_run),
+                shorter_first: true,
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(policy)
+        }
+    }
+
+    fn preempts(ds: &[Decision]) -> Vec<(u64, PreemptReason)> {
+        ds.iter()
+            .filter_map(|d| match d {
+                Decision::Preempt { job, reason, .. } => Some((job.0, reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Hand-computed: job 1 (estimate 1,000 s, checkpoints every 100 s) runs from 0. At 360 s it has 640 s left;
+    /// job 2 (200 s) waits: 640 ≥ 2 × 200, so job 1 is evicted, keeping 300 s, and job 2 runs 360–560. A job of
+    /// 400 s (640 < 800) would not have evicted it; nor would job 2 with preemptive mode off, nor before the
+    /// minimum run time.
+    #[test]
+    fn preemptive_srtf_evicts_a_job_with_twice_the_remaining_time() {
+        let long = || {
+            let mut j = JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(1000));
+            j.checkpoint_interval = Some(Dur::from_secs(100));
+            j
+        };
+        let at = Time::from_secs(360);
+        // Off: plain SRTF never preempts.
+        let mut c = preemptive(Policy::Srtf, 60);
+        c.preemption.shorter_first = false;
+        let mut off = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut off, 1, long(), 0);
+        off.step(Time::ZERO).unwrap();
+        submit(&mut off, 2, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(200)), 350);
+        assert!(preempts(&schedule(&off, at)).is_empty());
+        // Minimum run time of 600 s: too young at 360 s.
+        let mut young = cluster(preemptive(Policy::Srtf, 600), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut young, 1, long(), 0);
+        young.step(Time::ZERO).unwrap();
+        submit(&mut young, 2, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(200)), 350);
+        assert!(preempts(&schedule(&young, at)).is_empty());
+        // Not short enough: 400 s × 2 > 640 s.
+        let mut s = cluster(preemptive(Policy::Srtf, 60), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, long(), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "mid", 1, 1).estimate(Dur::from_secs(400)), 340);
+        assert!(preempts(&schedule(&s, at)).is_empty());
+        // Short enough.
+        submit(&mut s, 2, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(200)), 350);
+        let ds = s.step(at).unwrap();
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 640, waiting_s: 200 })]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.state, j1.progress), (JobState::Preempted, Dur::from_secs(300)));
+        assert_eq!(started(&s.step(at).unwrap()), vec![2]);
+        s.finish(JobId(2), Time::from_secs(560), true).unwrap();
+        // Job 1 now has 700 s left, job 3 400 s: SRTF order starts job 3 first.
+        assert_eq!(s.job(JobId(1)).unwrap().remaining_estimate(), Dur::from_secs(700));
+        assert_eq!(started(&s.step(Time::from_secs(560)).unwrap()), vec![3]);
+        s.check_invariants().unwrap();
+    }
+
+    /// Preemptive SJF compares the SJF key (estimate ÷ GPUs): a running 2-GPU job of 1,000 s has key 500 s; a
+    /// 2-GPU job of 600 s (key 300 > 500 ÷ 2) does not evict it, one of 500 s (key 250) does. A running job without estimate
+    /// is never a victim for being long.
+    #[test]
+    fn preemptive_sjf_compares_estimate_per_gpu_and_spares_jobs_without_estimate() {
+        let mut s = cluster(preemptive(Policy::Sjf, 0), vec![node("n", GpuModel::T4, 3)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "wide", 2, 1).estimate(Dur::from_secs(1000)), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "unknown", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "x", 2, 1).estimate(Dur::from_secs(600)), 10);
+        assert!(preempts(&schedule(&s, Time::from_secs(20))).is_empty(), "key 300 > 500 / 2");
+        let mut s = cluster(preemptive(Policy::Sjf, 0), vec![node("n", GpuModel::T4, 3)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "wide", 2, 1).estimate(Dur::from_secs(1000)), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "unknown", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "x", 2, 1).estimate(Dur::from_secs(500)), 10);
+        let ds = schedule(&s, Time::from_secs(20));
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 500, waiting_s: 250 })]);
+    }
+
+    /// SRGF orders and preempts by remaining GPU-time: a running 4-GPU job with 100 s left (400 GPU-s) is evicted for
+    /// a waiting 4-GPU job of 50 s (200 GPU-s), where SRTF compares 100 s with 50 s alike; but a waiting 1-GPU job of
+    /// 300 s (300 GPU-s) goes before a 4-GPU job of 100 s (400 GPU-s), which SRTF orders the other way.
+    #[test]
+    fn srgf_orders_and_preempts_by_remaining_gpu_time() {
+        let mut s = cluster(cfg(Policy::Srgf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "fill", 4, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(100)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(300)), 2);
+        assert_eq!(queue_order(&s, Time::from_secs(3), 10), vec![JobId(3), JobId(2)]);
+        let mut t = cluster(cfg(Policy::Srtf), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut t, 2, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(100)), 1);
+        submit(&mut t, 3, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(300)), 2);
+        assert_eq!(queue_order(&t, Time::from_secs(3), 10), vec![JobId(2), JobId(3)]);
+
+        let mut s = cluster(preemptive(Policy::Srgf, 0), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "running", 4, 1).estimate(Dur::from_secs(110)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "short", 4, 1).estimate(Dur::from_secs(50)), 5);
+        let ds = schedule(&s, Time::from_secs(10));
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 400, waiting_s: 200 })]);
     }
 }

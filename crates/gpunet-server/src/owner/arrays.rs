@@ -59,6 +59,7 @@ impl Owner {
                         attempts: Vec::new(),
                         submitted_by: p.submitted_by.clone(),
                         idempotency_key: None,
+                        learned_estimate: None,
                     };
                     self.docs.insert(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));

@@ -95,7 +95,8 @@ impl Owner {
         // Durable, then visible: the jobs are written first and enter the live state only once the store
         // has accepted them; a refused write leaves no trace (no job, no start, no event).
         let mut docs = Vec::with_capacity(prepared.len());
-        for ((tenant, sub, warnings, spec), size) in prepared.into_iter().zip(sizes) {
+        for ((tenant, sub, warnings, mut spec), size) in prepared.into_iter().zip(sizes) {
+            let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
             if let Err(e) = spec.validate() {
                 let _ = reply.send(Err(e.into()));
                 return;
@@ -112,6 +113,7 @@ impl Owner {
                 attempts: Vec::new(),
                 submitted_by: Some(by.clone()),
                 idempotency_key: key.clone(),
+                learned_estimate: learned,
             };
             writes.push(Write::Job {
                 id,
@@ -360,7 +362,8 @@ impl Owner {
                 };
                 message = self.mask(&who, &format!("{how}{ran}"), None);
             }
-            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta })
+            let estimate = self.estimate_view(d);
+            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta, estimate })
         })();
         let _ = reply.send(r);
     }

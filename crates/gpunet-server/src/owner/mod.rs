@@ -13,6 +13,7 @@
 //! - `utilisation`: the agents' GPU samples accumulated per running attempt, for its ledger rows.
 
 mod arrays;
+mod estimates;
 mod jobs;
 mod nodes;
 mod queries;
@@ -196,6 +197,9 @@ pub(crate) struct JobDoc {
     /// the attempt's end is confirmed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) attempts: Vec<AttemptView>,
+    /// The prediction given to a job submitted without an estimate (see `owner/estimates.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) learned_estimate: Option<gpunet_core::Prediction>,
 }
 
 /// Which jobs a listing returns, and in which order.
@@ -319,6 +323,8 @@ pub(crate) struct Owner {
     /// Jobs by the scoped idempotency key of the submission that made them (from the time it was accepted, before it
     /// is durable; rebuilt from the documents at start).
     pub(crate) idempotent: HashMap<String, Vec<u64>>,
+    /// Learned run-time estimates (`owner/estimates.rs`).
+    pub(crate) predictor: gpunet_core::Predictor,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -388,6 +394,7 @@ impl Owner {
             unfinished_spec_bytes: None,
             handed: HashMap::new(),
             idempotent: HashMap::new(),
+            predictor: gpunet_core::Predictor::new(),
         }
     }
 
@@ -599,6 +606,7 @@ impl Owner {
             array_index: j.array_of.map(|(_, i)| i),
             end_reason: j.end_reason.clone(),
             attempts: d.attempts.clone(),
+            estimate: self.estimate_view(d),
         })
     }
 

@@ -447,6 +447,9 @@ impl Owner {
         writes: &mut Vec<Write>,
     ) {
         let id = e.job.0;
+        if let Some(b) = before.as_ref().filter(|_| e.cause.is_none() && e.state == gpunet_core::JobState::Succeeded) {
+            self.learn_success(b, now);
+        }
         if let Some(b) = before {
             let rows = self.usage_rows(&b, now);
             let ran = b.job.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));

@@ -6,7 +6,8 @@
 //! GPUs; jobs above 8 GPUs are gangs of 8-GPU tasks within a zone), 20% ask for one model, 30% tolerate spot, with
 //! log-uniform estimates from 1 minute to 1 day, checkpoints every 10 minutes, 5% of them at a higher priority
 //! class (Philly itself has no priorities; production clusters use a few classes sparingly), across 20 tenants
-//! whose guarantees share 90% of the GPUs (limit 2×, one cohort).
+//! whose guarantees share 90% of the GPUs (limit 2×, one cohort). Next to the jobs the full pass places it reports
+//! how many were placeable (a pass that skips what does not fit instead of blocking).
 
 use crate::bench::{peak_rss_mib, quantile};
 use anyhow::{Context, Result};
@@ -29,7 +30,7 @@ pub(crate) struct SchedArgs {
     /// Pending jobs before the full pass.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) pending: u32,
-    /// Queue policy: fifo, priority, sjf, srtf, drf, fairshare, las.
+    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare, las.
     #[arg(long, default_value = "fifo")]
     pub(crate) policy: String,
     /// Turn EASY backfill on.
@@ -64,6 +65,9 @@ pub(crate) struct SchedReport {
     pub(crate) full_pass_ms: f64,
     /// Jobs the full pass started.
     pub(crate) placed: usize,
+    /// Jobs a greedy pass would start (`gpunet_core::placeable`: policy order, quota admission, a job that does not
+    /// fit skipped instead of blocking): how far `placed` is from what the free GPUs allow.
+    pub(crate) placeable: usize,
     /// Job arrays queued (and elements in all).
     pub(crate) arrays: u32,
     /// Array elements in all.
@@ -193,6 +197,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
         next_id += 1;
     }
     let mut now = Time::from_secs(3600);
+    let placeable = gpunet_core::placeable(&s, now);
     let t0 = Instant::now();
     let decisions = schedule(&s, now);
     let full_pass_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -273,6 +278,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
         policy: policy.name().to_string(),
         full_pass_ms,
         placed,
+        placeable,
         arrays,
         array_elements: arrays as u64 * args.array_size as u64,
         event_p50_us: quantile(&samples, 0.5),

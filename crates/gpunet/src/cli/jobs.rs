@@ -497,6 +497,9 @@ pub(crate) fn show_text(j: &JobView, events: &[Event], wide: bool) -> String {
     if let Some(r) = &j.end_reason {
         s += &format!("  ended: {r}\n");
     }
+    if let Some(est) = &j.estimate {
+        s += &format!("  {}", client::estimate_line(est));
+    }
     // Estimate against what it took: the latest attempt's run time (or the time so far).
     let ran = j.attempts.last().map(|a| a.ended_ms.unwrap_or_else(super::output::now_ms).saturating_sub(a.started_ms));
     match (&j.spec.estimated_duration, ran) {
@@ -638,6 +641,9 @@ pub(crate) async fn why(a: &IdArg) -> Result<()> {
         let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
         if let Some(t) = e.eta_ms {
             s += &format!("predicted start {}\n", when(t));
+        }
+        if let Some(est) = &e.estimate {
+            s += &client::estimate_line(est);
         }
         s
     })

@@ -1,0 +1,113 @@
+//! Learned run-time estimates, live: the owner's [`Predictor`] learns from every job that succeeds (and, at start,
+//! from the succeeded jobs in the store), and a job submitted without an estimate gets the predicted one — the
+//! scheduler then uses it as it would a given one (SJF/SRTF order, backfill, ETAs) — recorded in the job's document
+//! so that `show` and `why` say it was learned, from what, and how sure it is.
+
+use super::{JobDoc, Owner};
+use gpunet_api::types::EstimateView;
+use gpunet_core::{Dur, JobKey, JobSpec, Prediction, Predictor};
+
+/// Who a job belongs to for learning: its submitting user, else its tenant.
+fn user_of<'a>(submitted_by: Option<&'a str>, tenant: &'a str) -> &'a str {
+    submitted_by.unwrap_or(tenant)
+}
+
+fn key<'a>(spec: &'a JobSpec, user: &'a str) -> JobKey<'a> {
+    JobKey { user, name: &spec.name, gpus: spec.total_gpus() }
+}
+
+/// The run time of a succeeded job: the work kept from earlier attempts plus its last attempt.
+fn ran(doc: &JobDoc, ended_ms: u64) -> Option<Dur> {
+    let run = doc.job.run.as_ref().or(doc.last_run.as_ref())?;
+    Some(Dur(doc.job.progress.0 + ended_ms.checked_sub(run.started.0)?))
+}
+
+impl Owner {
+    /// Gives a job without an estimate the predicted one; returns the prediction used.
+    pub(crate) fn learned_estimate(
+        predictor: &Predictor,
+        spec: &mut JobSpec,
+        user: Option<&str>,
+        tenant: &str,
+    ) -> Option<Prediction> {
+        if spec.estimated_duration.is_some() || spec.array.is_some() {
+            return None;
+        }
+        let p = predictor.predict(key(spec, user_of(user, tenant)))?;
+        spec.estimated_duration = Some(p.duration);
+        Some(p)
+    }
+
+    /// A job's document before its successful end was confirmed at `ended_ms`: its run is learned.
+    pub(crate) fn learn_success(&mut self, before: &JobDoc, ended_ms: u64) {
+        if let Some(d) = ran(before, ended_ms) {
+            let user = user_of(before.submitted_by.as_deref(), &before.tenant);
+            self.predictor.observe(key(&before.job.spec, user), d);
+        }
+    }
+
+    /// At start: learns from the succeeded jobs in the store, in the order they ended.
+    pub(crate) fn relearn(&mut self) {
+        let mut done: Vec<(u64, &JobDoc)> = self
+            .docs
+            .values()
+            .filter(|d| d.job.state == gpunet_core::JobState::Succeeded)
+            .filter_map(|d| d.job.finished.map(|f| (f.0, d)))
+            .collect();
+        done.sort_by_key(|(f, d)| (*f, d.job.id));
+        let mut p = Predictor::new();
+        for (f, d) in done {
+            if let Some(r) = ran(d, f) {
+                p.observe(key(&d.job.spec, user_of(d.submitted_by.as_deref(), &d.tenant)), r);
+            }
+        }
+        self.predictor = p;
+    }
+
+    /// The estimate the scheduler uses for a job, given or learned.
+    pub(crate) fn estimate_view(&self, doc: &JobDoc) -> Option<EstimateView> {
+        let d = doc.job.spec.estimated_duration?;
+        Some(match &doc.learned_estimate {
+            Some(p) => EstimateView {
+                seconds: d.0.div_ceil(1000),
+                source: "learned".into(),
+                confidence: Some((p.confidence * 100.0).round() / 100.0),
+                basis: Some(p.basis.describe().into()),
+                samples: Some(p.samples),
+            },
+            None => EstimateView {
+                seconds: d.0.div_ceil(1000),
+                source: "given".into(),
+                confidence: None,
+                basis: None,
+                samples: None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpunet_core::TenantId;
+
+    #[test]
+    fn a_job_without_estimate_gets_the_learned_one_and_a_given_one_is_kept() {
+        let mut p = Predictor::new();
+        assert!(Owner::learned_estimate(&p, &mut JobSpec::new(TenantId(0), "train", 2, 1), Some("ana"), "t").is_none());
+        for s in [590, 600, 610] {
+            p.observe(JobKey { user: "ana", name: "train", gpus: 2 }, Dur::from_secs(s));
+        }
+        let mut spec = JobSpec::new(TenantId(0), "train", 2, 1);
+        let got = Owner::learned_estimate(&p, &mut spec, Some("ana"), "t").unwrap();
+        assert_eq!(got.basis, gpunet_core::Basis::UserNameGpus);
+        assert_eq!(spec.estimated_duration, Some(got.duration));
+        assert!((got.duration.0 as f64 / 600_000.0 - 1.0).abs() < 0.1, "{:?}", got.duration);
+        // Another user's job of the same name learns only from all runs.
+        let mut other = JobSpec::new(TenantId(0), "train", 2, 1);
+        assert_eq!(Owner::learned_estimate(&p, &mut other, Some("bo"), "t").unwrap().basis, gpunet_core::Basis::All);
+        let mut given = JobSpec::new(TenantId(0), "train", 2, 1).estimate(Dur::from_secs(5));
+        assert!(Owner::learned_estimate(&p, &mut given, Some("ana"), "t").is_none());
+        assert_eq!(given.estimated_duration, Some(Dur::from_secs(5)));
+    }
+}
