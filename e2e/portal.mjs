@@ -2,7 +2,7 @@
 // Run by crates/gpunet/tests/portal.rs, which starts the server and passes:
 //   GPUNET_URL, GPUNET_TOKEN (admin), GPUNET_SCREENSHOTS (a directory), CHROMIUM (default /usr/bin/chromium).
 import { chromium } from "playwright-core";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 const URL = process.env.GPUNET_URL;
@@ -256,6 +256,24 @@ try {
     await page.click("#set-quota");
     await teamRow.filter({ hasText: "64Gi" }).filter({ hasText: "0 / 6 GPUs" }).waitFor();
     await shot("12-tenants");
+  });
+
+  await step("tenants page: a tenant's monthly statement downloads as CSV, one line per billed job and the total", async () => {
+    await page.selectOption("#st-tenant", "default");
+    const [dl] = await Promise.all([page.waitForEvent("download"), page.click("#st-download")]);
+    // crates/gpunet/tests/portal.rs compares this file with `gpunet report --statement`.
+    const file = join(OUT, "statement-default.csv");
+    await dl.saveAs(file);
+    const lines = readFileSync(file, "utf8").trimEnd().split("\n");
+    const head = "tenant,month,job,name,user,state,gpu_hours,cpu_hours,memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost,currency";
+    if (lines[0] !== head) throw new Error("statement header: " + lines[0]);
+    const rows = lines.slice(1).map((l) => l.split(","));
+    const total = rows.pop();
+    if (total[2] !== "total") throw new Error("no total line: " + lines.join("\n"));
+    const mine = rows.find((r) => r[2] === String(formJob));
+    if (!mine || mine[5] !== "succeeded" || !(Number(mine[6]) > 0)) throw new Error("the form's job is not billed: " + lines.join("\n"));
+    const sum = rows.reduce((a, r) => a + Number(r[12]), 0);
+    if (Math.abs(sum - Number(total[12])) > 1e-9) throw new Error(`total ${total[12]} is not the sum ${sum}`);
   });
 
   await step("nodes page: isolation, labels; an admin cordons and uncordons", async () => {

@@ -850,15 +850,116 @@ async function submit() {
   }
 }
 
+// ---------------------------------------------------------------- statements
+
+/** A CSV field as `gpunet report` writes it: a leading =, +, - or @ defused with a quote; quoted when it must be. */
+function csvField(v) {
+  let s = String(v);
+  if (/^[=+\-@]/.test(s) && s !== "-") s = "'" + s;
+  return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+}
+
+/** A number as the CLI prints it (Rust's `{}` for an f64): the shortest digits that read back, never an exponent. */
+function plainNum(x) {
+  const s = String(x);
+  const m = /^(-?)(\d)(?:\.(\d+))?e([+-]\d+)$/.exec(s);
+  if (!m) return s;
+  const [, sign, d, frac = "", e] = m;
+  const exp = Number(e);
+  if (exp < 0) return sign + "0." + "0".repeat(-exp - 1) + d + frac;
+  return sign + d + frac + "0".repeat(Math.max(0, exp - frac.length));
+}
+
+/** The figures of one usage total, in the statement's column order. */
+function usageCsv(u) {
+  return [u.gpu_hours, u.cpu_hours, u.memory_gib_hours, u.gpu_cost, u.cpu_cost, u.mem_cost, u.cost]
+    .map((x) => plainNum(x || 0)).join(",");
+}
+
+/**
+ * A tenant's statement for a UTC month ("YYYY-MM") as CSV: the same lines as `gpunet report --statement --tenant
+ * NAME --month YYYY-MM` (one per job billed in the month, from the billing ledger, then the total).
+ */
+async function statementCsv(tenant, month) {
+  const [y, m] = month.split("-").map(Number);
+  const from = Date.UTC(y, m - 1, 1), to = Date.UTC(y, m, 1);
+  const t = encodeURIComponent(tenant);
+  const usage = await api(`/v1/usage?from_ms=${from}&to_ms=${to}&tenant=${t}`);
+  const jobs = new Map();
+  for (let after = 0; ;) {
+    const page = await api(`/v1/jobs?limit=1000&after=${after}&tenant=${t}`);
+    for (const j of page.jobs) jobs.set(String(j.id), j);
+    if (!page.next || page.next <= after) break;
+    after = page.next;
+  }
+  const cur = csvField(usage.currency || "USD");
+  const total = { gpu_hours: 0, cpu_hours: 0, memory_gib_hours: 0, gpu_cost: 0, cpu_cost: 0, mem_cost: 0, cost: 0 };
+  let out = "tenant,month,job,name,user,state,gpu_hours,cpu_hours,memory_gib_hours,gpu_cost,cpu_cost,mem_cost,cost," +
+    "currency\n";
+  // Job ids ascending, as the ledger's map has them.
+  const ids = Object.keys(usage.jobs || {}).sort((a, b) => Number(a) - Number(b));
+  for (const id of ids) {
+    const u = usage.jobs[id], j = jobs.get(id);
+    out += [csvField(tenant), month, id, csvField(j ? j.name : ""), csvField(j ? (j.submitted_by || "-") : "-"),
+      j ? j.state : "", usageCsv(u), cur].join(",") + "\n";
+    for (const k of Object.keys(total)) total[k] += u[k] || 0;
+  }
+  return out + [csvField(tenant), month, "total", "", "", "", usageCsv(total), cur].join(",") + "\n";
+}
+
+/** Offers `text` as a file download named `name`. */
+function download(name, text, type = "text/csv") {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+}
+
+/**
+ * The monthly statement form: a tenant, a month, and its CSV. Built once per visit of the page (the page's refresh
+ * keeps what was picked); `setTenants` brings its list up to date.
+ */
+function statementForm() {
+  const now = new Date();
+  const thisMonth = `${now.getUTCFullYear()}-${String(now.getUTCMonth() + 1).padStart(2, "0")}`;
+  const sel = h("select", { id: "st-tenant", name: "tenant" });
+  const month = h("input", { id: "st-month", name: "month", type: "month", value: thisMonth, required: true });
+  const err = h("p", { class: "field-error", id: "err-st", role: "alert" });
+  const go = async (ev) => {
+    ev.preventDefault();
+    err.textContent = "";
+    if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month.value)) { err.textContent = "month: pick a month (YYYY-MM)"; return; }
+    try {
+      download(`statement-${sel.value}-${month.value}.csv`, await statementCsv(sel.value, month.value));
+    } catch (e) {
+      err.textContent = e.message || String(e);
+    }
+  };
+  const form = h("form", { id: "statement-form", class: "inline-form", onsubmit: go, novalidate: true },
+    h("div", {}, h("label", { for: "st-tenant" }, "Tenant"), sel),
+    h("div", {}, h("label", { for: "st-month" }, "Month (UTC)"), month),
+    h("button", { type: "submit", id: "st-download" }, "Download statement (CSV)"), err);
+  form.setTenants = (names) => {
+    const picked = sel.value;
+    sel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+    if (names.includes(picked)) sel.value = picked;
+  };
+  return form;
+}
+
 // ---------------------------------------------------------------- tenants
 
 async function tenants() {
   const body = h("div", {});
+  const statement = statementForm();
   setMain("Tenants", body, isAdmin() ? tenantAdmin() : null);
   const draw = async () => {
     const now = new Date();
     const month = new Date(now.getFullYear(), now.getMonth(), 1).getTime();
     const [ts, usage] = await Promise.all([api("/v1/tenants"), api(`/v1/usage?from_ms=${month}`)]);
+    statement.setTenants(ts.map((t) => t.name));
     body.replaceChildren(
       h("p", { class: "muted" }, `Spend is this month's (since ${new Date(month).toLocaleDateString()}), from the ` +
         "billing ledger, per second of use, running jobs included; GPUs, CPU and memory are priced apart."),
@@ -881,6 +982,10 @@ async function tenants() {
           String(t.queued), num(t.weight, 2), num(t.fair_share_usage_gpu_hours, 3), num(u.gpu_hours, 3),
           money(u.gpu_cost || 0, cur), money(u.cpu_cost || 0, cur), money(u.mem_cost || 0, cur), money(u.cost, cur)];
       }), "No tenants."),
+      h("h2", {}, "Monthly statement"),
+      h("p", { class: "muted" }, "One line per job billed in the month, then the total: the same CSV as `gpunet " +
+        "report --statement --tenant NAME --month YYYY-MM`."),
+      statement,
       h("h2", {}, "This month per user"),
       h("p", { class: "muted" }, "The same ledger figures as `gpunet report --by user --month YYYY-MM` (which adds " +
         "jobs, waits, failures and preemptions, as a table, JSON or CSV) and `gpunet report --statement --tenant " +

@@ -92,5 +92,32 @@ fn portal_end_to_end_in_headless_chromium() {
             "no screenshot of {page}"
         );
     }
+    // The portal's statement is the CLI's: the same header and, for every job whose figures are final (it ended),
+    // the same line. (A running job's figures grow between the two reads.)
+    let portal = std::fs::read_to_string(shots.join("statement-default.csv")).expect("the portal's statement");
+    let month = portal.lines().last().and_then(|l| l.split(',').nth(1)).expect("a month").to_string();
+    let cli = Command::new(BIN)
+        .args(["report", "--statement", "--tenant", "default", "--month", &month, "--server", &url])
+        .args(["--token", token.trim(), "--ca", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    let cli = String::from_utf8(cli.stdout).unwrap();
+    assert_eq!(portal.lines().next(), cli.lines().next(), "the header");
+    let ended = |l: &&str| matches!(l.split(',').nth(5), Some("succeeded" | "failed" | "cancelled"));
+    let finished: Vec<&str> = portal.lines().filter(ended).collect();
+    assert!(!finished.is_empty(), "no ended job in the statement:\n{portal}");
+    // Text fields equal; figures equal up to the last bits of an f64 (the two sum the ledger's rows apart).
+    let same = |a: &str, b: &str| {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split(',').collect(), b.split(',').collect());
+        a.len() == b.len()
+            && a.iter().zip(&b).all(|(x, y)| match (x.parse::<f64>(), y.parse::<f64>()) {
+                (Ok(x), Ok(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1e-12),
+                _ => x == y,
+            })
+    };
+    for l in &finished {
+        assert!(cli.lines().any(|c| same(c, l)), "the portal's line {l:?} is not the CLI's:\n{cli}");
+    }
     drop(up);
 }
