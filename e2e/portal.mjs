@@ -203,6 +203,19 @@ try {
     await shot("10-job-cancelled");
   });
 
+  await step("a job submitted held waits, says why, and runs once released from its page", async () => {
+    const held = await api("POST", "/v1/jobs",
+      { name: "held", tenant: "default", gpus: 1, hold: true, command: ["true"] });
+    await page.goto(`${URL}/#/jobs/${held.id}`);
+    await page.locator("#job-state .badge.held").waitFor();
+    await page.locator("#why").filter({ hasText: `gpunet release ${held.id}` }).waitFor();
+    await shot("10b-job-held");
+    await page.click("#job-release");
+    await until("the released job to succeed", async () => (await api("GET", `/v1/jobs/${held.id}`)).state === "succeeded");
+    await badge().filter({ hasText: "succeeded" }).waitFor();
+    if (await page.locator("#job-state .badge.held").count()) throw new Error("still shown held after release");
+  });
+
   await step("jobs page filters by state, user and text; its headers are words", async () => {
     await page.click("nav >> text=Jobs");
     await page.locator("main table tr", { hasText: `job-${formJob}` }).waitFor();

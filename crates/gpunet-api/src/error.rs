@@ -113,7 +113,7 @@ impl From<gpunet_core::CoreError> for ApiError {
             C::UnknownDependency(_) => {
                 ApiError { code: "not_found".into(), message: e.to_string(), field: Some("dependency".into()) }
             }
-            C::DuplicateJob(_) | C::DuplicateName { .. } | C::InvalidTransition { .. } => {
+            C::DuplicateJob(_) | C::DuplicateName { .. } | C::InvalidTransition { .. } | C::NotHoldable { .. } => {
                 ApiError::new("conflict", e.to_string())
             }
             C::InvalidPlacement { .. } => ApiError::new("internal", e.to_string()),

@@ -29,6 +29,7 @@
 //! array: 0-99%8                  # a job array: elements 0..99, at most 8 live at once
 //! dependency: afterok:12,singleton  # start once job-12 succeeded and no earlier job of this name runs
 //! hold_never_fits: false         # keep a job no registered node could ever hold (default: refused at submit)
+//! hold: false                    # submit held: not scheduled until `gpunet release ID` (Slurm's --hold)
 //! ```
 //! Unknown fields are errors that name the field.
 
@@ -231,6 +232,9 @@ pub struct JobSubmission {
     /// (see [`crate::depsyntax::parse_dependency`]); resolved by the server against the jobs the submitter sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependency: Option<String>,
+    /// Submitted held: not scheduled until released (`POST /v1/jobs/{id}/release`, `gpunet release`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
 
 impl JobSubmission {
@@ -268,6 +272,7 @@ impl JobSubmission {
             checkpoint_tiers: Vec::new(),
             array: None,
             dependency: None,
+            hold: false,
         }
     }
 
@@ -285,6 +290,7 @@ impl JobSubmission {
         }
         let mut spec = JobSpec::new(tenant, self.name.clone(), self.gpus, self.tasks);
         spec.priority = self.priority;
+        spec.hold = self.hold;
         if let Some(a) = &self.array {
             spec.array = Some(crate::depsyntax::parse_array("array", a)?);
         }

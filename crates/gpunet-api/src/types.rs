@@ -87,6 +87,9 @@ pub struct JobView {
     /// Why it ended without running to its end on its own (a dependency that can never be satisfied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// Held (submitted with `hold`, or `POST /v1/jobs/{id}/hold`): it is not scheduled until released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     /// Its attempts, oldest first: where each ran, when, and how it ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptView>,

@@ -38,6 +38,8 @@ pub(crate) struct ArrayRec {
     /// No more elements are expanded (the array was cancelled, or an element's dependency can never be met).
     pub(crate) stopped: bool,
     pub(crate) finished: Option<Time>,
+    /// Held: each element is expanded held (see [`crate::hold`]).
+    pub(crate) held: bool,
 }
 
 impl ArrayRec {
@@ -102,6 +104,7 @@ impl ClusterState {
         {
             return Err(CoreError::DuplicateJob(id));
         }
+        let held = spec.hold;
         self.arrays.insert(
             id,
             ArrayRec {
@@ -115,6 +118,7 @@ impl ClusterState {
                 cancelled: 0,
                 stopped: false,
                 finished: None,
+                held,
             },
         );
         self.array_advance(id, now);
@@ -136,6 +140,7 @@ impl ClusterState {
         spec.array = None;
         let mut j = Job::new(JobId(array.0 + 1 + k as u64), spec, r.submitted);
         j.array_of = Some((array, idx));
+        j.held = r.held;
         Some(j)
     }
 
@@ -267,6 +272,7 @@ impl ClusterState {
                 cancelled: 0,
                 stopped: job.state == JobState::Cancelled || job.state == JobState::Failed,
                 finished: None,
+                held: job.held,
             },
         );
     }

@@ -118,8 +118,13 @@ impl ClusterState {
     }
 
     /// Puts a new Pending job where its dependencies say: its queue, the dependency wait, or Failed at once.
+    /// A held job goes to the held set instead (its dependencies are looked at once it is released).
     pub(crate) fn queue_or_wait(&mut self, id: JobId, now: Time) {
         let job = &self.jobs[&id];
+        if job.held {
+            self.hold_insert(id);
+            return;
+        }
         if job.spec.dependencies.is_empty() {
             let j = job.clone();
             self.enqueue(&j);

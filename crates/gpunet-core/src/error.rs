@@ -51,6 +51,16 @@ pub enum CoreError {
         /// The requested state.
         to: JobState,
     },
+    /// A hold or release that does not apply to the job as it is (see [`crate::hold`]).
+    #[error("{action} {job}: {why}")]
+    NotHoldable {
+        /// "hold" or "release".
+        action: &'static str,
+        /// The job (or array).
+        job: JobId,
+        /// Why not.
+        why: String,
+    },
     /// A placement handed to the state does not fit what is free.
     #[error("place {job}: {reason}")]
     InvalidPlacement {

@@ -171,6 +171,9 @@ pub struct JobSpec {
     /// A job array: one queued entry whose elements are expanded as they start (see [`crate::array`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ArraySpec>,
+    /// Submitted held (Slurm's `--hold`): it waits outside the queues until released (see [`crate::hold`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
 
 /// How a dependency is satisfied by the end of the jobs it names.
@@ -273,6 +276,7 @@ impl JobSpec {
             elastic: None,
             dependencies: Vec::new(),
             array: None,
+            hold: false,
         }
     }
 
@@ -572,12 +576,16 @@ pub struct Job {
     /// Why the job ended without running to its end on its own (a dependency that can never be satisfied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// Held: queued, but in no queue and never started until released (see [`crate::hold`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl Job {
-    /// A new pending job.
+    /// A new pending job (held when its spec says `hold`).
     pub fn new(id: JobId, spec: JobSpec, submitted: Time) -> Job {
         Job {
+            held: spec.hold,
             id,
             spec,
             state: JobState::Pending,

@@ -35,6 +35,7 @@ pub mod error;
 pub mod estimate;
 pub mod fxhash;
 pub mod gpu;
+pub mod hold;
 pub mod ids;
 pub mod job;
 pub mod lifecycle;

@@ -147,6 +147,10 @@ pub struct ClusterState {
     pub(crate) dep_waiting: BTreeSet<JobId>,
     /// How many of them each tenant has.
     pub(crate) dep_waiting_per_tenant: FxHashMap<TenantId, usize>,
+    /// Held jobs: queued, in no queue, until released (see [`crate::hold`]).
+    pub(crate) held: BTreeSet<JobId>,
+    /// How many of them each tenant has.
+    pub(crate) held_per_tenant: FxHashMap<TenantId, usize>,
     /// The jobs waiting on each job (or array).
     pub(crate) dependents: FxHashMap<JobId, Vec<JobId>>,
     /// Side effects not yet taken by the driver.
@@ -187,6 +191,8 @@ impl ClusterState {
             arrays: std::collections::BTreeMap::new(),
             dep_waiting: BTreeSet::new(),
             dep_waiting_per_tenant: FxHashMap::default(),
+            held: BTreeSet::new(),
+            held_per_tenant: FxHashMap::default(),
             dependents: FxHashMap::default(),
             cascades: Vec::new(),
             ended_work: Vec::new(),
@@ -513,7 +519,7 @@ impl ClusterState {
         }
     }
 
-    fn dequeue(&mut self, job: &Job) {
+    pub(crate) fn dequeue(&mut self, job: &Job) {
         let k = queue_key(&self.cfg, job);
         self.dequeue_key(job.spec.tenant, k, job.spec.task.gpus == 0);
     }
@@ -542,10 +548,12 @@ impl ClusterState {
         self.queued
     }
 
-    /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), or waiting for dependencies
-    /// (what its queued-job limit counts).
+    /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), waiting for dependencies or
+    /// held (what its queued-job limit counts).
     pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {
-        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len()) + self.tenant_dependency_waiting(tenant)
+        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len())
+            + self.tenant_dependency_waiting(tenant)
+            + self.tenant_held(tenant)
     }
 
     /// Running jobs.
@@ -641,7 +649,7 @@ impl ClusterState {
     /// Starts a queued job on a placement.
     pub fn start(&mut self, id: JobId, placement: Placement, borrowed: bool, now: Time) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
-        if !job.state.can_become(JobState::Running) || self.dep_waiting.contains(&id) {
+        if !job.state.can_become(JobState::Running) || self.dep_waiting.contains(&id) || self.held.contains(&id) {
             return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Running });
         }
         self.validate_placement(job, &placement)?;
@@ -746,8 +754,11 @@ impl ClusterState {
         if job.state.is_queued() {
             job.run = None;
             let waits = job.state == JobState::Pending && !job.spec.dependencies.is_empty();
+            let held = job.held;
             self.jobs.insert(id, job.clone());
-            if waits {
+            if held {
+                self.hold_insert(id);
+            } else if waits {
                 self.restore_waiting(id);
             } else {
                 self.enqueue(&job);
@@ -1021,13 +1032,14 @@ impl ClusterState {
             self.end_attempt(id, now)?;
             return Ok(());
         }
-        if !self.dep_wait_remove(id) {
+        if !self.dep_wait_remove(id) && !self.held_remove(id) {
             self.dequeue(&job);
         }
         self.preempting_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Cancelled)?;
         j.run = None;
+        j.held = false;
         j.finished = Some(now);
         self.job_ended(id, now);
         Ok(())
@@ -1087,7 +1099,14 @@ impl ClusterState {
         }
         for j in self.jobs.values() {
             let q = in_queue.get(&j.id).copied().unwrap_or(0);
-            if self.dep_waiting.contains(&j.id) {
+            if self.held.contains(&j.id) != j.held {
+                return Err(format!("{} is marked held {} but the held set says {}", j.id, j.held, !j.held));
+            }
+            if j.held {
+                if !j.state.is_queued() || q != 0 || self.dep_waiting.contains(&j.id) {
+                    return Err(format!("{} is held but is {} in {q} queues", j.id, j.state));
+                }
+            } else if self.dep_waiting.contains(&j.id) {
                 if j.state != JobState::Pending || q != 0 {
                     return Err(format!("{} waits for dependencies but is {} in {q} queues", j.id, j.state));
                 }
@@ -1180,6 +1199,12 @@ impl ClusterState {
             let real = self.dep_waiting.iter().filter(|j| self.jobs[*j].spec.tenant == *t).count();
             if real != *n {
                 return Err(format!("{t}: {real} jobs wait for dependencies, counted {n}"));
+            }
+        }
+        for (t, n) in &self.held_per_tenant {
+            let real = self.held.iter().filter(|j| self.jobs[*j].spec.tenant == *t).count();
+            if real != *n {
+                return Err(format!("{t}: {real} jobs held, counted {n}"));
             }
         }
         self.check_arrays()

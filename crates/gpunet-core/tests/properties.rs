@@ -326,4 +326,54 @@ proptest! {
         prop_assert_eq!(s.tenant_usage(a).gpus as u64, want);
         let _ = DIM_GPUS;
     }
+
+    /// A held job never starts, holds and releases in any order keep every book exact, and a released job is
+    /// scheduled like any other.
+    #[test]
+    fn a_held_job_never_starts(
+        nodes in prop::collection::vec(node_gen(), 1..6),
+        jobs in prop::collection::vec(job_gen(), 1..30),
+        toggles in prop::collection::vec((1u64..32, any::<bool>()), 0..60),
+        (policy, backfill, preempt) in policies(),
+    ) {
+        let mut s = build(cfg_of(policy, backfill, preempt), &nodes, &[], false);
+        let mut now = Time::ZERO;
+        for (i, j) in jobs.iter().enumerate() {
+            let mut spec = job_spec(j);
+            spec.hold = i % 3 == 0;
+            s.submit(JobId(i as u64 + 1), spec, now).unwrap();
+        }
+        let mut ends: Vec<(Time, JobId)> = Vec::new();
+        for step in 0..(toggles.len() + jobs.len() * 2 + 40) {
+            if let Some(&(id, hold)) = toggles.get(step) {
+                // Refusals (a running job, one not held) change nothing; the invariants below say so.
+                let _ = if hold { s.hold(JobId(id)) } else { s.release_hold(JobId(id), now) };
+            } else {
+                let first = s.held_jobs().next();
+                if let Some(id) = first {
+                    s.release_hold(id, now).unwrap();
+                }
+            }
+            let held: Vec<JobId> = s.held_jobs().collect();
+            let ds = s.step(now).unwrap();
+            if let Err(e) = s.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+            for d in &ds {
+                if let Decision::Start { job, .. } = d {
+                    prop_assert!(!held.contains(job), "held {} started", job);
+                    ends.push((now + Dur::from_secs(jobs[(job.0 - 1) as usize].run_s as u64), *job));
+                }
+            }
+            now = now + Dur::from_secs(30);
+            ends.sort();
+            while ends.first().is_some_and(|(t, _)| *t <= now) {
+                let (t, id) = ends.remove(0);
+                if s.job(id).is_some_and(|j| j.state == JobState::Running) {
+                    s.finish(id, t, true).unwrap();
+                }
+            }
+        }
+        prop_assert_eq!(s.held_jobs().count(), 0, "every hold was released in the end");
+    }
 }

@@ -111,6 +111,11 @@ function utilisation(u) {
 }
 function num(x, d = 1) { return Number(x).toLocaleString(undefined, { maximumFractionDigits: d }); }
 function badge(state) { return h("span", { class: "badge " + state }, state); }
+
+/** A job's state badge, with "held" beside it while the job is held. */
+function jobBadge(j) {
+  return j.held ? h("span", {}, badge(j.state), " ", h("span", { class: "badge held" }, "held")) : badge(j.state);
+}
 function jobLink(id, text) { return h("a", { href: "#/jobs/" + id }, text || "job-" + id); }
 function isAdmin() { return S.me && S.me.role === "admin"; }
 /** Whether the session's token manages tokens: the admin (all) or a tenant admin (its tenant's). */
@@ -501,7 +506,7 @@ async function jobs(_arg, params) {
       [{ label: "Job" }, { label: "Name" }, { label: "Tenant" }, { label: "By" }, { label: "State" },
         { label: "GPUs", num: true }, { label: "Submitted" }, { label: "Run time" }, { label: "Restarts", num: true },
         { label: "" }],
-      all.slice(0, 500).map((j) => [jobLink(j.id), jobName(j), j.tenant, j.submitted_by || "—", badge(j.state), String(j.gpus),
+      all.slice(0, 500).map((j) => [jobLink(j.id), jobName(j), j.tenant, j.submitted_by || "—", jobBadge(j), String(j.gpus),
         fmtTime(j.submitted_ms),
         j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—", String(j.restarts),
         ACTIVE.has(j.state) ? h("button", { type: "button", class: "danger", "aria-label": `Cancel job-${j.id}`,
@@ -536,6 +541,18 @@ async function cancelJob(id) {
   }
 }
 
+/** Holds (or, with `release`, releases) a queued job or array. */
+async function holdJob(id, release) {
+  const action = release ? "release" : "hold";
+  try {
+    await api(`/v1/jobs/${id}/${action}`, { method: "POST" });
+    toast(`job-${id} ${release ? "released" : "held"}`);
+    if (S.refresh) await S.refresh();
+  } catch (e) {
+    toast(e.message, true);
+  }
+}
+
 async function job(id) {
   const head = h("div", { class: "row" });
   const facts = h("div", { class: "card" });
@@ -558,7 +575,10 @@ async function job(id) {
     j.placement = j.placement || [];
     j.warnings = j.warnings || [];
     document.querySelector("main h1").textContent = `job-${j.id} · ${j.name}`;
-    head.replaceChildren(h("span", { id: "job-state" }, badge(j.state)), h("span", { class: "spacer" }),
+    const queued = ACTIVE.has(j.state) && j.state !== "running";
+    head.replaceChildren(h("span", { id: "job-state" }, jobBadge(j)), h("span", { class: "spacer" }),
+      ...(queued ? [h("button", { type: "button", id: j.held ? "job-release" : "job-hold",
+        onclick: () => holdJob(j.id, j.held) }, j.held ? "Release" : "Hold")] : []),
       ...(ACTIVE.has(j.state) ? [h("button", { type: "button", class: "danger", onclick: () => cancelJob(j.id) },
         "Cancel job")] : []));
     facts.replaceChildren(h("dl", { class: "facts" },

@@ -391,6 +391,20 @@ async fn cancel_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<Str
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Cancel { who: p, id, reply }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/jobs/{id}/hold", tag = "jobs", summary = "Hold a queued job (or a whole array): it is not scheduled until released", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job, held", body = JobView)))]
+async fn hold_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Hold { who: p, id, hold: true, reply }).await?))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/release", tag = "jobs", summary = "Release a held job (or array): it is scheduled like a new one", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job, released", body = JobView)))]
+async fn release_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
+    let p = user(&st, &h)?;
+    let id = parse_id(&id)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Hold { who: p, id, hold: false, reply }).await?))
+}
+
 #[utoipa::path(get, path = "/v1/jobs/{id}/explain", tag = "jobs", summary = "Why a job is pending, with numbers and an ETA", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The explanation", body = Explain)))]
 async fn explain_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
@@ -1057,6 +1071,8 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/jobs/dry-run", post(dry_run).layer(spec))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job).layer(small))
+        .route("/v1/jobs/{id}/hold", post(hold_job).layer(small))
+        .route("/v1/jobs/{id}/release", post(release_job).layer(small))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/explain", get(explain_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))

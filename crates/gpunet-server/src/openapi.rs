@@ -31,7 +31,7 @@ const ERRORS: &[(&str, &str)] = &[
         /v1/health and /v1/openapi.json carries a bearer token. Errors are {\"error\": {\"code\", \"message\", \
         \"field\"}}."),
     paths(
-        submit, submit_batch, dry_run, list_jobs, get_job, cancel_job, job_events, explain_job, job_logs,
+        submit, submit_batch, dry_run, list_jobs, get_job, cancel_job, hold_job, release_job, job_events, explain_job, job_logs,
         create_tenant, list_tenants, set_quota, issue_token, list_tokens, create_token, revoke_token,
         register_node, list_nodes, node_action, agent_sync, cluster, history, queue_view, whoami, usage, events,
         metrics, health, openapi

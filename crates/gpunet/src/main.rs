@@ -48,6 +48,10 @@ enum Cmd {
     Show(cli::jobs::ShowArgs),
     /// Cancel jobs: ids, or every unfinished job matching `--state`/`--user`/`--tenant`.
     Cancel(cli::jobs::CancelArgs),
+    /// Hold queued jobs (or whole arrays): they are not scheduled until released (Slurm's `scontrol hold`).
+    Hold(cli::jobs::HoldArgs),
+    /// Release held jobs (or arrays): they are scheduled like new ones (Slurm's `scontrol release`).
+    Release(cli::jobs::HoldArgs),
     /// Why a job is pending, with numbers and an ETA; for a finished job, how it ended.
     Why(cli::jobs::IdArg),
     /// Wait for jobs (or arrays) to end; exits 0 when all succeeded, else with the first unsuccessful one's exit
@@ -402,6 +406,8 @@ async fn run_client(cmd: Cmd) -> Result<()> {
         Cmd::Jobs(a) => cli::jobs::jobs(&a).await,
         Cmd::Show(a) => cli::jobs::show(&a).await,
         Cmd::Cancel(a) => cli::jobs::cancel(&a).await,
+        Cmd::Hold(a) => cli::jobs::hold(&a, false).await,
+        Cmd::Release(a) => cli::jobs::hold(&a, true).await,
         Cmd::Why(a) => cli::jobs::why(&a).await,
         Cmd::Logs(a) => {
             let code = cli::jobs::logs(&a).await?;

@@ -99,3 +99,64 @@ fn wait_exits_with_the_job_s_exit_code() {
         .unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn a_held_job_waits_across_a_restart_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    let port = free_port();
+    let mut s = Server::start(&data, port, &[]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    let (ok, other, err) = s.cli("admin-secret", &["tenants", "--create", "other", "--output", "json"]);
+    assert!(ok, "{err}");
+    let other_token = json(&other)["token"].as_str().unwrap().to_string();
+    let out = dir.path().join("ran");
+    let touch = format!("touch {}", out.display());
+    let held = s.submit(&["--gpus", "1", "--hold", "--name", "held", "--", "sh", "-c", &touch]);
+    let arr = s.submit(&["--gpus", "1", "--array", "0-3%2", "--", "true"]);
+    let (ok, o, err) = s.cli("admin-secret", &["hold", &arr.to_string()]);
+    assert!(ok && o.contains(&format!("job-{arr} held")), "{o}{err}");
+    let agent = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    // A job that runs shows the agent works; the held ones stay pending.
+    let free = s.submit(&["--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(30), || s.job_state(free) == "succeeded");
+    assert_eq!(s.job_state(held), "pending");
+    assert_eq!(s.job_state(arr), "pending");
+    assert!(!out.exists(), "a held job ran");
+    let (ok, why, err) = s.cli("admin-secret", &["why", &held.to_string()]);
+    assert!(
+        ok && why.contains(&format!("held: it waits in no queue until released (`gpunet release {held}`)")),
+        "{why}{err}"
+    );
+    assert!(!why.contains("predicted start"), "a held job has no ETA: {why}");
+    let (_, why, _) = s.cli("admin-secret", &["why", &arr.to_string()]);
+    assert!(why.contains(&format!("gpunet release {arr}")), "{why}");
+    let (_, table, _) = s.cli("admin-secret", &["jobs"]);
+    assert!(table.lines().any(|l| l.starts_with(&held.to_string()) && l.contains("pending (held)")), "{table}");
+    // Refusals change nothing and say why; another tenant cannot even see the job.
+    let (ok, _, err) = s.cli("admin-secret", &["hold", &held.to_string()]);
+    assert!(!ok && err.contains("held already"), "{err}");
+    let (ok, _, err) = s.cli("admin-secret", &["release", &free.to_string()]);
+    assert!(!ok && err.contains("not held"), "{err}");
+    let (ok, _, err) = s.cli(&other_token, &["release", &held.to_string()]);
+    assert!(!ok && err.contains("no such job"), "{err}");
+    // Held across a restart of the server.
+    drop(agent);
+    s.proc.kill9();
+    drop(s);
+    let s = Server::start(&data, port, &[]);
+    let _agent = s.agent("a1", "4xT4", dir.path(), "127.0.0.1");
+    let again = s.submit(&["--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(30), || s.job_state(again) == "succeeded");
+    assert_eq!(s.job_state(held), "pending");
+    assert!(!out.exists(), "a held job ran after the restart");
+    let (_, shown, _) = s.cli("admin-secret", &["show", &arr.to_string(), "--output", "json"]);
+    assert_eq!(json(&shown)["held"], true, "{shown}");
+    let (ok, o, err) = s.cli("admin-secret", &["release", &held.to_string(), &arr.to_string()]);
+    assert!(ok && o.contains(&format!("job-{held} released")), "{o}{err}");
+    wait_for(Duration::from_secs(30), || s.job_state(held) == "succeeded" && s.job_state(arr) == "succeeded");
+    assert!(out.exists());
+    let (_, events, _) = s.cli("admin-secret", &["show", &held.to_string()]);
+    assert!(events.contains("held") && events.contains("released"), "{events}");
+}

@@ -78,6 +78,8 @@ pub enum PendingReason {
         /// The array's limit.
         limit: u32,
     },
+    /// Held (submitted with `--hold`, or `gpunet hold`): in no queue until released.
+    Held,
     /// Not queued at all.
     NotQueued {
         /// Its state.
@@ -134,6 +136,10 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
         return Ok(Explanation { job, message: format!("array {job} is {s}, not queued"), reason, position: 0 });
     }
     let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
+    if state.held.contains(&job) {
+        let reason = PendingReason::Held;
+        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
+    }
     if state.dep_waiting.contains(&job) {
         let waiting_for: Vec<DepWait> = state
             .waiting_for(job)
@@ -150,6 +156,11 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
             None => format!("{job} is {}, not queued", j.state),
         };
         return Ok(Explanation { job, message, reason, position: 0 });
+    }
+    // A job no node could ever hold is explained by that before anything the pass meets first (its quota, say).
+    if let Some(detail) = super::placement::never_fits(state, &j.spec) {
+        let reason = PendingReason::NeverFits { detail };
+        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
     }
     let mut p = Pass::new(state, now, Some(job));
     p.run();
@@ -208,6 +219,10 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> Stri
             None => format!("order: {ahead} jobs ahead under {policy}"),
         },
         PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
+        PendingReason::Held => {
+            let id = j.array_of.map_or(j.id, |(a, _)| a);
+            format!("held: it waits in no queue until released (`gpunet release {}`)", id.0)
+        }
         PendingReason::Dependency { waiting_for } => {
             let list: Vec<String> = waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
             format!("dependency: waits for {}", list.join(", "))
@@ -302,5 +317,21 @@ mod tests {
         );
         let e = explain(&s, JobId(1), Time::from_secs(200)).unwrap();
         assert_eq!(e.reason, PendingReason::NotQueued { state: JobState::Running });
+    }
+
+    #[test]
+    fn a_job_no_node_could_hold_is_explained_so_even_when_its_quota_would_also_stop_it() {
+        let mut s = ClusterState::new(cfg(Policy::Fifo)).unwrap();
+        for n in ["a", "b"] {
+            s.add_node(node(n, GpuModel::H100_80GB, 8)).unwrap();
+        }
+        s.add_tenant(TenantSpec::new("t").quota(Quota::gpus(8, 8))).unwrap();
+        // One task of 16 GPUs on 8-GPU nodes (kept at submit with hold_never_fits): over quota too, but that is not
+        // why it can never run.
+        submit(&mut s, 1, JobSpec::new(t0(), "huge", 16, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        let e = explain(&s, JobId(1), Time::ZERO).unwrap();
+        assert!(matches!(e.reason, PendingReason::NeverFits { .. }), "{e:?}");
+        assert!(e.message.starts_with("never fits: "), "{}", e.message);
     }
 }

@@ -326,6 +326,55 @@ impl Owner {
         self.durable(writes, reply, v);
     }
 
+    /// Holds a queued job (or an array) or releases a held one (see `gpunet_core::hold`), recorded durably with an
+    /// event; a release may fail the job at once when a dependency can no longer be satisfied.
+    pub(super) fn set_hold(&mut self, who: Principal, id: u64, hold: bool, reply: Reply<JobView>) {
+        let Some(d) = self.docs.get(&id) else {
+            let _ = reply.send(Err(not_found("job", &id.to_string())));
+            return;
+        };
+        if let Err(e) = self.visible(&who, d) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let now = now_ms();
+        let jid = JobId(id);
+        let array = self.st.array(jid).is_some();
+        let head_before = self.st.array_head(jid);
+        let r = if hold { self.st.hold(jid) } else { self.st.release_hold(jid, Time(now)) };
+        if let Err(e) = r {
+            let _ = reply.send(Err(e.into()));
+            return;
+        }
+        let mut writes = Vec::new();
+        let what = if array { "array job" } else { "job" };
+        if array {
+            // The array's own record carries its hold, so that a restart restores it.
+            if let Some(d) = self.docs.get_mut(&id) {
+                d.job.held = hold;
+            }
+            writes.extend(self.job_doc_write(id));
+            // Its waiting element, held or released with it (a new one is written with the cascades).
+            if let Some(h) = head_before.filter(|h| self.docs.contains_key(&h.0)) {
+                self.sync_doc(h.0);
+                writes.extend(self.job_doc_write(h.0));
+            }
+        } else {
+            self.sync_doc(id);
+            writes.extend(self.job_doc_write(id));
+        }
+        let (kind, msg) = if hold {
+            ("held", format!("{what}-{id} held: not scheduled until released"))
+        } else {
+            ("released", format!("{what}-{id} released"))
+        };
+        writes.push(self.event(id, kind, msg));
+        self.apply_cascades(&mut writes);
+        self.dirty = true;
+        let v = self.view(id).expect("present");
+        self.durable(writes, reply, v);
+    }
+
     /// Why a job waits, masked for `who`, with its predicted start.
     pub(super) fn explain_job(&mut self, who: Principal, id: u64, reply: Reply<Explain>) {
         let r = (|| {
@@ -334,7 +383,7 @@ impl Owner {
             let now = Time(now_ms());
             let e = explain(&self.st, JobId(id), now)?;
             let state = self.state_of(id).unwrap_or(d.job.state);
-            let eta = if state.is_queued() && self.st.job(JobId(id)).is_some() {
+            let eta = if state.is_queued() && self.st.job(JobId(id)).is_some() && !self.st.is_held(JobId(id)) {
                 gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
             } else {
                 None

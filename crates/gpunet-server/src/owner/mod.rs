@@ -72,6 +72,13 @@ pub(crate) enum Cmd {
         id: u64,
         reply: Reply<JobView>,
     },
+    /// Holds (`hold`) or releases a job or array.
+    Hold {
+        who: Principal,
+        id: u64,
+        hold: bool,
+        reply: Reply<JobView>,
+    },
     Explain {
         who: Principal,
         id: u64,
@@ -605,6 +612,7 @@ impl Owner {
             array_job_id: j.array_of.map(|(a, _)| a.0),
             array_index: j.array_of.map(|(_, i)| i),
             end_reason: j.end_reason.clone(),
+            held: self.st.is_held(JobId(id)),
             attempts: d.attempts.clone(),
             estimate: self.estimate_view(d),
         })
@@ -679,7 +687,7 @@ impl Owner {
         // While the store refuses writes, nothing may change.
         if let Some(e) = self.read_only() {
             match cmd {
-                Cmd::Cancel { reply, .. } => return drop(reply.send(Err(e))),
+                Cmd::Cancel { reply, .. } | Cmd::Hold { reply, .. } => return drop(reply.send(Err(e))),
                 Cmd::CreateTenant { reply, .. } | Cmd::IssueToken { reply, .. } => return drop(reply.send(Err(e))),
                 Cmd::CreateToken { reply, .. } => return drop(reply.send(Err(e))),
                 Cmd::RevokeToken { reply, .. } => return drop(reply.send(Err(e))),
@@ -700,6 +708,7 @@ impl Owner {
             Cmd::Get { who, id, reply } => self.get_job(who, id, reply),
             Cmd::List { who, filter, reply } => self.list_jobs(who, filter, reply),
             Cmd::Cancel { who, id, reply } => self.cancel(who, id, reply),
+            Cmd::Hold { who, id, hold, reply } => self.set_hold(who, id, hold, reply),
             Cmd::Explain { who, id, reply } => self.explain_job(who, id, reply),
             // Tenants, quotas and tokens (`tenants`).
             Cmd::CreateTenant { req, reply } => self.create_tenant(req, reply),

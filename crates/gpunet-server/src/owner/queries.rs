@@ -60,17 +60,16 @@ impl Owner {
         };
         let all_mine: Vec<(usize, JobId)> =
             order.iter().enumerate().filter(|(_, j)| visible(j)).map(|(i, j)| (i, *j)).collect();
-        let waiting_deps = self.st.dependency_waiting().filter(visible).count();
+        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id, with their reason.
+        let outside = || self.st.dependency_waiting().chain(self.st.held_jobs());
+        let waiting_deps = outside().filter(visible).count();
         let visible_length = match who {
             Principal::Tenant(_) => all_mine.len() + waiting_deps,
             _ => self.st.queued_count() + waiting_deps,
         };
         let mut mine: Vec<(usize, JobId)> = all_mine.into_iter().take(limit).collect();
-        // Jobs waiting for dependencies are in no queue; they follow it, by id, with their reason.
         let room = limit.saturating_sub(mine.len());
-        mine.extend(
-            self.st.dependency_waiting().filter(visible).take(room).enumerate().map(|(k, j)| (order.len() + k, j)),
-        );
+        mine.extend(outside().filter(visible).take(room).enumerate().map(|(k, j)| (order.len() + k, j)));
         let ids: Vec<JobId> = mine.iter().map(|(_, j)| *j).collect();
         let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
         let mut entries = Vec::with_capacity(mine.len());

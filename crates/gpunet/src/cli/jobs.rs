@@ -66,6 +66,9 @@ pub(crate) struct SubmitArgs {
     /// refused, saying why.
     #[arg(long)]
     pub(crate) hold_never_fits: bool,
+    /// Submit held (Slurm's `--hold`): it waits, unscheduled, until `gpunet release ID`.
+    #[arg(long)]
+    pub(crate) hold: bool,
     /// A job array: indices `0-99`, `0-99:2` (a step) or `1,3,7`, and `%8` to run at most 8 at once. Each element
     /// is a job of its own (`ID[INDEX]`, e.g. `job-12[3]`) whose tasks get `GPUNET_ARRAY_INDEX` and
     /// `GPUNET_ARRAY_JOB_ID`; `show`/`cancel` take the array's id for the whole array.
@@ -103,6 +106,7 @@ impl SubmitArgs {
             || self.time.is_some()
             || self.max_restarts.is_some()
             || self.hold_never_fits
+            || self.hold
             || self.array.is_some()
             || self.dependency.is_some()
             || !self.command.is_empty()
@@ -162,6 +166,7 @@ impl SubmitArgs {
             s.max_restarts = self.max_restarts;
         }
         s.hold_never_fits |= self.hold_never_fits;
+        s.hold |= self.hold;
         if self.array.is_some() {
             s.array = self.array.clone();
         }
@@ -377,7 +382,7 @@ pub(crate) fn jobs_table(jobs: &[JobView], wide: bool) -> String {
                         Some(a) => format!("{} [{} elements]", j.name, a.total),
                         None => j.name.clone(),
                     },
-                    j.state.clone(),
+                    if j.held { format!("{} (held)", j.state) } else { j.state.clone() },
                     j.gpus.to_string(),
                     j.tasks.to_string(),
                     ago(j.submitted_ms),
@@ -620,6 +625,48 @@ pub(crate) async fn cancel(a: &CancelArgs) -> Result<()> {
     }
     if failed > 0 {
         bail!("{failed} of the jobs could not be cancelled");
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct HoldArgs {
+    /// Jobs (42, job-42, an array element 42[3]; an array's id holds or releases the whole array).
+    #[arg(required = true)]
+    pub(crate) ids: Vec<String>,
+    #[command(flatten)]
+    pub(crate) conn: Conn,
+}
+
+/// `gpunet hold` (`release` when `release`): each job in turn. Exits 1 if any could not be held (released).
+pub(crate) async fn hold(a: &HoldArgs, release: bool) -> Result<()> {
+    let c = Client::new(&a.conn)?;
+    let (action, done_word) = if release { ("release", "released") } else { ("hold", "held") };
+    let mut done = Vec::new();
+    let mut failed = 0;
+    for t in &a.ids {
+        let r = async {
+            let id = client::resolve_job_id(&c, t).await?;
+            c.post::<JobView>(&format!("/v1/jobs/{id}/{action}"), None, "").await
+        };
+        match r.await {
+            Ok(j) => {
+                if !c.output.is_document() {
+                    out(&format!("job-{} {done_word} ({})\n", j.id, j.state));
+                }
+                done.push(j);
+            }
+            Err(e) => {
+                eprintln!("error: {action} {t}: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if c.output.is_document() {
+        emit(c.output, &done, |_, _| String::new())?;
+    }
+    if failed > 0 {
+        bail!("{failed} of the jobs could not be {done_word}");
     }
     Ok(())
 }
