@@ -293,6 +293,12 @@ pub fn build(
             o.st.restore(j, Time(now_ms())).map_err(|e| recover(format!("job {id}"), e.to_string()))?;
         }
         let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
+        // A running attempt's utilisation goes on from what its document stored.
+        if let Some(p) =
+            d.util.as_ref().filter(|p| job.state == gpunet_core::JobState::Running && job.attempt() == p.attempt)
+        {
+            o.util.restore(id, p);
+        }
         if let Some(k) = &d.idempotency_key {
             o.idempotent.entry(k.clone()).or_default().push(id);
         }

@@ -206,3 +206,37 @@ fn report_shows_allocated_gpu_utilisation_where_the_agents_sample_it() {
     assert!(sampled <= billed, "{sampled} sampled of {billed} billed");
     assert!(rows.iter().filter(|r| r.tenant == "tb").all(|r| r.sampled_gpu_seconds == 0.0), "{rows:?}");
 }
+
+/// A running attempt's utilisation survives a restart of the server: its figures are stored with its job every 15 s,
+/// and the server that comes back goes on from them. The job runs 25 s sampled before the server is killed and is
+/// cancelled right after the restart, so its ledger row covers well over the few seconds sampled after it (without
+/// the stored figures it would cover those only).
+#[test]
+fn a_running_attempt_s_utilisation_survives_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    let port = free_port();
+    let mut s = Server::start(&data, port, &[]);
+    let _agent = s.agent_with("n1", "1xT4", dir.path(), "127.0.0.1", &["--fake-gpu-samples"]);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    let id = s.submit(&["--gpus", "1", "--", "sleep", "300"]);
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "running");
+    let started =
+        json(&s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]).1)["started_ms"].as_u64().unwrap();
+    wait_for(Duration::from_secs(90), || gpunet_server::now_ms() >= started + 25_000);
+    s.proc.kill9();
+    drop(s);
+    let s = Server::start(&data, port, &[]);
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{out}{err}");
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "cancelled");
+    drop(s);
+    let store = gpunet_store::SqliteStore::open(&data).unwrap();
+    let rows = gpunet_store::Store::usage(&store, None, 0, gpunet_server::now_ms() + 3_600_000).unwrap();
+    let sampled: f64 = rows.iter().filter(|r| r.job == id).map(|r| r.sampled_gpu_seconds).sum();
+    let busy: f64 = rows.iter().filter(|r| r.job == id).map(|r| r.busy_gpu_seconds).sum();
+    let billed: f64 = rows.iter().filter(|r| r.job == id).map(|r| r.gpu_seconds).sum();
+    assert!(sampled >= 9.0, "only {sampled} GPU-seconds sampled of {billed} billed: the restart lost them ({rows:?})");
+    assert!(sampled <= billed && close(busy / sampled, 0.5), "{rows:?}");
+}

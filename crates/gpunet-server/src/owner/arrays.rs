@@ -60,6 +60,7 @@ impl Owner {
                         submitted_by: p.submitted_by.clone(),
                         idempotency_key: None,
                         learned_estimate: None,
+                        util: None,
                     };
                     self.docs.insert(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));

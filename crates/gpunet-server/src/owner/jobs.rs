@@ -114,6 +114,7 @@ impl Owner {
                 submitted_by: Some(by.clone()),
                 idempotency_key: key.clone(),
                 learned_estimate: learned,
+                util: None,
             };
             writes.push(Write::Job {
                 id,

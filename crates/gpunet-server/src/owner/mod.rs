@@ -207,6 +207,10 @@ pub(crate) struct JobDoc {
     /// The prediction given to a job submitted without an estimate (see `owner/estimates.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) learned_estimate: Option<gpunet_core::Prediction>,
+    /// The running attempt's GPU utilisation so far, stored every `utilisation::FLUSH_EVERY` so that a restart goes on
+    /// from it (see `owner/utilisation.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) util: Option<utilisation::Progress>,
 }
 
 /// Which jobs a listing returns, and in which order.
@@ -309,10 +313,12 @@ pub(crate) struct Owner {
     /// Allocation samples for the portal's charts, oldest first.
     history: std::collections::VecDeque<HistoryPoint>,
     last_sample: Option<std::time::Instant>,
+    /// When running attempts' utilisation was last stored.
+    last_util_flush: Option<std::time::Instant>,
     /// The latest per-GPU samples each agent sent (real GPUs only).
     pub(crate) gpu_samples: HashMap<String, Vec<gpunet_api::agent::GpuSample>>,
     /// Sampled and busy GPU-seconds of each running attempt, per node (see `utilisation`).
-    util: utilisation::Utilisation,
+    pub(crate) util: utilisation::Utilisation,
     /// The owner's own queue, for changes applied once durable.
     pub(crate) self_tx: Option<mpsc::UnboundedSender<Applier>>,
     /// Most queued jobs per tenant.
@@ -392,6 +398,7 @@ impl Owner {
             prices: gpunet_core::PriceCatalogue::shipped(),
             history: std::collections::VecDeque::new(),
             last_sample: None,
+            last_util_flush: None,
             gpu_samples: HashMap::new(),
             util: utilisation::Utilisation::default(),
             self_tx: None,
@@ -448,7 +455,28 @@ impl Owner {
         self.history.push_back(p);
         let mut writes = self.usage_writes(now, None);
         writes.push(Write::Sample { sample: row, keep_since_ms: now.saturating_sub(HISTORY_SPAN_MS) });
+        if self.last_util_flush.is_none_or(|t| t.elapsed() >= utilisation::FLUSH_EVERY) {
+            self.last_util_flush = Some(std::time::Instant::now());
+            writes.extend(self.util_writes());
+        }
         self.persist(writes, "cluster sample and fair-share usage");
+    }
+
+    /// Stores the utilisation figures of running attempts that changed, in their job documents.
+    fn util_writes(&mut self) -> Vec<Write> {
+        let mut out = Vec::new();
+        for (id, p) in self.util.take_changed() {
+            let running = self
+                .st
+                .job(JobId(id))
+                .is_some_and(|j| j.state == gpunet_core::JobState::Running && j.attempt() == p.attempt);
+            match self.docs.get_mut(&id) {
+                Some(d) if running => d.util = Some(p),
+                _ => continue,
+            }
+            out.extend(self.job_doc_write(id));
+        }
+        out
     }
 
     /// Brings fair share's decayed usage up to `now` and returns the writes that store it, for every tenant or one.

@@ -458,6 +458,9 @@ impl Owner {
             self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
             writes.extend(rows.into_iter().map(Write::Usage));
             self.util.ended(id, b.job.attempt());
+            if let Some(d) = self.docs.get_mut(&id) {
+                d.util = None;
+            }
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
         if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {

@@ -8,17 +8,23 @@
 //! without `--fake-gpu-samples`, NVML that cannot read utilisation) add nothing, so their rows read "no samples"
 //! rather than idle.
 //!
-//! What a running attempt has gathered is kept in memory only: a server restarted while it runs starts its
-//! figures again from the restart (its ledger rows then cover part of the run).
+//! What a running attempt has gathered is kept in memory and, every [`FLUSH_EVERY`], in its job's document
+//! ([`Progress`], written by the owner with the cluster sample): a server restarted while the attempt runs goes on
+//! from the figures last stored ([`Utilisation::restore`]), so at most that long of samples is lost, plus the gap
+//! until the node's first sample after the restart (which covers nothing).
 
-use std::collections::{BTreeMap, HashMap};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The longest time one sample stands for: after a longer silence (an agent that was away) the gap is not
 /// credited to anything.
 pub(crate) const MAX_GAP_MS: u64 = 30_000;
 
+/// How often the figures of running attempts are stored in their job documents.
+pub(crate) const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// An attempt's sampled and busy GPU-seconds on one node.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Busy {
     /// GPU-seconds covered by samples.
     pub(crate) sampled: f64,
@@ -34,11 +40,22 @@ pub(crate) struct Holder {
     pub(crate) started_ms: u64,
 }
 
+/// What a running attempt has gathered so far, as its job document stores it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Progress {
+    /// The attempt (figures of another attempt are not this one's).
+    pub(crate) attempt: u32,
+    /// Node → figures.
+    pub(crate) nodes: BTreeMap<String, Busy>,
+}
+
 /// Sampled and busy GPU-seconds per running attempt and node.
 #[derive(Debug, Default)]
 pub(crate) struct Utilisation {
     /// (job, attempt) → node → figures.
     runs: HashMap<(u64, u32), BTreeMap<String, Busy>>,
+    /// Attempts whose figures changed since they were last taken by [`Utilisation::take_changed`].
+    changed: HashSet<(u64, u32)>,
     /// When each node's previous sample came.
     last_at: HashMap<String, u64>,
 }
@@ -70,6 +87,7 @@ impl Utilisation {
             let e = self.runs.entry((h.job, h.attempt)).or_default().entry(node.to_string()).or_default();
             e.sampled += secs;
             e.busy += secs * pct / 100.0;
+            self.changed.insert((h.job, h.attempt));
         }
     }
 
@@ -81,6 +99,26 @@ impl Utilisation {
     /// The attempt ended and its rows are written: its figures are dropped.
     pub(crate) fn ended(&mut self, job: u64, attempt: u32) {
         self.runs.remove(&(job, attempt));
+        self.changed.remove(&(job, attempt));
+    }
+
+    /// The running attempts whose figures changed since the last call, each with its figures now (to store).
+    pub(crate) fn take_changed(&mut self) -> Vec<(u64, Progress)> {
+        let mut out: Vec<(u64, Progress)> = self
+            .changed
+            .drain()
+            .filter_map(|(job, attempt)| {
+                let nodes = self.runs.get(&(job, attempt))?.clone();
+                Some((job, Progress { attempt, nodes }))
+            })
+            .collect();
+        out.sort_by_key(|(j, _)| *j);
+        out
+    }
+
+    /// At start-up: a running attempt goes on from the figures its document stored.
+    pub(crate) fn restore(&mut self, job: u64, p: &Progress) {
+        self.runs.insert((job, p.attempt), p.nodes.clone());
     }
 }
 
@@ -110,6 +148,26 @@ mod tests {
         assert_eq!(u.of(7, 1, "n1"), Busy::default(), "another attempt has its own figures");
         u.ended(7, 0);
         assert_eq!(u.of(7, 0, "n1"), Busy::default());
+    }
+
+    #[test]
+    fn stored_progress_restores_a_running_attempt_s_figures() {
+        let mut u = Utilisation::default();
+        let h = BTreeMap::from([(0, Holder { job: 3, attempt: 1, started_ms: 0 })]);
+        u.record("n1", &[at(0, 40.0)], &h, 1_000);
+        u.record("n1", &[at(0, 40.0)], &h, 6_000);
+        let changed = u.take_changed();
+        assert_eq!(changed.len(), 1);
+        assert!(u.take_changed().is_empty(), "taken once until it changes again");
+        let (job, p) = &changed[0];
+        let stored: Progress = serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap();
+        // A new server (no samples yet) goes on from what was stored.
+        let mut again = Utilisation::default();
+        again.restore(*job, &stored);
+        assert_eq!(again.of(3, 1, "n1"), Busy { sampled: 5.0, busy: 2.0 });
+        again.record("n1", &[at(0, 100.0)], &h, 60_000);
+        again.record("n1", &[at(0, 100.0)], &h, 65_000);
+        assert_eq!(again.of(3, 1, "n1"), Busy { sampled: 10.0, busy: 7.0 });
     }
 
     #[test]
