@@ -52,12 +52,12 @@ pub(crate) struct BackupArgs {
 pub(crate) fn run(cmd: AdminCmd) -> Result<()> {
     match cmd {
         AdminCmd::AlertRules => {
-            print!("{}", crate::monitoring::ALERT_RULES);
+            crate::cli::output::out(crate::monitoring::ALERT_RULES);
             Ok(())
         }
         AdminCmd::Migrate(a) => migrate(a),
         AdminCmd::Config => {
-            print!("{}", crate::config::template());
+            crate::cli::output::out(&crate::config::template());
             Ok(())
         }
         AdminCmd::Man { dir } => {

@@ -715,9 +715,11 @@ fn real_main() -> Result<()> {
             })?;
         }
         Cmd::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "gpunet", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "gpunet", &mut script);
+            cli::output::out_bytes(&script);
         }
-        Cmd::Prices => print!("{}", gpunet_core::pricing::SHIPPED_CATALOGUE),
+        Cmd::Prices => cli::output::out(gpunet_core::pricing::SHIPPED_CATALOGUE),
         Cmd::Sim(cmd) => sim_cmd::run(*cmd)?,
         Cmd::Bench { what: BenchCmd::Sched(args) } => {
             if !matches!(args.output.as_str(), "table" | "json") {

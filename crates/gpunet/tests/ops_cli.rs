@@ -241,3 +241,22 @@ fn the_systemd_units_run_this_binary_with_flags_it_accepts() {
         assert!(o.status.success() && !err.contains(unit), "systemd-analyze verify {unit}: {err}");
     }
 }
+
+/// Commands that print a document (`completions`, `prices`, `admin alert-rules`, `admin config`) end quietly with
+/// status 0 when their reader has gone (`gpunet completions bash | head -1`), not with a panic.
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    for args in [&["completions", "bash"][..], &["prices"], &["admin", "alert-rules"], &["admin", "config"]] {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before the first byte is written: every write meets EPIPE.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !err.contains("panicked"), "gpunet {args:?}: {:?} {err}", o.status);
+    }
+}
