@@ -37,6 +37,8 @@ pub(crate) struct ArrayRec {
     pub(crate) cancelled: u32,
     /// No more elements are expanded (the array was cancelled, or an element's dependency can never be met).
     pub(crate) stopped: bool,
+    /// The array was cancelled: its live elements are stopping, and it ends Cancelled once they are gone.
+    pub(crate) cancelled_by_request: bool,
     pub(crate) finished: Option<Time>,
     /// Held: each element is expanded held (see [`crate::hold`]).
     pub(crate) held: bool,
@@ -92,6 +94,8 @@ pub struct ArrayView {
     pub cancelled: u32,
     /// When the last element ended.
     pub finished: Option<Time>,
+    /// Cancelled while elements still run: they are stopping, and the array ends once they are gone.
+    pub cancelling: bool,
 }
 
 impl ClusterState {
@@ -117,6 +121,7 @@ impl ClusterState {
                 failed: 0,
                 cancelled: 0,
                 stopped: false,
+                cancelled_by_request: false,
                 finished: None,
                 held,
             },
@@ -214,6 +219,7 @@ impl ClusterState {
             return Err(CoreError::InvalidTransition { job: id, from: r.summary_state(), to: JobState::Cancelled });
         }
         r.stopped = true;
+        r.cancelled_by_request = true;
         let n = r.next as u64;
         let live: Vec<JobId> = (0..n)
             .map(|k| JobId(id.0 + 1 + k))
@@ -237,6 +243,7 @@ impl ClusterState {
             failed: r.failed,
             cancelled: r.cancelled,
             finished: r.finished,
+            cancelling: r.cancelled_by_request && r.finished.is_none(),
         })
     }
 
@@ -271,6 +278,7 @@ impl ClusterState {
                 failed: 0,
                 cancelled: 0,
                 stopped: job.state == JobState::Cancelled || job.state == JobState::Failed,
+                cancelled_by_request: job.state == JobState::Cancelled,
                 finished: None,
                 held: job.held,
             },

@@ -68,11 +68,18 @@ fn cancelling_an_array_stops_its_running_elements_and_the_rest_never_start() {
     assert!(ok, "{out}{err}");
     wait_for(Duration::from_secs(20), || s.job_state(arr + 1) == "cancelled" && s.job_state(arr + 3) == "running");
     let (ok, out, err) = s.cli("admin-secret", &["cancel", &arr.to_string()]);
-    assert!(ok, "{out}{err}");
+    // Its elements still run while they stop: the array says it is being cancelled, not its old state alone.
+    assert!(ok && out.contains(&format!("job-{arr} is being cancelled")), "{out}{err}");
     wait_for(Duration::from_secs(20), || s.job_state(arr) == "cancelled");
     let (_, shown, _) = s.cli("admin-secret", &["show", &arr.to_string(), "--output", "json"]);
     let v = json(&shown);
     assert_eq!((v["array"]["cancelled"].as_u64(), v["array"]["expanded"].as_u64()), (Some(1000), Some(4)), "{v}");
+    assert!(v["stopping"].is_null(), "an ended array is no longer stopping: {v}");
+    // `why` tells how its elements ended; cancelling it again says it has ended.
+    let (_, why, _) = s.cli("admin-secret", &["why", &arr.to_string()]);
+    assert!(why.contains("of 1000 elements 0 succeeded, 0 failed, 1000 cancelled"), "{why}");
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &arr.to_string()]);
+    assert!(!ok && err.contains("already ended (cancelled)") && !err.contains("transition"), "{out}{err}");
 }
 
 #[test]

@@ -307,6 +307,12 @@ impl Owner {
             let _ = reply.send(Err(e));
             return;
         }
+        // An ended job (or array) is named as such, not as a refused state transition.
+        if let Some(state) = self.state_of(id).filter(|s| s.is_terminal()) {
+            let _ = reply
+                .send(Err(ApiError::new("conflict", format!("job-{id} already ended ({state}): nothing to cancel"))));
+            return;
+        }
         let now = now_ms();
         let jid = JobId(id);
         let mut writes = Vec::new();
@@ -396,6 +402,14 @@ impl Owner {
                 let j = self.st.job(JobId(id)).unwrap_or(&d.job);
                 let last = d.attempts.last().and_then(|a| a.message.clone());
                 let how = match (&j.end_reason, last) {
+                    // An array: how its elements ended.
+                    _ if self.st.array(JobId(id)).is_some() => {
+                        let a = self.st.array(JobId(id)).expect("checked");
+                        format!(
+                            "array job-{id} {state}: of {} elements {} succeeded, {} failed, {} cancelled ({} were queued, the rest never)",
+                            a.total, a.succeeded, a.failed, a.cancelled, a.expanded
+                        )
+                    }
                     (Some(r), _) => format!("job-{id} {state}: {r}"),
                     (None, Some(m)) => m,
                     (None, None) => format!("job-{id} {state} without running"),

@@ -29,7 +29,9 @@ use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
 use gpunet_api::ApiError;
 use gpunet_core::tenant::Quota;
-use gpunet_core::{schedule, ClusterState, Decision, Job, JobId, NodeSpec, NodeState, Placement, TenantSpec, Time};
+use gpunet_core::{
+    schedule, ClusterState, Decision, Job, JobId, NodeSpec, NodeState, Placement, StopCause, TenantSpec, Time,
+};
 use gpunet_store::{Store, UsageRow, Write};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -624,7 +626,10 @@ impl Owner {
             restarts: j.restarts,
             preemptions: j.preemptions,
             losses: j.losses,
-            stopping: j.run.as_ref().and_then(|r| r.stop).map(|c| c.to_string()),
+            // An array being cancelled is stopping as a job is: "cancelled" until its last element is gone.
+            stopping: j.run.as_ref().and_then(|r| r.stop).map(|c| c.to_string()).or_else(|| {
+                self.st.array(JobId(id)).filter(|a| a.cancelling).map(|_| StopCause::Cancelled.to_string())
+            }),
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.warnings.clone(),
             spec: d.submission.clone(),

@@ -510,6 +510,8 @@ pub(crate) fn show_text(j: &JobView, events: &[Event], wide: bool) -> String {
     match (&j.spec.estimated_duration, ran) {
         (Some(e), Some(r)) => s += &format!("  estimate {e}, ran {}\n", format_duration_ms(r)),
         (Some(e), None) => s += &format!("  estimate {e}, not started\n"),
+        // A learned (or default) estimate was printed above: only the run time is left to say.
+        (None, Some(r)) if j.estimate.is_some() => s += &format!("  ran {}\n", format_duration_ms(r)),
         (None, Some(r)) => s += &format!("  no estimate, ran {}\n", format_duration_ms(r)),
         (None, None) => {}
     }
