@@ -314,17 +314,24 @@ pub fn sample(nvml: &Nvml, xid: &crate::gpu_errors::XidCounts) -> Vec<GpuSample>
 }
 
 /// A synthetic sample of fake GPU `index` (`--fake-gpu-samples`), `secs` seconds after the agent started: the same
-/// numbers on every machine — 50 % utilisation, a quarter of the model's memory in use, 100 W, 40 °C, 1 MB/s of NVLink
-/// traffic each way — and the errors `errors` lists (from [`crate::gpu_errors::FAKE_ERRORS_FILE`]; none unless a
+/// numbers on every machine — held by a task (`busy`): 50 % utilisation, a quarter of the model's memory in use,
+/// 100 W; free: idle, no memory in use, 30 W (so that a free GPU raises no leak alert) — 40 °C, 1 MB/s of NVLink
+/// traffic each way, and the errors `errors` lists (from [`crate::gpu_errors::FAKE_ERRORS_FILE`]; none unless a
 /// test or a person writes them there). It describes no hardware; the server exports every sample of a fake node
 /// with `fake="true"`. It exists so that dashboards and alert rules can be checked end to end without NVIDIA GPUs.
-pub fn fake_sample(index: u32, model: GpuModel, secs: u64, errors: &crate::gpu_errors::FakeErrors) -> GpuSample {
+pub fn fake_sample(
+    index: u32,
+    model: GpuModel,
+    secs: u64,
+    busy: bool,
+    errors: &crate::gpu_errors::FakeErrors,
+) -> GpuSample {
     GpuSample {
         index,
-        utilization_pct: Some(50.0),
-        memory_used_mib: Some(model.memory_mib() / 4),
+        utilization_pct: Some(if busy { 50.0 } else { 0.0 }),
+        memory_used_mib: Some(if busy { model.memory_mib() / 4 } else { 0 }),
         memory_total_mib: Some(model.memory_mib()),
-        power_watts: Some(100.0),
+        power_watts: Some(if busy { 100.0 } else { 30.0 }),
         temperature_c: Some(40.0),
         nvlink_tx_bytes: Some(secs * 1_000_000),
         nvlink_rx_bytes: Some(secs * 1_000_000),
@@ -340,16 +347,19 @@ mod tests {
     #[test]
     fn fake_samples_are_fixed_numbers_with_counters_that_grow() {
         let none = crate::gpu_errors::FakeErrors::default();
-        let a = super::fake_sample(3, super::GpuModel::A100_80GB, 10, &none);
-        let b = super::fake_sample(3, super::GpuModel::A100_80GB, 20, &none);
+        let a = super::fake_sample(3, super::GpuModel::A100_80GB, 10, true, &none);
+        let b = super::fake_sample(3, super::GpuModel::A100_80GB, 20, true, &none);
         assert_eq!((a.xid_errors, a.ecc_uncorrected), (Some(0), Some(0)), "no errors unless listed");
         let (errs, _) = crate::gpu_errors::parse_fake_errors("3 xid 79\n3 ecc-uncorrected 2\n");
-        let c = super::fake_sample(3, super::GpuModel::A100_80GB, 30, &errs[&3]);
+        let c = super::fake_sample(3, super::GpuModel::A100_80GB, 30, true, &errs[&3]);
         assert_eq!((c.xid_errors, c.xid_last, c.ecc_uncorrected), (Some(1), Some(79), Some(2)));
         assert_eq!((a.index, a.utilization_pct, a.memory_total_mib), (3, Some(50.0), Some(81_920)));
         assert_eq!(a.memory_used_mib, Some(20_480));
         assert!(b.nvlink_tx_bytes > a.nvlink_tx_bytes && b.nvlink_rx_bytes > a.nvlink_rx_bytes);
         assert_eq!((a.utilization_pct, a.memory_used_mib), (b.utilization_pct, b.memory_used_mib));
+        // A GPU no task holds is idle and holds no memory (no GpuMemoryLeak alert on a free fake GPU).
+        let free = super::fake_sample(3, super::GpuModel::A100_80GB, 10, false, &none);
+        assert_eq!((free.utilization_pct, free.memory_used_mib), (Some(0.0), Some(0)));
     }
 
     use super::*;

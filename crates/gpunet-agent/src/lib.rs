@@ -473,6 +473,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
     let mut known = 0u64;
+    // GPUs the server's latest assignment gives this node's tasks (fake samples show the others idle).
+    let mut assigned_gpus: HashSet<u32> = HashSet::new();
     // The newest leader epoch a sync answer carried (see `accept_epoch`).
     let mut newest_epoch = 0u64;
     // How far each task attempt's log has been shipped.
@@ -551,7 +553,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     let errors = fake_errors(&fake_errors_file);
                     Some(
                         (0..count as u32)
-                            .map(|i| gpus::fake_sample(i, model, secs, &errors.get(&i).copied().unwrap_or_default()))
+                            .map(|i| {
+                                let errs = errors.get(&i).copied().unwrap_or_default();
+                                gpus::fake_sample(i, model, secs, assigned_gpus.contains(&i), &errs)
+                            })
                             .collect(),
                     )
                 }
@@ -705,6 +710,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                 }
                 known = work.version;
                 let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
+                assigned_gpus = work.tasks.iter().flat_map(|t| t.gpus.iter().copied()).collect();
                 ended.retain(|t| want.contains(t));
                 let live: HashSet<TaskRef> = launcher
                     .running()

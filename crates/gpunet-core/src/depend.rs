@@ -245,6 +245,11 @@ impl ClusterState {
         self.dep_waiting_per_tenant.get(&tenant).copied().unwrap_or(0)
     }
 
+    /// Whether `id` waits for a dependency (Pending, in no queue).
+    pub fn is_dependency_waiting(&self, id: JobId) -> bool {
+        self.dep_waiting.contains(&id)
+    }
+
     /// Jobs waiting for dependencies (Pending, in no queue), by id.
     pub fn dependency_waiting(&self) -> impl Iterator<Item = JobId> + '_ {
         self.dep_waiting.iter().copied()

@@ -412,10 +412,14 @@ pub(crate) fn gauges(o: &Owner) -> String {
 /// Per tenant: allocation against quota, pending work, the oldest pending job's age, and GPU-seconds used.
 fn tenant_gauges(o: &Owner, s: &mut String) {
     let now = crate::now_ms();
-    // Pending jobs, their GPUs and the oldest submission, from the live state.
+    // Pending jobs, their GPUs and the oldest submission, from the live state. A held job, or one waiting for a
+    // dependency, is in no queue: it is not starving, and it is counted apart.
     let mut pending: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for d in o.docs.values() {
         let Some(j) = o.st.job(d.job.id).filter(|j| j.state.is_queued()) else { continue };
+        if o.st.is_held(j.id) || o.st.is_dependency_waiting(j.id) {
+            continue;
+        }
         let e = pending.entry(d.tenant.as_str()).or_insert((0, 0, now));
         e.0 += 1;
         e.1 += u64::from(j.spec.total_gpus());
@@ -432,7 +436,7 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
             e.1 += r.cost;
         }
     }
-    type Row<'a> = (&'a str, u64, Option<(u64, u64)>, (u64, u64, u64), (f64, f64));
+    type Row<'a> = (&'a str, u64, Option<(u64, u64)>, (u64, u64, u64), (f64, f64), (usize, usize));
     let rows: Vec<Row<'_>> = o
         .tenants
         .iter()
@@ -446,11 +450,12 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
                 .and_then(|q| q.dims[gpunet_core::tenant::DIM_GPUS])
                 .map(|l| (l.guarantee, l.limit));
             let p = pending.get(name.as_str()).copied().unwrap_or((0, 0, now));
-            Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or_default()))
+            let parked = (o.st.tenant_held(id), o.st.tenant_dependency_waiting(id));
+            Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or_default(), parked))
         })
         .collect();
     type Get = fn(&Row<'_>) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 9] = [
+    let families: [(&str, &str, &str, Get); 11] = [
         ("gpunet_tenant_gpus_allocated", "gauge", "GPUs held by the tenant's running jobs.", |r| Some(r.1 as f64)),
         ("gpunet_tenant_gpu_guarantee", "gauge", "The tenant's guaranteed GPUs (tenants with a GPU quota).", |r| {
             r.2.map(|q| q.0 as f64)
@@ -461,8 +466,17 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
         ("gpunet_tenant_gpus_borrowed", "gauge", "GPUs held beyond the tenant's guarantee (with a GPU quota).", |r| {
             r.2.map(|q| r.1.saturating_sub(q.0) as f64)
         }),
-        ("gpunet_tenant_pending_jobs", "gauge", "The tenant's jobs waiting (pending, preempted or restarting).", |r| {
-            Some(r.3 .0 as f64)
+        (
+            "gpunet_tenant_pending_jobs",
+            "gauge",
+            "The tenant's jobs waiting in a queue (pending, preempted or restarting; not held, not waiting for a dependency).",
+            |r| Some(r.3 .0 as f64),
+        ),
+        ("gpunet_tenant_held_jobs", "gauge", "The tenant's held jobs (in no queue until released).", |r| {
+            Some(r.5 .0 as f64)
+        }),
+        ("gpunet_tenant_dependency_waiting_jobs", "gauge", "The tenant's jobs waiting for their dependencies.", |r| {
+            Some(r.5 .1 as f64)
         }),
         ("gpunet_tenant_pending_gpus", "gauge", "GPUs the tenant's waiting jobs ask for.", |r| Some(r.3 .1 as f64)),
         (

@@ -121,6 +121,10 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     let held = submit(&["--gpus", "2", "--", "sleep", "600"]);
     wait_for(Duration::from_secs(30), || s.job_state(running) == "running");
     assert_eq!(s.job_state(held), "pending");
+    // A job held by its user and one waiting for `running` to succeed are in no queue: neither counts as pending
+    // (no starvation or quota alert for them); each has its own gauge.
+    let _on_hold = submit(&["--gpus", "1", "--hold", "--", "true"]);
+    let _after = submit(&["--gpus", "1", "--dependency", &format!("afterok:{running}"), "--", "true"]);
 
     // /metrics: every family the rules and dashboards use, and promtool's check.
     let text = s.get("/metrics");
@@ -131,6 +135,8 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
         "gpunet_tenant_gpus_borrowed{tenant=\"ta\"} 0",
         "gpunet_tenant_pending_jobs{tenant=\"ta\"} 1",
         "gpunet_tenant_pending_gpus{tenant=\"ta\"} 2",
+        "gpunet_tenant_held_jobs{tenant=\"ta\"} 1",
+        "gpunet_tenant_dependency_waiting_jobs{tenant=\"ta\"} 1",
         "gpunet_tenant_oldest_pending_seconds{tenant=\"ta\"}",
         "gpunet_tenant_gpu_seconds_total{tenant=\"ta\"}",
         "gpunet_tenant_cost_total{tenant=\"ta\"}",
@@ -145,7 +151,7 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
         "gpunet_scheduling_pass_duration_seconds_bucket",
         "gpunet_checkpoint_copy_failures_total{node=\"n1\"} 0",
         "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\"} 0.5",
-        "gpunet_gpu_memory_used_bytes{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"}",
+        "gpunet_gpu_memory_used_bytes{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 0\n",
         "gpunet_gpu_nvlink_tx_bytes_total{",
         "gpunet_gpu_ecc_corrected_errors_total{",
         "gpunet_gpu_ecc_uncorrected_errors_total{",

@@ -147,7 +147,7 @@ fn report_figures_equal_sums_from_the_ledger() {
     assert_eq!(lines.len(), 2 + 3, "three jobs of ta ran: {statement}");
 }
 
-/// Allocated-GPU utilisation: one node's fake GPU sends samples (`--fake-gpu-samples`: always 50 % busy), another's
+/// Allocated-GPU utilisation: one node's fake GPU sends samples (`--fake-gpu-samples`: a GPU a task holds is always 50 % busy), another's
 /// sends none. The tenant whose job ran on the sampled GPU reads 50 % in every format, equal to the ledger's busy over
 /// sampled GPU-seconds; the other reads "no samples", never 0 %.
 #[test]
