@@ -977,11 +977,12 @@ async function tenants() {
   setMain("Tenants", body, isAdmin() ? tenantAdmin() : null);
   const draw = async () => {
     const now = new Date();
-    const month = new Date(now.getFullYear(), now.getMonth(), 1).getTime();
+    // The UTC month, as `gpunet report --month` and the statements count it.
+    const month = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1);
     const [ts, usage] = await Promise.all([api("/v1/tenants"), api(`/v1/usage?from_ms=${month}`)]);
     statement.setTenants(ts.map((t) => t.name));
     body.replaceChildren(
-      h("p", { class: "muted" }, `Spend is this month's (since ${new Date(month).toLocaleDateString()}), from the ` +
+      h("p", { class: "muted" }, `Spend is this month's (since ${new Date(month).toISOString().slice(0, 10)} UTC), from the ` +
         "billing ledger, per second of use, running jobs included; GPUs, CPU and memory are priced apart."),
       table([{ label: "Tenant" }, { label: "GPUs in use vs quota" }, { label: "Guarantee", num: true },
         { label: "Limit", num: true }, { label: "CPU guarantee", num: true }, { label: "CPU limit", num: true },

@@ -29,7 +29,7 @@ pub(crate) struct Conn {
     /// Bearer token (default `GPUNET_TOKEN`, then the config file).
     #[arg(long, global = true)]
     pub(crate) token: Option<String>,
-    /// table, wide (more columns), json or yaml.
+    /// table, wide (more columns), json or yaml; `gpunet report` takes table, json or csv.
     #[arg(short = 'o', long, global = true, default_value = "table")]
     pub(crate) output: String,
 }

@@ -366,14 +366,14 @@ pub(crate) async fn run(a: ReportArgs) -> Result<()> {
     let jobs = all_jobs(&c, a.tenant.as_deref()).await.context("read jobs")?;
     if a.statement {
         let (t, m) = (a.tenant.as_deref().unwrap_or_default(), a.period.month.as_deref().unwrap_or_default());
-        print!("{}", statement(t, m, &usage, &jobs));
+        crate::cli::output::out(&statement(t, m, &usage, &jobs));
         return Ok(());
     }
     let r = build(&usage, &jobs, a.by == "user");
     match output.as_str() {
-        "json" => println!("{}", serde_json::to_string_pretty(&r)?),
-        "csv" => print!("{}", to_csv(&r)),
-        _ => print!("{}", to_table(&r)),
+        "json" => crate::cli::output::out(&(serde_json::to_string_pretty(&r)? + "\n")),
+        "csv" => crate::cli::output::out(&to_csv(&r)),
+        _ => crate::cli::output::out(&to_table(&r)),
     }
     Ok(())
 }

@@ -104,6 +104,24 @@ fn a_live_job_costs_what_the_simulator_charges_to_the_cent_and_a_spot_node_bills
     }
     let by_model = &report["by_model"];
     assert!(by_model["A100-80GB/spot"]["gpu_cost"].as_f64() < by_model["A100-80GB/on-demand"]["gpu_cost"].as_f64());
+    // `gpunet bill --by model`: a row per model and lifecycle with the ledger's figures, to the cent.
+    let (ok, table, err) = s.cli("admin-secret", &["bill", "--by", "model"]);
+    assert!(ok, "{err}");
+    let mut lines = table.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("MODEL/LIFECYCLE") && head.ends_with("COST (EUR)"), "{table}");
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    for key in ["A100-80GB/on-demand", "A100-80GB/spot"] {
+        let row = rows.iter().find(|r| r[0] == key).unwrap_or_else(|| panic!("{key} missing: {table}"));
+        let want = &by_model[key];
+        let money = |k: &str| format!("{:.2}", want[k].as_f64().unwrap());
+        assert_eq!(
+            row[4..8],
+            [money("gpu_cost"), money("cpu_cost"), money("mem_cost"), money("cost")],
+            "{key}: {table}"
+        );
+    }
 }
 
 /// Live billing was always 0: agents never sent a price, and the server priced nodes by what they sent.

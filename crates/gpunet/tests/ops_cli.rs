@@ -247,12 +247,7 @@ fn the_systemd_units_run_this_binary_with_flags_it_accepts() {
 #[test]
 fn printing_into_a_closed_pipe_ends_quietly() {
     for args in [&["completions", "bash"][..], &["prices"], &["admin", "alert-rules"], &["admin", "config"]] {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         // The reader goes away before the first byte is written: every write meets EPIPE.
         drop(child.stdout.take());
         let o = child.wait_with_output().unwrap();

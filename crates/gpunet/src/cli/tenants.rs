@@ -73,18 +73,18 @@ pub(crate) fn tenants_table(ts: &[TenantView], wide: bool) -> String {
                     t.gpus_used.to_string(),
                     or_dash(q.guarantee_gpus.map(|g| g.to_string())),
                     or_dash(q.limit_gpus.or(q.guarantee_gpus).map(|g| g.to_string())),
-                    or_dash(q.guarantee_cpu.clone()),
-                    or_dash(q.limit_cpu.clone().or(q.guarantee_cpu.clone())),
-                    or_dash(q.guarantee_memory.clone()),
-                    or_dash(q.limit_memory.clone().or(q.guarantee_memory.clone())),
+                    or_dash(q.guarantee_cpu.as_deref().map(cpu_text)),
+                    or_dash(q.limit_cpu.as_deref().or(q.guarantee_cpu.as_deref()).map(cpu_text)),
+                    or_dash(q.guarantee_memory.as_deref().map(memory_text)),
+                    or_dash(q.limit_memory.as_deref().or(q.guarantee_memory.as_deref()).map(memory_text)),
                     t.queued.to_string(),
                     t.running.to_string(),
                     t.cohort.clone().unwrap_or_default(),
                 ];
                 if wide {
                     row.extend([
-                        format!("{}m", t.cpu_milli_used),
-                        format!("{}Mi", t.memory_mib_used),
+                        cpu_text(&format!("{}m", t.cpu_milli_used)),
+                        memory_text(&format!("{}Mi", t.memory_mib_used)),
                         q.per_model_gpus.iter().map(|(m, n)| format!("{m}={n}")).collect::<Vec<_>>().join(","),
                         format!("{:.2}", t.fair_share_usage_gpu_hours),
                     ]);
@@ -259,4 +259,38 @@ pub(crate) fn nodes_table(nodes: &[NodeView], wide: bool) -> String {
             })
             .collect(),
     )
+}
+
+/// CPU as a person writes it: whole cores as `32`, else millicores (`1500m`); text it cannot read is shown as is.
+fn cpu_text(s: &str) -> String {
+    match gpunet_api::units::parse_cpu("cpu", s) {
+        Ok(m) if m.0 % 1000 == 0 => (m.0 / 1000).to_string(),
+        Ok(m) => format!("{}m", m.0),
+        Err(_) => s.to_string(),
+    }
+}
+
+/// Memory in the largest binary unit that divides it (`128Gi`, `1536Mi`); text it cannot read is shown as is.
+fn memory_text(s: &str) -> String {
+    match gpunet_api::units::parse_memory("memory", s) {
+        Ok(m) if m.0 > 0 && m.0 % (1024 * 1024) == 0 => format!("{}Ti", m.0 / (1024 * 1024)),
+        Ok(m) if m.0 > 0 && m.0 % 1024 == 0 => format!("{}Gi", m.0 / 1024),
+        Ok(m) => format!("{}Mi", m.0),
+        Err(_) => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quotas_are_shown_in_the_units_people_write() {
+        assert_eq!(super::cpu_text("32000m"), "32");
+        assert_eq!(super::cpu_text("1500m"), "1500m");
+        assert_eq!(super::cpu_text("0m"), "0");
+        assert_eq!(super::memory_text("131072Mi"), "128Gi");
+        assert_eq!(super::memory_text("1536Mi"), "1536Mi");
+        assert_eq!(super::memory_text("2097152Mi"), "2Ti");
+        assert_eq!(super::memory_text("0Mi"), "0Mi");
+        assert_eq!(super::memory_text("??"), "??");
+    }
 }
