@@ -129,6 +129,9 @@ pub struct ClusterState {
     pub(crate) run_row_of: FxHashMap<JobId, (usize, usize)>,
     /// Running jobs per priority.
     pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
+    /// Running jobs per tenant and priority: a job its own quota holds can only evict its tenant's lower-priority
+    /// jobs, which this tells without a scan.
+    pub(crate) tenant_prio_counts: std::collections::BTreeMap<(TenantId, i32), u32>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Running elastic jobs.
@@ -181,6 +184,7 @@ impl ClusterState {
             run_rows: [Vec::new(), Vec::new()],
             run_row_of: FxHashMap::default(),
             prio_counts: std::collections::BTreeMap::new(),
+            tenant_prio_counts: std::collections::BTreeMap::new(),
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
@@ -726,6 +730,7 @@ impl ClusterState {
         self.run_row_of.insert(id, (part, self.run_rows[part].len()));
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
+        *self.tenant_prio_counts.entry((row.tenant, row.priority)).or_default() += 1;
     }
 
     /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
@@ -902,6 +907,13 @@ impl ClusterState {
                 *c -= 1;
                 if *c == 0 {
                     self.prio_counts.remove(&row.priority);
+                }
+            }
+            let key = (row.tenant, row.priority);
+            if let Some(c) = self.tenant_prio_counts.get_mut(&key) {
+                *c -= 1;
+                if *c == 0 {
+                    self.tenant_prio_counts.remove(&key);
                 }
             }
         }
@@ -1171,7 +1183,15 @@ impl ClusterState {
         let rows_ok = (0..2)
             .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
         let counted: u32 = self.prio_counts.values().sum();
-        if running != self.run_rows[0].len() + self.run_rows[1].len() || !rows_ok || counted as usize != running {
+        let mut by_tenant: std::collections::BTreeMap<(TenantId, i32), u32> = std::collections::BTreeMap::new();
+        for r in self.run_rows.iter().flatten() {
+            *by_tenant.entry((r.tenant, r.priority)).or_default() += 1;
+        }
+        if running != self.run_rows[0].len() + self.run_rows[1].len()
+            || !rows_ok
+            || counted as usize != running
+            || by_tenant != self.tenant_prio_counts
+        {
             return Err("running rows out of sync".into());
         }
         if running != self.running_by_end.len() {

@@ -128,23 +128,34 @@ impl Pass<'_> {
         let req = job_qvec(spec, tasks, None);
         // Evictions already under way count first: if they make room, wait for them. (The free pool is copied only
         // when there is something to try on the copy.)
-        let mut fut = if st.evicting.is_empty() { Free::default() } else { self.free.clone() };
-        let mut fut_book = if quota_blocked { Some(self.book.clone()) } else { None };
+        // (The free pool and the quota book are copied only when an eviction under way is there to count.)
+        let mut fut = Free::default();
+        let mut fut_book: Option<QuotaBook> = None;
         let mut pending_evictions = false;
         for id in &st.evicting {
             let j = &st.jobs[id];
             if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
+                if !pending_evictions {
+                    fut = self.free.clone();
+                }
                 let run = j.run.as_ref().expect("evicting job runs");
                 for tp in &run.placement.tasks {
                     fut.give(&st.topo, tp);
                 }
-                if let Some(b) = fut_book.as_mut() {
-                    b.charge(shape, j.spec.tenant, &st.placement_qvec(&j.spec, &run.placement), true);
+                if quota_blocked {
+                    fut_book.get_or_insert_with(|| self.book.clone()).charge(
+                        shape,
+                        j.spec.tenant,
+                        &st.placement_qvec(&j.spec, &run.placement),
+                        true,
+                    );
                 }
                 pending_evictions = true;
             }
         }
-        let quota_ok = |b: &Option<QuotaBook>| b.as_ref().is_none_or(|b| b.admit(shape, t, &req).is_ok());
+        // Held by its own quota: the evictions must free that quota too.
+        let quota_ok =
+            |b: &Option<QuotaBook>| !quota_blocked || b.as_ref().is_some_and(|b| b.admit(shape, t, &req).is_ok());
         if pending_evictions && quota_ok(&fut_book) {
             if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
                 let hold = self.hold_for(&fut, &p);
@@ -176,7 +187,12 @@ impl Pass<'_> {
         };
         let shorter = cfg.shorter_first && my_key != u64::MAX;
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
-        let prio_possible = st.prio_counts.range(..spec.priority).next().is_some();
+        // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority, those.
+        let prio_possible = if quota_blocked {
+            st.tenant_prio_counts.range((t, i32::MIN)..(t, spec.priority)).next().is_some()
+        } else {
+            st.prio_counts.range(..spec.priority).next().is_some()
+        };
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible || shorter {
             &st.run_rows[..]
@@ -245,8 +261,11 @@ impl Pass<'_> {
             cands.truncate(KEEP);
         }
         cands.sort_unstable_by_key(key);
-        if st.evicting.is_empty() {
+        if !pending_evictions {
             fut = self.free.clone();
+        }
+        if quota_blocked && fut_book.is_none() {
+            fut_book = Some(self.book.clone());
         }
         let mut chosen: Vec<usize> = Vec::new();
         let mut placed = None;
