@@ -129,9 +129,9 @@ pub struct ClusterState {
     pub(crate) run_row_of: FxHashMap<JobId, (usize, usize)>,
     /// Running jobs per priority.
     pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
-    /// Running jobs per tenant and priority: a job its own quota holds can only evict its tenant's lower-priority
-    /// jobs, which this tells without a scan.
-    pub(crate) tenant_prio_counts: std::collections::BTreeMap<(TenantId, i32), u32>,
+    /// Running jobs by tenant, priority and start: a job its own quota holds can only evict its tenant's
+    /// lower-priority jobs past their minimum run time, which this tells without a scan of every running job.
+    pub(crate) tenant_runs: BTreeSet<(TenantId, i32, Time, JobId)>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Running elastic jobs.
@@ -184,7 +184,7 @@ impl ClusterState {
             run_rows: [Vec::new(), Vec::new()],
             run_row_of: FxHashMap::default(),
             prio_counts: std::collections::BTreeMap::new(),
-            tenant_prio_counts: std::collections::BTreeMap::new(),
+            tenant_runs: BTreeSet::new(),
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
@@ -590,6 +590,26 @@ impl ClusterState {
         v
     }
 
+    /// Whether tenant `t` runs a job of priority below `below` that started at or before `cutoff` (a possible
+    /// victim for its own quota-held job): one range step per priority level, not a scan.
+    pub(crate) fn runs_older_lower_priority(&self, t: TenantId, below: i32, cutoff: Time) -> bool {
+        let mut from = (t, i32::MIN, Time(0), JobId(0));
+        while let Some(&(tt, p, started, _)) = self.tenant_runs.range(from..).next() {
+            if tt != t || p >= below {
+                return false;
+            }
+            if started <= cutoff {
+                return true;
+            }
+            // Every job of priority `p` started after the cutoff: the next level.
+            match p.checked_add(1) {
+                Some(next) => from = (t, next, Time(0), JobId(0)),
+                None => return false,
+            }
+        }
+        false
+    }
+
     /// Estimated end of a job started at `start`.
     pub(crate) fn est_end(job: &Job, start: Time) -> Time {
         match job.spec.estimated_duration {
@@ -730,7 +750,7 @@ impl ClusterState {
         self.run_row_of.insert(id, (part, self.run_rows[part].len()));
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
-        *self.tenant_prio_counts.entry((row.tenant, row.priority)).or_default() += 1;
+        self.tenant_runs.insert((row.tenant, row.priority, row.started, id));
     }
 
     /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
@@ -909,13 +929,7 @@ impl ClusterState {
                     self.prio_counts.remove(&row.priority);
                 }
             }
-            let key = (row.tenant, row.priority);
-            if let Some(c) = self.tenant_prio_counts.get_mut(&key) {
-                *c -= 1;
-                if *c == 0 {
-                    self.tenant_prio_counts.remove(&key);
-                }
-            }
+            self.tenant_runs.remove(&(row.tenant, row.priority, row.started, row.id));
         }
         self.evicting.remove(&id);
         self.running_elastic.remove(&id);
@@ -1183,14 +1197,12 @@ impl ClusterState {
         let rows_ok = (0..2)
             .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
         let counted: u32 = self.prio_counts.values().sum();
-        let mut by_tenant: std::collections::BTreeMap<(TenantId, i32), u32> = std::collections::BTreeMap::new();
-        for r in self.run_rows.iter().flatten() {
-            *by_tenant.entry((r.tenant, r.priority)).or_default() += 1;
-        }
+        let by_tenant: BTreeSet<(TenantId, i32, Time, JobId)> =
+            self.run_rows.iter().flatten().map(|r| (r.tenant, r.priority, r.started, r.id)).collect();
         if running != self.run_rows[0].len() + self.run_rows[1].len()
             || !rows_ok
             || counted as usize != running
-            || by_tenant != self.tenant_prio_counts
+            || by_tenant != self.tenant_runs
         {
             return Err("running rows out of sync".into());
         }

@@ -9,6 +9,7 @@ use crate::config::Policy;
 use crate::ids::{JobId, TenantId};
 use crate::job::Job;
 use crate::quota::{job_qvec, QuotaBook};
+use crate::units::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -116,6 +117,25 @@ impl Pass<'_> {
         let need = spec.task.gpus as u64 * tasks as u64;
         let t = spec.tenant;
         let shape = &st.shape;
+        let las = st.cfg.policy == Policy::Las;
+        // Preemptive SJF/SRTF: the waiting job's key, when it has one.
+        let my_key = match st.cfg.policy {
+            Policy::Srtf => job.remaining_estimate().0,
+            Policy::Srgf => crate::state::srgf_key(job),
+            Policy::Sjf => crate::state::sjf_key(job),
+            _ => u64::MAX,
+        };
+        let shorter = cfg.shorter_first && my_key != u64::MAX;
+        // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority and past their
+        // minimum run time, those (or, with LAS or shorter-first, what a scan finds).
+        let prio_possible = if quota_blocked {
+            st.runs_older_lower_priority(t, spec.priority, Time(self.now.0.saturating_sub(cfg.min_run_time.0)))
+        } else {
+            st.prio_counts.range(..spec.priority).next().is_some()
+        };
+        if quota_blocked && !prio_possible && !las && !shorter && st.evicting.is_empty() {
+            return None;
+        }
         let within_guarantee = shape.tenants[t.index()].0.is_some()
             && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
         let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
@@ -126,9 +146,8 @@ impl Pass<'_> {
             })
         };
         let req = job_qvec(spec, tasks, None);
-        // Evictions already under way count first: if they make room, wait for them. (The free pool is copied only
-        // when there is something to try on the copy.)
-        // (The free pool and the quota book are copied only when an eviction under way is there to count.)
+        // Evictions already under way count first: if they make room, wait for them. (The free pool and the quota
+        // book are copied only when an eviction under way is there to count.)
         let mut fut = Free::default();
         let mut fut_book: Option<QuotaBook> = None;
         let mut pending_evictions = false;
@@ -177,22 +196,7 @@ impl Pass<'_> {
         let over: Vec<bool> =
             (0..st.tenants.len()).map(|i| self.book.over_guarantee(shape, TenantId(i as u32))).collect();
         let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
-        let las = st.cfg.policy == Policy::Las;
-        // Preemptive SJF/SRTF: the waiting job's key, when it has one.
-        let my_key = match st.cfg.policy {
-            Policy::Srtf => job.remaining_estimate().0,
-            Policy::Srgf => crate::state::srgf_key(job),
-            Policy::Sjf => crate::state::sjf_key(job),
-            _ => u64::MAX,
-        };
-        let shorter = cfg.shorter_first && my_key != u64::MAX;
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
-        // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority, those.
-        let prio_possible = if quota_blocked {
-            st.tenant_prio_counts.range((t, i32::MIN)..(t, spec.priority)).next().is_some()
-        } else {
-            st.prio_counts.range(..spec.priority).next().is_some()
-        };
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible || shorter {
             &st.run_rows[..]
@@ -256,9 +260,12 @@ impl Pass<'_> {
         }
         let key = |c: &(u64, u32, JobId, PreemptReason)| (c.0, c.1, c.2);
         const KEEP: usize = 512;
-        if cands.len() > KEEP {
-            cands.select_nth_unstable_by_key(KEEP - 1, key);
-            cands.truncate(KEEP);
+        // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
+        // walk below gives up once it holds budget + 33 of them, so no more are worth ordering.
+        let keep = if classes.iter().all(|c| *c < 64) { KEEP.min(budget as usize + 33) } else { KEEP };
+        if cands.len() > keep {
+            cands.select_nth_unstable_by_key(keep - 1, key);
+            cands.truncate(keep);
         }
         cands.sort_unstable_by_key(key);
         if !pending_evictions {
@@ -480,6 +487,30 @@ mod tests {
         s.step(Time::from_secs(10)).unwrap(); // evicts one of b's jobs (older submit than the owner's)
         let ds = s.step(Time::from_secs(11)).unwrap();
         assert_eq!(started(&ds), vec![1], "the owner, not the evicted borrower, gets the GPU");
+        s.check_invariants().unwrap();
+    }
+
+    /// A job its own quota holds waits, without a victim search, while its tenant's lower-priority jobs are younger
+    /// than the minimum run time; past it, one of them makes room.
+    #[test]
+    fn a_quota_held_job_evicts_its_own_lower_priority_job_only_past_its_minimum_run_time() {
+        let c = SchedConfig {
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Priority)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+        let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t, "low", 2, 1).priority(1), 0);
+        s.step(Time::from_secs(10)).unwrap();
+        // Started at 10 s: younger than 60 s until 70 s.
+        assert!(!s.runs_older_lower_priority(t, 2, Time::from_secs(9)));
+        assert!(s.runs_older_lower_priority(t, 2, Time::from_secs(10)));
+        assert!(!s.runs_older_lower_priority(t, 1, Time::from_secs(10)), "same priority is no victim");
+        submit(&mut s, 2, JobSpec::new(t, "high", 2, 1).priority(5), 20);
+        let preempted = |ds: &[Decision]| ds.iter().filter(|d| matches!(d, Decision::Preempt { .. })).count();
+        assert_eq!(preempted(&schedule(&s, Time::from_secs(30))), 0, "too young to evict");
+        let ds = schedule(&s, Time::from_secs(70));
+        assert_eq!(preempted(&ds), 1, "{ds:?}");
         s.check_invariants().unwrap();
     }
 
