@@ -240,3 +240,33 @@ fn a_running_attempt_s_utilisation_survives_a_server_restart() {
     assert!(sampled >= 9.0, "only {sampled} GPU-seconds sampled of {billed} billed: the restart lost them ({rows:?})");
     assert!(sampled <= billed && close(busy / sampled, 0.5), "{rows:?}");
 }
+
+/// Preemptions in the report: a low-priority job evicted for a high-priority one counts once for its tenant, in every
+/// format, equal to the jobs' own counts.
+#[test]
+fn a_preempted_job_counts_in_its_tenant_s_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), free_port(), &["--policy", "priority", "--preempt-min-run-s", "0"]);
+    let _agent = s.agent("n1", "1xT4", dir.path(), "127.0.0.1");
+    assert!(s.cli("admin-secret", &["tenants", "--create", "t"]).0);
+    let low = s.submit(&["--gpus", "1", "--", "sleep", "600"]);
+    wait_for(Duration::from_secs(30), || s.job_state(low) == "running");
+    let high = s.submit(&["--gpus", "1", "--priority", "10", "--", "sleep", "1"]);
+    wait_for(Duration::from_secs(60), || s.job_state(high) == "succeeded" && s.job_state(low) == "running");
+    let (ok, out, err) = s.cli("admin-secret", &["cancel", &low.to_string()]);
+    assert!(ok, "{out}{err}");
+    wait_for(Duration::from_secs(30), || s.job_state(low) == "cancelled");
+    let (_, jobs, _) = s.cli("admin-secret", &["jobs", "--all", "--output", "json"]);
+    let counted: u64 = json(&jobs)["jobs"].as_array().unwrap().iter().map(|j| j["preemptions"].as_u64().unwrap()).sum();
+    assert_eq!(counted, 1, "{jobs}");
+    let report = json(&s.cli("admin-secret", &["report", "--output", "json"]).1);
+    let row = report["rows"].as_array().unwrap().iter().find(|r| r["key"] == "t").cloned().unwrap();
+    assert_eq!((row["jobs"].as_u64(), row["preemptions"].as_u64()), (Some(2), Some(1)), "{report}");
+    let (ok, csv, err) = s.cli("admin-secret", &["report", "--output", "csv"]);
+    assert!(ok, "{err}");
+    let head: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = head.iter().position(|h| *h == "preemptions").unwrap();
+    let line: Vec<&str> =
+        csv.lines().find(|l| l.starts_with("t,")).unwrap_or_else(|| panic!("{csv}")).split(',').collect();
+    assert_eq!(line[col], "1", "{csv}");
+}
