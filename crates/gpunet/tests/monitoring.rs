@@ -126,7 +126,10 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     let _on_hold = submit(&["--gpus", "1", "--hold", "--", "true"]);
     let _after = submit(&["--gpus", "1", "--dependency", &format!("afterok:{running}"), "--", "true"]);
 
-    // /metrics: every family the rules and dashboards use, and promtool's check.
+    // /metrics: every family the rules and dashboards use, and promtool's check. The held GPU reads busy from the
+    // first sample its agent takes after starting the job (every 5 s).
+    let busy = "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\"} 0.5";
+    wait_for(Duration::from_secs(30), || s.get("/metrics").contains(busy));
     let text = s.get("/metrics");
     for family in [
         "gpunet_tenant_gpus_allocated{tenant=\"ta\"} 1",

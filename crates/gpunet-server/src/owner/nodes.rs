@@ -179,8 +179,13 @@ impl Owner {
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
         self.metrics.checkpoint_failures(node, sync.checkpoint_failures);
         if let Some(samples) = sync.gpu_samples.take() {
-            let holders = self.gpu_attempts(id);
-            self.util.record(node, &samples, &holders, now);
+            // Samples count for the attempts holding the GPUs only when the agent took them knowing the node's
+            // current task set: one taken before it heard of a just-placed task would charge that task's attempt
+            // with the GPU's idle time before it started.
+            if sync.known_version == self.versions.get(node).copied().unwrap_or(0) {
+                let holders = self.gpu_attempts(id);
+                self.util.record(node, &samples, &holders, now);
+            }
             self.gpu_samples.insert(node.to_string(), samples);
         }
         let mut writes = Vec::new();
