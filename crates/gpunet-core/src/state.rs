@@ -73,6 +73,8 @@ pub(crate) struct RunRow {
     pub(crate) sjf_key: u64,
     /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
     pub(crate) classes: u64,
+    /// The node, when every task of the job is on one (victims for a one-node job are also looked for per node).
+    pub(crate) node: Option<NodeId>,
 }
 
 impl RunRow {
@@ -726,10 +728,12 @@ impl ClusterState {
             self.running_elastic.insert(id);
         }
         let mut classes = 0u64;
-        for t in &j.run.as_ref().expect("just set").placement.tasks {
+        let tasks = &j.run.as_ref().expect("just set").placement.tasks;
+        for t in tasks {
             let c = self.topo.nodes[t.node.index()].class;
             classes |= if c < 64 { 1u64 << c } else { u64::MAX };
         }
+        let node = tasks.first().map(|t| t.node).filter(|n| tasks.iter().all(|t| t.node == *n));
         let row = RunRow {
             id,
             tenant: j.spec.tenant,
@@ -745,6 +749,7 @@ impl ClusterState {
             est_end: end,
             sjf_key: sjf_key(j),
             classes,
+            node,
         };
         let part = borrowed as usize;
         self.run_row_of.insert(id, (part, self.run_rows[part].len()));

@@ -106,6 +106,51 @@ impl Pass<'_> {
         true
     }
 
+    /// For a one-task job needing `gpus` GPUs: candidates (`cands`, on the nodes `nodes`) on one eligible node that
+    /// free enough of it, cheapest first, within `budget`. The node is the one needing the fewest victims (then the
+    /// cheapest); only victims running on that node alone count. Returned in the candidates' cost order.
+    fn one_node_victims(
+        &self,
+        cands: &[(u64, u32, JobId, PreemptReason)],
+        nodes: &[Option<crate::ids::NodeId>],
+        gpus: u32,
+        classes: &[u32],
+        budget: u32,
+    ) -> Option<Vec<(u64, u32, JobId, PreemptReason)>> {
+        let st = self.st;
+        let key = |i: usize| (cands[i].0, cands[i].1, cands[i].2);
+        // Candidates grouped by node, each group cheapest first.
+        let mut idx: Vec<(crate::ids::NodeId, usize)> =
+            nodes.iter().enumerate().filter_map(|(i, n)| n.map(|n| (n, i))).collect();
+        idx.sort_unstable_by_key(|&(n, i)| (n, key(i)));
+        let mut best: Option<(usize, u64, Vec<usize>)> = None;
+        for group in idx.chunk_by(|a, b| a.0 == b.0) {
+            let n = group[0].0;
+            let f = &self.free.nodes[n.index()];
+            if !f.schedulable || !classes.contains(&st.topo.nodes[n.index()].class) {
+                continue;
+            }
+            let free = f.mask.count_ones();
+            let (mut got, mut cost, mut take) = (free, 0u64, Vec::new());
+            for &(_, i) in group {
+                if got >= gpus || take.len() > budget as usize {
+                    break;
+                }
+                got += cands[i].1;
+                cost = cost.saturating_add(cands[i].0);
+                take.push(i);
+            }
+            if got < gpus || take.is_empty() || take.len() > budget as usize {
+                continue;
+            }
+            if best.as_ref().is_none_or(|b| (take.len(), cost) < (b.0, b.1)) {
+                best = Some((take.len(), cost, take));
+            }
+        }
+        let (_, _, take) = best?;
+        Some(take.into_iter().map(|i| cands[i].clone()).collect())
+    }
+
     /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
     /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
@@ -197,6 +242,7 @@ impl Pass<'_> {
             (0..st.tenants.len()).map(|i| self.book.over_guarantee(shape, TenantId(i as u32))).collect();
         let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
+        let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::new();
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible || shorter {
             &st.run_rows[..]
@@ -254,10 +300,15 @@ impl Pass<'_> {
                 continue;
             }
             cands.push((r.lost_work(self.now), r.gpus, r.id, reason));
+            cand_nodes.push(r.node);
         }
         if cands.is_empty() {
             return None;
         }
+        // A one-task job needs its GPUs on one node; the cheapest victims overall may be spread over many. Every
+        // candidate is kept for a search per node when the walk below finds no room.
+        let all = (tasks == 1 && spec.task.gpus > 1 && !quota_blocked && !pending_evictions)
+            .then(|| (cands.clone(), std::mem::take(&mut cand_nodes)));
         let key = |c: &(u64, u32, JobId, PreemptReason)| (c.0, c.1, c.2);
         const KEEP: usize = 512;
         // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
@@ -291,7 +342,7 @@ impl Pass<'_> {
             }
             chosen.push(i);
             if chosen.len() > budget as usize + 32 {
-                return None; // pruning removes at most 32: the rate limit could not be met
+                break; // pruning removes at most 32: the rate limit could not be met
             }
             let last = i + 1 == cands.len();
             if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
@@ -304,7 +355,24 @@ impl Pass<'_> {
             // Probe placement at doubling victim counts: each attempt can cost a scan of racks.
             next_try = chosen.len() * 2;
         }
-        placed.as_ref()?;
+        if placed.is_none() {
+            // No room from the cheapest victims anywhere: the victims on one node, if a one-task job has them.
+            let (all, all_nodes) = all?;
+            let picked = self.one_node_victims(&all, &all_nodes, spec.task.gpus, classes, budget)?;
+            for &i in &chosen {
+                for tp in &st.jobs[&cands[i].2].run.as_ref().expect("running").placement.tasks {
+                    fut.take(&st.topo, tp);
+                }
+            }
+            for v in &picked {
+                for tp in &st.jobs[&v.2].run.as_ref().expect("running").placement.tasks {
+                    fut.give(&st.topo, tp);
+                }
+            }
+            placed = Some(self.place_on(&fut, spec, tasks, classes, None)?);
+            cands = picked;
+            chosen = (0..cands.len()).collect();
+        }
         // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
         let mut i = chosen.len();
         let floor = chosen.len().saturating_sub(32);
@@ -487,6 +555,62 @@ mod tests {
         s.step(Time::from_secs(10)).unwrap(); // evicts one of b's jobs (older submit than the owner's)
         let ds = s.step(Time::from_secs(11)).unwrap();
         assert_eq!(started(&ds), vec![1], "the owner, not the evicted borrower, gets the GPU");
+        s.check_invariants().unwrap();
+    }
+
+    /// Reclaim for a one-task job: the cheapest borrowed jobs are spread one or two per node, so the cheapest
+    /// victims anywhere (within the eviction budget) never free one node; the victims are then chosen on one node —
+    /// the fewest that make room there.
+    #[test]
+    fn a_one_node_job_reclaims_its_guarantee_from_victims_on_one_node() {
+        use crate::job::{SelectorOp, SelectorTerm};
+        let c = SchedConfig {
+            preemption: PreemptionConfig {
+                enabled: true,
+                min_run_time: Dur::ZERO,
+                max_per_interval: 4,
+                ..Default::default()
+            },
+            ..SchedConfig::with_policy(Policy::Fifo)
+        };
+        let nodes = (0..20).map(|k| node(&format!("n{k}"), GpuModel::T4, 4).label("slot", &k.to_string())).collect();
+        let mut s = cluster(c, nodes, &[]);
+        let own = s.add_tenant(TenantSpec::new("own").quota(Quota::gpus(4, 4))).unwrap();
+        let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(0, 76))).unwrap();
+        // Waves of one borrowed 1-GPU job per node, 10 s apart: nodes 0-3 get three (one GPU left free on each),
+        // the others four. The cheapest victims are the latest waves: at most two per node among the cheapest 37.
+        let mut id = 1;
+        for wave in 0..4u64 {
+            for k in 0..20 {
+                if wave == 3 && k < 4 {
+                    continue;
+                }
+                let mut spec = JobSpec::new(b, "b", 1, 1);
+                spec.selector =
+                    vec![SelectorTerm { key: "slot".into(), op: SelectorOp::In, values: vec![k.to_string()] }];
+                submit(&mut s, id, spec, wave * 10);
+                id += 1;
+            }
+            s.step(Time::from_secs(wave * 10)).unwrap();
+        }
+        assert_eq!(s.tenant_usage(b).gpus, 76);
+        submit(&mut s, 100, JobSpec::new(own, "mine", 4, 1), 100);
+        let ds = schedule(&s, Time::from_secs(100));
+        let victims: Vec<JobId> = ds
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Preempt { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(victims.len(), 3, "three victims free the node with one GPU left: {ds:?}");
+        let on: std::collections::BTreeSet<_> =
+            victims.iter().map(|v| s.job(*v).unwrap().run.as_ref().unwrap().placement.tasks[0].node).collect();
+        assert_eq!(on.len(), 1, "all on one node: {ds:?}");
+        for d in &ds {
+            s.apply(d, Time::from_secs(100)).unwrap();
+        }
+        assert_eq!(started(&s.step(Time::from_secs(101)).unwrap()), vec![100]);
         s.check_invariants().unwrap();
     }
 
