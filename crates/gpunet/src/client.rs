@@ -332,7 +332,8 @@ fn exit_code_of(message: &str) -> Option<i32> {
 pub(crate) fn estimate_line(e: &gpunet_api::types::EstimateView) -> String {
     match (e.source.as_str(), e.confidence, &e.basis, e.samples) {
         ("learned", Some(c), Some(b), Some(n)) => {
-            format!("estimated run time {}s, learned from {b} ({n} runs, confidence {c:.2})\n", e.seconds)
+            let runs = if n == 1 { "run" } else { "runs" };
+            format!("estimated run time {}s, learned from {b} ({n} {runs}, confidence {c:.2})\n", e.seconds)
         }
         _ => format!("estimated run time {}s ({})\n", e.seconds, e.source),
     }

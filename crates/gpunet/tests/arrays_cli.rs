@@ -70,6 +70,9 @@ fn cancelling_an_array_stops_its_running_elements_and_the_rest_never_start() {
     let (ok, out, err) = s.cli("admin-secret", &["cancel", &arr.to_string()]);
     // Its elements still run while they stop: the array says it is being cancelled, not its old state alone.
     assert!(ok && out.contains(&format!("job-{arr} is being cancelled")), "{out}{err}");
+    // Until they are gone, `why` says so too (unless they are gone already).
+    let (_, why, _) = s.cli("admin-secret", &["why", &arr.to_string()]);
+    assert!(why.contains(&format!("array job-{arr} is being cancelled")) || s.job_state(arr) == "cancelled", "{why}");
     wait_for(Duration::from_secs(20), || s.job_state(arr) == "cancelled");
     let (_, shown, _) = s.cli("admin-secret", &["show", &arr.to_string(), "--output", "json"]);
     let v = json(&shown);

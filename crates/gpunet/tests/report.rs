@@ -62,6 +62,9 @@ fn report_figures_equal_sums_from_the_ledger() {
     assert!(ok, "{err}");
     let (ok, table, err) = s.cli("admin-secret", &["report"]);
     assert!(ok && table.starts_with("TENANT") && table.contains("WAIT P50"), "{table}{err}");
+    // TENANT JOBS FAILED CANCELLED …: carol's cancelled job shows in the table too.
+    let tb: Vec<&str> = table.lines().find(|l| l.starts_with("tb ")).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(tb.get(1..4), Some(&["2", "0", "1"][..]), "{table}");
     let month = String::from_utf8(std::process::Command::new("date").args(["-u", "+%Y-%m"]).output().unwrap().stdout)
         .unwrap()
         .trim()

@@ -406,7 +406,8 @@ impl Owner {
                     _ if self.st.array(JobId(id)).is_some() => {
                         let a = self.st.array(JobId(id)).expect("checked");
                         format!(
-                            "array job-{id} {state}: of {} elements {} succeeded, {} failed, {} cancelled ({} were queued, the rest never)",
+                            "array job-{id} {state}: of {} elements {} succeeded, {} failed, {} cancelled ({} of them were \
+                             created, the rest never)",
                             a.total, a.succeeded, a.failed, a.cancelled, a.expanded
                         )
                     }
@@ -425,6 +426,10 @@ impl Owner {
                     _ => String::new(),
                 };
                 message = self.mask(&who, &format!("{how}{ran}"), None);
+            } else if let Some(why) = self.view(id).and_then(|v| v.stopping) {
+                // Asked to stop (an array: its elements): running until its processes are gone.
+                let what = if self.st.array(JobId(id)).is_some() { "array job" } else { "job" };
+                message = format!("{what}-{id} is being {why}: its tasks are stopping (it ends once they are gone)");
             }
             let estimate = self.estimate_view(d);
             Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta, estimate })

@@ -479,8 +479,8 @@ pub(crate) fn show_text(j: &JobView, events: &[Event], wide: bool) -> String {
     }
     if let Some(x) = &j.array {
         s += &format!(
-            "  array of {} elements ({}): {} expanded, {} live{}, {} succeeded, {} failed, {} cancelled; element ids \
-             {}..={}\n",
+            "  array of {} elements ({}): {} expanded, {} live{}, {} succeeded, {} failed, {} cancelled; elements job-{} \
+             to job-{}\n",
             x.total,
             j.spec.array.as_deref().unwrap_or(""),
             x.expanded,
@@ -687,7 +687,11 @@ pub(crate) async fn why(a: &IdArg) -> Result<()> {
     let id = client::resolve_job_id(&c, &a.id).await?;
     let e: Explain = c.get(&format!("/v1/jobs/{id}/explain")).await?;
     emit(c.output, &e, |e, _| {
-        let mut s = format!("job-{} is {}: {}\n", e.id, e.state, e.message);
+        // A message that names the job already says what it is; others get the job and its state first.
+        let named =
+            e.message.starts_with(&format!("job-{} ", e.id)) || e.message.starts_with(&format!("array job-{} ", e.id));
+        let mut s =
+            if named { format!("{}\n", e.message) } else { format!("job-{} is {}: {}\n", e.id, e.state, e.message) };
         if let Some(t) = e.eta_ms {
             s += &format!("predicted start {}\n", when(t));
         }
