@@ -436,10 +436,12 @@ mod tests {
         s.step(Time::ZERO).unwrap();
         let live = s.cancel_array(JobId(1), Time::from_secs(1)).unwrap();
         assert_eq!(live, vec![JobId(2), JobId(3), JobId(4)], "two running and the pending head");
+        assert!(s.array(JobId(1)).unwrap().cancelling, "its elements are still to stop");
         for j in live {
             s.cancel(j, Time::from_secs(1)).unwrap();
         }
         let v = s.array(JobId(1)).unwrap();
+        assert!(!v.cancelling, "ended");
         assert_eq!((v.state, v.cancelled, v.finished), (JobState::Cancelled, 100, Some(Time::from_secs(1))));
         assert_eq!(s.queued_count(), 0);
         s.check_invariants().unwrap();

@@ -109,10 +109,7 @@ mod tests {
 
     #[test]
     fn cohort_members_lend_unused_guarantee_and_reclaim_it() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Fifo)
-        };
+        let c = preempting(Policy::Fifo, Dur::from_secs(60));
         let mut s = cluster(c, vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)], &[]);
         let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(8, 16)).cohort("lab")).unwrap();
         let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 16)).cohort("lab")).unwrap();

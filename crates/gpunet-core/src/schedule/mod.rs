@@ -434,10 +434,7 @@ mod tests {
     #[test]
     fn restore_brings_every_job_back_in_its_state() {
         let build = || {
-            let c = SchedConfig {
-                preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
-                ..SchedConfig::with_policy(Policy::Priority)
-            };
+            let c = preempting(Policy::Priority, Dur::ZERO);
             cluster(c, vec![node("n0", GpuModel::T4, 2), node("n1", GpuModel::T4, 2)], &["a"])
         };
         let mut s = build();

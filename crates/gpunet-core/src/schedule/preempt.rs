@@ -108,7 +108,7 @@ impl Pass<'_> {
 
     /// For a one-task job needing `gpus` GPUs: candidates (`cands`, on the nodes `nodes`) on one eligible node that
     /// free enough of it, cheapest first, within `budget`. The node is the one needing the fewest victims (then the
-    /// cheapest); only victims running on that node alone count. Returned in the candidates' cost order.
+    /// cheapest); only victims running on that node alone count. Returned as indexes into `cands`, cheapest first.
     fn one_node_victims(
         &self,
         cands: &[(u64, u32, JobId, PreemptReason)],
@@ -116,7 +116,7 @@ impl Pass<'_> {
         gpus: u32,
         classes: &[u32],
         budget: u32,
-    ) -> Option<Vec<(u64, u32, JobId, PreemptReason)>> {
+    ) -> Option<Vec<usize>> {
         let st = self.st;
         let key = |i: usize| (cands[i].0, cands[i].1, cands[i].2);
         // Candidates grouped by node, each group cheapest first.
@@ -147,8 +147,7 @@ impl Pass<'_> {
                 best = Some((take.len(), cost, take));
             }
         }
-        let (_, _, take) = best?;
-        Some(take.into_iter().map(|i| cands[i].clone()).collect())
+        best.map(|(_, _, take)| take)
     }
 
     /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
@@ -305,31 +304,33 @@ impl Pass<'_> {
         if cands.is_empty() {
             return None;
         }
-        // A one-task job needs its GPUs on one node; the cheapest victims overall may be spread over many. Every
-        // candidate is kept for a search per node when the walk below finds no room.
-        let all = (tasks == 1 && spec.task.gpus > 1 && !quota_blocked && !pending_evictions)
-            .then(|| (cands.clone(), std::mem::take(&mut cand_nodes)));
-        let key = |c: &(u64, u32, JobId, PreemptReason)| (c.0, c.1, c.2);
+        // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
+        let key = |i: &usize| {
+            let c = &cands[*i];
+            (c.0, c.1, c.2)
+        };
+        let mut ranked: Vec<usize> = (0..cands.len()).collect();
         const KEEP: usize = 512;
         // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
         // walk below gives up once it holds budget + 33 of them, so no more are worth ordering.
         let keep = if classes.iter().all(|c| *c < 64) { KEEP.min(budget as usize + 33) } else { KEEP };
-        if cands.len() > keep {
-            cands.select_nth_unstable_by_key(keep - 1, key);
-            cands.truncate(keep);
+        if ranked.len() > keep {
+            ranked.select_nth_unstable_by_key(keep - 1, key);
+            ranked.truncate(keep);
         }
-        cands.sort_unstable_by_key(key);
+        ranked.sort_unstable_by_key(key);
         if !pending_evictions {
             fut = self.free.clone();
         }
         if quota_blocked && fut_book.is_none() {
             fut_book = Some(self.book.clone());
         }
+        let tasks_of = |i: usize| &st.jobs[&cands[i].2].run.as_ref().expect("running").placement.tasks;
         let mut chosen: Vec<usize> = Vec::new();
         let mut placed = None;
         let mut next_try = 1usize;
-        for (i, c) in cands.iter().enumerate() {
-            let v = &st.jobs[&c.2];
+        for (pos, &i) in ranked.iter().enumerate() {
+            let v = &st.jobs[&cands[i].2];
             if !on_eligible(v) {
                 continue;
             }
@@ -344,7 +345,7 @@ impl Pass<'_> {
             if chosen.len() > budget as usize + 32 {
                 break; // pruning removes at most 32: the rate limit could not be met
             }
-            let last = i + 1 == cands.len();
+            let last = pos + 1 == ranked.len();
             if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
                 continue;
             }
@@ -356,22 +357,20 @@ impl Pass<'_> {
             next_try = chosen.len() * 2;
         }
         if placed.is_none() {
-            // No room from the cheapest victims anywhere: the victims on one node, if a one-task job has them.
-            let (all, all_nodes) = all?;
-            let picked = self.one_node_victims(&all, &all_nodes, spec.task.gpus, classes, budget)?;
-            for &i in &chosen {
-                for tp in &st.jobs[&cands[i].2].run.as_ref().expect("running").placement.tasks {
-                    fut.take(&st.topo, tp);
-                }
+            // A one-task job needs its GPUs on one node, and the cheapest victims anywhere may be spread over many:
+            // the fewest victims on one node instead, if it has them.
+            if tasks != 1 || spec.task.gpus < 2 || quota_blocked || pending_evictions {
+                return None;
             }
-            for v in &picked {
-                for tp in &st.jobs[&v.2].run.as_ref().expect("running").placement.tasks {
-                    fut.give(&st.topo, tp);
-                }
+            let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;
+            for &i in &chosen {
+                tasks_of(i).iter().for_each(|tp| fut.take(&st.topo, tp));
+            }
+            for &i in &picked {
+                tasks_of(i).iter().for_each(|tp| fut.give(&st.topo, tp));
             }
             placed = Some(self.place_on(&fut, spec, tasks, classes, None)?);
-            cands = picked;
-            chosen = (0..cands.len()).collect();
+            chosen = picked;
         }
         // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
         let mut i = chosen.len();
@@ -505,10 +504,7 @@ mod tests {
 
     #[test]
     fn evictions_under_way_are_waited_for_not_repeated() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Priority)
-        };
+        let c = preempting(Policy::Priority, Dur::ZERO);
         let mut s = cluster(c, vec![node("n0", GpuModel::T4, 2)], &["a"]);
         submit(&mut s, 1, JobSpec::new(t0(), "a", 1, 1), 0);
         submit(&mut s, 2, JobSpec::new(t0(), "b", 1, 1), 0);
@@ -526,10 +522,7 @@ mod tests {
 
     #[test]
     fn min_run_time_holds_while_the_clock_is_young() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Priority)
-        };
+        let c = preempting(Policy::Priority, Dur::from_secs(60));
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
         submit(&mut s, 1, JobSpec::new(t0(), "low", 1, 1), 0);
         s.step(Time::ZERO).unwrap();
@@ -541,10 +534,7 @@ mod tests {
 
     #[test]
     fn evicted_borrowers_do_not_take_back_reclaimed_gpus() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::ZERO, ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Fifo)
-        };
+        let c = preempting(Policy::Fifo, Dur::ZERO);
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 2)], &[]);
         let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(1, 2)).cohort("c")).unwrap();
         let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(1, 2)).cohort("c")).unwrap();
@@ -564,15 +554,8 @@ mod tests {
     #[test]
     fn a_one_node_job_reclaims_its_guarantee_from_victims_on_one_node() {
         use crate::job::{SelectorOp, SelectorTerm};
-        let c = SchedConfig {
-            preemption: PreemptionConfig {
-                enabled: true,
-                min_run_time: Dur::ZERO,
-                max_per_interval: 4,
-                ..Default::default()
-            },
-            ..SchedConfig::with_policy(Policy::Fifo)
-        };
+        let mut c = preempting(Policy::Fifo, Dur::ZERO);
+        c.preemption.max_per_interval = 4;
         let nodes = (0..20).map(|k| node(&format!("n{k}"), GpuModel::T4, 4).label("slot", &k.to_string())).collect();
         let mut s = cluster(c, nodes, &[]);
         let own = s.add_tenant(TenantSpec::new("own").quota(Quota::gpus(4, 4))).unwrap();
@@ -618,10 +601,7 @@ mod tests {
     /// than the minimum run time; past it, one of them makes room.
     #[test]
     fn a_quota_held_job_evicts_its_own_lower_priority_job_only_past_its_minimum_run_time() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(60), ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Priority)
-        };
+        let c = preempting(Policy::Priority, Dur::from_secs(60));
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
         let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
         submit(&mut s, 1, JobSpec::new(t, "low", 2, 1).priority(1), 0);
@@ -640,10 +620,7 @@ mod tests {
 
     #[test]
     fn a_tenant_at_its_quota_preempts_its_own_lower_priority_or_demoted_jobs() {
-        let c = SchedConfig {
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Priority)
-        };
+        let c = preempting(Policy::Priority, Dur::from_secs(10));
         // Plenty of GPUs, but the tenant may hold 2.
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
         let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();

@@ -20,6 +20,14 @@ pub(crate) fn cfg(policy: Policy) -> SchedConfig {
     }
 }
 
+/// `policy` with preemption on, victims protected for `min_run_time`.
+pub(crate) fn preempting(policy: Policy, min_run_time: Dur) -> SchedConfig {
+    SchedConfig {
+        preemption: PreemptionConfig { enabled: true, min_run_time, ..Default::default() },
+        ..SchedConfig::with_policy(policy)
+    }
+}
+
 pub(crate) fn node(name: &str, model: GpuModel, gpus: usize) -> NodeSpec {
     NodeSpec::with_gpus(name, model, gpus, MilliCpu::cores(64), MiB::gib(1024)).label("zone", "z1").label("rack", "r1")
 }

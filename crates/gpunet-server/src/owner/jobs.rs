@@ -401,19 +401,16 @@ impl Owner {
                 // How it ended, rather than that it is not queued.
                 let j = self.st.job(JobId(id)).unwrap_or(&d.job);
                 let last = d.attempts.last().and_then(|a| a.message.clone());
-                let how = match (&j.end_reason, last) {
+                let how = match (self.st.array(JobId(id)), &j.end_reason, last) {
                     // An array: how its elements ended.
-                    _ if self.st.array(JobId(id)).is_some() => {
-                        let a = self.st.array(JobId(id)).expect("checked");
-                        format!(
-                            "array job-{id} {state}: of {} elements {} succeeded, {} failed, {} cancelled ({} of them were \
-                             created, the rest never)",
-                            a.total, a.succeeded, a.failed, a.cancelled, a.expanded
-                        )
-                    }
-                    (Some(r), _) => format!("job-{id} {state}: {r}"),
-                    (None, Some(m)) => m,
-                    (None, None) => format!("job-{id} {state} without running"),
+                    (Some(a), _, _) => format!(
+                        "array job-{id} {state}: of {} elements {} succeeded, {} failed, {} cancelled ({} of them were \
+                         created, the rest never)",
+                        a.total, a.succeeded, a.failed, a.cancelled, a.expanded
+                    ),
+                    (None, Some(r), _) => format!("job-{id} {state}: {r}"),
+                    (None, None, Some(m)) => m,
+                    (None, None, None) => format!("job-{id} {state} without running"),
                 };
                 let ran = match (d.attempts.first(), j.finished) {
                     (Some(a), Some(f)) => format!(
@@ -426,7 +423,7 @@ impl Owner {
                     _ => String::new(),
                 };
                 message = self.mask(&who, &format!("{how}{ran}"), None);
-            } else if let Some(why) = self.view(id).and_then(|v| v.stopping) {
+            } else if let Some(why) = self.stopping_of(self.st.job(JobId(id)).unwrap_or(&d.job)) {
                 // Asked to stop (an array: its elements): running until its processes are gone.
                 let what = if self.st.array(JobId(id)).is_some() { "array job" } else { "job" };
                 message = format!("{what}-{id} is being {why}: its tasks are stopping (it ends once they are gone)");

@@ -626,10 +626,7 @@ impl Owner {
             restarts: j.restarts,
             preemptions: j.preemptions,
             losses: j.losses,
-            // An array being cancelled is stopping as a job is: "cancelled" until its last element is gone.
-            stopping: j.run.as_ref().and_then(|r| r.stop).map(|c| c.to_string()).or_else(|| {
-                self.st.array(JobId(id)).filter(|a| a.cancelling).map(|_| StopCause::Cancelled.to_string())
-            }),
+            stopping: self.stopping_of(j),
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.warnings.clone(),
             spec: d.submission.clone(),
@@ -649,6 +646,16 @@ impl Owner {
             attempts: d.attempts.clone(),
             estimate: self.estimate_view(d),
         })
+    }
+
+    /// Why a running job is being stopped, if it is. An array being cancelled is stopping as a job is:
+    /// "cancelled" until its last element is gone.
+    pub(crate) fn stopping_of(&self, j: &Job) -> Option<String> {
+        j.run
+            .as_ref()
+            .and_then(|r| r.stop)
+            .map(|c| c.to_string())
+            .or_else(|| self.st.array(j.id).filter(|a| a.cancelling).map(|_| StopCause::Cancelled.to_string()))
     }
 
     /// A job's state now: the core's, an array's summary, else the document's.
