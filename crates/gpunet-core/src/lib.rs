@@ -40,6 +40,7 @@ pub mod ids;
 pub mod job;
 pub mod lifecycle;
 pub mod node;
+pub mod park;
 pub mod predict;
 pub mod pricing;
 pub mod quota;

@@ -47,6 +47,8 @@ impl QueueKey {
 pub(crate) struct TenantEntry {
     pub(crate) spec: TenantSpec,
     pub(crate) queue: BTreeSet<QueueKey>,
+    /// Queued jobs no node could ever hold, out of the pass's walk (see [`crate::park`]).
+    pub(crate) parked: BTreeSet<QueueKey>,
     /// Decayed GPU-ms of past usage as of `usage_as_of`.
     pub(crate) decayed_gpu_ms: f64,
     pub(crate) usage_as_of: Time,
@@ -163,6 +165,8 @@ pub struct ClusterState {
     /// Ended jobs whose dependents and arrays are still to be updated, and whether that work list is being run.
     pub(crate) ended_work: Vec<JobId>,
     pub(crate) ending: bool,
+    /// Parked jobs by shape and the shapes' fit decisions (see [`crate::park`]).
+    pub(crate) parking: crate::park::Parking,
 }
 
 impl ClusterState {
@@ -203,6 +207,7 @@ impl ClusterState {
             cascades: Vec::new(),
             ended_work: Vec::new(),
             ending: false,
+            parking: Default::default(),
         })
     }
 
@@ -217,7 +222,9 @@ impl ClusterState {
         self.cfg = cfg;
         for t in &mut self.tenants {
             t.queue.clear();
+            t.parked.clear();
         }
+        self.parking = Default::default();
         let keys: Vec<(TenantId, QueueKey)> = self
             .jobs
             .values()
@@ -225,7 +232,7 @@ impl ClusterState {
             .map(|j| (j.spec.tenant, queue_key(&self.cfg, j)))
             .collect();
         for (t, k) in keys {
-            self.tenants[t.index()].queue.insert(k);
+            self.queue_insert(t, k, None);
         }
         Ok(())
     }
@@ -246,6 +253,7 @@ impl ClusterState {
         self.node_states.push(NodeState::Lost);
         self.node_jobs.push(BTreeSet::new());
         self.set_node_state(id, NodeState::Ready, Time::ZERO)?;
+        self.unpark_fitting();
         Ok(id)
     }
 
@@ -347,7 +355,13 @@ impl ClusterState {
         }
         let id = TenantId(self.tenants.len() as u32);
         self.tenant_names.insert(spec.name.clone(), id);
-        self.tenants.push(TenantEntry { spec, queue: BTreeSet::new(), decayed_gpu_ms: 0.0, usage_as_of: Time::ZERO });
+        self.tenants.push(TenantEntry {
+            spec,
+            queue: BTreeSet::new(),
+            parked: BTreeSet::new(),
+            decayed_gpu_ms: 0.0,
+            usage_as_of: Time::ZERO,
+        });
         self.book.usage.push([0; QDIMS]);
         self.rebuild_quota();
         Ok(id)
@@ -518,7 +532,7 @@ impl ClusterState {
 
     pub(crate) fn enqueue(&mut self, job: &Job) {
         let k = queue_key(&self.cfg, job);
-        self.tenants[job.spec.tenant.index()].queue.insert(k);
+        self.queue_insert(job.spec.tenant, k, Some(&job.spec));
         self.queued += 1;
         if job.spec.task.gpus == 0 {
             self.queued_no_gpu += 1;
@@ -531,7 +545,7 @@ impl ClusterState {
     }
 
     fn dequeue_key(&mut self, tenant: TenantId, k: QueueKey, no_gpu: bool) {
-        let removed = self.tenants[tenant.index()].queue.remove(&k);
+        let removed = self.queue_remove(tenant, &k);
         debug_assert!(removed, "queued job missing from its queue");
         self.queued -= 1;
         if no_gpu {
@@ -557,7 +571,7 @@ impl ClusterState {
     /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), waiting for dependencies or
     /// held (what its queued-job limit counts).
     pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {
-        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len())
+        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len() + t.parked.len())
             + self.tenant_dependency_waiting(tenant)
             + self.tenant_held(tenant)
     }
@@ -1124,7 +1138,7 @@ impl ClusterState {
         let mut queued = 0usize;
         let mut in_queue: HashMap<JobId, usize> = HashMap::new();
         for t in &self.tenants {
-            for k in &t.queue {
+            for k in t.queue.iter().chain(&t.parked) {
                 *in_queue.entry(k.job).or_default() += 1;
             }
         }
@@ -1244,12 +1258,8 @@ impl ClusterState {
                 return Err(format!("{t}: {real} jobs held, counted {n}"));
             }
         }
+        self.check_parking()?;
         self.check_arrays()
-    }
-
-    /// Tenant's queue in order (for explain and the portal).
-    pub(crate) fn tenant_queue(&self, t: TenantId) -> std::collections::btree_set::Iter<'_, QueueKey> {
-        self.tenants[t.index()].queue.iter()
     }
 
     /// Policy in force.

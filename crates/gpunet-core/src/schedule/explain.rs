@@ -158,7 +158,7 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
         return Ok(Explanation { job, message, reason, position: 0 });
     }
     // A job no node could ever hold is explained by that before anything the pass meets first (its quota, say).
-    if let Some(detail) = super::placement::never_fits(state, &j.spec) {
+    if let Some(detail) = state.parked_reason(job).or_else(|| super::placement::never_fits(state, &j.spec)) {
         let reason = PendingReason::NeverFits { detail };
         return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
     }

@@ -196,7 +196,7 @@ impl<'a> Pass<'a> {
     fn run(&mut self) {
         let st = self.st;
         let cfg = &st.cfg;
-        let mut order = Order::new(st);
+        let mut order = Order::new(st, false);
         let mut res: Option<Res> = None;
         let mut after_block = 0usize;
         let mut streak = vec![0u32; st.tenants.len()];

@@ -16,7 +16,7 @@ use std::iter::Peekable;
 /// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
 pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
     let p = Pass::new(state, now, None);
-    let mut order = Order::new(state);
+    let mut order = Order::new(state, true);
     let mut out = Vec::new();
     while out.len() < limit {
         let Some((_, k)) = order.next(|t| p.share(t)) else { break };
@@ -25,15 +25,34 @@ pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> 
     out
 }
 
+/// A tenant's queued jobs in key order: its queue, merged with its parked jobs when they are shown too.
+pub(super) struct TenantJobs<'a> {
+    queue: Peekable<std::collections::btree_set::Iter<'a, QueueKey>>,
+    parked: Option<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+}
+
+impl<'a> Iterator for TenantJobs<'a> {
+    type Item = &'a QueueKey;
+
+    fn next(&mut self) -> Option<&'a QueueKey> {
+        let Some(parked) = &mut self.parked else { return self.queue.next() };
+        match (self.queue.peek(), parked.peek()) {
+            (Some(a), Some(b)) if b < a => parked.next(),
+            (Some(_), _) => self.queue.next(),
+            (None, _) => parked.next(),
+        }
+    }
+}
+
 /// The merge of the tenant queues in policy order, pulled one job at a time.
 pub(super) enum Order<'a> {
     Jobs {
         heap: BinaryHeap<Reverse<(u64, u64, JobId, u32)>>,
-        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        iters: Vec<Peekable<TenantJobs<'a>>>,
         dropped: Vec<bool>,
     },
     Tenants {
-        iters: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+        iters: Vec<Peekable<TenantJobs<'a>>>,
         dropped: Vec<bool>,
         /// Cached shares; `None` when the tenant's allocation changed since they were computed.
         shares: Vec<Option<f64>>,
@@ -41,8 +60,17 @@ pub(super) enum Order<'a> {
 }
 
 impl<'a> Order<'a> {
-    pub(super) fn new(st: &'a ClusterState) -> Order<'a> {
-        let mut iters: Vec<_> = (0..st.tenants.len()).map(|t| st.tenant_queue(TenantId(t as u32)).peekable()).collect();
+    /// The order of the tenants' queues; `with_parked`: with the jobs no node could ever hold (which the pass
+    /// never walks, see [`crate::park`]) in their places, as the queue is shown.
+    pub(super) fn new(st: &'a ClusterState, with_parked: bool) -> Order<'a> {
+        let mut iters: Vec<_> = st
+            .tenants
+            .iter()
+            .map(|t| {
+                let parked = (with_parked && !t.parked.is_empty()).then(|| t.parked.iter().peekable());
+                TenantJobs { queue: t.queue.iter().peekable(), parked }.peekable()
+            })
+            .collect();
         let dropped = vec![false; iters.len()];
         if st.cfg.policy.orders_tenants() {
             let shares = vec![None; iters.len()];
@@ -130,7 +158,7 @@ impl Pass<'_> {
 
     /// Counts queued jobs ahead of `job` in policy order (for explain when the pass stopped before it).
     pub(super) fn count_ahead(&self, job: JobId) -> usize {
-        let mut order = Order::new(self.st);
+        let mut order = Order::new(self.st, true);
         let mut n = 0;
         while let Some((_, k)) = order.next(|t| self.share(t)) {
             let j = k.job;

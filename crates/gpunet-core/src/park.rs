@@ -1,0 +1,221 @@
+//! Parked jobs: queued jobs that no node of the cluster could ever hold, kept out of the scheduling pass.
+//!
+//! A job whose shape (GPUs and tasks at its minimum size, CPU, memory, topology scope, selector, tolerations and
+//! GPU models: [`QueueKey::shape`]) fits no node class — every job while the cluster has no node, or a job that asks
+//! for more than any node has — cannot start whatever runs or ends. Walking it in every pass made the pass, and so
+//! every submission, cost time proportional to the queue (a server with no nodes and 100k submitted jobs spent most
+//! of its time on them). Such a job is *parked* when it is queued: it stays queued (its state, its tenant's queued
+//! count and the displayed queue order are unchanged) but sits in its tenant's `parked` set, which the pass never
+//! walks. Whether a shape fits is decided once per shape and cached; the cache is dropped when a node is added (node
+//! classes only grow: a registered node never leaves the topology), and each parked shape is then decided again,
+//! its jobs moved back to their queues in one step when it now fits. So a parked job costs O(1) at enqueue and
+//! nothing per pass, and a node's arrival costs O(parked shapes) plus the jobs that move.
+
+use crate::fxhash::{FxHashMap, FxHashSet};
+use crate::ids::{JobId, TenantId};
+use crate::job::JobSpec;
+use crate::state::{queue_key, ClusterState, QueueKey};
+
+/// Parked jobs by shape, with the cached fit decisions.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Parking {
+    /// Parked jobs of each shape.
+    by_shape: FxHashMap<u64, FxHashSet<JobId>>,
+    /// Whether a shape can never fit the current node classes (`Some(why)`), or may (`None`).
+    decided: FxHashMap<u64, Option<String>>,
+}
+
+impl Parking {
+    /// Parked jobs in all.
+    pub(crate) fn len(&self) -> usize {
+        self.by_shape.values().map(|s| s.len()).sum()
+    }
+
+    /// Shapes with parked jobs.
+    pub(crate) fn shapes(&self) -> usize {
+        self.by_shape.len()
+    }
+
+    pub(crate) fn contains(&self, shape: u64, job: JobId) -> bool {
+        self.by_shape.get(&shape).is_some_and(|s| s.contains(&job))
+    }
+}
+
+/// Why a job of this spec can never run on the node classes of `state`, if so (`None` for a job of no task at its
+/// minimum size, which always fits). Unlike [`crate::never_fits`], which is asked at submission and lets a job in
+/// while no node is registered, a cluster with no node holds nothing.
+pub(crate) fn never_runs(state: &ClusterState, spec: &JobSpec) -> Option<String> {
+    let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
+    if min_tasks == 0 {
+        return None;
+    }
+    if state.topo.classes.is_empty() {
+        return Some("no node is registered yet".into());
+    }
+    crate::schedule::never_fits(state, spec)
+}
+
+impl ClusterState {
+    /// Puts a queued job's key in its tenant's queue, or among the parked when its shape can never fit. `spec` is
+    /// the job's (`None`: the job's entry in the state holds it).
+    pub(crate) fn queue_insert(&mut self, tenant: TenantId, k: QueueKey, spec: Option<&JobSpec>) {
+        let shape = k.shape();
+        let never = match self.parking.decided.get(&shape) {
+            Some(d) => d.is_some(),
+            None => match spec.or_else(|| self.jobs.get(&k.job).map(|j| &j.spec)) {
+                Some(spec) => {
+                    let d = never_runs(self, spec);
+                    let never = d.is_some();
+                    self.parking.decided.insert(shape, d);
+                    never
+                }
+                None => false,
+            },
+        };
+        if never {
+            self.tenants[tenant.index()].parked.insert(k);
+            self.parking.by_shape.entry(shape).or_default().insert(k.job);
+        } else {
+            self.tenants[tenant.index()].queue.insert(k);
+        }
+    }
+
+    /// Takes a queued job's key out of its tenant's queue or the parked; whether it was in either.
+    pub(crate) fn queue_remove(&mut self, tenant: TenantId, k: &QueueKey) -> bool {
+        let t = &mut self.tenants[tenant.index()];
+        if t.queue.remove(k) {
+            return true;
+        }
+        if !t.parked.remove(k) {
+            return false;
+        }
+        let shape = k.shape();
+        if let Some(s) = self.parking.by_shape.get_mut(&shape) {
+            s.remove(&k.job);
+            if s.is_empty() {
+                self.parking.by_shape.remove(&shape);
+            }
+        }
+        true
+    }
+
+    /// The node classes changed (a node was added): every fit decision is made again, and the jobs of each parked
+    /// shape that may now fit go back to their queues.
+    pub(crate) fn unpark_fitting(&mut self) {
+        self.parking.decided.clear();
+        let shapes: Vec<u64> = self.parking.by_shape.keys().copied().collect();
+        for shape in shapes {
+            let Some(one) = self.parking.by_shape[&shape].iter().next().copied() else { continue };
+            let d = never_runs(self, &self.jobs[&one].spec);
+            let fits = d.is_none();
+            self.parking.decided.insert(shape, d);
+            if !fits {
+                continue;
+            }
+            let ids = self.parking.by_shape.remove(&shape).unwrap_or_default();
+            for id in ids {
+                let j = &self.jobs[&id];
+                let (t, k) = (j.spec.tenant, queue_key(&self.cfg, j));
+                let te = &mut self.tenants[t.index()];
+                let was = te.parked.remove(&k);
+                debug_assert!(was, "parked job missing from its tenant's parked set");
+                te.queue.insert(k);
+            }
+        }
+    }
+
+    /// Why a parked job can never run, or `None` when it is not parked.
+    pub(crate) fn parked_reason(&self, id: JobId) -> Option<String> {
+        let j = self.jobs.get(&id)?;
+        let k = queue_key(&self.cfg, j);
+        if !self.parking.contains(k.shape(), id) {
+            return None;
+        }
+        self.parking.decided.get(&k.shape()).cloned().flatten().or_else(|| never_runs(self, &j.spec))
+    }
+
+    /// Queued jobs kept out of the scheduling pass because no node could ever hold them.
+    pub fn parked_count(&self) -> usize {
+        self.parking.len()
+    }
+
+    /// Checks the parking: every parked job is queued, in its tenant's parked set, of a shape that never fits.
+    pub(crate) fn check_parking(&self) -> Result<(), String> {
+        let mut n = 0;
+        for (shape, ids) in &self.parking.by_shape {
+            if ids.is_empty() {
+                return Err(format!("parked shape {shape:x} has no job"));
+            }
+            for id in ids {
+                let j = self.jobs.get(id).ok_or_else(|| format!("parked {id} is unknown"))?;
+                let k = queue_key(&self.cfg, j);
+                if k.shape() != *shape || !self.tenants[j.spec.tenant.index()].parked.contains(&k) {
+                    return Err(format!("parked {id} is not in its tenant's parked set under its shape"));
+                }
+                if never_runs(self, &j.spec).is_none() {
+                    return Err(format!("{id} is parked but could run on the current nodes"));
+                }
+                n += 1;
+            }
+        }
+        let in_sets: usize = self.tenants.iter().map(|t| t.parked.len()).sum();
+        if in_sets != n {
+            return Err(format!("{in_sets} keys in the tenants' parked sets but {n} parked jobs"));
+        }
+        let _ = self.parking.shapes();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::schedule::testkit::*;
+
+    #[test]
+    fn jobs_of_an_empty_cluster_are_parked_and_start_when_a_node_comes() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![], &["a"]);
+        for i in 1..=3 {
+            submit(&mut s, i, JobSpec::new(t0(), "j", 1, 1), i);
+        }
+        assert_eq!((s.queued_count(), s.parked_count()), (3, 3));
+        let e = explain(&s, JobId(2), Time::from_secs(5)).unwrap();
+        assert!(matches!(e.reason, PendingReason::NeverFits { .. }), "{e:?}");
+        assert!(e.message.contains("no node is registered"), "{}", e.message);
+        assert_eq!(queue_order(&s, Time::from_secs(5), 10), vec![JobId(1), JobId(2), JobId(3)]);
+        assert!(s.step(Time::from_secs(5)).unwrap().is_empty());
+        s.add_node(node("n", GpuModel::T4, 2)).unwrap();
+        assert_eq!(s.parked_count(), 0);
+        assert_eq!(started(&s.step(Time::from_secs(6)).unwrap()), vec![1, 2]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn only_shapes_that_never_fit_are_parked_and_a_larger_node_frees_them() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("small", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "big", 4, 1), 1);
+        submit(&mut s, 2, JobSpec::new(t0(), "small", 1, 1), 2);
+        assert_eq!(s.parked_count(), 1);
+        // The big job sits ahead in FIFO order, yet it neither blocks nor is walked: the small one starts.
+        assert_eq!(queue_order(&s, Time::from_secs(3), 10), vec![JobId(1), JobId(2)]);
+        assert_eq!(started(&s.step(Time::from_secs(3)).unwrap()), vec![2]);
+        s.cancel(JobId(1), Time::from_secs(4)).unwrap();
+        assert_eq!((s.parked_count(), s.queued_count()), (0, 0));
+        submit(&mut s, 3, JobSpec::new(t0(), "big", 4, 1), 5);
+        assert_eq!(s.parked_count(), 1);
+        s.add_node(node("large", GpuModel::T4, 4)).unwrap();
+        assert_eq!(s.parked_count(), 0);
+        assert_eq!(started(&s.step(Time::from_secs(6)).unwrap()), vec![3]);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_policy_change_keeps_parked_jobs_parked() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("small", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "big", 4, 1), 1);
+        submit(&mut s, 2, JobSpec::new(t0(), "big", 8, 1).priority(5), 2);
+        s.set_config(cfg(Policy::Priority)).unwrap();
+        assert_eq!((s.parked_count(), s.queued_count()), (2, 2));
+        assert_eq!(queue_order(&s, Time::from_secs(3), 10), vec![JobId(2), JobId(1)]);
+        s.check_invariants().unwrap();
+    }
+}
