@@ -2,8 +2,121 @@
 //! running jobs ending at their estimated ends, stopping attempts confirmed at once, and no new arrivals, to say when a
 //! queued job should start. Pure, like the rest of the core: the server answers ETAs with it.
 
+use crate::fxhash::FxHashMap;
+use crate::state::TenantEntry;
 use crate::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// The most queued jobs a replay carries: a job further back in the queue gets no prediction. It bounds the cost of
+/// an ETA by the cluster's running jobs and this, whatever the depth of the queue (see [`ClusterState::replay_base`]).
+pub const REPLAY_QUEUE_CAP: usize = 10_000;
+
+impl ClusterState {
+    /// A copy of the state to try a submission on (a dry run): [`ClusterState::replay_base`] with the first
+    /// [`REPLAY_QUEUE_CAP`] queued jobs, so that its cost does not grow with the queue.
+    pub fn probe_copy(&self, now: Time) -> ClusterState {
+        self.replay_base(None, now)
+    }
+
+    /// What a replay needs of the state, copied: nodes, tenants, quotas and running jobs, jobs waiting for
+    /// dependencies (with the jobs they depend on), and the queue's first jobs in policy order up to the last of
+    /// `want` (at most [`REPLAY_QUEUE_CAP`]; all of those without `want`). Jobs further back cannot start before the wanted ones under job-ordering
+    /// policies, held jobs never start, and parked jobs never fit, so a replay of this copy predicts the wanted
+    /// jobs' starts as one of the whole state would (short jobs further back that backfill can only be missed), at a
+    /// cost independent of the queue's depth.
+    pub(crate) fn replay_base(&self, want: Option<&HashSet<JobId>>, now: Time) -> ClusterState {
+        let mut left = want.map_or(usize::MAX, |want| {
+            want.iter()
+                .filter(|id| {
+                    self.jobs.get(id).is_some_and(|j| {
+                        j.state.is_queued()
+                            && !j.held
+                            && !self.dep_waiting.contains(id)
+                            && self.parked_reason(**id).is_none()
+                    })
+                })
+                .count()
+        });
+        let prefix = crate::schedule::queue_prefix(self, now, REPLAY_QUEUE_CAP, |id| {
+            if want.is_some_and(|w| w.contains(&id)) {
+                left -= 1;
+            }
+            left > 0
+        });
+        let mut jobs = FxHashMap::default();
+        let mut keep = |id: &JobId| {
+            if let Some(j) = self.jobs.get(id) {
+                jobs.entry(*id).or_insert_with(|| j.clone());
+            }
+        };
+        for (_, id) in &self.running_by_end {
+            keep(id);
+        }
+        for on_node in &self.node_jobs {
+            on_node.iter().for_each(&mut keep);
+        }
+        for id in &self.dep_waiting {
+            keep(id);
+            if let Some(j) = self.jobs.get(id) {
+                j.spec.dependencies.iter().flat_map(|d| &d.jobs).for_each(&mut keep);
+            }
+        }
+        let mut tenants: Vec<TenantEntry> = self
+            .tenants
+            .iter()
+            .map(|t| TenantEntry {
+                spec: t.spec.clone(),
+                queue: BTreeSet::new(),
+                parked: BTreeSet::new(),
+                decayed_gpu_ms: t.decayed_gpu_ms,
+                usage_as_of: t.usage_as_of,
+            })
+            .collect();
+        let mut queued_no_gpu = 0;
+        for (t, k) in &prefix {
+            keep(&k.job);
+            tenants[t.index()].queue.insert(*k);
+            queued_no_gpu += usize::from(self.jobs[&k.job].spec.task.gpus == 0);
+        }
+        let preempting_for = self.preempting_for.iter().copied().filter(|id| jobs.contains_key(id)).collect();
+        ClusterState {
+            cfg: self.cfg.clone(),
+            topo: self.topo.clone(),
+            free: self.free.clone(),
+            node_specs: self.node_specs.clone(),
+            node_states: self.node_states.clone(),
+            node_jobs: self.node_jobs.clone(),
+            node_names: self.node_names.clone(),
+            tenants,
+            tenant_names: self.tenant_names.clone(),
+            shape: self.shape.clone(),
+            book: self.book.clone(),
+            jobs,
+            running_by_end: self.running_by_end.clone(),
+            run_rows: self.run_rows.clone(),
+            run_row_of: self.run_row_of.clone(),
+            prio_counts: self.prio_counts.clone(),
+            tenant_runs: self.tenant_runs.clone(),
+            evicting: self.evicting.clone(),
+            running_elastic: self.running_elastic.clone(),
+            preempting_for,
+            preemption_log: self.preemption_log.clone(),
+            capacity: self.capacity,
+            queued: prefix.len(),
+            queued_no_gpu,
+            arrays: self.arrays.clone(),
+            dep_waiting: self.dep_waiting.clone(),
+            dep_waiting_per_tenant: self.dep_waiting_per_tenant.clone(),
+            held: BTreeSet::new(),
+            held_per_tenant: FxHashMap::default(),
+            dependents: self.dependents.clone(),
+            cascades: Vec::new(),
+            ended_work: Vec::new(),
+            ending: false,
+            parking: Default::default(),
+        }
+    }
+}
 
 /// When `job` is predicted to start, and where, or `None` when that cannot be told (a running job without an
 /// estimate stands in the way, or nothing would change within `max_steps` completions).
@@ -13,7 +126,7 @@ pub fn predict_start(state: &ClusterState, job: JobId, now: Time, max_steps: usi
         return j.run.as_ref().map(|r| (now, r.placement.clone()));
     }
     let mut out = None;
-    replay(state, now, max_steps, |started, t, p| {
+    replay(state, &HashSet::from([job]), now, max_steps, |started, t, p| {
         if started == job {
             out = Some((t, p.clone()));
         }
@@ -29,7 +142,7 @@ pub fn predict_starts(state: &ClusterState, jobs: &[JobId], now: Time, max_steps
     if want.is_empty() {
         return out;
     }
-    replay(state, now, max_steps, |started, t, _| {
+    replay(state, &want.clone(), now, max_steps, |started, t, _| {
         if want.remove(&started) {
             out.insert(started, t);
         }
@@ -40,8 +153,18 @@ pub fn predict_starts(state: &ClusterState, jobs: &[JobId], now: Time, max_steps
 
 /// Replays the state forward: each scheduling pass's starts are reported to `seen` (which answers whether to stop),
 /// then the clock advances to the next estimated completion or restart backoff. Stops when nothing more can be told.
-fn replay(state: &ClusterState, now: Time, max_steps: usize, mut seen: impl FnMut(JobId, Time, &Placement) -> bool) {
-    let mut s = state.clone();
+fn replay(
+    state: &ClusterState,
+    want: &HashSet<JobId>,
+    now: Time,
+    max_steps: usize,
+    seen: impl FnMut(JobId, Time, &Placement) -> bool,
+) {
+    replay_on(state.replay_base(Some(want), now), now, max_steps, seen)
+}
+
+/// [`replay`] of the given copy.
+fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl FnMut(JobId, Time, &Placement) -> bool) {
     let mut t = now;
     // Attempts being stopped end first (their stop time is not known: the ETA is optimistic by that much).
     let stopping: Vec<JobId> = s.jobs().filter(|j| j.is_stopping()).map(|j| j.id).collect();
@@ -89,6 +212,86 @@ fn replay(state: &ClusterState, now: Time, max_steps: usize, mut seen: impl FnMu
 mod tests {
     use super::*;
     use crate::*;
+    use proptest::prelude::*;
+
+    /// Starts seen by a replay of `s` (the whole state) for the queued jobs.
+    fn starts_on(s: ClusterState, now: Time) -> HashMap<JobId, Time> {
+        let mut out = HashMap::new();
+        replay_on(s, now, 2000, |j, t, _| {
+            out.insert(j, t);
+            false
+        });
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The copy a replay runs on predicts what a replay of the whole state predicts: for every queued job at
+        /// once, under each job-ordering policy, with backfill, dependencies, holds and jobs no node holds.
+        #[test]
+        fn a_replay_of_the_bounded_copy_predicts_what_the_whole_state_does(
+            jobs in proptest::collection::vec((1u32..=9, 1u64..500, 0i32..3, 0u8..10), 1..40),
+            policy in prop_oneof![Just(Policy::Fifo), Just(Policy::Priority), Just(Policy::Sjf)],
+            backfill in any::<bool>(),
+            running in 0usize..8,
+        ) {
+            let mut cfg = SchedConfig::with_policy(policy);
+            cfg.backfill = backfill;
+            cfg.preemption.enabled = false;
+            let mut s = ClusterState::new(cfg).unwrap();
+            for n in 0..2 {
+                s.add_node(NodeSpec::with_gpus(format!("n{n}"), GpuModel::T4, 4, MilliCpu::cores(32), MiB::gib(256)))
+                    .unwrap();
+            }
+            let ts = [s.add_tenant(TenantSpec::new("a")).unwrap(), s.add_tenant(TenantSpec::new("b")).unwrap()];
+            for (i, (gpus, secs, prio, extra)) in jobs.iter().enumerate() {
+                let id = JobId(i as u64 + 1);
+                let mut spec = JobSpec::new(ts[i % 2], "j", *gpus, 1).estimate(Dur::from_secs(*secs)).priority(*prio);
+                spec.topology = TopologyScope::Node;
+                if *extra == 0 && i > 0 {
+                    spec.dependencies = vec![Dependency { kind: DepKind::AfterAny, jobs: vec![JobId(i as u64)] }];
+                }
+                s.submit(id, spec, Time::from_secs(i as u64)).unwrap();
+                if *extra == 1 {
+                    s.hold(id).unwrap();
+                }
+                if i < running {
+                    s.step(Time::from_secs(i as u64)).unwrap();
+                }
+            }
+            let now = Time::from_secs(100);
+            let queued: HashSet<JobId> = s.jobs().filter(|j| j.state.is_queued()).map(|j| j.id).collect();
+            let whole = starts_on(s.clone(), now);
+            let bounded = starts_on(s.replay_base(Some(&queued), now), now);
+            prop_assert_eq!(&whole, &bounded);
+            // The 9-GPU jobs fit no node: parked, never predicted.
+            for (i, (gpus, ..)) in jobs.iter().enumerate() {
+                if *gpus == 9 {
+                    prop_assert!(!whole.contains_key(&JobId(i as u64 + 1)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_prediction_costs_the_same_behind_a_deep_queue() {
+        let mut s = ClusterState::new(SchedConfig::default()).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 2, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        s.submit(JobId(1), JobSpec::new(t, "a", 2, 1).estimate(Dur::from_secs(100)), Time::ZERO).unwrap();
+        s.step(Time::ZERO).unwrap();
+        for i in 2..50_000u64 {
+            s.submit(JobId(i), JobSpec::new(t, "q", 1, 1).estimate(Dur::from_secs(10)), Time::from_secs(1)).unwrap();
+        }
+        // Only what is ahead of job 3 is copied: the prediction does not walk or copy the 50,000 queued jobs.
+        let base = s.replay_base(Some(&HashSet::from([JobId(3)])), Time::from_secs(2));
+        assert_eq!(base.queued_count(), 2);
+        assert_eq!(predict_start(&s, JobId(3), Time::from_secs(2), 100).unwrap().0, Time::from_secs(100));
+        // A job beyond the cap gets no prediction rather than a replay of the whole queue.
+        assert!(predict_start(&s, JobId(REPLAY_QUEUE_CAP as u64 + 10), Time::from_secs(2), 100).is_none());
+        assert_eq!(s.probe_copy(Time::from_secs(2)).queued_count(), REPLAY_QUEUE_CAP);
+    }
 
     #[test]
     fn eta_follows_the_estimated_ends_of_running_jobs() {

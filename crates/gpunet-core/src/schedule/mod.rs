@@ -35,6 +35,7 @@ pub(crate) mod testkit;
 
 pub use explain::{explain, DepWait, Explanation, PendingReason};
 pub use order::queue_order;
+pub(crate) use order::queue_prefix;
 pub(crate) use placement::spec_sig;
 pub use placement::{dry_run_placement, never_fits};
 pub use preempt::PreemptReason;

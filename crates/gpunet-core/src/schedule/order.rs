@@ -25,6 +25,27 @@ pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> 
     out
 }
 
+/// The queued jobs the pass walks (not the parked), in policy order, up to and including the last for which
+/// `more` says more are wanted, at most `cap` of them, with their tenants and keys.
+pub(crate) fn queue_prefix(
+    state: &ClusterState,
+    now: Time,
+    cap: usize,
+    mut more: impl FnMut(JobId) -> bool,
+) -> Vec<(TenantId, QueueKey)> {
+    let p = Pass::new(state, now, None);
+    let mut order = Order::new(state, false);
+    let mut out = Vec::new();
+    while out.len() < cap {
+        let Some((t, k)) = order.next(|t| p.share(t)) else { break };
+        out.push((t, k));
+        if !more(k.job) {
+            break;
+        }
+    }
+    out
+}
+
 /// A tenant's queued jobs in key order: its queue, merged with its parked jobs when they are shown too.
 pub(super) struct TenantJobs<'a> {
     queue: Peekable<std::collections::btree_set::Iter<'a, QueueKey>>,

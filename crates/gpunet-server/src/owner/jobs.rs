@@ -216,9 +216,9 @@ impl Owner {
             };
             let spec = sub.to_core(self.tenant_id(&tenant)?)?;
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
-            let mut probe = self.st.clone();
-            let id = JobId(u64::MAX - 1);
             let now = Time(now_ms());
+            let mut probe = self.st.probe_copy(now);
+            let id = JobId(u64::MAX - 1);
             probe.submit(id, spec, now)?;
             let message = explain(&probe, id, now)
                 .map(|e| self.mask(&who, &e.message.replace(&id.to_string(), "this job"), None))
