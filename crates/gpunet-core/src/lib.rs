@@ -65,8 +65,8 @@ pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, never_fits, placeable, queue_order, schedule, schedule_with_stats, Decision, DepWait,
-    Explanation, PassStats, PendingReason, PreemptReason,
+    dry_run_placement, explain, explain_queue, never_fits, placeable, queue_order, schedule, schedule_with_stats,
+    Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};
 pub use tenant::{Quota, TenantSpec};

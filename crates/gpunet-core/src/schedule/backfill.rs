@@ -115,12 +115,16 @@ impl<'a> Pass<'a> {
         }
         if memo && !traced {
             self.failed.insert((shape, !short));
-        } else if traced {
-            if !short && self.try_place(job, classes, None).is_some() {
-                self.outcome = Some(PendingReason::Reservation { holder: r.head, until: r.at });
-            } else {
-                self.outcome = Some(self.capacity_reason(spec, classes, None, Vec::new()));
-            }
+        }
+        if traced || self.noted(job.id) {
+            let reserved = !short && self.try_place(job, classes, None).is_some();
+            self.note(job.id, |p| {
+                if reserved {
+                    PendingReason::Reservation { holder: r.head, until: r.at }
+                } else {
+                    p.capacity_reason(spec, classes, None, Vec::new())
+                }
+            });
         }
         false
     }

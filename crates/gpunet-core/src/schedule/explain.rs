@@ -117,51 +117,10 @@ pub struct Explanation {
 /// for dependencies is explained by the jobs it waits for; a job that ended because a dependency can never be
 /// satisfied says so.
 pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanation, CoreError> {
-    if let Some(r) = state.arrays.get(&job) {
-        if let Some(h) = r.head {
-            let mut e = explain(state, h, now)?;
-            e.message = format!("next element {h}: {}", e.message);
-            e.job = job;
-            return Ok(e);
-        }
-        if r.expands() && r.live >= r.limit() {
-            let (live, limit) = (r.live, r.limit());
-            let message = format!(
-                "array {job} has {live} live elements, its limit (%{limit}); the next element starts when one ends"
-            );
-            return Ok(Explanation { job, reason: PendingReason::ArrayLimit { live, limit }, message, position: 0 });
-        }
-        let s = r.summary_state();
-        let reason = PendingReason::NotQueued { state: s };
-        return Ok(Explanation { job, message: format!("array {job} is {s}, not queued"), reason, position: 0 });
+    if let Some(e) = explain_outside(state, job, now)? {
+        return Ok(e);
     }
     let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
-    if state.held.contains(&job) {
-        let reason = PendingReason::Held;
-        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
-    }
-    if state.dep_waiting.contains(&job) {
-        let waiting_for: Vec<DepWait> = state
-            .waiting_for(job)
-            .into_iter()
-            .map(|(kind, t)| DepWait { kind, job: t, state: state.dep_state(t).unwrap_or(JobState::Pending) })
-            .collect();
-        let reason = PendingReason::Dependency { waiting_for };
-        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
-    }
-    if !j.state.is_queued() {
-        let reason = PendingReason::NotQueued { state: j.state };
-        let message = match &j.end_reason {
-            Some(why) => format!("{job} is {}, not queued: {why}", j.state),
-            None => format!("{job} is {}, not queued", j.state),
-        };
-        return Ok(Explanation { job, message, reason, position: 0 });
-    }
-    // A job no node could ever hold is explained by that before anything the pass meets first (its quota, say).
-    if let Some(detail) = state.parked_reason(job).or_else(|| super::placement::never_fits(state, &j.spec)) {
-        let reason = PendingReason::NeverFits { detail };
-        return Ok(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 });
-    }
     let mut p = Pass::new(state, now, Some(job));
     p.run();
     let ahead = p.traced_position.unwrap_or_else(|| p.count_ahead(job));
@@ -171,6 +130,102 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
     };
     let message = describe(state, j, &reason, now);
     Ok(Explanation { job, reason, message, position: ahead })
+}
+
+/// Explains many queued jobs at once, each given with its place in the queue (as [`crate::queue_order`] lists
+/// them), from one scheduling pass that notes what it finds about each: what that pass would do, without tracing
+/// each job past the point where the pass stops (a job behind a blocked head or beyond the backfill depth is
+/// explained by the order). Its cost is one pass, however many jobs are explained; the server builds its queue
+/// view with it. Unknown jobs are left out.
+pub fn explain_queue(state: &ClusterState, jobs: &[(JobId, usize)], now: Time) -> Vec<Explanation> {
+    let mut out: Vec<Option<Explanation>> = Vec::with_capacity(jobs.len());
+    let mut noting = crate::fxhash::FxHashSet::default();
+    for (id, _) in jobs {
+        match explain_outside(state, *id, now) {
+            Ok(Some(e)) => out.push(Some(e)),
+            Ok(None) => {
+                noting.insert(*id);
+                out.push(None);
+            }
+            Err(_) => out.push(None),
+        }
+    }
+    let mut p = Pass::new(state, now, None);
+    if !noting.is_empty() {
+        p.noting = Some(noting.clone());
+        p.run();
+    }
+    jobs.iter()
+        .zip(out)
+        .filter_map(|((id, position), e)| {
+            if let Some(e) = e {
+                return Some(e);
+            }
+            let j = state.job(*id).filter(|_| noting.contains(id))?;
+            let reason = p.notes.remove(id).unwrap_or(PendingReason::Order {
+                ahead: *position,
+                policy: state.cfg.policy,
+                blocked_by: p.blocked_by,
+            });
+            Some(Explanation { job: *id, message: describe(state, j, &reason, now), reason, position: *position })
+        })
+        .collect()
+}
+
+/// The explanation of a job that needs no pass: an array, a held job, one waiting for dependencies, one not queued,
+/// or one no node could ever hold; `None` for a job in its queue.
+fn explain_outside(state: &ClusterState, job: JobId, now: Time) -> Result<Option<Explanation>, CoreError> {
+    if let Some(r) = state.arrays.get(&job) {
+        if let Some(h) = r.head {
+            let mut e = explain(state, h, now)?;
+            e.message = format!("next element {h}: {}", e.message);
+            e.job = job;
+            return Ok(Some(e));
+        }
+        if r.expands() && r.live >= r.limit() {
+            let (live, limit) = (r.live, r.limit());
+            let message = format!(
+                "array {job} has {live} live elements, its limit (%{limit}); the next element starts when one ends"
+            );
+            return Ok(Some(Explanation {
+                job,
+                reason: PendingReason::ArrayLimit { live, limit },
+                message,
+                position: 0,
+            }));
+        }
+        let s = r.summary_state();
+        let reason = PendingReason::NotQueued { state: s };
+        return Ok(Some(Explanation { job, message: format!("array {job} is {s}, not queued"), reason, position: 0 }));
+    }
+    let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
+    if state.held.contains(&job) {
+        let reason = PendingReason::Held;
+        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+    }
+    if state.dep_waiting.contains(&job) {
+        let waiting_for: Vec<DepWait> = state
+            .waiting_for(job)
+            .into_iter()
+            .map(|(kind, t)| DepWait { kind, job: t, state: state.dep_state(t).unwrap_or(JobState::Pending) })
+            .collect();
+        let reason = PendingReason::Dependency { waiting_for };
+        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+    }
+    if !j.state.is_queued() {
+        let reason = PendingReason::NotQueued { state: j.state };
+        let message = match &j.end_reason {
+            Some(why) => format!("{job} is {}, not queued: {why}", j.state),
+            None => format!("{job} is {}, not queued", j.state),
+        };
+        return Ok(Some(Explanation { job, message, reason, position: 0 }));
+    }
+    // A job no node could ever hold is explained by that before anything the pass meets first (its quota, say).
+    if let Some(detail) = state.parked_reason(job).or_else(|| super::placement::never_fits(state, &j.spec)) {
+        let reason = PendingReason::NeverFits { detail };
+        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+    }
+    Ok(None)
 }
 
 /// The reason in one sentence. Times are said relative to `now` ("in 2h5m"): the core's clock is an offset that
@@ -256,7 +311,15 @@ impl Pass<'_> {
     pub(super) fn note(&mut self, job: JobId, reason: impl FnOnce(&Self) -> PendingReason) {
         if self.trace == Some(job) {
             self.outcome = Some(reason(self));
+        } else if self.noted(job) {
+            let r = reason(self);
+            self.notes.insert(job, r);
         }
+    }
+
+    /// Whether the pass notes what it finds about `job` ([`explain_queue`]).
+    pub(super) fn noted(&self, job: JobId) -> bool {
+        self.noting.as_ref().is_some_and(|n| n.contains(&job))
     }
 
     /// Why a job waits for capacity: what it needs against what is free on its node classes now.
@@ -291,6 +354,76 @@ impl Pass<'_> {
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
+
+    #[test]
+    fn one_pass_explains_a_queue_as_job_by_job_explains_do() {
+        // Backfill on: a blocked head with a reservation, a short job that backfills, a long one kept off the
+        // reservation, a quota-held job, a held one, one waiting for a dependency and one no node could hold.
+        let mut c = cfg(Policy::Fifo);
+        c.backfill = true;
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 4)], &["a", "b"]);
+        s.set_quota(TenantId(1), Some(Quota::gpus(0, 1))).unwrap();
+        submit(&mut s, 1, JobSpec::new(t0(), "running", 3, 1).estimate(Dur::from_secs(100)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(50)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(10)), 2);
+        submit(&mut s, 4, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(1000)), 3);
+        submit(&mut s, 5, JobSpec::new(TenantId(1), "over quota", 2, 1).estimate(Dur::from_secs(5)), 1);
+        submit(&mut s, 6, JobSpec::new(t0(), "held", 1, 1), 5);
+        s.hold(JobId(6)).unwrap();
+        let mut dep = JobSpec::new(t0(), "after", 1, 1);
+        dep.dependencies = vec![crate::job::Dependency { kind: crate::job::DepKind::AfterOk, jobs: vec![JobId(2)] }];
+        submit(&mut s, 7, dep, 6);
+        submit(&mut s, 8, JobSpec::new(t0(), "huge", 16, 1), 7);
+        let now = Time::from_secs(10);
+        let order = queue_order(&s, now, 100);
+        let mut asked: Vec<(JobId, usize)> = order.iter().enumerate().map(|(i, j)| (*j, i)).collect();
+        asked.extend([(JobId(6), order.len()), (JobId(7), order.len() + 1), (JobId(99), 0)]);
+        let many = explain_queue(&s, &asked, now);
+        assert_eq!(many.len(), asked.len() - 1, "the unknown job is left out");
+        for e in many.iter().filter(|e| e.job != JobId(4)) {
+            let one = explain(&s, e.job, now).unwrap();
+            assert_eq!(e.reason, one.reason, "{}", e.job);
+            assert_eq!(e.message, one.message, "{}", e.job);
+        }
+        // The short job took the last free GPU, so the pass stopped before the long one: one pass says it waits
+        // behind the head, where a traced explain goes on to find no free GPU for it.
+        assert_eq!(
+            reason_of(&many, 4),
+            PendingReason::Order { ahead: 3, policy: Policy::Fifo, blocked_by: Some(JobId(2)) }
+        );
+        assert!(matches!(
+            explain(&s, JobId(4), now).unwrap().reason,
+            PendingReason::Capacity { free_eligible_gpus: 0, .. }
+        ));
+        let reason = |id: u64| reason_of(&many, id);
+        assert!(matches!(reason(2), PendingReason::Capacity { .. }), "{:?}", reason(2));
+        assert_eq!(reason(3), PendingReason::Starting);
+        assert!(matches!(reason(5), PendingReason::Quota { .. }), "{:?}", reason(5));
+        assert_eq!(reason(6), PendingReason::Held);
+        assert!(matches!(reason(7), PendingReason::Dependency { .. }));
+        assert!(matches!(reason(8), PendingReason::NeverFits { .. }));
+    }
+
+    fn reason_of(es: &[Explanation], id: u64) -> PendingReason {
+        es.iter().find(|e| e.job == JobId(id)).unwrap().reason.clone()
+    }
+
+    #[test]
+    fn jobs_behind_a_blocked_head_are_explained_by_the_order_with_their_places() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "running", 2, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        for i in 2..=5 {
+            submit(&mut s, i, JobSpec::new(t0(), "q", 1, 1), i);
+        }
+        let now = Time::from_secs(9);
+        let asked: Vec<(JobId, usize)> =
+            queue_order(&s, now, 10).into_iter().enumerate().map(|(i, j)| (j, i)).collect();
+        for e in explain_queue(&s, &asked, now) {
+            assert_eq!(e, explain(&s, e.job, now).unwrap());
+        }
+    }
 
     #[test]
     fn explain_reports_order_position_and_nvlink_block() {

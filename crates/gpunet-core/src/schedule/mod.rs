@@ -33,7 +33,7 @@ mod preempt;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-pub use explain::{explain, DepWait, Explanation, PendingReason};
+pub use explain::{explain, explain_queue, DepWait, Explanation, PendingReason};
 pub use order::queue_order;
 pub(crate) use order::queue_prefix;
 pub(crate) use placement::spec_sig;
@@ -161,6 +161,9 @@ struct Pass<'a> {
     trace: Option<JobId>,
     outcome: Option<PendingReason>,
     traced_position: Option<usize>,
+    /// Jobs whose outcome the pass notes, without tracing them ([`explain::explain_queue`]), and what it noted.
+    noting: Option<FxHashSet<JobId>>,
+    notes: FxHashMap<JobId, PendingReason>,
     blocked_by: Option<JobId>,
     /// [`placeable`]: skip a job that does not fit instead of blocking (no head, no reservation, no preemption).
     greedy: bool,
@@ -186,6 +189,8 @@ impl<'a> Pass<'a> {
             trace,
             outcome: None,
             traced_position: None,
+            noting: None,
+            notes: FxHashMap::default(),
             blocked_by: None,
             greedy: false,
         }
@@ -211,11 +216,14 @@ impl<'a> Pass<'a> {
             };
             let Some((t, key)) = next else { break };
             let (jid, sig) = (key.job, key.sig);
-            let traced = self.trace == Some(jid);
+            let mut traced = self.trace == Some(jid);
             if let Some(r) = &res {
                 after_block += 1;
                 match self.behind_head(r, &key, after_block, traced) {
                     Behind::Try => {}
+                    // A job the pass skips cannot start now; one whose outcome is noted is looked at like a traced
+                    // one, to find why (nothing it finds changes what the pass decides).
+                    Behind::Skip if self.noted(jid) => traced = true,
                     Behind::Skip => continue,
                     Behind::Stop => {
                         exhausted = false;
@@ -227,7 +235,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let job = &st.jobs[&jid];
-            if traced {
+            if self.trace == Some(jid) {
                 self.traced_position = Some(position);
             }
             position += 1;

@@ -153,9 +153,7 @@ impl Pass<'_> {
         if backfill {
             self.stats.backfilled += 1;
         }
-        if self.trace == Some(job.id) {
-            self.outcome = Some(PendingReason::Starting);
-        }
+        self.note(job.id, |_| PendingReason::Starting);
         self.decisions.push(Decision::Start { job: job.id, placement, borrowed });
     }
 }

@@ -1,6 +1,9 @@
 //! Shared fixtures of the pass's unit tests: a small cluster builder and the names the tests use.
 
-pub(crate) use super::{explain, queue_order, schedule, schedule_with_stats, Decision, PendingReason, PreemptReason};
+pub(crate) use super::{
+    explain, explain_queue, queue_order, schedule, schedule_with_stats, Decision, Explanation, PendingReason,
+    PreemptReason,
+};
 pub(crate) use crate::config::{Policy, PreemptionConfig, SchedConfig};
 pub(crate) use crate::gpu::GpuModel;
 pub(crate) use crate::ids::{JobId, NodeId, TenantId};
