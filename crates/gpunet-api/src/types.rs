@@ -492,6 +492,9 @@ pub struct QueueView {
     pub visible_length: usize,
     /// The first queued jobs in policy order (a tenant sees only its own, with their positions in the whole queue).
     pub entries: Vec<QueueEntry>,
+    /// When this view was computed, ms since the Unix epoch: the server computes it after changes, not per request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of_ms: Option<u64>,
 }
 
 /// One sample of the cluster's allocation.

@@ -51,6 +51,8 @@ pub struct AppState {
     pub(crate) owner: tokio::task::AbortHandle,
     /// As one of several replicas (`ha`): this leader's fencing epoch and the address clients reach it at.
     pub(crate) leader: Option<(u64, String)>,
+    /// The queue view the owner publishes (`owner/snapshot.rs`).
+    pub(crate) queue: crate::owner::snapshot::Reader,
 }
 
 /// Body limit of routes that take a small document (tenants, quotas, node registration).
@@ -968,8 +970,8 @@ async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["limit"])?;
-    let limit = limit_param(&q, 200, 50)?;
-    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Queue { who: p, limit, reply }).await?))
+    let limit = limit_param(&q, crate::owner::snapshot::QUEUE_ROWS, 50)?;
+    Ok(json(StatusCode::OK, st.queue.fresh().await.view(&p, limit)))
 }
 
 /// `GET /v1/cluster/history`: allocation and queue length sampled every 15 s over the last 12 hours.

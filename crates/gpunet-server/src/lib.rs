@@ -223,6 +223,7 @@ pub fn build(
     o.max_spec_bytes_per_tenant = cfg.max_spec_bytes_per_tenant;
     o.prices = cfg.prices.clone();
     let notifies = o.notifies.clone();
+    let queue = o.queue_reader.clone();
     let mut writes = Vec::new();
     let recover = |what: String, e: String| ServerError::Recover { what, reason: e };
     for (name, doc) in &snap.tenants {
@@ -380,6 +381,7 @@ pub fn build(
         currency: cfg.prices.currency.clone(),
         owner,
         leader: None,
+        queue,
     };
     Ok((app, gen_admin, gen_join))
 }

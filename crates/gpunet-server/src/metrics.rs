@@ -62,6 +62,8 @@ const EVICT: &[f64] = &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 #[derive(Debug)]
 pub(crate) struct ServerMetrics {
     pub(crate) pass_seconds: Histogram,
+    /// Building the queue view the API serves (`owner/snapshot.rs`).
+    pub(crate) queue_snapshot_seconds: Histogram,
     pub(crate) pending_seconds: Histogram,
     pub(crate) preemptions: AtomicU64,
     pub(crate) restarts: AtomicU64,
@@ -96,6 +98,7 @@ impl ServerMetrics {
     pub(crate) fn new() -> ServerMetrics {
         ServerMetrics {
             pass_seconds: Histogram::new(PASS),
+            queue_snapshot_seconds: Histogram::new(PASS),
             pending_seconds: Histogram::new(PENDING),
             preemptions: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
@@ -198,6 +201,12 @@ impl ServerMetrics {
         let _ = writeln!(s, "# HELP gpunet_scheduling_pass_duration_seconds Duration of one scheduling pass.");
         let _ = writeln!(s, "# TYPE gpunet_scheduling_pass_duration_seconds histogram");
         self.pass_seconds.render(&mut s, "gpunet_scheduling_pass_duration_seconds", "");
+        let _ = writeln!(
+            s,
+            "# HELP gpunet_queue_snapshot_duration_seconds Building the queue view the API serves (order, reasons, ETAs)."
+        );
+        let _ = writeln!(s, "# TYPE gpunet_queue_snapshot_duration_seconds histogram");
+        self.queue_snapshot_seconds.render(&mut s, "gpunet_queue_snapshot_duration_seconds", "");
         let _ = writeln!(
             s,
             "# HELP gpunet_job_pending_duration_seconds Time from submission to first start of jobs that started."

@@ -209,6 +209,10 @@ impl<'a> Pass<'a> {
         let mut position = 0usize;
         let mut exhausted = true;
         let served = self.serve_preemptors();
+        // Noted jobs not yet met, and whether the walk behind a reservation has stopped: then it goes on only to
+        // look at them (see `explain_queue`).
+        let mut unseen = self.noting.as_ref().map_or(0, |n| n.len());
+        let mut stopped = false;
         loop {
             let next = {
                 let this = &*self;
@@ -217,17 +221,33 @@ impl<'a> Pass<'a> {
             let Some((t, key)) = next else { break };
             let (jid, sig) = (key.job, key.sig);
             let mut traced = self.trace == Some(jid);
-            if let Some(r) = &res {
+            let noted = self.noted(jid);
+            unseen -= usize::from(noted);
+            if stopped {
+                // Past the walk's end: a noted job is looked at like a traced one, as a traced job is.
+                match (noted, unseen) {
+                    (true, _) => traced = true,
+                    (false, 0) => break,
+                    (false, _) => continue,
+                }
+            } else if let Some(r) = &res {
                 after_block += 1;
                 match self.behind_head(r, &key, after_block, traced) {
                     Behind::Try => {}
                     // A job the pass skips cannot start now; one whose outcome is noted is looked at like a traced
                     // one, to find why (nothing it finds changes what the pass decides).
-                    Behind::Skip if self.noted(jid) => traced = true,
+                    Behind::Skip if noted => traced = true,
                     Behind::Skip => continue,
                     Behind::Stop => {
                         exhausted = false;
-                        break;
+                        if !noted && unseen == 0 {
+                            break;
+                        }
+                        stopped = true;
+                        if !noted {
+                            continue;
+                        }
+                        traced = true;
                     }
                 }
             }

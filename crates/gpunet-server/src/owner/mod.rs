@@ -17,6 +17,7 @@ mod estimates;
 mod jobs;
 mod nodes;
 mod queries;
+pub(crate) mod snapshot;
 mod tenants;
 mod utilisation;
 
@@ -152,11 +153,6 @@ pub(crate) enum Cmd {
     Gauges {
         reply: Reply<String>,
     },
-    Queue {
-        who: Principal,
-        limit: usize,
-        reply: Reply<QueueView>,
-    },
     History {
         reply: Reply<Vec<HistoryPoint>>,
     },
@@ -169,6 +165,26 @@ pub(crate) enum Cmd {
 
 /// Applies a durable change to the owner's state.
 pub(crate) struct Applier(pub(crate) Box<dyn FnOnce(&mut Owner) + Send>);
+
+impl Cmd {
+    /// Whether the command only reads (changes nothing the queue view shows).
+    fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Cmd::DryRun { .. }
+                | Cmd::Get { .. }
+                | Cmd::List { .. }
+                | Cmd::Explain { .. }
+                | Cmd::Tokens { .. }
+                | Cmd::Tenants { .. }
+                | Cmd::Nodes { .. }
+                | Cmd::Summary { .. }
+                | Cmd::LiveUsage { .. }
+                | Cmd::Gauges { .. }
+                | Cmd::History { .. }
+        )
+    }
+}
 
 impl std::fmt::Debug for Applier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -340,6 +356,9 @@ pub(crate) struct Owner {
     pub(crate) idempotent: HashMap<String, Vec<u64>>,
     /// Learned run-time estimates (`owner/estimates.rs`).
     pub(crate) predictor: gpunet_core::Predictor,
+    /// The queue view the API serves, published after changes (`owner/snapshot.rs`), and its readers' side.
+    pub(crate) queue_pub: snapshot::Publisher,
+    pub(crate) queue_reader: snapshot::Reader,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -378,6 +397,7 @@ impl Owner {
         metrics: Arc<ServerMetrics>,
         events: broadcast::Sender<String>,
     ) -> Owner {
+        let (queue_pub, queue_reader) = snapshot::channel();
         Owner {
             st,
             store,
@@ -394,6 +414,8 @@ impl Owner {
             fail_how: HashMap::new(),
             lost_since: HashMap::new(),
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            queue_pub,
+            queue_reader,
             lost_after: std::time::Duration::from_secs(10),
             fence_after: std::time::Duration::from_secs(60),
             checkpoint_roots: Vec::new(),
@@ -721,6 +743,14 @@ impl Owner {
             .collect()
     }
 
+    /// Takes one command from the channel: a change bumps the queue view's change number first (see `snapshot`).
+    fn take(&mut self, cmd: Cmd) {
+        if !cmd.is_read() {
+            self.queue_pub.bump();
+        }
+        self.handle(cmd)
+    }
+
     /// Applies one command. While the store refuses writes, changes are refused here, in one place; the rest is a
     /// dispatch to the handlers of each command family (`jobs`, `tenants`, `nodes`, `queries`).
     pub(crate) fn handle(&mut self, cmd: Cmd) {
@@ -774,9 +804,6 @@ impl Owner {
             Cmd::LiveUsage { who, reply } => self.live_usage(who, reply),
             Cmd::Gauges { reply } => {
                 let _ = reply.send(Ok(crate::metrics::gauges(self)));
-            }
-            Cmd::Queue { who, limit, reply } => {
-                let _ = reply.send(self.queue(&who, limit));
             }
             Cmd::History { reply } => {
                 let _ = reply.send(Ok(self.history.iter().cloned().collect()));
@@ -874,6 +901,7 @@ impl Owner {
             }
         }
         if !writes.is_empty() {
+            self.queue_pub.bump();
             self.persist(writes, "scheduling decisions");
         }
         self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
@@ -894,10 +922,15 @@ impl Owner {
         let min_gap = std::time::Duration::from_millis(5);
         let mut last_pass = tokio::time::Instant::now() - tick;
         loop {
-            // The next pass: 5 ms after the last one when something changed, else a tick after it.
-            let due = last_pass + if self.dirty { min_gap } else { tick };
+            // The next pass: 5 ms after the last one when something changed, else a tick after it; or the next build
+            // of the queue view, if sooner.
+            let mut due = last_pass + if self.dirty { min_gap } else { tick };
+            if let Some(d) = self.queue_pub.due(self.st.queued_count() > 0) {
+                due = due.min(tokio::time::Instant::from_std(d));
+            }
             tokio::select! {
                 Some(f) = applied.recv() => {
+                    self.queue_pub.bump();
                     (f.0)(&mut self);
                     while let Ok(f) = applied.try_recv() {
                         (f.0)(&mut self);
@@ -905,12 +938,12 @@ impl Owner {
                 }
                 cmd = rx.recv() => {
                     let Some(cmd) = cmd else { break };
-                    self.handle(cmd);
+                    self.take(cmd);
                     // Take what else is waiting.
                     let mut n = 0;
                     while n < 4096 {
                         match rx.try_recv() {
-                            Ok(c) => self.handle(c),
+                            Ok(c) => self.take(c),
                             Err(_) => break,
                         }
                         n += 1;
@@ -923,6 +956,7 @@ impl Owner {
                 self.pass();
                 last_pass = tokio::time::Instant::now();
             }
+            self.publish_queue();
         }
     }
 }

@@ -1,11 +1,10 @@
-//! The owner's reads of the cluster: the summary, live usage of running jobs, and the queue in policy order with
-//! each entry's reason and predicted start.
+//! The owner's reads of the cluster: the summary and live usage of running jobs (the queue view is published by the
+//! owner instead, see `snapshot`).
 
 use super::{JobDoc, Owner, Reply};
 use crate::{now_ms, Principal};
 use gpunet_api::types::*;
-use gpunet_api::ApiError;
-use gpunet_core::{explain, queue_order, JobId, JobState, Time};
+use gpunet_core::JobState;
 use gpunet_store::UsageRow;
 use std::collections::BTreeMap;
 
@@ -46,60 +45,5 @@ impl Owner {
             .flat_map(|(d, j)| self.usage_rows(&JobDoc { job: j.clone(), ..d.clone() }, now))
             .collect();
         let _ = reply.send(Ok(rows));
-    }
-
-    /// The first `limit` queued jobs in policy order that `who` may see, each with its reason and predicted start.
-    pub(super) fn queue(&self, who: &Principal, limit: usize) -> Result<QueueView, ApiError> {
-        let now = Time(now_ms());
-        // A tenant sees its own jobs with their places in the whole queue: walk far enough to find `limit` of them.
-        let walk = if matches!(who, Principal::Tenant(_)) { usize::MAX } else { limit };
-        let order = queue_order(&self.st, now, walk);
-        let visible = |j: &JobId| match who {
-            Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
-            _ => true,
-        };
-        let all_mine: Vec<(usize, JobId)> =
-            order.iter().enumerate().filter(|(_, j)| visible(j)).map(|(i, j)| (i, *j)).collect();
-        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id, with their reason.
-        let outside = || self.st.dependency_waiting().chain(self.st.held_jobs());
-        let waiting_deps = outside().filter(visible).count();
-        let visible_length = match who {
-            Principal::Tenant(_) => all_mine.len() + waiting_deps,
-            _ => self.st.queued_count() + waiting_deps,
-        };
-        let mut mine: Vec<(usize, JobId)> = all_mine.into_iter().take(limit).collect();
-        let room = limit.saturating_sub(mine.len());
-        mine.extend(outside().filter(visible).take(room).enumerate().map(|(k, j)| (order.len() + k, j)));
-        let ids: Vec<JobId> = mine.iter().map(|(_, j)| *j).collect();
-        let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
-        let mut entries = Vec::with_capacity(mine.len());
-        for (position, j) in mine {
-            let (Some(job), Some(d)) = (self.st.job(j), self.docs.get(&j.0)) else { continue };
-            let e = explain(&self.st, j, now)?;
-            let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
-            let message = self.mask(who, &e.message, Some(&mut reason));
-            entries.push(QueueEntry {
-                position,
-                id: j.0,
-                name: match job.array_of {
-                    Some((_, i)) => format!("{}[{i}]", d.submission.name),
-                    None => d.submission.name.clone(),
-                },
-                tenant: d.tenant.clone(),
-                state: job.state.to_string(),
-                priority: d.submission.priority,
-                gpus: job.spec.task.gpus * job.spec.tasks,
-                submitted_ms: job.submitted.0,
-                message,
-                reason,
-                eta_ms: etas.get(&j).map(|t| t.0),
-            });
-        }
-        Ok(QueueView {
-            policy: self.st.policy().to_string(),
-            queue_length: self.st.queued_count(),
-            visible_length,
-            entries,
-        })
     }
 }

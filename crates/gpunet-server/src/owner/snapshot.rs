@@ -1,0 +1,233 @@
+//! The queue view, off the owner: `GET /v1/queue` (the portal's Queue page, refreshed every 2 s by every reader) is
+//! answered from a [`QueueSnapshot`] that the owner publishes, never by the owner itself, so that no reader, however
+//! many, delays a submission, an agent's sync or a pass.
+//!
+//! The owner builds a snapshot after a batch of changes (and every [`REFRESH`] to keep relative times fresh): the
+//! queue in policy order for [`WALK`] positions, the first [`QUEUE_ROWS`] jobs of it and of each tenant with their
+//! places, explained by one pass that notes what it finds about each (`gpunet_core::explain_queue`), and their
+//! predicted starts from one replay of a bounded copy of the state (`gpunet_core::predict`). Messages for a tenant
+//! are masked when built. A build is at most every ten times the last one's cost, so that building takes at most
+//! about a tenth of the owner's time whatever the depth of the queue.
+//!
+//! Every change the owner makes bumps a sequence number before it is applied (and so before anyone is told of it); a
+//! snapshot carries the number it was built at. A reader waits (at most [`READ_WAIT`]) for a snapshot at least as new
+//! as the number when it asked: a client that submitted a job and then reads the queue sees its job.
+
+use super::Owner;
+use crate::{now_ms, Principal};
+use gpunet_api::types::{QueueEntry, QueueView};
+use gpunet_core::{explain_queue, queue_order, JobId, Time};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Rows kept for the whole queue and for each tenant: the API's largest `limit`.
+pub(crate) const QUEUE_ROWS: usize = 200;
+/// Positions of the queue walked for a snapshot: a tenant's jobs further back are counted in its `visible_length`
+/// but not listed.
+pub(crate) const WALK: usize = 100_000;
+/// A snapshot is rebuilt at least this often while anything is queued, so that its relative times stay true.
+pub(crate) const REFRESH: Duration = Duration::from_secs(2);
+/// The shortest time between two builds.
+const MIN_GAP: Duration = Duration::from_millis(2);
+/// How long a reader waits for a snapshot that includes the changes made before it asked.
+pub(crate) const READ_WAIT: Duration = Duration::from_secs(2);
+
+/// The queue as published by the owner.
+#[derive(Debug, Default)]
+pub(crate) struct QueueSnapshot {
+    /// The owner's change number when it was built.
+    pub(crate) seq: u64,
+    /// When it was built, ms since the Unix epoch.
+    pub(crate) at_ms: u64,
+    policy: String,
+    queue_length: usize,
+    /// Jobs waiting (queued, waiting for dependencies or held), all tenants.
+    waiting: usize,
+    /// The first rows of the whole queue, then jobs in no queue (dependency waits, then held), unmasked.
+    all: Vec<QueueEntry>,
+    /// Each tenant's jobs waiting, and its first rows (masked for it).
+    tenants: HashMap<String, (usize, Vec<QueueEntry>)>,
+}
+
+impl QueueSnapshot {
+    /// What `who` may see of it, at most `limit` rows.
+    pub(crate) fn view(&self, who: &Principal, limit: usize) -> QueueView {
+        let (visible_length, rows) = match who {
+            Principal::Tenant(t) => self.tenants.get(t).map_or((0, &[][..]), |(n, rows)| (*n, &rows[..])),
+            _ => (self.waiting, &self.all[..]),
+        };
+        QueueView {
+            policy: self.policy.clone(),
+            queue_length: self.queue_length,
+            visible_length,
+            entries: rows.iter().take(limit).cloned().collect(),
+            as_of_ms: Some(self.at_ms),
+        }
+    }
+}
+
+/// The owner's side: the change number, the channel, and when to build next.
+#[derive(Debug)]
+pub(crate) struct Publisher {
+    pub(crate) seq: Arc<AtomicU64>,
+    tx: watch::Sender<Arc<QueueSnapshot>>,
+    built_seq: u64,
+    built_at: Option<Instant>,
+    cost: Duration,
+}
+
+/// The readers' side.
+#[derive(Debug, Clone)]
+pub(crate) struct Reader {
+    seq: Arc<AtomicU64>,
+    rx: watch::Receiver<Arc<QueueSnapshot>>,
+}
+
+/// A publisher and its readers, with an empty snapshot.
+pub(crate) fn channel() -> (Publisher, Reader) {
+    let seq = Arc::new(AtomicU64::new(1));
+    let (tx, rx) = watch::channel(Arc::new(QueueSnapshot::default()));
+    (Publisher { seq: seq.clone(), tx, built_seq: 0, built_at: None, cost: Duration::ZERO }, Reader { seq, rx })
+}
+
+impl Reader {
+    /// The latest snapshot once it includes every change made before this call (or after [`READ_WAIT`], the latest).
+    pub(crate) async fn fresh(&self) -> Arc<QueueSnapshot> {
+        let want = self.seq.load(Ordering::Acquire);
+        let mut rx = self.rx.clone();
+        let deadline = tokio::time::Instant::now() + READ_WAIT;
+        loop {
+            let s = rx.borrow_and_update().clone();
+            if s.seq >= want {
+                return s;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return s,
+            }
+        }
+    }
+}
+
+impl Publisher {
+    /// A change is about to be made.
+    pub(crate) fn bump(&self) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// When the next build is due: `None` when nothing changed and no refresh is due.
+    pub(crate) fn due(&self, queued: bool) -> Option<Instant> {
+        let Some(at) = self.built_at else { return Some(Instant::now()) };
+        if self.seq.load(Ordering::Acquire) != self.built_seq {
+            Some(at + (self.cost * 10).max(MIN_GAP))
+        } else if queued {
+            Some(at + REFRESH)
+        } else {
+            None
+        }
+    }
+}
+
+impl Owner {
+    /// Builds and publishes a snapshot if one is due.
+    pub(crate) fn publish_queue(&mut self) {
+        let queued = self.st.queued_count() > 0;
+        if self.queue_pub.due(queued).is_none_or(|d| d > Instant::now()) {
+            return;
+        }
+        let t0 = Instant::now();
+        let seq = self.queue_pub.seq.load(Ordering::Acquire);
+        let snap = self.queue_snapshot(seq);
+        self.queue_pub.tx.send_replace(Arc::new(snap));
+        self.queue_pub.built_seq = seq;
+        self.queue_pub.built_at = Some(Instant::now());
+        self.queue_pub.cost = t0.elapsed();
+        self.metrics.queue_snapshot_seconds.observe(self.queue_pub.cost.as_secs_f64());
+    }
+
+    /// The queue now, as [`QueueSnapshot`] describes.
+    fn queue_snapshot(&self, seq: u64) -> QueueSnapshot {
+        let now = Time(now_ms());
+        let tenant_of = |j: &JobId| self.docs.get(&j.0).map(|d| d.tenant.as_str());
+        let order = queue_order(&self.st, now, WALK);
+        let mut all: Vec<(usize, JobId)> = Vec::with_capacity(QUEUE_ROWS);
+        let mut mine: BTreeMap<&str, Vec<(usize, JobId)>> = BTreeMap::new();
+        let mut take = |position: usize, j: JobId, all: &mut Vec<(usize, JobId)>| {
+            if all.len() < QUEUE_ROWS {
+                all.push((position, j));
+            }
+            if let Some(t) = tenant_of(&j) {
+                let rows = mine.entry(t).or_default();
+                if rows.len() < QUEUE_ROWS {
+                    rows.push((position, j));
+                }
+            }
+        };
+        for (i, j) in order.iter().enumerate() {
+            take(i, *j, &mut all);
+        }
+        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id.
+        let queued = self.st.queued_count();
+        let outside = self.st.dependency_waiting().chain(self.st.held_jobs());
+        for (k, j) in outside.take(WALK).enumerate() {
+            take(queued + k, j, &mut all);
+        }
+        let mut asked: Vec<(JobId, usize)> = all.iter().map(|(p, j)| (*j, *p)).collect();
+        for rows in mine.values() {
+            asked.extend(rows.iter().map(|(p, j)| (*j, *p)));
+        }
+        asked.sort_unstable();
+        asked.dedup();
+        let ids: Vec<JobId> = asked.iter().map(|(j, _)| *j).collect();
+        let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
+        let explained: HashMap<JobId, gpunet_core::Explanation> =
+            explain_queue(&self.st, &asked, now).into_iter().map(|e| (e.job, e)).collect();
+        let entry = |position: usize, j: JobId, who: &Principal| -> Option<QueueEntry> {
+            let (job, d, e) = (self.st.job(j)?, self.docs.get(&j.0)?, explained.get(&j)?);
+            let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
+            let message = self.mask(who, &e.message, Some(&mut reason));
+            Some(QueueEntry {
+                position,
+                id: j.0,
+                name: match job.array_of {
+                    Some((_, i)) => format!("{}[{i}]", d.submission.name),
+                    None => d.submission.name.clone(),
+                },
+                tenant: d.tenant.clone(),
+                state: job.state.to_string(),
+                priority: d.submission.priority,
+                gpus: job.spec.task.gpus * job.spec.tasks,
+                submitted_ms: job.submitted.0,
+                message,
+                reason,
+                eta_ms: etas.get(&j).map(|t| t.0),
+            })
+        };
+        let all = all.iter().filter_map(|(p, j)| entry(*p, *j, &Principal::Admin)).collect();
+        let tenants = self
+            .tenants
+            .keys()
+            .map(|t| {
+                let waiting = self.tenant_id(t).map_or(0, |id| self.st.tenant_queued_count(id));
+                let who = Principal::Tenant(t.clone());
+                let rows = mine
+                    .get(t.as_str())
+                    .map(|rows| rows.iter().filter_map(|(p, j)| entry(*p, *j, &who)).collect())
+                    .unwrap_or_default();
+                (t.clone(), (waiting, rows))
+            })
+            .collect();
+        QueueSnapshot {
+            seq,
+            at_ms: now.0,
+            policy: self.st.policy().to_string(),
+            queue_length: queued,
+            waiting: queued + self.st.dependency_waiting().count() + self.st.held_jobs().count(),
+            all,
+            tenants,
+        }
+    }
+}
