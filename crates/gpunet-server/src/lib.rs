@@ -364,7 +364,25 @@ pub fn build(
     let (atx, arx) = mpsc::unbounded_channel();
     o.self_tx = Some(atx);
     let tick = cfg.tick;
-    let owner = tokio::spawn(o.run(rx, arx, tick)).abort_handle();
+    // The owner runs on a thread of its own (one task on a one-thread runtime): however much work the HTTP workers
+    // have (serialising large reads, parsing bodies), they cannot hold it up between its awaits; the OS shares the
+    // cores between them.
+    let (htx, hrx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("gpunet-owner".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "start the owner's runtime"),
+            };
+            rt.block_on(async move {
+                let h = tokio::spawn(o.run(rx, arx, tick));
+                let _ = htx.send(h.abort_handle());
+                let _ = h.await;
+            });
+        })
+        .map_err(|e| ServerError::Recover { what: "owner thread".into(), reason: e.to_string() })?;
+    let owner = hrx.recv().map_err(|e| ServerError::Recover { what: "owner thread".into(), reason: e.to_string() })?;
     let logs_dir = cfg.data_dir.join("logs");
     let app = http::AppState {
         tx,

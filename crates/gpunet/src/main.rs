@@ -385,6 +385,8 @@ enum BenchCmd {
     Api(bench::api::ApiArgs),
     /// N trivial jobs through server and agent on S GPU slots: submit → process start, and drain time.
     E2e(bench::e2e::E2eArgs),
+    /// A server of its own with a deep queue: submissions/s, p99 and memory at each depth, with and without readers.
+    Depth(bench::depth::DepthArgs),
 }
 
 fn read_file(p: &PathBuf) -> Result<String> {
@@ -744,6 +746,7 @@ fn real_main() -> Result<()> {
         Cmd::Admin { what } => admin::run(what)?,
         Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
         Cmd::Bench { what: BenchCmd::E2e(args) } => runtime()?.block_on(bench::e2e::run(args))?,
+        Cmd::Bench { what: BenchCmd::Depth(args) } => runtime()?.block_on(bench::depth::run(args))?,
         Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,
         Cmd::Drain(a) => runtime()?.block_on(node_action(a, "drain"))?,
         Cmd::Uncordon(a) => runtime()?.block_on(node_action(a, "uncordon"))?,

@@ -92,64 +92,8 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
         ))),
         None => None,
     };
-    let t0 = Instant::now();
-    let mut handles = Vec::new();
-    for c in 0..a.clients {
-        let n = a.jobs / a.clients + usize::from(c < a.jobs % a.clients);
-        let (http, servers, token, ids) = (http.clone(), servers.clone(), a.token.clone(), ids.clone());
-        let body = format!(r#"{{"name":"bench-{c}","gpus":1,"command":["true"]{tenant_field}}}"#);
-        handles.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(n);
-            let mut acks = Vec::with_capacity(n);
-            let mut replayed = 0usize;
-            for _ in 0..n {
-                let t = Instant::now();
-                let key = crate::client::new_idempotency_key();
-                let r = send_to_leader(&servers, true, |base| {
-                    http.post(format!("{base}/v1/jobs"))
-                        .bearer_auth(&token)
-                        .header("content-type", "application/json")
-                        .header("idempotency-key", &key)
-                        .body(body.clone())
-                })
-                .await;
-                let Ok(r) = r else { break };
-                match r.status().as_u16() {
-                    201 => {}
-                    200 if r.headers().contains_key("idempotent-replayed") => replayed += 1,
-                    _ => break,
-                }
-                let v: serde_json::Value = r.json().await.unwrap_or_default();
-                lat.push(t.elapsed().as_secs_f64() * 1e3);
-                acks.push(t0.elapsed().as_secs_f64() * 1e3);
-                if let (Some(ids), Some(id)) = (&ids, v["id"].as_u64()) {
-                    let mut f = ids.lock().expect("ids file lock");
-                    let _ = writeln!(f, "{id}");
-                    let _ = f.flush();
-                }
-            }
-            (lat, acks, replayed)
-        }));
-    }
-    let (mut lat, mut acks, mut replayed) = (Vec::new(), vec![0.0], 0);
-    for h in handles {
-        let (l, a, r) = h.await?;
-        lat.extend(l);
-        acks.extend(a);
-        replayed += r;
-    }
-    acks.sort_by(f64::total_cmp);
-    let longest_gap_ms = acks.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-    let secs = t0.elapsed().as_secs_f64();
-    lat.sort_by(f64::total_cmp);
-    let r = ApiReport {
-        acknowledged: lat.len(),
-        submissions_per_s: lat.len() as f64 / secs,
-        p50_ms: quantile(&lat, 0.5),
-        p99_ms: quantile(&lat, 0.99),
-        replayed,
-        longest_gap_ms,
-    };
+    let load = Load { http, servers, token: a.token.clone(), tenant_field: tenant_field.into(), ids };
+    let r = load.submit(a.clients, a.jobs).await?;
     if a.output == "json" {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -161,4 +105,83 @@ pub(crate) async fn run(a: ApiArgs) -> Result<()> {
         println!("longest_gap_ms     {:.0}", r.longest_gap_ms);
     }
     Ok(())
+}
+
+/// Where and as whom submissions go.
+#[derive(Debug, Clone)]
+pub(crate) struct Load {
+    pub(crate) http: reqwest::Client,
+    pub(crate) servers: gpunet_api::servers::ServerList,
+    pub(crate) token: String,
+    /// `,"tenant":"…"` for an admin token, else empty.
+    pub(crate) tenant_field: String,
+    pub(crate) ids: Option<Arc<Mutex<std::fs::File>>>,
+}
+
+impl Load {
+    /// Submits `jobs` trivial one-GPU jobs from `clients` concurrent clients, one at a time each, with an idempotency
+    /// key each; measures until the last is acknowledged.
+    pub(crate) async fn submit(&self, clients: usize, jobs: usize) -> Result<ApiReport> {
+        let tenant_field = &self.tenant_field;
+        let t0 = Instant::now();
+        let mut handles = Vec::new();
+        for c in 0..clients {
+            let n = jobs / clients + usize::from(c < jobs % clients);
+            let (http, servers, token, ids) =
+                (self.http.clone(), self.servers.clone(), self.token.clone(), self.ids.clone());
+            let body = format!(r#"{{"name":"bench-{c}","gpus":1,"command":["true"]{tenant_field}}}"#);
+            handles.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(n);
+                let mut acks = Vec::with_capacity(n);
+                let mut replayed = 0usize;
+                for _ in 0..n {
+                    let t = Instant::now();
+                    let key = crate::client::new_idempotency_key();
+                    let r = send_to_leader(&servers, true, |base| {
+                        http.post(format!("{base}/v1/jobs"))
+                            .bearer_auth(&token)
+                            .header("content-type", "application/json")
+                            .header("idempotency-key", &key)
+                            .body(body.clone())
+                    })
+                    .await;
+                    let Ok(r) = r else { break };
+                    match r.status().as_u16() {
+                        201 => {}
+                        200 if r.headers().contains_key("idempotent-replayed") => replayed += 1,
+                        _ => break,
+                    }
+                    let v: serde_json::Value = r.json().await.unwrap_or_default();
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    acks.push(t0.elapsed().as_secs_f64() * 1e3);
+                    if let (Some(ids), Some(id)) = (&ids, v["id"].as_u64()) {
+                        let mut f = ids.lock().expect("ids file lock");
+                        let _ = writeln!(f, "{id}");
+                        let _ = f.flush();
+                    }
+                }
+                (lat, acks, replayed)
+            }));
+        }
+        let (mut lat, mut acks, mut replayed) = (Vec::new(), vec![0.0], 0);
+        for h in handles {
+            let (l, a, r) = h.await?;
+            lat.extend(l);
+            acks.extend(a);
+            replayed += r;
+        }
+        acks.sort_by(f64::total_cmp);
+        let longest_gap_ms = acks.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        let secs = t0.elapsed().as_secs_f64();
+        lat.sort_by(f64::total_cmp);
+        let r = ApiReport {
+            acknowledged: lat.len(),
+            submissions_per_s: lat.len() as f64 / secs,
+            p50_ms: quantile(&lat, 0.5),
+            p99_ms: quantile(&lat, 0.99),
+            replayed,
+            longest_gap_ms,
+        };
+        Ok(r)
+    }
 }

@@ -1,6 +1,7 @@
 //! `gpunet bench …`: benchmarks whose figures go into issue notes.
 
 pub(crate) mod api;
+pub(crate) mod depth;
 pub(crate) mod e2e;
 pub(crate) mod sched;
 

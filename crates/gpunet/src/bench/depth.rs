@@ -1,0 +1,316 @@
+//! `gpunet bench depth`: the control plane with a deep queue. It starts its own `gpunet server` (this binary, a
+//! child process on loopback, SQLite store, no node: nothing can start), fills the queue to each depth with batch
+//! submissions, and at each depth measures durable submissions per second and their latency from concurrent clients,
+//! then the same while readers poll `GET /v1/queue?limit=50` and `GET /v1/jobs?limit=50` without pause, one
+//! `GET /v1/queue?limit=50` on its own, and the server's resident memory. One JSON object per depth; then the
+//! server is restarted with everything queued and the time until it answers the queue again is reported.
+
+use crate::bench::api::{ApiReport, Load};
+use crate::bench::quantile;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Options.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DepthArgs {
+    /// Queue depths to measure at, ascending, comma-separated.
+    #[arg(long, default_value = "0,100000,500000,1000000", value_delimiter = ',')]
+    pub(crate) depths: Vec<usize>,
+    /// Submissions measured at each depth (and again with readers).
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) jobs: usize,
+    /// Concurrent submitting clients.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) clients: usize,
+    /// Concurrent readers (half poll the queue, half the job list).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) readers: usize,
+    /// Where the server keeps its data (default: a new directory under `TMPDIR`, removed at the end).
+    #[arg(long)]
+    pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// Skip the restart at the end.
+    #[arg(long)]
+    pub(crate) no_restart: bool,
+}
+
+/// Figures at one depth.
+#[derive(Debug, Serialize)]
+struct DepthReport {
+    /// Jobs pending when the measurement began.
+    pending: usize,
+    submissions_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// With the readers polling.
+    with_readers: ReadersReport,
+    /// Median and slowest of 21 `GET /v1/queue?limit=50` alone.
+    queue_get_p50_ms: f64,
+    queue_get_max_ms: f64,
+    /// The server's resident memory after the measurement, and per pending job.
+    rss_mib: f64,
+    rss_per_pending_kib: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct ReadersReport {
+    readers: usize,
+    submissions_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Reads answered per second, and their latency.
+    reads_per_s: f64,
+    read_p50_ms: f64,
+    read_p99_ms: f64,
+    /// Submissions per second with readers ÷ without.
+    ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct RestartReport {
+    /// Jobs pending across the restart.
+    pending: usize,
+    /// From starting the server process to its first answer of `GET /v1/queue`.
+    restart_s: f64,
+    /// Its resident memory then.
+    rss_mib: f64,
+}
+
+/// The server child, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(dir: &std::path::Path, admin: &str) -> Result<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("server.log"))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["server", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--admin-token", admin])
+            .args(["--join-token", &format!("join-{admin}"), "--max-queued-jobs-per-tenant", "100000000"])
+            .args(["--max-spec-bytes-per-tenant", "1000000000000"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start gpunet server")?;
+        Ok(Server { child, url: format!("http://127.0.0.1:{port}") })
+    }
+
+    /// Resident memory in MiB (VmRSS).
+    fn rss_mib(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
+    /// Waits until `GET /v1/queue` answers.
+    async fn ready(&mut self, http: &reqwest::Client, admin: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                bail!("the server exited ({st}) before it answered");
+            }
+            let r = http.get(format!("{}/v1/queue?limit=1", self.url)).bearer_auth(admin).send().await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the server did not answer within 10 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub(crate) async fn run(a: DepthArgs) -> Result<()> {
+    if a.depths.windows(2).any(|w| w[1] < w[0]) {
+        bail!("invalid --depths: give them ascending");
+    }
+    if a.clients == 0 || a.jobs == 0 {
+        bail!("invalid --clients/--jobs: both must be at least 1");
+    }
+    let (dir, remove) = match &a.data_dir {
+        Some(d) => (d.clone(), false),
+        None => (std::env::temp_dir().join(format!("gpunet-bench-depth-{}", std::process::id())), true),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let r = measure(&a, &dir).await;
+    if remove {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r
+}
+
+async fn measure(a: &DepthArgs, dir: &std::path::Path) -> Result<()> {
+    let admin = gpunet_server::new_token();
+    let http = crate::client::http_client(None, a.clients * 2 + a.readers * 2)?;
+    let mut server = Server::start(dir, &admin)?;
+    server.ready(&http, &admin).await?;
+    let r = http
+        .post(format!("{}/v1/tenants", server.url))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body(r#"{"name":"bench"}"#)
+        .send()
+        .await?;
+    if !r.status().is_success() {
+        bail!("create tenant bench: {}", r.text().await?);
+    }
+    let servers =
+        gpunet_api::servers::ServerList::parse("--server", &server.url).map_err(|e| anyhow::anyhow!(e.message))?;
+    let load = Load {
+        http: http.clone(),
+        servers,
+        token: admin.clone(),
+        tenant_field: r#","tenant":"bench""#.into(),
+        ids: None,
+    };
+    let mut pending = 0usize;
+    for &depth in &a.depths {
+        pending += prefill(&http, &server.url, &admin, depth.saturating_sub(pending)).await?;
+        let at = pending;
+        let alone = load.submit(a.clients, a.jobs).await?;
+        pending += alone.acknowledged;
+        let (with, reads) = with_readers(&load, a, &server.url).await?;
+        pending += with.acknowledged;
+        let (get_p50, get_max) = queue_gets(&http, &server.url, &admin).await?;
+        let rss = server.rss_mib();
+        let report = DepthReport {
+            pending: at,
+            submissions_per_s: alone.submissions_per_s,
+            p50_ms: alone.p50_ms,
+            p99_ms: alone.p99_ms,
+            with_readers: ReadersReport {
+                readers: a.readers,
+                submissions_per_s: with.submissions_per_s,
+                p50_ms: with.p50_ms,
+                p99_ms: with.p99_ms,
+                reads_per_s: reads.0,
+                read_p50_ms: reads.1,
+                read_p99_ms: reads.2,
+                ratio: with.submissions_per_s / alone.submissions_per_s,
+            },
+            queue_get_p50_ms: get_p50,
+            queue_get_max_ms: get_max,
+            rss_mib: rss,
+            rss_per_pending_kib: if pending > 0 { rss * 1024.0 / pending as f64 } else { 0.0 },
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    if !a.no_restart {
+        drop(server);
+        let t0 = Instant::now();
+        let mut server = Server::start(dir, &admin)?;
+        server.ready(&http, &admin).await?;
+        let restart_s = t0.elapsed().as_secs_f64();
+        let r = RestartReport { pending, restart_s, rss_mib: server.rss_mib() };
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(())
+}
+
+/// Queues `n` jobs in batches of 5,000 from two clients; returns how many were acknowledged.
+async fn prefill(http: &reqwest::Client, url: &str, admin: &str, n: usize) -> Result<usize> {
+    const BATCH: usize = 5_000;
+    let one = r#"{"name":"fill","gpus":1,"command":["true"],"tenant":"bench"}"#;
+    let batches: Vec<usize> = (0..n.div_ceil(BATCH)).map(|i| BATCH.min(n - i * BATCH)).collect();
+    let queue = Arc::new(Mutex::new(batches));
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let (http, url, admin, queue) = (http.clone(), url.to_string(), admin.to_string(), queue.clone());
+        handles.push(tokio::spawn(async move {
+            let mut done = 0usize;
+            loop {
+                let Some(k) = queue.lock().expect("batches").pop() else { break };
+                let body = format!("[{}]", vec![one; k].join(","));
+                let r = http
+                    .post(format!("{url}/v1/jobs/batch"))
+                    .bearer_auth(&admin)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                if !r.status().is_success() {
+                    bail!("prefill batch: {} {}", r.status(), r.text().await.unwrap_or_default());
+                }
+                done += k;
+            }
+            Ok(done)
+        }));
+    }
+    let mut done = 0;
+    for h in handles {
+        done += h.await??;
+    }
+    Ok(done)
+}
+
+/// Submissions measured while `readers` clients read without pause; returns them with the reads' rate, p50, p99.
+async fn with_readers(load: &Load, a: &DepthArgs, url: &str) -> Result<(ApiReport, (f64, f64, f64))> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for i in 0..a.readers {
+        let (http, token, stop) = (load.http.clone(), load.token.clone(), stop.clone());
+        let path = if i % 2 == 0 { "/v1/queue?limit=50" } else { "/v1/jobs?limit=50" };
+        let target = format!("{url}{path}");
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let r = http.get(&target).bearer_auth(&token).send().await?;
+                if !r.status().is_success() {
+                    bail!("GET {target}: {}", r.status());
+                }
+                r.bytes().await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(lat)
+        }));
+    }
+    let t0 = Instant::now();
+    let report = load.submit(a.clients, a.jobs).await;
+    stop.store(true, Ordering::Relaxed);
+    let secs = t0.elapsed().as_secs_f64();
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await??);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok((report?, (lat.len() as f64 / secs, quantile(&lat, 0.5), quantile(&lat, 0.99))))
+}
+
+/// Median and slowest of 21 `GET /v1/queue?limit=50`, one at a time.
+async fn queue_gets(http: &reqwest::Client, url: &str, admin: &str) -> Result<(f64, f64)> {
+    let mut lat = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        let r = http.get(format!("{url}/v1/queue?limit=50")).bearer_auth(admin).send().await?;
+        if !r.status().is_success() {
+            bail!("GET /v1/queue: {}", r.status());
+        }
+        r.bytes().await?;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok((quantile(&lat, 0.5), lat[lat.len() - 1]))
+}
