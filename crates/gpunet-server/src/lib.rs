@@ -208,7 +208,7 @@ pub fn build(
     cfg: &Config,
     store: Arc<dyn Store>,
 ) -> Result<(http::AppState, Option<String>, Option<String>), ServerError> {
-    let snap = store.load()?;
+    let mut snap = store.load()?;
     let st = ClusterState::new(cfg.sched.clone())
         .map_err(|e| ServerError::Recover { what: "config".into(), reason: e.to_string() })?;
     let auth: tokens::Auth = Arc::new(RwLock::new(HashMap::new()));
@@ -276,9 +276,11 @@ pub fn build(
         o.nodes.insert(name.clone(), d);
     }
     // Running jobs first, so their GPUs are theirs again; then the rest.
+    // Each stored document is turned into its job and dropped at once (not copied): with a million queued jobs the
+    // generic JSON trees alone are gigabytes.
     let mut docs: Vec<owner::JobDoc> = Vec::with_capacity(snap.jobs.len());
-    for (id, doc) in &snap.jobs {
-        docs.push(serde_json::from_value(doc.clone()).map_err(|e| recover(format!("job {id}"), e.to_string()))?);
+    for (id, doc) in std::mem::take(&mut snap.jobs) {
+        docs.push(serde_json::from_str(&doc).map_err(|e| recover(format!("job {id}"), e.to_string()))?);
     }
     // Arrays before their elements (see `gpunet_core::array`).
     docs.sort_by_key(|d| (d.job.spec.array.is_none(), d.job.state != gpunet_core::JobState::Running, d.job.id));

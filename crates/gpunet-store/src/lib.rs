@@ -308,8 +308,9 @@ pub struct Snapshot {
     pub token_docs: Vec<(String, serde_json::Value)>,
     /// Nodes in registration order.
     pub nodes: Vec<(String, serde_json::Value)>,
-    /// Jobs by id.
-    pub jobs: Vec<(u64, serde_json::Value)>,
+    /// Jobs by id, each document as the JSON text stored: parsed by the reader one at a time, so that a million
+    /// queued jobs are not held as a million JSON trees at once.
+    pub jobs: Vec<(u64, String)>,
 }
 
 /// A `u64` as SQL's 64-bit signed integer: times and ids beyond `i64::MAX` are clamped (a cast made `u64::MAX`,

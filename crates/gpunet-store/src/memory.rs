@@ -82,7 +82,7 @@ impl Store for MemoryStore {
                 .collect(),
             token_docs: i.token_docs.iter().map(|(h, d)| (h.clone(), d.clone())).collect(),
             nodes: i.nodes.clone(),
-            jobs: i.jobs.iter().map(|(id, (_, _, d))| (*id, d.clone())).collect(),
+            jobs: i.jobs.iter().map(|(id, (_, _, d))| (*id, d.to_string())).collect(),
         })
     }
 

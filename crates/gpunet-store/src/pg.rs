@@ -567,7 +567,7 @@ impl Store for PgStore {
             };
             for r in tx.query("SELECT id, doc FROM jobs ORDER BY id", &[])? {
                 let (id, d): (i64, String) = (r.get(0), r.get(1));
-                snap.jobs.push((id as u64, decode("job", id.to_string(), &d)?));
+                snap.jobs.push((id as u64, d));
             }
             tx.commit()?;
             Ok(snap)

@@ -402,8 +402,7 @@ impl Store for SqliteStore {
             let mut q = c.prepare("SELECT id, doc FROM jobs ORDER BY id")?;
             for r in q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
                 let (id, d) = r?;
-                let doc = decode("job", id.to_string(), &d)?;
-                snap.jobs.push((id as u64, doc));
+                snap.jobs.push((id as u64, d));
             }
             Ok(snap)
         })
