@@ -112,15 +112,7 @@ impl Server {
 
     /// Resident memory in MiB (VmRSS).
     fn rss_mib(&self) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|kb| kb.parse::<f64>().ok())
-            })
-            .map_or(0.0, |kb| kb / 1024.0)
+        crate::bench::status_mib(&format!("/proc/{}/status", self.child.id()), "VmRSS:")
     }
 
     /// Waits until `GET /v1/queue` answers.

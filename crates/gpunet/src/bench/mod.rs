@@ -7,11 +7,16 @@ pub(crate) mod sched;
 
 /// Peak resident set size of this process in MiB (VmHWM), or 0 where /proc is not there.
 pub(crate) fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    status_mib("/proc/self/status", "VmHWM:")
+}
+
+/// A memory figure (`VmRSS:`, `VmHWM:`, …) of a `/proc/…/status` file in MiB, or 0 where it cannot be read.
+pub(crate) fn status_mib(path: &str, key: &str) -> f64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
