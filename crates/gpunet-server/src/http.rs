@@ -221,6 +221,10 @@ fn query(q: &Option<String>, allowed: &[&str]) -> R<HashMap<String, String>> {
         if !allowed.contains(&k) {
             return Err(Fail(ApiError::unknown(k, &allowed.join(", "))));
         }
+        // A repeated parameter is refused, not resolved by whichever value comes last.
+        if out.contains_key(k) {
+            return Err(Fail(ApiError::invalid(k, &v, "the parameter once")));
+        }
         out.insert(k.to_string(), v);
     }
     Ok(out)

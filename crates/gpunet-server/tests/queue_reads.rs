@@ -137,3 +137,30 @@ async fn a_queue_read_never_sees_half_a_batch_and_sees_what_its_reader_submitted
     let seen = reader.await.unwrap();
     assert!(seen.len() >= 3, "the reader saw the queue grow: {seen:?}");
 }
+
+#[tokio::test]
+async fn a_tenant_s_jobs_outside_the_queue_are_placed_without_counting_other_tenants_and_limit_is_given_once() {
+    let app = app();
+    let a = tenant(&app).await;
+    let (s, v) = call(&app, "POST", "/v1/tenants", "admin", Some(json!({"name": "u"}).to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let b = v["token"].as_str().unwrap().to_string();
+    batch(&app, &a, 3).await;
+    // Held jobs sit after the queue: tenant t's first, then u's.
+    for tok in [&a, &a, &b] {
+        let body = json!({"name": "held", "gpus": 1, "command": ["true"], "hold": true}).to_string();
+        let (s, v) = call(&app, "POST", "/v1/jobs", tok, Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let (_, all) = call(&app, "GET", "/v1/queue", "admin", None).await;
+    let places: Vec<u64> = all["entries"].as_array().unwrap().iter().map(|e| e["position"].as_u64().unwrap()).collect();
+    assert_eq!((all["queue_length"].as_u64(), places), (Some(3), vec![0, 1, 2, 3, 4, 5]), "{all}");
+    // u's held job comes right after the queue in u's view: its place does not tell how many of t's are held.
+    let (_, mine) = call(&app, "GET", "/v1/queue", &b, None).await;
+    let e = &mine["entries"][0];
+    assert_eq!((e["position"].as_u64(), mine["visible_length"].as_u64()), (Some(3), Some(1)), "{mine}");
+    for q in ["limit=1&limit=2", "limit=abc&limit=1"] {
+        let (s, v) = call(&app, "GET", &format!("/v1/queue?{q}"), "admin", None).await;
+        assert_eq!((s, &v["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("limit")), "{q}: {v}");
+    }
+}

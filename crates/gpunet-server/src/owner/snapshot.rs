@@ -155,25 +155,33 @@ impl Owner {
         let order = queue_order(&self.st, now, WALK);
         let mut all: Vec<(usize, JobId)> = Vec::with_capacity(QUEUE_ROWS);
         let mut mine: BTreeMap<&str, Vec<(usize, JobId)>> = BTreeMap::new();
-        let mut take = |position: usize, j: JobId, all: &mut Vec<(usize, JobId)>| {
+        // `own`: the position a tenant sees, when it differs from the whole queue's.
+        let mut take = |position: usize, own: Option<usize>, j: JobId, all: &mut Vec<(usize, JobId)>| {
             if all.len() < QUEUE_ROWS {
                 all.push((position, j));
             }
             if let Some(t) = tenant_of(&j) {
                 let rows = mine.entry(t).or_default();
                 if rows.len() < QUEUE_ROWS {
-                    rows.push((position, j));
+                    rows.push((own.unwrap_or(position), j));
                 }
             }
         };
         for (i, j) in order.iter().enumerate() {
-            take(i, *j, &mut all);
+            take(i, None, *j, &mut all);
         }
-        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id.
+        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id. A tenant's come right
+        // after the queue in its view: its places do not count other tenants' jobs outside the queue.
         let queued = self.st.queued_count();
         let outside = self.st.dependency_waiting().chain(self.st.held_jobs());
+        let mut outside_of: HashMap<&str, usize> = HashMap::new();
         for (k, j) in outside.take(WALK).enumerate() {
-            take(queued + k, j, &mut all);
+            let own = tenant_of(&j).map(|t| {
+                let n = outside_of.entry(t).or_default();
+                *n += 1;
+                queued + *n - 1
+            });
+            take(queued + k, own, j, &mut all);
         }
         let mut asked: Vec<(JobId, usize)> = all.iter().map(|(p, j)| (*j, *p)).collect();
         for rows in mine.values() {
