@@ -436,11 +436,21 @@ async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     admin(&st, &h)?;
     let req: TenantRequest = parse_off_thread(&st, body, |text| {
         let v = gpunet_api::spec::parse_document(text)?;
-        serde_norway::from_value(v).map_err(|e| {
-            let m = e.to_string();
+        // The path names a field of the quota as `quota.…`, with the quota's own fields as the allowed ones.
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let m = e.inner().to_string();
+            let path = e.path().to_string();
             match m.split("unknown field `").nth(1) {
-                Some(r) => ApiError::unknown(r.split('`').next().unwrap_or(""), "name, weight, cohort, quota"),
-                None => ApiError::parse(format!("parse the tenant: {m}")),
+                Some(r) => {
+                    let field = r.split('`').next().unwrap_or("");
+                    let allowed = m.split("expected one of ").nth(1).unwrap_or("name, weight, cohort, quota");
+                    let at = if path == "." || path == field { field.to_string() } else { path };
+                    ApiError::unknown(&at, allowed.replace('`', "").trim_end_matches(|c: char| !c.is_alphanumeric()))
+                }
+                None => ApiError {
+                    field: Some(path.clone()),
+                    ..ApiError::parse(format!("parse the tenant at {path}: {m}"))
+                },
             }
         })
     })

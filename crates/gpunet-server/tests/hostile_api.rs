@@ -502,3 +502,20 @@ async fn a_preemption_event_does_not_name_another_tenants_job() {
     assert!(!events.to_string().contains(&format!("job-{urgent}")), "{events}");
     assert!(events.to_string().contains("preempted for another tenant's job"), "{events}");
 }
+
+/// A bad field inside a tenant's quota is named with its path and the quota's own fields, and creates nothing.
+#[tokio::test]
+async fn a_bad_quota_field_is_named_by_its_path() {
+    let app = App::new();
+    for (body, code, field) in [
+        (r#"{"name":"ta","quota":{"guarantee_gpus":1,"cohort":"c1"}}"#, "unknown_field", "quota.cohort"),
+        (r#"{"name":"ta","colour":"red"}"#, "unknown_field", "colour"),
+        (r#"{"name":"ta","quota":{"guarantee_gpus":"x"}}"#, "parse_error", "quota.guarantee_gpus"),
+    ] {
+        let (s, v) = app.call("POST", "/v1/tenants", Some("admin"), Some(body.into())).await;
+        assert_eq!((s.is_client_error(), err(&v)), (true, (code, Some(field))), "{body}: {v}");
+    }
+    // No refused try created `ta`: creating it now succeeds (a second tenant of that name would be a conflict).
+    let (s, v) = app.call("POST", "/v1/tenants", Some("admin"), Some(r#"{"name":"ta","cohort":"c1"}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}
