@@ -102,7 +102,7 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     // Generous bounds for a loaded two-core machine running a debug build: a read computed by the owner over 30,000
     // queued jobs held every submission behind it for far longer.
     assert!(p99 < Duration::from_millis(400), "p99 {p99:?} (p50 {p50:?})");
-    assert!(n >= 20, "the readers read {n} times");
+    assert!(n >= 10, "the readers read {n} times");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
