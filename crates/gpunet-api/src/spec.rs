@@ -579,17 +579,39 @@ pub struct ParsedJob {
     pub warnings: Vec<String>,
 }
 
+/// The field and the allowed fields of serde's "unknown field" message, if it is one.
+fn unknown_field(msg: &str) -> Option<(String, String)> {
+    let rest = msg.split("unknown field `").nth(1)?;
+    let field = rest.split('`').next().unwrap_or("").to_string();
+    let allowed = msg.split("expected one of ").nth(1).unwrap_or("the documented fields").replace('`', "");
+    Some((field, allowed.trim_end_matches(|c: char| !c.is_alphanumeric()).to_string()))
+}
+
 fn serde_error(e: &dyn std::fmt::Display) -> ApiError {
     let msg = e.to_string();
-    if let Some(rest) = msg.split("unknown field `").nth(1) {
-        let field = rest.split('`').next().unwrap_or("").to_string();
-        let allowed = msg.split("expected one of ").nth(1).unwrap_or("the documented fields").replace('`', "");
-        return ApiError::unknown(&field, allowed.trim_end_matches(|c: char| !c.is_alphanumeric()));
+    if let Some((field, allowed)) = unknown_field(&msg) {
+        return ApiError::unknown(&field, &allowed);
     }
     if let Some(rest) = msg.split("missing field `").nth(1) {
         return ApiError::missing(rest.split('`').next().unwrap_or(""));
     }
     ApiError::parse(format!("parse the job spec: {msg}"))
+}
+
+/// Reads a parsed request document (`what`: "tenant", …) into `T`, naming a bad field by its path (`quota.cohort`,
+/// with the fields allowed there) rather than by its last name.
+pub fn from_document<T: serde::de::DeserializeOwned>(v: serde_norway::Value, what: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.inner().to_string();
+        match unknown_field(&msg) {
+            Some((field, allowed)) => ApiError::unknown(if path == "." { &field } else { &path }, &allowed),
+            None => ApiError {
+                field: (path != ".").then(|| path.clone()),
+                ..ApiError::parse(format!("parse the {what} at {path}: {msg}"))
+            },
+        }
+    })
 }
 
 /// Parses a request document, JSON or YAML, after the checks of [`crate::limits`]: JSON is scanned for its depth and

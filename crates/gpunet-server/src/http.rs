@@ -435,24 +435,7 @@ async fn job_events(State(st): State<AppState>, h: HeaderMap, Path(id): Path<Str
 async fn create_tenant(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> R<Response> {
     admin(&st, &h)?;
     let req: TenantRequest = parse_off_thread(&st, body, |text| {
-        let v = gpunet_api::spec::parse_document(text)?;
-        // The path names a field of the quota as `quota.…`, with the quota's own fields as the allowed ones.
-        serde_path_to_error::deserialize(v).map_err(|e| {
-            let m = e.inner().to_string();
-            let path = e.path().to_string();
-            match m.split("unknown field `").nth(1) {
-                Some(r) => {
-                    let field = r.split('`').next().unwrap_or("");
-                    let allowed = m.split("expected one of ").nth(1).unwrap_or("name, weight, cohort, quota");
-                    let at = if path == "." || path == field { field.to_string() } else { path };
-                    ApiError::unknown(&at, allowed.replace('`', "").trim_end_matches(|c: char| !c.is_alphanumeric()))
-                }
-                None => ApiError {
-                    field: Some(path.clone()),
-                    ..ApiError::parse(format!("parse the tenant at {path}: {m}"))
-                },
-            }
-        })
+        gpunet_api::spec::from_document(gpunet_api::spec::parse_document(text)?, "tenant")
     })
     .await?;
     Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::CreateTenant { req, reply }).await?))

@@ -15,14 +15,7 @@ use std::iter::Peekable;
 /// Queued jobs in the order the policy considers them now (at most `limit`). Shares are those of the current
 /// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
 pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
-    let p = Pass::new(state, now, None);
-    let mut order = Order::new(state, true);
-    let mut out = Vec::new();
-    while out.len() < limit {
-        let Some((_, k)) = order.next(|t| p.share(t)) else { break };
-        out.push(k.job);
-    }
-    out
+    walk(state, now, true, limit, |_| true).into_iter().map(|(_, k)| k.job).collect()
 }
 
 /// The queued jobs the pass walks (not the parked), in policy order, up to and including the last for which
@@ -31,10 +24,22 @@ pub(crate) fn queue_prefix(
     state: &ClusterState,
     now: Time,
     cap: usize,
+    more: impl FnMut(JobId) -> bool,
+) -> Vec<(TenantId, QueueKey)> {
+    walk(state, now, false, cap, more)
+}
+
+/// The queue in policy order (`with_parked`: as shown, see [`Order::new`]), up to and including the last job for
+/// which `more` says more are wanted, at most `cap` of them.
+fn walk(
+    state: &ClusterState,
+    now: Time,
+    with_parked: bool,
+    cap: usize,
     mut more: impl FnMut(JobId) -> bool,
 ) -> Vec<(TenantId, QueueKey)> {
     let p = Pass::new(state, now, None);
-    let mut order = Order::new(state, false);
+    let mut order = Order::new(state, with_parked);
     let mut out = Vec::new();
     while out.len() < cap {
         let Some((t, k)) = order.next(|t| p.share(t)) else { break };

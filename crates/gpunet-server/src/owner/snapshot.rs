@@ -215,7 +215,7 @@ impl Owner {
             })
         };
         let all = all.iter().filter_map(|(p, j)| entry(*p, *j, &Principal::Admin)).collect();
-        let tenants = self
+        let tenants: HashMap<String, (usize, Vec<QueueEntry>)> = self
             .tenants
             .keys()
             .map(|t| {
@@ -233,7 +233,8 @@ impl Owner {
             at_ms: now.0,
             policy: self.st.policy().to_string(),
             queue_length: queued,
-            waiting: queued + self.st.dependency_waiting().count() + self.st.held_jobs().count(),
+            // Every waiting job is a tenant's: the sum of what each tenant has waiting.
+            waiting: tenants.values().map(|(n, _)| n).sum(),
             all,
             tenants,
         }
