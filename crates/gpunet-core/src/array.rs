@@ -160,7 +160,7 @@ impl ClusterState {
             r.next += 1;
             r.live += 1;
             r.head = Some(eid);
-            self.jobs.insert(eid, job);
+            self.jobs.insert(eid, Box::new(job));
             self.cascades.push(Cascade::Expanded(eid));
             self.queue_or_wait(eid, now);
             return;

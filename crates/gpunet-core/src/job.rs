@@ -567,7 +567,7 @@ pub struct Job {
     /// Earliest time a Restarting job may start again.
     pub not_before: Time,
     /// When running: where and since when.
-    pub run: Option<RunInfo>,
+    pub run: Option<Box<RunInfo>>,
     /// When it reached a terminal state.
     pub finished: Option<Time>,
     /// For an array element: the array's id and this element's index.
@@ -727,7 +727,7 @@ mod tests {
         spec.checkpoint_interval = Some(Dur::from_mins(10));
         let mut j = Job::new(JobId(1), spec, Time::ZERO);
         j.state = JobState::Running;
-        j.run = Some(RunInfo {
+        j.run = Some(Box::new(RunInfo {
             started: Time::ZERO,
             placement: Placement {
                 tasks: vec![TaskPlacement {
@@ -744,7 +744,7 @@ mod tests {
             stop: None,
             ended: Vec::new(),
             all_ok: true,
-        });
+        }));
         let now = Time::ZERO + Dur::from_mins(25);
         assert_eq!(j.last_checkpoint_at(now), Some(Time::ZERO + Dur::from_mins(20)));
         assert_eq!(j.lost_work_if_evicted(now), 2 * Dur::from_mins(5).0);

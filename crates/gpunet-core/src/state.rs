@@ -124,7 +124,7 @@ pub struct ClusterState {
     pub(crate) tenant_names: HashMap<String, TenantId>,
     pub(crate) shape: QuotaShape,
     pub(crate) book: QuotaBook,
-    pub(crate) jobs: FxHashMap<JobId, Job>,
+    pub(crate) jobs: FxHashMap<JobId, Box<Job>>,
     /// Running jobs by estimated end (`Time::MAX` without estimate).
     pub(crate) running_by_end: BTreeSet<(Time, JobId)>,
     /// Compact rows of running jobs, scanned when looking for preemption victims: `[0]` within guarantee (or
@@ -525,7 +525,7 @@ impl ClusterState {
             return self.submit_array(id, spec, now);
         }
         let job = Job::new(id, spec, now);
-        self.jobs.insert(id, job);
+        self.jobs.insert(id, Box::new(job));
         self.queue_or_wait(id, now);
         Ok(())
     }
@@ -555,12 +555,12 @@ impl ClusterState {
 
     /// A job.
     pub fn job(&self, id: JobId) -> Option<&Job> {
-        self.jobs.get(&id)
+        self.jobs.get(&id).map(|j| &**j)
     }
 
     /// All jobs, in no particular order.
     pub fn jobs(&self) -> impl Iterator<Item = &Job> {
-        self.jobs.values()
+        self.jobs.values().map(|j| &**j)
     }
 
     /// Jobs waiting in queues.
@@ -735,7 +735,7 @@ impl ClusterState {
         let started = run.started;
         let borrowed = run.borrowed;
         let last_ckpt = run.last_checkpoint.unwrap_or(Time::MAX);
-        j.run = Some(run);
+        j.run = Some(Box::new(run));
         let end = Self::est_end(j, started);
         self.running_by_end.insert((end, id));
         if j.spec.elastic.is_some() {
@@ -799,7 +799,7 @@ impl ClusterState {
             job.run = None;
             let waits = job.state == JobState::Pending && !job.spec.dependencies.is_empty();
             let held = job.held;
-            self.jobs.insert(id, job.clone());
+            self.jobs.insert(id, Box::new(job.clone()));
             if held {
                 self.hold_insert(id);
             } else if waits {
@@ -820,14 +820,14 @@ impl ClusterState {
                 }
             }
             let stopping = run.stop.is_some();
-            self.jobs.insert(id, job);
-            self.occupy(id, run, now);
+            self.jobs.insert(id, Box::new(job));
+            self.occupy(id, *run, now);
             if stopping {
                 self.begin_eviction(id)?;
             }
         } else {
             job.run = None;
-            self.jobs.insert(id, job);
+            self.jobs.insert(id, Box::new(job));
         }
         Ok(())
     }
@@ -954,7 +954,7 @@ impl ClusterState {
         self.running_elastic.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.attained_gpu_ms = j.attained_at(now);
-        Ok(job)
+        Ok(*job)
     }
 
     /// A running job's attempt ended with every rank gone at once: `success` means every rank exited 0 (a stopping

@@ -968,7 +968,8 @@ async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQu
     let p = user(&st, &h)?;
     let q = query(&q, &["limit"])?;
     let limit = limit_param(&q, crate::owner::snapshot::QUEUE_ROWS, 50)?;
-    Ok(json(StatusCode::OK, st.queue.fresh().await.view(&p, limit)))
+    let token = hash_token(bearer(&h)?);
+    Ok(json(StatusCode::OK, st.queue.fresh(&token).await.view(&p, limit)))
 }
 
 /// `GET /v1/cluster/history`: allocation and queue length sampled every 15 s over the last 12 hours.
@@ -1054,7 +1055,18 @@ async fn authenticate(State(st): State<AppState>, req: Request, next: Next) -> R
     if let Err(f) = who(&st, req.headers()) {
         return f.into_response();
     }
-    next.run(req).await
+    // A change answered with success: this token's reads of the queue view wait for a view that has it. A dry run
+    // changes nothing, and agents do not read the queue.
+    let path = req.uri().path();
+    let changes = !matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD)
+        && path != "/v1/jobs/dry-run"
+        && !path.starts_with("/v1/agents/");
+    let token = changes.then(|| bearer(req.headers()).ok().map(hash_token)).flatten();
+    let r = next.run(req).await;
+    if let Some(t) = token.filter(|_| r.status().is_success()) {
+        st.queue.wrote(&t);
+    }
+    r
 }
 
 /// The router.

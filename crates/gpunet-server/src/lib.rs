@@ -208,7 +208,7 @@ pub fn build(
     cfg: &Config,
     store: Arc<dyn Store>,
 ) -> Result<(http::AppState, Option<String>, Option<String>), ServerError> {
-    let mut snap = store.load()?;
+    let snap = store.load_meta()?;
     let st = ClusterState::new(cfg.sched.clone())
         .map_err(|e| ServerError::Recover { what: "config".into(), reason: e.to_string() })?;
     let auth: tokens::Auth = Arc::new(RwLock::new(HashMap::new()));
@@ -275,47 +275,32 @@ pub fn build(
         }
         o.nodes.insert(name.clone(), d);
     }
-    // Running jobs first, so their GPUs are theirs again; then the rest.
-    // Each stored document is turned into its job and dropped at once (not copied): with a million queued jobs the
-    // generic JSON trees alone are gigabytes.
-    let mut docs: Vec<owner::JobDoc> = Vec::with_capacity(snap.jobs.len());
-    for (id, doc) in std::mem::take(&mut snap.jobs) {
-        docs.push(serde_json::from_str(&doc).map_err(|e| recover(format!("job {id}"), e.to_string()))?);
+    // Running jobs first, so their GPUs are theirs again, and arrays, before their elements (see
+    // `gpunet_core::array`); then the rest, each in id order (an array's elements come after it). The documents are
+    // read a page at a time in two passes, each parsed and dropped at once, so that neither their text nor a second
+    // copy of their jobs is ever held all together: the first pass looks only at each job's state and kind.
+    let mut totals = RestoredTotals::default();
+    for first in [true, false] {
+        let mut after = None;
+        loop {
+            let page = store.jobs_page(after, gpunet_store::JOBS_PAGE)?;
+            let Some(last) = page.last().map(|(id, _)| *id) else { break };
+            after = Some(last);
+            for (id, text) in page {
+                let err = |e: serde_json::Error| recover(format!("job {id}"), e.to_string());
+                if owner::JobDoc::restored_first(&text).map_err(err)? != first {
+                    continue;
+                }
+                let (job, d) = owner::JobDoc::load(&text).map_err(err)?;
+                restore_job(&mut o, job, d, &mut totals)?;
+            }
+        }
     }
-    // Arrays before their elements (see `gpunet_core::array`).
-    docs.sort_by_key(|d| (d.job.spec.array.is_none(), d.job.state != gpunet_core::JobState::Running, d.job.id));
-    for d in docs {
-        let id = d.job.id.0;
-        o.next_id = o.next_id.max(id + 1 + d.job.spec.array.as_ref().map_or(0, |a| a.indices.len() as u64));
-        if let Err(e) = o.st.restore(d.job.clone(), Time(now_ms())) {
-            // A running job whose GPUs cannot be taken back (its node is gone): it waits again, as after a failure.
-            tracing::warn!(job = id, error = %e, "running job could not keep its placement; requeued");
-            let mut j = d.job.clone();
-            j.state = gpunet_core::JobState::Restarting;
-            j.run = None;
-            o.st.restore(j, Time(now_ms())).map_err(|e| recover(format!("job {id}"), e.to_string()))?;
-        }
-        let job = o.st.job(JobId(id)).cloned().unwrap_or_else(|| d.job.clone());
-        // A running attempt's utilisation goes on from what its document stored.
-        if let Some(p) =
-            d.util.as_ref().filter(|p| job.state == gpunet_core::JobState::Running && job.attempt() == p.attempt)
-        {
-            o.util.restore(id, p);
-        }
-        if let Some(k) = &d.idempotency_key {
-            o.idempotent.entry(k.clone()).or_default().push(id);
-        }
-        o.docs.insert(id, owner::JobDoc { job, ..d });
-    }
+    let RestoredTotals { preemptions, restarts, submitted } = totals;
     // Cumulative counters continue where the last run left them (a counter that starts again at 0 reads as a reset to
     // Prometheus, and its running jobs' usage so far would be counted twice): usage from the ledger, preemptions,
     // restarts and submissions from the jobs.
-    metrics.restore_totals(
-        store.ledger_totals()?,
-        o.docs.values().map(|d| u64::from(d.job.preemptions)).sum(),
-        o.docs.values().map(|d| u64::from(d.job.restarts)).sum(),
-        o.docs.values().filter(|d| d.job.array_of.is_none()).count() as u64,
-    );
+    metrics.restore_totals(store.ledger_totals()?, preemptions, restarts, submitted);
     // A batch's jobs in the order it listed them.
     for ids in o.idempotent.values_mut() {
         ids.sort_unstable();
@@ -449,4 +434,54 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         task,
         ha: None,
     })
+}
+
+/// Counters summed over the restored jobs.
+#[derive(Default)]
+struct RestoredTotals {
+    preemptions: u64,
+    restarts: u64,
+    submitted: u64,
+}
+
+/// Restores one stored job into the core and its document into the owner.
+fn restore_job(
+    o: &mut owner::Owner,
+    job: gpunet_core::Job,
+    mut d: owner::JobDoc,
+    totals: &mut RestoredTotals,
+) -> Result<(), ServerError> {
+    let id = job.id.0;
+    let recover = |reason: String| ServerError::Recover { what: format!("job {id}"), reason };
+    o.next_id = o.next_id.max(id + 1 + job.spec.array.as_ref().map_or(0, |a| a.indices.len() as u64));
+    totals.preemptions += u64::from(job.preemptions);
+    totals.restarts += u64::from(job.restarts);
+    totals.submitted += u64::from(job.array_of.is_none());
+    let array = job.spec.array.is_some().then(|| Box::new(job.clone()));
+    if let Err(e) = o.st.restore(job.clone(), Time(now_ms())) {
+        // A running job whose GPUs cannot be taken back (its node is gone): it waits again, as after a failure.
+        tracing::warn!(job = id, error = %e, "running job could not keep its placement; requeued");
+        let mut j = job;
+        j.state = gpunet_core::JobState::Restarting;
+        j.run = None;
+        o.st.restore(j, Time(now_ms())).map_err(|e| recover(e.to_string()))?;
+    }
+    // An array is not a job of the core: its document keeps its own.
+    if o.st.job(JobId(id)).is_none() {
+        d.own = array;
+    }
+    let Some((state, attempt)) = d.job(&o.st, id).map(|j| (j.state, j.attempt())) else {
+        return Err(recover("the core kept no job and it is no array".into()));
+    };
+    d.state = state;
+    // A running attempt's utilisation goes on from what its document stored.
+    if let Some(p) = d.more().util.as_ref().filter(|p| state == gpunet_core::JobState::Running && attempt == p.attempt)
+    {
+        o.util.restore(id, p);
+    }
+    if let Some(k) = &d.more().idempotency_key {
+        o.idempotent.entry(k.clone()).or_default().push(id);
+    }
+    o.docs.insert(id, d);
+    Ok(())
 }

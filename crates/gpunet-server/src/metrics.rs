@@ -276,8 +276,8 @@ fn esc(v: &str) -> String {
 pub(crate) fn gauges(o: &Owner) -> String {
     let mut s = String::new();
     let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
-    for d in o.docs.values() {
-        let state = o.st.job(d.job.id).map_or(d.job.state, |j| j.state);
+    for (id, d) in o.docs.iter() {
+        let state = d.job(&o.st, *id).map_or(d.state, |j| j.state);
         *by.entry((d.tenant.clone(), state.as_str())).or_default() += 1;
     }
     let _ = writeln!(s, "# HELP gpunet_jobs Jobs by tenant and state.\n# TYPE gpunet_jobs gauge");
@@ -424,8 +424,8 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
     // Pending jobs, their GPUs and the oldest submission, from the live state. A held job, or one waiting for a
     // dependency, is in no queue: it is not starving, and it is counted apart.
     let mut pending: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
-    for d in o.docs.values() {
-        let Some(j) = o.st.job(d.job.id).filter(|j| j.state.is_queued()) else { continue };
+    for (id, d) in o.docs.iter() {
+        let Some(j) = o.st.job(gpunet_core::JobId(*id)).filter(|j| j.state.is_queued()) else { continue };
         if o.st.is_held(j.id) || o.st.is_dependency_waiting(j.id) {
             continue;
         }
@@ -436,11 +436,10 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
     }
     // GPU-seconds and cost: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
     let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
-    for d in o.docs.values() {
-        let Some(j) = o.st.job(d.job.id).filter(|j| j.state == JobState::Running) else { continue };
-        let doc = crate::owner::JobDoc { job: j.clone(), ..d.clone() };
+    for (id, d) in o.docs.iter() {
+        let Some(j) = o.st.job(gpunet_core::JobId(*id)).filter(|j| j.state == JobState::Running) else { continue };
         let e = used.entry(d.tenant.clone()).or_default();
-        for r in o.usage_rows(&doc, now) {
+        for r in o.usage_rows(j, d, now) {
             e.0 += r.gpu_seconds;
             e.1 += r.cost;
         }

@@ -51,6 +51,21 @@ async fn batch(app: &axum::Router, token: &str, n: usize) {
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
 
+/// The queue view as `token` reads it once it satisfies `done` (another token's changes show in the next build,
+/// not at once: a read waits only for its own token's changes), within a generous deadline.
+async fn queue_once(app: &axum::Router, token: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, v) = call(app, "GET", "/v1/queue", token, None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "the queue view never got there: {v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     let app = app();
@@ -58,6 +73,7 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     for _ in 0..3 {
         batch(&app, &t, 10_000).await;
     }
+    queue_once(&app, "admin", |v| v["queue_length"].as_u64() == Some(30_000)).await;
     // Readers poll the queue as the admin and as the tenant (a tenant's view once walked the whole queue), and the
     // job list, without pause.
     let stop = Arc::new(AtomicBool::new(false));
@@ -152,7 +168,8 @@ async fn a_tenant_s_jobs_outside_the_queue_are_placed_without_counting_other_ten
         let (s, v) = call(&app, "POST", "/v1/jobs", tok, Some(body)).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
     }
-    let (_, all) = call(&app, "GET", "/v1/queue", "admin", None).await;
+    // The admin's view, once it has the tenants' changes.
+    let all = queue_once(&app, "admin", |v| v["entries"].as_array().is_some_and(|e| e.len() == 6)).await;
     let places: Vec<u64> = all["entries"].as_array().unwrap().iter().map(|e| e["position"].as_u64().unwrap()).collect();
     assert_eq!((all["queue_length"].as_u64(), places), (Some(3), vec![0, 1, 2, 3, 4, 5]), "{all}");
     // u's held job comes right after the queue in u's view: its place does not tell how many of t's are held.

@@ -145,8 +145,8 @@ pub enum Write {
         tenant: String,
         /// State name.
         state: String,
-        /// Document.
-        doc: serde_json::Value,
+        /// Document, as JSON text (written as it is: the owner serialises it once, straight from its structs).
+        doc: String,
     },
     /// Append a job event.
     Event {
@@ -308,8 +308,8 @@ pub struct Snapshot {
     pub token_docs: Vec<(String, serde_json::Value)>,
     /// Nodes in registration order.
     pub nodes: Vec<(String, serde_json::Value)>,
-    /// Jobs by id, each document as the JSON text stored: parsed by the reader one at a time, so that a million
-    /// queued jobs are not held as a million JSON trees at once.
+    /// Jobs by id, each document as the JSON text stored (filled by [`Store::load`]; empty from
+    /// [`Store::load_meta`]: a starting server reads them with [`Store::jobs_page`], a page at a time).
     pub jobs: Vec<(u64, String)>,
 }
 
@@ -322,10 +322,28 @@ pub(crate) fn big(x: u64) -> i64 {
 /// Called once a batch is durable (or failed).
 pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
+/// Job documents read per page at start-up.
+pub const JOBS_PAGE: usize = 10_000;
+
 /// A store.
 pub trait Store: Send + Sync + 'static {
-    /// Reads everything back (at start-up).
-    fn load(&self) -> Result<Snapshot, StoreError>;
+    /// Reads everything back: [`Store::load_meta`] and every page of jobs. A server starting reads the jobs page by
+    /// page instead, so that a million stored documents are never held as text at once.
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut snap = self.load_meta()?;
+        let mut after = None;
+        loop {
+            let page = self.jobs_page(after, JOBS_PAGE)?;
+            let Some(last) = page.last().map(|(id, _)| *id) else { break };
+            after = Some(last);
+            snap.jobs.extend(page);
+        }
+        Ok(snap)
+    }
+    /// Reads back everything but the jobs (`jobs` is left empty).
+    fn load_meta(&self) -> Result<Snapshot, StoreError>;
+    /// At most `limit` job documents with ids above `after` (all ids without it), in id order, as stored.
+    fn jobs_page(&self, after: Option<u64>, limit: usize) -> Result<Vec<(u64, String)>, StoreError>;
     /// Queues a batch to be written atomically, in order after every batch queued before it, and calls `done` once
     /// it is durable. Never blocks on the disk.
     fn commit_async(&self, batch: Vec<Write>, done: Done);

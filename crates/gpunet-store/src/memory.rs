@@ -11,7 +11,7 @@ struct Inner {
     token_docs: BTreeMap<String, serde_json::Value>,
     nodes: Vec<(String, serde_json::Value)>,
     /// Tenant, state and document by id.
-    jobs: BTreeMap<u64, (String, String, serde_json::Value)>,
+    jobs: BTreeMap<u64, (String, String, String)>,
     events: Vec<EventRow>,
     usage: Vec<UsageRow>,
     samples: BTreeMap<u64, SampleRow>,
@@ -71,7 +71,7 @@ fn upsert(v: &mut Vec<(String, serde_json::Value)>, name: String, doc: serde_jso
 }
 
 impl Store for MemoryStore {
-    fn load(&self) -> Result<Snapshot, StoreError> {
+    fn load_meta(&self) -> Result<Snapshot, StoreError> {
         let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
         Ok(Snapshot {
             tenants: i.tenants.clone(),
@@ -82,8 +82,18 @@ impl Store for MemoryStore {
                 .collect(),
             token_docs: i.token_docs.iter().map(|(h, d)| (h.clone(), d.clone())).collect(),
             nodes: i.nodes.clone(),
-            jobs: i.jobs.iter().map(|(id, (_, _, d))| (*id, d.to_string())).collect(),
+            jobs: Vec::new(),
         })
+    }
+
+    fn jobs_page(&self, after: Option<u64>, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let i = self.inner.lock().map_err(|_| StoreError::Closed)?;
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        Ok(i.jobs
+            .range((from, std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|(id, (_, _, d))| (*id, d.clone()))
+            .collect())
     }
 
     fn commit_async(&self, batch: Vec<Write>, done: Done) {

@@ -255,14 +255,14 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
                 Some(&i) => {
                     j_tenant[i] = text(tenant);
                     j_state[i] = text(state);
-                    j_doc[i] = doc.to_string();
+                    j_doc[i] = doc.clone();
                 }
                 None => {
                     job_at.insert(*id, j_id.len());
                     j_id.push(big(*id));
                     j_tenant.push(text(tenant));
                     j_state.push(text(state));
-                    j_doc.push(doc.to_string());
+                    j_doc.push(doc.clone());
                 }
             },
             Write::Event { job, at_ms, kind, message } => {
@@ -553,24 +553,29 @@ fn tokens(c: &mut impl postgres::GenericClient) -> Result<Vec<TokenRow>, StoreEr
 }
 
 impl Store for PgStore {
-    fn load(&self) -> Result<Snapshot, StoreError> {
+    fn load_meta(&self) -> Result<Snapshot, StoreError> {
         self.read(|c| {
-            // One consistent snapshot of every table.
+            // One consistent snapshot of every table but the jobs (read by `jobs_page` at start-up, when no other
+            // server writes: the old leader is fenced first, see `gpunet-server`'s `ha.rs`).
             let mut tx =
                 c.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start()?;
-            let mut snap = Snapshot {
+            let snap = Snapshot {
                 tenants: named_docs(&mut tx, "tenant", "SELECT name, doc FROM tenants ORDER BY seq")?,
                 tokens: tokens(&mut tx)?,
                 token_docs: named_docs(&mut tx, "token", "SELECT hash, doc FROM token_docs ORDER BY hash")?,
                 nodes: named_docs(&mut tx, "node", "SELECT name, doc FROM nodes ORDER BY seq")?,
                 jobs: Vec::new(),
             };
-            for r in tx.query("SELECT id, doc FROM jobs ORDER BY id", &[])? {
-                let (id, d): (i64, String) = (r.get(0), r.get(1));
-                snap.jobs.push((id as u64, d));
-            }
             tx.commit()?;
             Ok(snap)
+        })
+    }
+
+    fn jobs_page(&self, after: Option<u64>, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let (after, limit) = (after.map_or(-1, |a| a as i64), limit as i64);
+        self.read(move |c| {
+            let rows = c.query("SELECT id, doc FROM jobs WHERE id > $1 ORDER BY id LIMIT $2", &[&after, &limit])?;
+            Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))).collect())
         })
     }
 
@@ -691,7 +696,7 @@ impl Store for PgStore {
             "SELECT id, tenant, state, doc FROM jobs WHERE id > $1 ORDER BY id LIMIT $2",
             |r| {
                 let id: i64 = r.get(0);
-                let doc = decode("job", id.to_string(), r.get(3))?;
+                let doc = decode("job", id.to_string(), r.get(3))?.to_string();
                 Ok((id, Write::Job { id: id as u64, tenant: r.get(1), state: r.get(2), doc }))
             },
             each,
@@ -777,7 +782,7 @@ mod tests {
         let Some(pg) = PgCluster::start_for_test() else { return };
         let url = pg.create_database("refuse").unwrap();
         let s = PgStore::open(&url).unwrap();
-        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: "{}".into() };
         s.commit(vec![job(1)]).unwrap();
         // The database refuses events of kind `x` from now on.
         let mut admin = url.parse::<Config>().unwrap().connect(NoTls).unwrap();
@@ -796,7 +801,7 @@ mod tests {
     fn a_store_opened_later_on_the_database_fences_the_earlier_one() {
         let Some(pg) = PgCluster::start_for_test() else { return };
         let url = pg.create_database("fence").unwrap();
-        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: "{}".into() };
         let old = Arc::new(PgStore::open(&url).unwrap());
         old.commit(vec![job(1)]).unwrap();
         // The old server keeps committing from 4 threads while the new one takes over.

@@ -326,7 +326,7 @@ mod tests {
         wait_for("a to lead", || latest(&seen_a).leads_now());
         let Role::Leader { epoch: ea, .. } = latest(&seen_a) else { unreachable!() };
         let store_a = PgStore::open_at(&url, ea).unwrap();
-        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: serde_json::json!({}) };
+        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: "{}".into() };
         store_a.commit(vec![job(1)]).unwrap();
         let (b, seen_b) = elect(&url, cfg("b", ttl));
         wait_for("b to name a", || latest(&seen_b) == Role::Standby { leader: Some("http://a".into()) });

@@ -120,7 +120,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
                 "INSERT INTO jobs (id, tenant, state, doc) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state, doc = excluded.doc",
             )?
-            .execute(params![*id as i64, tenant, state, doc.to_string()])?;
+            .execute(params![*id as i64, tenant, state, doc])?;
         }
         Write::Event { job, at_ms, kind, message } => {
             tx.prepare_cached("INSERT INTO events (job, at_ms, kind, message) VALUES (?1, ?2, ?3, ?4)")?
@@ -366,7 +366,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn load(&self) -> Result<Snapshot, StoreError> {
+    fn load_meta(&self) -> Result<Snapshot, StoreError> {
         self.with_read(|c| {
             let mut snap = Snapshot::default();
             let mut q = c.prepare("SELECT name, doc FROM tenants ORDER BY seq")?;
@@ -399,12 +399,18 @@ impl Store for SqliteStore {
                 let doc = decode("node", n.clone(), &d)?;
                 snap.nodes.push((n, doc));
             }
-            let mut q = c.prepare("SELECT id, doc FROM jobs ORDER BY id")?;
-            for r in q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
-                let (id, d) = r?;
-                snap.jobs.push((id as u64, d));
-            }
             Ok(snap)
+        })
+    }
+
+    fn jobs_page(&self, after: Option<u64>, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        self.with_read(|c| {
+            let mut q = c.prepare_cached("SELECT id, doc FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2")?;
+            let after = after.map_or(-1, |a| a as i64);
+            let rows = q.query_map(params![after, limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
     }
 
@@ -519,7 +525,7 @@ impl Store for SqliteStore {
 
 impl SqliteStore {
     fn export_all(&self, each: &mut dyn FnMut(Vec<Write>) -> Result<(), StoreError>) -> Result<(), StoreError> {
-        let snap = self.load()?;
+        let snap = self.load_meta()?;
         each(snap.tenants.into_iter().map(|(name, doc)| Write::Tenant { name, doc }).collect())?;
         each(snap.tokens.into_iter().map(|t| Write::Token { hash: t.hash, role: t.role, tenant: t.tenant }).collect())?;
         each(snap.token_docs.into_iter().map(|(hash, doc)| Write::TokenDoc { hash, doc }).collect())?;
@@ -530,7 +536,7 @@ impl SqliteStore {
                 "SELECT id, tenant, state, doc FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2",
                 |r| {
                     let id: i64 = r.get(0)?;
-                    let doc = decode("job", id.to_string(), &r.get::<_, String>(3)?)?;
+                    let doc = decode("job", id.to_string(), &r.get::<_, String>(3)?)?.to_string();
                     Ok((id, Write::Job { id: id as u64, tenant: r.get(1)?, state: r.get(2)?, doc }))
                 },
                 each,
@@ -589,7 +595,7 @@ mod tests {
     use serde_json::json;
 
     fn job(id: u64, state: &str) -> Write {
-        Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}) }
+        Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}).to_string() }
     }
 
     #[test]

@@ -27,6 +27,7 @@ const CASES: &[Case] = &[
     ("export_recreates_everything_in_another_store", export_recreates_everything_in_another_store),
     ("copy_refuses_a_target_that_is_not_empty", copy_refuses_a_target_that_is_not_empty),
     ("text_with_a_nul_is_stored_and_the_store_keeps_working", text_with_a_nul_is_stored),
+    ("jobs_are_read_in_pages_in_id_order_as_stored", jobs_are_read_in_pages_in_id_order_as_stored),
 ];
 
 fn run_all(store: &str, mut make: impl FnMut(&str) -> Box<Open>) {
@@ -77,7 +78,7 @@ fn sqlite_to_postgres_copy_preserves_every_row() {
 }
 
 fn job(id: u64, state: &str) -> Write {
-    Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}) }
+    Write::Job { id, tenant: "t".into(), state: state.into(), doc: json!({"id": id, "state": state}).to_string() }
 }
 
 fn writes_survive_reopening_and_upsert(open: &Open) {
@@ -295,13 +296,23 @@ fn fill(s: &dyn Store) {
     s.commit(vec![Write::RevokeToken { hash: "h-old".into() }]).unwrap();
     for id in 1..=3 {
         s.commit(vec![
-            Write::Job { id, tenant: "team-a".into(), state: "pending".into(), doc: json!({"id": id, "s": "pending"}) },
+            Write::Job {
+                id,
+                tenant: "team-a".into(),
+                state: "pending".into(),
+                doc: json!({"id": id, "s": "pending"}).to_string(),
+            },
             Write::Event { job: id, at_ms: 100 + id, kind: "submitted".into(), message: format!("job {id} ✓") },
         ])
         .unwrap();
     }
     s.commit(vec![
-        Write::Job { id: 2, tenant: "team-a".into(), state: "succeeded".into(), doc: json!({"id": 2, "s": "done"}) },
+        Write::Job {
+            id: 2,
+            tenant: "team-a".into(),
+            state: "succeeded".into(),
+            doc: json!({"id": 2, "s": "done"}).to_string(),
+        },
         Write::Event { job: 2, at_ms: 200, kind: "finished".into(), message: "exit 0".into() },
         Write::Usage(usage("team-a", 100, 200)),
         Write::Usage(UsageRow { job: 2, ..usage("team-b", 150, 250) }),
@@ -393,4 +404,39 @@ fn text_with_a_nul_is_stored(open: &Open) {
     let snap = s.load().unwrap();
     assert_eq!(snap.jobs.len(), 2);
     assert_eq!(snap.tenants[0].1, json!({"n": "a\u{0}b"}), "documents keep NUL (JSON escapes it)");
+}
+
+/// A server starts by reading its jobs a page at a time: every job once, in id order, its text as written; the
+/// rest of the snapshot keeps no job.
+fn jobs_are_read_in_pages_in_id_order_as_stored(open: &Open) {
+    let s = open();
+    // Out of order, with gaps, and one rewritten.
+    let ids = [7u64, 3, 250, 1, 42, 99, 100, 5];
+    s.commit(ids.iter().map(|id| job(*id, "pending")).collect()).unwrap();
+    s.commit(vec![Write::Job {
+        id: 42,
+        tenant: "t".into(),
+        state: "running".into(),
+        doc: r#"{"id":42,"x":"y z"}"#.into(),
+    }])
+    .unwrap();
+    let s = open();
+    assert!(s.load_meta().unwrap().jobs.is_empty(), "load_meta keeps no job");
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.jobs_page(after, 3).unwrap();
+        assert!(page.len() <= 3, "a page holds at most its limit");
+        let Some(last) = page.last().map(|(id, _)| *id) else { break };
+        after = Some(last);
+        seen.extend(page);
+    }
+    let mut want = ids.to_vec();
+    want.sort_unstable();
+    assert_eq!(seen.iter().map(|(id, _)| *id).collect::<Vec<_>>(), want);
+    assert_eq!(seen.iter().find(|(id, _)| *id == 42).unwrap().1, r#"{"id":42,"x":"y z"}"#, "the text as written");
+    assert_eq!(s.jobs_page(Some(250), 10).unwrap(), Vec::new(), "nothing after the last");
+    assert_eq!(s.jobs_page(Some(5), 2).unwrap().iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![7, 42]);
+    // `load` is the same jobs, whole.
+    assert_eq!(s.load().unwrap().jobs, seen);
 }

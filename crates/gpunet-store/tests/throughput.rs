@@ -22,7 +22,7 @@ fn measure(name: &str, s: Arc<dyn Store>) -> f64 {
                     let id = th * 1_000_000 + i + 1;
                     let t = Instant::now();
                     s.commit(vec![
-                        Write::Job { id, tenant: "bench".into(), state: "pending".into(), doc: doc.clone() },
+                        Write::Job { id, tenant: "bench".into(), state: "pending".into(), doc: doc.to_string() },
                         Write::Event { job: id, at_ms: i, kind: "submitted".into(), message: "submitted".into() },
                     ])
                     .unwrap();

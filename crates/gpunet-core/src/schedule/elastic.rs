@@ -12,7 +12,7 @@ impl Pass<'_> {
         let mut elastic: Vec<&Job> = st
             .running_elastic
             .iter()
-            .map(|id| &st.jobs[id])
+            .map(|id| &*st.jobs[id])
             .filter(|j| {
                 j.spec
                     .elastic

@@ -3,7 +3,7 @@
 //! side effect (`gpunet_core::Cascade`: an array element expanded gets its own document, a job released or failed by
 //! its dependencies, an array ended), and cancelling a whole array.
 
-use super::{JobDoc, Owner};
+use super::{JobDoc, More, Owner};
 use gpunet_api::depsyntax::parse_dependency;
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::ApiError;
@@ -48,20 +48,15 @@ impl Owner {
         for c in self.st.take_cascades() {
             match c {
                 Cascade::Expanded(e) => {
-                    let Some(job) = self.st.job(e).cloned() else { continue };
+                    let Some(job) = self.st.job(e) else { continue };
                     let Some(p) = job.array_of.and_then(|(a, _)| self.docs.get(&a.0)) else { continue };
-                    let doc = JobDoc {
-                        job,
-                        tenant: p.tenant.clone(),
-                        submission: p.submission.clone(),
-                        warnings: Vec::new(),
-                        last_run: None,
-                        attempts: Vec::new(),
-                        submitted_by: p.submitted_by.clone(),
-                        idempotency_key: None,
-                        learned_estimate: None,
-                        util: None,
-                    };
+                    let mut doc =
+                        JobDoc::new(p.tenant.clone(), p.submission.clone(), p.submitted_by.clone(), More::default());
+                    doc.state = job.state;
+                    // An element counts its (the array's) spec bytes until it ends, as the exact count does.
+                    if let Some(m) = self.unfinished_spec_bytes.as_mut() {
+                        *m.entry(doc.tenant.clone()).or_default() += doc.submission.len();
+                    }
                     self.docs.insert(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));
                 }
@@ -78,9 +73,9 @@ impl Owner {
                 }
                 Cascade::ArrayEnded(a) => {
                     let Some(v) = self.st.array(a) else { continue };
-                    if let Some(d) = self.docs.get_mut(&a.0) {
-                        d.job.state = v.state;
-                        d.job.finished = v.finished;
+                    if let Some(j) = self.docs.get_mut(&a.0).and_then(|d| d.own.as_mut()) {
+                        j.state = v.state;
+                        j.finished = v.finished;
                     }
                     writes.extend(self.job_doc_write(a.0));
                     writes.push(self.event(
@@ -125,8 +120,8 @@ impl Owner {
     pub(super) fn cancel_array(&mut self, a: JobId, now: u64, writes: &mut Vec<Write>) -> Result<(), ApiError> {
         let live = self.st.cancel_array(a, Time(now))?;
         // Recorded at once, so that a restart does not expand the array again.
-        if let Some(d) = self.docs.get_mut(&a.0) {
-            d.job.state = JobState::Cancelled;
+        if let Some(j) = self.docs.get_mut(&a.0).and_then(|d| d.own.as_mut()) {
+            j.state = JobState::Cancelled;
         }
         writes.extend(self.job_doc_write(a.0));
         writes.push(self.event(a.0, "cancelled", format!("array job-{} cancelled: {} live elements", a.0, live.len())));
@@ -141,9 +136,9 @@ impl Owner {
 
     /// Brings an array's document up to its summary (its state is the array's, see `gpunet_core::array`).
     pub(super) fn sync_array_doc(&mut self, a: u64) {
-        if let (Some(v), Some(d)) = (self.st.array(JobId(a)), self.docs.get_mut(&a)) {
-            d.job.state = v.state;
-            d.job.finished = v.finished;
+        if let (Some(v), Some(j)) = (self.st.array(JobId(a)), self.docs.get_mut(&a).and_then(|d| d.own.as_mut())) {
+            j.state = v.state;
+            j.finished = v.finished;
         }
     }
 }
@@ -153,7 +148,12 @@ impl Owner {
     pub(crate) fn restored_cascades(&mut self) {
         let mut writes = Vec::new();
         self.apply_cascades(&mut writes);
-        let arrays: Vec<u64> = self.docs.iter().filter(|(_, d)| d.job.spec.array.is_some()).map(|(i, _)| *i).collect();
+        let arrays: Vec<u64> = self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.own.as_ref().is_some_and(|j| j.spec.array.is_some()))
+            .map(|(i, _)| *i)
+            .collect();
         for a in arrays {
             self.sync_array_doc(a);
         }

@@ -5,7 +5,7 @@
 
 use super::{JobDoc, Owner};
 use gpunet_api::types::EstimateView;
-use gpunet_core::{Dur, JobKey, JobSpec, Prediction, Predictor};
+use gpunet_core::{Dur, Job, JobKey, JobSpec, Prediction, Predictor};
 
 /// Who a job belongs to for learning: its submitting user, else its tenant.
 fn user_of<'a>(submitted_by: Option<&'a str>, tenant: &'a str) -> &'a str {
@@ -17,9 +17,9 @@ fn key<'a>(spec: &'a JobSpec, user: &'a str) -> JobKey<'a> {
 }
 
 /// The run time of a succeeded job: the work kept from earlier attempts plus its last attempt.
-fn ran(doc: &JobDoc, ended_ms: u64) -> Option<Dur> {
-    let run = doc.job.run.as_ref().or(doc.last_run.as_ref())?;
-    Some(Dur(doc.job.progress.0 + ended_ms.checked_sub(run.started.0)?))
+fn ran(job: &Job, doc: &JobDoc, ended_ms: u64) -> Option<Dur> {
+    let run = job.run.as_deref().or(doc.more().last_run.as_ref())?;
+    Some(Dur(job.progress.0 + ended_ms.checked_sub(run.started.0)?))
 }
 
 impl Owner {
@@ -38,36 +38,37 @@ impl Owner {
         Some(p)
     }
 
-    /// A job's document before its successful end was confirmed at `ended_ms`: its run is learned.
-    pub(crate) fn learn_success(&mut self, before: &JobDoc, ended_ms: u64) {
-        if let Some(d) = ran(before, ended_ms) {
+    /// A job and its document before its successful end was confirmed at `ended_ms`: its run is learned.
+    pub(crate) fn learn_success(&mut self, job: &Job, before: &JobDoc, ended_ms: u64) {
+        if let Some(d) = ran(job, before, ended_ms) {
             let user = user_of(before.submitted_by.as_deref(), &before.tenant);
-            self.predictor.observe(key(&before.job.spec, user), d);
+            self.predictor.observe(key(&job.spec, user), d);
         }
     }
 
     /// At start: learns from the succeeded jobs in the store, in the order they ended.
     pub(crate) fn relearn(&mut self) {
-        let mut done: Vec<(u64, &JobDoc)> = self
+        let mut done: Vec<(u64, &Job, &JobDoc)> = self
             .docs
-            .values()
-            .filter(|d| d.job.state == gpunet_core::JobState::Succeeded)
-            .filter_map(|d| d.job.finished.map(|f| (f.0, d)))
+            .iter()
+            .filter_map(|(id, d)| Some((d.job(&self.st, *id)?, d)))
+            .filter(|(j, _)| j.state == gpunet_core::JobState::Succeeded)
+            .filter_map(|(j, d)| j.finished.map(|f| (f.0, j, d)))
             .collect();
-        done.sort_by_key(|(f, d)| (*f, d.job.id));
+        done.sort_by_key(|(f, j, _)| (*f, j.id));
         let mut p = Predictor::new();
-        for (f, d) in done {
-            if let Some(r) = ran(d, f) {
-                p.observe(key(&d.job.spec, user_of(d.submitted_by.as_deref(), &d.tenant)), r);
+        for (f, j, d) in done {
+            if let Some(r) = ran(j, d, f) {
+                p.observe(key(&j.spec, user_of(d.submitted_by.as_deref(), &d.tenant)), r);
             }
         }
         self.predictor = p;
     }
 
     /// The estimate the scheduler uses for a job, given or learned.
-    pub(crate) fn estimate_view(&self, doc: &JobDoc) -> Option<EstimateView> {
-        let d = doc.job.spec.estimated_duration?;
-        Some(match &doc.learned_estimate {
+    pub(crate) fn estimate_view(&self, job: &Job, doc: &JobDoc) -> Option<EstimateView> {
+        let d = job.spec.estimated_duration?;
+        Some(match &doc.more().learned_estimate {
             Some(p) => EstimateView {
                 seconds: d.0.div_ceil(1000),
                 source: "learned".into(),

@@ -2,7 +2,7 @@
 //! explain; which jobs a principal may see, and how other tenants' jobs are masked in the texts a tenant reads; the
 //! per-tenant limits on queued jobs and spec bytes.
 
-use super::{not_found, Applier, JobDoc, JobFilter, Owner, Reply, OTHER_JOB};
+use super::{not_found, Applier, JobDoc, JobFilter, More, Owner, Packed, Reply, OTHER_JOB};
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
@@ -64,7 +64,7 @@ impl Owner {
                 }
                 Ok(s)
             }) {
-                Ok(spec) => prepared.push((tenant, sub, warnings, spec)),
+                Ok(spec) => prepared.push((tenant, Packed::new(&sub), warnings, spec)),
                 Err(mut e) => {
                     if i > 0 {
                         e.message = format!("jobs[{i}]: {}", e.message);
@@ -79,7 +79,7 @@ impl Owner {
             return;
         }
         // Per-tenant limits, for every tenant of the batch.
-        let sizes: Vec<u64> = prepared.iter().map(|(_, sub, _, _)| spec_bytes(sub)).collect();
+        let sizes: Vec<u64> = prepared.iter().map(|(_, sub, _, _)| sub.len()).collect();
         let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         for ((tenant, ..), size) in prepared.iter().zip(&sizes) {
             let e = per.entry(tenant.clone()).or_default();
@@ -104,23 +104,19 @@ impl Owner {
             let id = self.next_id;
             // An array's elements take the ids right after it (see `gpunet_core::array`).
             self.next_id += 1 + spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
-            let doc = JobDoc {
-                job: Job::new(JobId(id), spec, Time(now)),
-                tenant,
-                submission: sub,
+            let job = Job::new(JobId(id), spec, Time(now));
+            let more = More {
                 warnings: warnings.clone(),
-                last_run: None,
-                attempts: Vec::new(),
-                submitted_by: Some(by.clone()),
                 idempotency_key: key.clone(),
                 learned_estimate: learned,
-                util: None,
+                ..More::default()
             };
+            let doc = JobDoc::new(tenant, sub, Some(by.clone()), more);
             writes.push(Write::Job {
                 id,
                 tenant: doc.tenant.clone(),
                 state: JobState::Pending.to_string(),
-                doc: serde_json::to_value(&doc).expect("job documents serialise"),
+                doc: serde_json::to_string(&doc.stored(&job)).expect("job documents serialise"),
             });
             writes.push(Write::Event {
                 job: id,
@@ -129,7 +125,7 @@ impl Owner {
                 message: format!("job-{id} submitted"),
             });
             out.push(Submitted { id, state: "pending".into(), warnings });
-            docs.push((doc, size));
+            docs.push((job, doc, size));
         }
         if let Some(k) = key {
             // From now on (before it is durable: a retry may come while the first try is in flight).
@@ -146,16 +142,16 @@ impl Owner {
                     return;
                 }
                 let apply = Applier(Box::new(move |o: &mut Owner| {
-                    for (mut doc, size) in docs {
-                        let id = doc.job.id;
-                        if let Err(e) = o.st.submit(id, doc.job.spec.clone(), doc.job.submitted) {
+                    for (job, mut doc, size) in docs {
+                        let id = job.id;
+                        let array = job.spec.array.is_some().then(|| Box::new(job.clone()));
+                        if let Err(e) = o.st.submit(id, job.spec, job.submitted) {
                             tracing::error!(job = %id, error = %e, "a stored job was refused by the core");
                             continue;
                         }
-                        if let Some(j) = o.st.job(id) {
-                            doc.job = j.clone(); // an array is not a job of the core: its document keeps its spec
+                        if o.st.job(id).is_none() {
+                            doc.own = array; // an array is not a job of the core: its document keeps its spec
                         }
-                        o.spec_sizes.insert(id.0, size);
                         if let Some(m) = o.unfinished_spec_bytes.as_mut() {
                             *m.entry(doc.tenant.clone()).or_default() += size;
                         }
@@ -178,7 +174,7 @@ impl Owner {
     /// in flight is answered without the comparison).
     fn replay(&self, ids: Vec<u64>, subs: &[(JobSubmission, Vec<String>)], reply: Reply<(Vec<Submitted>, bool)>) {
         let same = ids.len() == subs.len()
-            && ids.iter().zip(subs).all(|(id, (sub, _))| self.docs.get(id).is_none_or(|d| d.submission == *sub));
+            && ids.iter().zip(subs).all(|(id, (sub, _))| self.docs.get(id).is_none_or(|d| d.submission.is(sub)));
         if !same {
             let _ = reply.send(Err(ApiError {
                 code: "conflict".into(),
@@ -192,8 +188,8 @@ impl Owner {
             .map(|id| match self.docs.get(id) {
                 Some(d) => Submitted {
                     id: *id,
-                    state: self.st.job(JobId(*id)).map_or(d.job.state, |j| j.state).to_string(),
-                    warnings: d.warnings.clone(),
+                    state: d.job(&self.st, *id).map_or(JobState::Pending, |j| j.state).to_string(),
+                    warnings: d.more().warnings.clone(),
                 },
                 None => Submitted { id: *id, state: JobState::Pending.to_string(), warnings: Vec::new() },
             })
@@ -237,7 +233,7 @@ impl Owner {
     pub(super) fn get_job(&mut self, who: Principal, id: u64, reply: Reply<JobView>) {
         let r = match self.docs.get(&id) {
             None => Err(not_found("job", &id.to_string())),
-            Some(d) => self.visible(&who, d).map(|_| self.view(id).expect("present")),
+            Some(d) => self.visible(&who, id, d).map(|_| self.view(id).expect("present")),
         };
         let _ = reply.send(r);
     }
@@ -267,7 +263,7 @@ impl Owner {
                 return false;
             }
             f.states.is_empty() || {
-                let s = o.state_of(id).unwrap_or(d.job.state).to_string();
+                let s = o.state_of(id).unwrap_or(d.state).to_string();
                 f.states.contains(&s)
             }
         };
@@ -303,7 +299,7 @@ impl Owner {
             let _ = reply.send(Err(not_found("job", &id.to_string())));
             return;
         };
-        if let Err(e) = self.visible(&who, d) {
+        if let Err(e) = self.visible(&who, id, d) {
             let _ = reply.send(Err(e));
             return;
         }
@@ -340,7 +336,7 @@ impl Owner {
             let _ = reply.send(Err(not_found("job", &id.to_string())));
             return;
         };
-        if let Err(e) = self.visible(&who, d) {
+        if let Err(e) = self.visible(&who, id, d) {
             let _ = reply.send(Err(e));
             return;
         }
@@ -357,8 +353,8 @@ impl Owner {
         let what = if array { "array job" } else { "job" };
         if array {
             // The array's own record carries its hold, so that a restart restores it.
-            if let Some(d) = self.docs.get_mut(&id) {
-                d.job.held = hold;
+            if let Some(j) = self.docs.get_mut(&id).and_then(|d| d.own.as_mut()) {
+                j.held = hold;
             }
             writes.extend(self.job_doc_write(id));
             // Its waiting element, held or released with it (a new one is written with the cascades).
@@ -386,10 +382,11 @@ impl Owner {
     pub(super) fn explain_job(&mut self, who: Principal, id: u64, reply: Reply<Explain>) {
         let r = (|| {
             let d = self.docs.get(&id).ok_or_else(|| not_found("job", &id.to_string()))?;
-            self.visible(&who, d)?;
+            self.visible(&who, id, d)?;
             let now = Time(now_ms());
             let e = explain(&self.st, JobId(id), now)?;
-            let state = self.state_of(id).unwrap_or(d.job.state);
+            let state = self.state_of(id).unwrap_or(d.state);
+            let job = d.job(&self.st, id).ok_or_else(|| not_found("job", &id.to_string()))?;
             let eta = if state.is_queued() && self.st.job(JobId(id)).is_some() && !self.st.is_held(JobId(id)) {
                 gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
             } else {
@@ -399,8 +396,8 @@ impl Owner {
             let mut message = self.mask(&who, &e.message, Some(&mut reason));
             if state.is_terminal() {
                 // How it ended, rather than that it is not queued.
-                let j = self.st.job(JobId(id)).unwrap_or(&d.job);
-                let last = d.attempts.last().and_then(|a| a.message.clone());
+                let j = job;
+                let last = d.more().attempts.last().and_then(|a| a.message.clone());
                 let how = match (self.st.array(JobId(id)), &j.end_reason, last) {
                     // An array: how its elements ended.
                     (Some(a), _, _) => format!(
@@ -412,34 +409,34 @@ impl Owner {
                     (None, None, Some(m)) => m,
                     (None, None, None) => format!("job-{id} {state} without running"),
                 };
-                let ran = match (d.attempts.first(), j.finished) {
+                let ran = match (d.more().attempts.first(), j.finished) {
                     (Some(a), Some(f)) => format!(
                         " ({} attempt(s); last ended {} after starting)",
-                        d.attempts.len(),
+                        d.more().attempts.len(),
                         gpunet_api::units::format_duration_ms(
-                            f.0.saturating_sub(d.attempts.last().map_or(a.started_ms, |l| l.started_ms))
+                            f.0.saturating_sub(d.more().attempts.last().map_or(a.started_ms, |l| l.started_ms))
                         )
                     ),
                     _ => String::new(),
                 };
                 message = self.mask(&who, &format!("{how}{ran}"), None);
-            } else if let Some(why) = self.stopping_of(self.st.job(JobId(id)).unwrap_or(&d.job)) {
+            } else if let Some(why) = self.stopping_of(job) {
                 // Asked to stop (an array: its elements): running until its processes are gone.
                 let what = if self.st.array(JobId(id)).is_some() { "array job" } else { "job" };
                 message = format!("{what}-{id} is being {why}: its tasks are stopping (it ends once they are gone)");
             }
-            let estimate = self.estimate_view(d);
+            let estimate = self.estimate_view(job, d);
             Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta, estimate })
         })();
         let _ = reply.send(r);
     }
 
     /// Another tenant's job is answered like a missing one (404), so that its existence is not revealed.
-    fn visible(&self, who: &Principal, doc: &JobDoc) -> Result<(), ApiError> {
+    fn visible(&self, who: &Principal, id: u64, doc: &JobDoc) -> Result<(), ApiError> {
         match who {
             Principal::Admin => Ok(()),
             Principal::Tenant(t) if *t == doc.tenant => Ok(()),
-            _ => Err(not_found("job", &doc.job.id.0.to_string())),
+            _ => Err(not_found("job", &id.to_string())),
         }
     }
 
@@ -488,22 +485,12 @@ impl Owner {
         out
     }
 
-    /// The stored size of a job's spec.
-    fn spec_size(&mut self, id: u64) -> u64 {
-        if let Some(n) = self.spec_sizes.get(&id) {
-            return *n;
-        }
-        let n = self.docs.get(&id).map_or(0, |d| spec_bytes(&d.submission));
-        self.spec_sizes.insert(id, n);
-        n
-    }
-
     /// Jobs not finished for good, of one tenant or of all.
     fn unfinished_ids(&self, tenant: Option<&str>) -> Vec<u64> {
         self.docs
             .iter()
             .filter(|(_, d)| tenant.is_none_or(|t| d.tenant == t))
-            .filter(|(id, d)| !self.st.job(JobId(**id)).map_or(d.job.state, |j| j.state).is_terminal())
+            .filter(|(id, d)| !d.job(&self.st, **id).map_or(d.state, |j| j.state).is_terminal())
             .map(|(id, _)| *id)
             .collect()
     }
@@ -529,11 +516,15 @@ impl Owner {
                     let mut all: HashMap<String, u64> = HashMap::new();
                     for id in self.unfinished_ids(None) {
                         let t = self.docs[&id].tenant.clone();
-                        *all.entry(t).or_default() += self.spec_size(id);
+                        *all.entry(t).or_default() += self.docs.get(&id).map_or(0, |d| d.submission.len());
                     }
                     self.unfinished_spec_bytes = Some(all);
                 }
-                let exact: u64 = self.unfinished_ids(Some(tenant)).into_iter().map(|id| self.spec_size(id)).sum();
+                let exact: u64 = self
+                    .unfinished_ids(Some(tenant))
+                    .into_iter()
+                    .map(|id| self.docs.get(&id).map_or(0, |d| d.submission.len()))
+                    .sum();
                 self.unfinished_spec_bytes.as_mut().expect("counted above").insert(tenant.to_string(), exact);
                 exact
             }
@@ -547,11 +538,6 @@ impl Owner {
         }
         Ok(())
     }
-}
-
-/// The bytes a job's spec holds, as the per-tenant limit counts them (its JSON).
-fn spec_bytes(sub: &JobSubmission) -> u64 {
-    serde_json::to_vec(sub).map_or(0, |v| v.len() as u64)
 }
 
 /// Whose idempotency keys a principal shares: keys of different tenants (or the admin) never meet.

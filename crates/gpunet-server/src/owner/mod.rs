@@ -13,6 +13,7 @@
 //! - `utilisation`: the agents' GPU samples accumulated per running attempt, for its ledger rows.
 
 mod arrays;
+mod doc;
 mod estimates;
 mod jobs;
 mod nodes;
@@ -21,6 +22,7 @@ pub(crate) mod snapshot;
 mod tenants;
 mod utilisation;
 
+pub(crate) use doc::{JobDoc, More, Packed};
 pub(crate) use tenants::quota_from_request;
 
 use crate::metrics::ServerMetrics;
@@ -200,37 +202,6 @@ pub(crate) fn notify_of(n: &Notifies, node: &str) -> Arc<tokio::sync::Notify> {
     n.lock().expect("notify lock").entry(node.to_string()).or_default().clone()
 }
 
-/// A job as persisted.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct JobDoc {
-    pub(crate) job: Job,
-    pub(crate) tenant: String,
-    pub(crate) submission: JobSubmission,
-    #[serde(default)]
-    pub(crate) warnings: Vec<String>,
-    /// The latest attempt's run, kept after the job ends so that its start and placement can still be shown.
-    #[serde(default)]
-    pub(crate) last_run: Option<gpunet_core::job::RunInfo>,
-    /// Who submitted it (the token's user, else its role).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) submitted_by: Option<String>,
-    /// The submission's `Idempotency-Key`, scoped to who sent it (see `Owner::idempotent`): stored with the job, so a
-    /// retried submission finds its jobs after a restart or a failover too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) idempotency_key: Option<String>,
-    /// Its attempts, oldest first (the newest [`MAX_ATTEMPT_RECORDS`]): recorded at each start and completed when
-    /// the attempt's end is confirmed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) attempts: Vec<AttemptView>,
-    /// The prediction given to a job submitted without an estimate (see `owner/estimates.rs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) learned_estimate: Option<gpunet_core::Prediction>,
-    /// The running attempt's GPU utilisation so far, stored every `utilisation::FLUSH_EVERY` so that a restart goes on
-    /// from it (see `owner/utilisation.rs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) util: Option<utilisation::Progress>,
-}
-
 /// Which jobs a listing returns, and in which order.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct JobFilter {
@@ -343,8 +314,6 @@ pub(crate) struct Owner {
     pub(crate) max_queued_per_tenant: usize,
     /// Most spec bytes of a tenant's unfinished jobs.
     pub(crate) max_spec_bytes_per_tenant: u64,
-    /// The size of each job's stored spec (filled as jobs are submitted, and on demand for recovered ones).
-    spec_sizes: HashMap<u64, u64>,
     /// Spec bytes of each tenant's unfinished jobs: added at submit, taken off when a job ends (`sync_doc`), so never
     /// below the truth; `None` until the first check counts them from the documents (after a start).
     unfinished_spec_bytes: Option<HashMap<String, u64>>,
@@ -428,7 +397,6 @@ impl Owner {
             self_tx: None,
             max_queued_per_tenant: crate::DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
             max_spec_bytes_per_tenant: crate::DEFAULT_MAX_SPEC_BYTES_PER_TENANT,
-            spec_sizes: HashMap::new(),
             unfinished_spec_bytes: None,
             handed: HashMap::new(),
             idempotent: HashMap::new(),
@@ -495,7 +463,7 @@ impl Owner {
                 .job(JobId(id))
                 .is_some_and(|j| j.state == gpunet_core::JobState::Running && j.attempt() == p.attempt);
             match self.docs.get_mut(&id) {
-                Some(d) if running => d.util = Some(p),
+                Some(d) if running => d.more_mut().util = Some(p),
                 _ => continue,
             }
             out.extend(self.job_doc_write(id));
@@ -544,11 +512,12 @@ impl Owner {
 
     fn job_doc_write(&self, id: u64) -> Option<Write> {
         let d = self.docs.get(&id)?;
+        let job = d.job(&self.st, id)?;
         Some(Write::Job {
             id,
             tenant: d.tenant.clone(),
-            state: d.job.state.to_string(),
-            doc: serde_json::to_value(d).expect("job documents serialise"),
+            state: job.state.to_string(),
+            doc: serde_json::to_string(&d.stored(job)).expect("job documents serialise"),
         })
     }
 
@@ -630,9 +599,9 @@ impl Owner {
 
     fn view(&self, id: u64) -> Option<JobView> {
         let d = self.docs.get(&id)?;
-        let j = self.st.job(JobId(id)).unwrap_or(&d.job);
+        let j = d.job(&self.st, id)?;
         // A finished job shows where and when its last attempt ran; a queued one, nothing.
-        let last = j.run.as_ref().or(if j.state.is_terminal() { d.last_run.as_ref() } else { None });
+        let last = j.run.as_deref().or(if j.state.is_terminal() { d.more().last_run.as_ref() } else { None });
         Some(JobView {
             id,
             name: j.spec.name.clone(),
@@ -650,8 +619,8 @@ impl Owner {
             losses: j.losses,
             stopping: self.stopping_of(j),
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
-            warnings: d.warnings.clone(),
-            spec: d.submission.clone(),
+            warnings: d.more().warnings.clone(),
+            spec: d.submission.get(),
             array: self.st.array(JobId(id)).map(|a| ArrayProgress {
                 total: a.total,
                 expanded: a.expanded,
@@ -665,8 +634,8 @@ impl Owner {
             array_index: j.array_of.map(|(_, i)| i),
             end_reason: j.end_reason.clone(),
             held: self.st.is_held(JobId(id)),
-            attempts: d.attempts.clone(),
-            estimate: self.estimate_view(d),
+            attempts: d.more().attempts.clone(),
+            estimate: self.estimate_view(j, d),
         })
     }
 
@@ -686,22 +655,21 @@ impl Owner {
             return Some(a.state);
         }
         let d = self.docs.get(&id)?;
-        Some(self.st.job(JobId(id)).map_or(d.job.state, |j| j.state))
+        Some(d.job(&self.st, id).map_or(d.state, |j| j.state))
     }
 
     fn sync_doc(&mut self, id: u64) {
         let mut ended = None;
         if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
-            if !d.job.state.is_terminal() && j.state.is_terminal() {
-                ended = Some(d.tenant.clone());
+            if !d.state.is_terminal() && j.state.is_terminal() {
+                ended = Some((d.tenant.clone(), d.submission.len()));
             }
-            d.job = j.clone();
-            if j.run.is_some() {
-                d.last_run = j.run.clone();
+            d.state = j.state;
+            if let Some(run) = &j.run {
+                d.more_mut().last_run = Some(gpunet_core::job::RunInfo::clone(run));
             }
         }
-        if let Some(tenant) = ended {
-            let size = self.spec_sizes.remove(&id).unwrap_or(0);
+        if let Some((tenant, size)) = ended {
             if let Some(held) = self.unfinished_spec_bytes.as_mut().and_then(|m| m.get_mut(&tenant)) {
                 *held = held.saturating_sub(size);
             }
@@ -710,9 +678,9 @@ impl Owner {
 
     /// Usage rows of a run that ends at `end`: one per node the job ran on, billed per started second by the one
     /// pricing function (`gpunet_core::pricing::cost`, which the simulator uses too).
-    pub(crate) fn usage_rows(&self, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
+    pub(crate) fn usage_rows(&self, job: &Job, doc: &JobDoc, end: u64) -> Vec<UsageRow> {
         use gpunet_core::pricing;
-        let Some(run) = doc.job.run.as_ref() else { return Vec::new() };
+        let Some(run) = job.run.as_ref() else { return Vec::new() };
         let ms = end.saturating_sub(run.started.0);
         let secs = pricing::billed_seconds(ms) as f64;
         pricing::held_per_node(&run.placement)
@@ -720,9 +688,9 @@ impl Owner {
             .filter_map(|(n, held)| {
                 let node = self.st.node(n)?;
                 let c = pricing::cost(held, &self.prices.node_rates(node.spec), ms);
-                let u = self.util.of(doc.job.id.0, doc.job.attempt(), &node.spec.name);
+                let u = self.util.of(job.id.0, job.attempt(), &node.spec.name);
                 Some(UsageRow {
-                    job: doc.job.id.0,
+                    job: job.id.0,
                     tenant: doc.tenant.clone(),
                     start_ms: run.started.0,
                     end_ms: end,
@@ -850,14 +818,15 @@ impl Owner {
                 Decision::Start { job, .. } => {
                     self.sync_doc(job.0);
                     // Submission to first start; later starts' waits count in the time not running.
-                    let j = &self.docs[&job.0].job;
+                    let j = self.st.job(*job).expect("a started job is the core's");
                     if j.attempt() == 0 {
                         self.metrics.pending_seconds.observe(now.saturating_sub(j.submitted.0) as f64 / 1000.0);
                     }
                     if let Some(run) = self.st.job(*job).and_then(|j| j.run.clone().map(|r| (j.attempt(), r))) {
                         let placement = self.placement_view(&run.1.placement);
                         if let Some(d) = self.docs.get_mut(&job.0) {
-                            d.attempts.push(AttemptView {
+                            let attempts = &mut d.more_mut().attempts;
+                            attempts.push(AttemptView {
                                 attempt: run.0,
                                 placement,
                                 started_ms: run.1.started.0,
@@ -867,8 +836,8 @@ impl Owner {
                                 signal: None,
                                 message: None,
                             });
-                            let over = d.attempts.len().saturating_sub(MAX_ATTEMPT_RECORDS);
-                            d.attempts.drain(..over);
+                            let over = attempts.len().saturating_sub(MAX_ATTEMPT_RECORDS);
+                            attempts.drain(..over);
                         }
                     }
                     writes.push(self.job_doc_write(job.0).expect("present"));
@@ -928,7 +897,10 @@ impl Owner {
             if let Some(d) = self.queue_pub.due(self.st.queued_count() > 0) {
                 due = due.min(tokio::time::Instant::from_std(d));
             }
+            let wake = self.queue_pub.wake.clone();
             tokio::select! {
+                // A reader waits for its own change: the next build may come sooner (`snapshot::Publisher::due`).
+                _ = wake.notified() => {}
                 Some(f) = applied.recv() => {
                     self.queue_pub.bump();
                     (f.0)(&mut self);

@@ -6,10 +6,13 @@ use super::{not_found, valid_name, Cmd, JobDoc, NodeDoc, Owner, Reply, OTHER_JOB
 use crate::{now_ms, Principal};
 use gpunet_api::types::*;
 use gpunet_api::ApiError;
-use gpunet_core::{AttemptEnded, JobId, JobState, NodeSpec, NodeState, RankEnd, StopCause, Time};
+use gpunet_core::{AttemptEnded, Job, JobId, JobState, NodeSpec, NodeState, RankEnd, StopCause, Time};
 use gpunet_store::Write;
 use std::collections::{BTreeMap, HashSet};
 use tokio::sync::oneshot;
+
+/// A job and its document as they were while an attempt ran (for the attempt's usage rows once it ended).
+type Before = (Job, JobDoc);
 
 /// How long a node may still report on a task attempt after it left the node's task set.
 const HANDED_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
@@ -247,7 +250,7 @@ impl Owner {
             }
             let was_stopping = run.stop.is_some();
             let nodes = self.nodes_of(jid);
-            let before = self.docs.get(&jid.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
+            let before = self.docs.get(&jid.0).map(|d| (j.clone(), d.clone()));
             // An exit the agent caused (a failed probe, the time limit) is a failure whatever the code.
             let success = e.code == Some(0) && e.reason.is_none();
             let end = if e.stopped { RankEnd::Stopped } else { RankEnd::Exited { success } };
@@ -307,6 +310,7 @@ impl Owner {
             if run.stop.is_some() {
                 continue; // its end was asked for: the agent stops its tasks and confirms
             }
+            let sub = doc.submission.get();
             let attempt = j.attempt();
             // Node order of the gang (first appearance by rank) for NODE_RANK; rank 0's node is the master.
             let mut node_order: Vec<gpunet_core::NodeId> = Vec::new();
@@ -354,7 +358,7 @@ impl Owner {
                     .into_iter()
                     .collect();
                 let visible = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-                let mut env = doc.submission.env.clone();
+                let mut env = sub.env.clone();
                 let mut set = |k: &str, v: String| {
                     env.insert(k.to_string(), v);
                 };
@@ -395,23 +399,21 @@ impl Owner {
                 local_rank += 1;
                 out.push(gpunet_api::agent::TaskAssignment {
                     task: gpunet_api::agent::TaskRef { job: jid.0, rank, attempt },
-                    command: doc.submission.command.clone(),
+                    command: sub.command.clone(),
                     env,
-                    working_dir: doc.submission.working_dir.clone(),
+                    working_dir: sub.working_dir.clone(),
                     gpus,
                     mig,
                     cpu_milli: t.cpu.0,
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
                     tenant_index: Some(j.spec.tenant.0),
-                    time_limit_ms: doc
-                        .submission
+                    time_limit_ms: sub
                         .time_limit
                         .as_deref()
                         .and_then(|d| gpunet_api::units::parse_duration("time_limit", d).ok())
                         .map(|d| d.0),
-                    tiers: doc
-                        .submission
+                    tiers: sub
                         .checkpoint_tiers
                         .iter()
                         .map(|t| gpunet_api::agent::CheckpointTier {
@@ -422,7 +424,7 @@ impl Owner {
                             url: t.url.clone(),
                         })
                         .collect(),
-                    liveness: doc.submission.liveness.as_ref().map(|l| gpunet_api::agent::Liveness {
+                    liveness: sub.liveness.as_ref().map(|l| gpunet_api::agent::Liveness {
                         command: l.command.clone(),
                         initial_delay_ms: l
                             .initial_delay
@@ -442,29 +444,31 @@ impl Owner {
     }
 
     /// An attempt's end was confirmed: bill it, persist the job, say what it became, and wake the agents of its nodes.
-    /// `before` is the job as it was while the attempt ran (for its usage rows).
+    /// `before` is the job and its document as they were while the attempt ran (for its usage rows).
     fn attempt_ended(
         &mut self,
         e: AttemptEnded,
-        before: Option<JobDoc>,
+        before: Option<Before>,
         nodes: Vec<String>,
         now: u64,
         writes: &mut Vec<Write>,
     ) {
         let id = e.job.0;
-        if let Some(b) = before.as_ref().filter(|_| e.cause.is_none() && e.state == gpunet_core::JobState::Succeeded) {
-            self.learn_success(b, now);
+        if let Some((j, b)) =
+            before.as_ref().filter(|_| e.cause.is_none() && e.state == gpunet_core::JobState::Succeeded)
+        {
+            self.learn_success(j, b, now);
         }
-        if let Some(b) = before {
-            let rows = self.usage_rows(&b, now);
-            let ran = b.job.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
+        if let Some((bj, b)) = before {
+            let rows = self.usage_rows(&bj, &b, now);
+            let ran = bj.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
             let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| (j.submitted.0, now));
             let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
             self.metrics.attempt_ended(id, &b.tenant, ran, used, life);
             writes.extend(rows.into_iter().map(Write::Usage));
-            self.util.ended(id, b.job.attempt());
-            if let Some(d) = self.docs.get_mut(&id) {
-                d.util = None;
+            self.util.ended(id, bj.attempt());
+            if let Some(d) = self.docs.get_mut(&id).filter(|d| d.more().util.is_some()) {
+                d.more_mut().util = None;
             }
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
@@ -537,7 +541,7 @@ impl Owner {
             ),
         };
         if let Some(a) =
-            self.docs.get_mut(&id).and_then(|d| d.attempts.iter_mut().rev().find(|a| a.attempt == e.attempt))
+            self.docs.get_mut(&id).and_then(|d| d.more_mut().attempts.iter_mut().rev().find(|a| a.attempt == e.attempt))
         {
             a.ended_ms = Some(now);
             a.outcome = Some(outcome.to_string());
@@ -569,7 +573,7 @@ impl Owner {
             return;
         }
         let nodes = self.nodes_of(id);
-        let before = self.docs.get(&id.0).map(|d| JobDoc { job: j.clone(), ..d.clone() });
+        let before = self.docs.get(&id.0).map(|d| (j.clone(), d.clone()));
         match self.st.end_attempt(id, Time(now)) {
             Ok(e) => self.attempt_ended(e, before, nodes, now, writes),
             Err(err) => tracing::error!(job = %id, error = %err, "end an attempt on agentless nodes"),
@@ -584,17 +588,14 @@ impl Owner {
         for name in due {
             self.lost_since.remove(&name);
             let Some(id) = self.st.node_id(&name) else { continue };
-            let jobs: Vec<(JobId, Option<JobDoc>, Vec<String>)> = self
+            let jobs: Vec<(JobId, Option<Before>, Vec<String>)> = self
                 .st
                 .node(id)
                 .map(|n| n.jobs.iter().copied().collect::<Vec<_>>())
                 .unwrap_or_default()
                 .into_iter()
                 .map(|j| {
-                    let before = self
-                        .docs
-                        .get(&j.0)
-                        .map(|d| JobDoc { job: self.st.job(j).cloned().unwrap_or(d.job.clone()), ..d.clone() });
+                    let before = self.docs.get(&j.0).and_then(|d| Some((d.job(&self.st, j.0)?.clone(), d.clone())));
                     (j, before, self.nodes_of(j))
                 })
                 .collect();

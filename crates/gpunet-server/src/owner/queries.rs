@@ -1,10 +1,10 @@
 //! The owner's reads of the cluster: the summary and live usage of running jobs (the queue view is published by the
 //! owner instead, see `snapshot`).
 
-use super::{JobDoc, Owner, Reply};
+use super::{Owner, Reply};
 use crate::{now_ms, Principal};
 use gpunet_api::types::*;
-use gpunet_core::JobState;
+use gpunet_core::{JobId, JobState};
 use gpunet_store::UsageRow;
 use std::collections::BTreeMap;
 
@@ -16,8 +16,8 @@ impl Owner {
             *nodes.entry(n.state.to_string()).or_insert(0) += 1;
         }
         let mut jobs = BTreeMap::new();
-        for d in self.docs.values() {
-            let s = self.st.job(d.job.id).map_or(d.job.state, |j| j.state);
+        for (id, d) in self.docs.iter() {
+            let s = d.job(&self.st, *id).map_or(d.state, |j| j.state);
             *jobs.entry(s.to_string()).or_insert(0) += 1;
         }
         let _ = reply.send(Ok(ClusterSummary {
@@ -36,13 +36,13 @@ impl Owner {
         let now = now_ms();
         let rows = self
             .docs
-            .values()
-            .filter(|d| match &who {
+            .iter()
+            .filter(|(_, d)| match &who {
                 Principal::Tenant(t) => d.tenant == *t,
                 _ => true,
             })
-            .filter_map(|d| self.st.job(d.job.id).filter(|j| j.state == JobState::Running).map(|j| (d, j)))
-            .flat_map(|(d, j)| self.usage_rows(&JobDoc { job: j.clone(), ..d.clone() }, now))
+            .filter_map(|(id, d)| self.st.job(JobId(*id)).filter(|j| j.state == JobState::Running).map(|j| (d, j)))
+            .flat_map(|(d, j)| self.usage_rows(j, d, now))
             .collect();
         let _ = reply.send(Ok(rows));
     }

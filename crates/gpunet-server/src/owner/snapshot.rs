@@ -7,11 +7,15 @@
 //! places, explained by one pass that notes what it finds about each (`gpunet_core::explain_queue`), and their
 //! predicted starts from one replay of a bounded copy of the state (`gpunet_core::predict`). Messages for a tenant
 //! are masked when built. A build is at most every ten times the last one's cost, so that building takes at most
-//! about a tenth of the owner's time whatever the depth of the queue.
+//! about a tenth of the owner's time whatever the depth of the queue; while a reader waits for its own change (below)
+//! the next build comes after one cost instead (at most half the owner's time, only while someone waits).
 //!
 //! Every change the owner makes bumps a sequence number before it is applied (and so before anyone is told of it); a
-//! snapshot carries the number it was built at. A reader waits (at most [`READ_WAIT`]) for a snapshot at least as new
-//! as the number when it asked: a client that submitted a job and then reads the queue sees its job.
+//! snapshot carries the number it was built at. Each change a token asks for (any request but a read, answered with
+//! success) records the number when it is answered ([`Reader::wrote`]); a read with that token waits (at most
+//! [`READ_WAIT`]) for a snapshot at least as new: a client that submitted a job and then reads the queue sees its job.
+//! Others' changes do not hold a read back (with submissions arriving without pause, a read would otherwise wait for
+//! the next build every time): they show in the next build, whose time the view carries (`as_of_ms`).
 
 use super::Owner;
 use crate::{now_ms, Principal};
@@ -32,6 +36,8 @@ pub(crate) const WALK: usize = 100_000;
 pub(crate) const REFRESH: Duration = Duration::from_secs(2);
 /// The shortest time between two builds.
 const MIN_GAP: Duration = Duration::from_millis(2);
+/// Tokens remembered in [`Reader::wrote`] before those whose changes are all published are forgotten.
+const WRITTEN_PRUNE_AT: usize = 4096;
 /// How long a reader waits for a snapshot that includes the changes made before it asked.
 pub(crate) const READ_WAIT: Duration = Duration::from_secs(2);
 
@@ -73,6 +79,9 @@ impl QueueSnapshot {
 #[derive(Debug)]
 pub(crate) struct Publisher {
     pub(crate) seq: Arc<AtomicU64>,
+    /// The newest change number a reader waits for, and the owner's wake-up when one starts waiting.
+    wanted: Arc<AtomicU64>,
+    pub(crate) wake: Arc<tokio::sync::Notify>,
     tx: watch::Sender<Arc<QueueSnapshot>>,
     built_seq: u64,
     built_at: Option<Instant>,
@@ -83,26 +92,63 @@ pub(crate) struct Publisher {
 #[derive(Debug, Clone)]
 pub(crate) struct Reader {
     seq: Arc<AtomicU64>,
+    wanted: Arc<AtomicU64>,
+    wake: Arc<tokio::sync::Notify>,
     rx: watch::Receiver<Arc<QueueSnapshot>>,
+    /// The change number when each token's latest change was answered, by token hash (pruned of entries the published
+    /// view already has once there are [`WRITTEN_PRUNE_AT`]).
+    written: Arc<std::sync::Mutex<HashMap<String, u64>>>,
 }
 
 /// A publisher and its readers, with an empty snapshot.
 pub(crate) fn channel() -> (Publisher, Reader) {
     let seq = Arc::new(AtomicU64::new(1));
     let (tx, rx) = watch::channel(Arc::new(QueueSnapshot::default()));
-    (Publisher { seq: seq.clone(), tx, built_seq: 0, built_at: None, cost: Duration::ZERO }, Reader { seq, rx })
+    let (written, wanted, wake): (_, Arc<AtomicU64>, Arc<tokio::sync::Notify>) = Default::default();
+    let publisher = Publisher {
+        seq: seq.clone(),
+        wanted: wanted.clone(),
+        wake: wake.clone(),
+        tx,
+        built_seq: 0,
+        built_at: None,
+        cost: Duration::ZERO,
+    };
+    (publisher, Reader { seq, wanted, wake, rx, written })
 }
 
 impl Reader {
-    /// The latest snapshot once it includes every change made before this call (or after [`READ_WAIT`], the latest).
-    pub(crate) async fn fresh(&self) -> Arc<QueueSnapshot> {
-        let want = self.seq.load(Ordering::Acquire);
+    /// A change asked for with the token of hash `token` was answered: its reads wait for a snapshot that has it.
+    pub(crate) fn wrote(&self, token: &str) {
+        let now = self.seq.load(Ordering::Acquire);
+        let mut w = self.written.lock().expect("written lock");
+        if w.len() >= WRITTEN_PRUNE_AT {
+            // Entries already in the published view never make a read wait (revoked tokens' among them).
+            let built = self.rx.borrow().seq;
+            w.retain(|_, s| *s > built);
+        }
+        match w.get_mut(token) {
+            Some(s) => *s = (*s).max(now),
+            None => {
+                w.insert(token.to_string(), now);
+            }
+        }
+    }
+
+    /// The latest snapshot once it includes every change answered to the token of hash `token` before this call (or
+    /// after [`READ_WAIT`], the latest).
+    pub(crate) async fn fresh(&self, token: &str) -> Arc<QueueSnapshot> {
+        // At least the first build (the channel starts with an empty placeholder, change number 0).
+        let want = self.written.lock().expect("written lock").get(token).copied().unwrap_or(0).max(1);
         let mut rx = self.rx.clone();
         let deadline = tokio::time::Instant::now() + READ_WAIT;
         loop {
             let s = rx.borrow_and_update().clone();
             if s.seq >= want {
                 return s;
+            }
+            if self.wanted.fetch_max(want, Ordering::AcqRel) < want {
+                self.wake.notify_one();
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => continue,
@@ -122,7 +168,8 @@ impl Publisher {
     pub(crate) fn due(&self, queued: bool) -> Option<Instant> {
         let Some(at) = self.built_at else { return Some(Instant::now()) };
         if self.seq.load(Ordering::Acquire) != self.built_seq {
-            Some(at + (self.cost * 10).max(MIN_GAP))
+            let waited = self.wanted.load(Ordering::Acquire) > self.built_seq;
+            Some(at + (if waited { self.cost } else { self.cost * 10 }).max(MIN_GAP))
         } else if queued {
             Some(at + REFRESH)
         } else {
@@ -201,12 +248,12 @@ impl Owner {
                 position,
                 id: j.0,
                 name: match job.array_of {
-                    Some((_, i)) => format!("{}[{i}]", d.submission.name),
-                    None => d.submission.name.clone(),
+                    Some((_, i)) => format!("{}[{i}]", job.spec.name),
+                    None => job.spec.name.clone(),
                 },
                 tenant: d.tenant.clone(),
                 state: job.state.to_string(),
-                priority: d.submission.priority,
+                priority: job.spec.priority,
                 gpus: job.spec.task.gpus * job.spec.tasks,
                 submitted_ms: job.submitted.0,
                 message,
@@ -238,5 +285,69 @@ impl Owner {
             all,
             tenants,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(p: &Publisher, seq: u64) {
+        p.tx.send_replace(Arc::new(QueueSnapshot { seq, ..QueueSnapshot::default() }));
+    }
+
+    #[tokio::test]
+    async fn a_read_waits_for_its_own_token_s_changes_and_not_for_others() {
+        let (p, r) = channel();
+        publish(&p, 1);
+        // Another token's change, not yet in a snapshot: a read with a token that changed nothing is answered at once.
+        p.bump();
+        r.wrote("other");
+        let t0 = Instant::now();
+        let s = tokio::time::timeout(Duration::from_secs(1), r.fresh("reader")).await.expect("answered at once");
+        assert_eq!(s.seq, 1);
+        assert!(t0.elapsed() < READ_WAIT / 2);
+        // The reader's own change: its read waits for a snapshot that has it.
+        p.bump();
+        r.wrote("reader");
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.fresh("reader").await.seq }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "answered before its change was in a snapshot");
+        publish(&p, 2);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "a snapshot older than its change is not enough");
+        publish(&p, 3);
+        let seq = tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("answered").expect("task");
+        assert_eq!(seq, 3);
+        // An answer recorded late (a slower request of the same token) never lowers what the token waits for.
+        r.written.lock().expect("lock").insert("reader".into(), 100);
+        r.wrote("reader");
+        assert_eq!(r.written.lock().expect("lock")["reader"], 100);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_brings_the_next_build_forward_to_one_cost() {
+        let (mut p, r) = channel();
+        let at = Instant::now();
+        p.built_at = Some(at);
+        p.cost = Duration::from_millis(50);
+        p.built_seq = 1;
+        p.bump(); // a change since the last build
+        assert_eq!(p.due(true), Some(at + Duration::from_millis(500)), "ten times the cost while nobody waits");
+        r.wrote("me");
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.fresh("me").await.seq }
+        });
+        tokio::time::timeout(Duration::from_secs(5), p.wake.notified()).await.expect("the owner is woken");
+        assert_eq!(p.due(true), Some(at + Duration::from_millis(50)), "one cost while a reader waits");
+        publish(&p, 2);
+        p.built_seq = 2;
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").expect("task"), 2);
+        p.bump();
+        assert_eq!(p.due(true), Some(at + Duration::from_millis(500)), "back to ten times once nobody waits");
     }
 }

@@ -217,8 +217,8 @@ impl Owner {
         let id = self.st.tenant_id(name)?;
         let u = self.st.tenant_usage(id);
         let (mut queued, mut running) = (0, 0);
-        for doc in self.docs.values().filter(|x| x.tenant == name) {
-            let s = self.st.job(doc.job.id).map_or(doc.job.state, |j| j.state);
+        for (id, doc) in self.docs.iter().filter(|(_, x)| x.tenant == name) {
+            let s = doc.job(&self.st, *id).map_or(doc.state, |j| j.state);
             if s.is_queued() {
                 queued += 1;
             } else if s == JobState::Running {

@@ -1,7 +1,11 @@
 //! `gpunet bench depth`: the control plane with a deep queue. It starts its own `gpunet server` (this binary, a
 //! child process on loopback, SQLite store, no node: nothing can start), fills the queue to each depth with batch
 //! submissions, and at each depth measures durable submissions per second and their latency from concurrent clients,
-//! then the same while readers poll `GET /v1/queue?limit=50` and `GET /v1/jobs?limit=50` without pause, one
+//! then the same twice more while readers poll `GET /v1/queue?limit=50` and `GET /v1/jobs?limit=50`: first each
+//! reader every `--read-every-ms` (a busy portal page: the portal itself refreshes every 2 s), then without pause (a
+//! stress figure: on a small machine such readers take their share of the CPU from everything else). The readers are
+//! other people than the submitter: an admin token of their own (a token's reads wait for its own changes to be in
+//! the queue view, see `gpunet_server`'s `owner/snapshot.rs`, not for others'). Then one
 //! `GET /v1/queue?limit=50` on its own, and the server's resident memory. One JSON object per depth; then the
 //! server is restarted with everything queued and the time until it answers the queue again is reported.
 
@@ -29,6 +33,9 @@ pub(crate) struct DepthArgs {
     /// Concurrent readers (half poll the queue, half the job list).
     #[arg(long, default_value_t = 10)]
     pub(crate) readers: usize,
+    /// How often each reader reads in the paced measurement, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) read_every_ms: u64,
     /// Where the server keeps its data (default: a new directory under `TMPDIR`, removed at the end).
     #[arg(long)]
     pub(crate) data_dir: Option<std::path::PathBuf>,
@@ -45,8 +52,10 @@ struct DepthReport {
     submissions_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// With the readers polling.
+    /// With the readers polling, each every `read_every_ms`.
     with_readers: ReadersReport,
+    /// With the readers polling without pause.
+    with_busy_readers: ReadersReport,
     /// Median and slowest of 21 `GET /v1/queue?limit=50` alone.
     queue_get_p50_ms: f64,
     queue_get_max_ms: f64,
@@ -58,6 +67,8 @@ struct DepthReport {
 #[derive(Debug, Serialize)]
 struct ReadersReport {
     readers: usize,
+    /// Each reader's pause between reads (none: without pause).
+    read_every_ms: Option<u64>,
     submissions_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -168,6 +179,18 @@ async fn measure(a: &DepthArgs, dir: &std::path::Path) -> Result<()> {
     if !r.status().is_success() {
         bail!("create tenant bench: {}", r.text().await?);
     }
+    // The readers' own token: an operator watching the queue, not the pipeline that submits.
+    let r = http
+        .post(format!("{}/v1/tokens", server.url))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body(r#"{"role":"admin","user":"portal-viewer"}"#)
+        .send()
+        .await?;
+    if !r.status().is_success() {
+        bail!("create the readers' token: {}", r.text().await?);
+    }
+    let viewer = r.json::<gpunet_api::types::TokenCreated>().await?.token;
     let servers =
         gpunet_api::servers::ServerList::parse("--server", &server.url).map_err(|e| anyhow::anyhow!(e.message))?;
     let load = Load {
@@ -183,8 +206,10 @@ async fn measure(a: &DepthArgs, dir: &std::path::Path) -> Result<()> {
         let at = pending;
         let alone = load.submit(a.clients, a.jobs).await?;
         pending += alone.acknowledged;
-        let (with, reads) = with_readers(&load, a, &server.url).await?;
+        let (with, reads) = with_readers(&load, a, &server.url, &viewer, Some(a.read_every_ms)).await?;
         pending += with.acknowledged;
+        let (busy, busy_reads) = with_readers(&load, a, &server.url, &viewer, None).await?;
+        pending += busy.acknowledged;
         let (get_p50, get_max) = queue_gets(&http, &server.url, &admin).await?;
         let rss = server.rss_mib();
         let report = DepthReport {
@@ -192,16 +217,8 @@ async fn measure(a: &DepthArgs, dir: &std::path::Path) -> Result<()> {
             submissions_per_s: alone.submissions_per_s,
             p50_ms: alone.p50_ms,
             p99_ms: alone.p99_ms,
-            with_readers: ReadersReport {
-                readers: a.readers,
-                submissions_per_s: with.submissions_per_s,
-                p50_ms: with.p50_ms,
-                p99_ms: with.p99_ms,
-                reads_per_s: reads.0,
-                read_p50_ms: reads.1,
-                read_p99_ms: reads.2,
-                ratio: with.submissions_per_s / alone.submissions_per_s,
-            },
+            with_readers: ReadersReport::new(a, Some(a.read_every_ms), &with, reads, &alone),
+            with_busy_readers: ReadersReport::new(a, None, &busy, busy_reads, &alone),
             queue_get_p50_ms: get_p50,
             queue_get_max_ms: get_max,
             rss_mib: rss,
@@ -257,17 +274,56 @@ async fn prefill(http: &reqwest::Client, url: &str, admin: &str, n: usize) -> Re
     Ok(done)
 }
 
-/// Submissions measured while `readers` clients read without pause; returns them with the reads' rate, p50, p99.
-async fn with_readers(load: &Load, a: &DepthArgs, url: &str) -> Result<(ApiReport, (f64, f64, f64))> {
+impl ReadersReport {
+    fn new(a: &DepthArgs, every: Option<u64>, with: &ApiReport, reads: (f64, f64, f64), alone: &ApiReport) -> Self {
+        ReadersReport {
+            readers: a.readers,
+            read_every_ms: every,
+            submissions_per_s: with.submissions_per_s,
+            p50_ms: with.p50_ms,
+            p99_ms: with.p99_ms,
+            reads_per_s: reads.0,
+            read_p50_ms: reads.1,
+            read_p99_ms: reads.2,
+            ratio: with.submissions_per_s / alone.submissions_per_s,
+        }
+    }
+}
+
+/// Submissions measured while `readers` clients read, each every `every` milliseconds (without pause: `None`);
+/// returns them with the reads' rate, p50, p99.
+async fn with_readers(
+    load: &Load,
+    a: &DepthArgs,
+    url: &str,
+    token: &str,
+    every: Option<u64>,
+) -> Result<(ApiReport, (f64, f64, f64))> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for i in 0..a.readers {
-        let (http, token, stop) = (load.http.clone(), load.token.clone(), stop.clone());
+        let (http, token, stop) = (load.http.clone(), token.to_string(), stop.clone());
         let path = if i % 2 == 0 { "/v1/queue?limit=50" } else { "/v1/jobs?limit=50" };
         let target = format!("{url}{path}");
+        // Paced readers start spread over one period, as independent pages would.
+        let offset = every.map(|ms| Duration::from_millis(ms * i as u64 / a.readers.max(1) as u64));
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
+            let mut tick = every.map(|ms| {
+                let mut t = tokio::time::interval_at(
+                    tokio::time::Instant::now() + offset.unwrap_or_default(),
+                    Duration::from_millis(ms.max(1)),
+                );
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
             while !stop.load(Ordering::Relaxed) {
+                if let Some(t) = tick.as_mut() {
+                    t.tick().await;
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
                 let t = Instant::now();
                 let r = http.get(&target).bearer_auth(&token).send().await?;
                 if !r.status().is_success() {
