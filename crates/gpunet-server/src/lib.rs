@@ -453,6 +453,7 @@ fn restore_job(
 ) -> Result<(), ServerError> {
     let id = job.id.0;
     let recover = |reason: String| ServerError::Recover { what: format!("job {id}"), reason };
+    o.names.share(&mut d);
     o.next_id = o.next_id.max(id + 1 + job.spec.array.as_ref().map_or(0, |a| a.indices.len() as u64));
     totals.preemptions += u64::from(job.preemptions);
     totals.restarts += u64::from(job.restarts);

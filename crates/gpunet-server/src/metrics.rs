@@ -278,7 +278,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
     let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
     for (id, d) in o.docs.iter() {
         let state = d.job(&o.st, *id).map_or(d.state, |j| j.state);
-        *by.entry((d.tenant.clone(), state.as_str())).or_default() += 1;
+        *by.entry((d.tenant.to_string(), state.as_str())).or_default() += 1;
     }
     let _ = writeln!(s, "# HELP gpunet_jobs Jobs by tenant and state.\n# TYPE gpunet_jobs gauge");
     for t in o.tenants.keys() {
@@ -429,7 +429,7 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
         if o.st.is_held(j.id) || o.st.is_dependency_waiting(j.id) {
             continue;
         }
-        let e = pending.entry(d.tenant.as_str()).or_insert((0, 0, now));
+        let e = pending.entry(&*d.tenant).or_insert((0, 0, now));
         e.0 += 1;
         e.1 += u64::from(j.spec.total_gpus());
         e.2 = e.2.min(j.submitted.0);
@@ -438,7 +438,7 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
     let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
     for (id, d) in o.docs.iter() {
         let Some(j) = o.st.job(gpunet_core::JobId(*id)).filter(|j| j.state == JobState::Running) else { continue };
-        let e = used.entry(d.tenant.clone()).or_default();
+        let e = used.entry(d.tenant.to_string()).or_default();
         for r in o.usage_rows(j, d, now) {
             e.0 += r.gpu_seconds;
             e.1 += r.cost;

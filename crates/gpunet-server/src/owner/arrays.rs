@@ -30,7 +30,7 @@ impl Owner {
                 };
                 let base = JobId(r.id);
                 let owner = self.st.array_of_element(base).unwrap_or(base);
-                if self.docs.get(&owner.0).is_none_or(|d| d.tenant != tenant) {
+                if self.docs.get(&owner.0).is_none_or(|d| *d.tenant != *tenant) {
                     return Err(missing());
                 }
                 jobs.push(match r.index {
@@ -55,7 +55,7 @@ impl Owner {
                     doc.state = job.state;
                     // An element counts its (the array's) spec bytes until it ends, as the exact count does.
                     if let Some(m) = self.unfinished_spec_bytes.as_mut() {
-                        *m.entry(doc.tenant.clone()).or_default() += doc.submission.len();
+                        *m.entry(doc.tenant.to_string()).or_default() += doc.submission.len();
                     }
                     self.docs.insert(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));

@@ -14,6 +14,33 @@ use gpunet_core::job::RunInfo;
 use gpunet_core::{ClusterState, Job, JobId, JobState, Prediction};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Tenant and user names, each held once however many documents name it (a million queued jobs of one tenant hold
+/// one copy of its name, not a million).
+#[derive(Debug, Default)]
+pub(crate) struct Names(HashSet<Arc<str>>);
+
+impl Names {
+    /// The shared copy of `name`.
+    pub(crate) fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(n) = self.0.get(name) {
+            return n.clone();
+        }
+        let n: Arc<str> = name.into();
+        self.0.insert(n.clone());
+        n
+    }
+
+    /// A document's names replaced by the shared copies.
+    pub(crate) fn share(&mut self, d: &mut JobDoc) {
+        d.tenant = self.get(&d.tenant);
+        if let Some(u) = d.submitted_by.take() {
+            d.submitted_by = Some(self.get(&u));
+        }
+    }
+}
 
 /// A job's server-side document.
 #[derive(Debug, Clone)]
@@ -24,10 +51,11 @@ pub(crate) struct JobDoc {
     /// The job's state when its document was last brought up to the core's (`Owner::sync_doc`, at start-up and at an
     /// element's expansion): an end is seen by comparing it with the core's. Unused for an array's parent.
     pub(crate) state: JobState,
-    pub(crate) tenant: String,
+    /// Its tenant's name, shared by all of the tenant's documents ([`Names`]).
+    pub(crate) tenant: Arc<str>,
     pub(crate) submission: Packed,
-    /// Who submitted it (the token's user, else its role).
-    pub(crate) submitted_by: Option<String>,
+    /// Who submitted it (the token's user, else its role), shared like the tenant's name.
+    pub(crate) submitted_by: Option<Arc<str>>,
     /// What a job gathers as it runs and what few submissions carry: one pointer while it has none of it (most
     /// queued jobs), read with [`JobDoc::more`].
     more: Option<Box<More>>,
@@ -74,7 +102,7 @@ impl More {
 
 impl JobDoc {
     /// A new job's document (its job is the core's).
-    pub(crate) fn new(tenant: String, submission: Packed, submitted_by: Option<String>, more: More) -> JobDoc {
+    pub(crate) fn new(tenant: Arc<str>, submission: Packed, submitted_by: Option<Arc<str>>, more: More) -> JobDoc {
         JobDoc {
             own: None,
             state: JobState::Pending,
@@ -150,7 +178,7 @@ impl JobDoc {
             learned_estimate: s.learned_estimate,
             util: s.util,
         };
-        let mut doc = JobDoc::new(s.tenant, submission, s.submitted_by, more);
+        let mut doc = JobDoc::new(s.tenant.into(), submission, s.submitted_by.map(Into::into), more);
         doc.state = s.job.state;
         Ok((s.job, doc))
     }
@@ -259,14 +287,21 @@ mod tests {
         let (j, back) = JobDoc::load(&text).expect("load");
         assert_eq!(j.id, JobId(7));
         assert_eq!(j.spec.name, "train");
-        assert_eq!(back.tenant, "acme");
+        assert_eq!(&*back.tenant, "acme");
         assert_eq!(back.more().warnings, vec!["w".to_string()]);
         assert_eq!(back.submitted_by.as_deref(), Some("ana"));
         assert_eq!(back.more().idempotency_key.as_deref(), Some("tenant:acme:k"));
         // A document with none of the rest keeps one empty pointer for it.
         let plain = JobDoc::new("acme".into(), Packed::new(&s), None, More::default());
         assert!(plain.more.is_none() && plain.more().attempts.is_empty());
-        assert!(std::mem::size_of::<JobDoc>() <= 96, "{} bytes", std::mem::size_of::<JobDoc>());
+        assert!(std::mem::size_of::<JobDoc>() <= 72, "{} bytes", std::mem::size_of::<JobDoc>());
+        // Names are held once.
+        let mut names = Names::default();
+        let (mut a, mut b) = (plain.clone(), back.clone());
+        names.share(&mut a);
+        names.share(&mut b);
+        assert!(Arc::ptr_eq(&a.tenant, &b.tenant));
+        assert_eq!(names.0.len(), 2, "acme and ana");
         assert!(back.submission.is(&s));
         assert_eq!(back.submission.get(), s);
         assert!(back.own.is_none());

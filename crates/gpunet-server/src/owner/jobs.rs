@@ -111,10 +111,10 @@ impl Owner {
                 learned_estimate: learned,
                 ..More::default()
             };
-            let doc = JobDoc::new(tenant, sub, Some(by.clone()), more);
+            let doc = JobDoc::new(self.names.get(&tenant), sub, Some(self.names.get(&by)), more);
             writes.push(Write::Job {
                 id,
-                tenant: doc.tenant.clone(),
+                tenant: doc.tenant.to_string(),
                 state: JobState::Pending.to_string(),
                 doc: serde_json::to_string(&doc.stored(&job)).expect("job documents serialise"),
             });
@@ -153,7 +153,7 @@ impl Owner {
                             doc.own = array; // an array is not a job of the core: its document keeps its spec
                         }
                         if let Some(m) = o.unfinished_spec_bytes.as_mut() {
-                            *m.entry(doc.tenant.clone()).or_default() += size;
+                            *m.entry(doc.tenant.to_string()).or_default() += size;
                         }
                         o.docs.insert(id.0, doc);
                         o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
@@ -256,10 +256,10 @@ impl Owner {
             }
         }
         let matches = |o: &Owner, id: u64, d: &JobDoc| {
-            if tenant.as_ref().is_some_and(|t| *t != d.tenant) {
+            if tenant.as_ref().is_some_and(|t| **t != *d.tenant) {
                 return false;
             }
-            if f.user.as_ref().is_some_and(|u| d.submitted_by.as_ref() != Some(u)) {
+            if f.user.as_ref().is_some_and(|u| d.submitted_by.as_deref() != Some(u.as_str())) {
                 return false;
             }
             f.states.is_empty() || {
@@ -435,7 +435,7 @@ impl Owner {
     fn visible(&self, who: &Principal, id: u64, doc: &JobDoc) -> Result<(), ApiError> {
         match who {
             Principal::Admin => Ok(()),
-            Principal::Tenant(t) if *t == doc.tenant => Ok(()),
+            Principal::Tenant(t) if **t == *doc.tenant => Ok(()),
             _ => Err(not_found("job", &id.to_string())),
         }
     }
@@ -444,7 +444,7 @@ impl Owner {
     fn owns(&self, who: &Principal, id: u64) -> bool {
         match who {
             Principal::Admin => true,
-            Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| d.tenant == *t),
+            Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| *d.tenant == **t),
             Principal::Agent | Principal::Node(_) => false,
         }
     }
@@ -489,7 +489,7 @@ impl Owner {
     fn unfinished_ids(&self, tenant: Option<&str>) -> Vec<u64> {
         self.docs
             .iter()
-            .filter(|(_, d)| tenant.is_none_or(|t| d.tenant == t))
+            .filter(|(_, d)| tenant.is_none_or(|t| *d.tenant == *t))
             .filter(|(id, d)| !d.job(&self.st, **id).map_or(d.state, |j| j.state).is_terminal())
             .map(|(id, _)| *id)
             .collect()
@@ -516,7 +516,7 @@ impl Owner {
                     let mut all: HashMap<String, u64> = HashMap::new();
                     for id in self.unfinished_ids(None) {
                         let t = self.docs[&id].tenant.clone();
-                        *all.entry(t).or_default() += self.docs.get(&id).map_or(0, |d| d.submission.len());
+                        *all.entry(t.to_string()).or_default() += self.docs.get(&id).map_or(0, |d| d.submission.len());
                     }
                     self.unfinished_spec_bytes = Some(all);
                 }

@@ -276,6 +276,8 @@ pub(crate) struct Owner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) auth: crate::tokens::Auth,
     pub(crate) docs: BTreeMap<u64, JobDoc>,
+    /// The tenant and user names the documents share.
+    pub(crate) names: doc::Names,
     pub(crate) tenants: BTreeMap<String, TenantDoc>,
     pub(crate) nodes: BTreeMap<String, NodeDoc>,
     pub(crate) next_id: u64,
@@ -372,6 +374,7 @@ impl Owner {
             store,
             auth,
             docs: BTreeMap::new(),
+            names: doc::Names::default(),
             tenants: BTreeMap::new(),
             nodes: BTreeMap::new(),
             next_id: 1,
@@ -515,7 +518,7 @@ impl Owner {
         let job = d.job(&self.st, id)?;
         Some(Write::Job {
             id,
-            tenant: d.tenant.clone(),
+            tenant: d.tenant.to_string(),
             state: job.state.to_string(),
             doc: serde_json::to_string(&d.stored(job)).expect("job documents serialise"),
         })
@@ -530,7 +533,7 @@ impl Owner {
     fn event_broadcast(&self, job: u64, kind: &str, message: &str) {
         let _ = self.events.send(
             serde_json::json!({"job": job, "kind": kind, "message": message, "at_ms": now_ms(),
-                "tenant": self.docs.get(&job).map(|d| d.tenant.clone())})
+                "tenant": self.docs.get(&job).map(|d| d.tenant.to_string())})
             .to_string(),
         );
     }
@@ -605,8 +608,8 @@ impl Owner {
         Some(JobView {
             id,
             name: j.spec.name.clone(),
-            tenant: d.tenant.clone(),
-            submitted_by: d.submitted_by.clone(),
+            tenant: d.tenant.to_string(),
+            submitted_by: d.submitted_by.as_deref().map(str::to_string),
             state: self.state_of(id).unwrap_or(j.state).to_string(),
             priority: j.spec.priority,
             tasks: j.spec.tasks,
@@ -662,7 +665,7 @@ impl Owner {
         let mut ended = None;
         if let (Some(j), Some(d)) = (self.st.job(JobId(id)), self.docs.get_mut(&id)) {
             if !d.state.is_terminal() && j.state.is_terminal() {
-                ended = Some((d.tenant.clone(), d.submission.len()));
+                ended = Some((d.tenant.to_string(), d.submission.len()));
             }
             d.state = j.state;
             if let Some(run) = &j.run {
@@ -691,7 +694,7 @@ impl Owner {
                 let u = self.util.of(job.id.0, job.attempt(), &node.spec.name);
                 Some(UsageRow {
                     job: job.id.0,
-                    tenant: doc.tenant.clone(),
+                    tenant: doc.tenant.to_string(),
                     start_ms: run.started.0,
                     end_ms: end,
                     gpu_model: node.spec.gpu_model().map(|m| m.to_string()).unwrap_or_default(),
@@ -703,7 +706,7 @@ impl Owner {
                     cpu_cost: c.cpu,
                     mem_cost: c.mem,
                     cost: c.total(),
-                    submitted_by: doc.submitted_by.clone().unwrap_or_default(),
+                    submitted_by: doc.submitted_by.as_deref().unwrap_or_default().to_string(),
                     sampled_gpu_seconds: u.sampled,
                     busy_gpu_seconds: u.busy,
                 })

@@ -215,7 +215,7 @@ impl Owner {
             if self.st.job(jid).is_some_and(|j| j.state == JobState::Running && j.attempt() == s.task.attempt) {
                 let _ = self.events.send(
                     serde_json::json!({"job": jid.0, "kind": "process_started", "at_ms": s.at_ms, "node": node,
-                        "tenant": self.docs.get(&jid.0).map(|d| d.tenant.clone())})
+                        "tenant": self.docs.get(&jid.0).map(|d| d.tenant.to_string())})
                     .to_string(),
                 );
                 writes.push(Write::Event {
@@ -367,7 +367,7 @@ impl Owner {
                 set("CUDA_VISIBLE_DEVICES", visible.clone());
                 set("NVIDIA_VISIBLE_DEVICES", if visible.is_empty() { "void".into() } else { visible });
                 set("GPUNET_JOB_ID", jid.0.to_string());
-                set("GPUNET_TENANT", doc.tenant.clone());
+                set("GPUNET_TENANT", doc.tenant.to_string());
                 if let Some((array, index)) = j.array_of {
                     set("GPUNET_ARRAY_JOB_ID", array.0.to_string());
                     set("GPUNET_ARRAY_INDEX", index.to_string());
@@ -472,7 +472,7 @@ impl Owner {
             }
         }
         // Fair share's usage changed with the attempt's end: store it with the rest.
-        if let Some(t) = self.docs.get(&id).map(|d| d.tenant.clone()) {
+        if let Some(t) = self.docs.get(&id).map(|d| d.tenant.to_string()) {
             writes.extend(self.usage_writes(now, Some(&t)));
         }
         self.sync_doc(id);
@@ -678,7 +678,7 @@ impl Owner {
             .jobs
             .iter()
             .filter(|j| match who {
-                Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| d.tenant == *t),
+                Principal::Tenant(t) => self.docs.get(&j.0).is_some_and(|d| *d.tenant == **t),
                 _ => true,
             })
             .map(|j| j.0)
@@ -692,7 +692,7 @@ impl Owner {
             .map(|(i, g)| {
                 let i = i as u32;
                 let job = holder.get(&i).copied();
-                let tenant = job.and_then(|j| self.docs.get(&j)).map(|d| d.tenant.clone());
+                let tenant = job.and_then(|j| self.docs.get(&j)).map(|d| d.tenant.to_string());
                 let shown = match who {
                     Principal::Tenant(t) => tenant.as_ref() == Some(t),
                     _ => true,

@@ -38,7 +38,7 @@ impl Owner {
             .docs
             .iter()
             .filter(|(_, d)| match &who {
-                Principal::Tenant(t) => d.tenant == *t,
+                Principal::Tenant(t) => *d.tenant == **t,
                 _ => true,
             })
             .filter_map(|(id, d)| self.st.job(JobId(*id)).filter(|j| j.state == JobState::Running).map(|j| (d, j)))

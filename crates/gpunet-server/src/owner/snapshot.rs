@@ -198,7 +198,7 @@ impl Owner {
     /// The queue now, as [`QueueSnapshot`] describes.
     fn queue_snapshot(&self, seq: u64) -> QueueSnapshot {
         let now = Time(now_ms());
-        let tenant_of = |j: &JobId| self.docs.get(&j.0).map(|d| d.tenant.as_str());
+        let tenant_of = |j: &JobId| self.docs.get(&j.0).map(|d| &*d.tenant);
         let order = queue_order(&self.st, now, WALK);
         let mut all: Vec<(usize, JobId)> = Vec::with_capacity(QUEUE_ROWS);
         let mut mine: BTreeMap<&str, Vec<(usize, JobId)>> = BTreeMap::new();
@@ -251,7 +251,7 @@ impl Owner {
                     Some((_, i)) => format!("{}[{i}]", job.spec.name),
                     None => job.spec.name.clone(),
                 },
-                tenant: d.tenant.clone(),
+                tenant: d.tenant.to_string(),
                 state: job.state.to_string(),
                 priority: job.spec.priority,
                 gpus: job.spec.task.gpus * job.spec.tasks,

@@ -217,7 +217,7 @@ impl Owner {
         let id = self.st.tenant_id(name)?;
         let u = self.st.tenant_usage(id);
         let (mut queued, mut running) = (0, 0);
-        for (id, doc) in self.docs.iter().filter(|(_, x)| x.tenant == name) {
+        for (id, doc) in self.docs.iter().filter(|(_, x)| *x.tenant == *name) {
             let s = doc.job(&self.st, *id).map_or(doc.state, |j| j.state);
             if s.is_queued() {
                 queued += 1;
