@@ -100,12 +100,16 @@ fn who(st: &AppState, h: &HeaderMap) -> R<Principal> {
 
 /// The bearer token's credential; an expired token is refused like an unknown one.
 fn cred(st: &AppState, h: &HeaderMap) -> R<crate::tokens::Cred> {
-    let token = bearer(h)?;
+    cred_of(st, &hash_token(bearer(h)?))
+}
+
+/// The credential of the token whose hash is `hash`; an expired token is refused like an unknown one.
+fn cred_of(st: &AppState, hash: &str) -> R<crate::tokens::Cred> {
     let c = st
         .auth
         .read()
         .expect("auth lock")
-        .get(&hash_token(token))
+        .get(hash)
         .cloned()
         .ok_or_else(|| Fail(ApiError::new("unauthorized", "unknown token")))?;
     if c.expired(crate::now_ms()) {
@@ -965,10 +969,10 @@ async fn whoami(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 /// `GET /v1/queue?limit=N`: queued jobs in policy order with their reasons and predicted starts.
 #[utoipa::path(get, path = "/v1/queue", tag = "cluster", summary = "Queued jobs in policy order with their reasons and predicted starts", params(("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "At most this many (default 50)")), responses((status = 200, description = "The queue", body = QueueView)))]
 async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
-    let p = user(&st, &h)?;
+    let token = hash_token(bearer(&h)?);
+    let p = user_of(cred_of(&st, &token)?.who)?;
     let q = query(&q, &["limit"])?;
     let limit = limit_param(&q, crate::owner::snapshot::QUEUE_ROWS, 50)?;
-    let token = hash_token(bearer(&h)?);
     Ok(json(StatusCode::OK, st.queue.fresh(&token).await.view(&p, limit)))
 }
 
@@ -1052,19 +1056,19 @@ async fn too_large(req: Request, next: Next) -> Response {
 
 /// Checks the token before anything else (the body is not read for a request without a valid token).
 async fn authenticate(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Err(f) = who(&st, req.headers()) {
-        return f.into_response();
-    }
+    let token = match bearer(req.headers()).map(hash_token).and_then(|t| cred_of(&st, &t).map(|_| t)) {
+        Ok(t) => t,
+        Err(f) => return f.into_response(),
+    };
     // A change answered with success: this token's reads of the queue view wait for a view that has it. A dry run
     // changes nothing, and agents do not read the queue.
     let path = req.uri().path();
     let changes = !matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD)
         && path != "/v1/jobs/dry-run"
         && !path.starts_with("/v1/agents/");
-    let token = changes.then(|| bearer(req.headers()).ok().map(hash_token)).flatten();
     let r = next.run(req).await;
-    if let Some(t) = token.filter(|_| r.status().is_success()) {
-        st.queue.wrote(&t);
+    if changes && r.status().is_success() {
+        st.queue.wrote(&token);
     }
     r
 }

@@ -277,7 +277,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
     let mut s = String::new();
     let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
     for (id, d) in o.docs.iter() {
-        let state = d.job(&o.st, *id).map_or(d.state, |j| j.state);
+        let state = d.live_state(&o.st, *id);
         *by.entry((d.tenant.to_string(), state.as_str())).or_default() += 1;
     }
     let _ = writeln!(s, "# HELP gpunet_jobs Jobs by tenant and state.\n# TYPE gpunet_jobs gauge");

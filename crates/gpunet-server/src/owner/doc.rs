@@ -128,6 +128,11 @@ impl JobDoc {
         st.job(JobId(id)).or(self.own.as_deref())
     }
 
+    /// The state of document `id`'s job now: its job's (the core's, or an array parent's own summary).
+    pub(crate) fn live_state(&self, st: &ClusterState, id: u64) -> JobState {
+        self.job(st, id).map_or(self.state, |j| j.state)
+    }
+
     /// The stored form of this document with `job` (the core's job, or the document's own).
     pub(crate) fn stored<'a>(&'a self, job: &'a Job) -> StoredRef<'a> {
         let m = self.more();

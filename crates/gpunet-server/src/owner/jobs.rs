@@ -490,7 +490,7 @@ impl Owner {
         self.docs
             .iter()
             .filter(|(_, d)| tenant.is_none_or(|t| *d.tenant == *t))
-            .filter(|(id, d)| !d.job(&self.st, **id).map_or(d.state, |j| j.state).is_terminal())
+            .filter(|(id, d)| !d.live_state(&self.st, **id).is_terminal())
             .map(|(id, _)| *id)
             .collect()
     }

@@ -658,7 +658,7 @@ impl Owner {
             return Some(a.state);
         }
         let d = self.docs.get(&id)?;
-        Some(d.job(&self.st, id).map_or(d.state, |j| j.state))
+        Some(d.live_state(&self.st, id))
     }
 
     fn sync_doc(&mut self, id: u64) {

@@ -17,7 +17,7 @@ impl Owner {
         }
         let mut jobs = BTreeMap::new();
         for (id, d) in self.docs.iter() {
-            let s = d.job(&self.st, *id).map_or(d.state, |j| j.state);
+            let s = d.live_state(&self.st, *id);
             *jobs.entry(s.to_string()).or_insert(0) += 1;
         }
         let _ = reply.send(Ok(ClusterSummary {

@@ -218,7 +218,7 @@ impl Owner {
         let u = self.st.tenant_usage(id);
         let (mut queued, mut running) = (0, 0);
         for (id, doc) in self.docs.iter().filter(|(_, x)| *x.tenant == *name) {
-            let s = doc.job(&self.st, *id).map_or(doc.state, |j| j.state);
+            let s = doc.live_state(&self.st, *id);
             if s.is_queued() {
                 queued += 1;
             } else if s == JobState::Running {
