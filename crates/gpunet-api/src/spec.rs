@@ -292,7 +292,7 @@ impl JobSubmission {
         spec.priority = self.priority;
         spec.hold = self.hold;
         if let Some(a) = &self.array {
-            spec.array = Some(crate::depsyntax::parse_array("array", a)?);
+            spec.array = Some(Box::new(crate::depsyntax::parse_array("array", a)?));
         }
         if let Some(d) = &self.dependency {
             crate::depsyntax::parse_dependency("dependency", d)?;

@@ -198,6 +198,11 @@ pub struct Explain {
     /// The run-time estimate the scheduler uses for the job (given or learned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<EstimateView>,
+    /// For a queued job: when the explanation was computed (ms since the Unix epoch). A queued job is explained by
+    /// the queue view's build (one pass for every job asked about, never a pass per request), so this may be a few
+    /// seconds old.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of_ms: Option<u64>,
 }
 
 /// The answer to a dry run.

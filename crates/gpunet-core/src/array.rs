@@ -371,7 +371,7 @@ mod tests {
 
     fn array(n: u32, limit: Option<u32>) -> JobSpec {
         let mut s = JobSpec::new(t0(), "sweep", 1, 1);
-        s.array = Some(ArraySpec { indices: (0..n).collect(), limit });
+        s.array = Some(Box::new(ArraySpec { indices: (0..n).collect(), limit }));
         s
     }
 
@@ -415,7 +415,7 @@ mod tests {
         submit(&mut s, 1, spec, 0);
         assert_eq!(s.element_id(JobId(1), 7), Some(JobId(4)));
         let mut after = JobSpec::new(t0(), "reduce", 1, 1);
-        after.dependencies = vec![Dependency { kind: DepKind::AfterOk, jobs: vec![JobId(1)] }];
+        after.dependencies = crate::job::thin_vec![Dependency { kind: DepKind::AfterOk, jobs: vec![JobId(1)] }];
         submit(&mut s, 5, after, 0);
         assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![2, 3, 4]);
         assert_eq!(s.job(JobId(4)).unwrap().array_of, Some((JobId(1), 7)));

@@ -172,6 +172,7 @@ impl ClusterState {
     /// A job reached a terminal state: its array counts it, and what waits on it (or on its array) is checked again.
     /// Every path to a terminal state calls this once.
     pub(crate) fn job_ended(&mut self, id: JobId, now: Time) {
+        self.note_changed(id);
         self.ended_work.push(id);
         if self.ending {
             return;
@@ -266,8 +267,8 @@ mod tests {
     use crate::job::{DepKind, Dependency};
     use crate::schedule::testkit::*;
 
-    fn after(kind: DepKind, ids: &[u64]) -> Vec<Dependency> {
-        vec![Dependency { kind, jobs: ids.iter().map(|i| JobId(*i)).collect() }]
+    fn after(kind: DepKind, ids: &[u64]) -> crate::job::ThinVec<Dependency> {
+        crate::job::thin_vec![Dependency { kind, jobs: ids.iter().map(|i| JobId(*i)).collect() }]
     }
 
     fn one_node() -> ClusterState {
@@ -344,7 +345,7 @@ mod tests {
         submit(&mut s, 1, JobSpec::new(t0(), "nightly", 1, 1), 0);
         submit(&mut s, 2, JobSpec::new(TenantId(1), "nightly", 1, 1), 0);
         let mut single = JobSpec::new(t0(), "nightly", 1, 1);
-        single.dependencies = vec![Dependency { kind: DepKind::Singleton, jobs: vec![] }];
+        single.dependencies = crate::job::thin_vec![Dependency { kind: DepKind::Singleton, jobs: vec![] }];
         submit(&mut s, 3, single, 0);
         assert_eq!(s.waiting_for(JobId(3)), vec![(DepKind::Singleton, JobId(1))]);
         assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);

@@ -223,7 +223,7 @@ mod tests {
         first.max_restarts = 0;
         s.submit(JobId(1), first, Time(0)).unwrap();
         let mut dep = JobSpec::new(t0(), "second", 1, 1);
-        dep.dependencies = vec![Dependency { kind: DepKind::AfterOk, jobs: vec![JobId(1)] }];
+        dep.dependencies = crate::job::thin_vec![Dependency { kind: DepKind::AfterOk, jobs: vec![JobId(1)] }];
         s.submit(JobId(2), dep, Time(0)).unwrap();
         s.hold(JobId(2)).unwrap();
         assert!(s.dependency_waiting().next().is_none(), "a held job does not wait on its dependencies");
@@ -243,7 +243,7 @@ mod tests {
     fn a_held_array_expands_nothing_until_released() {
         let mut s = one_node();
         let mut spec = JobSpec::new(t0(), "sweep", 1, 1);
-        spec.array = Some(crate::job::ArraySpec { indices: (0..4).collect(), limit: Some(2) });
+        spec.array = Some(Box::new(crate::job::ArraySpec { indices: (0..4).collect(), limit: Some(2) }));
         s.submit(JobId(10), spec, Time(0)).unwrap();
         s.hold(JobId(10)).unwrap();
         pass(&mut s, 1);

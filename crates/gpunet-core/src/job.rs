@@ -19,6 +19,7 @@ use crate::node::{NodeSpec, MAX_GPUS_PER_NODE};
 use crate::units::{Dur, MiB, MilliCpu, Resources, Time};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+pub use thin_vec::{thin_vec, ThinVec};
 
 /// What one task (replica) needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -144,7 +145,7 @@ pub struct JobSpec {
     /// What each task needs.
     pub task: TaskSpec,
     /// Allowed GPU models (empty: any).
-    pub gpu_models: Vec<GpuModel>,
+    pub gpu_models: ThinVec<GpuModel>,
     /// Allow one gang to span GPU models (mixed gangs lose AllReduce efficiency).
     pub allow_mixed_models: bool,
     /// All tasks start together or none does.
@@ -152,9 +153,9 @@ pub struct JobSpec {
     /// Required placement scope for the tasks.
     pub topology: TopologyScope,
     /// Node selector / required affinity.
-    pub selector: Vec<SelectorTerm>,
+    pub selector: ThinVec<SelectorTerm>,
     /// Tolerations (spot nodes carry the taint `lifecycle=spot`).
-    pub tolerations: Vec<Toleration>,
+    pub tolerations: ThinVec<Toleration>,
     /// Estimated run time, if known.
     pub estimated_duration: Option<Dur>,
     /// May be evicted (and resumed from its checkpoint).
@@ -166,11 +167,11 @@ pub struct JobSpec {
     /// Elastic bounds.
     pub elastic: Option<Elastic>,
     /// Jobs this one waits for (Slurm's `--dependency`); all must be satisfied before it is queued.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dependencies: Vec<Dependency>,
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub dependencies: ThinVec<Dependency>,
     /// A job array: one queued entry whose elements are expanded as they start (see [`crate::array`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub array: Option<ArraySpec>,
+    pub array: Option<Box<ArraySpec>>,
     /// Submitted held (Slurm's `--hold`): it waits outside the queues until released (see [`crate::hold`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
@@ -263,18 +264,18 @@ impl JobSpec {
             priority: 0,
             tasks,
             task: TaskSpec { gpus, mig: None, cpu: MilliCpu::cores(per), mem: MiB::gib(4 * per) },
-            gpu_models: Vec::new(),
+            gpu_models: ThinVec::new(),
             allow_mixed_models: false,
             gang: tasks > 1,
             topology: if tasks > 1 { TopologyScope::Zone } else { TopologyScope::Any },
-            selector: Vec::new(),
-            tolerations: Vec::new(),
+            selector: ThinVec::new(),
+            tolerations: ThinVec::new(),
             estimated_duration: None,
             preemptible: true,
             checkpoint_interval: None,
             max_restarts: 3,
             elastic: None,
-            dependencies: Vec::new(),
+            dependencies: ThinVec::new(),
             array: None,
             hold: false,
         }
@@ -356,7 +357,7 @@ impl JobSpec {
                 return bad("task.mig", p.to_string(), "either whole GPUs or a MIG slice, not both");
             }
             let models: Vec<GpuModel> =
-                if self.gpu_models.is_empty() { GpuModel::ALL.to_vec() } else { self.gpu_models.clone() };
+                if self.gpu_models.is_empty() { GpuModel::ALL.to_vec() } else { self.gpu_models.to_vec() };
             if !models.iter().any(|m| m.supports_mig(p)) {
                 return bad("task.mig", p.to_string(), "a MIG profile of an allowed model (A100, H100, H200)");
             }
@@ -674,6 +675,14 @@ impl Job {
 mod tests {
     use super::*;
 
+    /// A server keeps one `Job` per queued job (a million at depth): its rarely used parts are thin pointers (an empty
+    /// `ThinVec` allocates nothing), so that it fits in 296 bytes.
+    #[test]
+    fn a_job_stays_small() {
+        assert!(std::mem::size_of::<Job>() <= 296, "{} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 168, "{} bytes", std::mem::size_of::<JobSpec>());
+    }
+
     #[test]
     fn every_transition_is_checked() {
         use JobState::*;
@@ -717,7 +726,7 @@ mod tests {
         assert!(s.validate().unwrap_err().to_string().contains("task.mig"));
         s.task.gpus = 0;
         s.validate().unwrap();
-        s.gpu_models = vec![GpuModel::V100_16GB];
+        s.gpu_models = crate::job::thin_vec![GpuModel::V100_16GB];
         assert!(s.validate().is_err());
     }
 

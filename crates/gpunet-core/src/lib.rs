@@ -58,15 +58,15 @@ pub use gpu::{GpuModel, MigProfile};
 pub use ids::{JobId, NodeId, TenantId};
 pub use job::{
     ArraySpec, DepKind, Dependency, Elastic, Job, JobSpec, JobState, Placement, SelectorOp, SelectorTerm,
-    TaskPlacement, TaskSpec, Toleration, TopologyScope,
+    TaskPlacement, TaskSpec, ThinVec, Toleration, TopologyScope,
 };
 pub use lifecycle::{AttemptEnded, RankEnd, StopCause};
 pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, explain_queue, never_fits, placeable, queue_order, schedule, schedule_with_stats,
-    Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
+    dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable, queue_order, schedule,
+    schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView};
 pub use tenant::{Quota, TenantSpec};

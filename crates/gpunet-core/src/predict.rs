@@ -114,6 +114,7 @@ impl ClusterState {
             ended_work: Vec::new(),
             ending: false,
             parking: Default::default(),
+            changed: None,
         }
     }
 }
@@ -250,7 +251,7 @@ mod tests {
                 let mut spec = JobSpec::new(ts[i % 2], "j", *gpus, 1).estimate(Dur::from_secs(*secs)).priority(*prio);
                 spec.topology = TopologyScope::Node;
                 if *extra == 0 && i > 0 {
-                    spec.dependencies = vec![Dependency { kind: DepKind::AfterAny, jobs: vec![JobId(i as u64)] }];
+                    spec.dependencies = crate::job::thin_vec![Dependency { kind: DepKind::AfterAny, jobs: vec![JobId(i as u64)] }];
                 }
                 s.submit(id, spec, Time::from_secs(i as u64)).unwrap();
                 if *extra == 1 {

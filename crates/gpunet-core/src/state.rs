@@ -167,6 +167,30 @@ pub struct ClusterState {
     pub(crate) ending: bool,
     /// Parked jobs by shape and the shapes' fit decisions (see [`crate::park`]).
     pub(crate) parking: crate::park::Parking,
+    /// Jobs whose state changed since [`ClusterState::take_changed`], when a driver asked for them
+    /// ([`ClusterState::track_changes`]).
+    pub(crate) changed: Option<Vec<JobId>>,
+}
+
+impl ClusterState {
+    /// Records from now on which jobs change state, for [`ClusterState::take_changed`] (a driver that keeps its own
+    /// index of jobs by state, such as the server's, asks for it; the simulator does not, and pays nothing).
+    pub fn track_changes(&mut self) {
+        self.changed.get_or_insert_with(Vec::new);
+    }
+
+    /// The jobs whose state changed (started, preempted, restarting, ended; an array when it ended) since the last
+    /// call, each possibly more than once. A job added by a driver's own call (a submission, an array element
+    /// expanded, a restore) is not reported: the driver knows it.
+    pub fn take_changed(&mut self) -> Vec<JobId> {
+        self.changed.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub(crate) fn note_changed(&mut self, id: JobId) {
+        if let Some(c) = self.changed.as_mut() {
+            c.push(id);
+        }
+    }
 }
 
 impl ClusterState {
@@ -208,6 +232,7 @@ impl ClusterState {
             ended_work: Vec::new(),
             ending: false,
             parking: Default::default(),
+            changed: None,
         })
     }
 
@@ -700,6 +725,7 @@ impl ClusterState {
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
         let array = j.array_of.map(|(a, _)| a);
+        self.note_changed(id);
         self.occupy(
             id,
             RunInfo {
@@ -991,6 +1017,9 @@ impl ClusterState {
             let started = j.run.as_ref().map_or(now, |r| r.started);
             j.progress = j.progress + ck.since(started);
             j.transition(JobState::Restarting)?;
+            if let Some(c) = self.changed.as_mut() {
+                c.push(id);
+            }
             j.restarts += 1;
             j.not_before = now + self.cfg.backoff(j.restarts);
             j.run = None;
@@ -1014,6 +1043,9 @@ impl ClusterState {
         let started = j.run.as_ref().map_or(now, |r| r.started);
         j.progress = j.progress + ck.since(started);
         j.transition(JobState::Preempted)?;
+        if let Some(c) = self.changed.as_mut() {
+            c.push(id);
+        }
         if lost {
             j.losses += 1;
         } else {

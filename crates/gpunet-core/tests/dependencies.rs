@@ -63,13 +63,13 @@ proptest! {
                         let kind = [DepKind::AfterOk, DepKind::AfterAny, DepKind::AfterNotOk, DepKind::Singleton]
                             [kind as usize];
                         let jobs = if kind == DepKind::Singleton { vec![] } else { vec![target] };
-                        spec.dependencies = vec![Dependency { kind, jobs }];
+                        spec.dependencies = gpunet_core::job::thin_vec![Dependency { kind, jobs }];
                     }
                 }
                 let id = JobId(next);
                 next += 1;
                 if let Some((n, limit)) = g.array {
-                    spec.array = Some(ArraySpec { indices: (0..n).collect(), limit: Some(limit) });
+                    spec.array = Some(Box::new(ArraySpec { indices: (0..n).collect(), limit: Some(limit) }));
                     for k in 0..n as u64 {
                         gens.insert(JobId(id.0 + 1 + k), g.clone());
                     }

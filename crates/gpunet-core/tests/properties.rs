@@ -104,10 +104,10 @@ fn job_spec(j: &JobGen) -> JobSpec {
         spec.task.cpu = MilliCpu::cores(2);
     }
     if j.spot_ok {
-        spec.tolerations = vec![Toleration { key: "lifecycle".into(), value: None }];
+        spec.tolerations = gpunet_core::job::thin_vec![Toleration { key: "lifecycle".into(), value: None }];
     }
     if j.v100_only {
-        spec.selector = vec![SelectorTerm::eq("gpu-type", "v100")];
+        spec.selector = gpunet_core::job::thin_vec![SelectorTerm::eq("gpu-type", "v100")];
     }
     if j.elastic && j.tasks > 1 {
         spec.elastic = Some(Elastic { min_tasks: 1, max_tasks: j.tasks as u32 + 1 });

@@ -45,6 +45,8 @@ pub struct AppState {
     pub(crate) max_streams_per_token: usize,
     /// Documents parsed at once (on the blocking pool).
     pub(crate) parse_slots: Arc<tokio::sync::Semaphore>,
+    /// Dry runs at once (each holds a copy of the state, and its pass and replay run on the blocking pool).
+    pub(crate) dry_run_slots: Arc<tokio::sync::Semaphore>,
     /// Currency of the price catalogue, for usage reports.
     pub(crate) currency: String,
     /// The owner task (ended when a leader's term ends, see `ha`).
@@ -342,7 +344,14 @@ async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery
     let p = user(&st, &h)?;
     let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
-    let r = ask(&st, |reply| Cmd::DryRun { who: p, sub: parsed.job, warnings: parsed.warnings, reply }).await?;
+    // Two at a time: the others wait their turn before the owner copies the state for them.
+    let _slot =
+        st.dry_run_slots.acquire().await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?;
+    let work = ask(&st, |reply| Cmd::DryRun { who: p, sub: parsed.job, warnings: parsed.warnings, reply }).await?;
+    // The pass and the replay run on the blocking pool, not on the owner.
+    let r = tokio::task::spawn_blocking(move || work.answer())
+        .await
+        .map_err(|e| Fail(ApiError::new("internal", format!("dry run: {e}"))))?;
     Ok(json(StatusCode::OK, r))
 }
 
@@ -417,9 +426,27 @@ async fn release_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<St
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/explain", tag = "jobs", summary = "Why a job is pending, with numbers and an ETA", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The explanation", body = Explain)))]
 async fn explain_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
-    let p = user(&st, &h)?;
+    use crate::owner::snapshot::Explained;
+    let token = hash_token(bearer(&h)?);
+    let p = user_of(cred_of(&st, &token)?.who)?;
     let id = parse_id(&id)?;
-    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Explain { who: p, id, reply }).await?))
+    // The owner checks that `p` may see the job and explains what needs no pass; a queued job is explained by the
+    // queue view's build. A job the view says is not queued (any more) is asked about once more, then from a view
+    // built after that answer.
+    let mut at_least = 0;
+    for _ in 0..2 {
+        let who = p.clone();
+        let tenant = match ask(&st, |reply| Cmd::Explain { who, id, reply }).await? {
+            crate::owner::Why::Now(e) => return Ok(json(StatusCode::OK, e)),
+            crate::owner::Why::Queued { tenant } => tenant,
+        };
+        match st.queue.explain(&token, id, &tenant, matches!(p, Principal::Admin), at_least).await {
+            Explained::Queued(e) => return Ok(json(StatusCode::OK, e)),
+            Explained::NotQueued => at_least = st.queue.seq(),
+            Explained::Late => break,
+        }
+    }
+    Err(Fail(ApiError::new("unavailable", format!("job-{id} could not be explained in time: ask again"))))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", summary = "A job's events, oldest first", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "Events", body = Vec<gpunet_store::EventRow>)))]

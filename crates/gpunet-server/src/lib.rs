@@ -310,6 +310,7 @@ pub fn build(
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.
     o.st.resolve_restored(Time(now_ms()));
     o.restored_cascades();
+    o.relist_all();
     let mut gen_admin = None;
     let admin = match (&cfg.admin_token, have_admin) {
         (Some(t), _) => Some(t.clone()),
@@ -383,6 +384,7 @@ pub fn build(
         streams: Arc::new(std::sync::Mutex::new(HashMap::new())),
         max_streams_per_token: cfg.max_streams_per_token,
         parse_slots: Arc::new(tokio::sync::Semaphore::new(2)),
+        dry_run_slots: Arc::new(tokio::sync::Semaphore::new(2)),
         currency: cfg.prices.currency.clone(),
         owner,
         leader: None,
@@ -483,6 +485,6 @@ fn restore_job(
     if let Some(k) = &d.more().idempotency_key {
         o.idempotent.entry(k.clone()).or_default().push(id);
     }
-    o.docs.insert(id, d);
+    o.add_doc(id, d);
     Ok(())
 }

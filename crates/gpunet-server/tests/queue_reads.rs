@@ -66,32 +66,61 @@ async fn queue_once(app: &axum::Router, token: &str, done: impl Fn(&Value) -> bo
     }
 }
 
+/// Registers a fake node of `gpus` GPUs (no agent: what starts on it runs until stopped).
+async fn node(app: &axum::Router, name: &str, gpus: usize) {
+    let g: Vec<Value> =
+        (0..gpus).map(|_| json!({"model": "A100-80GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
+    let body = json!({"spec": {"name": name, "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"}},
+                      "fake": true});
+    let (s, v) = call(app, "POST", "/v1/nodes", "join", Some(body.to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     let app = app();
     let t = tenant(&app).await;
+    // One GPU: one job runs, the rest wait in the queue behind it (not parked: they fit, just not now).
+    node(&app, "n1", 1).await;
     for _ in 0..3 {
         batch(&app, &t, 10_000).await;
     }
-    queue_once(&app, "admin", |v| v["queue_length"].as_u64() == Some(30_000)).await;
-    // Readers poll the queue as the admin and as the tenant (a tenant's view once walked the whole queue), and the
-    // job list, without pause.
+    queue_once(&app, "admin", |v| v["queue_length"].as_u64() == Some(29_999)).await;
+    let (_, page) = call(&app, "GET", "/v1/jobs?order=newest&limit=1", &t, None).await;
+    let last = page["jobs"][0]["id"].as_u64().unwrap();
+    // Readers poll, without pause: the queue as the admin and as the tenant (a tenant's view once walked the whole
+    // queue); the tenant's job list, whole and by state (each once counted every job on the owner); the cluster
+    // summary (once a walk of every job); and why the last job waits (once a scheduling pass on the owner).
+    let why = format!("/v1/jobs/{last}/explain");
+    let paths = [
+        ("admin", "/v1/queue?limit=50"),
+        (t.as_str(), "/v1/queue?limit=50"),
+        (t.as_str(), "/v1/jobs?limit=50"),
+        (t.as_str(), "/v1/jobs?state=running,succeeded&limit=50"),
+        ("admin", "/v1/cluster"),
+        (t.as_str(), why.as_str()),
+    ];
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
     let mut readers = Vec::new();
-    for (i, (token, path)) in
-        [("admin", "/v1/queue?limit=50"), (t.as_str(), "/v1/queue?limit=50"), (t.as_str(), "/v1/jobs?limit=50")]
-            .into_iter()
-            .enumerate()
-    {
-        let (app, stop, reads, token, path) = (app.clone(), stop.clone(), reads.clone(), token.to_string(), path);
+    for (i, (token, path)) in paths.into_iter().enumerate() {
+        let path = path.to_string();
+        let (app, stop, reads, token) = (app.clone(), stop.clone(), reads.clone(), token.to_string());
         readers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let (s, v) = call(&app, "GET", path, &token, None).await;
+                let (s, v) = call(&app, "GET", &path, &token, None).await;
                 assert_eq!(s, StatusCode::OK, "reader {i}: {v}");
                 if path.starts_with("/v1/queue") {
-                    assert!(v["queue_length"].as_u64().unwrap() >= 30_000, "{}", v["queue_length"]);
+                    assert!(v["queue_length"].as_u64().unwrap() >= 29_999, "{}", v["queue_length"]);
                     assert!(!v["entries"].as_array().unwrap().is_empty());
+                }
+                if path.contains("state=running") {
+                    assert_eq!(v["total"], 1, "one job runs: {v}");
+                }
+                if path.ends_with("/explain") {
+                    assert_eq!(v["state"], "pending", "{v}");
+                    assert!(v["position"].as_u64().unwrap() >= 29_990, "{v}");
+                    assert!(v["as_of_ms"].as_u64().is_some(), "{v}");
                 }
                 reads.fetch_add(1, Ordering::Relaxed);
             }

@@ -719,6 +719,16 @@ async fn tokens_are_per_user_revocable_expiring_and_scoped_to_a_tenant_admin() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some(&team_a), None).await;
     assert_eq!(j["submitted_by"], "alice", "{j}");
+    // The tenant's own job, and a listing by user finds alice's alone (from its own list, not a walk of every job).
+    let (s, mine) = app.call("POST", "/v1/jobs", Some(&team_a), Some(r#"{"name": "y", "gpus": 1}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{mine}");
+    let (_, page) = app.call("GET", "/v1/jobs?user=alice", Some(&team_a), None).await;
+    let ids: Vec<u64> = page["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!((ids, &page["total"]), (vec![v["id"].as_u64().unwrap()], &json!(1)), "{page}");
+    let (_, page) = app.call("GET", "/v1/jobs?user=alice&state=succeeded", Some(&team_a), None).await;
+    assert_eq!(page["total"], 0, "{page}");
+    let (_, page) = app.call("GET", "/v1/jobs?user=nobody", Some("admin"), None).await;
+    assert_eq!(page["total"], 0, "{page}");
     // whoami says which token it is: alice, a member of team-a; team-a's first token, its admin.
     let (_, who) = app.call("GET", "/v1/whoami", Some(&alice), None).await;
     assert_eq!(
@@ -987,4 +997,36 @@ async fn array_elements_get_their_index_and_survive_a_restart() {
         .await;
     assert_eq!(s, StatusCode::CREATED);
     assert!(v["id"].as_u64().unwrap() > after, "the array's ids stay reserved after a restart: {v}");
+}
+
+/// A dry run is answered from a copy of the state, its pass and replay off the owner: where a job would start now
+/// on an idle node; on a full one, no placement, a start predicted from the running job's estimate, and a reason;
+/// and nothing is queued by it.
+#[tokio::test]
+async fn a_dry_run_says_where_and_when_a_job_would_start_and_queues_nothing() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    app.node("n1", 4).await;
+    let job = r#"{"name": "probe", "gpus": 2, "command": ["true"]}"#;
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(job.into())).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert_eq!(d["placement"][0]["node"], "n1", "{d}");
+    assert_eq!(d["placement"][0]["gpus"].as_array().unwrap().len(), 2, "{d}");
+    // team-b fills the node for an hour (its estimate).
+    let big = r#"{"name": "big", "gpus": 4, "command": ["sleep", "3600"], "estimated_duration": "1h"}"#;
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&b), Some(big.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    wait_state(&app, v["id"].as_u64().unwrap(), "running").await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(job.into())).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert!(d.get("placement").is_none_or(|p| p.as_array().unwrap().is_empty()), "{d}");
+    let eta = d["eta_ms"].as_u64().unwrap_or_else(|| panic!("no start predicted: {d}"));
+    assert!(eta >= before + 3_500_000 && eta <= before + 3_700_000, "start in about an hour: {eta} vs {before}: {d}");
+    let msg = d["message"].as_str().unwrap();
+    assert!(msg.contains("capacity"), "{d}");
+    assert!(!msg.contains(&format!("job-{}", v["id"])), "another tenant's job is never named: {d}");
+    let (_, page) = app.call("GET", "/v1/jobs", Some(&a), None).await;
+    assert_eq!(page["total"], 0, "a dry run queues nothing: {page}");
 }

@@ -870,10 +870,12 @@ pub fn simulate(
             spec.priority = tj.priority;
             spec.preemptible = tj.preemptible;
             if cfg.spot_jobs == SpotJobs::All || (cfg.spot_jobs == SpotJobs::Preemptible && tj.preemptible) {
-                spec.tolerations =
-                    vec![gpunet_core::Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+                spec.tolerations = gpunet_core::job::thin_vec![gpunet_core::Toleration {
+                    key: "lifecycle".into(),
+                    value: Some("spot".into())
+                }];
             }
-            spec.gpu_models = tj.allowed_models.clone();
+            spec.gpu_models = tj.allowed_models.as_slice().into();
             spec.checkpoint_interval = Some(cfg.checkpoint_interval);
             spec.max_restarts = cfg.max_restarts;
             spec.estimated_duration = e.estimate(tj, tenant, gpus);

@@ -95,3 +95,43 @@ fn bench_e2e_preempt_measures_decision_to_preemptor_start() {
     let (p50, p99) = (v["preempt_to_start_p50_ms"].as_f64().unwrap(), v["preempt_to_start_p99_ms"].as_f64().unwrap());
     assert!(p50 > 0.0 && p50 <= p99 && p99 < 5_000.0, "{v}");
 }
+
+/// `bench depth` at two small depths: one JSON object per depth with the alternating rounds' figures, then the
+/// restart's; the pending counts are what was queued before each.
+#[test]
+fn bench_depth_reports_each_depth_its_rounds_and_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gpunet(&[
+        "bench",
+        "depth",
+        "--depths",
+        "0,300",
+        "--jobs",
+        "40",
+        "--rounds",
+        "2",
+        "--clients",
+        "2",
+        "--readers",
+        "2",
+        "--data-dir",
+        dir.path().join("d").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["pending"], 0);
+    // 40 alone and 40 with paced readers over two rounds, then 20 with busy readers: 100 before the fill to 300.
+    assert_eq!(lines[1]["pending"], 300);
+    for l in &lines[..2] {
+        assert!(l["submissions_per_s"].as_f64().unwrap() > 0.0, "{l}");
+        let r = &l["with_readers"];
+        assert_eq!(r["round_ratios"].as_array().unwrap().len(), 2, "{l}");
+        assert!(r["ratio"].as_f64().unwrap() > 0.0 && r["reads_per_s"].as_f64().unwrap() > 0.0, "{l}");
+        assert_eq!(l["with_busy_readers"]["round_ratios"].as_array().unwrap().len(), 1, "{l}");
+        assert!(l["rss_mib"].as_f64().unwrap() > 1.0, "{l}");
+    }
+    assert_eq!(lines[2]["pending"], 400, "300 queued, then 100 more measured: {}", lines[2]);
+    assert!(lines[2]["restart_s"].as_f64().unwrap() > 0.0);
+}

@@ -30,7 +30,7 @@ impl Pass<'_> {
             let model = run.placement.tasks.first().and_then(|tp| st.node_specs[tp.node.index()].gpu_model());
             let mut spec = j.spec.clone();
             if let Some(m) = model {
-                spec.gpu_models = vec![m];
+                spec.gpu_models = crate::job::thin_vec![m];
             }
             spec.topology = TopologyScope::Any;
             let zone = run.placement.tasks.first().map(|tp| st.node_specs[tp.node.index()].zone().to_string());

@@ -132,6 +132,17 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
     Ok(Explanation { job, reason, message, position: ahead })
 }
 
+/// What [`explain`] says of a job that no pass is needed for (held, waiting on dependencies, not queued, never
+/// fitting; an array at its limit, or ended), or `None` for one only a pass can explain (a queued job, or an array's
+/// next element): a server answers the first at once and the second from its queue view, whose build explains every
+/// job asked about with one pass ([`explain_queue`]).
+pub fn explain_without_pass(state: &ClusterState, job: JobId, now: Time) -> Result<Option<Explanation>, CoreError> {
+    if state.arrays.get(&job).is_some_and(|r| r.head.is_some()) {
+        return Ok(None);
+    }
+    explain_outside(state, job, now)
+}
+
 /// Explains many queued jobs at once, each given with its place in the queue (as [`crate::queue_order`] lists
 /// them), from one scheduling pass that notes what it finds about each. A job the pass skips, or meets after its
 /// walk behind a reservation ended, is looked at as [`explain`] looks at a traced job; behind a head that blocks
@@ -372,7 +383,8 @@ mod tests {
         submit(&mut s, 6, JobSpec::new(t0(), "held", 1, 1), 5);
         s.hold(JobId(6)).unwrap();
         let mut dep = JobSpec::new(t0(), "after", 1, 1);
-        dep.dependencies = vec![crate::job::Dependency { kind: crate::job::DepKind::AfterOk, jobs: vec![JobId(2)] }];
+        dep.dependencies =
+            crate::job::thin_vec![crate::job::Dependency { kind: crate::job::DepKind::AfterOk, jobs: vec![JobId(2)] }];
         submit(&mut s, 7, dep, 6);
         submit(&mut s, 8, JobSpec::new(t0(), "huge", 16, 1), 7);
         let now = Time::from_secs(10);
@@ -425,7 +437,7 @@ mod tests {
         s.step(Time::ZERO).unwrap();
         let mut big = JobSpec::new(t0(), "big", 8, 1);
         big.topology = TopologyScope::NvLink;
-        big.gpu_models = vec![GpuModel::A100_80GB];
+        big.gpu_models = crate::job::thin_vec![GpuModel::A100_80GB];
         submit(&mut s, 2, big, 1);
         for i in 0..17 {
             submit(&mut s, 10 + i, JobSpec::new(t0(), "w", 1, 1), 2 + i);

@@ -33,7 +33,7 @@ mod preempt;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-pub use explain::{explain, explain_queue, DepWait, Explanation, PendingReason};
+pub use explain::{explain, explain_queue, explain_without_pass, DepWait, Explanation, PendingReason};
 pub use order::queue_order;
 pub(crate) use order::queue_prefix;
 pub(crate) use placement::spec_sig;

@@ -314,7 +314,7 @@ mod tests {
         assert_eq!(super::never_fits(&s, &JobSpec::new(t0(), "two", 8, 2)), None);
         assert_eq!(super::never_fits(&s, &JobSpec::new(t0(), "one", 8, 1)), None);
         let mut h100 = JobSpec::new(t0(), "h100", 1, 1);
-        h100.gpu_models = vec![GpuModel::H100_80GB];
+        h100.gpu_models = crate::job::thin_vec![GpuModel::H100_80GB];
         assert!(super::never_fits(&s, &h100).is_some_and(|w| w.contains("GPU models")));
         // A cluster without nodes yet refuses nothing: they may come.
         let empty = cluster(cfg(Policy::Fifo), vec![], &["t"]);
@@ -326,10 +326,10 @@ mod tests {
         let spot = node("spot", GpuModel::V100_16GB, 8).label("lifecycle", "spot").taint("lifecycle", "spot");
         let mut s = cluster(cfg(Policy::Fifo), vec![node("a100", GpuModel::A100_80GB, 8), spot], &["a"]);
         let mut v = JobSpec::new(t0(), "v100", 1, 1);
-        v.selector = vec![SelectorTerm::eq("gpu-type", "v100")];
+        v.selector = crate::job::thin_vec![SelectorTerm::eq("gpu-type", "v100")];
         submit(&mut s, 1, v.clone(), 0);
         assert!(started(&s.step(Time::ZERO).unwrap()).is_empty(), "the only V100 node is spot");
-        v.tolerations = vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+        v.tolerations = crate::job::thin_vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
         submit(&mut s, 2, v, 1);
         let ds = s.step(Time::from_secs(1)).unwrap();
         assert_eq!(started(&ds), vec![2]);

@@ -569,8 +569,11 @@ mod tests {
                     continue;
                 }
                 let mut spec = JobSpec::new(b, "b", 1, 1);
-                spec.selector =
-                    vec![SelectorTerm { key: "slot".into(), op: SelectorOp::In, values: vec![k.to_string()] }];
+                spec.selector = crate::job::thin_vec![SelectorTerm {
+                    key: "slot".into(),
+                    op: SelectorOp::In,
+                    values: vec![k.to_string()]
+                }];
                 submit(&mut s, id, spec, wave * 10);
                 id += 1;
             }

@@ -57,7 +57,7 @@ impl Owner {
                     if let Some(m) = self.unfinished_spec_bytes.as_mut() {
                         *m.entry(doc.tenant.to_string()).or_default() += doc.submission.len();
                     }
-                    self.docs.insert(e.0, doc);
+                    self.add_doc(e.0, doc);
                     writes.extend(self.job_doc_write(e.0));
                 }
                 Cascade::Released(j) => {
@@ -77,6 +77,7 @@ impl Owner {
                         j.state = v.state;
                         j.finished = v.finished;
                     }
+                    self.relist(a.0);
                     writes.extend(self.job_doc_write(a.0));
                     writes.push(self.event(
                         a.0,
@@ -123,6 +124,7 @@ impl Owner {
         if let Some(j) = self.docs.get_mut(&a.0).and_then(|d| d.own.as_mut()) {
             j.state = JobState::Cancelled;
         }
+        self.relist(a.0);
         writes.extend(self.job_doc_write(a.0));
         writes.push(self.event(a.0, "cancelled", format!("array job-{} cancelled: {} live elements", a.0, live.len())));
         for e in live {

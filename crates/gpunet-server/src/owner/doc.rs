@@ -14,22 +14,26 @@ use gpunet_core::job::RunInfo;
 use gpunet_core::{ClusterState, Job, JobId, JobState, Prediction};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+
+/// A tenant's or user's name as documents hold it: one pointer (a document is kept per job, so its size counts a
+/// million times at depth).
+pub(crate) type Name = Arc<String>;
 
 /// Tenant and user names, each held once however many documents name it (a million queued jobs of one tenant hold
 /// one copy of its name, not a million).
 #[derive(Debug, Default)]
-pub(crate) struct Names(HashSet<Arc<str>>);
+pub(crate) struct Names(HashMap<Box<str>, Name>);
 
 impl Names {
     /// The shared copy of `name`.
-    pub(crate) fn get(&mut self, name: &str) -> Arc<str> {
+    pub(crate) fn get(&mut self, name: &str) -> Name {
         if let Some(n) = self.0.get(name) {
             return n.clone();
         }
-        let n: Arc<str> = name.into();
-        self.0.insert(n.clone());
+        let n = Arc::new(name.to_string());
+        self.0.insert(name.into(), n.clone());
         n
     }
 
@@ -42,6 +46,177 @@ impl Names {
     }
 }
 
+/// The job states, in the order of [`Docs`]' lists.
+pub(crate) const STATES: [JobState; 7] = [
+    JobState::Pending,
+    JobState::Running,
+    JobState::Preempted,
+    JobState::Restarting,
+    JobState::Succeeded,
+    JobState::Failed,
+    JobState::Cancelled,
+];
+
+fn slot(s: JobState) -> usize {
+    STATES.iter().position(|x| *x == s).expect("every state is listed")
+}
+
+/// The job documents by id, with their ids listed by tenant, submitter and state: a listing of a tenant's jobs, of a
+/// user's, or of jobs in some states walks only those and counts them from the lists' sizes, however many other jobs
+/// there are; so do the job counts by state that the cluster summary, the tenants' view and the metrics show. A
+/// document's listed state is the job's state now (`Owner::state_of`: an array's is its summary), kept so by
+/// `Owner::relist` for every job whose state the core reports changed (`ClusterState::take_changed`). Documents are
+/// never removed; a document's tenant and submitter never change.
+#[derive(Debug, Default)]
+pub(crate) struct Docs {
+    all: BTreeMap<u64, JobDoc>,
+    /// By tenant, then submitter: one ordered id set per state.
+    lists: HashMap<String, HashMap<Option<String>, [BTreeSet<u64>; 7]>>,
+}
+
+impl std::ops::Deref for Docs {
+    type Target = BTreeMap<u64, JobDoc>;
+
+    fn deref(&self) -> &BTreeMap<u64, JobDoc> {
+        &self.all
+    }
+}
+
+/// Where a listing starts, and which way it goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Walk {
+    /// Ids above this, ascending.
+    After(u64),
+    /// Ids below this, descending.
+    Before(u64),
+}
+
+/// Which jobs a listing or a count takes: a tenant's (all: `None`), a submitter's (all: `None`), in some states (any:
+/// empty).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Which<'a> {
+    pub(crate) tenant: Option<&'a str>,
+    pub(crate) user: Option<&'a str>,
+    pub(crate) states: &'a [JobState],
+}
+
+impl Docs {
+    fn list_mut(&mut self, d: &JobDoc) -> &mut [BTreeSet<u64>; 7] {
+        if !self.lists.contains_key(d.tenant.as_str()) {
+            self.lists.insert(d.tenant.to_string(), HashMap::new());
+        }
+        let by_user = self.lists.get_mut(d.tenant.as_str()).expect("inserted above");
+        by_user.entry(d.submitted_by.as_deref().cloned()).or_default()
+    }
+
+    /// Adds a document, listed in `state`.
+    pub(crate) fn insert(&mut self, id: u64, mut doc: JobDoc, state: JobState) {
+        if let Some(old) = self.all.remove(&id) {
+            // A document replaced (never with another tenant or submitter): its id is listed once.
+            self.list_mut(&old)[slot(old.listed)].remove(&id);
+        }
+        doc.listed = state;
+        self.list_mut(&doc)[slot(state)].insert(id);
+        self.all.insert(id, doc);
+    }
+
+    /// A document to change (never its tenant or submitter).
+    pub(crate) fn get_mut(&mut self, id: &u64) -> Option<&mut JobDoc> {
+        self.all.get_mut(id)
+    }
+
+    /// Lists document `id` in `state`.
+    pub(crate) fn set_state(&mut self, id: u64, state: JobState) {
+        let Some(d) = self.all.get(&id) else { return };
+        let old = d.listed;
+        if old == state {
+            return;
+        }
+        let (tenant, user) = (d.tenant.clone(), d.submitted_by.clone());
+        if let Some(l) = self.lists.get_mut(tenant.as_str()).and_then(|u| u.get_mut(&user.as_deref().cloned())) {
+            l[slot(old)].remove(&id);
+            l[slot(state)].insert(id);
+        }
+        if let Some(d) = self.all.get_mut(&id) {
+            d.listed = state;
+        }
+    }
+
+    /// The lists that hold what `w` takes.
+    fn chosen<'a>(&'a self, w: Which<'a>) -> impl Iterator<Item = &'a BTreeSet<u64>> + 'a {
+        let tenants: Vec<&HashMap<Option<String>, [BTreeSet<u64>; 7]>> = match w.tenant {
+            Some(t) => self.lists.get(t).into_iter().collect(),
+            None => self.lists.values().collect(),
+        };
+        tenants
+            .into_iter()
+            .flat_map(move |by_user| {
+                by_user.iter().filter(move |(u, _)| w.user.is_none() || u.as_deref() == w.user).map(|(_, l)| l)
+            })
+            .flat_map(move |l| {
+                l.iter()
+                    .enumerate()
+                    .filter(move |(i, _)| w.states.is_empty() || w.states.contains(&STATES[*i]))
+                    .map(|(_, s)| s)
+            })
+    }
+
+    /// How many jobs `w` takes.
+    pub(crate) fn count(&self, w: Which<'_>) -> usize {
+        if w.tenant.is_none() && w.user.is_none() && w.states.is_empty() {
+            return self.all.len();
+        }
+        self.chosen(w).map(BTreeSet::len).sum()
+    }
+
+    /// Jobs by state, of `tenant` (all: `None`).
+    pub(crate) fn by_state(&self, tenant: Option<&str>) -> [usize; 7] {
+        let mut n = [0; 7];
+        for (i, s) in STATES.iter().enumerate() {
+            n[i] = self.count(Which { tenant, states: std::slice::from_ref(s), ..Which::default() });
+        }
+        n
+    }
+
+    /// The ids of the jobs `w` takes, from `walk` on: one merge of the lists that hold them, each step O(lists).
+    pub(crate) fn ids<'a>(&'a self, w: Which<'a>, walk: Walk) -> Box<dyn Iterator<Item = u64> + 'a> {
+        if w.tenant.is_none() && w.user.is_none() && w.states.is_empty() {
+            return match walk {
+                Walk::After(a) => Box::new(self.all.range(a.saturating_add(1)..).map(|(id, _)| *id)),
+                Walk::Before(b) => Box::new(self.all.range(..b).rev().map(|(id, _)| *id)),
+            };
+        }
+        let mut heads: Vec<Box<dyn Iterator<Item = &u64> + 'a>> = self
+            .chosen(w)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let it: Box<dyn Iterator<Item = &u64> + 'a> = match walk {
+                    Walk::After(a) => Box::new(s.range(a.saturating_add(1)..)),
+                    Walk::Before(b) => Box::new(s.range(..b).rev()),
+                };
+                it
+            })
+            .collect();
+        // A max-heap of each list's next id (ascending: of its complement), so each step is O(log lists).
+        let up = matches!(walk, Walk::After(_));
+        let key = move |id: u64| if up { u64::MAX - id } else { id };
+        let mut heap: std::collections::BinaryHeap<(u64, usize)> =
+            heads.iter_mut().enumerate().filter_map(|(i, h)| h.next().map(|id| (key(*id), i))).collect();
+        Box::new(std::iter::from_fn(move || {
+            let (k, i) = heap.pop()?;
+            if let Some(id) = heads[i].next() {
+                heap.push((key(*id), i));
+            }
+            Some(key(k))
+        }))
+    }
+
+    /// The ids of the jobs `w` takes, in no particular order.
+    pub(crate) fn ids_unordered<'a>(&'a self, w: Which<'a>) -> impl Iterator<Item = u64> + 'a {
+        self.chosen(w).flat_map(|s| s.iter().copied())
+    }
+}
+
 /// A job's server-side document.
 #[derive(Debug, Clone)]
 pub(crate) struct JobDoc {
@@ -51,11 +226,13 @@ pub(crate) struct JobDoc {
     /// The job's state when its document was last brought up to the core's (`Owner::sync_doc`, at start-up and at an
     /// element's expansion): an end is seen by comparing it with the core's. Unused for an array's parent.
     pub(crate) state: JobState,
+    /// The state it is listed in ([`Docs`]).
+    listed: JobState,
     /// Its tenant's name, shared by all of the tenant's documents ([`Names`]).
-    pub(crate) tenant: Arc<str>,
+    pub(crate) tenant: Name,
     pub(crate) submission: Packed,
     /// Who submitted it (the token's user, else its role), shared like the tenant's name.
-    pub(crate) submitted_by: Option<Arc<str>>,
+    pub(crate) submitted_by: Option<Name>,
     /// What a job gathers as it runs and what few submissions carry: one pointer while it has none of it (most
     /// queued jobs), read with [`JobDoc::more`].
     more: Option<Box<More>>,
@@ -102,15 +279,21 @@ impl More {
 
 impl JobDoc {
     /// A new job's document (its job is the core's).
-    pub(crate) fn new(tenant: Arc<str>, submission: Packed, submitted_by: Option<Arc<str>>, more: More) -> JobDoc {
+    pub(crate) fn new(tenant: Name, submission: Packed, submitted_by: Option<Name>, more: More) -> JobDoc {
         JobDoc {
             own: None,
             state: JobState::Pending,
+            listed: JobState::Pending,
             tenant,
             submission,
             submitted_by,
             more: (!more.is_empty()).then(|| Box::new(more)),
         }
+    }
+
+    /// The state it is listed in ([`Docs`]).
+    pub(crate) fn listed(&self) -> JobState {
+        self.listed
     }
 
     /// Its warnings, attempts, last run and the rest (empty for most queued jobs).
@@ -142,7 +325,7 @@ impl JobDoc {
             submission: &self.submission.0,
             warnings: &m.warnings,
             last_run: m.last_run.as_ref(),
-            submitted_by: self.submitted_by.as_deref(),
+            submitted_by: self.submitted_by.as_deref().map(String::as_str),
             idempotency_key: m.idempotency_key.as_deref(),
             attempts: &m.attempts,
             learned_estimate: m.learned_estimate.as_ref(),
@@ -231,15 +414,38 @@ struct Stored {
     util: Option<utilisation::Progress>,
 }
 
-/// A submission kept as its compact JSON text (what `serde_json::to_string` writes of it): a trivial one is about a
-/// hundred bytes, against 600 for the parsed struct and its strings. Parsed where it is used ([`Packed::get`]).
+/// A submission kept as its compact JSON text, without the fields that hold their default value (what
+/// `serde_json::to_string` writes of it, less those): a trivial one is about sixty bytes, against 600 for the parsed
+/// struct and its strings. Parsed where it is used ([`Packed::get`]): an absent field reads as its default again.
+/// The stored documents carry the same text, so a default changed in a later version applies to jobs already
+/// submitted that left the field out, as it would had they been sent without it.
 #[derive(Debug, Clone)]
 pub(crate) struct Packed(Box<RawValue>);
 
+/// Every field of a submission at its default, as JSON (the one required field, `name`, left out).
+static DEFAULTS: std::sync::LazyLock<serde_json::Map<String, serde_json::Value>> = std::sync::LazyLock::new(|| {
+    let base: JobSubmission = serde_json::from_str(r#"{"name":""}"#).expect("a submission needs only a name");
+    match serde_json::to_value(base).expect("a submission serialises") {
+        serde_json::Value::Object(mut m) => {
+            m.remove("name");
+            m
+        }
+        _ => unreachable!("a submission serialises as an object"),
+    }
+});
+
 impl Packed {
     pub(crate) fn new(sub: &JobSubmission) -> Packed {
-        let text = serde_json::to_string(sub).expect("a submission serialises");
-        Packed(RawValue::from_string(text).expect("serde_json writes valid JSON"))
+        Packed(RawValue::from_string(Packed::text(sub)).expect("serde_json writes valid JSON"))
+    }
+
+    /// The text kept of `sub`.
+    fn text(sub: &JobSubmission) -> String {
+        let mut v = serde_json::to_value(sub).expect("a submission serialises");
+        if let serde_json::Value::Object(m) = &mut v {
+            m.retain(|k, x| DEFAULTS.get(k) != Some(x));
+        }
+        serde_json::to_string(&v).expect("a JSON value serialises")
     }
 
     /// A stored submission, checked (it must parse as one) and made compact again if it is not (a store may keep
@@ -262,7 +468,7 @@ impl Packed {
 
     /// Whether it is `sub`, as written.
     pub(crate) fn is(&self, sub: &JobSubmission) -> bool {
-        serde_json::to_string(sub).is_ok_and(|t| t == self.0.get())
+        Packed::text(sub) == self.0.get()
     }
 }
 
@@ -281,7 +487,7 @@ mod tests {
         let job = Job::new(JobId(7), JobSpec::new(TenantId(0), "train", 2, 1), Time(123));
         let more =
             More { warnings: vec!["w".into()], idempotency_key: Some("tenant:acme:k".into()), ..More::default() };
-        let doc = JobDoc::new("acme".into(), Packed::new(&s), Some("ana".into()), more);
+        let doc = JobDoc::new(Arc::new("acme".into()), Packed::new(&s), Some(Arc::new("ana".into())), more);
         let text = serde_json::to_string(&doc.stored(&job)).expect("serialise");
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["job"]["id"], 7);
@@ -294,12 +500,12 @@ mod tests {
         assert_eq!(j.spec.name, "train");
         assert_eq!(&*back.tenant, "acme");
         assert_eq!(back.more().warnings, vec!["w".to_string()]);
-        assert_eq!(back.submitted_by.as_deref(), Some("ana"));
+        assert_eq!(back.submitted_by.as_deref().map(String::as_str), Some("ana"));
         assert_eq!(back.more().idempotency_key.as_deref(), Some("tenant:acme:k"));
         // A document with none of the rest keeps one empty pointer for it.
-        let plain = JobDoc::new("acme".into(), Packed::new(&s), None, More::default());
+        let plain = JobDoc::new(Arc::new("acme".into()), Packed::new(&s), None, More::default());
         assert!(plain.more.is_none() && plain.more().attempts.is_empty());
-        assert!(std::mem::size_of::<JobDoc>() <= 72, "{} bytes", std::mem::size_of::<JobDoc>());
+        assert!(std::mem::size_of::<JobDoc>() <= 56, "{} bytes", std::mem::size_of::<JobDoc>());
         // Names are held once.
         let mut names = Names::default();
         let (mut a, mut b) = (plain.clone(), back.clone());
@@ -333,7 +539,9 @@ mod tests {
     fn a_packed_submission_is_smaller_than_the_parsed_one() {
         let s = sub(r#"{"name":"fill","gpus":1,"command":["true"],"tenant":"bench"}"#);
         let p = Packed::new(&s);
-        assert!(p.len() < 200, "{} bytes", p.len());
+        // Fields at their default are left out: only what the submission said is kept.
+        assert_eq!(p.0.get(), r#"{"command":["true"],"gpus":1,"name":"fill","tenant":"bench"}"#);
+        assert!(p.len() < 64, "{} bytes", p.len());
         assert!(p.len() < std::mem::size_of::<JobSubmission>() as u64);
         assert_eq!(p.get(), s);
     }
@@ -364,5 +572,84 @@ mod tests {
         let mut other = s.clone();
         other.hold = false;
         assert!(!p.is(&other));
+    }
+}
+#[cfg(test)]
+mod lists {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn doc(tenant: &str, user: Option<&str>) -> JobDoc {
+        let s: JobSubmission = serde_json::from_str(r#"{"name":"x"}"#).expect("submission");
+        JobDoc::new(
+            Arc::new(tenant.to_string()),
+            Packed::new(&s),
+            user.map(|u| Arc::new(u.to_string())),
+            More::default(),
+        )
+    }
+
+    proptest! {
+        /// The lists by tenant, submitter and state answer what a walk of every document would: the same ids in the
+        /// same order, from any start, both ways, and the same counts, after any inserts and state changes.
+        #[test]
+        fn the_lists_answer_what_a_walk_of_every_document_would(
+            ops in prop::collection::vec((0u64..60, 0usize..3, 0usize..3, 0usize..7, any::<bool>()), 1..120),
+            tenant in prop::option::of(0usize..4),
+            user in prop::option::of(0usize..4),
+            states in prop::collection::vec(0usize..7, 0..3),
+            from in 0u64..70,
+            down in any::<bool>(),
+        ) {
+            let names = ["a", "b", "c", "nobody"];
+            // Submitters: none (a document without one), or one of three.
+            let users = [None, Some("ana"), Some("bo"), Some("cy")];
+            let mut docs = Docs::default();
+            let mut truth: BTreeMap<u64, (usize, usize, JobState)> = BTreeMap::new();
+            for (id, t, u, s, change) in ops {
+                match truth.get_mut(&id) {
+                    Some((_, _, st)) if change => {
+                        docs.set_state(id, STATES[s]);
+                        *st = STATES[s];
+                    }
+                    Some(_) => {}
+                    None => {
+                        docs.insert(id, doc(names[t], users[u]), STATES[s]);
+                        truth.insert(id, (t, u, STATES[s]));
+                    }
+                }
+            }
+            let states: Vec<JobState> = states.into_iter().map(|i| STATES[i]).collect();
+            // A user filter names a user (`None` here: no filter).
+            let user = user.and_then(|u| users[u]);
+            let want = |id: &u64| {
+                let (t, u, s) = truth[id];
+                tenant.is_none_or(|x| x == t)
+                    && user.is_none_or(|x| users[u] == Some(x))
+                    && (states.is_empty() || states.contains(&s))
+            };
+            let walk = if down { Walk::Before(from) } else { Walk::After(from) };
+            let mut expect: Vec<u64> = truth.keys().copied().filter(want).collect();
+            if down {
+                expect.retain(|id| *id < from);
+                expect.reverse();
+            } else {
+                expect.retain(|id| *id > from);
+            }
+            let w = Which { tenant: tenant.map(|i| names[i]), user, states: &states };
+            prop_assert_eq!(docs.ids(w, walk).collect::<Vec<_>>(), expect);
+            prop_assert_eq!(docs.count(w), truth.keys().filter(|id| want(id)).count());
+            let mut all: Vec<u64> = docs.ids_unordered(w).collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, truth.keys().copied().filter(want).collect::<Vec<_>>());
+            let by = docs.by_state(w.tenant);
+            for (i, s) in STATES.iter().enumerate() {
+                let n = truth.values().filter(|(x, _, y)| tenant.is_none_or(|w| w == *x) && y == s).count();
+                prop_assert_eq!(by[i], n);
+            }
+            for (id, (_, _, s)) in &truth {
+                prop_assert_eq!(docs[id].listed(), *s);
+            }
+        }
     }
 }

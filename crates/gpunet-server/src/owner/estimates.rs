@@ -41,7 +41,7 @@ impl Owner {
     /// A job and its document before its successful end was confirmed at `ended_ms`: its run is learned.
     pub(crate) fn learn_success(&mut self, job: &Job, before: &JobDoc, ended_ms: u64) {
         if let Some(d) = ran(job, before, ended_ms) {
-            let user = user_of(before.submitted_by.as_deref(), &before.tenant);
+            let user = user_of(before.submitted_by.as_deref().map(String::as_str), &before.tenant);
             self.predictor.observe(key(&job.spec, user), d);
         }
     }
@@ -59,7 +59,7 @@ impl Owner {
         let mut p = Predictor::new();
         for (f, j, d) in done {
             if let Some(r) = ran(j, d, f) {
-                p.observe(key(&j.spec, user_of(d.submitted_by.as_deref(), &d.tenant)), r);
+                p.observe(key(&j.spec, user_of(d.submitted_by.as_deref().map(String::as_str), &d.tenant)), r);
             }
         }
         self.predictor = p;

@@ -2,12 +2,13 @@
 //! explain; which jobs a principal may see, and how other tenants' jobs are masked in the texts a tenant reads; the
 //! per-tenant limits on queued jobs and spec bytes.
 
+use super::doc::{Walk, Which};
 use super::{not_found, Applier, JobDoc, JobFilter, More, Owner, Packed, Reply, OTHER_JOB};
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
 use gpunet_api::ApiError;
-use gpunet_core::{explain, Job, JobId, JobState, Time};
+use gpunet_core::{explain, explain_without_pass, Job, JobId, JobState, Time};
 use gpunet_store::Write;
 use std::collections::{BTreeMap, HashMap};
 
@@ -155,7 +156,7 @@ impl Owner {
                         if let Some(m) = o.unfinished_spec_bytes.as_mut() {
                             *m.entry(doc.tenant.to_string()).or_default() += size;
                         }
-                        o.docs.insert(id.0, doc);
+                        o.add_doc(id.0, doc);
                         o.event_broadcast(id.0, "submitted", &format!("job-{} submitted", id.0));
                         o.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -202,29 +203,34 @@ impl Owner {
         }
     }
 
-    /// Where and when a job would start, on a copy of the live state.
-    pub(super) fn dry_run(&mut self, who: Principal, sub: JobSubmission, warnings: Vec<String>, reply: Reply<DryRun>) {
+    /// Where and when a job would start: the owner makes a bounded copy of the live state with the job in it
+    /// (`ClusterState::probe_copy`: nodes, running jobs and the queue's first jobs, whatever the queue's depth); the
+    /// pass and the replay on it run off the owner ([`DryRunWork::answer`]).
+    pub(super) fn dry_run(
+        &mut self,
+        who: Principal,
+        sub: JobSubmission,
+        warnings: Vec<String>,
+        reply: Reply<DryRunWork>,
+    ) {
         let r = (|| {
             let tenant = match (&who, &sub.tenant) {
                 (Principal::Tenant(t), _) => t.clone(),
                 (_, Some(t)) => t.clone(),
                 _ => return Err(ApiError::missing("tenant")),
             };
-            let spec = sub.to_core(self.tenant_id(&tenant)?)?;
+            let tid = self.tenant_id(&tenant)?;
+            let spec = sub.to_core(tid)?;
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
             let now = Time(now_ms());
             let mut probe = self.st.probe_copy(now);
             let id = JobId(u64::MAX - 1);
             probe.submit(id, spec, now)?;
-            let message = explain(&probe, id, now)
-                .map(|e| self.mask(&who, &e.message.replace(&id.to_string(), "this job"), None))
-                .unwrap_or_default();
-            let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
-            let placement = match &pred {
-                Some((t, p)) if *t == now => self.placement_view(p),
-                _ => Vec::new(),
+            let masked_for = match who {
+                Principal::Admin => None,
+                _ => Some(tid),
             };
-            Ok(DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings })
+            Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings })
         })();
         let _ = reply.send(r);
     }
@@ -255,41 +261,26 @@ impl Owner {
                 return;
             }
         }
-        let matches = |o: &Owner, id: u64, d: &JobDoc| {
-            if tenant.as_ref().is_some_and(|t| **t != *d.tenant) {
-                return false;
-            }
-            if f.user.as_ref().is_some_and(|u| d.submitted_by.as_deref() != Some(u.as_str())) {
-                return false;
-            }
-            f.states.is_empty() || {
-                let s = o.state_of(id).unwrap_or(d.state).to_string();
-                f.states.contains(&s)
-            }
-        };
+        // The lists walked are those of the tenant, the user and the states asked for.
+        let states: Vec<JobState> =
+            super::doc::STATES.into_iter().filter(|s| f.states.iter().any(|x| *x == s.to_string())).collect();
+        if states.is_empty() && !f.states.is_empty() {
+            let _ = reply.send(Ok(JobPage { jobs: Vec::new(), next: None, total: 0 }));
+            return;
+        }
+        let walk = if f.newest { Walk::Before(f.before.unwrap_or(u64::MAX)) } else { Walk::After(f.after) };
+        let which = Which { tenant: tenant.as_deref(), user: f.user.as_deref(), states: &states };
         let mut jobs = Vec::new();
         let mut next = None;
-        let range: Box<dyn Iterator<Item = (&u64, &JobDoc)>> = if f.newest {
-            Box::new(self.docs.range(..f.before.unwrap_or(u64::MAX)).rev())
-        } else {
-            Box::new(self.docs.range(f.after.saturating_add(1)..))
-        };
-        for (id, d) in range {
-            if !matches(self, *id, d) {
-                continue;
-            }
+        for id in self.docs.ids(which, walk) {
             if jobs.len() == f.limit {
                 next = jobs.last().map(|v: &JobView| v.id);
                 break;
             }
-            jobs.push(self.view(*id).expect("present"));
+            jobs.push(self.view(id).expect("present"));
         }
-        // Over every page, so that a listing can say how many it does not show.
-        let total = if tenant.is_none() && f.user.is_none() && f.states.is_empty() {
-            self.docs.len()
-        } else {
-            self.docs.iter().filter(|(id, d)| matches(self, **id, d)).count()
-        };
+        // Over every page, so that a listing can say how many it does not show: from the lists' sizes.
+        let total = self.docs.count(which);
         let _ = reply.send(Ok(JobPage { jobs, next, total }));
     }
 
@@ -378,20 +369,22 @@ impl Owner {
         self.durable(writes, reply, v);
     }
 
-    /// Why a job waits, masked for `who`, with its predicted start.
-    pub(super) fn explain_job(&mut self, who: Principal, id: u64, reply: Reply<Explain>) {
+    /// Why a job waits, masked for `who`: what needs no scheduling pass (a held job, one waiting on dependencies, one
+    /// that never fits, a running or ended one). `None` for a queued job: the queue view's build explains it, with
+    /// its predicted start (`snapshot::Reader::explain`), so that no read runs a pass on the owner.
+    pub(super) fn explain_job(&mut self, who: Principal, id: u64, reply: Reply<Why>) {
         let r = (|| {
             let d = self.docs.get(&id).ok_or_else(|| not_found("job", &id.to_string()))?;
             self.visible(&who, id, d)?;
             let now = Time(now_ms());
-            let e = explain(&self.st, JobId(id), now)?;
+            let queued = Ok(Why::Queued { tenant: d.tenant.to_string() });
+            let Some(e) = explain_without_pass(&self.st, JobId(id), now)? else { return queued };
+            // A job waiting on dependencies is answered from the queue view too: its build predicts its start.
+            if matches!(e.reason, gpunet_core::PendingReason::Dependency { .. }) {
+                return queued;
+            }
             let state = self.state_of(id).unwrap_or(d.state);
             let job = d.job(&self.st, id).ok_or_else(|| not_found("job", &id.to_string()))?;
-            let eta = if state.is_queued() && self.st.job(JobId(id)).is_some() && !self.st.is_held(JobId(id)) {
-                gpunet_core::predict::predict_start(&self.st, JobId(id), now, 2000).map(|(t, _)| t.0)
-            } else {
-                None
-            };
             let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
             let mut message = self.mask(&who, &e.message, Some(&mut reason));
             if state.is_terminal() {
@@ -426,7 +419,16 @@ impl Owner {
                 message = format!("{what}-{id} is being {why}: its tasks are stopping (it ends once they are gone)");
             }
             let estimate = self.estimate_view(job, d);
-            Ok(Explain { id, state: state.to_string(), message, reason, position: e.position, eta_ms: eta, estimate })
+            Ok(Why::Now(Box::new(Explain {
+                id,
+                state: state.to_string(),
+                message,
+                reason,
+                position: e.position,
+                eta_ms: None,
+                estimate,
+                as_of_ms: None,
+            })))
         })();
         let _ = reply.send(r);
     }
@@ -455,44 +457,13 @@ impl Owner {
         if matches!(who, Principal::Admin) {
             return message.to_string();
         }
-        if let Some(serde_json::Value::Object(r)) = reason {
-            for k in ["blocked_by", "holder"] {
-                if r.get(k).and_then(|v| v.as_u64()).is_some_and(|id| !self.owns(who, id)) {
-                    r.insert(k.into(), serde_json::Value::Null);
-                }
-            }
-            if let Some(serde_json::Value::Array(list)) = r.get_mut("preempting") {
-                list.retain(|v| v.as_u64().is_some_and(|id| self.owns(who, id)));
-            }
-        }
-        // "job-<digits>" tokens in the text.
-        let mut out = String::with_capacity(message.len());
-        let mut rest = message;
-        while let Some(at) = rest.find("job-") {
-            out.push_str(&rest[..at]);
-            let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
-            let named = digits.parse::<u64>().ok();
-            match named {
-                Some(id) if !self.owns(who, id) => out.push_str(OTHER_JOB),
-                _ => {
-                    out.push_str("job-");
-                    out.push_str(&digits);
-                }
-            }
-            rest = &rest[at + 4 + digits.len()..];
-        }
-        out.push_str(rest);
-        out
+        mask_with(|id| self.owns(who, id), message, reason)
     }
 
     /// Jobs not finished for good, of one tenant or of all.
     fn unfinished_ids(&self, tenant: Option<&str>) -> Vec<u64> {
-        self.docs
-            .iter()
-            .filter(|(_, d)| tenant.is_none_or(|t| *d.tenant == *t))
-            .filter(|(id, d)| !d.live_state(&self.st, **id).is_terminal())
-            .map(|(id, _)| *id)
-            .collect()
+        let live: Vec<JobState> = super::doc::STATES.into_iter().filter(|s| !s.is_terminal()).collect();
+        self.docs.ids_unordered(Which { tenant, states: &live, ..Which::default() }).collect()
     }
 
     /// Checks the per-tenant limits for `new` more jobs of `tenant` with `bytes` more spec bytes.
@@ -548,4 +519,76 @@ fn idempotency_scope(who: &Principal) -> String {
         Principal::Agent => "agent".into(),
         Principal::Node(n) => format!("node:{n}"),
     }
+}
+
+/// The owner's answer to `why`.
+#[derive(Debug)]
+pub(crate) enum Why {
+    /// What needs no pass (a held job, one that never fits, a running or ended one).
+    Now(Box<Explain>),
+    /// A queued job (or one waiting on dependencies), of this tenant: the queue view's build explains it.
+    Queued { tenant: String },
+}
+
+/// A dry run's copy of the state with the job in it, answered off the owner.
+#[derive(Debug)]
+pub(crate) struct DryRunWork {
+    probe: Box<gpunet_core::ClusterState>,
+    id: JobId,
+    now: Time,
+    /// The tenant the answer is for (its own jobs are named, others' masked); `None` for an admin.
+    masked_for: Option<gpunet_core::TenantId>,
+    warnings: Vec<String>,
+}
+
+impl DryRunWork {
+    /// Why it would wait (one pass on the copy), and where and when it would start (a replay of the copy).
+    pub(crate) fn answer(self) -> DryRun {
+        let DryRunWork { probe, id, now, masked_for, warnings } = self;
+        let owns = |j: u64| {
+            let tenant =
+                probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
+            masked_for.is_none_or(|t| tenant == Some(t))
+        };
+        let message = explain(&probe, id, now)
+            .map(|e| mask_with(owns, &e.message.replace(&id.to_string(), "this job"), None))
+            .unwrap_or_default();
+        let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
+        let placement = match &pred {
+            Some((t, p)) if *t == now => super::placement_view(&probe, p),
+            _ => Vec::new(),
+        };
+        DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings }
+    }
+}
+
+/// [`Owner::mask`] with `owns` saying which job ids the reader may see named.
+fn mask_with(owns: impl Fn(u64) -> bool, message: &str, reason: Option<&mut serde_json::Value>) -> String {
+    if let Some(serde_json::Value::Object(r)) = reason {
+        for k in ["blocked_by", "holder"] {
+            if r.get(k).and_then(|v| v.as_u64()).is_some_and(|id| !owns(id)) {
+                r.insert(k.into(), serde_json::Value::Null);
+            }
+        }
+        if let Some(serde_json::Value::Array(list)) = r.get_mut("preempting") {
+            list.retain(|v| v.as_u64().is_some_and(&owns));
+        }
+    }
+    // "job-<digits>" tokens in the text.
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("job-") {
+        out.push_str(&rest[..at]);
+        let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
+        match digits.parse::<u64>().ok() {
+            Some(id) if !owns(id) => out.push_str(OTHER_JOB),
+            _ => {
+                out.push_str("job-");
+                out.push_str(&digits);
+            }
+        }
+        rest = &rest[at + 4 + digits.len()..];
+    }
+    out.push_str(rest);
+    out
 }

@@ -22,7 +22,8 @@ pub(crate) mod snapshot;
 mod tenants;
 mod utilisation;
 
-pub(crate) use doc::{JobDoc, More, Packed};
+pub(crate) use doc::{JobDoc, More, Packed, STATES};
+pub(crate) use jobs::Why;
 pub(crate) use tenants::quota_from_request;
 
 use crate::metrics::ServerMetrics;
@@ -56,11 +57,12 @@ pub(crate) enum Cmd {
         key: Option<String>,
         reply: Reply<(Vec<Submitted>, bool)>,
     },
+    /// A dry run's copy of the state (answered off the owner: `DryRunWork::answer`).
     DryRun {
         who: Principal,
         sub: JobSubmission,
         warnings: Vec<String>,
-        reply: Reply<DryRun>,
+        reply: Reply<jobs::DryRunWork>,
     },
     Get {
         who: Principal,
@@ -84,10 +86,11 @@ pub(crate) enum Cmd {
         hold: bool,
         reply: Reply<JobView>,
     },
+    /// What needs no pass to explain, or that the queue view explains it (see `Owner::explain_job`).
     Explain {
         who: Principal,
         id: u64,
-        reply: Reply<Explain>,
+        reply: Reply<jobs::Why>,
     },
     CreateTenant {
         req: TenantRequest,
@@ -163,6 +166,18 @@ pub(crate) enum Cmd {
         sync: gpunet_api::agent::AgentSync,
         reply: Reply<gpunet_api::agent::AgentWork>,
     },
+}
+
+/// Where a placement's tasks are, by node name.
+pub(crate) fn placement_view(st: &ClusterState, p: &Placement) -> Vec<TaskView> {
+    p.tasks
+        .iter()
+        .map(|t| TaskView {
+            node: st.node(t.node).map(|n| n.spec.name.clone()).unwrap_or_default(),
+            gpus: t.gpu_indexes(),
+            mig_slot: t.mig_slot,
+        })
+        .collect()
 }
 
 /// Applies a durable change to the owner's state.
@@ -275,7 +290,7 @@ pub(crate) struct Owner {
     pub(crate) st: ClusterState,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) auth: crate::tokens::Auth,
-    pub(crate) docs: BTreeMap<u64, JobDoc>,
+    pub(crate) docs: doc::Docs,
     /// The tenant and user names the documents share.
     pub(crate) names: doc::Names,
     pub(crate) tenants: BTreeMap<String, TenantDoc>,
@@ -369,11 +384,13 @@ impl Owner {
         events: broadcast::Sender<String>,
     ) -> Owner {
         let (queue_pub, queue_reader) = snapshot::channel();
+        let mut st = st;
+        st.track_changes();
         Owner {
             st,
             store,
             auth,
-            docs: BTreeMap::new(),
+            docs: doc::Docs::default(),
             names: doc::Names::default(),
             tenants: BTreeMap::new(),
             nodes: BTreeMap::new(),
@@ -590,14 +607,7 @@ impl Owner {
     }
 
     fn placement_view(&self, p: &Placement) -> Vec<TaskView> {
-        p.tasks
-            .iter()
-            .map(|t| TaskView {
-                node: self.st.node(t.node).map(|n| n.spec.name.clone()).unwrap_or_default(),
-                gpus: t.gpu_indexes(),
-                mig_slot: t.mig_slot,
-            })
-            .collect()
+        placement_view(&self.st, p)
     }
 
     fn view(&self, id: u64) -> Option<JobView> {
@@ -609,7 +619,7 @@ impl Owner {
             id,
             name: j.spec.name.clone(),
             tenant: d.tenant.to_string(),
-            submitted_by: d.submitted_by.as_deref().map(str::to_string),
+            submitted_by: d.submitted_by.as_deref().map(String::as_str).map(str::to_string),
             state: self.state_of(id).unwrap_or(j.state).to_string(),
             priority: j.spec.priority,
             tasks: j.spec.tasks,
@@ -650,6 +660,61 @@ impl Owner {
             .and_then(|r| r.stop)
             .map(|c| c.to_string())
             .or_else(|| self.st.array(j.id).filter(|a| a.cancelling).map(|_| StopCause::Cancelled.to_string()))
+    }
+
+    /// A document's job state now, whether it is added yet or not ([`Owner::state_of`] of an added one).
+    pub(crate) fn live_of(&self, id: u64, d: &JobDoc) -> gpunet_core::JobState {
+        self.st.array(JobId(id)).map_or_else(|| d.live_state(&self.st, id), |a| a.state)
+    }
+
+    /// Adds a job's document, listed in its state now; an element's array is listed again (an element added changes
+    /// what its summary may say).
+    pub(crate) fn add_doc(&mut self, id: u64, d: JobDoc) {
+        let state = self.live_of(id, &d);
+        let array = self.st.job(JobId(id)).and_then(|j| j.array_of).map(|(a, _)| a.0);
+        self.docs.insert(id, d, state);
+        if let Some(a) = array {
+            self.relist(a);
+        }
+    }
+
+    /// Lists job `id` (and an element's array) in its state now.
+    pub(crate) fn relist(&mut self, id: u64) {
+        if let Some(s) = self.state_of(id) {
+            self.docs.set_state(id, s);
+        }
+        if let Some((a, _)) = self.st.job(JobId(id)).and_then(|j| j.array_of) {
+            if let Some(s) = self.state_of(a.0) {
+                self.docs.set_state(a.0, s);
+            }
+        }
+    }
+
+    /// Lists again every job whose state the core reports changed. In debug builds (the tests), with few jobs, each
+    /// document's listed state is then checked against its state now: a change the core did not report fails the
+    /// test that made it.
+    pub(crate) fn relist_changed(&mut self) {
+        for id in self.st.take_changed() {
+            self.relist(id.0);
+        }
+        #[cfg(debug_assertions)]
+        if self.docs.len() <= 2000 {
+            for (id, d) in self.docs.iter() {
+                let s = self.state_of(*id).expect("present");
+                assert_eq!(d.listed(), s, "job-{id} is listed as {} but is {s}", d.listed());
+            }
+        }
+    }
+
+    /// Lists every job again (after a restore, whose arrays' summaries are known only once all is read).
+    pub(crate) fn relist_all(&mut self) {
+        let _ = self.st.take_changed();
+        let ids: Vec<u64> = self.docs.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.state_of(id) {
+                self.docs.set_state(id, s);
+            }
+        }
     }
 
     /// A job's state now: the core's, an array's summary, else the document's.
@@ -706,7 +771,7 @@ impl Owner {
                     cpu_cost: c.cpu,
                     mem_cost: c.mem,
                     cost: c.total(),
-                    submitted_by: doc.submitted_by.as_deref().unwrap_or_default().to_string(),
+                    submitted_by: doc.submitted_by.as_deref().map(String::as_str).unwrap_or_default().to_string(),
                     sampled_gpu_seconds: u.sampled,
                     busy_gpu_seconds: u.busy,
                 })
@@ -742,6 +807,11 @@ impl Owner {
     }
 
     fn handle_cmd(&mut self, cmd: Cmd) {
+        self.dispatch(cmd);
+        self.relist_changed();
+    }
+
+    fn dispatch(&mut self, cmd: Cmd) {
         match cmd {
             // Jobs (`jobs`).
             Cmd::Submit { who, by, subs, key, reply } => self.submit(who, by, subs, key, reply),
@@ -910,6 +980,7 @@ impl Owner {
                     while let Ok(f) = applied.try_recv() {
                         (f.0)(&mut self);
                     }
+                    self.relist_changed();
                 }
                 cmd = rx.recv() => {
                     let Some(cmd) = cmd else { break };
@@ -929,6 +1000,7 @@ impl Owner {
             let gap = last_pass.elapsed();
             if (self.dirty && gap >= min_gap) || gap >= tick {
                 self.pass();
+                self.relist_changed();
                 last_pass = tokio::time::Instant::now();
             }
             self.publish_queue();

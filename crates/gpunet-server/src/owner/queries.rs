@@ -15,11 +15,13 @@ impl Owner {
         for n in self.st.nodes() {
             *nodes.entry(n.state.to_string()).or_insert(0) += 1;
         }
-        let mut jobs = BTreeMap::new();
-        for (id, d) in self.docs.iter() {
-            let s = d.live_state(&self.st, *id);
-            *jobs.entry(s.to_string()).or_insert(0) += 1;
-        }
+        // From the documents' lists by state, not a walk of every job; states without jobs are left out.
+        let jobs: BTreeMap<String, usize> = super::doc::STATES
+            .iter()
+            .zip(self.docs.by_state(None))
+            .filter(|(_, n)| *n > 0)
+            .map(|(s, n)| (s.to_string(), n))
+            .collect();
         let _ = reply.send(Ok(ClusterSummary {
             policy: self.st.policy().to_string(),
             backfill: self.st.config().backfill,
@@ -34,14 +36,19 @@ impl Owner {
     /// Usage rows of the running jobs `who` may see, up to now.
     pub(super) fn live_usage(&mut self, who: Principal, reply: Reply<Vec<UsageRow>>) {
         let now = now_ms();
+        let tenant = match &who {
+            Principal::Tenant(t) => Some(t.as_str()),
+            _ => None,
+        };
+        // The running jobs' list, not a walk of every job.
         let rows = self
             .docs
-            .iter()
-            .filter(|(_, d)| match &who {
-                Principal::Tenant(t) => *d.tenant == **t,
-                _ => true,
-            })
-            .filter_map(|(id, d)| self.st.job(JobId(*id)).filter(|j| j.state == JobState::Running).map(|j| (d, j)))
+            .ids(
+                super::doc::Which { tenant, states: &[JobState::Running], ..Default::default() },
+                super::doc::Walk::After(0),
+            )
+            .filter_map(|id| Some((self.docs.get(&id)?, self.st.job(JobId(id))?)))
+            .filter(|(_, j)| j.state == JobState::Running)
             .flat_map(|(d, j)| self.usage_rows(j, d, now))
             .collect();
         let _ = reply.send(Ok(rows));

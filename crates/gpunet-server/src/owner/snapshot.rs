@@ -16,11 +16,16 @@
 //! [`READ_WAIT`]) for a snapshot at least as new: a client that submitted a job and then reads the queue sees its job.
 //! Others' changes do not hold a read back (with submissions arriving without pause, a read would otherwise wait for
 //! the next build every time): they show in the next build, whose time the view carries (`as_of_ms`).
+//!
+//! `why` of a queued job is answered from here too ([`Reader::explain`]): the job is noted as asked about, and each
+//! build for the next [`ASKED_FOR`] explains every job asked about with the same one pass that explains the queue's
+//! first rows, and predicts their starts with the same replay. A read that finds no explanation yet brings the next
+//! build forward as a reader of its own change does. So no `why`, however deep its job, runs a pass on the owner.
 
 use super::Owner;
 use crate::{now_ms, Principal};
-use gpunet_api::types::{QueueEntry, QueueView};
-use gpunet_core::{explain_queue, queue_order, JobId, Time};
+use gpunet_api::types::{Explain, QueueEntry, QueueView};
+use gpunet_core::{explain_queue, explain_without_pass, queue_order, JobId, PendingReason, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +45,16 @@ const MIN_GAP: Duration = Duration::from_millis(2);
 const WRITTEN_PRUNE_AT: usize = 4096;
 /// How long a reader waits for a snapshot that includes the changes made before it asked.
 pub(crate) const READ_WAIT: Duration = Duration::from_secs(2);
+/// How long a job `why` was asked about is explained in each build (a client polling `why` finds it at once).
+pub(crate) const ASKED_FOR: Duration = Duration::from_secs(60);
+/// Most jobs explained on request in one build (the latest requests; older ones beyond it are not explained).
+const ASKED_MAX: usize = 1000;
+/// Most requests remembered in all.
+const ASKED_KEPT: usize = 2 * ASKED_MAX;
+/// Most requests remembered per tenant (a tenant asking about many jobs in a loop evicts its own oldest, not others').
+const ASKED_PER_TENANT: usize = 100;
+/// How long `why` waits for a build that explains its job (a deep job is placed by a walk of the whole queue).
+pub(crate) const EXPLAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// The queue as published by the owner.
 #[derive(Debug, Default)]
@@ -56,6 +71,20 @@ pub(crate) struct QueueSnapshot {
     all: Vec<QueueEntry>,
     /// Each tenant's jobs waiting, and its first rows (masked for it).
     tenants: HashMap<String, (usize, Vec<QueueEntry>)>,
+    /// Queued jobs asked about with `why`: their explanation for an admin, and for their own tenant (masked).
+    /// `None`: the job is not queued any more (the owner explains it).
+    explained: HashMap<u64, Option<Box<(Explain, Explain)>>>,
+}
+
+/// What a build says of a job asked about.
+#[derive(Debug)]
+pub(crate) enum Explained {
+    /// Its explanation.
+    Queued(Box<Explain>),
+    /// It is not queued (any more): the owner explains it.
+    NotQueued,
+    /// No build had it within [`READ_WAIT`].
+    Late,
 }
 
 impl QueueSnapshot {
@@ -75,6 +104,15 @@ impl QueueSnapshot {
     }
 }
 
+impl QueueSnapshot {
+    fn explanation(&self, id: u64, admin: bool) -> Option<Explained> {
+        Some(match self.explained.get(&id)? {
+            None => Explained::NotQueued,
+            Some(b) => Explained::Queued(Box::new(if admin { b.0.clone() } else { b.1.clone() })),
+        })
+    }
+}
+
 /// The owner's side: the change number, the channel, and when to build next.
 #[derive(Debug)]
 pub(crate) struct Publisher {
@@ -82,10 +120,19 @@ pub(crate) struct Publisher {
     /// The newest change number a reader waits for, and the owner's wake-up when one starts waiting.
     wanted: Arc<AtomicU64>,
     pub(crate) wake: Arc<tokio::sync::Notify>,
+    /// Jobs asked about with `why`, and when last; set when one is not in the published view yet.
+    asked: Asked,
     tx: watch::Sender<Arc<QueueSnapshot>>,
     built_seq: u64,
     built_at: Option<Instant>,
     cost: Duration,
+}
+
+/// Jobs asked about with `why` (by id: when last, and the job's tenant), and whether one waits for a build.
+#[derive(Debug, Clone, Default)]
+struct Asked {
+    when: Arc<std::sync::Mutex<HashMap<u64, (Instant, String)>>>,
+    waiting: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The readers' side.
@@ -94,6 +141,7 @@ pub(crate) struct Reader {
     seq: Arc<AtomicU64>,
     wanted: Arc<AtomicU64>,
     wake: Arc<tokio::sync::Notify>,
+    asked: Asked,
     rx: watch::Receiver<Arc<QueueSnapshot>>,
     /// The change number when each token's latest change was answered, by token hash (pruned of entries the published
     /// view already has once there are [`WRITTEN_PRUNE_AT`]).
@@ -105,16 +153,18 @@ pub(crate) fn channel() -> (Publisher, Reader) {
     let seq = Arc::new(AtomicU64::new(1));
     let (tx, rx) = watch::channel(Arc::new(QueueSnapshot::default()));
     let (written, wanted, wake): (_, Arc<AtomicU64>, Arc<tokio::sync::Notify>) = Default::default();
+    let asked = Asked::default();
     let publisher = Publisher {
         seq: seq.clone(),
         wanted: wanted.clone(),
         wake: wake.clone(),
+        asked: asked.clone(),
         tx,
         built_seq: 0,
         built_at: None,
         cost: Duration::ZERO,
     };
-    (publisher, Reader { seq, wanted, wake, rx, written })
+    (publisher, Reader { seq, wanted, wake, asked, rx, written })
 }
 
 impl Reader {
@@ -158,6 +208,61 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// Why queued job `id` (of `tenant`) waits, for an admin or (`admin` false) for its own tenant, from the first
+    /// build that explains it, was built at or after change number `at_least`, and has every change answered to the
+    /// token of hash `token` before this call; [`Explained::Late`] after [`EXPLAIN_WAIT`].
+    pub(crate) async fn explain(&self, token: &str, id: u64, tenant: &str, admin: bool, at_least: u64) -> Explained {
+        {
+            let mut when = self.asked.when.lock().expect("asked lock");
+            if !when.contains_key(&id) {
+                // Bounded whatever clients ask: a tenant past its share loses its own oldest request; past the cap in
+                // all, the requests older than `ASKED_FOR` go, then the oldest.
+                let of_tenant: Vec<(Instant, u64)> =
+                    when.iter().filter(|(_, (_, t))| t == tenant).map(|(k, (at, _))| (*at, *k)).collect();
+                if of_tenant.len() >= ASKED_PER_TENANT {
+                    if let Some((_, oldest)) = of_tenant.iter().min() {
+                        when.remove(oldest);
+                    }
+                }
+                if when.len() >= ASKED_KEPT {
+                    when.retain(|_, (at, _)| at.elapsed() < ASKED_FOR);
+                    while when.len() >= ASKED_KEPT {
+                        let Some(oldest) = when.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| *k) else { break };
+                        when.remove(&oldest);
+                    }
+                }
+            }
+            when.insert(id, (Instant::now(), tenant.to_string()));
+        }
+        let own = self.written.lock().expect("written lock").get(token).copied().unwrap_or(0);
+        let want = own.max(at_least).max(1);
+        let mut rx = self.rx.clone();
+        let deadline = tokio::time::Instant::now() + EXPLAIN_WAIT;
+        loop {
+            let s = rx.borrow_and_update().clone();
+            if s.seq >= want {
+                if let Some(e) = s.explanation(id, admin) {
+                    return e;
+                }
+            }
+            // A build soon: one explains what was asked, whether anything changed or not.
+            self.wanted.fetch_max(want, Ordering::AcqRel);
+            self.asked.waiting.store(true, Ordering::Release);
+            self.wake.notify_one();
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Explained::Late,
+            }
+        }
+    }
+
+    /// The owner's change number now.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+}
+
 impl Publisher {
     /// A change is about to be made.
     pub(crate) fn bump(&self) {
@@ -167,7 +272,9 @@ impl Publisher {
     /// When the next build is due: `None` when nothing changed and no refresh is due.
     pub(crate) fn due(&self, queued: bool) -> Option<Instant> {
         let Some(at) = self.built_at else { return Some(Instant::now()) };
-        if self.seq.load(Ordering::Acquire) != self.built_seq {
+        if self.asked.waiting.load(Ordering::Acquire) {
+            Some(at + self.cost.max(MIN_GAP))
+        } else if self.seq.load(Ordering::Acquire) != self.built_seq {
             let waited = self.wanted.load(Ordering::Acquire) > self.built_seq;
             Some(at + (if waited { self.cost } else { self.cost * 10 }).max(MIN_GAP))
         } else if queued {
@@ -187,6 +294,8 @@ impl Owner {
         }
         let t0 = Instant::now();
         let seq = self.queue_pub.seq.load(Ordering::Acquire);
+        // Cleared before the requests are read: one made after this is seen by the next build.
+        self.queue_pub.asked.waiting.store(false, Ordering::Release);
         let snap = self.queue_snapshot(seq);
         self.queue_pub.tx.send_replace(Arc::new(snap));
         self.queue_pub.built_seq = seq;
@@ -230,12 +339,51 @@ impl Owner {
             });
             take(queued + k, own, j, &mut all);
         }
+        // Jobs asked about with `why` (the latest ASKED_MAX of the last ASKED_FOR) that a pass explains, with their
+        // places: in the walk, else in a walk of the whole queue.
+        let requested: Vec<u64> = {
+            let mut w = self.queue_pub.asked.when.lock().expect("asked lock");
+            w.retain(|_, (t, _)| t.elapsed() < ASKED_FOR);
+            let mut v: Vec<(Instant, u64)> = w.iter().map(|(id, (t, _))| (*t, *id)).collect();
+            v.sort_unstable_by(|a, b| b.cmp(a));
+            v.into_iter().take(ASKED_MAX).map(|(_, id)| id).collect()
+        };
+        // What the pass explains for each: the job itself, or an array's next element (so that an array costs no
+        // pass of its own); a job waiting on dependencies is explained without the pass, but predicted with the rest.
+        let mut target: HashMap<JobId, JobId> = HashMap::new();
+        let mut place: HashMap<JobId, usize> = HashMap::new();
+        for j in requested.iter().map(|id| JobId(*id)) {
+            match explain_without_pass(&self.st, j, now) {
+                Ok(None) => {
+                    let t = self.st.array_head(j).unwrap_or(j);
+                    target.insert(j, t);
+                    place.insert(t, usize::MAX);
+                }
+                Ok(Some(e)) if matches!(e.reason, PendingReason::Dependency { .. }) => {
+                    target.insert(j, j);
+                    place.insert(j, 0);
+                }
+                _ => {}
+            }
+        }
+        let find = |order: &[JobId], place: &mut HashMap<JobId, usize>| {
+            for (i, j) in order.iter().enumerate() {
+                if let Some(p) = place.get_mut(j) {
+                    *p = i;
+                }
+            }
+        };
+        find(&order, &mut place);
+        if order.len() == WALK && place.values().any(|p| *p == usize::MAX) {
+            find(&queue_order(&self.st, now, usize::MAX), &mut place);
+        }
         let mut asked: Vec<(JobId, usize)> = all.iter().map(|(p, j)| (*j, *p)).collect();
         for rows in mine.values() {
             asked.extend(rows.iter().map(|(p, j)| (*j, *p)));
         }
+        asked.extend(place.iter().map(|(j, p)| (*j, (*p).min(queued))));
         asked.sort_unstable();
-        asked.dedup();
+        asked.dedup_by_key(|(j, _)| *j);
         let ids: Vec<JobId> = asked.iter().map(|(j, _)| *j).collect();
         let etas = gpunet_core::predict::predict_starts(&self.st, &ids, now, 2000);
         let explained: HashMap<JobId, gpunet_core::Explanation> =
@@ -261,6 +409,28 @@ impl Owner {
                 eta_ms: etas.get(&j).map(|t| t.0),
             })
         };
+        let why = |j: JobId, t: JobId| -> Option<Box<(Explain, Explain)>> {
+            let (e, d) = (explained.get(&t)?, self.docs.get(&j.0)?);
+            let job = d.job(&self.st, j.0)?;
+            let message = if t == j { e.message.clone() } else { format!("next element {t}: {}", e.message) };
+            let reason = serde_json::to_value(&e.reason).expect("reasons serialise");
+            let admin = Explain {
+                id: j.0,
+                state: self.state_of(j.0)?.to_string(),
+                message,
+                reason: reason.clone(),
+                position: e.position,
+                eta_ms: self.st.job(j).and_then(|_| etas.get(&j)).map(|t| t.0),
+                estimate: self.estimate_view(job, d),
+                as_of_ms: Some(now.0),
+            };
+            let mut own_reason = reason;
+            let message = self.mask(&Principal::Tenant(d.tenant.to_string()), &admin.message, Some(&mut own_reason));
+            let own = Explain { message, reason: own_reason, ..admin.clone() };
+            Some(Box::new((admin, own)))
+        };
+        let explained_asked: HashMap<u64, Option<Box<(Explain, Explain)>>> =
+            requested.iter().map(|id| (*id, target.get(&JobId(*id)).and_then(|t| why(JobId(*id), *t)))).collect();
         let all = all.iter().filter_map(|(p, j)| entry(*p, *j, &Principal::Admin)).collect();
         let tenants: HashMap<String, (usize, Vec<QueueEntry>)> = self
             .tenants
@@ -284,6 +454,7 @@ impl Owner {
             waiting: tenants.values().map(|(n, _)| n).sum(),
             all,
             tenants,
+            explained: explained_asked,
         }
     }
 }

@@ -216,15 +216,10 @@ impl Owner {
         let d = self.tenants.get(name)?;
         let id = self.st.tenant_id(name)?;
         let u = self.st.tenant_usage(id);
-        let (mut queued, mut running) = (0, 0);
-        for (id, doc) in self.docs.iter().filter(|(_, x)| *x.tenant == *name) {
-            let s = doc.live_state(&self.st, *id);
-            if s.is_queued() {
-                queued += 1;
-            } else if s == JobState::Running {
-                running += 1;
-            }
-        }
+        let n = self.docs.by_state(Some(name));
+        let of = |s: JobState| super::doc::STATES.iter().position(|x| *x == s).map_or(0, |i| n[i]);
+        let queued = super::doc::STATES.into_iter().filter(|s| s.is_queued()).map(of).sum();
+        let running = of(JobState::Running);
         Some(TenantView {
             name: name.to_string(),
             weight: d.spec.weight,

@@ -1,13 +1,15 @@
 //! `gpunet bench depth`: the control plane with a deep queue. It starts its own `gpunet server` (this binary, a
 //! child process on loopback, SQLite store, no node: nothing can start), fills the queue to each depth with batch
 //! submissions, and at each depth measures durable submissions per second and their latency from concurrent clients,
-//! then the same twice more while readers poll `GET /v1/queue?limit=50` and `GET /v1/jobs?limit=50`: first each
-//! reader every `--read-every-ms` (a busy portal page: the portal itself refreshes every 2 s), then without pause (a
-//! stress figure: on a small machine such readers take their share of the CPU from everything else). The readers are
-//! other people than the submitter: an admin token of their own (a token's reads wait for its own changes to be in
-//! the queue view, see `gpunet_server`'s `owner/snapshot.rs`, not for others'). Then one
-//! `GET /v1/queue?limit=50` on its own, and the server's resident memory. One JSON object per depth; then the
-//! server is restarted with everything queued and the time until it answers the queue again is reported.
+//! alone and while readers poll `GET /v1/queue?limit=50` and `GET /v1/jobs?limit=50`, each reader every
+//! `--read-every-ms` (a busy portal page: the portal itself refreshes every 2 s). The two alternate over `--rounds`
+//! rounds, so that the machine's drift over time falls on both alike, and the ratio reported is the median of the
+//! rounds'. Then one round with the readers reading without pause (a stress figure: on a small machine such readers
+//! take their share of the CPU from everything else). The readers are other people than the submitter: an admin
+//! token of their own (a token's reads wait for its own changes to be in the queue view, see `gpunet_server`'s
+//! `owner/snapshot.rs`, not for others'). Then one `GET /v1/queue?limit=50` on its own, and the server's resident
+//! memory. One JSON object per depth; then the server is restarted with everything queued and the time until it
+//! answers the queue again is reported.
 
 use crate::bench::api::{ApiReport, Load};
 use crate::bench::quantile;
@@ -24,9 +26,13 @@ pub(crate) struct DepthArgs {
     /// Queue depths to measure at, ascending, comma-separated.
     #[arg(long, default_value = "0,100000,500000,1000000", value_delimiter = ',')]
     pub(crate) depths: Vec<usize>,
-    /// Submissions measured at each depth (and again with readers).
-    #[arg(long, default_value_t = 20_000)]
+    /// Submissions measured at each depth without readers (and as many with paced readers), over `--rounds`.
+    #[arg(long, default_value_t = 30_000)]
     pub(crate) jobs: usize,
+    /// Rounds at each depth, each of `jobs / rounds` submissions alone then as many with paced readers, so that the
+    /// machine's drift over time falls on both alike; the ratio is the median of the rounds' ratios.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
     /// Concurrent submitting clients.
     #[arg(long, default_value_t = 16)]
     pub(crate) clients: usize,
@@ -76,8 +82,10 @@ struct ReadersReport {
     reads_per_s: f64,
     read_p50_ms: f64,
     read_p99_ms: f64,
-    /// Submissions per second with readers ÷ without.
+    /// Submissions per second with readers ÷ without: the median of the rounds' (busy readers: one round).
     ratio: f64,
+    /// Each round's ratio.
+    round_ratios: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -204,21 +212,29 @@ async fn measure(a: &DepthArgs, dir: &std::path::Path) -> Result<()> {
     for &depth in &a.depths {
         pending += prefill(&http, &server.url, &admin, depth.saturating_sub(pending)).await?;
         let at = pending;
-        let alone = load.submit(a.clients, a.jobs).await?;
-        pending += alone.acknowledged;
-        let (with, reads) = with_readers(&load, a, &server.url, &viewer, Some(a.read_every_ms)).await?;
-        pending += with.acknowledged;
-        let (busy, busy_reads) = with_readers(&load, a, &server.url, &viewer, None).await?;
+        let per = (a.jobs / a.rounds.max(1)).max(1);
+        let (mut alone, mut with, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.rounds.max(1) {
+            let r = load.submit(a.clients, per).await?;
+            pending += r.acknowledged;
+            alone.push(r);
+            let (r, rd) = with_readers(&load, a, &server.url, &viewer, Some(a.read_every_ms), per).await?;
+            pending += r.acknowledged;
+            with.push(r);
+            reads.push(rd);
+        }
+        let (busy, busy_reads) = with_readers(&load, a, &server.url, &viewer, None, per).await?;
         pending += busy.acknowledged;
         let (get_p50, get_max) = queue_gets(&http, &server.url, &admin).await?;
         let rss = server.rss_mib();
+        let alone_rate: Vec<f64> = alone.iter().map(|r| r.submissions_per_s).collect();
         let report = DepthReport {
             pending: at,
-            submissions_per_s: alone.submissions_per_s,
-            p50_ms: alone.p50_ms,
-            p99_ms: alone.p99_ms,
-            with_readers: ReadersReport::new(a, Some(a.read_every_ms), &with, reads, &alone),
-            with_busy_readers: ReadersReport::new(a, None, &busy, busy_reads, &alone),
+            submissions_per_s: median(alone_rate.clone()),
+            p50_ms: median(alone.iter().map(|r| r.p50_ms).collect()),
+            p99_ms: alone.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
+            with_readers: ReadersReport::new(a, Some(a.read_every_ms), &with, &reads, &alone_rate),
+            with_busy_readers: ReadersReport::new(a, None, &[busy], &[busy_reads], &alone_rate),
             queue_get_p50_ms: get_p50,
             queue_get_max_ms: get_max,
             rss_mib: rss,
@@ -274,18 +290,35 @@ async fn prefill(http: &reqwest::Client, url: &str, admin: &str, n: usize) -> Re
     Ok(done)
 }
 
+/// The median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 impl ReadersReport {
-    fn new(a: &DepthArgs, every: Option<u64>, with: &ApiReport, reads: (f64, f64, f64), alone: &ApiReport) -> Self {
+    /// From rounds with readers, each against the round without them at the same index (the last, for one busy round).
+    fn new(a: &DepthArgs, every: Option<u64>, with: &[ApiReport], reads: &[(f64, f64, f64)], alone: &[f64]) -> Self {
+        let round_ratios: Vec<f64> = with
+            .iter()
+            .enumerate()
+            .map(|(i, w)| w.submissions_per_s / alone.get(i).or(alone.last()).copied().unwrap_or(f64::NAN))
+            .collect();
         ReadersReport {
             readers: a.readers,
             read_every_ms: every,
-            submissions_per_s: with.submissions_per_s,
-            p50_ms: with.p50_ms,
-            p99_ms: with.p99_ms,
-            reads_per_s: reads.0,
-            read_p50_ms: reads.1,
-            read_p99_ms: reads.2,
-            ratio: with.submissions_per_s / alone.submissions_per_s,
+            submissions_per_s: median(with.iter().map(|r| r.submissions_per_s).collect()),
+            p50_ms: median(with.iter().map(|r| r.p50_ms).collect()),
+            p99_ms: with.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
+            reads_per_s: median(reads.iter().map(|r| r.0).collect()),
+            read_p50_ms: median(reads.iter().map(|r| r.1).collect()),
+            read_p99_ms: reads.iter().map(|r| r.2).fold(0.0, f64::max),
+            ratio: median(round_ratios.clone()),
+            round_ratios,
         }
     }
 }
@@ -298,6 +331,7 @@ async fn with_readers(
     url: &str,
     token: &str,
     every: Option<u64>,
+    jobs: usize,
 ) -> Result<(ApiReport, (f64, f64, f64))> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
@@ -336,7 +370,7 @@ async fn with_readers(
         }));
     }
     let t0 = Instant::now();
-    let report = load.submit(a.clients, a.jobs).await;
+    let report = load.submit(a.clients, jobs).await;
     stop.store(true, Ordering::Relaxed);
     let secs = t0.elapsed().as_secs_f64();
     let mut lat = Vec::new();

@@ -161,10 +161,11 @@ pub(crate) fn synth_job(r: &mut Rng, tenants: u32) -> JobSpec {
         .priority(if r.f64() < 0.05 { 1 } else { 0 });
     spec.checkpoint_interval = Some(Dur::from_mins(10));
     if r.f64() < 0.2 {
-        spec.gpu_models = vec![MODELS[pick_model(r)].0];
+        spec.gpu_models = gpunet_core::job::thin_vec![MODELS[pick_model(r)].0];
     }
     if r.f64() < 0.3 {
-        spec.tolerations = vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+        spec.tolerations =
+            gpunet_core::job::thin_vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
     }
     spec
 }
@@ -188,7 +189,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
             spec.task = JobSpec::new(spec.tenant, "array", 1, 1).task;
             spec.gang = false;
             spec.topology = TopologyScope::Any;
-            spec.array = Some(ArraySpec { indices: (0..args.array_size).collect(), limit: None });
+            spec.array = Some(Box::new(ArraySpec { indices: (0..args.array_size).collect(), limit: None }));
             s.submit(JobId(next_id), spec, Time(i as u64))?;
             next_id += 1 + args.array_size as u64;
             arrays += 1;

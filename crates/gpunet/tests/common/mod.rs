@@ -66,8 +66,11 @@ impl Server {
         let t = Instant::now();
         while !line.contains("listening") {
             line.clear();
-            out.read_line(&mut line).unwrap();
-            assert!(t.elapsed() < Duration::from_secs(20), "server did not start");
+            // End of output: the server exited (a port taken meanwhile by another test's process, say).
+            if out.read_line(&mut line).unwrap() == 0 {
+                panic!("the server exited before listening on {port}: {:?}", child.wait());
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "server did not start within 60 s");
         }
         std::thread::spawn(move || for _ in out.lines() {});
         Server { proc: Proc(child), url: format!("http://127.0.0.1:{port}") }
