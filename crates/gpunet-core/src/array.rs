@@ -450,6 +450,27 @@ mod tests {
         assert!(s.submit(JobId(102), JobSpec::new(t0(), "x", 1, 1), Time::ZERO).is_ok());
     }
 
+    /// A running element whose GPUs cannot be taken back is refused before it counts in its array; restored again
+    /// as waiting (as the server does), it counts once.
+    #[test]
+    fn a_running_element_refused_at_restore_counts_once_when_restored_waiting() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, array(10, Some(3)), 0);
+        s.step(Time::ZERO).unwrap();
+        let mut element = s.job(JobId(2)).unwrap().clone();
+        assert_eq!(element.state, JobState::Running);
+        let parent = crate::job::Job::new(JobId(1), array(10, Some(3)), Time::ZERO);
+        // The node is gone: the element's placement cannot be taken back.
+        let mut r = cluster(cfg(Policy::Fifo), vec![], &["a"]);
+        r.restore(parent, Time::from_secs(1)).unwrap();
+        assert!(r.restore(element.clone(), Time::from_secs(1)).is_err());
+        assert_eq!(r.array(JobId(1)).unwrap().live, 0, "a refused element is not counted");
+        element.state = JobState::Restarting;
+        element.run = None;
+        r.restore(element, Time::from_secs(1)).unwrap();
+        assert_eq!(r.array(JobId(1)).unwrap().live, 1);
+    }
+
     #[test]
     fn restore_rebuilds_an_array_from_its_elements() {
         let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);

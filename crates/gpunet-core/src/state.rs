@@ -818,6 +818,21 @@ impl ClusterState {
             self.restore_array(&job);
             return Ok(());
         }
+        // A running job's placement is checked before anything changes: a refused one is restored again as waiting
+        // (the server does so), and an array's element must not count in its array twice.
+        if job.state == JobState::Running {
+            let run = job.run.as_ref().ok_or_else(|| CoreError::InvalidPlacement {
+                job: id,
+                reason: "a running job without a placement".into(),
+            })?;
+            for (seen, t) in run.placement.tasks.iter().enumerate() {
+                self.free.can_take(&self.topo, t).map_err(|reason| CoreError::InvalidPlacement { job: id, reason })?;
+                // Tasks of one job on one node must not overlap either.
+                if run.placement.tasks[..seen].iter().any(|o| o.node == t.node && o.gpu_mask & t.gpu_mask != 0) {
+                    return Err(CoreError::InvalidPlacement { job: id, reason: "two tasks share a GPU".into() });
+                }
+            }
+        }
         if job.array_of.is_some() {
             self.restore_element(&job)?;
         }
@@ -834,17 +849,7 @@ impl ClusterState {
                 self.enqueue(&job);
             }
         } else if job.state == JobState::Running {
-            let run = job.run.take().ok_or_else(|| CoreError::InvalidPlacement {
-                job: id,
-                reason: "a running job without a placement".into(),
-            })?;
-            for (seen, t) in run.placement.tasks.iter().enumerate() {
-                self.free.can_take(&self.topo, t).map_err(|reason| CoreError::InvalidPlacement { job: id, reason })?;
-                // Tasks of one job on one node must not overlap either.
-                if run.placement.tasks[..seen].iter().any(|o| o.node == t.node && o.gpu_mask & t.gpu_mask != 0) {
-                    return Err(CoreError::InvalidPlacement { job: id, reason: "two tasks share a GPU".into() });
-                }
-            }
+            let run = job.run.take().expect("checked above");
             let stopping = run.stop.is_some();
             self.jobs.insert(id, Box::new(job));
             self.occupy(id, *run, now);

@@ -698,6 +698,10 @@ pub(crate) async fn why(a: &IdArg) -> Result<()> {
         if let Some(est) = &e.estimate {
             s += &client::estimate_line(est);
         }
+        // A queued job is explained by the server's queue view: say how fresh it is once that is worth saying.
+        if let Some(at) = e.as_of_ms.filter(|at| at + 1_000 < super::output::now_ms()) {
+            s += &format!("as of {}\n", ago(at));
+        }
         s
     })
 }
