@@ -381,6 +381,20 @@ fn not_the_leader(r: &reqwest::Response, servers: &ServerList) -> Option<String>
     }
 }
 
+/// Stops every task (SIGTERM, SIGKILL after 5 s), gives them their grace to end, and removes their cgroups (which
+/// kills whatever is left in them).
+async fn shut_down(launcher: &mut Launcher, exits: &mut mpsc::UnboundedReceiver<TaskExit>) {
+    launcher.stop_all(Duration::from_secs(5));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    while !launcher.running().is_empty() && tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout_at(deadline, exits.recv()).await {
+            Ok(Some(e)) => launcher.reaped(&e.task),
+            _ => break,
+        }
+    }
+    launcher.remove_cgroups();
+}
+
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let servers = ServerList::parse("--server", &cfg.server).map_err(|e| AgentError::Invalid {
@@ -451,12 +465,27 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         tracing::info!(tasks = adopted.len(), "adopted tasks left running by a previous run of this agent");
     }
     let mut backoff = Duration::from_millis(100);
+    // A stop asked for while the server cannot be reached yet stops the agent (and what it adopted) too.
+    tokio::pin!(shutdown);
     let mut credential = loop {
-        match register(&http, &cfg, &servers, &isolation).await {
+        let attempt = tokio::select! {
+            r = register(&http, &cfg, &servers, &isolation) => r,
+            _ = &mut shutdown => {
+                shut_down(&mut launcher, &mut exits).await;
+                return Ok(());
+            }
+        };
+        match attempt {
             Ok(c) => break c,
             Err(AgentError::Unreachable { server, reason }) => {
                 tracing::warn!(server = %server, error = %reason, "server unreachable; retrying");
-                tokio::time::sleep(backoff).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = &mut shutdown => {
+                        shut_down(&mut launcher, &mut exits).await;
+                        return Ok(());
+                    }
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e),
@@ -508,7 +537,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let mut last_synced = std::time::Instant::now();
     let mut fence_after: Option<Duration> = None;
     let mut fenced = false;
-    tokio::pin!(shutdown);
     loop {
         let mut logs = Vec::new();
         let mut tasks: Vec<TaskRef> = launcher.running();
@@ -588,16 +616,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         let req = tokio::time::timeout(wait, req);
         tokio::select! {
             _ = &mut shutdown => {
-                launcher.stop_all(Duration::from_secs(5));
-                // Give the tasks their grace to end before returning.
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
-                while !launcher.running().is_empty() && tokio::time::Instant::now() < deadline {
-                    match tokio::time::timeout_at(deadline, exits.recv()).await {
-                        Ok(Some(e)) => launcher.reaped(&e.task),
-                        _ => break,
-                    }
-                }
-                launcher.remove_cgroups();
+                shut_down(&mut launcher, &mut exits).await;
                 return Ok(());
             }
             Some(mut e) = exits.recv() => {
@@ -678,7 +697,15 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                             }
                         }
                     }
-                    tokio::time::sleep(backoff).await;
+                    // A stop asked for while the server is away is not held up by the wait (it was up to 5 s,
+                    // and a supervisor that kills after its own timeout then left the tasks running).
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut shutdown => {
+                            shut_down(&mut launcher, &mut exits).await;
+                            return Ok(());
+                        }
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 };

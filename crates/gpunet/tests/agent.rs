@@ -97,6 +97,31 @@ fn cancel_kills_the_whole_process_tree() {
     wait_for(Duration::from_secs(20), || s.job_state(id) == "cancelled");
 }
 
+/// An agent asked to stop while its server is away stops its tasks and exits promptly: its wait between retries
+/// used to hold the stop for up to 5 s, so that a supervisor killing it after its own timeout (this harness's is 15 s)
+/// could leave the tasks running.
+#[test]
+fn an_agent_stopped_while_its_server_is_away_stops_its_tasks_promptly() {
+    let (dir, mut s) = setup(&[]);
+    let mut a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let pidfile = dir.path().join("task.pid");
+    let cmd = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+    s.submit(&["--gpus", "1", "--", "sh", "-c", &cmd]);
+    wait_for(Duration::from_secs(20), || !read(&pidfile).is_empty());
+    let task = common::host_pid(a.0.id(), &read(&pidfile));
+    assert!(alive(&task));
+    // The server goes away; the agent's syncs fail at once and it waits between retries, doubling from 0.1 s: 7 s
+    // later it is about 0.7 s into a wait of 5 s.
+    s.proc.kill9();
+    std::thread::sleep(Duration::from_secs(7));
+    let t0 = std::time::Instant::now();
+    let _ = Command::new("kill").args(["-INT", &a.0.id().to_string()]).status();
+    wait_for(Duration::from_secs(14), || a.0.try_wait().is_ok_and(|s| s.is_some()));
+    assert!(!alive(&task), "the task outlived its agent");
+    // Not after the rest of its wait (over 4 s), nor its tasks' 5 s grace (`sleep` ends on SIGTERM).
+    assert!(t0.elapsed() < Duration::from_secs(3), "the agent took {:?} to stop", t0.elapsed());
+}
+
 #[test]
 fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
     let (dir, s) = setup(&["--node-lost-after-s", "1", "--node-fence-s", "1", "--restart-backoff-s", "0"]);
