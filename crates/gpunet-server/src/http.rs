@@ -359,15 +359,15 @@ async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery
 async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) -> R<Response> {
     let p = user(&st, &h)?;
     let q = query(&q, &["tenant", "state", "user", "after", "before", "order", "limit"])?;
-    let known = ["pending", "running", "preempted", "restarting", "succeeded", "failed", "cancelled"];
     let mut states = Vec::new();
     if let Some(s) = q.get("state") {
         // One state or several, comma-separated: `pending,running`.
         for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-            if !known.contains(&x) {
+            let Some(state) = crate::owner::STATES.into_iter().find(|k| k.as_str() == x) else {
+                let known: Vec<&str> = crate::owner::STATES.iter().map(|k| k.as_str()).collect();
                 return Err(Fail(ApiError::invalid("state", x, &known.join(", "))));
-            }
-            states.push(x.to_string());
+            };
+            states.push(state);
         }
     }
     let after = match q.get("after") {

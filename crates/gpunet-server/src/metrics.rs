@@ -9,7 +9,7 @@
 //! counters; checkpoint copy failures per node; histograms of the scheduling pass, the wait from submission to first
 //! start, the time a job spent not running over its life, eviction latency, store commit latency and API requests.
 
-use crate::owner::Owner;
+use crate::owner::{Owner, Which};
 use gpunet_core::JobState;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -409,11 +409,12 @@ pub(crate) fn gauges(o: &Owner) -> String {
 /// Per tenant: allocation against quota, pending work, the oldest pending job's age, and GPU-seconds used.
 fn tenant_gauges(o: &Owner, s: &mut String) {
     let now = crate::now_ms();
-    // Pending jobs, their GPUs and the oldest submission, from the live state. A held job, or one waiting for a
-    // dependency, is in no queue: it is not starving, and it is counted apart.
+    // Pending jobs, their GPUs and the oldest submission, from the live state (the lists of queued jobs, not every
+    // job: ended ones are most). A held job, or one waiting for a dependency, is in no queue: it is not starving, and
+    // it is counted apart.
+    let queued: Vec<JobState> = crate::owner::STATES.into_iter().filter(|s| s.is_queued()).collect();
     let mut pending: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
-    for (id, d) in o.docs.iter() {
-        let Some(j) = o.st.job(gpunet_core::JobId(*id)).filter(|j| j.state.is_queued()) else { continue };
+    for (_, d, j) in o.listed(Which { states: &queued, ..Default::default() }) {
         if o.st.is_held(j.id) || o.st.is_dependency_waiting(j.id) {
             continue;
         }
@@ -424,8 +425,7 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
     }
     // GPU-seconds and cost: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
     let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
-    for (id, d) in o.docs.iter() {
-        let Some(j) = o.st.job(gpunet_core::JobId(*id)).filter(|j| j.state == JobState::Running) else { continue };
+    for (_, d, j) in o.listed(Which { states: &[JobState::Running], ..Default::default() }) {
         let e = used.entry(d.tenant.to_string()).or_default();
         for r in o.usage_rows(j, d, now) {
             e.0 += r.gpu_seconds;

@@ -120,6 +120,11 @@ impl Docs {
         self.all.insert(id, doc);
     }
 
+    /// The bytes of job `id`'s submission, as the per-tenant limit counts them (0 for an unknown job).
+    pub(crate) fn spec_bytes(&self, id: u64) -> u64 {
+        self.all.get(&id).map_or(0, |d| d.submission.len())
+    }
+
     /// A document to change (never its tenant or submitter).
     pub(crate) fn get_mut(&mut self, id: &u64) -> Option<&mut JobDoc> {
         self.all.get_mut(id)

@@ -262,14 +262,8 @@ impl Owner {
             }
         }
         // The lists walked are those of the tenant, the user and the states asked for.
-        let states: Vec<JobState> =
-            super::doc::STATES.into_iter().filter(|s| f.states.iter().any(|x| *x == s.to_string())).collect();
-        if states.is_empty() && !f.states.is_empty() {
-            let _ = reply.send(Ok(JobPage { jobs: Vec::new(), next: None, total: 0 }));
-            return;
-        }
         let walk = if f.newest { Walk::Before(f.before.unwrap_or(u64::MAX)) } else { Walk::After(f.after) };
-        let which = Which { tenant: tenant.as_deref(), user: f.user.as_deref(), states: &states };
+        let which = Which { tenant: tenant.as_deref(), user: f.user.as_deref(), states: &f.states };
         let mut jobs = Vec::new();
         let mut next = None;
         for id in self.docs.ids(which, walk) {
@@ -487,15 +481,11 @@ impl Owner {
                     let mut all: HashMap<String, u64> = HashMap::new();
                     for id in self.unfinished_ids(None) {
                         let t = self.docs[&id].tenant.clone();
-                        *all.entry(t.to_string()).or_default() += self.docs.get(&id).map_or(0, |d| d.submission.len());
+                        *all.entry(t.to_string()).or_default() += self.docs.spec_bytes(id);
                     }
                     self.unfinished_spec_bytes = Some(all);
                 }
-                let exact: u64 = self
-                    .unfinished_ids(Some(tenant))
-                    .into_iter()
-                    .map(|id| self.docs.get(&id).map_or(0, |d| d.submission.len()))
-                    .sum();
+                let exact: u64 = self.unfinished_ids(Some(tenant)).into_iter().map(|id| self.docs.spec_bytes(id)).sum();
                 self.unfinished_spec_bytes.as_mut().expect("counted above").insert(tenant.to_string(), exact);
                 exact
             }

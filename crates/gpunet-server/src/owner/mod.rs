@@ -22,7 +22,7 @@ pub(crate) mod snapshot;
 mod tenants;
 mod utilisation;
 
-pub(crate) use doc::{JobDoc, More, Packed, STATES};
+pub(crate) use doc::{JobDoc, More, Packed, Which, STATES};
 pub(crate) use jobs::Why;
 pub(crate) use tenants::quota_from_request;
 
@@ -223,7 +223,7 @@ pub(crate) struct JobFilter {
     /// Only this tenant's (must exist).
     pub(crate) tenant: Option<String>,
     /// Only jobs in one of these states (none: any).
-    pub(crate) states: Vec<String>,
+    pub(crate) states: Vec<gpunet_core::JobState>,
     /// Only jobs this user submitted.
     pub(crate) user: Option<String>,
     /// Ids above this (oldest first).
@@ -680,13 +680,15 @@ impl Owner {
 
     /// Lists job `id` (and an element's array) in its state now.
     pub(crate) fn relist(&mut self, id: u64) {
+        self.relist_one(id);
+        if let Some((a, _)) = self.st.job(JobId(id)).and_then(|j| j.array_of) {
+            self.relist_one(a.0);
+        }
+    }
+
+    fn relist_one(&mut self, id: u64) {
         if let Some(s) = self.state_of(id) {
             self.docs.set_state(id, s);
-        }
-        if let Some((a, _)) = self.st.job(JobId(id)).and_then(|j| j.array_of) {
-            if let Some(s) = self.state_of(a.0) {
-                self.docs.set_state(a.0, s);
-            }
         }
     }
 
@@ -711,19 +713,22 @@ impl Owner {
         let _ = self.st.take_changed();
         let ids: Vec<u64> = self.docs.keys().copied().collect();
         for id in ids {
-            if let Some(s) = self.state_of(id) {
-                self.docs.set_state(id, s);
-            }
+            self.relist_one(id);
         }
+    }
+
+    /// The core's jobs `w` takes, by id, with their documents (an array's parent, not the core's, is left out; so is
+    /// a job whose state the core changed since it was listed, until it is listed again).
+    pub(crate) fn listed<'a>(&'a self, w: Which<'a>) -> impl Iterator<Item = (u64, &'a JobDoc, &'a Job)> + 'a {
+        self.docs.ids(w, doc::Walk::After(0)).filter_map(move |id| {
+            let (d, j) = (self.docs.get(&id)?, self.st.job(JobId(id))?);
+            (w.states.is_empty() || w.states.contains(&j.state)).then_some((id, d, j))
+        })
     }
 
     /// A job's state now: the core's, an array's summary, else the document's.
     pub(crate) fn state_of(&self, id: u64) -> Option<gpunet_core::JobState> {
-        if let Some(a) = self.st.array(JobId(id)) {
-            return Some(a.state);
-        }
-        let d = self.docs.get(&id)?;
-        Some(d.live_state(&self.st, id))
+        self.docs.get(&id).map(|d| self.live_of(id, d))
     }
 
     fn sync_doc(&mut self, id: u64) {

@@ -4,7 +4,7 @@
 use super::{Owner, Reply};
 use crate::{now_ms, Principal};
 use gpunet_api::types::*;
-use gpunet_core::{JobId, JobState};
+use gpunet_core::JobState;
 use gpunet_store::UsageRow;
 use std::collections::BTreeMap;
 
@@ -42,14 +42,8 @@ impl Owner {
         };
         // The running jobs' list, not a walk of every job.
         let rows = self
-            .docs
-            .ids(
-                super::doc::Which { tenant, states: &[JobState::Running], ..Default::default() },
-                super::doc::Walk::After(0),
-            )
-            .filter_map(|id| Some((self.docs.get(&id)?, self.st.job(JobId(id))?)))
-            .filter(|(_, j)| j.state == JobState::Running)
-            .flat_map(|(d, j)| self.usage_rows(j, d, now))
+            .listed(super::doc::Which { tenant, states: &[JobState::Running], ..Default::default() })
+            .flat_map(|(_, d, j)| self.usage_rows(j, d, now))
             .collect();
         let _ = reply.send(Ok(rows));
     }

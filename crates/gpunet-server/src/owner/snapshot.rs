@@ -83,7 +83,7 @@ pub(crate) enum Explained {
     Queued(Box<Explain>),
     /// It is not queued (any more): the owner explains it.
     NotQueued,
-    /// No build had it within [`READ_WAIT`].
+    /// No build had it within [`EXPLAIN_WAIT`].
     Late,
 }
 
@@ -102,9 +102,7 @@ impl QueueSnapshot {
             as_of_ms: Some(self.at_ms),
         }
     }
-}
 
-impl QueueSnapshot {
     fn explanation(&self, id: u64, admin: bool) -> Option<Explained> {
         Some(match self.explained.get(&id)? {
             None => Explained::NotQueued,
@@ -189,26 +187,46 @@ impl Reader {
     /// after [`READ_WAIT`], the latest).
     pub(crate) async fn fresh(&self, token: &str) -> Arc<QueueSnapshot> {
         // At least the first build (the channel starts with an empty placeholder, change number 0).
-        let want = self.written.lock().expect("written lock").get(token).copied().unwrap_or(0).max(1);
+        let want = self.written_by(token).max(1);
+        self.first(want, READ_WAIT, false, |s| Some(s.clone())).await.unwrap_or_else(|latest| latest)
+    }
+
+    /// The change number when the token of hash `token` last changed something (0: never).
+    fn written_by(&self, token: &str) -> u64 {
+        self.written.lock().expect("written lock").get(token).copied().unwrap_or(0)
+    }
+
+    /// What `pick` finds in the first snapshot built at or after change number `want` where it finds anything, waiting
+    /// at most `wait` (then the latest snapshot, as the error). While it waits it brings the next build forward; with
+    /// `asking` (a `why` asked about jobs a build must explain) even when nothing changed.
+    async fn first<T>(
+        &self,
+        want: u64,
+        wait: Duration,
+        asking: bool,
+        pick: impl Fn(&Arc<QueueSnapshot>) -> Option<T>,
+    ) -> Result<T, Arc<QueueSnapshot>> {
         let mut rx = self.rx.clone();
-        let deadline = tokio::time::Instant::now() + READ_WAIT;
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             let s = rx.borrow_and_update().clone();
-            if s.seq >= want {
-                return s;
+            if let Some(t) = Some(&s).filter(|s| s.seq >= want).and_then(&pick) {
+                return Ok(t);
             }
-            if self.wanted.fetch_max(want, Ordering::AcqRel) < want {
+            let raised = self.wanted.fetch_max(want, Ordering::AcqRel) < want;
+            if asking {
+                self.asked.waiting.store(true, Ordering::Release);
+            }
+            if raised || asking {
                 self.wake.notify_one();
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => continue,
-                _ => return s,
+                _ => return Err(s),
             }
         }
     }
-}
 
-impl Reader {
     /// Why queued job `id` (of `tenant`) waits, for an admin or (`admin` false) for its own tenant, from the first
     /// build that explains it, was built at or after change number `at_least`, and has every change answered to the
     /// token of hash `token` before this call; [`Explained::Late`] after [`EXPLAIN_WAIT`].
@@ -235,26 +253,8 @@ impl Reader {
             }
             when.insert(id, (Instant::now(), tenant.to_string()));
         }
-        let own = self.written.lock().expect("written lock").get(token).copied().unwrap_or(0);
-        let want = own.max(at_least).max(1);
-        let mut rx = self.rx.clone();
-        let deadline = tokio::time::Instant::now() + EXPLAIN_WAIT;
-        loop {
-            let s = rx.borrow_and_update().clone();
-            if s.seq >= want {
-                if let Some(e) = s.explanation(id, admin) {
-                    return e;
-                }
-            }
-            // A build soon: one explains what was asked, whether anything changed or not.
-            self.wanted.fetch_max(want, Ordering::AcqRel);
-            self.asked.waiting.store(true, Ordering::Release);
-            self.wake.notify_one();
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => continue,
-                _ => return Explained::Late,
-            }
-        }
+        let want = self.written_by(token).max(at_least).max(1);
+        self.first(want, EXPLAIN_WAIT, true, |s| s.explanation(id, admin)).await.unwrap_or(Explained::Late)
     }
 
     /// The owner's change number now.
