@@ -68,6 +68,6 @@ pub use schedule::{
     dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable, queue_order, schedule,
     schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
 };
-pub use state::{ClusterState, NodeView};
+pub use state::{ClusterState, NodeView, TenantWaiting};
 pub use tenant::{Quota, TenantSpec};
 pub use units::{Dur, MiB, MilliCpu, Resources, Time};

@@ -50,6 +50,41 @@ pub(crate) fn never_runs(state: &ClusterState, spec: &JobSpec) -> Option<String>
     crate::schedule::never_fits(state, spec)
 }
 
+/// What a tenant's queued keys (its queue and its parked set together) add up to, kept as keys enter and leave so
+/// that `/metrics` reads each tenant's waiting jobs, GPUs and oldest submission (the first key of a map) instead of
+/// walking a queue that may hold a million jobs. The submissions are counted per millisecond (a key's `minor` is its
+/// submission time under every policy), so a burst of submissions costs one entry per millisecond.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    gpus: u64,
+    submitted: std::collections::BTreeMap<u64, u32>,
+}
+
+impl Waiting {
+    pub(crate) fn add(&mut self, k: &QueueKey) {
+        self.gpus += k.gpus;
+        *self.submitted.entry(k.minor).or_default() += 1;
+    }
+
+    fn remove(&mut self, k: &QueueKey) {
+        self.gpus -= k.gpus;
+        if let std::collections::btree_map::Entry::Occupied(mut e) = self.submitted.entry(k.minor) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    pub(crate) fn gpus(&self) -> u64 {
+        self.gpus
+    }
+
+    pub(crate) fn oldest(&self) -> Option<crate::units::Time> {
+        self.submitted.keys().next().map(|t| crate::units::Time(*t))
+    }
+}
+
 impl ClusterState {
     /// Puts a queued job's key in its tenant's queue, or among the parked when its shape can never fit. `spec` is
     /// the job's (`None`: the job's entry in the state holds it).
@@ -67,11 +102,18 @@ impl ClusterState {
                 None => false,
             },
         };
-        if never {
-            self.tenants[tenant.index()].parked.insert(k);
-            self.parking.by_shape.entry(shape).or_default().insert(k.job);
+        let t = &mut self.tenants[tenant.index()];
+        let fresh = if never {
+            !t.queue.contains(&k) && t.parked.insert(k)
         } else {
-            self.tenants[tenant.index()].queue.insert(k);
+            !t.parked.contains(&k) && t.queue.insert(k)
+        };
+        debug_assert!(fresh, "{} queued twice", k.job);
+        if fresh {
+            t.waiting.add(&k);
+        }
+        if never && fresh {
+            self.parking.by_shape.entry(shape).or_default().insert(k.job);
         }
     }
 
@@ -79,11 +121,13 @@ impl ClusterState {
     pub(crate) fn queue_remove(&mut self, tenant: TenantId, k: &QueueKey) -> bool {
         let t = &mut self.tenants[tenant.index()];
         if t.queue.remove(k) {
+            t.waiting.remove(k);
             return true;
         }
         if !t.parked.remove(k) {
             return false;
         }
+        t.waiting.remove(k);
         let shape = k.shape();
         if let Some(s) = self.parking.by_shape.get_mut(&shape) {
             s.remove(&k.job);
@@ -164,6 +208,62 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
+
+    /// What a tenant's queue holds is kept as jobs enter and leave it: parked or not, held jobs apart, started and
+    /// cancelled jobs gone, a preempted job back with its first submission time.
+    #[test]
+    fn a_tenants_waiting_jobs_gpus_and_oldest_submission_are_kept_as_its_queue_changes() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a", "b"]);
+        let w = |s: &ClusterState, t: u32| {
+            let w = s.tenant_waiting(TenantId(t));
+            (w.jobs, w.gpus, w.oldest_submitted.map(|t| t.0 / 1000))
+        };
+        assert_eq!(w(&s, 0), (0, 0, None));
+        submit(&mut s, 1, JobSpec::new(t0(), "two", 2, 1), 10);
+        submit(&mut s, 2, JobSpec::new(t0(), "big", 8, 1), 20); // parked: no node has 8 GPUs
+        submit(&mut s, 3, JobSpec::new(t0(), "one", 1, 1), 30);
+        submit(&mut s, 4, JobSpec::new(TenantId(1), "other", 1, 1), 40);
+        assert_eq!(s.parked_count(), 1);
+        assert_eq!(w(&s, 0), (3, 11, Some(10)));
+        assert_eq!(w(&s, 1), (1, 1, Some(40)));
+        s.hold(JobId(3)).unwrap();
+        assert_eq!(w(&s, 0), (2, 10, Some(10)));
+        // Job 1 starts (2 GPUs): the oldest waiting is now the parked one.
+        assert_eq!(started(&s.step(Time::from_secs(50)).unwrap()), vec![1]);
+        assert_eq!(w(&s, 0), (1, 8, Some(20)));
+        s.cancel(JobId(2), Time::from_secs(60)).unwrap();
+        s.release_hold(JobId(3), Time::from_secs(61)).unwrap();
+        assert_eq!(w(&s, 0), (1, 1, Some(30)));
+        s.check_invariants().unwrap();
+        // A preempted job waits again under its first submission time.
+        s.evict(JobId(1), Time::from_secs(70)).unwrap();
+        assert_eq!(w(&s, 0).0, 2);
+        assert_eq!(w(&s, 0).2, Some(10));
+        s.check_invariants().unwrap();
+        // A parked job moved back to the queue by a larger node stays counted once.
+        submit(&mut s, 5, JobSpec::new(t0(), "big", 8, 1), 80);
+        assert_eq!((s.parked_count(), w(&s, 0)), (1, (3, 11, Some(10))));
+        s.add_node(node("large", GpuModel::T4, 8)).unwrap();
+        assert_eq!((s.parked_count(), w(&s, 0)), (0, (3, 11, Some(10))));
+        s.check_invariants().unwrap();
+    }
+
+    /// A new configuration sorts the queues again from the queued jobs, less the held ones and those waiting for a
+    /// dependency (in no queue): a held job stays out of the queue, and is not started, until released.
+    #[test]
+    fn a_new_configuration_leaves_held_jobs_out_of_the_queues() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "held", 1, 1), 1);
+        submit(&mut s, 2, JobSpec::new(t0(), "free", 1, 1), 2);
+        s.hold(JobId(1)).unwrap();
+        s.set_config(cfg(Policy::Sjf)).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(s.tenant_waiting(t0()).jobs, 1);
+        assert_eq!(started(&s.step(Time::from_secs(3)).unwrap()), vec![2]);
+        s.release_hold(JobId(1), Time::from_secs(4)).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(5)).unwrap()), vec![1]);
+    }
 
     #[test]
     fn jobs_of_an_empty_cluster_are_parked_and_start_when_a_node_comes() {

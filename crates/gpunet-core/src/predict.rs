@@ -68,6 +68,7 @@ impl ClusterState {
                 spec: t.spec.clone(),
                 queue: BTreeSet::new(),
                 parked: BTreeSet::new(),
+                waiting: Default::default(),
                 decayed_gpu_ms: t.decayed_gpu_ms,
                 usage_as_of: t.usage_as_of,
             })
@@ -76,6 +77,7 @@ impl ClusterState {
         for (t, k) in &prefix {
             keep(&k.job);
             tenants[t.index()].queue.insert(*k);
+            tenants[t.index()].waiting.add(k);
             queued_no_gpu += usize::from(self.jobs[&k.job].spec.task.gpus == 0);
         }
         let preempting_for = self.preempting_for.iter().copied().filter(|id| jobs.contains_key(id)).collect();

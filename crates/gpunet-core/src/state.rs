@@ -49,9 +49,22 @@ pub(crate) struct TenantEntry {
     pub(crate) queue: BTreeSet<QueueKey>,
     /// Queued jobs no node could ever hold, out of the pass's walk (see [`crate::park`]).
     pub(crate) parked: BTreeSet<QueueKey>,
+    /// What `queue` and `parked` hold together, kept as keys enter and leave them (see [`crate::park::Waiting`]).
+    pub(crate) waiting: crate::park::Waiting,
     /// Decayed GPU-ms of past usage as of `usage_as_of`.
     pub(crate) decayed_gpu_ms: f64,
     pub(crate) usage_as_of: Time,
+}
+
+/// What a tenant's queue holds ([`ClusterState::tenant_waiting`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantWaiting {
+    /// Jobs in its queue (pending, preempted, restarting; not held, not waiting for a dependency).
+    pub jobs: usize,
+    /// Whole GPUs those jobs ask for, each at its minimum size.
+    pub gpus: u64,
+    /// The earliest submission among them.
+    pub oldest_submitted: Option<Time>,
 }
 
 /// What victim selection needs of a running job, kept compact for a linear scan.
@@ -248,12 +261,14 @@ impl ClusterState {
         for t in &mut self.tenants {
             t.queue.clear();
             t.parked.clear();
+            t.waiting = Default::default();
         }
         self.parking = Default::default();
+        // The jobs in a queue: queued ones, less the held and those waiting for a dependency (in no queue).
         let keys: Vec<(TenantId, QueueKey)> = self
             .jobs
             .values()
-            .filter(|j| j.state.is_queued())
+            .filter(|j| j.state.is_queued() && !self.held.contains(&j.id) && !self.dep_waiting.contains(&j.id))
             .map(|j| (j.spec.tenant, queue_key(&self.cfg, j)))
             .collect();
         for (t, k) in keys {
@@ -384,6 +399,7 @@ impl ClusterState {
             spec,
             queue: BTreeSet::new(),
             parked: BTreeSet::new(),
+            waiting: Default::default(),
             decayed_gpu_ms: 0.0,
             usage_as_of: Time::ZERO,
         });
@@ -599,6 +615,16 @@ impl ClusterState {
         self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len() + t.parked.len())
             + self.tenant_dependency_waiting(tenant)
             + self.tenant_held(tenant)
+    }
+
+    /// What a tenant's queue holds (pending, preempted and restarting jobs; not held ones, nor those waiting for a
+    /// dependency), without walking it: the figures `/metrics` shows for each tenant at every scrape, whatever the depth.
+    pub fn tenant_waiting(&self, tenant: TenantId) -> TenantWaiting {
+        self.tenants.get(tenant.index()).map_or_else(TenantWaiting::default, |t| TenantWaiting {
+            jobs: t.queue.len() + t.parked.len(),
+            gpus: t.waiting.gpus(),
+            oldest_submitted: t.waiting.oldest(),
+        })
     }
 
     /// Running jobs.
@@ -1248,6 +1274,13 @@ impl ClusterState {
         }
         if queued != self.queued {
             return Err(format!("queued count {} but {queued} jobs are queued", self.queued));
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            let mut real = crate::park::Waiting::default();
+            t.queue.iter().chain(&t.parked).for_each(|k| real.add(k));
+            if real != t.waiting {
+                return Err(format!("tenant-{i}: its queue holds {real:?} but {:?} is kept", t.waiting));
+            }
         }
         let running = self.jobs.values().filter(|j| j.state == JobState::Running).count();
         let rows_ok = (0..2)

@@ -55,6 +55,8 @@ pub struct AppState {
     pub(crate) leader: Option<(u64, String)>,
     /// The queue view the owner publishes (`owner/snapshot.rs`).
     pub(crate) queue: crate::owner::snapshot::Reader,
+    /// Where reads make their answers, at lower CPU priority (`reads.rs`).
+    pub(crate) reads: crate::reads::Lane,
 }
 
 /// Body limit of routes that take a small document (tenants, quotas, node registration).
@@ -392,15 +394,20 @@ async fn list_jobs(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQue
         newest,
         limit: limit_param(&q, 1000, 100)?,
     };
-    let r = ask(&st, |reply| Cmd::List { who: p, filter, reply }).await?;
-    Ok(json(StatusCode::OK, r))
+    // The owner gathers the page; its submissions are parsed, and the page written, on the read lane. The read's
+    // place there is held until the lane has answered, even if the client has gone.
+    let admitted = st.reads.admit(&p).await;
+    let page = ask(&st, |reply| Cmd::List { who: p, filter, reply }).await?;
+    Ok(st.reads.json(StatusCode::OK, admitted, move || page.parse()).await?)
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job", body = JobView)))]
 async fn get_job(State(st): State<AppState>, h: HeaderMap, Path(id): Path<String>) -> R<Response> {
     let p = user(&st, &h)?;
     let id = parse_id(&id)?;
-    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Get { who: p, id, reply }).await?))
+    let admitted = st.reads.admit(&p).await;
+    let job = ask(&st, |reply| Cmd::Get { who: p, id, reply }).await?;
+    Ok(st.reads.json(StatusCode::OK, admitted, move || job.parse()).await?)
 }
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", summary = "Cancel a job (or a whole array)", params(("id" = String, Path, description = "A job: 42, job-42, or an array element 42[3]")), responses((status = 200, description = "The job after the cancel", body = JobView)))]
@@ -916,9 +923,9 @@ async fn job_logs(
         Some("true") | Some("1") | Some("") => true,
         Some(v) => return Err(Fail(ApiError::invalid("follow", v, "true or false"))),
     };
-    let job = ask(&st, |reply| Cmd::Get { who: p.clone(), id, reply }).await?;
-    if rank >= job.tasks.max(1) {
-        return Err(Fail(ApiError::invalid("rank", &rank.to_string(), &format!("0 to {}", job.tasks.max(1) - 1))));
+    let tasks = ask(&st, |reply| Cmd::Get { who: p.clone(), id, reply }).await?.tasks();
+    if rank >= tasks.max(1) {
+        return Err(Fail(ApiError::invalid("rank", &rank.to_string(), &format!("0 to {}", tasks.max(1) - 1))));
     }
     let dir = st.logs_dir.join(format!("job-{id}"));
     // The latest attempt of the rank that has a log.
@@ -968,8 +975,10 @@ async fn job_logs(
             if f.ending {
                 return None;
             }
-            let state =
-                ask(&f.st, |reply| Cmd::Get { who: f.p.clone(), id, reply }).await.map(|j| j.state).unwrap_or_default();
+            let state = ask(&f.st, |reply| Cmd::Get { who: f.p.clone(), id, reply })
+                .await
+                .map(|j| j.state().to_string())
+                .unwrap_or_default();
             if ["succeeded", "failed", "cancelled", ""].contains(&state.as_str()) {
                 // One last look for output shipped with the exit.
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -1000,7 +1009,9 @@ async fn queue_view(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQu
     let p = user_of(cred_of(&st, &token)?.who)?;
     let q = query(&q, &["limit"])?;
     let limit = limit_param(&q, crate::owner::snapshot::QUEUE_ROWS, 50)?;
-    Ok(json(StatusCode::OK, st.queue.fresh(&token).await.view(&p, limit)))
+    let snapshot = st.queue.fresh(&token).await;
+    let admitted = st.reads.admit(&p).await;
+    Ok(st.reads.json(StatusCode::OK, admitted, move || snapshot.view(&p, limit)).await?)
 }
 
 /// `GET /v1/cluster/history`: allocation and queue length sampled every 15 s over the last 12 hours.

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod owner;
 pub mod portal;
+mod reads;
 pub mod tls;
 pub mod tokens;
 
@@ -389,6 +390,7 @@ pub fn build(
         owner,
         leader: None,
         queue,
+        reads: reads::Lane::start(),
     };
     Ok((app, gen_admin, gen_join))
 }

@@ -409,20 +409,6 @@ pub(crate) fn gauges(o: &Owner) -> String {
 /// Per tenant: allocation against quota, pending work, the oldest pending job's age, and GPU-seconds used.
 fn tenant_gauges(o: &Owner, s: &mut String) {
     let now = crate::now_ms();
-    // Pending jobs, their GPUs and the oldest submission, from the live state (the lists of queued jobs, not every
-    // job: ended ones are most). A held job, or one waiting for a dependency, is in no queue: it is not starving, and
-    // it is counted apart.
-    let queued: Vec<JobState> = crate::owner::STATES.into_iter().filter(|s| s.is_queued()).collect();
-    let mut pending: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
-    for (_, d, j) in o.listed(Which { states: &queued, ..Default::default() }) {
-        if o.st.is_held(j.id) || o.st.is_dependency_waiting(j.id) {
-            continue;
-        }
-        let e = pending.entry(&*d.tenant).or_insert((0, 0, now));
-        e.0 += 1;
-        e.1 += u64::from(j.spec.total_gpus());
-        e.2 = e.2.min(j.submitted.0);
-    }
     // GPU-seconds and cost: ended runs (kept by the metrics) plus running jobs so far, as `/v1/usage` bills them.
     let mut used = o.metrics.tenant_used.lock().expect("tenant usage").clone();
     for (_, d, j) in o.listed(Which { states: &[JobState::Running], ..Default::default() }) {
@@ -445,7 +431,11 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
                 .as_ref()
                 .and_then(|q| q.dims[gpunet_core::tenant::DIM_GPUS])
                 .map(|l| (l.guarantee, l.limit));
-            let p = pending.get(name.as_str()).copied().unwrap_or((0, 0, now));
+            // Pending jobs, their GPUs and the oldest submission, as the core keeps them per tenant (O(1), not a walk of
+            // the queue). A held job, or one waiting for a dependency, is in no queue: it is not starving, and it is
+            // counted apart.
+            let w = o.st.tenant_waiting(id);
+            let p = (w.jobs as u64, w.gpus, w.oldest_submitted.map_or(now, |t| t.0));
             let parked = (o.st.tenant_held(id), o.st.tenant_dependency_waiting(id));
             Some((name.as_str(), alloc, q, p, used.get(name).copied().unwrap_or_default(), parked))
         })
@@ -474,7 +464,7 @@ fn tenant_gauges(o: &Owner, s: &mut String) {
         ("gpunet_tenant_dependency_waiting_jobs", "gauge", "The tenant's jobs waiting for their dependencies.", |r| {
             Some(r.5 .1 as f64)
         }),
-        ("gpunet_tenant_pending_gpus", "gauge", "GPUs the tenant's waiting jobs ask for.", |r| Some(r.3 .1 as f64)),
+        ("gpunet_tenant_pending_gpus", "gauge", "GPUs the tenant's waiting jobs ask for (each at its minimum size).", |r| Some(r.3 .1 as f64)),
         (
             "gpunet_tenant_oldest_pending_seconds",
             "gauge",

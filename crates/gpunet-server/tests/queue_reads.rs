@@ -90,8 +90,11 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     let last = page["jobs"][0]["id"].as_u64().unwrap();
     // Readers poll, without pause: the queue as the admin and as the tenant (a tenant's view once walked the whole
     // queue); the tenant's job list, whole and by state (each once counted every job on the owner); the cluster
-    // summary (once a walk of every job); and why the last job waits (once a scheduling pass on the owner).
+    // summary (once a walk of every job); why the last job waits (once a scheduling pass on the owner); the largest
+    // page of jobs and one job (their submissions are parsed and their JSON written on the read lane, `reads.rs`);
+    // and the metrics.
     let why = format!("/v1/jobs/{last}/explain");
+    let one = format!("/v1/jobs/{last}");
     let paths = [
         ("admin", "/v1/queue?limit=50"),
         (t.as_str(), "/v1/queue?limit=50"),
@@ -99,6 +102,10 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
         (t.as_str(), "/v1/jobs?state=running,succeeded&limit=50"),
         ("admin", "/v1/cluster"),
         (t.as_str(), why.as_str()),
+        (t.as_str(), "/v1/jobs?limit=1000"),
+        (t.as_str(), one.as_str()),
+        // Prometheus' scrape: its per-tenant pending gauges once walked every queued job on the owner.
+        ("admin", "/metrics"),
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
@@ -116,6 +123,19 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
                 }
                 if path.contains("state=running") {
                     assert_eq!(v["total"], 1, "one job runs: {v}");
+                }
+                if path.contains("limit=1000") {
+                    let jobs = v["jobs"].as_array().unwrap();
+                    assert_eq!(jobs.len(), 1000);
+                    // Each submission comes back whole (parsed from its packed text on the read lane).
+                    assert!(
+                        jobs.iter().all(|j| j["spec"]["name"] == j["name"] && j["spec"]["gpus"] == 1),
+                        "{}",
+                        jobs[0]
+                    );
+                }
+                if path == format!("/v1/jobs/{last}") {
+                    assert_eq!((v["id"].as_u64(), v["spec"]["gpus"].as_u64()), (Some(last), Some(1)), "{v}");
                 }
                 if path.ends_with("/explain") {
                     assert_eq!(v["state"], "pending", "{v}");
@@ -148,6 +168,21 @@ async fn readers_polling_a_deep_queue_do_not_stall_submissions() {
     // queued jobs held every submission behind it for far longer.
     assert!(p99 < Duration::from_millis(400), "p99 {p99:?} (p50 {p50:?})");
     assert!(n >= 10, "the readers read {n} times");
+    // The tenant's pending gauges, kept by the core as jobs enter and leave its queue (not walked at each scrape).
+    let r = Request::builder().uri("/metrics").header("authorization", "Bearer admin").body(Body::empty()).unwrap();
+    let text = axum::body::to_bytes(app.clone().oneshot(r).await.unwrap().into_body(), 1 << 24).await.unwrap();
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    let gauge = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{tenant=\"t\"}} ")))
+            .unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // 30,000 batched and 300 single 1-GPU jobs, one of which runs.
+    assert_eq!(gauge("gpunet_tenant_pending_jobs"), 30_299.0);
+    assert_eq!(gauge("gpunet_tenant_pending_gpus"), 30_299.0);
+    assert!(gauge("gpunet_tenant_oldest_pending_seconds") >= 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

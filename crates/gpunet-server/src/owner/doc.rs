@@ -9,7 +9,7 @@
 
 use super::utilisation;
 use gpunet_api::spec::JobSubmission;
-use gpunet_api::types::AttemptView;
+use gpunet_api::types::{AttemptView, JobPage, JobView};
 use gpunet_core::job::RunInfo;
 use gpunet_core::{ClusterState, Job, JobId, JobState, Prediction};
 use serde::{Deserialize, Serialize};
@@ -297,6 +297,7 @@ impl JobDoc {
     }
 
     /// The state it is listed in ([`Docs`]).
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn listed(&self) -> JobState {
         self.listed
     }
@@ -438,6 +439,67 @@ static DEFAULTS: std::sync::LazyLock<serde_json::Map<String, serde_json::Value>>
         _ => unreachable!("a submission serialises as an object"),
     }
 });
+
+/// A submission with only an empty name: what a view holds until its packed submission is parsed ([`Unparsed`]);
+/// cloning it allocates nothing.
+static EMPTY: std::sync::LazyLock<JobSubmission> =
+    std::sync::LazyLock::new(|| serde_json::from_str(r#"{"name":""}"#).expect("a submission needs only a name"));
+
+/// A job's view as the owner gathers it, with its submission still packed: parsing the submission is most of what a
+/// view costs, so the reader parses it ([`Unparsed::parse`]), off the owner (`GET /v1/jobs` and `GET /v1/jobs/{id}`).
+#[derive(Debug)]
+pub(crate) struct Unparsed {
+    view: JobView,
+    spec: Packed,
+}
+
+impl Unparsed {
+    /// `view` (whose `spec`, [`Unparsed::empty`] until parsed, is replaced when parsed) with the packed submission
+    /// `spec`. The view is never handed out before [`Unparsed::parse`].
+    pub(crate) fn new(view: JobView, spec: Packed) -> Unparsed {
+        Unparsed { view, spec }
+    }
+
+    /// What a view's `spec` holds until it is parsed.
+    pub(crate) fn empty() -> JobSubmission {
+        EMPTY.clone()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.view.id
+    }
+
+    /// Its tasks (known without parsing the submission).
+    pub(crate) fn tasks(&self) -> u32 {
+        self.view.tasks
+    }
+
+    /// Its state.
+    pub(crate) fn state(&self) -> &str {
+        &self.view.state
+    }
+
+    /// The view, its submission parsed.
+    pub(crate) fn parse(self) -> JobView {
+        let Unparsed { mut view, spec } = self;
+        view.spec = spec.get();
+        view
+    }
+}
+
+/// A page of [`Unparsed`] views.
+#[derive(Debug)]
+pub(crate) struct UnparsedPage {
+    pub(crate) jobs: Vec<Unparsed>,
+    pub(crate) next: Option<u64>,
+    pub(crate) total: usize,
+}
+
+impl UnparsedPage {
+    pub(crate) fn parse(self) -> JobPage {
+        JobPage { jobs: self.jobs.into_iter().map(Unparsed::parse).collect(), next: self.next, total: self.total }
+    }
+}
 
 impl Packed {
     pub(crate) fn new(sub: &JobSubmission) -> Packed {

@@ -3,7 +3,7 @@
 //! per-tenant limits on queued jobs and spec bytes.
 
 use super::doc::{Walk, Which};
-use super::{not_found, Applier, JobDoc, JobFilter, More, Owner, Packed, Reply, OTHER_JOB};
+use super::{not_found, Applier, JobDoc, JobFilter, More, Owner, Packed, Reply, Unparsed, UnparsedPage, OTHER_JOB};
 use crate::{now_ms, Principal};
 use gpunet_api::spec::JobSubmission;
 use gpunet_api::types::*;
@@ -236,17 +236,17 @@ impl Owner {
     }
 
     /// One job, if `who` may see it.
-    pub(super) fn get_job(&mut self, who: Principal, id: u64, reply: Reply<JobView>) {
+    pub(super) fn get_job(&mut self, who: Principal, id: u64, reply: Reply<Unparsed>) {
         let r = match self.docs.get(&id) {
             None => Err(not_found("job", &id.to_string())),
-            Some(d) => self.visible(&who, id, d).map(|_| self.view(id).expect("present")),
+            Some(d) => self.visible(&who, id, d).map(|_| self.unparsed(id).expect("present")),
         };
         let _ = reply.send(r);
     }
 
     /// A page of the jobs `who` may see: by id after `after`, or newest first below `before`; with the count of all
     /// that match.
-    pub(super) fn list_jobs(&mut self, who: Principal, f: JobFilter, reply: Reply<JobPage>) {
+    pub(super) fn list_jobs(&mut self, who: Principal, f: JobFilter, reply: Reply<UnparsedPage>) {
         let tenant = match (&who, f.tenant) {
             (Principal::Tenant(t), Some(x)) if x != *t => {
                 let _ = reply.send(Err(ApiError::new("forbidden", "a tenant token lists only its own jobs")));
@@ -268,14 +268,14 @@ impl Owner {
         let mut next = None;
         for id in self.docs.ids(which, walk) {
             if jobs.len() == f.limit {
-                next = jobs.last().map(|v: &JobView| v.id);
+                next = jobs.last().map(|v: &Unparsed| v.id());
                 break;
             }
-            jobs.push(self.view(id).expect("present"));
+            jobs.push(self.unparsed(id).expect("present"));
         }
         // Over every page, so that a listing can say how many it does not show: from the lists' sizes.
         let total = self.docs.count(which);
-        let _ = reply.send(Ok(JobPage { jobs, next, total }));
+        let _ = reply.send(Ok(UnparsedPage { jobs, next, total }));
     }
 
     /// Cancels a queued job, or asks a running one to stop.

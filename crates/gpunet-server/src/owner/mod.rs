@@ -22,7 +22,7 @@ pub(crate) mod snapshot;
 mod tenants;
 mod utilisation;
 
-pub(crate) use doc::{JobDoc, More, Packed, Which, STATES};
+pub(crate) use doc::{JobDoc, More, Packed, Unparsed, UnparsedPage, Which, STATES};
 pub(crate) use jobs::Why;
 pub(crate) use tenants::quota_from_request;
 
@@ -64,15 +64,17 @@ pub(crate) enum Cmd {
         warnings: Vec<String>,
         reply: Reply<jobs::DryRunWork>,
     },
+    /// One job's view, its submission left for the reader to parse.
     Get {
         who: Principal,
         id: u64,
-        reply: Reply<JobView>,
+        reply: Reply<Unparsed>,
     },
+    /// A page of views, their submissions left for the reader to parse.
     List {
         who: Principal,
         filter: JobFilter,
-        reply: Reply<JobPage>,
+        reply: Reply<UnparsedPage>,
     },
     Cancel {
         who: Principal,
@@ -611,11 +613,16 @@ impl Owner {
     }
 
     fn view(&self, id: u64) -> Option<JobView> {
+        self.unparsed(id).map(Unparsed::parse)
+    }
+
+    /// A job's view with its submission still packed (the reader parses it, off the owner).
+    fn unparsed(&self, id: u64) -> Option<Unparsed> {
         let d = self.docs.get(&id)?;
         let j = d.job(&self.st, id)?;
         // A finished job shows where and when its last attempt ran; a queued one, nothing.
         let last = j.run.as_deref().or(if j.state.is_terminal() { d.more().last_run.as_ref() } else { None });
-        Some(JobView {
+        let view = JobView {
             id,
             name: j.spec.name.clone(),
             tenant: d.tenant.to_string(),
@@ -633,7 +640,7 @@ impl Owner {
             stopping: self.stopping_of(j),
             placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
             warnings: d.more().warnings.clone(),
-            spec: d.submission.get(),
+            spec: Unparsed::empty(),
             array: self.st.array(JobId(id)).map(|a| ArrayProgress {
                 total: a.total,
                 expanded: a.expanded,
@@ -649,7 +656,8 @@ impl Owner {
             held: self.st.is_held(JobId(id)),
             attempts: d.more().attempts.clone(),
             estimate: self.estimate_view(j, d),
-        })
+        };
+        Some(Unparsed::new(view, d.submission.clone()))
     }
 
     /// Why a running job is being stopped, if it is. An array being cancelled is stopping as a job is:
