@@ -16,8 +16,9 @@
 //! whole state recovered from it (jobs, nodes, tenants, tokens, idempotency keys); a standby keeps nothing in memory.
 //! It ends when the lease is lost (another replica took over, or this one could not renew in time): the gate stops
 //! passing requests at once, the owner task is ended, and anything it still sends to the database is refused by the
-//! epoch. Agents keep their tasks running meanwhile and tell the new leader what runs (their sync is
-//! level-triggered), so a failover restarts nothing.
+//! epoch. It ends too when its store refused a write (after which it refuses every later one): the lease is given up
+//! so that another replica, or this one with new connections, takes over. Agents keep their tasks running meanwhile
+//! and tell the new leader what runs (their sync is level-triggered), so a failover restarts nothing.
 
 use crate::{acceptor, bind, build, http, listen, Config, Running, ServerError};
 use axum::extract::{Request, State};
@@ -121,7 +122,8 @@ pub async fn start_ha(cfg: Config, ha: HaConfig) -> Result<Running, ServerError>
     .await
     .map_err(|e| ServerError::Recover { what: "the leader election".into(), reason: e.to_string() })??;
     let gate = Arc::new(Gate { role: role_rx.clone(), term: Mutex::new(None), me: ha.lease.address.clone() });
-    let supervisor = tokio::spawn(supervise(cfg.clone(), ha.clone(), gate.clone(), role_rx.clone()));
+    let supervisor =
+        tokio::spawn(supervise(cfg.clone(), ha.clone(), gate.clone(), role_rx.clone(), elector.resigner()));
     let (stx, srx) = tokio::sync::oneshot::channel::<()>();
     let router = Router::new().fallback(gate_request).with_state(gate.clone());
     let scheme = if acceptor.is_some() { "https" } else { "http" };
@@ -158,11 +160,22 @@ pub async fn start_ha(cfg: Config, ha: HaConfig) -> Result<Running, ServerError>
 }
 
 /// Follows the role: begins a term when elected (recovering the state from the store at the term's epoch), ends it
-/// when the lease is lost.
-async fn supervise(cfg: Config, ha: HaConfig, gate: Arc<Gate>, mut role: watch::Receiver<Role>) {
+/// when the lease is lost. A term whose store refused a write (its connection to the database broke mid-commit, say:
+/// the store then refuses every later write, so that what is stored stays an exact prefix of what was acknowledged)
+/// cannot change anything any more: it is ended and its lease given up, so that another replica — or this one, with
+/// new connections, after two polls — takes over and serves.
+async fn supervise(
+    cfg: Config,
+    ha: HaConfig,
+    gate: Arc<Gate>,
+    mut role: watch::Receiver<Role>,
+    resigner: gpunet_store::pg_lease::Resigner,
+) {
+    let mut resigned = None;
     loop {
         let now = role.borrow_and_update().clone();
         match now {
+            Role::Leader { epoch, .. } if resigned == Some(epoch) => {}
             Role::Leader { epoch, .. } => {
                 let current = gate.term.lock().expect("term lock").as_ref().map(|t| t.epoch);
                 if current != Some(epoch) {
@@ -210,11 +223,33 @@ async fn supervise(cfg: Config, ha: HaConfig, gate: Arc<Gate>, mut role: watch::
             }
             Role::Standby { .. } | Role::Starting => gate.end_term("the lease is lost"),
         }
-        if role.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = role.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(STORE_CHECK) => {
+                let broken = gate
+                    .term
+                    .lock()
+                    .expect("term lock")
+                    .as_ref()
+                    .filter(|t| !t.app.metrics.store_writable())
+                    .map(|t| t.epoch);
+                if let Some(epoch) = broken {
+                    tracing::error!(epoch, "the store refused a write: giving the lead up to a replica that can write");
+                    gate.end_term("the store refused a write");
+                    resigned = Some(epoch);
+                    resigner.resign(epoch);
+                }
+            }
         }
     }
 }
+
+/// How often a leader checks that its store still takes writes.
+const STORE_CHECK: Duration = Duration::from_millis(250);
 
 /// Every request: to the leader's API, or answered here (see the module's doc).
 async fn gate_request(State(g): State<Arc<Gate>>, req: Request) -> Response {

@@ -83,7 +83,14 @@ impl From<ApiError> for Fail {
 impl IntoResponse for Fail {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self.0.body())).into_response()
+        let mut r = (status, Json(self.0.body())).into_response();
+        // 503 (`unavailable`: a store that refused a write, a leader stepping down, an explanation not ready yet) is
+        // worth another try: clients retry it, with the same idempotency key for a submission (`gpunet`'s client
+        // does so for up to 30 s, on the next replica when several are named).
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 

@@ -4,7 +4,8 @@
 //! The [`Store`] trait is synchronous and is called from inside the server's tokio runtime, where the synchronous
 //! `postgres` client cannot block (it drives its own runtime). So every connection lives on a thread of its own:
 //! one **writer** thread takes every batch waiting when it becomes free and writes them in one transaction (job
-//! upserts and events of the whole group go in one `unnest` statement each), and a small pool of **reader** threads
+//! upserts and events of the whole group go in one `unnest` statement each; a group of nothing else — every
+//! submission's — is one statement, checked against the fencing epoch, so one round trip), and a small pool of **reader** threads
 //! answers queries, each with its own connection, reconnecting when it was lost. Callers block on a channel, as they
 //! block on SQLite's disk.
 //!
@@ -12,7 +13,8 @@
 //! of what was acknowledged, and the server goes read-only until it is restarted.
 //!
 //! The database URL may hold a password: it is never logged nor put in an error; [`PgStore::target`] says where the
-//! store is without it. Connections are plain TCP or a Unix socket (no TLS yet: keep PostgreSQL on a private network).
+//! store is without it. Connections are plain TCP or a Unix socket, or TLS with `sslrootcert=FILE` (verified against
+//! that CA and the host name, [`parse`]).
 
 use crate::{
     big, Counts, Done, EventRow, LedgerTotals, SampleRow, Snapshot, Store, StoreError, TokenRole, TokenRow, UsageRow,
@@ -76,7 +78,7 @@ const MAX_GROUP: usize = 4096;
 const PAGE: i64 = 5000;
 
 type Request = (Vec<Write>, Done);
-type ReadJob = Box<dyn FnOnce(&Config, &mut Option<Client>) + Send>;
+type ReadJob = Box<dyn FnOnce(&Target, &mut Option<Client>) + Send>;
 
 /// The PostgreSQL store.
 pub struct PgStore {
@@ -92,11 +94,75 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// Parses a `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?OPTIONS]` URL (or a `key=value` connection string).
-pub(crate) fn parse(url: &str) -> Result<Config, StoreError> {
+/// A parsed store URL: where to connect, and how — with `sslrootcert=FILE`, over TLS verified against that CA.
+#[derive(Clone)]
+pub(crate) struct Target {
+    cfg: Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
+impl std::ops::Deref for Target {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.cfg
+    }
+}
+
+impl std::ops::DerefMut for Target {
+    fn deref_mut(&mut self) -> &mut Config {
+        &mut self.cfg
+    }
+}
+
+/// Parses a `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?OPTIONS]` URL.
+///
+/// TLS: `sslrootcert=FILE` (PEM: the CA that signed the database's certificate) turns it on; the certificate and
+/// the host name are always verified (libpq's `verify-full`), whatever `sslmode` says: `require` (the default with
+/// `sslrootcert`), `verify-ca` and `verify-full` insist on TLS, `prefer` falls back to plain TCP when the server
+/// offers none. `sslmode=require` (or `verify-*`) without `sslrootcert` is refused: a certificate that nothing
+/// verifies protects nothing. Without either, connections are plain.
+pub(crate) fn parse(url: &str) -> Result<Target, StoreError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(StoreError::Url { reason: "it must start with postgres:// or postgresql://".into() });
     }
+    // `sslrootcert` is ours, not the parser's; libpq's `verify-ca`/`verify-full` are `require` to it.
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (mut root, mut mode, mut rest) = (None, None, Vec::new());
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sslrootcert", v)) => root = Some(percent_decode(v)),
+            Some(("sslmode", v)) => mode = Some(v.to_string()),
+            _ => rest.push(pair),
+        }
+    }
+    let verified = match (mode.as_deref(), &root) {
+        (None | Some("disable"), None) => false,
+        (Some("disable"), Some(_)) => {
+            return Err(StoreError::Url { reason: "sslmode=disable contradicts sslrootcert".into() });
+        }
+        (Some("prefer"), None) => false,
+        (Some("require" | "verify-ca" | "verify-full"), None) => {
+            return Err(StoreError::Url {
+                reason: "sslmode=require needs sslrootcert=FILE (the CA that signed the database's certificate): \
+                         gpunet verifies the certificate"
+                    .into(),
+            });
+        }
+        (None | Some("require" | "verify-ca" | "verify-full"), Some(_)) => {
+            rest.push("sslmode=require");
+            true
+        }
+        (Some("prefer"), Some(_)) => {
+            rest.push("sslmode=prefer");
+            true
+        }
+        (Some(m), _) => {
+            return Err(StoreError::Url {
+                reason: format!("sslmode={m}: use disable, prefer, require, verify-ca or verify-full"),
+            });
+        }
+    };
+    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
     // The parser's message names the option at fault, never the password.
     let mut cfg: Config = url.parse().map_err(|e: postgres::Error| StoreError::Url { reason: e.to_string() })?;
     if cfg.get_hosts().is_empty() {
@@ -109,23 +175,73 @@ pub(crate) fn parse(url: &str) -> Result<Config, StoreError> {
         cfg.connect_timeout(Duration::from_secs(10));
     }
     cfg.application_name("gpunet");
-    Ok(cfg)
+    let tls = match (verified, root) {
+        (true, Some(file)) => Some(tls_to(&file)?),
+        _ => None,
+    };
+    Ok(Target { cfg, tls })
 }
 
-/// Where the store is, without the password: `postgres://USER@HOST:PORT/DB`.
-pub(crate) fn describe(cfg: &Config) -> String {
-    let host = match cfg.get_hosts().first() {
+/// A TLS connector that trusts only the CA certificates in the PEM file `file`.
+fn tls_to(file: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer};
+    let bad = |reason: String| StoreError::Url { reason: format!("sslrootcert {file}: {reason}") };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
+        roots.add(cert.map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("holds no certificate".into()));
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// `%XX` escapes of a URL option's value decoded (a path with `/` may be written `%2F`).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where the store is, without the password: `postgres://USER@HOST:PORT/DB`, and `?sslmode=verify-full` over TLS.
+pub(crate) fn describe(t: &Target) -> String {
+    let host = match t.get_hosts().first() {
         Some(postgres::config::Host::Tcp(h)) => h.clone(),
         Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
         None => String::new(),
     };
-    let port = cfg.get_ports().first().map_or(String::new(), |p| format!(":{p}"));
-    let user = cfg.get_user().map_or(String::new(), |u| format!("{u}@"));
-    format!("postgres://{user}{host}{port}/{}", cfg.get_dbname().unwrap_or(""))
+    let port = t.get_ports().first().map_or(String::new(), |p| format!(":{p}"));
+    let user = t.get_user().map_or(String::new(), |u| format!("{u}@"));
+    let tls = if t.tls.is_some() { "?sslmode=verify-full" } else { "" };
+    format!("postgres://{user}{host}{port}/{}{tls}", t.get_dbname().unwrap_or(""))
 }
 
-pub(crate) fn connect(cfg: &Config) -> Result<Client, StoreError> {
-    let mut c = cfg.connect(NoTls)?;
+pub(crate) fn connect(t: &Target) -> Result<Client, StoreError> {
+    let mut c = match &t.tls {
+        Some(tls) => t.cfg.connect(tls.clone())?,
+        None => t.cfg.connect(NoTls)?,
+    };
     // Acknowledged means committed on disk: a database whose default is `synchronous_commit = off` gets `on` for
     // our sessions (`local`, `remote_write`, `remote_apply` are kept: they are at least as durable).
     let sc: String = c.query_one("SELECT current_setting('synchronous_commit')", &[])?.get(0);
@@ -168,6 +284,9 @@ fn take_over(c: &mut Client) -> Result<i64, StoreError> {
 /// The writer's prepared statements.
 struct Statements {
     epoch: Statement,
+    /// A group of job upserts and events only (every submission's): checked against the epoch and written in one
+    /// statement, one round trip ([`write_group`]).
+    fenced_jobs_events: Statement,
     jobs: Statement,
     events: Statement,
     tenant: Statement,
@@ -185,6 +304,23 @@ impl Statements {
     fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
         Ok(Statements {
             epoch: c.prepare("SELECT epoch FROM gpunet_leader WHERE id = 1 FOR SHARE")?,
+            // One statement is one transaction. The share lock on the epoch row orders it before any takeover or
+            // after it (then, read committed, it reads the row's new version), and the inserts take their rows only
+            // when the epoch read is this writer's: a fenced writer inserts nothing and is told by the epoch returned.
+            fenced_jobs_events: c.prepare(
+                "WITH fence AS (SELECT epoch FROM gpunet_leader WHERE id = 1 FOR SHARE),
+                 j AS (INSERT INTO jobs (id, tenant, state, doc)
+                       SELECT u.id, u.tenant, u.state, u.doc
+                       FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS u(id, tenant, state, doc), fence
+                       WHERE fence.epoch = $1
+                       ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state, doc = excluded.doc),
+                 e AS (INSERT INTO events (job, at_ms, kind, message)
+                       SELECT u.j, u.a, u.k, u.m
+                       FROM unnest($6::bigint[], $7::bigint[], $8::text[], $9::text[]) WITH ORDINALITY AS u(j, a, k, m, n), fence
+                       WHERE fence.epoch = $1
+                       ORDER BY u.n)
+                 SELECT epoch FROM fence",
+            )?,
             jobs: c.prepare(
                 "INSERT INTO jobs (id, tenant, state, doc)
                  SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
@@ -239,6 +375,10 @@ fn text(s: &str) -> String {
 /// Writes a group of batches in one transaction, in order. Job upserts and events, the bulk of every group, go in
 /// one statement each (a job written twice in the group keeps its last document, as applying in order would).
 fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) -> Result<(), StoreError> {
+    let writes = || group.iter().flat_map(|(b, _)| b);
+    if writes().all(|w| matches!(w, Write::Job { .. } | Write::Event { .. })) {
+        return write_jobs_and_events(c, s, epoch, writes());
+    }
     let mut tx = c.transaction()?;
     // Fencing: the share lock on the epoch row orders this transaction before any takeover (which updates the row)
     // or after it, and then it is refused. So once another server took over, nothing of this one's commits.
@@ -246,31 +386,12 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
     if now != epoch {
         return Err(StoreError::Fenced { epoch: epoch as u64, newer: now as u64 });
     }
-    let mut job_at: HashMap<u64, usize> = HashMap::new();
-    let (mut j_id, mut j_tenant, mut j_state, mut j_doc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut e_job, mut e_at, mut e_kind, mut e_msg) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for w in group.iter().flat_map(|(b, _)| b) {
+    let mut a = JobsAndEvents::default();
+    for w in writes() {
+        if a.add(w) {
+            continue;
+        }
         match w {
-            Write::Job { id, tenant, state, doc } => match job_at.get(id) {
-                Some(&i) => {
-                    j_tenant[i] = text(tenant);
-                    j_state[i] = text(state);
-                    j_doc[i] = doc.clone();
-                }
-                None => {
-                    job_at.insert(*id, j_id.len());
-                    j_id.push(big(*id));
-                    j_tenant.push(text(tenant));
-                    j_state.push(text(state));
-                    j_doc.push(doc.clone());
-                }
-            },
-            Write::Event { job, at_ms, kind, message } => {
-                e_job.push(big(*job));
-                e_at.push(big(*at_ms));
-                e_kind.push(text(kind));
-                e_msg.push(text(message));
-            }
             Write::Tenant { name, doc } => {
                 tx.execute(&s.tenant, &[&text(name), &doc.to_string()])?;
             }
@@ -317,15 +438,86 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
                 )?;
                 tx.execute(&s.prune_samples, &[&big(*keep_since_ms)])?;
             }
+            Write::Job { .. } | Write::Event { .. } => unreachable!("taken above"),
         }
     }
-    if !j_id.is_empty() {
-        tx.execute(&s.jobs, &[&j_id, &j_tenant, &j_state, &j_doc])?;
+    if !a.j_id.is_empty() {
+        tx.execute(&s.jobs, &[&a.j_id, &a.j_tenant, &a.j_state, &a.j_doc])?;
     }
-    if !e_job.is_empty() {
-        tx.execute(&s.events, &[&e_job, &e_at, &e_kind, &e_msg])?;
+    if !a.e_job.is_empty() {
+        tx.execute(&s.events, &[&a.e_job, &a.e_at, &a.e_kind, &a.e_msg])?;
     }
     Ok(tx.commit()?)
+}
+
+/// The writes of job upserts and events (in order: a job written twice in the group keeps its last document), as the
+/// arrays of the `unnest` statements.
+#[derive(Default)]
+struct JobsAndEvents {
+    job_at: HashMap<u64, usize>,
+    j_id: Vec<i64>,
+    j_tenant: Vec<String>,
+    j_state: Vec<String>,
+    j_doc: Vec<String>,
+    e_job: Vec<i64>,
+    e_at: Vec<i64>,
+    e_kind: Vec<String>,
+    e_msg: Vec<String>,
+}
+
+impl JobsAndEvents {
+    /// Takes a job upsert or an event; false for any other write.
+    fn add(&mut self, w: &Write) -> bool {
+        match w {
+            Write::Job { id, tenant, state, doc } => match self.job_at.get(id) {
+                Some(&i) => {
+                    self.j_tenant[i] = text(tenant);
+                    self.j_state[i] = text(state);
+                    self.j_doc[i] = doc.clone();
+                }
+                None => {
+                    self.job_at.insert(*id, self.j_id.len());
+                    self.j_id.push(big(*id));
+                    self.j_tenant.push(text(tenant));
+                    self.j_state.push(text(state));
+                    self.j_doc.push(doc.clone());
+                }
+            },
+            Write::Event { job, at_ms, kind, message } => {
+                self.e_job.push(big(*job));
+                self.e_at.push(big(*at_ms));
+                self.e_kind.push(text(kind));
+                self.e_msg.push(text(message));
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// A group of job upserts and events only, in one statement checked against the epoch (one round trip and the
+/// commit, instead of a transaction's five).
+fn write_jobs_and_events<'a>(
+    c: &mut Client,
+    s: &Statements,
+    epoch: i64,
+    writes: impl Iterator<Item = &'a Write>,
+) -> Result<(), StoreError> {
+    let mut a = JobsAndEvents::default();
+    for w in writes {
+        let taken = a.add(w);
+        debug_assert!(taken, "only job upserts and events are written here");
+    }
+    let now: i64 = c
+        .query_one(
+            &s.fenced_jobs_events,
+            &[&epoch, &a.j_id, &a.j_tenant, &a.j_state, &a.j_doc, &a.e_job, &a.e_at, &a.e_kind, &a.e_msg],
+        )?
+        .get(0);
+    if now != epoch {
+        return Err(StoreError::Fenced { epoch: epoch as u64, newer: now as u64 });
+    }
+    Ok(())
 }
 
 /// The writer thread (see the module's doc).
@@ -358,7 +550,7 @@ fn writer(mut c: Client, s: Statements, epoch: i64, rx: Receiver<Request>) {
 }
 
 /// A reader thread: runs queries on its connection, opened on first use and again after it was lost.
-fn reader(cfg: Config, rx: Arc<Mutex<Receiver<ReadJob>>>) {
+fn reader(cfg: Target, rx: Arc<Mutex<Receiver<ReadJob>>>) {
     let mut client: Option<Client> = None;
     loop {
         let job = match rx.lock() {
@@ -795,15 +987,128 @@ mod tests {
         assert_eq!(ids, vec![1]);
     }
 
+    #[test]
+    fn a_store_url_with_tls_options_is_checked_and_described() {
+        let e = |url: &str| parse(url).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e("postgres://u:secret@h/db?sslmode=require").contains("needs sslrootcert"));
+        assert!(e("postgres://u:secret@h/db?sslmode=verify-full").contains("needs sslrootcert"));
+        assert!(e("postgres://u@h/db?sslmode=sometimes").contains("sslmode=sometimes"));
+        assert!(e("postgres://u@h/db?sslmode=disable&sslrootcert=/x").contains("contradicts"));
+        let missing = e("postgres://u:secret@h/db?sslrootcert=%2Fno%2Fsuch.pem");
+        assert!(missing.contains("sslrootcert /no/such.pem"), "{missing}");
+        assert!(!missing.contains("secret"));
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        assert!(e(&format!("postgres://u@h/db?sslrootcert={}", empty.display())).contains("holds no certificate"));
+        // Plain without TLS options; `prefer` without a CA stays plain.
+        for url in ["postgres://u@h:5433/db", "postgres://u@h:5433/db?sslmode=prefer&connect_timeout=3"] {
+            let t = parse(url).unwrap();
+            assert!(t.tls.is_none());
+            assert_eq!(describe(&t), "postgres://u@h:5433/db");
+        }
+        assert_eq!(
+            parse("postgres://u@h/db?connect_timeout=3").unwrap().get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+    }
+
+    /// A CA and a certificate signed by it for 127.0.0.1 and localhost: (CA, certificate, key), PEM.
+    fn ca_and_server() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "gpunet test CA");
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let mut p = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, "postgres");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        (ca_pem, cert.pem(), key.serialize_pem())
+    }
+
+    /// With `sslrootcert`, every connection of the store (the writer's and the readers') is TLS, verified against
+    /// that CA; another CA's certificate is refused, and so is a server without TLS when TLS is required.
+    #[test]
+    fn a_store_connects_over_tls_verified_against_its_ca() {
+        let (ca, cert, key) = ca_and_server();
+        let Some(pg) = PgCluster::start_tls_for_test(&cert, &key) else { return };
+        let url = pg.create_database("tls").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca).unwrap();
+        let store = PgStore::open(&format!("{url}?sslmode=verify-full&sslrootcert={}", ca_file.display())).unwrap();
+        assert!(store.target().ends_with("/tls?sslmode=verify-full"), "{}", store.target());
+        store
+            .commit(vec![Write::Job { id: 7, tenant: "t".into(), state: "pending".into(), doc: "{}".into() }])
+            .unwrap();
+        assert_eq!(store.counts().unwrap().jobs, 1);
+        let ssl: bool = store
+            .read(|c| Ok(c.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])?.get(0)))
+            .unwrap();
+        assert!(ssl, "the reader's connection is TLS");
+        // The writer's too: every session of the database user is.
+        let plain: i64 = store
+            .read(|c| {
+                Ok(c.query_one(
+                    "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                     WHERE a.application_name = 'gpunet' AND NOT s.ssl",
+                    &[],
+                )?
+                .get(0))
+            })
+            .unwrap();
+        assert_eq!(plain, 0);
+        // Another CA: the certificate does not verify.
+        let (other, _, _) = ca_and_server();
+        let other_file = dir.path().join("other.pem");
+        std::fs::write(&other_file, &other).unwrap();
+        let e = PgStore::open(&format!("{url}?sslrootcert={}", other_file.display())).unwrap_err().to_string();
+        assert!(e.to_lowercase().contains("certificate") || e.to_lowercase().contains("tls"), "{e}");
+        // A server without TLS, when TLS is required.
+        let Some(plain_pg) = PgCluster::start_for_test() else { return };
+        let plain_url = plain_pg.create_database("plain").unwrap();
+        assert!(PgStore::open(&format!("{plain_url}?sslrootcert={}", ca_file.display())).is_err());
+    }
+
+    /// A write that is not a job or an event (a tenant, a node, a usage row: the transaction path, not the one fenced
+    /// statement of submissions) is refused the same once another store opened the database.
+    #[test]
+    fn a_fenced_store_commits_no_tenant_node_or_usage_row_either() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("fence_tx").unwrap();
+        let old = PgStore::open(&url).unwrap();
+        old.commit(vec![Write::Tenant { name: "a".into(), doc: serde_json::json!({"name": "a"}) }]).unwrap();
+        let new = PgStore::open(&url).unwrap();
+        let e = old
+            .commit(vec![
+                Write::Tenant { name: "b".into(), doc: serde_json::json!({"name": "b"}) },
+                Write::Job { id: 1, tenant: "b".into(), state: "pending".into(), doc: "{}".into() },
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("newer server"), "{e}");
+        let c = new.counts().unwrap();
+        assert_eq!((c.tenants, c.jobs), (1, 0));
+    }
+
     /// A server that was paused (or partitioned) while another opened the database must not commit anything
     /// afterwards: its writes are refused, its acknowledged ones are all there, and the new one writes on.
     #[test]
     fn a_store_opened_later_on_the_database_fences_the_earlier_one() {
         let Some(pg) = PgCluster::start_for_test() else { return };
         let url = pg.create_database("fence").unwrap();
-        let job = |id| Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: "{}".into() };
+        // A submission's batch: the job and its event (written in one fenced statement, `write_jobs_and_events`).
+        fn submitted(id: u64) -> Vec<Write> {
+            vec![
+                Write::Job { id, tenant: "t".into(), state: "pending".into(), doc: "{}".into() },
+                Write::Event { job: id, at_ms: 1, kind: "submitted".into(), message: String::new() },
+            ]
+        }
         let old = Arc::new(PgStore::open(&url).unwrap());
-        old.commit(vec![job(1)]).unwrap();
+        old.commit(submitted(1)).unwrap();
         // The old server keeps committing from 4 threads while the new one takes over.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writers: Vec<_> = (0..4u64)
@@ -813,7 +1118,7 @@ mod tests {
                     let mut acked = Vec::new();
                     for i in 0.. {
                         let id = 1000 * (t + 1) + i;
-                        match old.commit(vec![job(id)]) {
+                        match old.commit(submitted(id)) {
                             Ok(()) => acked.push(id),
                             Err(e) => return (acked, Some(e.to_string())),
                         }
@@ -830,7 +1135,7 @@ mod tests {
         }
         let new = PgStore::open(&url).unwrap();
         assert!(new.epoch() > old.epoch());
-        let e = old.commit(vec![job(2)]).unwrap_err().to_string();
+        let e = old.commit(submitted(2)).unwrap_err().to_string();
         assert!(e.contains("newer server") || e.contains("earlier write was refused"), "{e}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut acked = vec![1];
@@ -840,10 +1145,15 @@ mod tests {
             assert!(err.contains("newer server") || err.contains("earlier write"), "{err}");
             acked.extend(a);
         }
-        new.commit(vec![job(3)]).unwrap();
+        new.commit(submitted(3)).unwrap();
         let stored: std::collections::BTreeSet<u64> = new.load().unwrap().jobs.iter().map(|(id, _)| *id).collect();
         acked.push(3);
         let acked: std::collections::BTreeSet<u64> = acked.into_iter().collect();
         assert_eq!(stored, acked, "exactly what was acknowledged, nothing the old server wrote after the takeover");
+        // And the events of exactly those jobs.
+        assert_eq!(new.counts().unwrap().events, acked.len() as u64);
+        for id in [2, 999_999] {
+            assert!(new.events(id).unwrap().is_empty());
+        }
     }
 }

@@ -83,6 +83,15 @@ fn is_root() -> bool {
 impl PgCluster {
     /// Starts a cluster.
     pub fn start() -> Result<PgCluster, ClusterError> {
+        PgCluster::start_with(None)
+    }
+
+    /// Starts a cluster that also accepts TLS, with certificate `cert` and key `key` (PEM).
+    pub fn start_tls(cert: &str, key: &str) -> Result<PgCluster, ClusterError> {
+        PgCluster::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Result<PgCluster, ClusterError> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let bin = find_bin().ok_or(ClusterError::NotInstalled)?;
         let io = |what: &str| {
@@ -102,7 +111,22 @@ impl PgCluster {
             std::os::unix::fs::chown(&c.dir, Some(uid), Some(uid)).map_err(io("give its directory to nobody"))?;
         }
         c.run("initdb", &["-D", &c.data(), "-U", "gpunet", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])?;
-        let opts = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=100", c.port, c.dir.display());
+        let mut opts =
+            format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=100", c.port, c.dir.display());
+        if let Some((cert, key)) = tls {
+            use std::os::unix::fs::PermissionsExt;
+            for (name, pem, mode) in [("server.crt", cert, 0o644), ("server.key", key, 0o600)] {
+                let path = c.dir.join("data").join(name);
+                std::fs::write(&path, pem).map_err(io("write its TLS files"))?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                    .map_err(io("write its TLS files"))?;
+                if let Some(uid) = run_as {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(uid))
+                        .map_err(io("give its TLS files to nobody"))?;
+                }
+            }
+            opts.push_str(" -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key");
+        }
         let log = c.dir.join("server.log").display().to_string();
         c.run("pg_ctl", &["-D", &c.data(), "-l", &log, "-o", &opts, "-w", "-t", "120", "start"])?;
         tracing::info!(port = c.port, dir = %c.dir.display(), "started a private PostgreSQL cluster");
@@ -112,7 +136,16 @@ impl PgCluster {
     /// Starts a cluster for a test, or returns `None` (printing that the test skipped) where PostgreSQL is not
     /// installed, outside CI. Under `CI=true` a missing PostgreSQL fails the test.
     pub fn start_for_test() -> Option<PgCluster> {
-        match PgCluster::start() {
+        PgCluster::for_test(PgCluster::start())
+    }
+
+    /// [`PgCluster::start_tls`] for a test, skipped as [`PgCluster::start_for_test`] is.
+    pub fn start_tls_for_test(cert: &str, key: &str) -> Option<PgCluster> {
+        PgCluster::for_test(PgCluster::start_tls(cert, key))
+    }
+
+    fn for_test(started: Result<PgCluster, ClusterError>) -> Option<PgCluster> {
+        match started {
             Ok(c) => Some(c),
             Err(ClusterError::NotInstalled) if std::env::var("CI").as_deref() != Ok("true") => {
                 eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql); CI=true requires it");

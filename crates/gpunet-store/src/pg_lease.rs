@@ -115,7 +115,7 @@ pub(crate) fn current_leader(c: &mut Client) -> Result<Option<String>, StoreErro
 /// lease it holds.
 #[derive(Debug)]
 pub struct Elector {
-    stop: Option<SyncSender<()>>,
+    stop: Option<SyncSender<Resign>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -131,7 +131,7 @@ impl Elector {
         let mut pg = parse(url)?;
         pg.application_name("gpunet-lease");
         let (ready_tx, ready_rx) = sync_channel::<Result<(), StoreError>>(1);
-        let (stop_tx, stop_rx) = sync_channel::<()>(1);
+        let (stop_tx, stop_rx) = sync_channel::<Resign>(4);
         let thread = std::thread::Builder::new()
             .name("gpunet-pg-lease".into())
             .spawn(move || {
@@ -152,13 +152,21 @@ impl Elector {
         Ok(Elector { stop: Some(stop_tx), thread: Some(thread) })
     }
 
+    /// A handle that gives up the lease of a term this server leads ([`Resigner::resign`]).
+    pub fn resigner(&self) -> Resigner {
+        Resigner(self.stop.clone())
+    }
+
     /// Leaves the election, giving up the lease if this server holds it, and waits for the thread.
     pub fn stop(mut self) {
         self.halt();
     }
 
     fn halt(&mut self) {
-        drop(self.stop.take());
+        // Resigners hold the channel too: say stop rather than hang up.
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(Resign(None));
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -171,12 +179,31 @@ impl Drop for Elector {
     }
 }
 
+/// A leader's request to give the lease of a term up (`None`: leave the election).
+#[derive(Debug, Clone, Copy)]
+pub struct Resign(Option<u64>);
+
+/// Gives up the lease of a term ([`Elector::resigner`]).
+#[derive(Debug, Clone)]
+pub struct Resigner(Option<SyncSender<Resign>>);
+
+impl Resigner {
+    /// Gives up the lease of term `epoch` if this server still holds it, and stays a standby for two polls, so that
+    /// another replica takes over first when there is one (a leader whose store refused a write cannot serve:
+    /// another one, or this one with a new connection, can).
+    pub fn resign(&self, epoch: u64) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.try_send(Resign(Some(epoch)));
+        }
+    }
+}
+
 /// The election loop (see the module's doc). Returns when `stop` is dropped.
 fn campaign(
-    pg: &postgres::Config,
+    pg: &crate::pg::Target,
     mut client: Option<Client>,
     cfg: &LeaseConfig,
-    stop: &Receiver<()>,
+    stop: &Receiver<Resign>,
     mut on_role: impl FnMut(Role),
 ) {
     let mut last = Role::Starting;
@@ -256,7 +283,26 @@ fn campaign(
         };
         match stop.recv_timeout(wait.saturating_sub(t0.elapsed())) {
             Err(RecvTimeoutError::Timeout) => {}
-            _ => {
+            Ok(Resign(Some(e))) => {
+                if epoch == Some(e) {
+                    if let Some(c) = client.as_mut() {
+                        match release(c, e) {
+                            Ok(()) => tracing::warn!(epoch = e, "gave the leader lease up"),
+                            Err(err) => tracing::warn!(epoch = e, error = %err, "give the lease up"),
+                        }
+                    }
+                    epoch = None;
+                    publish(Role::Standby { leader: None }, &mut last);
+                    // Another replica's turn first (each tries every poll).
+                    if matches!(
+                        stop.recv_timeout(cfg.poll_every * 2),
+                        Ok(Resign(None)) | Err(RecvTimeoutError::Disconnected)
+                    ) {
+                        return;
+                    }
+                }
+            }
+            Ok(Resign(None)) | Err(RecvTimeoutError::Disconnected) => {
                 if let (Some(e), Some(c)) = (epoch, client.as_mut()) {
                     match release(c, e) {
                         Ok(()) => tracing::info!(epoch = e, "gave the leader lease up"),

@@ -346,3 +346,52 @@ fn job_ids_all(servers: &str) -> BTreeSet<u64> {
         }
     }
 }
+
+/// The leader's connections to the database break (its writer and readers are terminated by the database; its lease
+/// has a connection of its own and lives on): its next commit fails, after which its store refuses every write, so it
+/// gives the lead up instead of staying a leader that can change nothing; a replica takes over at a new epoch and
+/// the submissions, retried by the CLI with their idempotency keys, are each stored once.
+#[test]
+fn a_leader_whose_store_connection_broke_gives_the_lead_up_and_submissions_go_on() {
+    let Some(pg) = PgCluster::start_for_test() else { return };
+    let store = pg.create_database("broken").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (free_port(), free_port());
+    let a = replica(&dir.path().join("a"), pa, &store);
+    let b = replica(&dir.path().join("b"), pb, &store);
+    let both = format!("{},{}", a.url, b.url);
+    let (ok, out, err) = cli(&both, &["tenants", "--create", "t"]);
+    assert!(ok, "{out}{err}");
+    let leader_epoch = || {
+        [&a.url, &b.url].iter().map(|u| health(u).1).find(|h| h["role"] == "leader").and_then(|h| h["epoch"].as_u64())
+    };
+    let before = leader_epoch().expect("a leader");
+    let psql = gpunet_store::pg_cluster::find_bin().unwrap().join("psql");
+    let cut = Command::new(psql)
+        .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "gpunet", "-d", "postgres", "-Atc"])
+        .arg("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'gpunet'")
+        .output()
+        .unwrap();
+    let cut = String::from_utf8_lossy(&cut.stdout).trim().to_string();
+    assert!(cut.parse::<u32>().unwrap_or(0) >= 1, "the leader's store connections were cut: {cut}");
+    for i in 0..3 {
+        let (ok, out, err) =
+            cli(&both, &["submit", "--tenant", "t", "--name", &format!("after-{i}"), "--output", "json", "--", "true"]);
+        assert!(
+            ok,
+            "submission {i} after the cut: {out}{err}\n{}\n{}",
+            log(&dir.path().join("a")),
+            log(&dir.path().join("b"))
+        );
+    }
+    wait_for(Duration::from_secs(30), || leader_epoch().is_some_and(|e| e > before));
+    let mut names: Vec<String> = {
+        let (ok, out, err) = cli(&both, &["jobs", "--limit", "1000", "--output", "json"]);
+        assert!(ok, "{out}{err}");
+        json(&out)["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap().to_string()).collect()
+    };
+    names.sort();
+    assert_eq!(names, ["after-0", "after-1", "after-2"], "each submission stored once");
+    let logs = format!("{}{}", log(&dir.path().join("a")), log(&dir.path().join("b")));
+    assert!(logs.contains("giving the lead up"), "{logs}");
+}

@@ -175,7 +175,8 @@ fn a_submit_the_store_refuses_leaves_no_trace() {
     let body = format!("@{}", body.display());
     let auth = "Authorization: Bearer admin-secret";
     let (code, out) = curl(&["-XPOST", "-H", auth, "--data-binary", &body, &format!("{}/v1/jobs/batch", s.url)]);
-    assert_eq!(code, 500, "the store must refuse on a full disk: {out}");
+    assert_eq!(code, 503, "the store must refuse on a full disk: {out}");
+    assert!(out.contains("the store refused to persist the jobs"), "{out}");
     let (code, out) = curl(&[&format!("{}/v1/health", s.url)]);
     assert!(code == 503 && out.contains("degraded"), "{code} {out}");
     let (_, metrics) = curl(&["-H", auth, &format!("{}/metrics", s.url)]);

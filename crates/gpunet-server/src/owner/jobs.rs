@@ -139,7 +139,7 @@ impl Owner {
             Box::new(move |r| {
                 if let Err(e) = r {
                     metrics.store_refused(&e.to_string());
-                    let _ = reply.send(Err(ApiError::new("internal", format!("persist the jobs: {e}"))));
+                    let _ = reply.send(Err(super::store_refused("the jobs", &e)));
                     return;
                 }
                 let apply = Applier(Box::new(move |o: &mut Owner| {

@@ -354,6 +354,18 @@ const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 pub(crate) const HISTORY_SPAN_MS: u64 = 12 * 3600 * 1000;
 const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
 
+/// The answer to a change the store refused: 503, as the control plane takes no change from then on (on PostgreSQL
+/// another replica takes over, `ha.rs`). Whether the write reached the disk is not known when the connection broke
+/// during the commit: a retry with the same `Idempotency-Key` gets the same job either way.
+fn store_refused(what: &str, e: &gpunet_store::StoreError) -> ApiError {
+    ApiError::new(
+        "unavailable",
+        format!(
+            "the store refused to persist {what} ({e}): retry later (with the same Idempotency-Key for a submission)"
+        ),
+    )
+}
+
 fn not_found(what: &str, key: &str) -> ApiError {
     ApiError::new("not_found", format!("find {what} {key}: no such {what}"))
 }
@@ -563,7 +575,8 @@ impl Owner {
             .send(serde_json::json!({"node": name, "kind": format!("node_{state}"), "at_ms": now_ms()}).to_string());
     }
 
-    /// Persists `writes` and replies with `value` once they are durable.
+    /// Persists `writes` and replies with `value` once they are durable (503 when the store refused them: see
+    /// [`store_refused`]).
     fn durable<T: Send + 'static>(&self, writes: Vec<Write>, reply: Reply<T>, value: T) {
         let metrics = self.metrics.clone();
         let t0 = std::time::Instant::now();
@@ -575,7 +588,7 @@ impl Owner {
                     Ok(()) => Ok(value),
                     Err(e) => {
                         metrics.store_refused(&e.to_string());
-                        Err(ApiError::new("internal", format!("persist the change: {e}")))
+                        Err(store_refused("the change", &e))
                     }
                 });
             }),

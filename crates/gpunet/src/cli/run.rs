@@ -95,7 +95,8 @@ pub(crate) async fn run(a: &RunArgs) -> Result<i32> {
     let c = Client::new(&a.submit.conn)?;
     let body = a.submit.body()?;
     let q = a.submit.tenant.as_ref().map_or(String::new(), |t| format!("?tenant={t}"));
-    let r: Submitted = c.post(&format!("/v1/jobs{q}"), Some(body), "application/yaml").await?;
+    // With an idempotency key, as `gpunet submit`'s: retried through a failover, it never makes a second job.
+    let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }
