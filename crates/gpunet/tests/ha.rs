@@ -394,4 +394,18 @@ fn a_leader_whose_store_connection_broke_gives_the_lead_up_and_submissions_go_on
     assert_eq!(names, ["after-0", "after-1", "after-2"], "each submission stored once");
     let logs = format!("{}{}", log(&dir.path().join("a")), log(&dir.path().join("b")));
     assert!(logs.contains("giving the lead up"), "{logs}");
+    // The client's config file names both replicas too (a dead address first, then both): the CLI moves on to the
+    // next and follows a standby's redirect.
+    let config = dir.path().join("config.toml");
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    std::fs::write(&config, format!("server = \"{dead},{},{}\"\ntoken = \"admin-secret\"\n", b.url, a.url)).unwrap();
+    let o = Command::new(BIN)
+        .args(["jobs", "--output", "json"])
+        .env("GPUNET_CONFIG", &config)
+        .env_remove("GPUNET_SERVER")
+        .env_remove("GPUNET_TOKEN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json(&String::from_utf8_lossy(&o.stdout))["jobs"].as_array().map(Vec::len), Some(3));
 }
