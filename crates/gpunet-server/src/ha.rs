@@ -172,6 +172,9 @@ async fn supervise(
     resigner: gpunet_store::pg_lease::Resigner,
 ) {
     let mut resigned = None;
+    // Not a sleep restarted by every role change: a leader's lease renewals are role changes too.
+    let mut check = tokio::time::interval(STORE_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let now = role.borrow_and_update().clone();
         match now {
@@ -229,7 +232,7 @@ async fn supervise(
                     return;
                 }
             }
-            _ = tokio::time::sleep(STORE_CHECK) => {
+            _ = check.tick() => {
                 let broken = gate
                     .term
                     .lock()
@@ -314,6 +317,10 @@ fn unavailable(path: &str, role: &str, leader: Option<&String>, message: &str) -
     let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(gpunet_api::ApiError::new("unavailable", message).body()))
         .into_response();
     r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+    // The gate answered: the request reached no owner, so a client may send any request again.
+    if let Ok(v) = HeaderValue::from_str(role) {
+        r.headers_mut().insert("gpunet-role", v);
+    }
     if let Some(v) = leader.and_then(|l| HeaderValue::from_str(l).ok()) {
         r.headers_mut().insert("gpunet-leader", v);
     }

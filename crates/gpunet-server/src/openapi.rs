@@ -22,7 +22,7 @@ const ERRORS: &[(&str, &str)] = &[
     ("422", "A field is invalid, unknown or missing; `field` names it"),
     ("429", "A per-tenant or per-token limit is reached (`limit_exceeded`)"),
     ("500", "The store failed (`internal`)"),
-    ("503", "The store refused a write: read-only until restarted (`unavailable`)"),
+    ("503", "Unavailable (`unavailable`, with `Retry-After`): the store refused a write (read-only until restarted; on PostgreSQL the leader gives the lead up), or no leader serves yet"),
 ];
 
 #[derive(OpenApi)]

@@ -116,11 +116,12 @@ impl std::ops::DerefMut for Target {
 
 /// Parses a `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?OPTIONS]` URL.
 ///
-/// TLS: `sslrootcert=FILE` (PEM: the CA that signed the database's certificate) turns it on; the certificate and
-/// the host name are always verified (libpq's `verify-full`), whatever `sslmode` says: `require` (the default with
-/// `sslrootcert`), `verify-ca` and `verify-full` insist on TLS, `prefer` falls back to plain TCP when the server
-/// offers none. `sslmode=require` (or `verify-*`) without `sslrootcert` is refused: a certificate that nothing
-/// verifies protects nothing. Without either, connections are plain.
+/// TLS: `sslrootcert=FILE` (PEM: the CA that signed the database's certificate) turns it on for every connection;
+/// the certificate and the host name are always verified (libpq's `verify-full`): `sslmode` may be absent, `require`,
+/// `verify-ca` or `verify-full`, all meaning that. `prefer` with `sslrootcert` is refused (a plain answer from
+/// anyone in between would turn TLS off), and so is `require` (or `verify-*`) without it: a certificate that nothing
+/// verifies protects nothing. Without either, connections are plain (and `prefer` alone is the driver's). A Unix
+/// socket host takes no TLS.
 pub(crate) fn parse(url: &str) -> Result<Target, StoreError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(StoreError::Url { reason: "it must start with postgres:// or postgresql://".into() });
@@ -153,8 +154,9 @@ pub(crate) fn parse(url: &str) -> Result<Target, StoreError> {
             true
         }
         (Some("prefer"), Some(_)) => {
-            rest.push("sslmode=prefer");
-            true
+            return Err(StoreError::Url {
+                reason: "sslmode=prefer with sslrootcert: anyone between may strip TLS off; use sslmode=require".into(),
+            });
         }
         (Some(m), _) => {
             return Err(StoreError::Url {
@@ -994,6 +996,7 @@ mod tests {
         assert!(e("postgres://u:secret@h/db?sslmode=verify-full").contains("needs sslrootcert"));
         assert!(e("postgres://u@h/db?sslmode=sometimes").contains("sslmode=sometimes"));
         assert!(e("postgres://u@h/db?sslmode=disable&sslrootcert=/x").contains("contradicts"));
+        assert!(e("postgres://u@h/db?sslmode=prefer&sslrootcert=/x").contains("strip TLS"));
         let missing = e("postgres://u:secret@h/db?sslrootcert=%2Fno%2Fsuch.pem");
         assert!(missing.contains("sslrootcert /no/such.pem"), "{missing}");
         assert!(!missing.contains("secret"));

@@ -198,7 +198,7 @@ impl Resigner {
     }
 }
 
-/// The election loop (see the module's doc). Returns when `stop` is dropped.
+/// The election loop (see the module's doc). Returns when told to stop (`Resign(None)`) or `stop` is dropped.
 fn campaign(
     pg: &crate::pg::Target,
     mut client: Option<Client>,

@@ -73,8 +73,8 @@ pub(crate) fn new_idempotency_key() -> String {
 
 /// Sends what `make` builds to the leader among `servers` (see the module's doc): follows a standby's redirect within
 /// the list, moves to the next server when one is unreachable or answers 503 with `Retry-After` (no leader yet, or
-/// one recovering), until [`FAILOVER_WAIT`]. After an error that may have reached the server, it sends again only when
-/// `resend` (a read, or a submission with an idempotency key).
+/// one recovering), until [`FAILOVER_WAIT`]. After an error that may have reached the server — a 503 of the leader
+/// itself among them — it sends again only when `resend` (a read, or a submission with an idempotency key).
 pub(crate) async fn send_to_leader(
     servers: &gpunet_api::servers::ServerList,
     resend: bool,
@@ -98,7 +98,15 @@ pub(crate) async fn send_to_leader(
                 }
                 continue;
             }
-            Ok(r) if r.status().as_u16() == 503 && r.headers().contains_key("retry-after") && !last_try => {
+            // A 503 with `Retry-After`: the replicas' gate (`Gpunet-Role`: no leader yet, or one recovering) never
+            // let the request through, so any request goes again; the leader's own (its store refused a write, whose
+            // outcome is unknown) only a request that may be sent twice.
+            Ok(r)
+                if r.status().as_u16() == 503
+                    && r.headers().contains_key("retry-after")
+                    && (resend || r.headers().contains_key("gpunet-role"))
+                    && !last_try =>
+            {
                 let leader = r.headers().get("gpunet-leader").and_then(|v| v.to_str().ok()).map(String::from);
                 if !leader.is_some_and(|l| servers.follow(&l) && servers.current() != base) {
                     servers.rotate();
@@ -347,5 +355,68 @@ mod wait_tests {
         assert_eq!(super::exit_code_of("job-4 failed: rank 1 was killed by signal 9"), Some(137));
         assert_eq!(super::exit_code_of("job-4 failed: rank 0 exited with code 300"), Some(255));
         assert_eq!(super::exit_code_of("job-4 cancelled"), None);
+    }
+}
+
+#[cfg(test)]
+mod resend_tests {
+    use super::send_to_leader;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers every request with 503 and `Retry-After` (with `Gpunet-Role` when `gate`), counting them.
+    async fn unavailable(gate: bool) -> (String, Arc<AtomicUsize>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let n = Arc::new(AtomicUsize::new(0));
+        let count = n.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(k) = s.read(&mut buf).await {
+                        if k == 0 {
+                            return;
+                        }
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let role = if gate { "gpunet-role: standby\r\n" } else { "" };
+                        let body = r#"{"error":{"code":"unavailable","message":"no"}}"#;
+                        let head = format!(
+                            "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n{role}content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        if s.write_all(format!("{head}{body}").as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, n)
+    }
+
+    /// The leader's own 503 (its store refused a write whose outcome is unknown) is not resent for a request that
+    /// must not be sent twice (a token's creation, a tenant's): it is returned at once. A read or a keyed submission
+    /// is resent, and so is anything after the gate's 503 (`Gpunet-Role`), which reached no owner.
+    #[tokio::test]
+    async fn a_leaders_503_is_resent_only_for_what_may_be_sent_twice() {
+        let http = reqwest::Client::new();
+        let (url, n) = unavailable(false).await;
+        let servers = gpunet_api::servers::ServerList::parse("server", &url).unwrap();
+        let r = send_to_leader(&servers, false, |b| http.post(format!("{b}/v1/tokens"))).await.unwrap();
+        assert_eq!((r.status().as_u16(), n.load(Ordering::SeqCst)), (503, 1));
+        for (gate, resend) in [(false, true), (true, false)] {
+            let (url, n) = unavailable(gate).await;
+            let servers = gpunet_api::servers::ServerList::parse("server", &url).unwrap();
+            let sent = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                send_to_leader(&servers, resend, |b| http.post(format!("{b}/v1/jobs"))),
+            )
+            .await;
+            assert!(sent.is_err(), "still retrying after 2 s");
+            assert!(n.load(Ordering::SeqCst) >= 2, "gate {gate}, resend {resend}: sent {}", n.load(Ordering::SeqCst));
+        }
     }
 }
