@@ -4,7 +4,7 @@
 
 use crate::fxhash::FxHashMap;
 use crate::state::TenantEntry;
-use crate::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
+use crate::{schedule, ClusterState, Decision, Dur, JobId, JobState, Placement, Time};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The most queued jobs a replay carries: a job further back in the queue gets no prediction. It bounds the cost of
@@ -176,6 +176,18 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             return;
         }
     }
+    // A running job already past its estimated end is expected to run as long again as it has (as
+    // `Job::remaining_estimate` expects of an attempt's overrun), not to end now: what waits for it does not "start
+    // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
+    let mut late: BTreeSet<(Time, JobId)> = s
+        .running_ends()
+        .take_while(|(e, _)| *e <= now)
+        .filter_map(|(_, j)| {
+            let started = s.job(j)?.run.as_ref()?.started;
+            Some((now + Dur(now.0.saturating_sub(started.0).max(1_000)), j))
+        })
+        .collect();
+    let is_late: HashSet<JobId> = late.iter().map(|(_, j)| *j).collect();
     for _ in 0..max_steps {
         let ds = schedule(&s, t);
         for d in &ds {
@@ -189,7 +201,11 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             }
         }
         // Advance to the next estimated completion (or restart backoff), finishing everything due then.
-        let next_end = s.running_ends().next().map(|(e, _)| e);
+        let on_time = |s: &ClusterState| s.running_ends().filter(|(_, j)| !is_late.contains(j)).map(|(e, _)| e).next();
+        let next_end = match (on_time(&s), late.first().map(|(e, _)| *e)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let next_wake =
             s.jobs().filter(|j| j.state == JobState::Restarting && j.not_before > t).map(|j| j.not_before).min();
         let next = match (next_end, next_wake) {
@@ -202,7 +218,15 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             return;
         }
         t = t.max(next);
-        let due: Vec<JobId> = s.running_ends().take_while(|(e, _)| *e <= t).map(|(_, j)| j).collect();
+        let mut due: Vec<JobId> = s
+            .running_ends()
+            .filter(|(_, j)| !is_late.contains(j))
+            .take_while(|(e, _)| *e <= t)
+            .map(|(_, j)| j)
+            .collect();
+        while late.first().is_some_and(|(e, _)| *e <= t) {
+            due.extend(late.pop_first().map(|(_, j)| j));
+        }
         for j in due {
             if s.finish(j, t, true).is_err() {
                 return;
@@ -325,5 +349,24 @@ mod tests {
         v.submit(JobId(2), JobSpec::new(t2, "next", 1, 1), Time::ZERO).unwrap();
         assert!(predict_start(&v, JobId(2), Time::from_secs(1), 100).is_none());
         let _ = u;
+    }
+
+    /// A running job past its estimated end is expected to run as long again as it has: what waits for it is
+    /// predicted to start then, not now.
+    #[test]
+    fn a_job_past_its_estimate_is_expected_to_run_as_long_again() {
+        let mut s = ClusterState::new(SchedConfig::default()).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        s.submit(JobId(1), JobSpec::new(t, "a", 1, 1).estimate(Dur::from_secs(100)), Time::ZERO).unwrap();
+        s.step(Time::ZERO).unwrap();
+        s.submit(JobId(2), JobSpec::new(t, "b", 1, 1).estimate(Dur::from_secs(10)), Time::from_secs(1)).unwrap();
+        s.submit(JobId(3), JobSpec::new(t, "c", 1, 1).estimate(Dur::from_secs(10)), Time::from_secs(2)).unwrap();
+        // Before its estimated end: b at 100 s.
+        assert_eq!(predict_start(&s, JobId(2), Time::from_secs(50), 100).unwrap().0, Time::from_secs(100));
+        // At 250 s, a has run 150 s past its 100: expected at 250 + 250 = 500 s; then c after b.
+        assert_eq!(predict_start(&s, JobId(2), Time::from_secs(250), 100).unwrap().0, Time::from_secs(500));
+        let all = predict_starts(&s, &[JobId(2), JobId(3)], Time::from_secs(250), 100);
+        assert_eq!(all, HashMap::from([(JobId(2), Time::from_secs(500)), (JobId(3), Time::from_secs(510))]));
     }
 }

@@ -323,9 +323,10 @@ pub(crate) fn gauges(o: &Owner) -> String {
             let held = u64::from(n.free_gpu_mask & (1u64 << i) == 0);
             let _ = writeln!(
                 s,
-                "gpunet_gpu_allocated{{node=\"{}\",gpu=\"{i}\",model=\"{}\",fake=\"{fake}\"}} {held}",
+                "gpunet_gpu_allocated{{node=\"{}\",gpu=\"{i}\",model=\"{}\",fake=\"{fake}\",zone=\"{}\"}} {held}",
                 esc(&n.spec.name),
-                esc(&g.model.to_string())
+                esc(&g.model.to_string()),
+                esc(n.spec.zone())
             );
         }
     }
@@ -386,11 +387,13 @@ pub(crate) fn gauges(o: &Owner) -> String {
         for g in samples {
             let model = n.spec.gpus.get(g.index as usize).map(|d| d.model.to_string()).unwrap_or_default();
             let job = holders.get(&g.index).map(|j| j.to_string()).unwrap_or_default();
+            // `zone` too, so that a dashboard's zone filter reaches the per-GPU series.
             let labels = format!(
-                "node=\"{}\",gpu=\"{}\",model=\"{}\",job_id=\"{job}\",fake=\"{fake}\"",
+                "node=\"{}\",gpu=\"{}\",model=\"{}\",job_id=\"{job}\",fake=\"{fake}\",zone=\"{}\"",
                 esc(node),
                 g.index,
-                esc(&model)
+                esc(&model),
+                esc(n.spec.zone())
             );
             gpus.push((labels, g));
         }

@@ -492,7 +492,7 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     let a = app.tenant("team-a", None).await;
     let g: Vec<Value> =
         (0..2).map(|_| json!({"model": "H200-141GB", "numa": 0, "nvlink_domain": 0, "pcie_switch": 0})).collect();
-    let body = json!({"spec": {"name": "gpu1", "gpus": g, "cpu": 64000, "mem": 524288, "labels": {},
+    let body = json!({"spec": {"name": "gpu1", "gpus": g, "cpu": 64000, "mem": 524288, "labels": {"zone": "z1"},
                                "price_per_gpu_hour": 3.0}, "fake": false});
     let (s, v) = app.call("POST", "/v1/nodes", Some("join"), Some(body.to_string())).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -510,23 +510,23 @@ async fn gpu_samples_from_an_agent_reach_metrics_and_the_node_view() {
     let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
     let m = m.as_str().unwrap().to_string();
     for line in [
-        format!("gpunet_gpu_utilization_ratio{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 0.87"),
-        "gpunet_gpu_utilization_ratio{node=\"gpu1\",gpu=\"1\",model=\"H200-141GB\",job_id=\"\",fake=\"false\"} 0".to_string(),
+        format!("gpunet_gpu_utilization_ratio{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 0.87"),
+        "gpunet_gpu_utilization_ratio{node=\"gpu1\",gpu=\"1\",model=\"H200-141GB\",job_id=\"\",fake=\"false\",zone=\"z1\"} 0".to_string(),
         format!(
-            "gpunet_gpu_memory_used_bytes{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 1073741824"
+            "gpunet_gpu_memory_used_bytes{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 1073741824"
         ),
-        format!("gpunet_gpu_power_watts{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 412.5"),
-        format!("gpunet_gpu_temperature_celsius{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 61"),
-        format!("gpunet_gpu_nvlink_rx_bytes_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 4096"),
-        "gpunet_gpu_allocated{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",fake=\"false\"} 1".to_string(),
+        format!("gpunet_gpu_power_watts{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 412.5"),
+        format!("gpunet_gpu_temperature_celsius{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 61"),
+        format!("gpunet_gpu_nvlink_rx_bytes_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 4096"),
+        "gpunet_gpu_allocated{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",fake=\"false\",zone=\"z1\"} 1".to_string(),
         format!(
-            "gpunet_gpu_ecc_uncorrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 1"
+            "gpunet_gpu_ecc_uncorrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 1"
         ),
         format!(
-            "gpunet_gpu_ecc_corrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 5"
+            "gpunet_gpu_ecc_corrected_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 5"
         ),
-        format!("gpunet_gpu_xid_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 3"),
-        format!("gpunet_gpu_xid_last_code{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\"}} 79"),
+        format!("gpunet_gpu_xid_errors_total{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 3"),
+        format!("gpunet_gpu_xid_last_code{{node=\"gpu1\",gpu=\"0\",model=\"H200-141GB\",job_id=\"{job}\",fake=\"false\",zone=\"z1\"}} 79"),
         "gpunet_checkpoint_copy_failures_total{node=\"gpu1\"} 2".to_string(),
         "gpunet_node_state{node=\"gpu1\",state=\"ready\"} 1".to_string(),
         "gpunet_tenant_gpus_allocated{tenant=\"team-a\"} 1".to_string(),

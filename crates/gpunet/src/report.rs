@@ -97,7 +97,7 @@ pub(crate) struct ReportArgs {
 pub(crate) struct ReportRow {
     /// The tenant, or `tenant/user`.
     pub(crate) key: String,
-    /// Jobs submitted in the period.
+    /// Jobs submitted in the period (an array's elements each, not the array).
     pub(crate) jobs: u64,
     /// Of those, jobs that failed.
     pub(crate) failed: u64,
@@ -180,6 +180,16 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
     for j in jobs.iter().filter(|j| j.submitted_ms >= usage.from_ms && j.submitted_ms < usage.to_ms) {
         let k = key(j);
         let (r, waits) = rows.entry(k.clone()).or_insert_with(|| (ReportRow { key: k, ..Default::default() }, vec![]));
+        // An array counts as its elements: those made into jobs are listed (and counted) themselves, so its own
+        // entry counts only those never made (cancelled with the array, or yet to come).
+        if let Some(a) = &j.array {
+            let unmade = a.total.saturating_sub(a.expanded) as u64;
+            r.jobs += unmade;
+            if j.state == "cancelled" {
+                r.cancelled += unmade;
+            }
+            continue;
+        }
         r.jobs += 1;
         r.failed += u64::from(j.state == "failed");
         r.cancelled += u64::from(j.state == "cancelled");
@@ -429,6 +439,40 @@ mod tests {
             assert!(date_ms(bad, "--from").unwrap_err().to_string().contains("--from"), "{bad}");
         }
         assert_eq!(date_ms("2024-02-29", "--from").unwrap(), 1_709_164_800_000);
+    }
+
+    /// A job view as the API gives it, with `extra` fields set.
+    fn view(id: u64, state: &str, extra: serde_json::Value) -> JobView {
+        let mut v = serde_json::json!({
+            "id": id, "name": "j", "tenant": "t", "state": state, "priority": 0, "tasks": 1, "gpus": 1,
+            "submitted_ms": 1_000, "restarts": 0, "preemptions": 0, "spec": {"name": "j"},
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// An array of 5 counts as 5 jobs: its 3 elements made into jobs (one failed), and the 2 never made (cancelled
+    /// with the array); not as its parent plus its elements.
+    #[test]
+    fn an_array_counts_as_its_elements() {
+        let progress =
+            serde_json::json!({"total": 5, "expanded": 3, "live": 0, "succeeded": 2, "failed": 1, "cancelled": 2});
+        let jobs = vec![
+            view(1, "cancelled", serde_json::json!({"array": progress})),
+            view(2, "succeeded", serde_json::json!({"array_job_id": 1, "array_index": 0})),
+            view(3, "succeeded", serde_json::json!({"array_job_id": 1, "array_index": 1})),
+            view(4, "failed", serde_json::json!({"array_job_id": 1, "array_index": 2})),
+            view(5, "succeeded", serde_json::json!({})),
+        ];
+        let usage: UsageReport = serde_json::from_value(serde_json::json!({
+            "currency": "USD", "from_ms": 0, "to_ms": 10_000, "tenants": {}, "by_user": {}, "jobs": {}
+        }))
+        .unwrap();
+        let r = build(&usage, &jobs, false);
+        let row = &r.rows[0];
+        assert_eq!((row.jobs, row.failed, row.cancelled), (6, 1, 2), "{row:?}");
     }
 
     #[test]

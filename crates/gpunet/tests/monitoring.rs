@@ -128,7 +128,8 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
 
     // /metrics: every family the rules and dashboards use, and promtool's check. The held GPU reads busy from the
     // first sample its agent takes after starting the job (every 5 s).
-    let busy = "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\"} 0.5";
+    let busy =
+        "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\",zone=\"z1\"} 0.5";
     wait_for(Duration::from_secs(30), || s.get("/metrics").contains(busy));
     let text = s.get("/metrics");
     for family in [
@@ -153,12 +154,12 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
         "gpunet_store_commit_duration_seconds_bucket",
         "gpunet_scheduling_pass_duration_seconds_bucket",
         "gpunet_checkpoint_copy_failures_total{node=\"n1\"} 0",
-        "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\"} 0.5",
-        "gpunet_gpu_memory_used_bytes{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 0\n",
+        "gpunet_gpu_utilization_ratio{node=\"n1\",gpu=\"0\",model=\"T4\",job_id=\"2\",fake=\"true\",zone=\"z1\"} 0.5",
+        "gpunet_gpu_memory_used_bytes{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\",zone=\"z1\"} 0\n",
         "gpunet_gpu_nvlink_tx_bytes_total{",
         "gpunet_gpu_ecc_corrected_errors_total{",
         "gpunet_gpu_ecc_uncorrected_errors_total{",
-        "gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 0",
+        "gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\",zone=\"z1\"} 0",
         "gpunet_gpu_xid_last_code{",
     ] {
         assert!(text.contains(family), "{family} missing from /metrics:\n{text}");
@@ -307,12 +308,13 @@ fn prometheus_scrapes_a_live_gpunet_and_every_dashboard_query_returns_data() {
     // /metrics counts it, and the shipped GpuErrors rule fires for that GPU, saying it is an XID error.
     std::fs::write(dir.path().join("n1/fake-gpu-errors"), "1 xid 79\n").unwrap();
     wait_for(Duration::from_secs(30), || {
-        metrics()
-            .contains("gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 1")
+        metrics().contains(
+            "gpunet_gpu_xid_errors_total{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\",zone=\"z1\"} 1",
+        )
     });
-    assert!(
-        metrics().contains("gpunet_gpu_xid_last_code{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\"} 79")
-    );
+    assert!(metrics().contains(
+        "gpunet_gpu_xid_last_code{node=\"n1\",gpu=\"1\",model=\"T4\",job_id=\"\",fake=\"true\",zone=\"z1\"} 79"
+    ));
     let t = Instant::now();
     loop {
         let r = prom(&url, "/api/v1/query", &[("query", "ALERTS{alertname=\"GpuErrors\",alertstate=\"firing\"}")]);
