@@ -237,9 +237,16 @@ impl Pass<'_> {
         for c in classes {
             class_mask |= if *c < 64 { 1u64 << c } else { u64::MAX };
         }
-        let over: Vec<bool> =
-            (0..st.tenants.len()).map(|i| self.book.over_guarantee(shape, TenantId(i as u32))).collect();
         let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
+        // Over its guarantee: a tenant with a quota holding more GPUs than it guarantees, or a tenant without a quota
+        // holding any (it has no guarantee: all it holds is lent by the tenants that have one, and theirs to reclaim).
+        let over: Vec<bool> = (0..st.tenants.len())
+            .map(|i| {
+                self.book.over_guarantee(shape, TenantId(i as u32))
+                    || (no_quota[i] && self.book.usage[i][crate::tenant::DIM_GPUS] > 0)
+            })
+            .collect();
+        let no_quota_over = (0..st.tenants.len()).any(|i| no_quota[i] && over[i] && i != t.index());
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
         let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::new();
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
@@ -247,8 +254,11 @@ impl Pass<'_> {
             &st.run_rows[..]
         } else if quota_blocked {
             return None;
-        } else if reclaim_possible {
+        } else if reclaim_possible && !no_quota_over {
             &st.run_rows[1..]
+        } else if reclaim_possible {
+            // A tenant without a quota runs its jobs in the rows of those within their guarantee.
+            &st.run_rows[..]
         } else {
             return None;
         };
@@ -263,7 +273,8 @@ impl Pass<'_> {
                 continue;
             }
             let lendable = r.tenant == t || r.borrowed || (no_quota[r.tenant.index()] && no_quota[t.index()]);
-            let reason = if !quota_blocked && within_guarantee && r.tenant != t && r.borrowed && over[r.tenant.index()]
+            let reclaimable = r.borrowed || no_quota[r.tenant.index()];
+            let reason = if !quota_blocked && within_guarantee && r.tenant != t && reclaimable && over[r.tenant.index()]
             {
                 PreemptReason::QuotaReclaim { owner: t }
             } else if r.priority < spec.priority && lendable {
@@ -530,6 +541,44 @@ mod tests {
         // now − min_run_time would underflow at t=30: the 30 s old job must still be safe.
         assert!(schedule(&s, Time::from_secs(30)).is_empty());
         assert!(schedule(&s, Time::from_secs(60)).iter().any(|d| matches!(d, Decision::Preempt { .. })));
+    }
+
+    /// A tenant without a quota has no guarantee: what it holds is lent by the tenants that have one, and a
+    /// tenant within its guarantee takes it back, as from a borrower. Another tenant without a quota cannot.
+    #[test]
+    fn a_tenant_without_a_quota_gives_back_what_a_guarantee_needs() {
+        let c = preempting(Policy::Fifo, Dur::ZERO);
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 2)], &[]);
+        let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(1, 2))).unwrap();
+        let b = s.add_tenant(TenantSpec::new("b")).unwrap();
+        let c2 = s.add_tenant(TenantSpec::new("c")).unwrap();
+        submit(&mut s, 10, JobSpec::new(b, "b1", 1, 1), 0);
+        submit(&mut s, 11, JobSpec::new(b, "b2", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        // Another tenant without a quota waits: it has no guarantee to claim.
+        submit(&mut s, 20, JobSpec::new(c2, "c", 1, 1), 1);
+        assert!(schedule(&s, Time::from_secs(2)).is_empty());
+        s.cancel(JobId(20), Time::from_secs(3)).unwrap();
+        // The owner of a guarantee of 1 GPU gets one back.
+        submit(&mut s, 1, JobSpec::new(a, "owner", 1, 1), 5);
+        let ds = schedule(&s, Time::from_secs(10));
+        let reclaimed: Vec<_> = ds
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Preempt { job, reason: PreemptReason::QuotaReclaim { owner }, .. } => Some((*job, *owner)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reclaimed.len(), 1, "{ds:?}");
+        assert!(matches!(reclaimed[0], (JobId(10 | 11), o) if o == a), "{ds:?}");
+        for d in &ds {
+            s.apply(d, Time::from_secs(10)).unwrap();
+        }
+        assert_eq!(started(&s.step(Time::from_secs(11)).unwrap()), vec![1], "the owner gets the GPU");
+        // Within its guarantee now: a second job of the owner (beyond it) takes nothing more.
+        submit(&mut s, 2, JobSpec::new(a, "more", 1, 1), 12);
+        assert!(schedule(&s, Time::from_secs(13)).iter().all(|d| !matches!(d, Decision::Preempt { .. })));
+        s.check_invariants().unwrap();
     }
 
     #[test]
