@@ -103,17 +103,14 @@ impl ClusterState {
             },
         };
         let t = &mut self.tenants[tenant.index()];
-        let fresh = if never {
-            !t.queue.contains(&k) && t.parked.insert(k)
-        } else {
-            !t.parked.contains(&k) && t.queue.insert(k)
-        };
+        // A key already there (never, as `check_invariants` checks) is not counted twice.
+        let fresh = if never { t.parked.insert(k) } else { t.queue.insert(k) };
         debug_assert!(fresh, "{} queued twice", k.job);
         if fresh {
             t.waiting.add(&k);
-        }
-        if never && fresh {
-            self.parking.by_shape.entry(shape).or_default().insert(k.job);
+            if never {
+                self.parking.by_shape.entry(shape).or_default().insert(k.job);
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::fxhash::FxHashMap;
 use crate::state::TenantEntry;
-use crate::{schedule, ClusterState, Decision, Dur, JobId, JobState, Placement, Time};
+use crate::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The most queued jobs a replay carries: a job further back in the queue gets no prediction. It bounds the cost of
@@ -176,16 +176,13 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             return;
         }
     }
-    // A running job already past its estimated end is expected to run as long again as it has (as
-    // `Job::remaining_estimate` expects of an attempt's overrun), not to end now: what waits for it does not "start
+    // A running job already past its estimated end is expected to run as long again as it has
+    // (`ClusterState::expected_end`, as preemptive SRTF expects), not to end now: what waits for it does not "start
     // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
         .take_while(|(e, _)| *e <= now)
-        .filter_map(|(_, j)| {
-            let started = s.job(j)?.run.as_ref()?.started;
-            Some((now + Dur(now.0.saturating_sub(started.0).max(1_000)), j))
-        })
+        .filter_map(|(e, j)| Some((ClusterState::expected_end(e, s.job(j)?.run.as_ref()?.started, now), j)))
         .collect();
     let is_late: HashSet<JobId> = late.iter().map(|(_, j)| *j).collect();
     for _ in 0..max_steps {

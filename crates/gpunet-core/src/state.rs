@@ -612,9 +612,7 @@ impl ClusterState {
     /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), waiting for dependencies or
     /// held (what its queued-job limit counts).
     pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {
-        self.tenants.get(tenant.index()).map_or(0, |t| t.queue.len() + t.parked.len())
-            + self.tenant_dependency_waiting(tenant)
-            + self.tenant_held(tenant)
+        self.tenant_waiting(tenant).jobs + self.tenant_dependency_waiting(tenant) + self.tenant_held(tenant)
     }
 
     /// What a tenant's queue holds (pending, preempted and restarting jobs; not held ones, nor those waiting for a
@@ -678,6 +676,17 @@ impl ClusterState {
     }
 
     /// Estimated end of a job started at `start`.
+    /// When a running attempt is expected to end, seen at `now`: its estimated end `est_end`, or, once past it, as
+    /// long again as it has run since `started` (at least a millisecond more). Victim choice under preemptive
+    /// SRTF/SRGF and the ETA replay both expect this of an overrun.
+    pub(crate) fn expected_end(est_end: Time, started: Time, now: Time) -> Time {
+        if est_end > now {
+            est_end
+        } else {
+            now + crate::units::Dur(now.since(started).0.max(1))
+        }
+    }
+
     pub(crate) fn est_end(job: &Job, start: Time) -> Time {
         match job.spec.estimated_duration {
             Some(_) => start + job.remaining_estimate(),

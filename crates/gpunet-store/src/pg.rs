@@ -131,29 +131,28 @@ pub(crate) fn parse(url: &str) -> Result<Target, StoreError> {
     let (mut root, mut mode, mut rest) = (None, None, Vec::new());
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("sslrootcert", v)) => root = Some(percent_decode(v)),
+            // A path may be written with `%2F` for `/`.
+            Some(("sslrootcert", v)) => {
+                root = Some(percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
+            }
             Some(("sslmode", v)) => mode = Some(v.to_string()),
             _ => rest.push(pair),
         }
     }
-    let verified = match (mode.as_deref(), &root) {
-        (None | Some("disable"), None) => false,
-        (Some("disable"), Some(_)) => {
+    match (mode.as_deref(), root.is_some()) {
+        (None | Some("disable" | "prefer"), false) => {}
+        (Some("disable"), true) => {
             return Err(StoreError::Url { reason: "sslmode=disable contradicts sslrootcert".into() });
         }
-        (Some("prefer"), None) => false,
-        (Some("require" | "verify-ca" | "verify-full"), None) => {
+        (Some("require" | "verify-ca" | "verify-full"), false) => {
             return Err(StoreError::Url {
                 reason: "sslmode=require needs sslrootcert=FILE (the CA that signed the database's certificate): \
                          gpunet verifies the certificate"
                     .into(),
             });
         }
-        (None | Some("require" | "verify-ca" | "verify-full"), Some(_)) => {
-            rest.push("sslmode=require");
-            true
-        }
-        (Some("prefer"), Some(_)) => {
+        (None | Some("require" | "verify-ca" | "verify-full"), true) => rest.push("sslmode=require"),
+        (Some("prefer"), true) => {
             return Err(StoreError::Url {
                 reason: "sslmode=prefer with sslrootcert: anyone between may strip TLS off; use sslmode=require".into(),
             });
@@ -177,10 +176,7 @@ pub(crate) fn parse(url: &str) -> Result<Target, StoreError> {
         cfg.connect_timeout(Duration::from_secs(10));
     }
     cfg.application_name("gpunet");
-    let tls = match (verified, root) {
-        (true, Some(file)) => Some(tls_to(&file)?),
-        _ => None,
-    };
+    let tls = root.as_deref().map(tls_to).transpose()?;
     Ok(Target { cfg, tls })
 }
 
@@ -203,27 +199,6 @@ fn tls_to(file: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreE
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
-}
-
-/// `%XX` escapes of a URL option's value decoded (a path with `/` may be written `%2F`).
-fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Where the store is, without the password: `postgres://USER@HOST:PORT/DB`, and `?sslmode=verify-full` over TLS.
@@ -377,9 +352,10 @@ fn text(s: &str) -> String {
 /// Writes a group of batches in one transaction, in order. Job upserts and events, the bulk of every group, go in
 /// one statement each (a job written twice in the group keeps its last document, as applying in order would).
 fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) -> Result<(), StoreError> {
-    let writes = || group.iter().flat_map(|(b, _)| b);
-    if writes().all(|w| matches!(w, Write::Job { .. } | Write::Event { .. })) {
-        return write_jobs_and_events(c, s, epoch, writes());
+    let mut a = JobsAndEvents::default();
+    let others: Vec<&Write> = group.iter().flat_map(|(b, _)| b).filter(|w| !a.add(w)).collect();
+    if others.is_empty() {
+        return write_jobs_and_events(c, s, epoch, &a);
     }
     let mut tx = c.transaction()?;
     // Fencing: the share lock on the epoch row orders this transaction before any takeover (which updates the row)
@@ -388,11 +364,7 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
     if now != epoch {
         return Err(StoreError::Fenced { epoch: epoch as u64, newer: now as u64 });
     }
-    let mut a = JobsAndEvents::default();
-    for w in writes() {
-        if a.add(w) {
-            continue;
-        }
+    for w in others {
         match w {
             Write::Tenant { name, doc } => {
                 tx.execute(&s.tenant, &[&text(name), &doc.to_string()])?;
@@ -440,7 +412,7 @@ fn write_group(c: &mut Client, s: &Statements, epoch: i64, group: &[Request]) ->
                 )?;
                 tx.execute(&s.prune_samples, &[&big(*keep_since_ms)])?;
             }
-            Write::Job { .. } | Write::Event { .. } => unreachable!("taken above"),
+            Write::Job { .. } | Write::Event { .. } => unreachable!("taken by `JobsAndEvents::add`"),
         }
     }
     if !a.j_id.is_empty() {
@@ -499,17 +471,7 @@ impl JobsAndEvents {
 
 /// A group of job upserts and events only, in one statement checked against the epoch (one round trip and the
 /// commit, instead of a transaction's five).
-fn write_jobs_and_events<'a>(
-    c: &mut Client,
-    s: &Statements,
-    epoch: i64,
-    writes: impl Iterator<Item = &'a Write>,
-) -> Result<(), StoreError> {
-    let mut a = JobsAndEvents::default();
-    for w in writes {
-        let taken = a.add(w);
-        debug_assert!(taken, "only job upserts and events are written here");
-    }
+fn write_jobs_and_events(c: &mut Client, s: &Statements, epoch: i64, a: &JobsAndEvents) -> Result<(), StoreError> {
     let now: i64 = c
         .query_one(
             &s.fenced_jobs_events,

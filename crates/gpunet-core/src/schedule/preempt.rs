@@ -246,7 +246,6 @@ impl Pass<'_> {
                     || (no_quota[i] && self.book.usage[i][crate::tenant::DIM_GPUS] > 0)
             })
             .collect();
-        let no_quota_over = (0..st.tenants.len()).any(|i| no_quota[i] && over[i] && i != t.index());
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
         let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::new();
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
@@ -254,11 +253,15 @@ impl Pass<'_> {
             &st.run_rows[..]
         } else if quota_blocked {
             return None;
-        } else if reclaim_possible && !no_quota_over {
-            &st.run_rows[1..]
         } else if reclaim_possible {
-            // A tenant without a quota runs its jobs in the rows of those within their guarantee.
-            &st.run_rows[..]
+            // Borrowed rows only, unless a tenant without a quota is to give back: its jobs sit in the rows of those
+            // within their guarantee.
+            let no_quota_over = (0..st.tenants.len()).any(|i| no_quota[i] && over[i] && i != t.index());
+            if no_quota_over {
+                &st.run_rows[..]
+            } else {
+                &st.run_rows[1..]
+            }
         } else {
             return None;
         };
@@ -289,10 +292,7 @@ impl Pass<'_> {
             } else if shorter && lendable {
                 // A victim without an estimate is not known to be longer: it is left alone.
                 // Past its estimated end a victim is expected to run about as long again as this attempt has.
-                let left = || match r.est_end {
-                    end if end > self.now => end.since(self.now).0,
-                    _ => self.now.since(r.started).0.max(1),
-                };
+                let left = || crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0;
                 let vk = match st.cfg.policy {
                     Policy::Srtf if r.est_end != crate::units::Time::MAX => left(),
                     Policy::Srgf if r.est_end != crate::units::Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),

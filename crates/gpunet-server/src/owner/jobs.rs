@@ -138,8 +138,7 @@ impl Owner {
             writes,
             Box::new(move |r| {
                 if let Err(e) = r {
-                    metrics.store_refused(&e.to_string());
-                    let _ = reply.send(Err(super::store_refused("the jobs", &e)));
+                    let _ = reply.send(Err(super::store_refused(&metrics, "the jobs", &e)));
                     return;
                 }
                 let apply = Applier(Box::new(move |o: &mut Owner| {

@@ -357,7 +357,9 @@ const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
 /// The answer to a change the store refused: 503, as the control plane takes no change from then on (on PostgreSQL
 /// another replica takes over, `ha.rs`). Whether the write reached the disk is not known when the connection broke
 /// during the commit: a retry with the same `Idempotency-Key` gets the same job either way.
-fn store_refused(what: &str, e: &gpunet_store::StoreError) -> ApiError {
+/// The refusal is recorded in `metrics` (the control plane is read-only from then on).
+fn store_refused(metrics: &crate::metrics::ServerMetrics, what: &str, e: &gpunet_store::StoreError) -> ApiError {
+    metrics.store_refused(&e.to_string());
     ApiError::new(
         "unavailable",
         format!(
@@ -586,10 +588,7 @@ impl Owner {
                 metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
                 let _ = reply.send(match r {
                     Ok(()) => Ok(value),
-                    Err(e) => {
-                        metrics.store_refused(&e.to_string());
-                        Err(store_refused("the change", &e))
-                    }
+                    Err(e) => Err(store_refused(&metrics, "the change", &e)),
                 });
             }),
         );
