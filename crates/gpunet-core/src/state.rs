@@ -1057,13 +1057,11 @@ impl ClusterState {
             let started = j.run.as_ref().map_or(now, |r| r.started);
             j.progress = j.progress + ck.since(started);
             j.transition(JobState::Restarting)?;
-            if let Some(c) = self.changed.as_mut() {
-                c.push(id);
-            }
             j.restarts += 1;
             j.not_before = now + self.cfg.backoff(j.restarts);
             j.run = None;
             let j = j.clone();
+            self.note_changed(id);
             self.enqueue(&j);
         } else {
             j.transition(JobState::Failed)?;
@@ -1083,9 +1081,6 @@ impl ClusterState {
         let started = j.run.as_ref().map_or(now, |r| r.started);
         j.progress = j.progress + ck.since(started);
         j.transition(JobState::Preempted)?;
-        if let Some(c) = self.changed.as_mut() {
-            c.push(id);
-        }
         if lost {
             j.losses += 1;
         } else {
@@ -1093,6 +1088,7 @@ impl ClusterState {
         }
         j.run = None;
         let j = j.clone();
+        self.note_changed(id);
         self.enqueue(&j);
         Ok(JobState::Preempted)
     }

@@ -382,6 +382,8 @@ async fn explanations_never_name_another_tenants_job() {
         )
         .await;
     assert!(!d.to_string().contains(&named), "{d}");
+    // It is named, as another tenant's (the dry run masks its own copy's answer, off the owner).
+    assert!(d["message"].as_str().unwrap().contains("another tenant's job"), "{d}");
     let (_, q) = app.call("GET", "/v1/queue", Some(&a), None).await;
     assert!(!q.to_string().contains(&named) && q["entries"][0]["reason"]["holder"].is_null(), "{q}");
     assert!(q["entries"][0]["message"].as_str().unwrap().contains("another tenant's job"), "{q}");

@@ -132,12 +132,13 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
     Ok(Explanation { job, reason, message, position: ahead })
 }
 
-/// What [`explain`] says of a job that no pass is needed for (held, waiting on dependencies, not queued, never
-/// fitting; an array at its limit, or ended), or `None` for one only a pass can explain (a queued job, or an array's
-/// next element): a server answers the first at once and the second from its queue view, whose build explains every
-/// job asked about with one pass ([`explain_queue`]).
+/// What [`explain`] says of a job that no pass or replay is needed for (held, not queued, never fitting; an array at
+/// its limit, or ended), or `None` for one whose answer needs them: a queued job or an array's next element (a pass
+/// explains it), or a job waiting on dependencies (a replay predicts its start). A server answers the first at once
+/// and the second from its queue view, whose build explains every job asked about with one pass and one replay
+/// ([`explain_queue`]).
 pub fn explain_without_pass(state: &ClusterState, job: JobId, now: Time) -> Result<Option<Explanation>, CoreError> {
-    if state.arrays.get(&job).is_some_and(|r| r.head.is_some()) {
+    if state.arrays.get(&job).is_some_and(|r| r.head.is_some()) || state.is_dependency_waiting(job) {
         return Ok(None);
     }
     explain_outside(state, job, now)

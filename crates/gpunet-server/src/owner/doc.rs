@@ -57,6 +57,12 @@ pub(crate) const STATES: [JobState; 7] = [
     JobState::Cancelled,
 ];
 
+/// The states of jobs waiting in a queue ([`JobState::is_queued`]).
+pub(crate) const QUEUED: [JobState; 3] = [JobState::Pending, JobState::Preempted, JobState::Restarting];
+/// The states of jobs not finished for good.
+pub(crate) const LIVE: [JobState; 4] =
+    [JobState::Pending, JobState::Running, JobState::Preempted, JobState::Restarting];
+
 fn slot(s: JobState) -> usize {
     STATES.iter().position(|x| *x == s).expect("every state is listed")
 }
@@ -70,8 +76,9 @@ fn slot(s: JobState) -> usize {
 #[derive(Debug, Default)]
 pub(crate) struct Docs {
     all: BTreeMap<u64, JobDoc>,
-    /// By tenant, then submitter: one ordered id set per state.
-    lists: HashMap<String, HashMap<Option<String>, [BTreeSet<u64>; 7]>>,
+    /// By tenant, then submitter (the documents' shared names: a lookup allocates nothing): one ordered id set per
+    /// state.
+    lists: HashMap<String, HashMap<Option<Name>, [BTreeSet<u64>; 7]>>,
 }
 
 impl std::ops::Deref for Docs {
@@ -106,7 +113,7 @@ impl Docs {
             self.lists.insert(d.tenant.to_string(), HashMap::new());
         }
         let by_user = self.lists.get_mut(d.tenant.as_str()).expect("inserted above");
-        by_user.entry(d.submitted_by.as_deref().cloned()).or_default()
+        by_user.entry(d.submitted_by.clone()).or_default()
     }
 
     /// Adds a document, listed in `state`.
@@ -132,31 +139,30 @@ impl Docs {
 
     /// Lists document `id` in `state`.
     pub(crate) fn set_state(&mut self, id: u64, state: JobState) {
-        let Some(d) = self.all.get(&id) else { return };
-        let old = d.listed;
+        let Some(d) = self.all.get_mut(&id) else { return };
+        let old = std::mem::replace(&mut d.listed, state);
         if old == state {
             return;
         }
-        let (tenant, user) = (d.tenant.clone(), d.submitted_by.clone());
-        if let Some(l) = self.lists.get_mut(tenant.as_str()).and_then(|u| u.get_mut(&user.as_deref().cloned())) {
+        if let Some(l) = self.lists.get_mut(d.tenant.as_str()).and_then(|u| u.get_mut(&d.submitted_by)) {
             l[slot(old)].remove(&id);
             l[slot(state)].insert(id);
-        }
-        if let Some(d) = self.all.get_mut(&id) {
-            d.listed = state;
         }
     }
 
     /// The lists that hold what `w` takes.
     fn chosen<'a>(&'a self, w: Which<'a>) -> impl Iterator<Item = &'a BTreeSet<u64>> + 'a {
-        let tenants: Vec<&HashMap<Option<String>, [BTreeSet<u64>; 7]>> = match w.tenant {
+        let tenants: Vec<&HashMap<Option<Name>, [BTreeSet<u64>; 7]>> = match w.tenant {
             Some(t) => self.lists.get(t).into_iter().collect(),
             None => self.lists.values().collect(),
         };
         tenants
             .into_iter()
             .flat_map(move |by_user| {
-                by_user.iter().filter(move |(u, _)| w.user.is_none() || u.as_deref() == w.user).map(|(_, l)| l)
+                by_user
+                    .iter()
+                    .filter(move |(u, _)| w.user.is_none() || u.as_deref().map(String::as_str) == w.user)
+                    .map(|(_, l)| l)
             })
             .flat_map(move |l| {
                 l.iter()
@@ -546,6 +552,13 @@ mod tests {
 
     fn sub(json: &str) -> JobSubmission {
         serde_json::from_str(json).expect("submission")
+    }
+
+    #[test]
+    fn the_state_subsets_are_those_of_the_core() {
+        let queued: Vec<JobState> = STATES.into_iter().filter(|s| s.is_queued()).collect();
+        let live: Vec<JobState> = STATES.into_iter().filter(|s| !s.is_terminal()).collect();
+        assert_eq!((&queued[..], &live[..]), (&QUEUED[..], &LIVE[..]));
     }
 
     #[test]

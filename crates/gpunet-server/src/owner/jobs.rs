@@ -371,11 +371,8 @@ impl Owner {
             self.visible(&who, id, d)?;
             let now = Time(now_ms());
             let queued = Ok(Why::Queued { tenant: d.tenant.to_string() });
+            // A queued job, or one waiting on dependencies, is answered from the queue view: its build explains it.
             let Some(e) = explain_without_pass(&self.st, JobId(id), now)? else { return queued };
-            // A job waiting on dependencies is answered from the queue view too: its build predicts its start.
-            if matches!(e.reason, gpunet_core::PendingReason::Dependency { .. }) {
-                return queued;
-            }
             let state = self.state_of(id).unwrap_or(d.state);
             let job = d.job(&self.st, id).ok_or_else(|| not_found("job", &id.to_string()))?;
             let mut reason = serde_json::to_value(&e.reason).expect("reasons serialise");
@@ -455,8 +452,7 @@ impl Owner {
 
     /// Jobs not finished for good, of one tenant or of all.
     fn unfinished_ids(&self, tenant: Option<&str>) -> Vec<u64> {
-        let live: Vec<JobState> = super::doc::STATES.into_iter().filter(|s| !s.is_terminal()).collect();
-        self.docs.ids_unordered(Which { tenant, states: &live, ..Which::default() }).collect()
+        self.docs.ids_unordered(Which { tenant, states: &super::doc::LIVE, ..Which::default() }).collect()
     }
 
     /// Checks the per-tenant limits for `new` more jobs of `tenant` with `bytes` more spec bytes.

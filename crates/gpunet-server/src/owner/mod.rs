@@ -620,10 +620,6 @@ impl Owner {
         })
     }
 
-    fn placement_view(&self, p: &Placement) -> Vec<TaskView> {
-        placement_view(&self.st, p)
-    }
-
     fn view(&self, id: u64) -> Option<JobView> {
         self.unparsed(id).map(Unparsed::parse)
     }
@@ -650,7 +646,7 @@ impl Owner {
             preemptions: j.preemptions,
             losses: j.losses,
             stopping: self.stopping_of(j),
-            placement: last.map(|r| self.placement_view(&r.placement)).unwrap_or_default(),
+            placement: last.map(|r| placement_view(&self.st, &r.placement)).unwrap_or_default(),
             warnings: d.more().warnings.clone(),
             spec: Unparsed::empty(),
             array: self.st.array(JobId(id)).map(|a| ArrayProgress {
@@ -712,13 +708,16 @@ impl Owner {
         }
     }
 
-    /// Lists again every job whose state the core reports changed. In debug builds (the tests), with few jobs, each
-    /// document's listed state is then checked against its state now: a change the core did not report fails the
-    /// test that made it.
+    /// Lists again every job whose state the core reports changed.
     pub(crate) fn relist_changed(&mut self) {
         for id in self.st.take_changed() {
             self.relist(id.0);
         }
+    }
+
+    /// In debug builds (the tests), with few jobs, checks each document's listed state against its state now, once
+    /// per turn of the owner's loop: a change the core did not report fails the test that made it.
+    fn check_listed(&self) {
         #[cfg(debug_assertions)]
         if self.docs.len() <= 2000 {
             for (id, d) in self.docs.iter() {
@@ -921,7 +920,7 @@ impl Owner {
                         self.metrics.pending_seconds.observe(now.saturating_sub(j.submitted.0) as f64 / 1000.0);
                     }
                     if let Some(run) = self.st.job(*job).and_then(|j| j.run.clone().map(|r| (j.attempt(), r))) {
-                        let placement = self.placement_view(&run.1.placement);
+                        let placement = placement_view(&self.st, &run.1.placement);
                         if let Some(d) = self.docs.get_mut(&job.0) {
                             let attempts = &mut d.more_mut().attempts;
                             attempts.push(AttemptView {
@@ -1028,6 +1027,7 @@ impl Owner {
                 self.relist_changed();
                 last_pass = tokio::time::Instant::now();
             }
+            self.check_listed();
             self.publish_queue();
         }
     }

@@ -25,7 +25,7 @@
 use super::Owner;
 use crate::{now_ms, Principal};
 use gpunet_api::types::{Explain, QueueEntry, QueueView};
-use gpunet_core::{explain_queue, explain_without_pass, queue_order, JobId, PendingReason, Time};
+use gpunet_core::{explain_queue, explain_without_pass, queue_order, JobId, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -354,14 +354,15 @@ impl Owner {
         let mut place: HashMap<JobId, usize> = HashMap::new();
         for j in requested.iter().map(|id| JobId(*id)) {
             match explain_without_pass(&self.st, j, now) {
+                // In no queue: explained at place 0, its start predicted by the replay.
+                Ok(None) if self.st.is_dependency_waiting(j) => {
+                    target.insert(j, j);
+                    place.insert(j, 0);
+                }
                 Ok(None) => {
                     let t = self.st.array_head(j).unwrap_or(j);
                     target.insert(j, t);
                     place.insert(t, usize::MAX);
-                }
-                Ok(Some(e)) if matches!(e.reason, PendingReason::Dependency { .. }) => {
-                    target.insert(j, j);
-                    place.insert(j, 0);
                 }
                 _ => {}
             }

@@ -1,7 +1,7 @@
 //! The owner's tenant commands: tenants (create, list), quotas (set, and the conversion of the API's quota into the
 //! core's) and tokens (issue, create, list, revoke).
 
-use super::{not_found, valid_name, Owner, Reply, TenantDoc};
+use super::{not_found, valid_name, Owner, Reply, TenantDoc, Which};
 use crate::now_ms;
 use crate::tokens::TokenDoc;
 use crate::Principal;
@@ -216,10 +216,8 @@ impl Owner {
         let d = self.tenants.get(name)?;
         let id = self.st.tenant_id(name)?;
         let u = self.st.tenant_usage(id);
-        let n = self.docs.by_state(Some(name));
-        let of = |s: JobState| super::doc::STATES.iter().position(|x| *x == s).map_or(0, |i| n[i]);
-        let queued = super::doc::STATES.into_iter().filter(|s| s.is_queued()).map(of).sum();
-        let running = of(JobState::Running);
+        let count = |states: &[JobState]| self.docs.count(Which { tenant: Some(name), states, ..Which::default() });
+        let (queued, running) = (count(&super::doc::QUEUED), count(&[JobState::Running]));
         Some(TenantView {
             name: name.to_string(),
             weight: d.spec.weight,
