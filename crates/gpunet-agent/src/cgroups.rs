@@ -334,10 +334,17 @@ impl TaskCgroup {
         TaskCgroup { dirs: Vec::new(), procs: Vec::new(), oom: None, held: false, freezer: None, v2: false }
     }
 
-    /// Processes in the group now.
+    /// Processes in the group now, its child groups included (a container task's runtime makes one beneath it).
     pub fn pids(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self
-            .procs
+        let mut files = self.procs.clone();
+        for f in &self.procs {
+            if let Some(d) = f.parent() {
+                for sub in descendants(d) {
+                    files.push(sub.join("cgroup.procs"));
+                }
+            }
+        }
+        let mut v: Vec<i32> = files
             .iter()
             .flat_map(|f| {
                 std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>()
@@ -416,12 +423,31 @@ impl TaskCgroup {
         }
     }
 
-    /// Removes the groups (after the task's processes are gone).
+    /// Removes the groups, child groups first (after the task's processes are gone).
     pub fn remove(&self) {
         for d in &self.dirs {
+            for sub in descendants(d).into_iter().rev() {
+                let _ = std::fs::remove_dir(sub);
+            }
             let _ = std::fs::remove_dir(d);
         }
     }
+}
+
+/// The child groups beneath `dir`, parents before their children (symlinks are not followed; cgroupfs has none).
+fn descendants(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push(e.path());
+                todo.push(e.path());
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -74,8 +74,8 @@ pub struct Launcher {
     dir: PathBuf,
     procs: HashMap<TaskRef, Proc>,
     exits: mpsc::UnboundedSender<TaskExit>,
-    /// Starts not yet reported.
-    pub started: Vec<TaskStart>,
+    /// Starts not yet reported (a container task's once its container runs).
+    pub started: std::sync::Arc<std::sync::Mutex<Vec<TaskStart>>>,
     cgroups: Cgroups,
     /// Run tasks as this user (uid, gid) instead of the agent's.
     run_as: Option<(u32, u32)>,
@@ -98,6 +98,8 @@ pub struct Launcher {
     pids_max: u64,
     /// The most bytes one checkpoint snapshot may write to a tier.
     snapshot_max_bytes: u64,
+    /// How the node runs container tasks (jobs with an image); `None`: it does not.
+    containers: Option<std::sync::Arc<crate::container::Runtime>>,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -181,7 +183,7 @@ fn running_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Writes a file under `DATA/running`, mode 0600 (also when it existed with another).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600))?;
@@ -247,7 +249,7 @@ pub fn work_dir(dir: &Path, t: &TaskRef) -> PathBuf {
 
 /// Makes `path` (its parents root's), mode 0700, owned by `owner` when given. The last component is opened without
 /// following a symlink and changed through its descriptor.
-fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+pub(crate) fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(path.parent().expect("a parent"))?;
     match std::fs::create_dir(path) {
         Ok(()) => {}
@@ -295,6 +297,7 @@ async fn finish(
     group: Option<crate::cgroups::TaskCgroup>,
     extras: Extras,
     exits: mpsc::UnboundedSender<TaskExit>,
+    containers: Option<std::sync::Arc<crate::container::Runtime>>,
 ) {
     let oom = extras.oom.load(std::sync::atomic::Ordering::SeqCst) || group.as_ref().is_some_and(|g| g.oom_killed());
     if let Some(g) = group.clone() {
@@ -306,6 +309,17 @@ async fn finish(
                 tracing::info!(job, processes = n, "killed what the task left in its cgroup");
             }
             g.remove();
+        })
+        .await;
+    }
+    // A container task's container and bundle (after the OOM verdict: deleting a container removes its cgroups).
+    if let Some(rt) = containers.filter(|rt| rt.bundle_dir(&t).exists()) {
+        let group = group.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            rt.remove(&t);
+            if let Some(g) = group {
+                g.remove();
+            }
         })
         .await;
     }
@@ -325,7 +339,7 @@ impl Launcher {
             dir,
             procs: HashMap::new(),
             exits,
-            started: Vec::new(),
+            started: Default::default(),
             cgroups,
             run_as: None,
             checkpointed: Default::default(),
@@ -338,6 +352,20 @@ impl Launcher {
             pid_namespace: false,
             pids_max: crate::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+            containers: None,
+        }
+    }
+
+    /// Runs the tasks of jobs with an image in containers through `rt` (see [`crate::container`]).
+    pub fn containers(&mut self, rt: std::sync::Arc<crate::container::Runtime>) {
+        self.containers = Some(rt);
+    }
+
+    /// Deletes every container a previous run of the agent left that it did not adopt (call after
+    /// [`Launcher::adopt`]).
+    pub fn sweep_containers(&self) {
+        if let Some(rt) = &self.containers {
+            rt.sweep(&self.running());
         }
     }
 
@@ -520,6 +548,7 @@ impl Launcher {
             let cgroups = group.map(|g| g.procs.clone()).unwrap_or_default();
             let alive = alive.clone();
             let may_signal = may_signal.clone();
+            let container = self.containers.clone().filter(|_| a.container.is_some());
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(l.initial_delay_ms)).await;
                 let period = std::time::Duration::from_millis(l.period_ms.max(100));
@@ -528,30 +557,46 @@ impl Launcher {
                         return; // the task is gone
                     }
                     let Some((p, args)) = l.command.split_first() else { return };
-                    let mut c = match &wrapper {
-                        Some(w) => {
-                            let exec = crate::wrapper::Exec {
-                                status: None,
-                                cgroups: cgroups.clone(),
-                                user,
-                                env_file: Some(env_file.clone()),
-                                cwd: Some(home.clone()),
-                                pid_namespace,
-                                ns_init: false,
-                                tmp_mib: Some(tmp_mib),
-                                prog: p.clone(),
-                                args: args.to_vec(),
-                            };
-                            wrapper_command(w, &exec, &task_path)
-                        }
-                        None => {
-                            let mut c = tokio::process::Command::new(p);
-                            c.args(args).env_clear().envs(&env).current_dir(&home);
-                            if let Some((uid, gid)) = user {
-                                c.uid(uid).gid(gid);
-                            }
+                    let mut c = match (&container, &wrapper) {
+                        // In the container: the runtime runs it there with the task's environment, directory and
+                        // (no) capabilities, as the task's user.
+                        (Some(rt), _) => {
+                            let mut c = tokio::process::Command::new(&rt.exe);
+                            let (u, g) = user.unwrap_or((0, 0));
+                            c.env_clear()
+                                .env("PATH", DEFAULT_TASK_PATH)
+                                .arg("--root")
+                                .arg(&rt.state)
+                                .args(["exec", "--user", &format!("{u}:{g}"), &crate::container::container_id(&t), p])
+                                .args(args);
                             c
                         }
+                        (None, _) => match &wrapper {
+                            Some(w) => {
+                                let exec = crate::wrapper::Exec {
+                                    status: None,
+                                    cgroups: cgroups.clone(),
+                                    user,
+                                    env_file: Some(env_file.clone()),
+                                    cwd: Some(home.clone()),
+                                    pid_namespace,
+                                    ns_init: false,
+                                    tmp_mib: Some(tmp_mib),
+                                    container: None,
+                                    prog: p.clone(),
+                                    args: args.to_vec(),
+                                };
+                                wrapper_command(w, &exec, &task_path)
+                            }
+                            None => {
+                                let mut c = tokio::process::Command::new(p);
+                                c.args(args).env_clear().envs(&env).current_dir(&home);
+                                if let Some((uid, gid)) = user {
+                                    c.uid(uid).gid(gid);
+                                }
+                                c
+                            }
+                        },
                     };
                     c.stdin(std::process::Stdio::null()).process_group(0).kill_on_drop(true);
                     if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&log) {
@@ -700,6 +745,7 @@ impl Launcher {
             if let Some(g) = &group {
                 watch_oom(g, pid, Some(start), alive.clone(), extras.oom.clone());
             }
+            let containers = self.containers.clone();
             tokio::spawn(async move {
                 // Not our child: watch /proc until the wrapper is gone.
                 while same_leader(pid, start) {
@@ -719,7 +765,7 @@ impl Launcher {
                     // An empty file: the wrapper itself was killed (SIGKILL to the group).
                     None => (None, Some(9)),
                 };
-                finish(t, code, signal, group, extras, exits).await;
+                finish(t, code, signal, group, extras, exits, containers).await;
             });
         }
         adopted.sort();

@@ -15,6 +15,7 @@
 pub mod beneath;
 pub mod cgroups;
 pub mod checkpoints;
+pub mod container;
 pub mod copier;
 pub mod devfilter;
 pub mod fds;
@@ -164,6 +165,8 @@ pub struct AgentConfig {
     pub task_pids_max: u64,
     /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
     pub snapshot_max_bytes: u64,
+    /// How container tasks run (see [`container`]); by default with runc where installed (and the agent is root).
+    pub containers: container::Options,
 }
 
 /// The errors fake GPUs report, from the data directory's [`gpu_errors::FAKE_ERRORS_FILE`] (none without one;
@@ -396,7 +399,7 @@ async fn shut_down(launcher: &mut Launcher, exits: &mut mpsc::UnboundedReceiver<
 }
 
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
-pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let servers = ServerList::parse("--server", &cfg.server).map_err(|e| AgentError::Invalid {
         field: "--server",
         value: cfg.server.clone(),
@@ -458,9 +461,29 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             }
         }
     }
+    // Containers: only through the wrapper (their parent, which reads their exit), as root.
+    let runtime = match &cfg.wrapper {
+        Some(_) => {
+            container::Runtime::detect(&cfg.data_dir, &cfg.containers).map_err(|reason| AgentError::Invalid {
+                field: "--container-runtime",
+                value: cfg.containers.runtime.clone().unwrap_or_default(),
+                allowed: reason,
+            })?
+        }
+        None => None,
+    };
+    if let Some(rt) = runtime {
+        tracing::info!(runtime = %rt.exe.display(), init = ?rt.init, images = %rt.images.dir.display(), "container tasks");
+        for (k, v) in rt.labels() {
+            cfg.labels.insert(k, v);
+        }
+        launcher.containers(std::sync::Arc::new(rt));
+    }
     // Tasks a previous run of this agent left: adopted and reported as running; the server's first answer says
-    // which of them stay (the others are stopped below like any task the server no longer wants).
+    // which of them stay (the others are stopped below like any task the server no longer wants). Containers whose
+    // wrapper is gone are deleted.
     let adopted = launcher.adopt();
+    launcher.sweep_containers();
     if !adopted.is_empty() {
         tracing::info!(tasks = adopted.len(), "adopted tasks left running by a previous run of this agent");
     }
@@ -596,7 +619,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             known_version: known,
             running: launcher.running(),
             exited: pending.clone(),
-            started: launcher.started.clone(),
+            started: launcher.started.lock().expect("starts").clone(),
             logs: logs.clone(),
             checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
             gpu_samples,
@@ -604,7 +627,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent = pending.len();
-        let sent_starts = launcher.started.len();
+        let sent_starts = sync.started.len();
         let req = http
             .post(format!("{}/v1/agents/{}/sync", servers.current(), cfg.name))
             .bearer_auth(&credential)
@@ -729,7 +752,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
                     }
                     left && since.elapsed() < LOG_DRAIN
                 });
-                launcher.started.drain(..sent_starts.min(launcher.started.len()));
+                {
+                    let mut st = launcher.started.lock().expect("starts");
+                    let n = sent_starts.min(st.len());
+                    st.drain(..n);
+                }
                 {
                     let mut c = launcher.checkpointed.lock().expect("checkpoint sink");
                     let n = sent_ckpts.min(c.len());
@@ -827,6 +854,7 @@ mod tests {
             pid_namespace: false,
             task_pids_max: cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+            containers: Default::default(),
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

@@ -50,7 +50,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 /// The signals passed on to the task (SIGKILL and SIGSTOP cannot be caught; they reach everyone directly).
-const FORWARDED: [Signal; 6] =
+pub(crate) const FORWARDED: [Signal; 6] =
     [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
 
 fn signal_set(extra: Option<Signal>) -> SigSet {
@@ -81,6 +81,8 @@ pub struct Exec {
     /// The size bound (MiB) of the task's private `/tmp` and `/dev/shm` (`--tmp-size-mib`; with `pid_namespace`);
     /// `None`: tmpfs's default, half the RAM. Either way the pages count against the task's memory limit.
     pub tmp_mib: Option<u64>,
+    /// Run a container instead of `prog` (see [`crate::container::run`]): its id, runtime, bundle and image.
+    pub container: Option<crate::container::run::ContainerExec>,
     /// Program.
     pub prog: String,
     /// Arguments.
@@ -124,6 +126,9 @@ impl Exec {
             v.push("--tmp-size-mib".into());
             v.push(m.to_string());
         }
+        if let Some(c) = &self.container {
+            c.to_args(&mut v);
+        }
         v.push("--".into());
         v.push(self.prog.clone());
         v.extend(self.args.iter().cloned());
@@ -152,7 +157,14 @@ impl Exec {
                 "--tmp-size-mib" => {
                     e.tmp_mib = Some(val("--tmp-size-mib")?.parse().map_err(|_| "--tmp-size-mib is a number")?)
                 }
+                other if crate::container::run::ContainerExec::take(&mut e.container, other, || val(other))? => {}
                 "--" => {
+                    if e.container.as_ref().is_some_and(|c| !c.complete()) {
+                        return Err(
+                            "--container needs --runtime, --runtime-root, --bundle, --image-dir and --image-cache"
+                                .into(),
+                        );
+                    }
                     e.prog = it.next().cloned().ok_or("no program after --")?;
                     e.args = it.cloned().collect();
                     let status = status.ok_or("--status is required")?;
@@ -200,11 +212,23 @@ impl Exec {
             }
             _ => None,
         };
+        // A container's image is made ready first, outside the task's groups (see `container::run::prepare`).
+        let image = match &self.container {
+            Some(c) => match crate::container::run::prepare(c) {
+                Ok(i) => Some(i),
+                Err(e) => return e,
+            },
+            None => None,
+        };
         let me = std::process::id().to_string();
         for c in &self.cgroups {
             if let Err(e) = std::fs::write(c, &me) {
                 return refuse(125, format_args!("join cgroup {}: {e}", c.display()));
             }
+        }
+        if let (Some(c), Some(image)) = (&self.container, &image) {
+            // The runtime makes the container's namespaces; the wrapper is its parent (see `container::run`).
+            return crate::container::run::run(c, image, &self.cgroups);
         }
         if self.pid_namespace {
             if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID) {
@@ -636,12 +660,29 @@ mod tests {
             pid_namespace: true,
             ns_init: false,
             tmp_mib: Some(512),
+            container: None,
             prog: "sh".into(),
             args: vec!["-c".into(), "--pid-namespace".into()],
         };
         assert_eq!(Exec::parse(&e.to_args()).unwrap(), e, "a program's own arguments stay its own");
-        let init = Exec { status: None, ns_init: true, ..e };
+        let init = Exec { status: None, ns_init: true, ..e.clone() };
         assert_eq!(Exec::parse(&init.to_args()).unwrap(), init);
+        let c = Exec {
+            container: Some(crate::container::run::ContainerExec {
+                id: "gpunet-job-1-rank-0-attempt-0".into(),
+                runtime: "/usr/sbin/runc".into(),
+                state: "/d/containers/state".into(),
+                bundle: "/d/containers/bundles/gpunet-job-1-rank-0-attempt-0".into(),
+                image_dir: "/d/images".into(),
+                image_cache: "/d/containers/images".into(),
+            }),
+            ..e
+        };
+        assert_eq!(Exec::parse(&c.to_args()).unwrap(), c);
+        let mut half = c.to_args();
+        let at = half.iter().position(|a| a == "--image-cache").unwrap();
+        half.drain(at..at + 2);
+        assert!(Exec::parse(&half).is_err(), "a container needs all its parts");
         assert!(Exec::parse(&["--status".into(), "-".into()]).is_err());
         assert!(Exec::parse(&["--bogus".into()]).is_err());
         assert!(Exec::parse(&["--user".into(), "1".into(), "--status".into(), "-".into(), "--".into(), "x".into()])

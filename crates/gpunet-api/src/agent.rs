@@ -208,6 +208,9 @@ pub struct TaskAssignment {
     /// after `grace_ms`) and reports the exit with the reason `exceeded its time limit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_ms: Option<u64>,
+    /// The container the task runs in (a job with an `image`); `None`: a process on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::image::ContainerTask>,
 }
 
 /// A MIG slice of a node: the GPU's index and the instance's position among that GPU's MIG instances.

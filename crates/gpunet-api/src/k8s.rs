@@ -2,8 +2,8 @@
 //! ResourceQuota becomes a tenant quota.
 //!
 //! The converter removes every field it uses from the document; whatever is left is named in a warning, so no field is
-//! ever ignored silently. Fields gpunet accepts with a caveat (the container `image`, which gpunet does not pull, or
-//! an `affinity` misplaced inside a container, which Kubernetes itself would reject) get a warning that says so.
+//! ever ignored silently. A field gpunet accepts with a caveat (an `affinity` misplaced inside a container, which
+//! Kubernetes itself would reject) gets a warning that says so.
 //!
 //! | Job field | becomes |
 //! |---|---|
@@ -13,6 +13,8 @@
 //! | `…containers[0].resources.limits/requests["nvidia.com/gpu"]` | `gpus` per task |
 //! | `…containers[0].resources.requests.cpu/memory` (else `limits`) | `cpu`, `memory` per task |
 //! | `…containers[0].command` + `args`, `env`, `workingDir` | `command`, `env`, `working_dir` |
+//! | `…containers[0].image` | `image` (the tasks run in it) |
+//! | `…containers[0].volumeMounts` of `spec.template.spec.volumes` (`hostPath`, `emptyDir`) | `container.mounts` |
 //! | `…containers[0].livenessProbe.exec` with `initialDelaySeconds`, `periodSeconds` | `liveness` |
 //! | `spec.template.spec.nodeSelector`, `affinity.nodeAffinity.required…` (pod or, with a warning, container) | `selector`, `affinity` |
 //! | `spec.template.spec.tolerations` | `tolerations` |
@@ -48,6 +50,44 @@ fn text(v: &Value) -> Option<String> {
 /// A value as shown in an error (cut by [`ApiError::invalid`]).
 fn shown(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| format!("{v:?}"))
+}
+
+/// The pod's volumes by name: a hostPath's path, or `None` for an emptyDir; other kinds are refused.
+fn volumes(
+    v: Option<Value>,
+    warnings: &mut Warnings,
+) -> Result<std::collections::BTreeMap<String, Option<String>>, ApiError> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(v) = v else { return Ok(out) };
+    let Value::Sequence(list) = v else {
+        return Err(ApiError::invalid("spec.template.spec.volumes", &shown(&v), "a list"));
+    };
+    for (i, mut vol) in list.into_iter().enumerate() {
+        let f = format!("spec.template.spec.volumes[{i}]");
+        let name = req_str(take(&mut vol, "name"), &format!("{f}.name"))?
+            .ok_or_else(|| ApiError::missing(&format!("{f}.name")))?;
+        let source = if let Some(mut h) = take(&mut vol, "hostPath") {
+            let p = req_str(take(&mut h, "path"), &format!("{f}.hostPath.path"))?
+                .ok_or_else(|| ApiError::missing(&format!("{f}.hostPath.path")))?;
+            take(&mut h, "type");
+            leftovers(&h, &format!("{f}.hostPath"), warnings);
+            Some(p)
+        } else if let Some(e) = take(&mut vol, "emptyDir") {
+            if let Value::Mapping(m) = &e {
+                if !m.is_empty() {
+                    warnings.push(format!(
+                        "{f}.emptyDir's medium and sizeLimit are not used: an emptyDir is a directory on the node's disk"
+                    ));
+                }
+            }
+            None
+        } else {
+            return Err(ApiError::invalid(&f, &shown(&vol), "a hostPath or emptyDir volume"));
+        };
+        leftovers(&vol, &f, warnings);
+        out.insert(name, source);
+    }
+    Ok(out)
 }
 
 fn req_str(v: Option<Value>, field: &str) -> Result<Option<String>, ApiError> {
@@ -249,11 +289,29 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
     let mut c = containers.into_iter().next().expect("checked non-empty");
     let cp = "spec.template.spec.containers[0]";
     take(&mut c, "name");
-    if let Some(img) = take(&mut c, "image") {
-        warnings.push(format!(
-            "{cp}.image {:?} is not pulled: gpunet runs the command directly on the node with its GPUs",
-            text(&img).unwrap_or_default()
-        ));
+    job.image = req_str(take(&mut c, "image"), &format!("{cp}.image"))?;
+    let volumes = volumes(take(&mut pod, "volumes"), &mut warnings)?;
+    if let Some(v) = take(&mut c, "volumeMounts") {
+        let Value::Sequence(mounts) = v else {
+            return Err(ApiError::invalid(&format!("{cp}.volumeMounts"), &shown(&v), "a list"));
+        };
+        let mut out = Vec::new();
+        for (i, mut m) in mounts.into_iter().enumerate() {
+            let f = format!("{cp}.volumeMounts[{i}]");
+            let name = req_str(take(&mut m, "name"), &format!("{f}.name"))?
+                .ok_or_else(|| ApiError::missing(&format!("{f}.name")))?;
+            let path = req_str(take(&mut m, "mountPath"), &format!("{f}.mountPath"))?
+                .ok_or_else(|| ApiError::missing(&format!("{f}.mountPath")))?;
+            let read_only = matches!(take(&mut m, "readOnly"), Some(Value::Bool(true)));
+            let host_path = volumes.get(&name).cloned().ok_or_else(|| {
+                ApiError::invalid(&format!("{f}.name"), &name, "the name of a hostPath or emptyDir volume of the pod")
+            })?;
+            out.push(crate::image::ContainerMount { path, host_path, read_only });
+            leftovers(&m, &f, &mut warnings);
+        }
+        if !out.is_empty() {
+            job.container.get_or_insert_with(Default::default).mounts = out;
+        }
     }
     let mut command = strings(take(&mut c, "command"), &format!("{cp}.command"))?;
     command.extend(strings(take(&mut c, "args"), &format!("{cp}.args"))?);

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod depsyntax;
 pub mod error;
+pub mod image;
 pub mod k8s;
 pub mod limits;
 pub mod servers;

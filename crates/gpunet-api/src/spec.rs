@@ -24,7 +24,10 @@
 //! command: [python, train.py]
 //! env: {EPOCHS: "90"}
 //! working_dir: run/out          # relative, beneath the task's own directory (its HOME, the default working
-//!                                # directory: DATA_DIR/homes/job-ID/rank-R on the agent's node)
+//!                                # directory: DATA_DIR/homes/job-ID/rank-R on the agent's node); with an image
+//!                                # also an absolute path inside the container
+//! image: localhost/train:1       # run each task in this OCI image (see crate::image for the forms)
+//! container: {network: host, shm_size: 8Gi, mounts: [{path: /data, host_path: /srv/data, read_only: true}]}
 //! liveness: {command: [nvidia-smi], initial_delay: 30s, period: 10s}
 //! array: 0-99%8                  # a job array: elements 0..99, at most 8 live at once
 //! dependency: afterok:12,singleton  # start once job-12 succeeded and no earlier job of this name runs
@@ -218,6 +221,13 @@ pub struct JobSubmission {
     /// Working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
+    /// The OCI image each task runs in (see [`crate::image::ImageRef`]); without one, tasks run as processes on
+    /// the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Container options (with `image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::image::ContainerSpec>,
     /// Liveness probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness: Option<LivenessSpec>,
@@ -268,6 +278,8 @@ impl JobSubmission {
             command: Vec::new(),
             env: BTreeMap::new(),
             working_dir: None,
+            image: None,
+            container: None,
             liveness: None,
             checkpoint_tiers: Vec::new(),
             array: None,
@@ -420,13 +432,30 @@ impl JobSubmission {
             return Err(ApiError::invalid("working_dir", "a path over 4096 bytes", "at most 4096 bytes"));
         }
         if let Some(w) = &self.working_dir {
-            if relative_working_dir(w).is_none() {
+            let in_image = self.image.is_some() && crate::image::absolute_path(w).is_some();
+            if relative_working_dir(w).is_none() && !in_image {
                 return Err(ApiError::invalid(
                     "working_dir",
                     w,
-                    "a relative path without '..' (it is made beneath the task's own directory, its HOME)",
+                    "a relative path without '..' (it is made beneath the task's own directory, its HOME), or \
+                     with an image an absolute path in the container",
                 ));
             }
+        }
+        match (&self.image, &self.container) {
+            (Some(i), c) => {
+                let image = crate::image::ImageRef::parse("image", i)?;
+                if let Some(c) = c {
+                    c.validate(spec.task.mem.0)?;
+                }
+                for label in crate::image::required_labels(&image) {
+                    spec.selector.push(SelectorTerm::eq(label, "true"));
+                }
+            }
+            (None, Some(_)) => {
+                return Err(ApiError::invalid("container", "options without an image", "set image as well"));
+            }
+            (None, None) => {}
         }
         if self.selector.len() + self.affinity.len() > 64 || self.tolerations.len() > 64 || self.gpu_models.len() > 32 {
             return Err(ApiError::invalid(

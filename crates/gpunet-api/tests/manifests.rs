@@ -14,13 +14,21 @@ fn the_k8s_job_fixture_converts_with_warnings_for_what_gpunet_cannot_honour() {
     let spec = j.to_core(TenantId(0)).unwrap();
     assert_eq!(spec.task.cpu, MilliCpu(8000));
     assert_eq!(spec.task.mem, MiB(32 * 1024));
-    assert_eq!(spec.selector.len(), 1);
-    assert_eq!((spec.selector[0].key.as_str(), spec.selector[0].op), ("gpu-type", SelectorOp::In));
-    assert_eq!(spec.selector[0].values, ["v100"]);
+    // The image is honoured: the job runs in it, so only nodes that run containers and pull images hold it.
+    assert_eq!(j.image.as_deref(), Some("pytorch:1.12"));
+    let keys: Vec<(&str, &[String])> = spec.selector.iter().map(|t| (t.key.as_str(), &t.values[..])).collect();
+    assert_eq!(
+        keys,
+        [
+            ("gpu-type", &["v100".to_string()][..]),
+            ("gpunet.io/containers", &["true".to_string()][..]),
+            ("gpunet.io/image-pull", &["true".to_string()][..])
+        ]
+    );
+    assert!(spec.selector.iter().all(|t| t.op == SelectorOp::In));
     let w = p.warnings.join("\n");
     assert!(w.contains("spec.template.spec.containers[0].affinity is misplaced"), "{w}");
-    assert!(w.contains("containers[0].image \"pytorch:1.12\" is not pulled"), "{w}");
-    assert_eq!(p.warnings.len(), 2, "{w}");
+    assert_eq!(p.warnings.len(), 1, "{w}");
 }
 
 #[test]
@@ -139,5 +147,63 @@ fn native_numbers_beyond_their_range_are_refused_with_the_field() {
     ] {
         let e = parse_job(body).and_then(|p| p.job.to_core(TenantId(0))).unwrap_err();
         assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some(field)), "{body}: {e:?}");
+    }
+}
+
+/// A Kubernetes Job's container is honoured: image, workingDir (absolute, in the image) and the volumeMounts of
+/// its hostPath and emptyDir volumes; another kind of volume, or a mount of no volume, is refused naming the field.
+#[test]
+fn a_kubernetes_job_s_container_image_and_volumes_become_the_job_s() {
+    let text = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: a}\nspec:\n  template:\n    spec:\n      \
+                containers:\n      - name: c\n        image: oci:lay:1\n        workingDir: /work\n        \
+                volumeMounts: [{name: data, mountPath: /data, readOnly: true}, {name: s, mountPath: /scratch}]\n      \
+                volumes: [{name: data, hostPath: {path: /srv/data, type: Directory}}, {name: s, emptyDir: {}}]\n";
+    let p = parse_job(text).unwrap();
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    assert_eq!(p.job.image.as_deref(), Some("oci:lay:1"));
+    assert_eq!(p.job.working_dir.as_deref(), Some("/work"));
+    let m = &p.job.container.as_ref().unwrap().mounts;
+    assert_eq!(m.len(), 2);
+    assert_eq!((m[0].path.as_str(), m[0].host_path.as_deref(), m[0].read_only), ("/data", Some("/srv/data"), true));
+    assert_eq!((m[1].path.as_str(), m[1].host_path.as_deref(), m[1].read_only), ("/scratch", None, false));
+    let spec = p.job.to_core(TenantId(0)).unwrap();
+    let keys: Vec<&str> = spec.selector.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(keys, ["gpunet.io/containers", "gpunet.io/image-unpack"], "an OCI layout needs umoci on the node");
+    let nfs = text.replace("emptyDir: {}", "nfs: {server: x, path: /}");
+    assert_eq!(parse_job(&nfs).unwrap_err().field.as_deref(), Some("spec.template.spec.volumes[1]"));
+    let missing = text.replace("name: s, mountPath", "name: nope, mountPath");
+    assert_eq!(
+        parse_job(&missing).unwrap_err().field.as_deref(),
+        Some("spec.template.spec.containers[0].volumeMounts[1].name")
+    );
+    // Without an image the working directory must be relative (beneath the task's own directory).
+    let no_image = text.replace("        image: oci:lay:1\n", "");
+    let e = parse_job(&no_image).unwrap().job.to_core(TenantId(0)).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("working_dir"));
+}
+
+/// The native spec's `image` and `container`: checked at submission, naming the field; `container` needs `image`.
+#[test]
+fn image_and_container_options_are_checked_at_submission() {
+    let ok = parse_job(
+        "name: x\ngpus: 1\nmemory: 4Gi\nimage: nvcr.io/nvidia/pytorch:22.07-py3\n\
+         container: {network: none, shm_size: 1Gi}\n",
+    )
+    .unwrap();
+    let spec = ok.job.to_core(TenantId(0)).unwrap();
+    assert!(spec.selector.iter().any(|t| t.key == "gpunet.io/image-pull"), "a registry image needs pulling");
+    for (bad, field) in [
+        ("image: dir:../../etc\n", "image"),
+        ("image: 'a b'\n", "image"),
+        ("image: dir:x\ncontainer: {shm_size: 8Gi}\n", "container.shm_size"),
+        ("image: dir:x\ncontainer: {network: bridge}\n", ""),
+        ("image: dir:x\ncontainer: {mounts: [{path: /proc/x}]}\n", "container.mounts[0].path"),
+        ("container: {network: none}\n", "container"),
+    ] {
+        let text = format!("name: x\ngpus: 1\nmemory: 4Gi\n{bad}");
+        let e = parse_job(&text).and_then(|p| p.job.to_core(TenantId(0)).map(|_| ())).unwrap_err();
+        if !field.is_empty() {
+            assert_eq!(e.field.as_deref(), Some(field), "{bad}: {e:?}");
+        }
     }
 }

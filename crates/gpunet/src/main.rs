@@ -203,6 +203,21 @@ struct AgentArgs {
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
+    /// The OCI runtime of container tasks (jobs with an `image`): runc, crun, a path, or none (default: runc where
+    /// installed, else crun). Such a node is labelled gpunet.io/containers=true.
+    #[arg(long)]
+    container_runtime: Option<String>,
+    /// A static init run as each container's PID 1 (default: tini-static, else catatonit, where installed).
+    #[arg(long)]
+    container_init: Option<PathBuf>,
+    /// The directory `dir:NAME`, `oci:NAME` and `oci-archive:NAME` images are named beneath (default
+    /// DATA_DIR/images).
+    #[arg(long)]
+    image_dir: Option<PathBuf>,
+    /// A node directory (with everything beneath it) a container job may mount with `host_path`; repeatable.
+    /// Without one, no host directory can be mounted.
+    #[arg(long)]
+    allow_host_path: Vec<PathBuf>,
     /// This node's price per GPU-hour, in the server's currency (default: the server's price catalogue's, by GPU
     /// model and the `lifecycle` label: on-demand, spot or reserved).
     #[arg(long)]
@@ -316,6 +331,12 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         pid_namespace: !a.no_pid_namespace,
         task_pids_max: a.task_pids_max,
         snapshot_max_bytes: a.checkpoint_snapshot_max_bytes,
+        containers: gpunet_agent::container::Options {
+            runtime: a.container_runtime.clone(),
+            init: a.container_init.clone(),
+            image_dir: a.image_dir.clone(),
+            host_paths: a.allow_host_path.clone(),
+        },
     })
 }
 
@@ -655,6 +676,7 @@ fn real_main() -> Result<()> {
                     pid_namespace: true,
                     task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
                     snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+                    containers: Default::default(),
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {

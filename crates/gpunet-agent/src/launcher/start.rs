@@ -23,6 +23,8 @@ struct Launched {
     env_file: PathBuf,
     /// When its process was started, ms since the Unix epoch.
     at_ms: u64,
+    /// A container task's: the socket on which its wrapper says that the container runs.
+    started: Option<std::os::unix::net::UnixStream>,
 }
 
 /// Runs `f` on the blocking pool; a panic there becomes an error.
@@ -114,15 +116,22 @@ impl Launcher {
     /// Makes everything a task attempt needs and starts its process; `None` when it could not start (reported).
     async fn launch(&self, a: &TaskAssignment) -> Option<Launched> {
         let t = a.task;
-        let Some((prog, args)) = a.command.split_first() else {
-            return self.fail_start(t, "the job has no command".into());
+        let (prog, args) = match (a.command.split_first(), &a.container, &self.containers) {
+            // A container task: the wrapper runs the runtime (the command may come from the image).
+            (_, Some(_), Some(rt)) if self.wrapper.is_some() => (rt.exe.display().to_string(), Vec::new()),
+            (_, Some(_), _) => {
+                return self.fail_start(t, "this node runs no containers (no OCI runtime, or no task wrapper)".into())
+            }
+            (Some((prog, args)), None, _) => (prog.clone(), args.to_vec()),
+            (None, None, _) => return self.fail_start(t, "the job has no command".into()),
         };
-        let (prog, args) = (prog.clone(), args.to_vec());
         let user = self.identity(a);
         let ckpt = checkpoint_dir(&self.dir, t.job);
         let home = work_dir(&self.dir, &t);
         let prepared = {
-            let (log, ckpt, home, wd) = (log_path(&self.dir, &t), ckpt.clone(), home.clone(), a.working_dir.clone());
+            let (log, ckpt, home) = (log_path(&self.dir, &t), ckpt.clone(), home.clone());
+            // An absolute working directory of a container task is in its image, not on the node.
+            let wd = a.working_dir.clone().filter(|w| a.container.is_none() || !w.starts_with('/'));
             blocking(move || prepare_files(&log, &ckpt, &home, user, wd.as_deref())).await
         };
         let (out, err, cwd) = match prepared {
@@ -138,16 +147,43 @@ impl Launcher {
             }
         }
         let env = self.task_env(a, &home);
+        let container = match (&a.container, &self.containers) {
+            (Some(_), Some(rt)) => {
+                let log = log_path(&self.dir, &t);
+                let dirs = crate::container::TaskDirs {
+                    home: &home,
+                    cwd: &cwd,
+                    checkpoint: &ckpt,
+                    log: &log,
+                    env: &env,
+                    user,
+                    dev_dir: &self.dev_dir,
+                };
+                match rt.plan(a, dirs) {
+                    Ok(p) => Some(p),
+                    Err(msg) => {
+                        rt.remove(&t);
+                        return self.fail_start(t, msg);
+                    }
+                }
+            }
+            _ => None,
+        };
         let status = status_path(&self.dir, &t);
         let env_file = env_path(&self.dir, &t);
         let record = record_path(&self.dir, &t);
-        let devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
+        let mut devices = crate::cgroups::device_rules(&self.dev_dir, &a.gpus);
+        if a.container.is_some() {
+            // What the runtime allows the container's groups beneath (its defaults) must be allowed here first.
+            devices.extend(crate::container::RUNTIME_DEVICE_RULES.iter().map(|r| r.to_string()));
+        }
         let cgroups = self.cgroups.clone();
         let group_name = format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt);
         let (memory_mib, cpu_milli, pids_max) = (a.memory_mib, a.cpu_milli, self.pids_max);
         let (wrapper, task_path, pid_namespace) = (self.wrapper.clone(), self.task_path.clone(), self.pid_namespace);
         let env_for_direct = env.clone();
         let status_for_spawn = status.clone();
+        let is_container = container.is_some();
         let spawned = blocking(move || {
             let status = status_for_spawn;
             let group = cgroups
@@ -163,7 +199,7 @@ impl Launcher {
                     running_dir(status.parent().expect("status dir"))
                         .and_then(|_| write_private(&status, b""))
                         .map_err(|e| format!("prepare {}: {e}", status.display()))?;
-                    let exec = crate::wrapper::Exec {
+                    let mut exec = crate::wrapper::Exec {
                         status: Some(status.clone()),
                         cgroups: group.as_ref().map(|g| g.procs.clone()).unwrap_or_default(),
                         user,
@@ -175,9 +211,29 @@ impl Launcher {
                         ns_init: false,
                         // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
                         tmp_mib: Some(memory_mib.max(4)),
+                        container: None,
                         prog: prog.clone(),
                         args: args.clone(),
                     };
+                    if let Some((plan, c)) = container {
+                        // The plan carries the environment (the wrapper reads none from its input), root's alone in
+                        // the bundle; the wrapper turns it into the runtime's configuration.
+                        let written = crate::container::bundle::write(&c.bundle, "plan.json", &plan);
+                        if let Err(e) = written {
+                            if let Some(g) = &group {
+                                g.remove();
+                            }
+                            return Err(e);
+                        }
+                        exec = crate::wrapper::Exec {
+                            env_file: None,
+                            cwd: None,
+                            pid_namespace: false,
+                            tmp_mib: None,
+                            container: Some(c),
+                            ..exec
+                        };
+                    }
                     wrapper_command(w, &exec, &task_path)
                 }
                 // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
@@ -193,7 +249,18 @@ impl Launcher {
                     c
                 }
             };
-            let stdin = if wrapper.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+            // A container task's wrapper gets a socket instead: it says there when the container runs.
+            let mut started = None;
+            let stdin = if is_container {
+                let (ours, theirs) =
+                    std::os::unix::net::UnixStream::pair().map_err(|e| format!("make the start socket: {e}"))?;
+                started = Some(ours);
+                std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs))
+            } else if wrapper.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            };
             cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
             let unmade = |group: &Option<crate::cgroups::TaskCgroup>| {
                 if let Some(g) = group {
@@ -217,10 +284,10 @@ impl Launcher {
                 let wrapped = u8::from(wrapper.is_some());
                 let _ = write_private(&record, format!("{pid} {start} {wrapped}\n").as_bytes());
             }
-            Ok((child, pid, group, at_ms))
+            Ok((child, pid, group, at_ms, started))
         })
         .await;
-        let (mut child, pid, group, at_ms) = match spawned {
+        let (mut child, pid, group, at_ms, started) = match spawned {
             Ok(s) => s,
             Err(msg) => return self.fail_start(t, msg),
         };
@@ -232,18 +299,35 @@ impl Launcher {
                 let _ = pipe.write_all(&bytes).await;
             });
         }
-        Some(Launched { child, pid, group, status, env_file, at_ms })
+        Some(Launched { child, pid, group, status, env_file, at_ms, started })
     }
 
     /// Takes a started task attempt into the launcher: its start is reported, its probe and checkpoint copies run,
     /// and its end is watched.
     fn register(&mut self, a: &TaskAssignment, l: Launched) {
         let t = a.task;
-        let Launched { mut child, pid, group, status, env_file, at_ms } = l;
+        let Launched { mut child, pid, group, status, env_file, at_ms, started } = l;
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
-        self.started.push(TaskStart { task: t, pid: pid as u32, at_ms });
+        match started {
+            None => self.started.lock().expect("starts").push(TaskStart { task: t, pid: pid as u32, at_ms }),
+            // A container task started when its container runs (after the image and the runtime's create and
+            // start), which its wrapper says on the socket; a container that never ran reports no start, only its end.
+            Some(sock) => {
+                let sink = self.started.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt as _;
+                    let Ok(()) = sock.set_nonblocking(true) else { return };
+                    let Ok(mut sock) = tokio::net::UnixStream::from_std(sock) else { return };
+                    let mut b = [0u8; 1];
+                    if matches!(sock.read(&mut b).await, Ok(1)) && b[0] == b's' {
+                        tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, "container running");
+                        sink.lock().expect("starts").push(TaskStart { task: t, pid: pid as u32, at_ms: now_ms() });
+                    }
+                });
+            }
+        }
         let extras = Extras::default();
         self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
         if let Some(g) = &group {
@@ -251,6 +335,7 @@ impl Launcher {
         }
         let exits = self.exits.clone();
         let record = record_path(&self.dir, &t);
+        let containers = self.containers.clone();
         tokio::spawn(async move {
             let status_now = child.wait().await;
             alive.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -264,7 +349,7 @@ impl Launcher {
             // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
             // cgroup goes in `finish`.
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            finish(t, code, signal, group, extras, exits).await;
+            finish(t, code, signal, group, extras, exits, containers).await;
         });
     }
 }
@@ -295,6 +380,7 @@ mod tests {
             command: command.into_iter().map(String::from).collect(),
             env: Default::default(),
             working_dir: None,
+            container: None,
             gpus: vec![],
             mig: vec![],
             cpu_milli: 100,
@@ -308,7 +394,7 @@ mod tests {
         let (ok1, bad, ok2) = (mk(1, vec!["true"]), mk(2, vec!["/nonexistent/program"]), mk(3, vec!["true"]));
         l.start_all(&[&ok1, &bad, &ok2]).await;
         // The two good ones started, in the answer's order; the bad one ended at once with 127.
-        let started: Vec<u64> = l.started.iter().map(|s| s.task.job).collect();
+        let started: Vec<u64> = l.started.lock().unwrap().iter().map(|s| s.task.job).collect();
         assert_eq!(started, vec![1, 3]);
         let mut ends = std::collections::BTreeMap::new();
         while ends.len() < 3 {

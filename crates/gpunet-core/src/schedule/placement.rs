@@ -161,6 +161,24 @@ impl Pass<'_> {
 /// Why no node of the given classes could ever hold the job (whatever runs now), if so.
 fn never_fits_in(topo: &crate::alloc::Topology, spec: &JobSpec, classes: &[u32]) -> Option<String> {
     if classes.is_empty() {
+        // The node capabilities gpunet itself asks for (a job with a container image needs a node that runs
+        // containers) are named: the user did not write them.
+        let implied: Vec<String> = spec
+            .selector
+            .iter()
+            .filter(|t| t.key.starts_with("gpunet.io/") && t.values.len() == 1)
+            .map(|t| format!("{}={}", t.key, t.values[0]))
+            .collect();
+        let has_implied = |c: &crate::alloc::ClassInfo| {
+            spec.selector.iter().filter(|t| t.key.starts_with("gpunet.io/")).all(|t| t.matches(&c.spec))
+        };
+        if !implied.is_empty() && !topo.classes.iter().any(has_implied) {
+            return Some(format!(
+                "no node matches its selector, tolerations and GPU models: its container image needs a node \
+                 labelled {} (an agent with an OCI runtime and the image tools)",
+                implied.join(", ")
+            ));
+        }
         return Some("no node matches its selector, tolerations and GPU models".into());
     }
     let ts = &spec.task;
@@ -316,6 +334,11 @@ mod tests {
         let mut h100 = JobSpec::new(t0(), "h100", 1, 1);
         h100.gpu_models = crate::job::thin_vec![GpuModel::H100_80GB];
         assert!(super::never_fits(&s, &h100).is_some_and(|w| w.contains("GPU models")));
+        // A job with a container image: the label its image implies is named, since the user did not write it.
+        let mut image = JobSpec::new(t0(), "image", 1, 1);
+        image.selector = crate::job::thin_vec![SelectorTerm::eq("gpunet.io/containers", "true")];
+        let why = super::never_fits(&s, &image).unwrap();
+        assert!(why.contains("its container image needs a node labelled gpunet.io/containers=true"), "{why}");
         // A cluster without nodes yet refuses nothing: they may come.
         let empty = cluster(cfg(Policy::Fifo), vec![], &["t"]);
         assert_eq!(super::never_fits(&empty, &JobSpec::new(t0(), "nine", 9, 1)), None);

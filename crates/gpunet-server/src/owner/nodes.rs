@@ -408,6 +408,15 @@ impl Owner {
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
                     tenant_index: Some(j.spec.tenant.0),
+                    container: sub.image.as_ref().map(|image| {
+                        let c = sub.container.clone().unwrap_or_default();
+                        gpunet_api::image::ContainerTask {
+                            image: image.clone(),
+                            network: c.network.unwrap_or_default(),
+                            shm_mib: c.shm_mib(),
+                            mounts: c.mounts,
+                        }
+                    }),
                     time_limit_ms: sub
                         .time_limit
                         .as_deref()

@@ -41,6 +41,13 @@ pub(crate) struct E2eArgs {
     /// The local agent runs tasks without a PID namespace of their own.
     #[arg(long)]
     pub(crate) no_pid_namespace: bool,
+    /// Also run the jobs in containers of this image (e.g. `dir:tiny`, see `scripts/tiny-image.sh`), after the
+    /// process jobs in the same run, and report both side by side. The image must have `true`.
+    #[arg(long)]
+    pub(crate) image: Option<String>,
+    /// The local agent's image directory (`gpunet agent --image-dir`), where `dir:`/`oci:` images are found.
+    #[arg(long)]
+    pub(crate) image_dir: Option<std::path::PathBuf>,
 }
 
 /// What it measured.
@@ -96,6 +103,52 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     // Wait for the GPUs to be there.
     ready(&http, &url, &token, if a.server.is_some() { 1 } else { a.slots }).await?;
+    let process = measure(&http, &url, &token, &a, None).await;
+    let container = match (&process, &a.image) {
+        (Ok(_), Some(image)) => Some(measure(&http, &url, &token, &a, Some(image)).await),
+        _ => None,
+    };
+    stop_local(local, &dir).await;
+    let process = process?;
+    let container = container.transpose()?;
+    if a.output == "json" {
+        match &container {
+            None => println!("{}", serde_json::to_string(&process)?),
+            Some(c) => println!("{}", serde_json::json!({"process": process, "container": c})),
+        }
+        return Ok(());
+    }
+    // Name, value, decimals.
+    type Row = (&'static str, fn(&E2eReport) -> f64, usize);
+    let rows: [Row; 5] = [
+        ("start_p50_ms", |r| r.start_p50_ms, 1),
+        ("start_p99_ms", |r| r.start_p99_ms, 1),
+        ("drain_s", |r| r.drain_s, 2),
+        ("placed_p50_ms", |r| r.placed_p50_ms, 1),
+        ("placed_to_start_p50_ms", |r| r.placed_to_start_p50_ms, 1),
+    ];
+    if container.is_some() {
+        println!("{:<24} {:>10} {:>10}", "", "process", "container");
+    }
+    for (name, f, decimals) in rows {
+        let cell = |r: &E2eReport| format!("{:.*}", decimals, f(r));
+        match &container {
+            None => println!("{name:<24} {}", cell(&process)),
+            Some(c) => println!("{name:<24} {:>10} {:>10}", cell(&process), cell(c)),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the jobs (in containers of `image` when given) and measures them.
+async fn measure(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    a: &E2eArgs,
+    image: Option<&String>,
+) -> Result<E2eReport> {
+    let (url, token) = (url.to_string(), token.to_string());
     // Completions from the event stream.
     type Waiters = std::sync::Arc<
         std::sync::Mutex<(
@@ -132,11 +185,17 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
             }
         }
     });
-    let body = r#"{"name":"true","tenant":"bench-e2e","gpus":1,"command":["true"],"cpu":"100m","memory":"64Mi"}"#;
+    let mut spec = serde_json::json!({"name": "true", "tenant": "bench-e2e", "gpus": 1, "command": ["true"],
+                                      "cpu": "100m", "memory": "64Mi"});
+    if let Some(i) = image {
+        spec["image"] = serde_json::json!(i);
+    }
+    let body = spec.to_string();
     let mut handles = Vec::new();
     for c in 0..a.slots {
         let n = a.jobs / a.slots + usize::from(c < a.jobs % a.slots);
-        let (http, url, token, waiters) = (http.clone(), url.clone(), token.clone(), waiters.clone());
+        let (http, url, token, waiters, body) =
+            (http.clone(), url.clone(), token.clone(), waiters.clone(), body.clone());
         handles.push(tokio::spawn(async move {
             let mut ids = Vec::with_capacity(n);
             for _ in 0..n {
@@ -144,7 +203,7 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
                     http.post(format!("{url}/v1/jobs"))
                         .bearer_auth(&token)
                         .header("content-type", "application/json")
-                        .body(body),
+                        .body(body.clone()),
                 )
                 .await?;
                 let id = v["id"].as_u64().context("an id")?;
@@ -206,20 +265,10 @@ pub(crate) async fn run(a: E2eArgs) -> Result<()> {
         placed_p50_ms: quantile(&placed, 0.5),
         placed_to_start_p50_ms: quantile(&to_start, 0.5),
     };
-    stop_local(local, &dir).await;
     if starts.len() < ids.len() {
         bail!("only {} of {} jobs reported a process start", starts.len(), ids.len());
     }
-    if a.output == "json" {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("start_p50_ms  {:.1}", report.start_p50_ms);
-        println!("start_p99_ms  {:.1}", report.start_p99_ms);
-        println!("drain_s       {:.2}", report.drain_s);
-        println!("placed_p50_ms {:.1}", report.placed_p50_ms);
-        println!("placed_to_start_p50_ms {:.1}", report.placed_to_start_p50_ms);
-    }
-    Ok(())
+    Ok(report)
 }
 
 /// Starts a server and agents with `slots` fake GPUs on loopback; returns them, the URL and the admin token.
@@ -278,6 +327,7 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             pid_namespace: !a.no_pid_namespace,
             task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+            containers: gpunet_agent::container::Options { image_dir: a.image_dir.clone(), ..Default::default() },
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {

@@ -46,6 +46,18 @@ pub(crate) struct SubmitArgs {
     /// that directory itself (the task's `HOME`, `DATA_DIR/homes/job-ID/rank-R` under the agent's data directory).
     #[arg(long)]
     pub(crate) workdir: Option<String>,
+    /// Run every task in this OCI image: a registry reference (`nvcr.io/nvidia/pytorch:22.07-py3`),
+    /// `containers-storage:REF` (the node's local store), or beneath the node's image directory `dir:NAME` (an unpacked
+    /// root filesystem), `oci:NAME[:TAG]` (an OCI layout), `oci-archive:NAME[:TAG]`. Without a command the image's
+    /// own runs. Such jobs go only to nodes that run containers (label gpunet.io/containers=true).
+    #[arg(long)]
+    pub(crate) image: Option<String>,
+    /// The container's /dev/shm size (with --image), e.g. 8Gi; default 64Mi.
+    #[arg(long)]
+    pub(crate) shm_size: Option<String>,
+    /// The container's network (with --image): host (the default; NCCL across nodes needs it) or none.
+    #[arg(long)]
+    pub(crate) network: Option<String>,
     /// Tenant (admin tokens only; a tenant token submits to its own).
     #[arg(long)]
     pub(crate) tenant: Option<String>,
@@ -101,6 +113,9 @@ impl SubmitArgs {
             || !self.selector.is_empty()
             || !self.env.is_empty()
             || self.workdir.is_some()
+            || self.image.is_some()
+            || self.shm_size.is_some()
+            || self.network.is_some()
             || self.priority.is_some()
             || self.estimate.is_some()
             || self.time.is_some()
@@ -150,6 +165,20 @@ impl SubmitArgs {
         if let Some(w) = &self.workdir {
             s.working_dir = Some(w.clone());
         }
+        if let Some(i) = &self.image {
+            s.image = Some(i.clone());
+        }
+        if let Some(m) = &self.shm_size {
+            s.container.get_or_insert_with(Default::default).shm_size = Some(m.clone());
+        }
+        if let Some(n) = &self.network {
+            let net = match n.as_str() {
+                "host" => gpunet_api::image::Network::Host,
+                "none" => gpunet_api::image::Network::None,
+                _ => bail!("invalid --network {n:?}: allowed is host or none"),
+            };
+            s.container.get_or_insert_with(Default::default).network = Some(net);
+        }
         if self.tenant.is_some() {
             s.tenant = self.tenant.clone();
         }
@@ -192,13 +221,18 @@ impl SubmitArgs {
                 Ok(serde_json::to_string(&s)?)
             }
             None => {
-                if self.command.is_empty() {
-                    bail!("nothing to run: pass -f SPEC or a command after --");
+                if self.command.is_empty() && self.image.is_none() {
+                    bail!("nothing to run: pass -f SPEC, --image IMAGE or a command after --");
                 }
                 let name = self.name.clone().unwrap_or_else(|| {
-                    std::path::Path::new(&self.command[0])
-                        .file_name()
-                        .map_or("job".into(), |n| n.to_string_lossy().into_owned())
+                    let first = self.command.first().or(self.image.as_ref()).expect("checked above").as_str();
+                    let first = ["docker://", "dir:", "oci-archive:", "oci:", "containers-storage:"]
+                        .iter()
+                        .find_map(|p| first.strip_prefix(p))
+                        .unwrap_or(first);
+                    let base = first.rsplit('/').next().unwrap_or(first);
+                    let base = base.split([':', '@']).next().filter(|b| !b.is_empty()).unwrap_or("job");
+                    base.to_string()
                 });
                 let mut s = JobSubmission::new(&name, 1, 1);
                 self.apply(&mut s)?;

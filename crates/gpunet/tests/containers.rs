@@ -1,0 +1,442 @@
+//! Container jobs (issue 14) through a real agent and a real OCI runtime (runc), with images built offline here from
+//! busybox-static: an unpacked root filesystem (`dir:tiny`) and an OCI layout made by umoci (`oci:lay:1`). Each test
+//! checks that nothing is left behind: no container in the runtime's state, no bundle, no cgroup, no mount.
+//!
+//! Needs root, runc, umoci, tini-static and a static busybox (`.ci/run` installs them); elsewhere each test says it
+//! skipped (under `CI=true` a missing tool fails it).
+
+mod common;
+
+use common::{free_port, json, read, submit_yaml, wait_for, Proc, Server};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Whether this machine can run the tests; says why not (and fails under CI).
+fn can_run() -> bool {
+    let missing: Vec<&str> = ["runc", "umoci", "tini-static"]
+        .into_iter()
+        .filter(|t| {
+            !Command::new("sh").args(["-c", &format!("command -v {t}")]).output().is_ok_and(|o| o.status.success())
+        })
+        .collect();
+    let static_busybox = Command::new("sh")
+        .args(["-c", "command -v busybox >/dev/null && ! ldd \"$(command -v busybox)\" >/dev/null 2>&1"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let root = nix_root();
+    if missing.is_empty() && static_busybox && root {
+        return true;
+    }
+    let why = format!("missing: {missing:?}, static busybox: {static_busybox}, root: {root}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI installs runc, umoci, tini and busybox-static and runs as root ({why})"
+    );
+    eprintln!("SKIPPED: container tests need root, runc, umoci, tini-static and busybox-static ({why})");
+    false
+}
+
+fn nix_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next() == Some("0"))))
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) {
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Builds the test images under `images`: `tiny` (busybox and its applets, a root filesystem) and the OCI layout
+/// `lay` tagged `1` (the same files, with the image's own PATH, working directory /work and command).
+fn build_images(images: &Path) {
+    let tiny = images.join("tiny");
+    for d in ["bin", "etc", "tmp", "proc", "dev", "sys", "work"] {
+        std::fs::create_dir_all(tiny.join(d)).unwrap();
+    }
+    let busybox = String::from_utf8(Command::new("sh").args(["-c", "command -v busybox"]).output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    std::fs::copy(&busybox, tiny.join("bin/busybox")).unwrap();
+    let applets = Command::new(tiny.join("bin/busybox")).arg("--list").output().unwrap().stdout;
+    for a in String::from_utf8(applets).unwrap().lines().filter(|a| *a != "busybox") {
+        // Relative links: they resolve inside the container too.
+        std::os::unix::fs::symlink("busybox", tiny.join("bin").join(a)).unwrap();
+    }
+    std::fs::write(tiny.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+    let lay = images.join("lay");
+    let bundle = images.join("lay-bundle");
+    run(Command::new("umoci").args(["init", "--layout"]).arg(&lay));
+    run(Command::new("umoci").args(["new", "--image"]).arg(format!("{}:1", lay.display())));
+    run(Command::new("umoci").args(["unpack", "--image"]).arg(format!("{}:1", lay.display())).arg(&bundle));
+    run(Command::new("cp").arg("-a").arg(format!("{}/.", tiny.display())).arg(bundle.join("rootfs")));
+    run(Command::new("umoci").args(["repack", "--image"]).arg(format!("{}:1", lay.display())).arg(&bundle));
+    run(Command::new("umoci")
+        .args(["config", "--image"])
+        .arg(format!("{}:1", lay.display()))
+        .args(["--config.env", "PATH=/bin:/sbin", "--config.workingdir", "/work"])
+        .args(["--config.cmd", "sh", "--config.cmd", "-c", "--config.cmd"])
+        .arg("echo image-default in $(pwd) PATH=$PATH"));
+    std::fs::remove_dir_all(&bundle).unwrap();
+}
+
+/// Fake GPU device nodes with the NVIDIA driver's numbers (char 195:N, nvidiactl 195:255).
+fn fake_devices(dir: &Path) -> PathBuf {
+    let dev = dir.join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for (name, minor) in [("nvidia0", "0"), ("nvidia1", "1"), ("nvidiactl", "255")] {
+        run(Command::new("mknod").arg(dev.join(name)).args(["c", "195", minor]));
+    }
+    dev
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    s: Server,
+    images: PathBuf,
+}
+
+fn setup(server_flags: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    build_images(&images);
+    let s = Server::start(&dir.path().join("server"), free_port(), server_flags);
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
+    Setup { dir, s, images }
+}
+
+impl Setup {
+    fn agent(&self, name: &str, gpus: &str, extra: &[&str]) -> Proc {
+        let dev = self.dir.path().join("dev");
+        if !dev.exists() {
+            fake_devices(self.dir.path());
+        }
+        let mut flags = vec![
+            "--image-dir",
+            self.images.to_str().unwrap(),
+            "--device-dir",
+            dev.to_str().unwrap(),
+            "--tenant-uid-base",
+            "210000",
+        ];
+        flags.extend_from_slice(extra);
+        self.s.agent_with(name, gpus, self.dir.path(), "127.0.0.1", &flags)
+    }
+
+    fn log(&self, node: &str, id: u64, attempt: u32) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{node}/logs/job-{id}/rank-0-attempt-{attempt}.log")))
+            .unwrap_or_default()
+    }
+
+    fn view(&self, id: u64) -> serde_json::Value {
+        let (_, o, _) = self.s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+        json(&o)
+    }
+
+    /// The containers the node's runtime knows (id and status).
+    fn containers(&self, node: &str) -> Vec<(String, String)> {
+        let state = self.dir.path().join(node).join("containers/state");
+        let o = Command::new("runc").arg("--root").arg(&state).args(["list", "--format", "json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        let id = c["id"].as_str().unwrap_or("").to_string();
+                        (id, format!("{} pid {}", c["status"].as_str().unwrap_or(""), c["pid"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// What a node's containers left: runtime state, bundles, cgroups beneath the agent's groups, mounts of a bundle.
+    fn leftovers(&self, node: &str) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.containers(node).into_iter().map(|(id, st)| format!("container {id} {st}")).collect();
+        let bundles = self.dir.path().join(node).join("containers/bundles");
+        if let Ok(rd) = std::fs::read_dir(&bundles) {
+            out.extend(rd.flatten().map(|e| format!("bundle {}", e.path().display())));
+        }
+        let find = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "7", "-type", "d", "-path", &format!("*/gpunet-{node}-*/*")])
+            .output()
+            .unwrap();
+        out.extend(String::from_utf8_lossy(&find.stdout).lines().map(|l| format!("cgroup {l}")));
+        let needle = bundles.display().to_string();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            if let Ok(m) = std::fs::read_to_string(e.path().join("mountinfo")) {
+                if m.contains(&needle) {
+                    out.push(format!("mount in {}", e.path().display()));
+                }
+            }
+        }
+        out
+    }
+
+    fn wait_clean(&self, node: &str) {
+        let t = std::time::Instant::now();
+        loop {
+            let left = self.leftovers(node);
+            if left.is_empty() {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "left behind: {left:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn exit_code(v: &serde_json::Value) -> Option<i64> {
+    v["attempts"].as_array()?.iter().rev().find_map(|e| e["exit_code"].as_i64())
+}
+
+/// The container job contract on one node: the image's files and only its own GPUs, the tenant's uid without
+/// capabilities, exit codes, the image's own command and environment, OOM, cancel through the init, volumes, a
+/// host path only where the node allows it, the Kubernetes Job's container, and nothing left behind.
+#[test]
+fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behind() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&[]);
+    let shared = st.dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("dataset.txt"), "the-dataset\n").unwrap();
+    // A node that runs no containers: a job with an image is refused while it is the only one, saying why.
+    let _p = st.agent("p1", "4xT4", &["--container-runtime", "none"]);
+    let (ok, o, e) = st.s.cli("admin-secret", &["submit", "--tenant", "t", "--image", "dir:tiny", "--", "true"]);
+    assert!(!ok && e.contains("its container image needs a node labelled gpunet.io/containers=true"), "{o}{e}");
+    let _a = st.agent("c1", "2xT4", &["--allow-host-path", shared.to_str().unwrap()]);
+    let (_, nodes, _) = st.s.cli("admin-secret", &["nodes", "--output", "json"]);
+    let nodes = json(&nodes);
+    let c1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "c1").unwrap();
+    let labels = &c1["labels"];
+    assert_eq!(
+        (labels["gpunet.io/containers"].as_str(), labels["gpunet.io/container-runtime"].as_str()),
+        (Some("true"), Some("runc"))
+    );
+
+    // Its GPU and no other, its uid, no capabilities, the init as PID 1, the image's files, the exit code.
+    let probe = "ls /dev | grep nvidia | tr '\\n' ' '; echo; echo visible=$CUDA_VISIBLE_DEVICES uid=$(id -u) \
+                 caps=$(grep CapEff /proc/self/status | tr -d '\\t'); echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline); \
+                 echo host=$(cat /etc/passwd | wc -l) home=$HOME; echo step-1 > $GPUNET_CHECKPOINT_DIR/state; exit 7";
+    let (ok, o, e) = st.s.cli(
+        "admin-secret",
+        &[
+            "submit",
+            "--tenant",
+            "t",
+            "--image",
+            "dir:tiny",
+            "--gpus",
+            "1",
+            "--max-restarts",
+            "0",
+            "--output",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            probe,
+        ],
+    );
+    assert!(ok, "{o}{e}");
+    let id = json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "failed");
+    let log = st.log("c1", id, 0);
+    let v = st.view(id);
+    assert_eq!(exit_code(&v), Some(7), "{v}\n{log}");
+    assert_eq!(v["placement"][0]["node"], "c1", "only a node that runs containers holds it (p1 has more free GPUs)");
+    let gpu =
+        log.lines().find_map(|l| l.strip_prefix("visible=")).and_then(|r| r.split(' ').next()).unwrap().to_string();
+    let devices: Vec<&str> = log.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(devices, [format!("nvidia{gpu}").as_str(), "nvidiactl"], "only its own GPU's node: {log}");
+    assert!(log.contains("uid=210000 "), "the tenant's uid: {log}");
+    assert!(log.contains("caps=CapEff:0000000000000000"), "no capabilities: {log}");
+    assert!(log.contains("pid1=/.gpunet/init -g -- sh -c"), "the init is PID 1: {log}");
+    assert!(log.contains("host=1 "), "the image's /etc/passwd, not the node's: {log}");
+    let ckpt = st.dir.path().join(format!("c1/checkpoints/job-{id}/state"));
+    assert_eq!(read(&ckpt), "step-1", "the checkpoint directory is the node's, at the same path");
+    st.wait_clean("c1");
+
+    // No command: the image's own, with its PATH and working directory.
+    let (ok, o, e) = st
+        .s
+        .cli("admin-secret", &["submit", "--tenant", "t", "--image", "oci:lay:1", "--gpus", "0", "--output", "json"]);
+    assert!(ok, "{o}{e}");
+    let id = json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "succeeded");
+    assert!(st.log("c1", id, 0).contains("image-default in /work PATH=/bin:/sbin"), "{}", st.log("c1", id, 0));
+
+    // Over its memory limit: reported as OOM.
+    let (ok, o, e) = st.s.cli(
+        "admin-secret",
+        &[
+            "submit",
+            "--tenant",
+            "t",
+            "--image",
+            "dir:tiny",
+            "--gpus",
+            "0",
+            "--memory",
+            "32Mi",
+            "--max-restarts",
+            "0",
+            "--output",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "x=a; while true; do x=\"$x$x\"; done",
+        ],
+    );
+    assert!(ok, "{o}{e}");
+    let oom = json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(60), || st.s.job_state(oom) == "failed");
+    let v = st.view(oom);
+    assert!(v.to_string().contains("exceeding its memory limit (OOM)"), "{v}");
+
+    // Cancel: SIGTERM reaches the task through the init; the container goes.
+    let (ok, o, e) = st.s.cli(
+        "admin-secret",
+        &[
+            "submit",
+            "--tenant",
+            "t",
+            "--image",
+            "dir:tiny",
+            "--gpus",
+            "1",
+            "--output",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-TERM; exit 0' TERM; echo up; while true; do sleep 0.1; done",
+        ],
+    );
+    assert!(ok, "{o}{e}");
+    let c = json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(60), || st.log("c1", c, 0).contains("up"));
+    assert_eq!(st.containers("c1").len(), 1, "one container while it runs");
+    assert_eq!(st.containers("c1")[0].0, format!("gpunet-job-{c}-rank-0-attempt-0"), "named after the job and attempt");
+    let (ok, _, e) = st.s.cli("admin-secret", &["cancel", &c.to_string()]);
+    assert!(ok, "{e}");
+    wait_for(Duration::from_secs(60), || st.s.job_state(c) == "cancelled");
+    assert!(st.log("c1", c, 0).contains("got-TERM"), "{}", st.log("c1", c, 0));
+    st.wait_clean("c1");
+
+    // The Kubernetes Job (a local image instead of nvcr.io): its image, command, args, env, workingDir, an emptyDir
+    // and a hostPath the node allows.
+    let k8s = format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: resnet50\n  namespace: t\nspec:\n  template:\n    spec:\n\
+         \x20     restartPolicy: Never\n      containers:\n      - name: trainer\n        image: oci:lay:1\n\
+         \x20       command: [sh, -c]\n        args: ['echo in=$(pwd) epochs=$EPOCHS; cat /data/dataset.txt; \
+         echo scratch > /scratch/f && cat /scratch/f; touch /data/x 2>/dev/null || echo data-read-only']\n\
+         \x20       workingDir: /work\n        env: [{{name: EPOCHS, value: \"90\"}}]\n\
+         \x20       resources: {{limits: {{nvidia.com/gpu: 1}}}}\n\
+         \x20       volumeMounts: [{{name: data, mountPath: /data, readOnly: true}}, {{name: scratch, mountPath: /scratch}}]\n\
+         \x20     volumes: [{{name: data, hostPath: {{path: {}}}}}, {{name: scratch, emptyDir: {{}}}}]\n",
+        shared.display()
+    );
+    let id = submit_yaml(&st.s, st.dir.path(), &k8s);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "succeeded");
+    let log = st.log("c1", id, 0);
+    for want in ["in=/work epochs=90", "the-dataset", "scratch", "data-read-only"] {
+        assert!(log.contains(want), "{want}: {log}");
+    }
+    // A host path the node does not allow: the task cannot start, and says why.
+    assert_eq!(st.view(id)["placement"][0]["node"], "c1");
+    let bad = k8s.replace(&format!("path: {}", shared.display()), "path: /etc");
+    let id = submit_yaml(&st.s, st.dir.path(), &bad);
+    wait_for(Duration::from_secs(60), || st.view(id).to_string().contains("is not allowed on this node"));
+    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok);
+    st.wait_clean("c1");
+}
+
+/// A preempted container job resumes in a new container from its checkpoint: its step counter goes on.
+#[test]
+fn a_preempted_container_job_resumes_in_a_new_container_from_its_checkpoint() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&["--policy", "priority", "--preempt-min-run-s", "0"]);
+    let _a = st.agent("c2", "1xT4", &[]);
+    let train = "cd $GPUNET_CHECKPOINT_DIR; n=$(cat step 2>/dev/null || echo 0); echo resumed-at=$n; \
+                 trap 'echo $n > step; echo saved=$n; exit 0' TERM; \
+                 while true; do n=$((n+1)); echo $n > step; echo step=$n; sleep 0.1; done";
+    let (ok, o, e) = st.s.cli(
+        "admin-secret",
+        &["submit", "--tenant", "t", "--image", "dir:tiny", "--gpus", "1", "--output", "json", "--", "sh", "-c", train],
+    );
+    assert!(ok, "{o}{e}");
+    let low = json(&o)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(60), || st.log("c2", low, 0).contains("step=5"));
+    let hi = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--priority", "10", "--", "sh", "-c", "sleep 0.5"]);
+    wait_for(Duration::from_secs(60), || st.s.job_state(hi) == "succeeded");
+    wait_for(Duration::from_secs(60), || st.log("c2", low, 1).contains("step="));
+    let first = st.log("c2", low, 0);
+    let saved: u64 = first.lines().find_map(|l| l.strip_prefix("saved=")).expect(&first).parse().unwrap();
+    let second = st.log("c2", low, 1);
+    let resumed: u64 = second.lines().find_map(|l| l.strip_prefix("resumed-at=")).expect(&second).parse().unwrap();
+    assert!(saved >= 5 && resumed == saved, "saved {saved}, resumed at {resumed}");
+    let ids: Vec<String> = st.containers("c2").into_iter().map(|c| c.0).collect();
+    assert_eq!(ids, [format!("gpunet-job-{low}-rank-0-attempt-1")], "a new container for the new attempt");
+    assert_eq!(st.view(low)["preemptions"].as_u64(), Some(1));
+    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &low.to_string()]);
+    assert!(ok);
+    wait_for(Duration::from_secs(60), || st.s.job_state(low) == "cancelled");
+    st.wait_clean("c2");
+}
+
+/// `kill -9` of the agent: the container runs on and is adopted by the next agent (never a second copy); a container
+/// whose wrapper died too (nobody could learn its end) is deleted by the next agent before it starts the task the
+/// server still assigns it again: one container at a time, never two.
+#[test]
+fn a_restarted_agent_adopts_its_running_container_or_removes_an_orphaned_one() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&["--restart-backoff-s", "0"]);
+    let mut a = st.agent("c3", "1xT4", &[]);
+    let tick =
+        "echo attempt=$GPUNET_ATTEMPT; while true; do date +%s%N >> $GPUNET_CHECKPOINT_DIR/ticks; sleep 0.1; done";
+    let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--", "sh", "-c", tick]);
+    let ticks = st.dir.path().join(format!("c3/checkpoints/job-{id}/ticks"));
+    let count = || read(&ticks).lines().count();
+    wait_for(Duration::from_secs(60), || count() >= 3);
+    let before = st.containers("c3");
+    a.kill9();
+    let n = count();
+    wait_for(Duration::from_secs(30), || count() > n + 3);
+    assert_eq!(st.containers("c3"), before, "the container runs on without its agent");
+    let mut a = st.agent("c3", "1xT4", &[]);
+    let n = count();
+    wait_for(Duration::from_secs(30), || count() > n + 3);
+    assert_eq!(st.containers("c3"), before, "adopted: the same container, no second one");
+    assert_eq!(st.view(id)["restarts"].as_u64(), Some(0));
+    assert_eq!(st.s.job_state(id), "running");
+
+    // Now the agent and the task's wrapper die: the container is an orphan nobody can learn the end of.
+    a.kill9();
+    let record = st.dir.path().join(format!("c3/running/job-{id}-rank-0-attempt-0"));
+    let wrapper = read(&record).split_whitespace().next().unwrap().to_string();
+    run(Command::new("kill").args(["-9", &wrapper]));
+    let _a = st.agent("c3", "1xT4", &[]);
+    wait_for(Duration::from_secs(60), || st.log("c3", id, 0).matches("attempt=0").count() == 2);
+    let now = st.containers("c3");
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_eq!(now[0].0, before[0].0);
+    assert_ne!(now[0].1, before[0].1, "the orphan went and a new container runs the task: {now:?} {before:?}");
+    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "cancelled");
+    st.wait_clean("c3");
+}
