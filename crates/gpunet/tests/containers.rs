@@ -351,9 +351,10 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     for want in ["in=/work epochs=90", "the-dataset", "scratch", "data-read-only"] {
         assert!(log.contains(want), "{want}: {log}");
     }
-    // A host path the node does not allow: the task cannot start, and says why.
     assert_eq!(st.view(id)["placement"][0]["node"], "c1");
-    let bad = k8s.replace(&format!("path: {}", shared.display()), "path: /etc");
+    // A host path the node does not allow, reached through a symlink planted in an allowed directory.
+    std::os::unix::fs::symlink("/etc", shared.join("escape")).unwrap();
+    let bad = k8s.replace(&format!("path: {}", shared.display()), &format!("path: {}/escape", shared.display()));
     let id = submit_yaml(&st.s, st.dir.path(), &bad);
     wait_for(Duration::from_secs(60), || st.view(id).to_string().contains("is not allowed on this node"));
     let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);

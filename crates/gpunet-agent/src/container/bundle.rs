@@ -54,6 +54,17 @@ pub struct Bind {
     pub path: String,
     /// Read-only.
     pub read_only: bool,
+    /// A node directory the job named (`host_path`): the wrapper opens it without following any symlink and
+    /// mounts it from that descriptor (see [`staged`]), so a symlink swapped in after the agent's check cannot
+    /// redirect the mount.
+    #[serde(default)]
+    pub confined: bool,
+}
+
+/// Where the wrapper mounts confined bind `i` (from its descriptor) for the runtime to bind from: in the bundle,
+/// root's alone.
+pub fn staged(bundle: &Path, i: usize) -> PathBuf {
+    bundle.join("binds").join(i.to_string())
 }
 
 /// Everything a container task's configuration says but what its image adds: the agent writes it to the bundle
@@ -197,13 +208,15 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
     if p.network == Network::Host {
         for f in ["/etc/resolv.conf", "/etc/hosts"] {
             if Path::new(f).is_file() {
-                binds.push(Bind { host: f.into(), path: f.into(), read_only: true });
+                binds.push(Bind { host: f.into(), path: f.into(), read_only: true, confined: false });
             }
         }
     }
-    for b in &binds {
+    let bundle = p.rootfs.parent().unwrap_or(Path::new("/"));
+    for (i, b) in binds.iter().enumerate() {
         let mode = if b.read_only { "ro" } else { "rw" };
-        mounts.push(mount(&b.path, "bind", &b.host.display().to_string(), &["rbind", mode, "nosuid", "nodev"])?);
+        let source = if b.confined { staged(bundle, i) } else { b.host.clone() };
+        mounts.push(mount(&b.path, "bind", &source.display().to_string(), &["rbind", mode, "nosuid", "nodev"])?);
     }
     let mut namespaces = Vec::new();
     let mut kinds =
@@ -313,7 +326,10 @@ mod tests {
             user: Some((200_001, 200_001)),
             init: Some("/usr/bin/tini-static".into()),
             rootfs: d.path().join("rootfs"),
-            binds: vec![Bind { host: d.path().join("home"), path: "/data/home".into(), read_only: false }],
+            binds: vec![
+                Bind { host: d.path().join("home"), path: "/data/home".into(), read_only: false, confined: false },
+                Bind { host: "/srv/data".into(), path: "/data/set".into(), read_only: true, confined: true },
+            ],
             network: Network::None,
             shm_mib: 256,
             tmp_mib: 1024,
@@ -355,6 +371,10 @@ mod tests {
         let shm = mounts.iter().find(|m| m["destination"] == "/dev/shm").unwrap();
         assert!(shm["options"].as_array().unwrap().iter().any(|o| o == "size=256m"));
         assert!(mounts.iter().any(|m| m["destination"] == "/data/home" && m["options"][1] == "rw"));
+        // A job's host path is mounted from the wrapper's staged mount, never from its path on the node.
+        let set = mounts.iter().find(|m| m["destination"] == "/data/set").unwrap();
+        assert_eq!(set["source"], d.path().join("binds/1").display().to_string());
+        assert_eq!(set["options"][1], "ro");
         // No host network: the node's resolver files are not mounted.
         assert!(!mounts.iter().any(|m| m["destination"] == "/etc/hosts"));
         assert_eq!(v["annotations"]["io.gpunet.attempt"], "2");

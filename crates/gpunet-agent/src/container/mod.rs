@@ -151,13 +151,15 @@ impl Runtime {
             );
         }
         let root = data.join("containers");
+        // Root's alone: runtime state and bundles hold tasks' environments, and the image cache may hold a tenant's
+        // private image (a container reaches its files through its overlay, never through these paths).
         let mk = |p: &Path| -> Result<(), String> {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::create_dir_all(p).map_err(|e| format!("make {}: {e}", p.display()))?;
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711))
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| format!("chmod {}: {e}", p.display()))
         };
-        for d in [&root, &root.join("state"), &root.join("bundles")] {
+        for d in [&root, &root.join("state"), &root.join("bundles"), &root.join("images")] {
             mk(d)?;
         }
         let image_dir = o.image_dir.clone().unwrap_or_else(|| data.join("images"));
@@ -246,12 +248,17 @@ impl Runtime {
             let _ = std::fs::remove_dir_all(&bundle);
         }
         crate::launcher::own_dir(&bundle, None).map_err(|e| format!("make {}: {e}", bundle.display()))?;
-        let same =
-            |p: &Path, ro: bool| bundle::Bind { host: p.to_path_buf(), path: p.display().to_string(), read_only: ro };
+        let same = |p: &Path, ro: bool| bundle::Bind {
+            host: p.to_path_buf(),
+            path: p.display().to_string(),
+            read_only: ro,
+            confined: false,
+        };
         let mut binds = vec![same(task.home, false), same(task.checkpoint, false), same(task.log, true)];
         for (i, m) in c.mounts.iter().enumerate() {
             let path =
                 gpunet_api::image::absolute_path(&m.path).ok_or_else(|| format!("container.mounts[{i}].path"))?;
+            let confined = m.host_path.is_some();
             let host = match &m.host_path {
                 Some(h) => {
                     let real = Path::new(h)
@@ -271,7 +278,7 @@ impl Runtime {
                     d
                 }
             };
-            binds.push(bundle::Bind { host, path, read_only: m.read_only });
+            binds.push(bundle::Bind { host, path, read_only: m.read_only, confined });
         }
         let plan = bundle::Plan {
             task: t,

@@ -114,6 +114,36 @@ fn mount_root(c: &ContainerExec, lower: &Path) -> Result<(), String> {
         .map_err(|e| format!("mount the container's root (overlay of {}): {e}", lower.display()))
 }
 
+/// Mounts each host path the job named at its staged place in the bundle (in the wrapper's private mount namespace),
+/// from a descriptor opened with no symlink followed in any component: the agent checked the path (resolved)
+/// against `--allow-host-path`, and a symlink put in its place since then makes the open fail instead of moving the
+/// mount elsewhere. The runtime binds the container's mount from the staged one.
+fn stage_host_paths(c: &ContainerExec, plan: &super::bundle::Plan) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let binds: Vec<_> = plan.binds.iter().enumerate().filter(|(_, b)| b.confined).collect();
+    for (i, b) in binds {
+        let fd = rustix::fs::openat2(
+            rustix::fs::CWD,
+            &b.host,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| format!("open host path {} without following a symlink: {e}", b.host.display()))?;
+        let at = super::bundle::staged(&c.bundle, i);
+        std::fs::create_dir_all(at.parent().expect("a parent")).map_err(|e| format!("make {}: {e}", at.display()))?;
+        let is_dir = rustix::fs::fstat(&fd).map(|st| st.st_mode & 0o170000 == 0o040000).unwrap_or(false);
+        let made = if is_dir { std::fs::create_dir(&at) } else { std::fs::write(&at, b"") };
+        made.map_err(|e| format!("make {}: {e}", at.display()))?;
+        use std::os::fd::AsRawFd as _;
+        let from = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        mount(Some(from.as_str()), &at, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .map_err(|e| format!("mount host path {}: {e}", b.host.display()))?;
+    }
+    Ok(())
+}
+
 /// Spawns `prog args` with an empty signal mask and default dispositions; returns its pid.
 fn spawn_clean(prog: &Path, args: &[&str]) -> Result<Pid, String> {
     use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
@@ -198,13 +228,13 @@ impl Drop for CpuLifted {
 /// Step 0 (see the module's doc): the image, found or unpacked, and the runtime's configuration written. Called
 /// before the wrapper joins the task's groups: an unpack is the node's work, not charged to the task's CPU and
 /// memory limits (a 64 MiB task could not unpack a 10 GB image).
-pub fn prepare(c: &ContainerExec) -> Result<super::images::Prepared, Ended> {
+pub fn prepare(c: &ContainerExec) -> Result<(super::bundle::Plan, super::images::Prepared), Ended> {
     let prepared = super::bundle::read_plan(&c.bundle).and_then(|plan| {
         let images = super::images::Images::new(c.image_dir.clone(), c.image_cache.clone())?;
         let image = images.prepare(&plan.image)?;
         let spec = super::bundle::spec(&plan, &image.defaults)?;
         super::bundle::write(&c.bundle, "config.json", &spec)?;
-        Ok(image)
+        Ok((plan, image))
     });
     prepared.map_err(|e| refuse(127, format_args!("container {}: {e}", c.id)))
 }
@@ -212,7 +242,11 @@ pub fn prepare(c: &ContainerExec) -> Result<super::images::Prepared, Ended> {
 /// Runs the container of `image` (see the module's doc) and says how its first process ended. Called with the
 /// forwarded signals blocked (they stay pending until the container exists), in the task's groups (their
 /// `cgroup.procs` files: `procs`).
-pub fn run(c: &ContainerExec, image: &super::images::Prepared, procs: &[PathBuf]) -> Ended {
+pub fn run(
+    c: &ContainerExec,
+    (plan, image): &(super::bundle::Plan, super::images::Prepared),
+    procs: &[PathBuf],
+) -> Ended {
     let mut set = SigSet::empty();
     for s in super::super::wrapper::FORWARDED.iter().copied().chain([Signal::SIGCHLD]) {
         set.add(s);
@@ -220,7 +254,7 @@ pub fn run(c: &ContainerExec, image: &super::images::Prepared, procs: &[PathBuf]
     if let Err(e) = set.thread_block() {
         return refuse(125, format_args!("block signals: {e}"));
     }
-    if let Err(e) = mount_root(c, &image.rootfs) {
+    if let Err(e) = mount_root(c, &image.rootfs).and_then(|()| stage_host_paths(c, plan)) {
         return refuse(125, format_args!("container {}: {e}", c.id));
     }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
