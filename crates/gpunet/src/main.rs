@@ -218,6 +218,10 @@ struct AgentArgs {
     /// Without one, no host directory can be mounted.
     #[arg(long)]
     allow_host_path: Vec<PathBuf>,
+    /// A directory of CDI specs (repeatable; default /etc/cdi and /var/run/cdi): with an `nvidia.com/gpu` spec, a
+    /// container gets its GPUs as the spec says (device nodes, the driver's libraries, environment, hooks).
+    #[arg(long)]
+    cdi_spec_dir: Vec<PathBuf>,
     /// This node's price per GPU-hour, in the server's currency (default: the server's price catalogue's, by GPU
     /// model and the `lifecycle` label: on-demand, spot or reserved).
     #[arg(long)]
@@ -336,6 +340,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             init: a.container_init.clone(),
             image_dir: a.image_dir.clone(),
             host_paths: a.allow_host_path.clone(),
+            cdi_dirs: (!a.cdi_spec_dir.is_empty()).then(|| a.cdi_spec_dir.clone()),
         },
     })
 }

@@ -441,3 +441,53 @@ fn a_restarted_agent_adopts_its_running_container_or_removes_an_orphaned_one() {
     wait_for(Duration::from_secs(60), || st.s.job_state(id) == "cancelled");
     st.wait_clean("c3");
 }
+
+/// A node with a CDI spec for `nvidia.com/gpu` (what `nvidia-ctk cdi generate` writes): a container gets its GPUs as
+/// the spec says — its own GPU's device node and the common ones, the driver's library mounted from the node, the
+/// spec's environment — and nothing of another GPU's.
+#[test]
+fn a_cdi_spec_gives_the_container_its_gpu_the_driver_libraries_and_environment() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&[]);
+    let dev = fake_devices(st.dir.path());
+    let driver = st.dir.path().join("driver");
+    std::fs::create_dir_all(&driver).unwrap();
+    std::fs::write(driver.join("libcuda.so.1"), "fake-driver-library\n").unwrap();
+    let cdi = st.dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let node = |n: &str| format!(r#"{{"path": "/dev/{n}", "hostPath": "{}/{n}"}}"#, dev.display());
+    std::fs::write(
+        cdi.join("nvidia.json"),
+        format!(
+            r#"{{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                "devices": [{{"name": "0", "containerEdits": {{"deviceNodes": [{}]}}}},
+                            {{"name": "1", "containerEdits": {{"deviceNodes": [{}]}}}}],
+                "containerEdits": {{"env": ["NVIDIA_CDI_TEST=yes"], "deviceNodes": [{}],
+                    "mounts": [{{"hostPath": "{}/libcuda.so.1", "containerPath": "/usr/lib/libcuda.so.1",
+                                 "options": ["ro", "nosuid", "nodev", "bind"]}}]}}}}"#,
+            node("nvidia0"),
+            node("nvidia1"),
+            node("nvidiactl"),
+            driver.display()
+        ),
+    )
+    .unwrap();
+    let _a = st.agent("c4", "2xT4", &["--cdi-spec-dir", cdi.to_str().unwrap()]);
+    let (_, nodes, _) = st.s.cli("admin-secret", &["nodes", "--output", "json"]);
+    assert_eq!(json(&nodes)[0]["labels"]["gpunet.io/cdi"], "true");
+    let probe = "ls /dev | grep nvidia | tr '\\n' ' '; echo; echo visible=$CUDA_VISIBLE_DEVICES env=$NVIDIA_CDI_TEST; \
+                 cat /usr/lib/libcuda.so.1; echo x > /usr/lib/libcuda.so.1 2>/dev/null || echo lib-read-only";
+    let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--", "sh", "-c", probe]);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "succeeded");
+    let log = st.log("c4", id, 0);
+    let gpu =
+        log.lines().find_map(|l| l.strip_prefix("visible=")).and_then(|r| r.split(' ').next()).unwrap().to_string();
+    let devices: Vec<&str> = log.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(devices, [format!("nvidia{gpu}").as_str(), "nvidiactl"], "{log}");
+    for want in ["env=yes", "fake-driver-library", "lib-read-only"] {
+        assert!(log.contains(want), "{want}: {log}");
+    }
+    st.wait_clean("c4");
+}

@@ -99,6 +99,9 @@ pub struct Plan {
     pub tmp_mib: u64,
     /// Device nodes.
     pub devices: Vec<Device>,
+    /// The node's CDI edits for the task's GPUs (its device nodes are in `devices` already).
+    #[serde(default)]
+    pub cdi: Option<super::cdi::Edits>,
 }
 
 fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, String> {
@@ -143,6 +146,12 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
     args.extend(command.iter().cloned());
     let mut env: std::collections::BTreeMap<String, String> = image.env.iter().cloned().collect();
     let path = env.get("PATH").cloned().unwrap_or_else(|| crate::launcher::DEFAULT_TASK_PATH.to_string());
+    // The CDI spec's environment over the image's; the task's over both.
+    for kv in p.cdi.iter().flat_map(|c| c.env.iter()) {
+        if let Some((k, v)) = kv.split_once('=') {
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
     env.extend(p.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.insert("PATH".into(), path);
     let env: Vec<String> = env
@@ -218,6 +227,18 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
         let source = if b.confined { staged(bundle, i) } else { b.host.clone() };
         mounts.push(mount(&b.path, "bind", &source.display().to_string(), &["rbind", mode, "nosuid", "nodev"])?);
     }
+    // The CDI spec's mounts (the driver's libraries and tools), read-only unless it says otherwise.
+    for m in p.cdi.iter().flat_map(|c| c.mounts.iter()) {
+        let mut opts: Vec<&str> = m.options.iter().map(String::as_str).collect();
+        if !opts.iter().any(|o| *o == "bind" || *o == "rbind") {
+            opts.push("rbind");
+        }
+        if !opts.contains(&"rw") && !opts.contains(&"ro") {
+            opts.push("ro");
+        }
+        opts.extend(["nosuid", "nodev"]);
+        mounts.push(mount(&m.container_path, "bind", &m.host_path, &opts)?);
+    }
     let mut namespaces = Vec::new();
     let mut kinds =
         vec![LinuxNamespaceType::Pid, LinuxNamespaceType::Mount, LinuxNamespaceType::Ipc, LinuxNamespaceType::Uts];
@@ -281,8 +302,39 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
         ("io.gpunet.rank".to_string(), t.rank.to_string()),
         ("io.gpunet.attempt".to_string(), t.attempt.to_string()),
     ]);
-    SpecBuilder::default()
-        .version("1.0.2")
+    let hooks = match p.cdi.as_ref().filter(|c| !c.hooks.is_empty()) {
+        None => None,
+        Some(c) => {
+            let mut by_name: HashMap<&str, Vec<oci_spec::runtime::Hook>> = HashMap::new();
+            for h in &c.hooks {
+                let hook = oci_spec::runtime::HookBuilder::default()
+                    .path(&h.path)
+                    .args(h.args.clone())
+                    .env(h.env.clone())
+                    .build()
+                    .map_err(e("hook"))?;
+                by_name.entry(h.hook_name.as_str()).or_default().push(hook);
+            }
+            let mut b = oci_spec::runtime::HooksBuilder::default();
+            for (name, list) in by_name {
+                b = match name {
+                    "prestart" => b.prestart(list),
+                    "createRuntime" => b.create_runtime(list),
+                    "createContainer" => b.create_container(list),
+                    "startContainer" => b.start_container(list),
+                    "poststart" => b.poststart(list),
+                    "poststop" => b.poststop(list),
+                    other => return Err(format!("CDI hook {other:?}: not an OCI hook")),
+                };
+            }
+            Some(b.build().map_err(e("hooks"))?)
+        }
+    };
+    let mut spec = SpecBuilder::default();
+    if let Some(h) = hooks {
+        spec = spec.hooks(h);
+    }
+    spec.version("1.0.2")
         .root(root)
         .process(process)
         .hostname(format!("job-{}-rank-{}", t.job, t.rank))
@@ -334,6 +386,7 @@ mod tests {
             shm_mib: 256,
             tmp_mib: 1024,
             devices: vec![Device { path: "/dev/nvidia1".into(), major: 195, minor: 1 }],
+            cdi: None,
         };
         let image = super::super::images::Defaults {
             args: vec!["sh".into()],
@@ -379,5 +432,27 @@ mod tests {
         assert!(!mounts.iter().any(|m| m["destination"] == "/etc/hosts"));
         assert_eq!(v["annotations"]["io.gpunet.attempt"], "2");
         assert!(v["linux"]["maskedPaths"].as_array().unwrap().iter().any(|m| m == "/proc/kcore"));
+        // CDI: its environment between the image's and the task's, its mounts read-only, its hooks.
+        let cdi = super::super::cdi::Edits {
+            env: vec!["NVIDIA_CTK=1".into(), "RANK=7".into()],
+            mounts: vec![super::super::cdi::Mount {
+                host_path: "/usr/lib/libcuda.so.1".into(),
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                options: Vec::new(),
+            }],
+            hooks: vec![super::super::cdi::Hook {
+                hook_name: "createContainer".into(),
+                path: "/usr/bin/nvidia-ctk".into(),
+                args: vec!["nvidia-ctk".into(), "hook".into(), "update-ldcache".into()],
+                env: Vec::new(),
+            }],
+            ..Default::default()
+        };
+        let c = serde_json::to_value(spec(&Plan { cdi: Some(cdi), ..p.clone() }, &image).unwrap()).unwrap();
+        let env = c["process"]["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e == "NVIDIA_CTK=1") && env.iter().any(|e| e == "RANK=1"), "{env:?}");
+        let lib = c["mounts"].as_array().unwrap().iter().find(|m| m["source"] == "/usr/lib/libcuda.so.1").unwrap();
+        assert_eq!(lib["options"], serde_json::json!(["rbind", "ro", "nosuid", "nodev"]));
+        assert_eq!(c["hooks"]["createContainer"][0]["args"][2], "update-ldcache");
     }
 }

@@ -29,6 +29,7 @@
 //! adopts those whose wrapper still runs (like process tasks) and deletes every other one ([`Runtime::sweep`]).
 
 pub mod bundle;
+pub mod cdi;
 pub mod images;
 pub mod run;
 
@@ -77,6 +78,8 @@ pub struct Runtime {
     pub images: images::Images,
     /// Node directories a job's `host_path` mount may name (each with everything beneath it).
     pub host_paths: Vec<PathBuf>,
+    /// The node's `nvidia.com/gpu` CDI spec, if it has one (see [`cdi`]).
+    pub cdi: Option<cdi::GpuSpec>,
 }
 
 /// Finds a program on `PATH` (or takes a path as it is).
@@ -120,6 +123,8 @@ pub struct Options {
     pub image_dir: Option<PathBuf>,
     /// Node directories a job may mount (`--allow-host-path`).
     pub host_paths: Vec<PathBuf>,
+    /// Where CDI specs are read from (`--cdi-spec-dir`); `None`: `/etc/cdi` and `/var/run/cdi`.
+    pub cdi_dirs: Option<Vec<PathBuf>>,
 }
 
 impl Runtime {
@@ -169,6 +174,11 @@ impl Runtime {
             .iter()
             .map(|p| p.canonicalize().map_err(|e| format!("--allow-host-path {}: {e}", p.display())))
             .collect::<Result<_, _>>()?;
+        let cdi_dirs = o.cdi_dirs.clone().unwrap_or_else(|| cdi::DEFAULT_DIRS.iter().map(PathBuf::from).collect());
+        let cdi = cdi::load(&cdi_dirs);
+        if let Some(s) = &cdi {
+            tracing::info!(file = %s.file.display(), devices = ?s.device_names(), "container GPUs through CDI");
+        }
         Ok(Some(Runtime {
             exe,
             name,
@@ -177,6 +187,7 @@ impl Runtime {
             init,
             images,
             host_paths,
+            cdi,
         }))
     }
 
@@ -186,6 +197,9 @@ impl Runtime {
             (gpunet_api::image::CONTAINERS_LABEL.to_string(), "true".to_string()),
             ("gpunet.io/container-runtime".to_string(), self.name.clone()),
         ];
+        if self.cdi.is_some() {
+            v.push(("gpunet.io/cdi".to_string(), "true".to_string()));
+        }
         if self.images.umoci.is_some() {
             v.push((gpunet_api::image::IMAGE_UNPACK_LABEL.to_string(), "true".to_string()));
             if self.images.skopeo.is_some() {
@@ -295,6 +309,23 @@ impl Runtime {
             shm_mib: c.shm_mib.clamp(1, a.memory_mib.max(4)),
             tmp_mib: a.memory_mib.max(4),
             devices: bundle::gpu_devices(task.dev_dir, &a.gpus),
+            cdi: None,
+        };
+        // With a CDI spec, the GPUs come as it says (device nodes, driver libraries, environment, hooks).
+        let plan = match self.cdi.as_ref().and_then(|s| s.edits(&a.gpus)) {
+            None => plan,
+            Some(edits) => {
+                let devices = edits
+                    .device_nodes
+                    .iter()
+                    .filter_map(|n| {
+                        let host = n.host_path.as_deref().unwrap_or(&n.path);
+                        let (major, minor) = cdi::numbers(Path::new(host))?;
+                        Some(bundle::Device { path: n.path.clone(), major, minor })
+                    })
+                    .collect();
+                bundle::Plan { devices, cdi: Some(edits), ..plan }
+            }
         };
         let exec = run::ContainerExec {
             id: container_id(&t),
