@@ -567,7 +567,7 @@ impl Launcher {
                                 .env("PATH", DEFAULT_TASK_PATH)
                                 .arg("--root")
                                 .arg(&rt.state)
-                                .args(["exec", "--user", &format!("{u}:{g}"), &crate::container::container_id(&t), p])
+                                .args(["exec", "--user", &format!("{u}:{g}"), &rt.container_id(&t), p])
                                 .args(args);
                             c
                         }

@@ -127,6 +127,15 @@ impl Setup {
         self.s.agent_with(name, gpus, self.dir.path(), "127.0.0.1", &flags)
     }
 
+    /// The agent's tag in its container ids (`gpunet_agent::container::agent_tag`: 8 hex digits of a hash of its data
+    /// directory).
+    fn tag(&self, node: &str) -> String {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.dir.path().join(node).canonicalize().unwrap().hash(&mut h);
+        format!("{:08x}", h.finish() as u32)
+    }
+
     fn log(&self, node: &str, id: u64, attempt: u32) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{node}/logs/job-{id}/rank-0-attempt-{attempt}.log")))
             .unwrap_or_default()
@@ -162,8 +171,18 @@ impl Setup {
         if let Ok(rd) = std::fs::read_dir(&bundles) {
             out.extend(rd.flatten().map(|e| format!("bundle {}", e.path().display())));
         }
+        // Beneath the agent's own groups, and the runtime's groups named after the containers elsewhere.
         let find = Command::new("find")
-            .args(["/sys/fs/cgroup", "-maxdepth", "7", "-type", "d", "-path", &format!("*/gpunet-{node}-*/*")])
+            .args(["/sys/fs/cgroup", "-maxdepth", "7", "-type", "d"])
+            .args([
+                "(",
+                "-path",
+                &format!("*/gpunet-{node}-*/*"),
+                "-o",
+                "-name",
+                &format!("gpunet-{}-job-*", self.tag(node)),
+                ")",
+            ])
             .output()
             .unwrap();
         out.extend(String::from_utf8_lossy(&find.stdout).lines().map(|l| format!("cgroup {l}")));
@@ -260,6 +279,10 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     assert!(log.contains("caps=CapEff:0000000000000000"), "no capabilities: {log}");
     assert!(log.contains("pid1=/.gpunet/init -g -- sh -c"), "the init is PID 1: {log}");
     assert!(log.contains("host=1 "), "the image's /etc/passwd, not the node's: {log}");
+    // The log stays root's, readable by the tenant's group, as a process task's (the runtime made it the task's).
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(st.dir.path().join(format!("c1/logs/job-{id}/rank-0-attempt-0.log"))).unwrap();
+    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (0, 210_000, 0o640));
     let ckpt = st.dir.path().join(format!("c1/checkpoints/job-{id}/state"));
     assert_eq!(read(&ckpt), "step-1", "the checkpoint directory is the node's, at the same path");
     st.wait_clean("c1");
@@ -325,7 +348,11 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     let c = json(&o)["id"].as_u64().unwrap();
     wait_for(Duration::from_secs(60), || st.log("c1", c, 0).contains("up"));
     assert_eq!(st.containers("c1").len(), 1, "one container while it runs");
-    assert_eq!(st.containers("c1")[0].0, format!("gpunet-job-{c}-rank-0-attempt-0"), "named after the job and attempt");
+    let name = st.containers("c1")[0].0.clone();
+    assert!(
+        name.starts_with(&format!("gpunet-{}-", st.tag("c1"))) && name.ends_with(&format!("-job-{c}-rank-0-attempt-0")),
+        "named after the agent, the job and the attempt: {name}"
+    );
     let (ok, _, e) = st.s.cli("admin-secret", &["cancel", &c.to_string()]);
     assert!(ok, "{e}");
     wait_for(Duration::from_secs(60), || st.s.job_state(c) == "cancelled");
@@ -389,7 +416,11 @@ fn a_preempted_container_job_resumes_in_a_new_container_from_its_checkpoint() {
     let resumed: u64 = second.lines().find_map(|l| l.strip_prefix("resumed-at=")).expect(&second).parse().unwrap();
     assert!(saved >= 5 && resumed == saved, "saved {saved}, resumed at {resumed}");
     let ids: Vec<String> = st.containers("c2").into_iter().map(|c| c.0).collect();
-    assert_eq!(ids, [format!("gpunet-job-{low}-rank-0-attempt-1")], "a new container for the new attempt");
+    assert_eq!(
+        ids,
+        [format!("gpunet-{}-job-{low}-rank-0-attempt-1", st.tag("c2"))],
+        "a new container for the new attempt"
+    );
     assert_eq!(st.view(low)["preemptions"].as_u64(), Some(1));
     let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &low.to_string()]);
     assert!(ok);

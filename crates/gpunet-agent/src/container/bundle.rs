@@ -54,11 +54,12 @@ pub struct Bind {
     pub path: String,
     /// Read-only.
     pub read_only: bool,
-    /// A node directory the job named (`host_path`): the wrapper opens it without following any symlink and
-    /// mounts it from that descriptor (see [`staged`]), so a symlink swapped in after the agent's check cannot
-    /// redirect the mount.
+    /// For a node directory the job named (`host_path`), the allowed directory (`--allow-host-path`) it lies
+    /// beneath: the wrapper opens the path from that directory with no symlink followed and no way above it, and
+    /// mounts it from that descriptor (see [`staged`]), so a path changed after the agent's check (a component
+    /// swapped for a symlink by a job that can write there) cannot move the mount anywhere else.
     #[serde(default)]
-    pub confined: bool,
+    pub beneath: Option<PathBuf>,
 }
 
 /// Where the wrapper mounts confined bind `i` (from its descriptor) for the runtime to bind from: in the bundle,
@@ -217,14 +218,14 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
     if p.network == Network::Host {
         for f in ["/etc/resolv.conf", "/etc/hosts"] {
             if Path::new(f).is_file() {
-                binds.push(Bind { host: f.into(), path: f.into(), read_only: true, confined: false });
+                binds.push(Bind { host: f.into(), path: f.into(), read_only: true, beneath: None });
             }
         }
     }
     let bundle = p.rootfs.parent().unwrap_or(Path::new("/"));
     for (i, b) in binds.iter().enumerate() {
         let mode = if b.read_only { "ro" } else { "rw" };
-        let source = if b.confined { staged(bundle, i) } else { b.host.clone() };
+        let source = if b.beneath.is_some() { staged(bundle, i) } else { b.host.clone() };
         mounts.push(mount(&b.path, "bind", &source.display().to_string(), &["rbind", mode, "nosuid", "nodev"])?);
     }
     // The CDI spec's mounts (the driver's libraries and tools), read-only unless it says otherwise.
@@ -379,8 +380,13 @@ mod tests {
             init: Some("/usr/bin/tini-static".into()),
             rootfs: d.path().join("rootfs"),
             binds: vec![
-                Bind { host: d.path().join("home"), path: "/data/home".into(), read_only: false, confined: false },
-                Bind { host: "/srv/data".into(), path: "/data/set".into(), read_only: true, confined: true },
+                Bind { host: d.path().join("home"), path: "/data/home".into(), read_only: false, beneath: None },
+                Bind {
+                    host: "/srv/data".into(),
+                    path: "/data/set".into(),
+                    read_only: true,
+                    beneath: Some("/srv".into()),
+                },
             ],
             network: Network::None,
             shm_mib: 256,

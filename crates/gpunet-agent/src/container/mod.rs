@@ -41,17 +41,27 @@ use std::path::{Path, PathBuf};
 /// The rest of runc's defaults (null, zero, full, random, urandom, tty, ptmx, pts) are the agent's own.
 pub const RUNTIME_DEVICE_RULES: &[&str] = &["c *:* m", "b *:* m", "c 10:200 rwm"];
 
-/// The prefix of every container id the agent makes.
+/// The prefix of every container id an agent makes; its own tag follows (see [`agent_tag`]).
 pub const ID_PREFIX: &str = "gpunet-";
 
-/// A task attempt's container id.
-pub fn container_id(t: &gpunet_api::agent::TaskRef) -> String {
-    format!("{ID_PREFIX}job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)
+/// An agent's tag in its container ids: 8 hex digits of its data directory. The runtime makes groups named after
+/// the container at the root of the hierarchies the wrapper is in no group of (cpuset, blkio, …), so two agents on
+/// one machine (one server's job 1 and another's) must not share a name.
+pub fn agent_tag(data: &Path) -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    data.canonicalize().unwrap_or_else(|_| data.to_path_buf()).hash(&mut h);
+    format!("{:08x}", h.finish() as u32)
 }
 
-/// The task of a container id, if the agent made it.
-pub fn task_of_id(id: &str) -> Option<gpunet_api::agent::TaskRef> {
-    let rest = id.strip_prefix(ID_PREFIX)?.strip_prefix("job-")?;
+/// A task attempt's container id for the agent tagged `tag`.
+pub fn container_id(tag: &str, t: &gpunet_api::agent::TaskRef) -> String {
+    format!("{ID_PREFIX}{tag}-job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)
+}
+
+/// The task of a container id, if the agent tagged `tag` made it.
+pub fn task_of_id(tag: &str, id: &str) -> Option<gpunet_api::agent::TaskRef> {
+    let rest = id.strip_prefix(ID_PREFIX)?.strip_prefix(tag)?.strip_prefix("-job-")?;
     let (job, rest) = rest.split_once("-rank-")?;
     let (rank, attempt) = rest.split_once("-attempt-")?;
     Some(gpunet_api::agent::TaskRef {
@@ -80,6 +90,8 @@ pub struct Runtime {
     pub host_paths: Vec<PathBuf>,
     /// The node's `nvidia.com/gpu` CDI spec, if it has one (see [`cdi`]).
     pub cdi: Option<cdi::GpuSpec>,
+    /// This agent's tag in its container ids.
+    pub tag: String,
 }
 
 /// Finds a program on `PATH` (or takes a path as it is).
@@ -188,6 +200,7 @@ impl Runtime {
             images,
             host_paths,
             cdi,
+            tag: agent_tag(data),
         }))
     }
 
@@ -216,14 +229,19 @@ impl Runtime {
         c
     }
 
+    /// A task attempt's container id.
+    pub fn container_id(&self, t: &gpunet_api::agent::TaskRef) -> String {
+        container_id(&self.tag, t)
+    }
+
     /// A task attempt's bundle directory.
     pub fn bundle_dir(&self, t: &gpunet_api::agent::TaskRef) -> PathBuf {
-        self.bundles.join(container_id(t))
+        self.bundles.join(self.container_id(t))
     }
 
     /// Deletes a task attempt's container (killing what is left of it) and its bundle; quiet when there is none.
     pub fn remove(&self, t: &gpunet_api::agent::TaskRef) {
-        let id = container_id(t);
+        let id = self.container_id(t);
         let out = self.command(&["delete", "--force", &id]).stdin(std::process::Stdio::null()).output();
         if let Ok(o) = &out {
             let err = String::from_utf8_lossy(&o.stderr);
@@ -266,33 +284,32 @@ impl Runtime {
             host: p.to_path_buf(),
             path: p.display().to_string(),
             read_only: ro,
-            confined: false,
+            beneath: None,
         };
         let mut binds = vec![same(task.home, false), same(task.checkpoint, false), same(task.log, true)];
         for (i, m) in c.mounts.iter().enumerate() {
             let path =
                 gpunet_api::image::absolute_path(&m.path).ok_or_else(|| format!("container.mounts[{i}].path"))?;
-            let confined = m.host_path.is_some();
-            let host = match &m.host_path {
+            let (host, beneath) = match &m.host_path {
                 Some(h) => {
                     let real = Path::new(h)
                         .canonicalize()
                         .map_err(|e| format!("container.mounts[{i}].host_path {h:?}: {e}"))?;
-                    if !self.host_paths.iter().any(|allowed| real.starts_with(allowed)) {
+                    let Some(allowed) = self.host_paths.iter().find(|allowed| real.starts_with(allowed)) else {
                         return Err(format!(
                             "container.mounts[{i}].host_path {h:?} is not allowed on this node (its agent's \
                              --allow-host-path names the directories jobs may mount)"
                         ));
-                    }
-                    real
+                    };
+                    (real, Some(allowed.clone()))
                 }
                 None => {
                     let d = bundle.join("volumes").join(i.to_string());
                     crate::launcher::own_dir(&d, task.user).map_err(|e| format!("make {}: {e}", d.display()))?;
-                    d
+                    (d, None)
                 }
             };
-            binds.push(bundle::Bind { host, path, read_only: m.read_only, confined });
+            binds.push(bundle::Bind { host, path, read_only: m.read_only, beneath });
         }
         let plan = bundle::Plan {
             task: t,
@@ -328,7 +345,7 @@ impl Runtime {
             }
         };
         let exec = run::ContainerExec {
-            id: container_id(&t),
+            id: self.container_id(&t),
             runtime: self.exe.clone(),
             state: self.state.clone(),
             bundle,
@@ -358,7 +375,7 @@ impl Runtime {
         seen.sort();
         seen.dedup();
         for id in seen {
-            let Some(t) = task_of_id(&id) else { continue };
+            let Some(t) = task_of_id(&self.tag, &id) else { continue };
             if adopted.contains(&t) {
                 continue;
             }
@@ -377,10 +394,20 @@ mod tests {
     #[test]
     fn container_ids_name_the_job_rank_and_attempt_and_read_back() {
         let t = gpunet_api::agent::TaskRef { job: 12, rank: 3, attempt: 4 };
-        assert_eq!(container_id(&t), "gpunet-job-12-rank-3-attempt-4");
-        assert_eq!(task_of_id(&container_id(&t)), Some(t));
-        for other in ["job-1-rank-0-attempt-0", "gpunet-job-x-rank-0-attempt-0", "podman-abc", "gpunet-job-1"] {
-            assert_eq!(task_of_id(other), None, "{other}");
+        assert_eq!(container_id("0a1b2c3d", &t), "gpunet-0a1b2c3d-job-12-rank-3-attempt-4");
+        assert_eq!(task_of_id("0a1b2c3d", &container_id("0a1b2c3d", &t)), Some(t));
+        for other in [
+            "job-1-rank-0-attempt-0",
+            "gpunet-0a1b2c3d-job-x-rank-0-attempt-0",
+            "podman-abc",
+            "gpunet-0a1b2c3d-job-1",
+            // Another agent's on the same machine: never touched.
+            "gpunet-ffffffff-job-12-rank-3-attempt-4",
+        ] {
+            assert_eq!(task_of_id("0a1b2c3d", other), None, "{other}");
         }
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(agent_tag(d.path()), agent_tag(&d.path().join(".")), "one tag per directory");
+        assert_ne!(agent_tag(d.path()), agent_tag(&d.path().join("x")));
     }
 }

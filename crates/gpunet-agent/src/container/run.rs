@@ -115,22 +115,37 @@ fn mount_root(c: &ContainerExec, lower: &Path) -> Result<(), String> {
 }
 
 /// Mounts each host path the job named at its staged place in the bundle (in the wrapper's private mount namespace),
-/// from a descriptor opened with no symlink followed in any component: the agent checked the path (resolved)
-/// against `--allow-host-path`, and a symlink put in its place since then makes the open fail instead of moving the
-/// mount elsewhere. The runtime binds the container's mount from the staged one.
+/// from a descriptor opened beneath its allowed directory (`RESOLVE_BENEATH`) with no symlink followed in any
+/// component: the agent checked the path (resolved) against `--allow-host-path`, and a component a job swapped for a
+/// symlink since then makes the open fail instead of moving the mount elsewhere. A plain bind, not a recursive one:
+/// mounts beneath the directory stay out. The runtime binds the container's mount from the staged one.
 fn stage_host_paths(c: &ContainerExec, plan: &super::bundle::Plan) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let binds: Vec<_> = plan.binds.iter().enumerate().filter(|(_, b)| b.confined).collect();
-    for (i, b) in binds {
-        let fd = rustix::fs::openat2(
+    let confined = plan.binds.iter().enumerate().filter_map(|(i, b)| b.beneath.as_ref().map(|root| (i, b, root)));
+    for (i, b, root) in confined {
+        let no_links = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let base = rustix::fs::openat2(
             rustix::fs::CWD,
-            &b.host,
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            no_links,
+        )
+        .map_err(|e| format!("open the allowed host path {}: {e}", root.display()))?;
+        let rel =
+            b.host.strip_prefix(root).map_err(|_| format!("{} is not beneath {}", b.host.display(), root.display()))?;
+        let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+        let fd = rustix::fs::openat2(
+            &base,
+            rel,
             OFlags::PATH | OFlags::CLOEXEC,
             Mode::empty(),
-            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            no_links | ResolveFlags::BENEATH,
         )
-        .map_err(|e| format!("open host path {} without following a symlink: {e}", b.host.display()))?;
+        .map_err(|e| {
+            format!("open host path {} beneath {} without following a symlink: {e}", b.host.display(), root.display())
+        })?;
         let at = super::bundle::staged(&c.bundle, i);
         std::fs::create_dir_all(at.parent().expect("a parent")).map_err(|e| format!("make {}: {e}", at.display()))?;
         let is_dir = rustix::fs::fstat(&fd).map(|st| st.st_mode & 0o170000 == 0o040000).unwrap_or(false);
@@ -138,10 +153,40 @@ fn stage_host_paths(c: &ContainerExec, plan: &super::bundle::Plan) -> Result<(),
         made.map_err(|e| format!("make {}: {e}", at.display()))?;
         use std::os::fd::AsRawFd as _;
         let from = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        mount(Some(from.as_str()), &at, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        mount(Some(from.as_str()), &at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .map_err(|e| format!("mount host path {}: {e}", b.host.display()))?;
     }
     Ok(())
+}
+
+/// Gives the task's log (the wrapper's standard output and error) back to whom it belonged: the runtime makes a
+/// container's standard streams its user's, which would let the task change its log's mode and rewrite it through
+/// `/proc/self/fd/1` (a process task's log is root's, readable by its group).
+struct LogOwner(Vec<(std::os::fd::OwnedFd, rustix::fs::Stat)>);
+
+impl LogOwner {
+    fn save() -> LogOwner {
+        use std::os::fd::AsFd as _;
+        let fds = [std::io::stdout().as_fd().try_clone_to_owned(), std::io::stderr().as_fd().try_clone_to_owned()];
+        LogOwner(
+            fds.into_iter()
+                .flatten()
+                .filter_map(|f| rustix::fs::fstat(&f).ok().map(|st| (f, st)))
+                .filter(|(_, st)| st.st_mode & 0o170000 == 0o100000)
+                .collect(),
+        )
+    }
+
+    fn restore(&self) {
+        for (f, st) in &self.0 {
+            let owner = (Some(rustix::fs::Uid::from_raw(st.st_uid)), Some(rustix::fs::Gid::from_raw(st.st_gid)));
+            if let Err(e) = rustix::fs::fchown(f, owner.0, owner.1)
+                .and_then(|()| rustix::fs::fchmod(f, rustix::fs::Mode::from_raw_mode(st.st_mode & 0o7777)))
+            {
+                eprintln!("gpunet: give the log back to root: {e}");
+            }
+        }
+    }
 }
 
 /// Spawns `prog args` with an empty signal mask and default dispositions; returns its pid.
@@ -266,7 +311,10 @@ pub fn run(
     let pid_path = pid_file.display().to_string();
     // `run --detach`: create and start in one runtime process (each is a Go program's start, the most of what a
     // container start costs).
-    if let Err(e) = runtime(c, &["run", "--detach", "--bundle", &bundle, "--pid-file", &pid_path, &c.id]) {
+    let log = LogOwner::save();
+    let ran = runtime(c, &["run", "--detach", "--bundle", &bundle, "--pid-file", &pid_path, &c.id]);
+    log.restore();
+    if let Err(e) = ran {
         return refuse(127, format_args!("could not start container {}: {e}", c.id));
     }
     let init = match std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
