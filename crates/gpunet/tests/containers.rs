@@ -522,3 +522,59 @@ fn a_cdi_spec_gives_the_container_its_gpu_the_driver_libraries_and_environment()
     }
     st.wait_clean("c4");
 }
+
+/// The hostile-tenant probe's race on `host_path`: a job that can write in an allowed directory flips a path
+/// component between a directory and a symlink to `/` while its other jobs mount that path. Before the fix about one
+/// mount in six got the node's root filesystem, read-write; now each either mounts the real directory or fails to
+/// start, never anything else.
+#[test]
+fn a_host_path_swapped_for_a_symlink_after_the_check_never_mounts_anything_else() {
+    if !can_run() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let st = setup(&[]);
+    let shared = st.dir.path().join("shared");
+    let scratch = shared.join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let _a = st.agent("c5", "1xT4", &["--allow-host-path", shared.to_str().unwrap()]);
+    let spec = |name: &str, host: &Path, path: &str, cmd: &str| {
+        format!(
+            "name: {name}\ntenant: t\ngpus: 0\nmax_restarts: 0\nimage: dir:tiny\n\
+             container: {{mounts: [{{path: {path}, host_path: {}}}]}}\ncommand: [sh, -c, {cmd:?}]\n",
+            host.display()
+        )
+    };
+    let racer = submit_yaml(
+        &st.s,
+        st.dir.path(),
+        &spec(
+            "racer",
+            &scratch,
+            "/s",
+            "mkdir /s/x; while :; do rmdir /s/x; ln -s / /s/x; usleep 2000; rm /s/x; mkdir /s/x; usleep 2000; done",
+        ),
+    );
+    // The racer runs as the tenant and owns what it makes in the sticky scratch directory.
+    wait_for(Duration::from_secs(60), || scratch.join("x").symlink_metadata().is_ok());
+    let probe = "if test -e /x/etc/passwd -o -d /x/proc/1; then echo ESCAPED; ls /x; else echo contained; fi";
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(submit_yaml(&st.s, st.dir.path(), &spec(&format!("m{i}"), &scratch.join("x"), "/x", probe)));
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let mut mounted = 0;
+    for id in &ids {
+        wait_for(Duration::from_secs(90), || matches!(st.s.job_state(*id).as_str(), "succeeded" | "failed"));
+        let log = st.log("c5", *id, 0);
+        assert!(!log.contains("ESCAPED"), "job {id} mounted something outside the allowed directory: {log}");
+        mounted += usize::from(log.contains("contained"));
+    }
+    // The others failed to start: at the agent's check (a symlink or nothing there) or at the wrapper's open.
+    eprintln!("{mounted} of {} mounts ran with the real directory; the others failed to start", ids.len());
+    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &racer.to_string()]);
+    assert!(ok);
+    wait_for(Duration::from_secs(60), || st.s.job_state(racer) == "cancelled");
+    st.wait_clean("c5");
+}
