@@ -110,8 +110,8 @@ pub struct AttemptView {
     /// Its end confirmed, ms since the Unix epoch; absent while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
-    /// How it ended: `succeeded`, `failed`, `oom`, `liveness`, `time_limit`, `preempted`, `drained`, `cancelled`,
-    /// `node_lost` or `interrupted`; absent while it runs.
+    /// How it ended: `succeeded`, `failed`, `oom`, `liveness`, `time_limit`, `start_failed` (the agent could not
+    /// start it), `preempted`, `drained`, `cancelled`, `node_lost` or `interrupted`; absent while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
     /// The exit code of the rank that ended it (0 when every rank exited 0).

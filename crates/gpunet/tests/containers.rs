@@ -384,6 +384,7 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     let bad = k8s.replace(&format!("path: {}", shared.display()), &format!("path: {}/escape", shared.display()));
     let id = submit_yaml(&st.s, st.dir.path(), &bad);
     wait_for(Duration::from_secs(60), || st.view(id).to_string().contains("is not allowed on this node"));
+    assert_eq!(st.view(id)["attempts"][0]["outcome"], "start_failed", "{}", st.view(id));
     let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);
     assert!(ok);
     st.wait_clean("c1");
@@ -577,4 +578,46 @@ fn a_host_path_swapped_for_a_symlink_after_the_check_never_mounts_anything_else(
     assert!(ok);
     wait_for(Duration::from_secs(60), || st.s.job_state(racer) == "cancelled");
     st.wait_clean("c5");
+}
+
+/// `kill -9` of the agent long enough for its node to be declared lost: the server takes the job's attempt back
+/// (fenced until the agent returns). The returning agent adopts the container, finds it no longer in its task set
+/// and stops it (SIGTERM through the init, its handler runs), and only then does the job run again, in a new
+/// container: never two copies at once.
+#[test]
+fn a_container_the_server_took_back_is_stopped_by_the_returning_agent_before_the_job_runs_again() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&["--node-lost-after-s", "1", "--node-fence-s", "600", "--restart-backoff-s", "0"]);
+    let mut a = st.agent("c6", "1xT4", &[]);
+    // Times from /proc/uptime (busybox's date has no nanoseconds): one clock for both containers.
+    let job = "m=$GPUNET_CHECKPOINT_DIR/marks; a=$GPUNET_ATTEMPT; t() { cut -d' ' -f1 /proc/uptime; }; \
+               echo \"start $a $(t)\" >> $m; \
+               if [ \"$a\" != 0 ]; then echo \"end $a $(t)\" >> $m; exit 0; fi; \
+               trap 'echo got-TERM; echo \"end $a $(t)\" >> $m; exit 0' TERM; \
+               while true; do sleep 0.1; done";
+    let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--", "sh", "-c", job]);
+    let marks_file = st.dir.path().join(format!("c6/checkpoints/job-{id}/marks"));
+    let mark = |what: &str, attempt: u32| -> Option<f64> {
+        read(&marks_file).lines().find_map(|l| {
+            let v: Vec<&str> = l.split_whitespace().collect();
+            (v.first() == Some(&what) && v.get(1) == Some(&attempt.to_string().as_str())).then(|| v[2].parse().ok())?
+        })
+    };
+    wait_for(Duration::from_secs(60), || mark("start", 0).is_some());
+    a.kill9();
+    let lost = || {
+        let (_, o, _) = st.s.cli("admin-secret", &["nodes", "--output", "json"]);
+        json(&o)[0]["state"] == "lost"
+    };
+    wait_for(Duration::from_secs(30), lost);
+    assert_eq!(st.containers("c6").len(), 1, "the container runs on while its node is lost");
+    let _a = st.agent("c6", "1xT4", &[]);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "succeeded");
+    let old_end = mark("end", 0).expect("the old copy was stopped through its handler");
+    let new_start = mark("start", 1).expect("the job ran again");
+    assert!(new_start > old_end, "the new attempt started before the old container ended");
+    assert!(st.log("c6", id, 0).contains("got-TERM"), "{}", st.log("c6", id, 0));
+    st.wait_clean("c6");
 }

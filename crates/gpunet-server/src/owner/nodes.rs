@@ -259,7 +259,15 @@ impl Owner {
                 let (how, outcome) = match (e.code, e.signal, e.oom) {
                     _ if e.reason.is_some() => {
                         let r = e.reason.as_deref().unwrap_or_default();
-                        let outcome = if r.contains("time limit") { "time_limit" } else { "liveness" };
+                        let outcome = if r.contains("time limit") {
+                            "time_limit"
+                        } else if r.starts_with("could not start") {
+                            // The agent could not start it (a missing program, a refused mount, an image it could
+                            // not get): not a failed probe.
+                            "start_failed"
+                        } else {
+                            "liveness"
+                        };
                         (format!("rank {rank} {r}"), outcome)
                     }
                     (_, _, true) => (format!("rank {rank} was killed for exceeding its memory limit (OOM)"), "oom"),
