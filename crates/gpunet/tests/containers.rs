@@ -197,6 +197,14 @@ impl Setup {
         out
     }
 
+    /// Cancels a job, waits for its end, then for nothing of the node's containers to be left.
+    fn cancel_and_clean(&self, node: &str, id: u64) {
+        let (ok, _, e) = self.s.cli("admin-secret", &["cancel", &id.to_string()]);
+        assert!(ok, "{e}");
+        wait_for(Duration::from_secs(60), || self.s.job_state(id) == "cancelled");
+        self.wait_clean(node);
+    }
+
     fn wait_clean(&self, node: &str) {
         let t = std::time::Instant::now();
         loop {
@@ -244,28 +252,7 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     let probe = "ls /dev | grep nvidia | tr '\\n' ' '; echo; echo visible=$CUDA_VISIBLE_DEVICES uid=$(id -u) \
                  caps=$(grep CapEff /proc/self/status | tr -d '\\t'); echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline); \
                  echo host=$(cat /etc/passwd | wc -l) home=$HOME; echo step-1 > $GPUNET_CHECKPOINT_DIR/state; exit 7";
-    let (ok, o, e) = st.s.cli(
-        "admin-secret",
-        &[
-            "submit",
-            "--tenant",
-            "t",
-            "--image",
-            "dir:tiny",
-            "--gpus",
-            "1",
-            "--max-restarts",
-            "0",
-            "--output",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            probe,
-        ],
-    );
-    assert!(ok, "{o}{e}");
-    let id = json(&o)["id"].as_u64().unwrap();
+    let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--max-restarts", "0", "--", "sh", "-c", probe]);
     wait_for(Duration::from_secs(60), || st.s.job_state(id) == "failed");
     let log = st.log("c1", id, 0);
     let v = st.view(id);
@@ -288,64 +275,33 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     st.wait_clean("c1");
 
     // No command: the image's own, with its PATH and working directory.
-    let (ok, o, e) = st
-        .s
-        .cli("admin-secret", &["submit", "--tenant", "t", "--image", "oci:lay:1", "--gpus", "0", "--output", "json"]);
-    assert!(ok, "{o}{e}");
-    let id = json(&o)["id"].as_u64().unwrap();
+    let id = st.s.submit(&["--image", "oci:lay:1", "--gpus", "0"]);
     wait_for(Duration::from_secs(60), || st.s.job_state(id) == "succeeded");
     assert!(st.log("c1", id, 0).contains("image-default in /work PATH=/bin:/sbin"), "{}", st.log("c1", id, 0));
 
     // Over its memory limit: reported as OOM.
-    let (ok, o, e) = st.s.cli(
-        "admin-secret",
-        &[
-            "submit",
-            "--tenant",
-            "t",
-            "--image",
-            "dir:tiny",
-            "--gpus",
-            "0",
-            "--memory",
-            "32Mi",
-            "--max-restarts",
-            "0",
-            "--output",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            "x=a; while true; do x=\"$x$x\"; done",
-        ],
-    );
-    assert!(ok, "{o}{e}");
-    let oom = json(&o)["id"].as_u64().unwrap();
+    let grow = "x=a; while true; do x=\"$x$x\"; done";
+    let oom = st.s.submit(&[
+        "--image",
+        "dir:tiny",
+        "--gpus",
+        "0",
+        "--memory",
+        "32Mi",
+        "--max-restarts",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        grow,
+    ]);
     wait_for(Duration::from_secs(60), || st.s.job_state(oom) == "failed");
     let v = st.view(oom);
     assert!(v.to_string().contains("exceeding its memory limit (OOM)"), "{v}");
 
     // Cancel: SIGTERM reaches the task through the init; the container goes.
-    let (ok, o, e) = st.s.cli(
-        "admin-secret",
-        &[
-            "submit",
-            "--tenant",
-            "t",
-            "--image",
-            "dir:tiny",
-            "--gpus",
-            "1",
-            "--output",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            "trap 'echo got-TERM; exit 0' TERM; echo up; while true; do sleep 0.1; done",
-        ],
-    );
-    assert!(ok, "{o}{e}");
-    let c = json(&o)["id"].as_u64().unwrap();
+    let waiter = "trap 'echo got-TERM; exit 0' TERM; echo up; while true; do sleep 0.1; done";
+    let c = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--", "sh", "-c", waiter]);
     wait_for(Duration::from_secs(60), || st.log("c1", c, 0).contains("up"));
     assert_eq!(st.containers("c1").len(), 1, "one container while it runs");
     let name = st.containers("c1")[0].0.clone();
@@ -381,12 +337,14 @@ fn container_jobs_run_in_their_image_with_only_their_gpus_and_leave_nothing_behi
     assert_eq!(st.view(id)["placement"][0]["node"], "c1");
     // A host path the node does not allow, reached through a symlink planted in an allowed directory.
     std::os::unix::fs::symlink("/etc", shared.join("escape")).unwrap();
-    let bad = k8s.replace(&format!("path: {}", shared.display()), &format!("path: {}/escape", shared.display()));
+    let bad = k8s
+        .replace(&format!("path: {}", shared.display()), &format!("path: {}/escape", shared.display()))
+        .replace("spec:\n  template:", "spec:\n  backoffLimit: 0\n  template:");
     let id = submit_yaml(&st.s, st.dir.path(), &bad);
-    wait_for(Duration::from_secs(60), || st.view(id).to_string().contains("is not allowed on this node"));
-    assert_eq!(st.view(id)["attempts"][0]["outcome"], "start_failed", "{}", st.view(id));
-    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);
-    assert!(ok);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "failed");
+    let v = st.view(id);
+    assert!(v.to_string().contains("is not allowed on this node"), "{v}");
+    assert_eq!(v["attempts"][0]["outcome"], "start_failed", "{v}");
     st.wait_clean("c1");
 }
 
@@ -401,12 +359,7 @@ fn a_preempted_container_job_resumes_in_a_new_container_from_its_checkpoint() {
     let train = "cd $GPUNET_CHECKPOINT_DIR; n=$(cat step 2>/dev/null || echo 0); echo resumed-at=$n; \
                  trap 'echo $n > step; echo saved=$n; exit 0' TERM; \
                  while true; do n=$((n+1)); echo $n > step; echo step=$n; sleep 0.1; done";
-    let (ok, o, e) = st.s.cli(
-        "admin-secret",
-        &["submit", "--tenant", "t", "--image", "dir:tiny", "--gpus", "1", "--output", "json", "--", "sh", "-c", train],
-    );
-    assert!(ok, "{o}{e}");
-    let low = json(&o)["id"].as_u64().unwrap();
+    let low = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--", "sh", "-c", train]);
     wait_for(Duration::from_secs(60), || st.log("c2", low, 0).contains("step=5"));
     let hi = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--priority", "10", "--", "sh", "-c", "sleep 0.5"]);
     wait_for(Duration::from_secs(60), || st.s.job_state(hi) == "succeeded");
@@ -423,10 +376,7 @@ fn a_preempted_container_job_resumes_in_a_new_container_from_its_checkpoint() {
         "a new container for the new attempt"
     );
     assert_eq!(st.view(low)["preemptions"].as_u64(), Some(1));
-    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &low.to_string()]);
-    assert!(ok);
-    wait_for(Duration::from_secs(60), || st.s.job_state(low) == "cancelled");
-    st.wait_clean("c2");
+    st.cancel_and_clean("c2", low);
 }
 
 /// `kill -9` of the agent: the container runs on and is adopted by the next agent (never a second copy); a container
@@ -468,10 +418,7 @@ fn a_restarted_agent_adopts_its_running_container_or_removes_an_orphaned_one() {
     assert_eq!(now.len(), 1, "{now:?}");
     assert_eq!(now[0].0, before[0].0);
     assert_ne!(now[0].1, before[0].1, "the orphan went and a new container runs the task: {now:?} {before:?}");
-    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &id.to_string()]);
-    assert!(ok);
-    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "cancelled");
-    st.wait_clean("c3");
+    st.cancel_and_clean("c3", id);
 }
 
 /// A node with a CDI spec for `nvidia.com/gpu` (what `nvidia-ctk cdi generate` writes): a container gets its GPUs as
@@ -574,10 +521,7 @@ fn a_host_path_swapped_for_a_symlink_after_the_check_never_mounts_anything_else(
     }
     // The others failed to start: at the agent's check (a symlink or nothing there) or at the wrapper's open.
     eprintln!("{mounted} of {} mounts ran with the real directory; the others failed to start", ids.len());
-    let (ok, _, _) = st.s.cli("admin-secret", &["cancel", &racer.to_string()]);
-    assert!(ok);
-    wait_for(Duration::from_secs(60), || st.s.job_state(racer) == "cancelled");
-    st.wait_clean("c5");
+    st.cancel_and_clean("c5", racer);
 }
 
 /// `kill -9` of the agent long enough for its node to be declared lost: the server takes the job's attempt back
