@@ -744,14 +744,23 @@ async fn usage(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery) 
         (Principal::Tenant(t), _) => Some(t.clone()),
         (_, x) => x.cloned(),
     };
+    // The running attempts first, answered once every write queued before them is durable; then the ledger. An
+    // attempt that ended before the live rows were taken is in the ledger; one running then is in the live rows, and
+    // if it ended since, in the ledger too, whole: its live rows are dropped. (Read the other way round, an attempt
+    // ending between the two reads was in neither.)
+    let live = ask(&st, |reply| Cmd::LiveUsage { who: p, reply }).await?;
     let store = st.store.clone();
     let t2 = tenant.clone();
     let mut rows = tokio::task::spawn_blocking(move || store.usage(t2.as_deref(), from, to))
         .await
         .map_err(|_| ApiError::new("internal", "read usage"))?
         .map_err(|e| ApiError::new("internal", e.to_string()))?;
-    let live = ask(&st, |reply| Cmd::LiveUsage { who: p, reply }).await?;
-    rows.extend(live.into_iter().filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant)));
+    let ended: std::collections::HashSet<(u64, u64)> = rows.iter().map(|r| (r.job, r.start_ms)).collect();
+    rows.extend(
+        live.into_iter()
+            .filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant))
+            .filter(|r| !ended.contains(&(r.job, r.start_ms))),
+    );
     let mut report = UsageReport {
         currency: st.currency.clone(),
         from_ms: from,

@@ -45,6 +45,14 @@ impl Owner {
             .listed(super::doc::Which { tenant, states: &[JobState::Running], ..Default::default() })
             .flat_map(|(_, d, j)| self.usage_rows(j, d, now))
             .collect();
-        let _ = reply.send(Ok(rows));
+        // Answered once every write queued before now is durable: the ledger the caller reads next then holds every
+        // attempt that ended before these rows were taken (see `http::usage`). A store that refuses writes still
+        // gets its report (reads go on), without that promise.
+        self.store.commit_async(
+            Vec::new(),
+            Box::new(move |_| {
+                let _ = reply.send(Ok(rows));
+            }),
+        );
     }
 }
