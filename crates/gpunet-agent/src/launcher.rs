@@ -312,16 +312,9 @@ async fn finish(
         })
         .await;
     }
-    // A container task's container and bundle (after the OOM verdict: deleting a container removes its cgroups).
+    // A container task's container (its runtime state and the runtime's groups outside the task's) and bundle.
     if let Some(rt) = containers.filter(|rt| rt.bundle_dir(&t).exists()) {
-        let group = group.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            rt.remove(&t);
-            if let Some(g) = group {
-                g.remove();
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || rt.remove(&t)).await;
     }
     // A last copy of what the job wrote since (e.g. on SIGTERM) before the exit is reported.
     let copier = extras.copier.lock().expect("copier slot").clone();
@@ -535,10 +528,14 @@ impl Launcher {
             // behind dies with the attempt), as the task's user, with the task's environment, in its directory.
             let home = work_dir(&self.dir, &t);
             let env_file = env_path(&self.dir, &t);
-            if let Err(e) = crate::wrapper::write_env_file(&env_file, &self.task_env(a, &home)) {
-                tracing::warn!(job = t.job, error = %e, "could not write the probe's environment");
-            }
+            let container = self.containers.clone().filter(|_| a.container.is_some());
             let env = self.task_env(a, &home);
+            // A container's probe gets the container's environment from the runtime; no file is written for it.
+            if container.is_none() {
+                if let Err(e) = crate::wrapper::write_env_file(&env_file, &env) {
+                    tracing::warn!(job = t.job, error = %e, "could not write the probe's environment");
+                }
+            }
             let failed = extras.probe_failed.clone();
             let user = self.identity(a);
             let wrapper = self.wrapper.clone();
@@ -548,7 +545,6 @@ impl Launcher {
             let cgroups = group.map(|g| g.procs.clone()).unwrap_or_default();
             let alive = alive.clone();
             let may_signal = may_signal.clone();
-            let container = self.containers.clone().filter(|_| a.container.is_some());
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(l.initial_delay_ms)).await;
                 let period = std::time::Duration::from_millis(l.period_ms.max(100));
@@ -561,14 +557,16 @@ impl Launcher {
                         // In the container: the runtime runs it there with the task's environment, directory and
                         // (no) capabilities, as the task's user.
                         (Some(rt), _) => {
-                            let mut c = tokio::process::Command::new(&rt.exe);
                             let (u, g) = user.unwrap_or((0, 0));
-                            c.env_clear()
-                                .env("PATH", DEFAULT_TASK_PATH)
-                                .arg("--root")
-                                .arg(&rt.state)
-                                .args(["exec", "--user", &format!("{u}:{g}"), &rt.container_id(&t), p])
-                                .args(args);
+                            let id = rt.container_id(&t);
+                            let mut c = tokio::process::Command::from(rt.command(&[
+                                "exec",
+                                "--user",
+                                &format!("{u}:{g}"),
+                                &id,
+                                p,
+                            ]));
+                            c.args(args);
                             c
                         }
                         (None, _) => match &wrapper {

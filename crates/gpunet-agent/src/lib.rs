@@ -409,13 +409,9 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     // One parent group per agent and data directory: two agents on one machine never share task groups (whose
     // processes are all killed at the end of an attempt), and an agent started again on the same directory finds
     // its groups.
-    let tag = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone()).hash(&mut h);
-        format!("gpunet-{}-{:08x}", cfg.name, h.finish() as u32)
-    };
+    // (Made first, so that the tag hashes its canonical path on the first start as on every later one.)
     let _ = std::fs::create_dir_all(&cfg.data_dir);
+    let tag = format!("gpunet-{}-{}", cfg.name, container::agent_tag(&cfg.data_dir));
     if cfg.tenant_uid_base.is_some() && cfg.run_as.is_none() && !others_can_reach(&cfg.data_dir) {
         tracing::warn!(data_dir = %cfg.data_dir.display(), "per-tenant users cannot reach the data directory \
                        (a parent without the others' x bit): their tasks will fail to start");

@@ -90,7 +90,7 @@ pub struct Exec {
 }
 
 /// Why the wrapper could not start the task: said on stderr (the task's log), the task ends with `code`.
-fn refuse(code: i32, what: std::fmt::Arguments<'_>) -> Ended {
+pub(crate) fn refuse(code: i32, what: std::fmt::Arguments<'_>) -> Ended {
     eprintln!("gpunet: {what}");
     Ended::Exit(code)
 }

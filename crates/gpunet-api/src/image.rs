@@ -98,16 +98,6 @@ impl ImageRef {
         }
         Ok(ImageRef::Registry(reference(field, s)?))
     }
-
-    /// Whether the node needs `skopeo` for it (a store or a registry, or an archive to copy to a layout).
-    pub fn needs_copy_tool(&self) -> bool {
-        matches!(self, ImageRef::LocalStore(_) | ImageRef::Registry(_) | ImageRef::OciArchive { .. })
-    }
-
-    /// Whether the node fetches it over the network.
-    pub fn is_remote(&self) -> bool {
-        matches!(self, ImageRef::Registry(_))
-    }
 }
 
 /// The node label an agent sets when it runs container tasks (an OCI runtime was found); a job with an image is
@@ -212,11 +202,11 @@ impl ContainerSpec {
             let p = absolute_path(&m.path)
                 .filter(|p| p != "/")
                 .ok_or_else(|| ApiError::invalid(&f, &m.path, "an absolute path without '.' or '..', not /"))?;
-            if RESERVED_PATHS.iter().any(|r| p == *r || p.starts_with(&format!("{r}/"))) && p != "/dev/shm" {
-                return Err(ApiError::invalid(&f, &m.path, "a path outside /proc, /sys, /dev and /.gpunet"));
-            }
             if p == "/dev/shm" {
                 return Err(ApiError::invalid(&f, &m.path, "a path other than /dev/shm (set container.shm_size)"));
+            }
+            if RESERVED_PATHS.iter().any(|r| p == *r || p.starts_with(&format!("{r}/"))) {
+                return Err(ApiError::invalid(&f, &m.path, "a path outside /proc, /sys, /dev and /.gpunet"));
             }
             if !seen.insert(p) {
                 return Err(ApiError::invalid(&f, &m.path, "a path no other mount uses"));

@@ -60,8 +60,7 @@ impl Drop for Prometheus {
 
 /// The `prometheus` executable on `PATH`, if any.
 pub(crate) fn find_prometheus() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("prometheus")).find(|p| p.is_file())
+    gpunet_agent::container::find_program("prometheus")
 }
 
 /// Writes `DIR/prometheus/{prometheus.yml, gpunet-rules.yml}` (DIR: `gpunet up`'s data directory) and starts

@@ -434,6 +434,9 @@ fn a_cdi_spec_gives_the_container_its_gpu_the_driver_libraries_and_environment()
     let driver = st.dir.path().join("driver");
     std::fs::create_dir_all(&driver).unwrap();
     std::fs::write(driver.join("libcuda.so.1"), "fake-driver-library\n").unwrap();
+    // Writable by anyone on the node: only the read-only mount keeps the task from writing it.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(driver.join("libcuda.so.1"), std::fs::Permissions::from_mode(0o666)).unwrap();
     let cdi = st.dir.path().join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
     let node = |n: &str| format!(r#"{{"path": "/dev/{n}", "hostPath": "{}/{n}"}}"#, dev.display());
@@ -564,4 +567,28 @@ fn a_container_the_server_took_back_is_stopped_by_the_returning_agent_before_the
     assert!(new_start > old_end, "the new attempt started before the old container ended");
     assert!(st.log("c6", id, 0).contains("got-TERM"), "{}", st.log("c6", id, 0));
     st.wait_clean("c6");
+}
+
+/// A container task's liveness probe runs in its container (`runc exec`): it sees the container's private `/tmp`,
+/// where the task keeps its heartbeat. The probe passes while the file is there (on the node it would fail at once)
+/// and fails once the task removes it.
+#[test]
+fn a_container_task_s_liveness_probe_runs_in_its_container() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&[]);
+    let _a = st.agent("c7", "1xT4", &[]);
+    let yaml = "name: probed\ntenant: t\ngpus: 0\nmax_restarts: 0\nimage: dir:tiny\n\
+                command: [sh, -c, 'touch /tmp/ok; echo up; sleep 4; rm /tmp/ok; echo removed; sleep 60']\n\
+                liveness: {command: [sh, -c, 'test -e /tmp/ok'], initial_delay: 1s, period: 1s}\n";
+    let id = submit_yaml(&st.s, st.dir.path(), yaml);
+    wait_for(Duration::from_secs(60), || st.s.job_state(id) == "failed");
+    let v = st.view(id);
+    let a = &v["attempts"][0];
+    assert_eq!(a["outcome"], "liveness", "{v}");
+    assert!(st.log("c7", id, 0).contains("removed"), "the probe passed until the file went: {}", st.log("c7", id, 0));
+    let ran = a["ended_ms"].as_u64().unwrap() - a["started_ms"].as_u64().unwrap();
+    assert!(ran >= 4000, "failed after {ran} ms: before the task removed its file");
+    st.wait_clean("c7");
 }

@@ -105,6 +105,15 @@ pub struct Plan {
     pub cdi: Option<super::cdi::Edits>,
 }
 
+/// A device cgroup rule allowing a character device (every minor without one).
+fn allow_char(major: i64, minor: Option<i64>) -> Result<oci_spec::runtime::LinuxDeviceCgroup, oci_spec::OciSpecError> {
+    let b = LinuxDeviceCgroupBuilder::default().allow(true).typ(LinuxDeviceType::C).major(major).access("rwm");
+    match minor {
+        Some(m) => b.minor(m).build(),
+        None => b.build(),
+    }
+}
+
 fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, String> {
     MountBuilder::default()
         .destination(dest)
@@ -265,26 +274,9 @@ pub fn spec(p: &Plan, image: &super::images::Defaults) -> Result<Spec, String> {
                 .build()
                 .map_err(e("device"))?,
         );
-        rules.push(
-            LinuxDeviceCgroupBuilder::default()
-                .allow(true)
-                .typ(LinuxDeviceType::C)
-                .major(d.major as i64)
-                .minor(d.minor as i64)
-                .access("rwm")
-                .build()
-                .map_err(e("devices"))?,
-        );
+        rules.push(allow_char(d.major as i64, Some(d.minor as i64)).map_err(e("devices"))?);
     }
-    rules.push(
-        LinuxDeviceCgroupBuilder::default()
-            .allow(true)
-            .typ(LinuxDeviceType::C)
-            .major(231i64)
-            .access("rwm")
-            .build()
-            .map_err(e("devices"))?,
-    );
+    rules.push(allow_char(231, None).map_err(e("devices"))?);
     // Only the device rules: memory, CPU and pids are limited by the task's groups, which the container's groups
     // are made beneath (no `cgroupsPath`: the runtime nests them under the wrapper's own, the task's). A limit of
     // its own would let the kernel kill inside the child group, where the agent does not look for the OOM.

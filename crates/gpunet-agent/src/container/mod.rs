@@ -44,9 +44,9 @@ pub const RUNTIME_DEVICE_RULES: &[&str] = &["c *:* m", "b *:* m", "c 10:200 rwm"
 /// The prefix of every container id an agent makes; its own tag follows (see [`agent_tag`]).
 pub const ID_PREFIX: &str = "gpunet-";
 
-/// An agent's tag in its container ids: 8 hex digits of its data directory. The runtime makes groups named after
-/// the container at the root of the hierarchies the wrapper is in no group of (cpuset, blkio, …), so two agents on
-/// one machine (one server's job 1 and another's) must not share a name.
+/// An agent's tag: 8 hex digits of its data directory, in its parent cgroup's name and its container ids. The runtime
+/// makes groups named after the container at the root of the hierarchies the wrapper is in no group of (cpuset,
+/// blkio, …), so two agents on one machine (one server's job 1 and another's) must not share a name.
 pub fn agent_tag(data: &Path) -> String {
     use std::hash::{Hash as _, Hasher as _};
     let mut h = std::collections::hash_map::DefaultHasher::new();

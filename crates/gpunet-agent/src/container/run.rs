@@ -20,7 +20,7 @@
 //! The container's runtime state and bundle are removed by the agent once it has read the task's end (OOM included)
 //! from the cgroups (`Runtime::remove`).
 
-use super::super::wrapper::Ended;
+use super::super::wrapper::{refuse, Ended};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
@@ -91,11 +91,6 @@ impl ContainerExec {
     }
 }
 
-fn refuse(code: i32, what: std::fmt::Arguments<'_>) -> Ended {
-    eprintln!("gpunet: {what}");
-    Ended::Exit(code)
-}
-
 /// The container's root: a private mount namespace, then the overlay of `lower` (the image's root filesystem).
 fn mount_root(c: &ContainerExec, lower: &Path) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
@@ -111,7 +106,23 @@ fn mount_root(c: &ContainerExec, lower: &Path) -> Result<(), String> {
     }
     let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
     mount(Some("overlay"), &root, Some("overlay"), MsFlags::MS_NODEV, Some(opts.as_str()))
-        .map_err(|e| format!("mount the container's root (overlay of {}): {e}", lower.display()))
+        .map_err(|e| format!("mount the container's root (overlay of {}): {e}", lower.display()))?;
+    shared_tmp(&root)
+}
+
+/// Makes the image's `/tmp` (when it is a directory) mode 1777 in the container's root, in its upper layer: runc gives
+/// the tmpfs it mounts there the mode of the directory beneath, and an image whose `/tmp` is 0755 root's (as a
+/// busybox root filesystem's may be) would leave the task no `/tmp` to write to. Opened without following a
+/// symlink: an image's `/tmp` that is one is left alone (its target would be resolved on the node).
+fn shared_tmp(root: &Path) -> Result<(), String> {
+    use rustix::fs::{Mode, OFlags};
+    let dir = rustix::fs::open(root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| format!("open the container's root: {e}"))?;
+    match rustix::fs::openat(&dir, "tmp", OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(tmp) => rustix::fs::fchmod(&tmp, Mode::from_raw_mode(0o1777)).map_err(|e| format!("chmod /tmp: {e}")),
+        // None (runc makes it, and the tmpfs keeps its mode=1777), or not a directory: left as it is.
+        Err(_) => Ok(()),
+    }
 }
 
 /// Mounts each host path the job named at its staged place in the bundle (in the wrapper's private mount namespace),
