@@ -25,6 +25,10 @@ struct Proc {
     /// For a task adopted from a previous run of the agent (not our child): its start time, checked before every
     /// signal, and the slots its liveness probe and checkpoint copier go into once the server's assignment is known.
     adopted: Option<(u64, Extras)>,
+    /// The slots of its checkpoint copier and probe (the same as the exit watcher's).
+    extras: Extras,
+    /// A checkpoint-now request was acted on.
+    asked: bool,
 }
 
 /// What a task's exit watcher reads at the end: the checkpoint copier (for the final copy) and a failed probe.
@@ -83,6 +87,8 @@ pub struct Launcher {
     pub checkpointed: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
     /// Checkpoint copies to a tier that failed since the agent started (reported to the server's metrics).
     pub checkpoint_failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Final snapshots taken on a checkpoint-now request, on every tier, not yet reported: (task, when).
+    pub checkpointed_now: std::sync::Arc<std::sync::Mutex<Vec<(TaskRef, u64)>>>,
     /// `gpunet task-exec`, which records each task's end so that a restarted agent can adopt it (see
     /// [`crate::wrapper`]); without it tasks run directly and a restarted agent kills them.
     wrapper: Option<PathBuf>,
@@ -161,6 +167,66 @@ impl TierCopier {
                 }
             }
         }
+    }
+}
+
+impl TierCopier {
+    /// Copies the directory to every tier now, due or not (a tier that already holds this very content is left as
+    /// it is). Returns when the snapshot was taken if every tier now holds it.
+    async fn copy_now(&self) -> Option<u64> {
+        let t = self.task;
+        let mut last = self.last.lock().await;
+        let fp = crate::checkpoints::fingerprint(&self.dir);
+        let at = now_ms();
+        let mut all = true;
+        for (tier, last) in self.tiers.iter().zip(last.iter_mut()) {
+            if last.1 == fp {
+                continue;
+            }
+            match crate::copier::snapshot(&self.how, tier, &self.root, &t, &self.dir, at, self.max_bytes).await {
+                Ok(_) => {
+                    *last = (std::time::Instant::now(), fp);
+                    self.sink.lock().expect("checkpoint sink").push((t, at));
+                }
+                Err(e) => {
+                    all = false;
+                    self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(job = t.job, tier = %tier.name, error = %e, "final checkpoint copy failed")
+                }
+            }
+        }
+        all.then_some(at)
+    }
+}
+
+/// The file a task is asked to checkpoint through (`GPUNET_CHECKPOINT_NOW`): created by the agent on a reclaim
+/// notice, removed by the job once its checkpoint is written. In the task's own directory.
+pub fn checkpoint_now_path(dir: &Path, t: &TaskRef) -> PathBuf {
+    work_dir(dir, t).join(".gpunet-checkpoint-now")
+}
+
+/// Creates the checkpoint-now file in a task's own directory (which its user owns) without following a symlink
+/// there: the directory is opened without following one and the file is made exclusively beneath it. An existing
+/// file is left as it is. Owned by `owner` so that the job may also rewrite it.
+fn create_checkpoint_now(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let parent = path.parent().ok_or_else(|| std::io::Error::other("no parent"))?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("no name"))?;
+    let dir = rustix::fs::open(parent, OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    match rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    ) {
+        Ok(f) => {
+            if let Some((u, g)) = owner {
+                rustix::fs::fchown(&f, Some(rustix::fs::Uid::from_raw(u)), Some(rustix::fs::Gid::from_raw(g)))?;
+            }
+            Ok(())
+        }
+        Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -337,6 +403,7 @@ impl Launcher {
             run_as: None,
             checkpointed: Default::default(),
             checkpoint_failures: Default::default(),
+            checkpointed_now: Default::default(),
             wrapper: None,
             task_path: DEFAULT_TASK_PATH.into(),
             tenant_uid_base: None,
@@ -476,6 +543,8 @@ impl Launcher {
         env.insert("GPUNET_CHECKPOINT_DIR".into(), checkpoint_dir(&self.dir, t.job).display().to_string());
         env.insert("GPUNET_LOG_FILE".into(), log_path(&self.dir, &t).display().to_string());
         env.insert("GPUNET_WORK_DIR".into(), home.display().to_string());
+        // Created when the node is reclaimed (with the job's checkpoint signal): checkpoint, then remove it.
+        env.insert("GPUNET_CHECKPOINT_NOW".into(), checkpoint_now_path(&self.dir, &t).display().to_string());
         if !a.mig.is_empty() {
             // A MIG slice is addressed by its MIG UUID (NVML's, or `MIG-fake-…` on fake GPUs).
             let ids: Vec<String> = a
@@ -732,7 +801,14 @@ impl Launcher {
             let extras = Extras::default();
             self.procs.insert(
                 t,
-                Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: Some((start, extras.clone())) },
+                Proc {
+                    pgid: pid,
+                    stopping: false,
+                    alive: alive.clone(),
+                    adopted: Some((start, extras.clone())),
+                    extras: extras.clone(),
+                    asked: false,
+                },
             );
             adopted.push(t);
             let exits = self.exits.clone();
@@ -802,6 +878,64 @@ impl Launcher {
             // Only if the task is still there: once reaped, its id may belong to another process.
             if ours() {
                 let _ = killpg(pgid, Signal::SIGKILL);
+            }
+        });
+    }
+
+    /// Acts on a checkpoint-now request for a running task (once per attempt): creates its `GPUNET_CHECKPOINT_NOW`
+    /// file, sends the job's signal to its processes, and waits (until the deadline) for the job to remove the file;
+    /// then copies the checkpoint directory to every tier and reports the final snapshot
+    /// ([`Launcher::checkpointed_now`]). A job that does not finish by the deadline keeps its last tier copy.
+    pub fn checkpoint_now(&mut self, a: &TaskAssignment, now: &gpunet_api::agent::CheckpointNow) {
+        let t = a.task;
+        let identity = self.identity(a);
+        let path = checkpoint_now_path(&self.dir, &t);
+        let Some(p) = self.procs.get_mut(&t) else { return };
+        if p.asked || p.stopping {
+            return;
+        }
+        p.asked = true;
+        if let Err(e) = create_checkpoint_now(&path, identity) {
+            tracing::warn!(job = t.job, rank = t.rank, error = %e, "create the checkpoint-now file");
+            return;
+        }
+        let raw = p.pgid;
+        let alive = p.alive.clone();
+        let adopted = p.adopted.as_ref().map(|(s, _)| *s);
+        let ours =
+            move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted.is_none_or(|s| same_leader(raw, s));
+        if let Some(sig) = now.signal.and_then(|s| Signal::try_from(s).ok()) {
+            if raw > 1 && ours() {
+                let _ = killpg(Pid::from_raw(raw), sig);
+            }
+        }
+        tracing::info!(job = t.job, rank = t.rank, deadline_ms = now.deadline_ms, "asked the task to checkpoint now");
+        let copier = p.extras.copier.clone();
+        let sink = self.checkpointed_now.clone();
+        let alive = p.alive.clone();
+        let deadline = now.deadline_ms;
+        tokio::spawn(async move {
+            loop {
+                if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+                    return; // it ended: its exit's final copy and report take over
+                }
+                if now_ms() >= deadline {
+                    tracing::warn!(job = t.job, rank = t.rank, "no checkpoint by the reclaim deadline");
+                    return;
+                }
+                if !path.exists() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            let c = copier.lock().expect("copier slot").clone();
+            let at = match c {
+                Some(c) => c.copy_now().await,
+                None => Some(now_ms()),
+            };
+            if let Some(at) = at {
+                tracing::info!(job = t.job, rank = t.rank, "final checkpoint on every tier");
+                sink.lock().expect("checkpoint sink").push((t, at));
             }
         });
     }

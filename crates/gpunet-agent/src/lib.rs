@@ -620,8 +620,10 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
             checkpoints: launcher.checkpointed.lock().expect("checkpoint sink").clone(),
             gpu_samples,
             checkpoint_failures: launcher.checkpoint_failures.load(std::sync::atomic::Ordering::Relaxed),
+            checkpoints_now: launcher.checkpointed_now.lock().expect("checkpoint sink").clone(),
         };
         let sent_ckpts = sync.checkpoints.len();
+        let sent_now = sync.checkpoints_now.len();
         let sent = pending.len();
         let sent_starts = sync.started.len();
         let req = http
@@ -758,6 +760,11 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                     let n = sent_ckpts.min(c.len());
                     c.drain(..n);
                 }
+                {
+                    let mut c = launcher.checkpointed_now.lock().expect("checkpoint sink");
+                    let n = sent_now.min(c.len());
+                    c.drain(..n);
+                }
                 known = work.version;
                 let want: HashSet<TaskRef> = work.tasks.iter().map(|t| t.task).collect();
                 assigned_gpus = work.tasks.iter().flat_map(|t| t.gpus.iter().copied()).collect();
@@ -779,6 +786,9 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 for a in &work.tasks {
                     if launcher.is_running(&a.task) {
                         launcher.attach(a); // an adopted task gets its probe and checkpoint copies
+                        if let Some(now) = &a.checkpoint_now {
+                            launcher.checkpoint_now(a, now); // its node is being reclaimed
+                        }
                     } else if !ended.contains(&a.task) {
                         new.push(a);
                     }

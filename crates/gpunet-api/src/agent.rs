@@ -73,6 +73,10 @@ pub struct AgentSync {
     /// Checkpoint copies to a tier that failed since the agent started (a counter; it restarts at 0 with the agent).
     #[serde(default)]
     pub checkpoint_failures: u64,
+    /// Task attempts asked to checkpoint now ([`TaskAssignment::checkpoint_now`]) whose job said it was done and
+    /// whose final snapshot is on every tier: the task and when the snapshot was taken (ms since epoch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints_now: Vec<(TaskRef, u64)>,
 }
 
 /// One GPU's sample from NVML. Fields NVML could not read are absent.
@@ -211,6 +215,22 @@ pub struct TaskAssignment {
     /// The container the task runs in (a job with an `image`); `None`: a process on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<crate::image::ContainerTask>,
+    /// The node is being reclaimed: checkpoint now. The agent creates the file named by the task's
+    /// `GPUNET_CHECKPOINT_NOW`, sends `signal` to the task's processes, and once the job removes the file (its
+    /// checkpoint is written) copies the checkpoint directory to every tier and reports it
+    /// ([`AgentSync::checkpoints_now`]); the server then stops the task and the job resumes elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_now: Option<CheckpointNow>,
+}
+
+/// A request to checkpoint now, before the node is reclaimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CheckpointNow {
+    /// When the node goes, ms since the Unix epoch: a checkpoint not done by then is lost.
+    pub deadline_ms: u64,
+    /// The signal to send (the job's `checkpoint_signal`); `None`: the file only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
 }
 
 /// A MIG slice of a node: the GPU's index and the instance's position among that GPU's MIG instances.

@@ -245,6 +245,71 @@ pub struct JobSubmission {
     /// Submitted held: not scheduled until released (`POST /v1/jobs/{id}/release`, `gpunet release`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// Whether the job may run on spot nodes (labelled and tainted `lifecycle=spot`; their provider may reclaim them
+    /// with short notice): `never`, `allowed`, or `preferred` (on spot when it fits there, else elsewhere). Absent:
+    /// the tenant's default (`never` unless the tenant sets one). Spot GPU-seconds are billed at the spot price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot: Option<SpotUse>,
+    /// The signal a reclaim notice sends the job's processes to ask for a checkpoint now (with the file named by
+    /// `GPUNET_CHECKPOINT_NOW` created): `SIGUSR1` (the default), `SIGUSR2`, `SIGINT`, `SIGHUP`, `SIGTERM`, or
+    /// `none` (the file only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_signal: Option<String>,
+}
+
+/// Whether a job may run on spot nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SpotUse {
+    /// Only on nodes that are not spot.
+    #[default]
+    Never,
+    /// On spot nodes as on any other.
+    Allowed,
+    /// On spot nodes when it fits there, else elsewhere.
+    Preferred,
+}
+
+impl SpotUse {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SpotUse::Never => "never",
+            SpotUse::Allowed => "allowed",
+            SpotUse::Preferred => "preferred",
+        }
+    }
+}
+
+impl std::str::FromStr for SpotUse {
+    type Err = ApiError;
+    fn from_str(s: &str) -> Result<SpotUse, ApiError> {
+        match s {
+            "never" => Ok(SpotUse::Never),
+            "allowed" => Ok(SpotUse::Allowed),
+            "preferred" => Ok(SpotUse::Preferred),
+            _ => Err(ApiError::invalid("spot", s, "never, allowed or preferred")),
+        }
+    }
+}
+
+/// The signals a job may choose for a checkpoint request, by name.
+pub const CHECKPOINT_SIGNALS: [(&str, i32); 5] =
+    [("SIGUSR1", 10), ("SIGUSR2", 12), ("SIGINT", 2), ("SIGHUP", 1), ("SIGTERM", 15)];
+
+/// The signal number of a `checkpoint_signal` (`None`: the default SIGUSR1); `Ok(None)` for `none`.
+pub fn checkpoint_signal(v: Option<&str>) -> Result<Option<i32>, ApiError> {
+    let Some(v) = v else { return Ok(Some(10)) };
+    if v.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let up = v.to_ascii_uppercase();
+    let name = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+    CHECKPOINT_SIGNALS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| Some(*s))
+        .ok_or_else(|| ApiError::invalid("checkpoint_signal", v, "SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGTERM or none"))
 }
 
 impl JobSubmission {
@@ -285,6 +350,8 @@ impl JobSubmission {
             array: None,
             dependency: None,
             hold: false,
+            spot: None,
+            checkpoint_signal: None,
         }
     }
 
@@ -349,6 +416,24 @@ impl JobSubmission {
         }
         spec.tolerations =
             self.tolerations.iter().map(|t| Toleration { key: t.key.clone(), value: t.value.clone() }).collect();
+        let spot_toleration = |t: &Toleration| t.key == "lifecycle" && t.value.as_deref().is_none_or(|v| v == "spot");
+        match self.spot {
+            Some(SpotUse::Never) if spec.tolerations.iter().any(spot_toleration) => {
+                return Err(ApiError::invalid(
+                    "spot",
+                    "never",
+                    "allowed or preferred with a toleration of lifecycle=spot (or drop the toleration)",
+                ));
+            }
+            Some(SpotUse::Allowed | SpotUse::Preferred) => {
+                if !spec.tolerations.iter().any(spot_toleration) {
+                    spec.tolerations.push(Toleration { key: "lifecycle".into(), value: Some("spot".into()) });
+                }
+                spec.prefer_spot = self.spot == Some(SpotUse::Preferred);
+            }
+            _ => {}
+        }
+        checkpoint_signal(self.checkpoint_signal.as_deref())?;
         if let Some(d) = &self.estimated_duration {
             spec.estimated_duration = Some(parse_duration("estimated_duration", d)?);
         }

@@ -308,6 +308,10 @@ pub struct TenantRequest {
     /// Quota.
     #[serde(default)]
     pub quota: Option<QuotaRequest>,
+    /// Whether the tenant's jobs may run on spot nodes when they do not say (`spot` of a job): `never` (the
+    /// default), `allowed` or `preferred`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot: Option<crate::spec::SpotUse>,
 }
 
 /// A quota in API form; absent dimensions are not constrained. Limits default to the guarantees.
@@ -362,6 +366,9 @@ pub struct TenantView {
     pub running: usize,
     /// Decayed GPU-hours of past usage (fair share).
     pub fair_share_usage_gpu_hours: f64,
+    /// Its jobs' default `spot` (`never` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot: Option<crate::spec::SpotUse>,
 }
 
 /// A new token (shown once).
@@ -399,6 +406,75 @@ pub struct NodeView {
     /// Each whole GPU with what holds it.
     #[serde(default)]
     pub devices: Vec<GpuView>,
+}
+
+/// A node pool (`GET /v1/pools`): its settings, its nodes, what its autoscaler forecasts, and its latest events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PoolView {
+    /// Name (its nodes are `NAME-00001`, …).
+    pub name: String,
+    /// `local` or `exec`.
+    pub provider: String,
+    /// Zone of its nodes.
+    pub zone: String,
+    /// `spot` or `on-demand`.
+    pub lifecycle: String,
+    /// GPU model of its nodes.
+    pub gpu_model: String,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// Fewest nodes.
+    pub min_nodes: u32,
+    /// Most nodes.
+    pub max_nodes: u32,
+    /// Nodes it is sized to now (booting and up).
+    pub target_nodes: u32,
+    /// Forecast demand in GPUs (weighted moving average of the window).
+    pub forecast_gpus: f64,
+    /// Forecast ÷ capacity (a very large number when it has none and there is demand).
+    pub load: f64,
+    /// Its nodes.
+    pub nodes: Vec<PoolNodeView>,
+    /// Its latest events, oldest first (scale-outs and -ins with their numbers, hook results, boot timeouts,
+    /// reclaims).
+    pub events: Vec<PoolEventView>,
+}
+
+/// A node of a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PoolNodeView {
+    /// Name.
+    pub name: String,
+    /// `booting` (asked of the provider, not registered), `up`, or `leaving` (being deleted).
+    pub phase: String,
+    /// Its node state once registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+/// An event of a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PoolEventView {
+    /// The pool.
+    pub pool: String,
+    /// `scale_out`, `scale_in`, `resumed`, `resume_failed`, `node_up`, `boot_timeout`, `deleted`,
+    /// `suspend_failed` or `reclaim`.
+    pub kind: String,
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// In words.
+    pub message: String,
+    /// Its numbers (forecast, load, capacity, nodes, …).
+    #[schema(value_type = Object)]
+    pub numbers: serde_json::Value,
+}
+
+/// A reclaim notice for a node (`POST /v1/nodes/{node}/reclaim`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRequest {
+    /// Seconds until the provider takes the node (0.1 to 86400).
+    pub deadline_s: f64,
 }
 
 /// The answer to a node's registration: the node, and its own credential (shown once; only its hash is stored). The

@@ -1,9 +1,12 @@
-//! The autoscaler decision: a pure function over a sliding window of load samples (demand ÷ capacity).
+//! The autoscaler decision: a pure function over a sliding window of demand samples (GPUs wanted: held plus
+//! queued), run by both drivers — the server for each node pool (`gpunet-server`'s `owner/pools.rs`) and the
+//! simulator for its spot pool.
 //!
-//! The signal is a weighted moving average with decay 0.5 per step: the newest sample has weight 1, the one before
-//! 0.5, then 0.25, …, normalised by the sum of the weights. Above `high` the spot pool grows to bring the load back
-//! to `target`; below `low` idle spot nodes are released; never outside `[min_nodes, max_nodes]`, and no action
-//! within `cooldown` of the previous one.
+//! The forecast is a weighted moving average of the window with decay 0.5 per step: the newest sample has weight 1,
+//! the one before 0.5, then 0.25, …, normalised by the sum of the weights. The load is the forecast ÷ the capacity
+//! (infinite when there is demand and no capacity). Above `high` the pool grows to bring the load to `target`;
+//! below `low` idle nodes are released; never outside `[min_nodes, max_nodes]`, at most `max_step` nodes per action,
+//! and no action within `cooldown` of the previous one.
 
 use crate::ids::NodeId;
 use crate::units::{Dur, Time};
@@ -12,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// Autoscaler settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AutoscaleConfig {
-    /// Samples kept in the window.
+    /// Samples kept in the window (5 by default).
     pub window: usize,
     /// Scale out above this load.
     pub high: f64,
@@ -33,7 +36,7 @@ pub struct AutoscaleConfig {
 impl Default for AutoscaleConfig {
     fn default() -> Self {
         AutoscaleConfig {
-            window: 10,
+            window: 5,
             high: 0.85,
             low: 0.4,
             target: 0.7,
@@ -49,19 +52,23 @@ impl Default for AutoscaleConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ScaleDecision {
-    /// Add this many spot nodes.
+    /// Add this many nodes.
     Out {
         /// Nodes to add.
         nodes: u32,
-        /// The smoothed load that triggered it.
+        /// The load that triggered it (forecast ÷ capacity; infinite with no capacity).
         load: f64,
+        /// The forecast demand in GPUs (the window's weighted moving average).
+        forecast_gpus: f64,
     },
-    /// Release these idle spot nodes.
+    /// Release these idle nodes.
     In {
         /// Nodes to release.
         nodes: Vec<NodeId>,
-        /// The smoothed load that triggered it.
+        /// The load that triggered it.
         load: f64,
+        /// The forecast demand in GPUs.
+        forecast_gpus: f64,
     },
     /// Do nothing.
     Hold {
@@ -89,9 +96,11 @@ pub fn weighted_load(samples: &[f64]) -> Option<f64> {
 /// Inputs of one decision.
 #[derive(Debug, Clone)]
 pub struct AutoscaleInput<'a> {
-    /// Load samples, oldest first; only the last `window` count.
+    /// Demand samples in GPUs (held plus queued, of the jobs that may use the pool), oldest first; only the last
+    /// `window` count.
     pub samples: &'a [f64],
-    /// GPUs of all schedulable nodes now.
+    /// GPUs of the capacity the demand is measured against now (the pool's nodes, booting ones included; the
+    /// simulator: every schedulable node).
     pub capacity_gpus: u64,
     /// GPUs of one spot node.
     pub gpus_per_spot_node: u32,
@@ -105,11 +114,49 @@ pub struct AutoscaleInput<'a> {
     pub now: Time,
 }
 
-/// Decides whether to grow or shrink the spot pool.
+/// One demand sample of a pool whose nodes look like `template`: the GPUs held on the pool's nodes `pool` plus the
+/// GPUs of the queued jobs that could run on such a node (its labels, taints and GPU model; a task no larger than
+/// the node). What the server samples for each of its pools (`owner/pools.rs`).
+pub fn pool_demand(st: &crate::ClusterState, template: &crate::NodeSpec, pool: &[NodeId]) -> u64 {
+    let per_node = template.gpus.len() as u32;
+    let queued: u64 = st
+        .waiting_jobs()
+        .filter(|j| {
+            let t = &j.spec.task;
+            t.gpus > 0
+                && t.gpus <= per_node
+                && t.cpu <= template.cpu
+                && t.mem <= template.mem
+                && j.spec.node_eligible(template)
+        })
+        .map(|j| j.spec.tasks as u64 * j.spec.task.gpus as u64)
+        .sum();
+    let held: u64 = pool
+        .iter()
+        .filter_map(|id| st.node(*id))
+        .flat_map(|n| n.jobs.iter().filter_map(|j| st.job(*j)?.run.as_ref()).map(move |r| (n.id, r)))
+        .flat_map(|(id, r)| r.placement.tasks.iter().filter(move |t| t.node == id))
+        .map(|t| t.gpu_mask.count_ones() as u64)
+        .sum();
+    queued + held
+}
+
+/// The forecast (GPUs) and the load (forecast ÷ capacity) of a window; `None` when empty.
+pub fn forecast(cfg: &AutoscaleConfig, samples: &[f64], capacity_gpus: u64) -> Option<(f64, f64)> {
+    let w = &samples[samples.len().saturating_sub(cfg.window.max(1))..];
+    let f = weighted_load(w)?;
+    let load = match capacity_gpus {
+        0 if f > 0.0 => f64::INFINITY,
+        0 => 0.0,
+        c => f / c as f64,
+    };
+    Some((f, load))
+}
+
+/// Decides whether to grow or shrink the pool.
 pub fn decide(cfg: &AutoscaleConfig, input: &AutoscaleInput<'_>) -> ScaleDecision {
-    let w = &input.samples[input.samples.len().saturating_sub(cfg.window.max(1))..];
-    let Some(load) = weighted_load(w) else {
-        return ScaleDecision::Hold { reason: "no load samples yet".into() };
+    let Some((forecast_gpus, load)) = forecast(cfg, input.samples, input.capacity_gpus) else {
+        return ScaleDecision::Hold { reason: "no demand samples yet".into() };
     };
     if let Some(t) = input.last_action {
         if input.now.since(t) < cfg.cooldown {
@@ -118,38 +165,35 @@ pub fn decide(cfg: &AutoscaleConfig, input: &AutoscaleInput<'_>) -> ScaleDecisio
     }
     let per = input.gpus_per_spot_node.max(1) as f64;
     let cap = input.capacity_gpus as f64;
+    let target = if cfg.target > 0.0 { cfg.target } else { 1.0 };
+    if input.spot_nodes < cfg.min_nodes {
+        let add = (cfg.min_nodes - input.spot_nodes).min(cfg.max_step.max(1));
+        return ScaleDecision::Out { nodes: add, load, forecast_gpus };
+    }
     if load > cfg.high {
         let room = cfg.max_nodes.saturating_sub(input.spot_nodes);
         if room == 0 {
             return ScaleDecision::Hold {
-                reason: format!("load {load:.2} but the pool is at its maximum of {}", cfg.max_nodes),
+                reason: format!("load {load:.2} but the pool is at its maximum of {} nodes", cfg.max_nodes),
             };
         }
-        // Demand in GPUs is load × capacity; capacity needed to bring it to target.
-        let want_cap = load * cap / cfg.target;
+        // Capacity that brings the forecast to the target load.
+        let want_cap = forecast_gpus / target;
         let add = ((want_cap - cap) / per).ceil().max(1.0) as u32;
-        return ScaleOut(add.min(room).min(cfg.max_step), load).into();
+        return ScaleDecision::Out { nodes: add.min(room).min(cfg.max_step.max(1)), load, forecast_gpus };
     }
     if load < cfg.low {
         let spare = input.spot_nodes.saturating_sub(cfg.min_nodes);
-        let want_cap = if cfg.target > 0.0 { load * cap / cfg.target } else { 0.0 };
+        let want_cap = forecast_gpus / target;
         let excess = ((cap - want_cap) / per).floor().max(0.0) as u32;
-        let n = excess.min(spare).min(cfg.max_step) as usize;
+        let n = excess.min(spare).min(cfg.max_step.max(1)) as usize;
         let nodes: Vec<NodeId> = input.idle_spot.iter().take(n).copied().collect();
         if nodes.is_empty() {
-            return ScaleDecision::Hold { reason: format!("load {load:.2} is low but no idle spot node can go") };
+            return ScaleDecision::Hold { reason: format!("load {load:.2} is low but no idle node can go") };
         }
-        return ScaleDecision::In { nodes, load };
+        return ScaleDecision::In { nodes, load, forecast_gpus };
     }
     ScaleDecision::Hold { reason: format!("load {load:.2} within [{:.2}, {:.2}]", cfg.low, cfg.high) }
-}
-
-struct ScaleOut(u32, f64);
-
-impl From<ScaleOut> for ScaleDecision {
-    fn from(s: ScaleOut) -> ScaleDecision {
-        ScaleDecision::Out { nodes: s.0, load: s.1 }
-    }
 }
 
 #[cfg(test)]
@@ -180,13 +224,13 @@ mod tests {
     #[test]
     fn scales_out_to_reach_the_target() {
         let cfg = AutoscaleConfig::default();
-        // load 1.4 on 80 GPUs = 112 GPUs of demand; at target .7 that needs 160 GPUs: 80 more = 10 nodes.
-        match decide(&cfg, &input(&[1.4, 1.4, 1.4], &[], 2, None)) {
+        // 112 GPUs of demand on 80 (load 1.4); at target .7 that needs 160 GPUs: 80 more = 10 nodes.
+        match decide(&cfg, &input(&[112.0, 112.0, 112.0], &[], 2, None)) {
             ScaleDecision::Out { nodes, .. } => assert_eq!(nodes, 10),
             d => panic!("{d:?}"),
         }
         let capped = AutoscaleConfig { max_nodes: 5, ..cfg.clone() };
-        match decide(&capped, &input(&[1.4], &[], 2, None)) {
+        match decide(&capped, &input(&[112.0], &[], 2, None)) {
             ScaleDecision::Out { nodes, .. } => assert_eq!(nodes, 3),
             d => panic!("{d:?}"),
         }
@@ -203,13 +247,35 @@ mod tests {
         let recent = Some(Time::from_secs(900));
         assert!(matches!(decide(&cfg, &input(&[0.0], &idle, 3, recent)), ScaleDecision::Hold { .. }));
         assert!(matches!(decide(&cfg, &input(&[0.0], &[], 3, None)), ScaleDecision::Hold { .. }));
-        assert!(matches!(decide(&cfg, &input(&[0.6], &idle, 3, None)), ScaleDecision::Hold { .. }));
+        assert!(matches!(decide(&cfg, &input(&[48.0], &idle, 3, None)), ScaleDecision::Hold { .. }));
     }
 
     #[test]
     fn a_spike_is_damped_by_the_window() {
         let cfg = AutoscaleConfig::default();
-        // One spike of 1.0 after low samples: WMA is (1 + .5·.3 + .25·.3 + .125·.3)/1.875 ≈ .65, below high.
-        assert!(matches!(decide(&cfg, &input(&[0.3, 0.3, 0.3, 1.0], &[], 0, None)), ScaleDecision::Hold { .. }));
+        // One spike of 80 GPUs after samples of 24: WMA is (80 + .5·24 + .25·24 + .125·24)/1.875 ≈ 52 (load .65),
+        // below high.
+        assert!(matches!(decide(&cfg, &input(&[24.0, 24.0, 24.0, 80.0], &[], 0, None)), ScaleDecision::Hold { .. }));
+    }
+
+    #[test]
+    fn an_empty_pool_grows_to_the_demand_in_one_step_and_to_its_minimum_first() {
+        let cfg = AutoscaleConfig { max_nodes: 4, max_step: 10, ..AutoscaleConfig::default() };
+        let empty = AutoscaleInput { capacity_gpus: 0, gpus_per_spot_node: 4, ..input(&[20.0], &[], 0, None) };
+        // 20 GPUs at target .7 want 28.6 GPUs: 8 nodes of 4, capped at the pool's 4.
+        match decide(&cfg, &empty) {
+            ScaleDecision::Out { nodes, load, forecast_gpus } => {
+                assert_eq!(nodes, 4);
+                assert!(load.is_infinite());
+                assert_eq!(forecast_gpus, 20.0);
+            }
+            d => panic!("{d:?}"),
+        }
+        // No demand and no capacity: load 0, nothing to release, hold.
+        let idle = AutoscaleInput { capacity_gpus: 0, gpus_per_spot_node: 4, ..input(&[0.0], &[], 0, None) };
+        assert!(matches!(decide(&cfg, &idle), ScaleDecision::Hold { .. }));
+        // Below its minimum the pool grows to it whatever the demand.
+        let min2 = AutoscaleConfig { min_nodes: 2, ..cfg };
+        assert!(matches!(decide(&min2, &idle), ScaleDecision::Out { nodes: 2, .. }));
     }
 }

@@ -175,6 +175,9 @@ pub struct JobSpec {
     /// Submitted held (Slurm's `--hold`): it waits outside the queues until released (see [`crate::hold`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// Placed on spot nodes (`lifecycle=spot`) when it fits there, else anywhere it is eligible.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefer_spot: bool,
 }
 
 /// How a dependency is satisfied by the end of the jobs it names.
@@ -278,6 +281,7 @@ impl JobSpec {
             dependencies: ThinVec::new(),
             array: None,
             hold: false,
+            prefer_spot: false,
         }
     }
 

@@ -278,6 +278,48 @@ impl ClusterState {
         Ok(out)
     }
 
+    /// A reclaim notice for a node (its provider takes it back at a deadline), the first of three steps both drivers
+    /// take — the server on `POST /v1/nodes/{node}/reclaim` (`gpunet-server`'s `owner/pools.rs`), the simulator on
+    /// a modelled spot notice: the node takes no new work (a ready node is cordoned; running attempts go on) and
+    /// the jobs returned are to checkpoint now. Then [`ClusterState::reclaim_checkpointed`] for each job whose
+    /// final checkpoint is safe, and at the deadline [`ClusterState::reclaim_deadline`].
+    pub fn reclaim_notice(&mut self, node: NodeId, now: Time) -> Result<Vec<JobId>, CoreError> {
+        let state = *self.node_states.get(node.index()).ok_or(CoreError::UnknownNode(node))?;
+        if state == NodeState::Ready {
+            self.set_node_state(node, NodeState::Cordoned, now)?;
+        }
+        let jobs = self.node_jobs[node.index()]
+            .iter()
+            .copied()
+            .filter(|j| self.jobs.get(j).is_some_and(|j| j.state == JobState::Running && !j.is_stopping()))
+            .collect();
+        Ok(jobs)
+    }
+
+    /// A job on a reclaimed node has its final checkpoint of time `at` safe on its tiers: it is recorded (the job
+    /// resumes from it) and the end of the attempt is asked for, as a drain (queued again without a restart
+    /// charge). Returns whether the stop was recorded (false when it was already stopping).
+    pub fn reclaim_checkpointed(&mut self, job: JobId, at: Time, now: Time) -> Result<bool, CoreError> {
+        if !self.jobs.get(&job).is_some_and(|j| j.state == JobState::Running) {
+            return Ok(false);
+        }
+        self.record_checkpoint(job, at)?;
+        self.request_stop(job, StopCause::Drained, now)
+    }
+
+    /// The reclaim's deadline: the node drains, so whatever still runs there is asked to stop (it keeps only its
+    /// work up to its last checkpoint). Returns the jobs asked to stop now.
+    pub fn reclaim_deadline(&mut self, node: NodeId, now: Time) -> Result<Vec<JobId>, CoreError> {
+        let before: Vec<JobId> =
+            self.node_jobs.get(node.index()).ok_or(CoreError::UnknownNode(node))?.iter().copied().collect();
+        let stopping: Vec<JobId> =
+            before.iter().copied().filter(|j| self.jobs.get(j).is_some_and(|j| j.is_stopping())).collect();
+        if self.node_states[node.index()] != NodeState::Lost {
+            self.set_node_state(node, NodeState::Draining, now)?;
+        }
+        Ok(before.into_iter().filter(|j| !stopping.contains(j)).collect())
+    }
+
     /// Ranks of a running job's current attempt that are not confirmed ended.
     pub fn live_ranks(&self, id: JobId) -> Vec<u32> {
         match self.jobs.get(&id).and_then(|j| j.run.as_ref()) {
@@ -291,6 +333,32 @@ impl ClusterState {
 mod tests {
     use super::*;
     use crate::*;
+
+    #[test]
+    fn a_reclaim_cordons_then_drains_and_keeps_the_final_checkpoint() {
+        let (mut s, t, n) = one_gpu_cluster();
+        let a = JobId(1);
+        s.submit(a, JobSpec::new(t, "a", 1, 1), Time::ZERO).unwrap();
+        for d in crate::schedule(&s, Time::ZERO) {
+            s.apply_decision(&d, Time::ZERO).unwrap();
+        }
+        assert_eq!(s.job(a).unwrap().state, JobState::Running);
+        let jobs = s.reclaim_notice(n, Time::from_secs(10)).unwrap();
+        assert_eq!(jobs, vec![a]);
+        assert_eq!(s.node(n).unwrap().state, NodeState::Cordoned, "no new work, the job goes on");
+        assert!(!s.job(a).unwrap().is_stopping());
+        assert!(s.reclaim_checkpointed(a, Time::from_secs(12), Time::from_secs(12)).unwrap());
+        assert_eq!(s.job(a).unwrap().run.as_ref().unwrap().stop, Some(StopCause::Drained));
+        assert_eq!(s.job(a).unwrap().last_checkpoint_at(Time::from_secs(13)), Some(Time::from_secs(12)));
+        // The deadline asks nothing more of a job already stopping; the node drains.
+        assert!(s.reclaim_deadline(n, Time::from_secs(20)).unwrap().is_empty());
+        assert_eq!(s.node(n).unwrap().state, NodeState::Draining);
+        let e = s.rank_ended(a, 0, 0, RankEnd::Stopped, Time::from_secs(21)).unwrap().unwrap();
+        assert_eq!(e.state, JobState::Preempted);
+        assert_eq!(e.cause, Some(StopCause::Drained));
+        assert_eq!(s.job(a).unwrap().restarts, 0, "a reclaim is not the job's failure");
+        assert_eq!(s.job(a).unwrap().progress, Dur::from_secs(12), "it resumes from the final checkpoint");
+    }
 
     fn one_gpu_cluster() -> (ClusterState, TenantId, NodeId) {
         let mut cfg = SchedConfig::with_policy(Policy::Priority);

@@ -609,6 +609,14 @@ impl ClusterState {
         self.queued
     }
 
+    /// The jobs in the queues (pending, preempted, restarting; not held, not waiting for a dependency).
+    pub fn waiting_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs
+            .values()
+            .filter(|j| j.state.is_queued() && !self.held.contains(&j.id) && !self.dep_waiting.contains(&j.id))
+            .map(|j| &**j)
+    }
+
     /// A tenant's queued jobs, in O(1): in its queue (pending, preempted, restarting), waiting for dependencies or
     /// held (what its queued-job limit counts).
     pub fn tenant_queued_count(&self, tenant: TenantId) -> usize {

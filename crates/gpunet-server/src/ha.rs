@@ -156,6 +156,7 @@ pub async fn start_ha(cfg: Config, ha: HaConfig) -> Result<Running, ServerError>
         shutdown: stx,
         task,
         ha: Some(Replica { elector: Some(elector), gate, supervisor }),
+        pools: None,
     })
 }
 

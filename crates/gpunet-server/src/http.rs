@@ -57,6 +57,8 @@ pub struct AppState {
     pub(crate) queue: crate::owner::snapshot::Reader,
     /// Where reads make their answers, at lower CPU priority (`reads.rs`).
     pub(crate) reads: crate::reads::Lane,
+    /// The node pools' providers, when there are pools.
+    pub(crate) pools: Option<crate::pools::Providers>,
 }
 
 /// Body limit of routes that take a small document (tenants, quotas, node registration).
@@ -699,20 +701,47 @@ async fn list_nodes(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Nodes { who: p, reply }).await?))
 }
 
-#[utoipa::path(post, path = "/v1/nodes/{name}/{action}", tag = "nodes", summary = "Cordon, drain or uncordon a node (admin)", params(("name" = String, Path, description = "Node"), ("action" = String, Path, description = "cordon, drain or uncordon")), responses((status = 200, description = "The node", body = NodeView)))]
+#[utoipa::path(post, path = "/v1/nodes/{name}/{action}", tag = "nodes", summary = "Cordon, drain or uncordon a node (admin), or reclaim it (admin, or the node's own credential: its provider's notice)", description = "`reclaim` takes `{\"deadline_s\": N}`: the node takes no new work; each job on it is asked to checkpoint now (its `checkpoint_signal` and the `GPUNET_CHECKPOINT_NOW` file), its final snapshot is copied to its tiers and it resumes elsewhere from it; at the deadline whatever still runs there is stopped. A pool's node is deleted once empty.", params(("name" = String, Path, description = "Node"), ("action" = String, Path, description = "cordon, drain, uncordon or reclaim")), request_body(content = Option<ReclaimRequest>, content_type = "application/json"), responses((status = 200, description = "The node", body = NodeView)))]
 async fn node_action(
     State(st): State<AppState>,
     h: HeaderMap,
     Path((name, action)): Path<(String, String)>,
+    body: Bytes,
 ) -> R<Response> {
+    if action == "reclaim" {
+        // The provider's notice: the admin, or the node's own agent (its notice command).
+        match who(&st, &h)? {
+            Principal::Admin => {}
+            Principal::Node(n) if n == name => {}
+            _ => {
+                return Err(Fail(ApiError::new(
+                    "forbidden",
+                    "a reclaim notice comes from an admin or from the node's own credential",
+                )))
+            }
+        }
+        let req: ReclaimRequest =
+            serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the reclaim notice: {e}")))?;
+        if !req.deadline_s.is_finite() || !(0.1..=86_400.0).contains(&req.deadline_s) {
+            return Err(Fail(ApiError::invalid("deadline_s", &req.deadline_s.to_string(), "0.1 to 86400 seconds")));
+        }
+        let deadline_s = req.deadline_s;
+        return Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Reclaim { name, deadline_s, reply }).await?));
+    }
     admin(&st, &h)?;
     let state = match action.as_str() {
         "cordon" => NodeState::Cordoned,
         "drain" => NodeState::Draining,
         "uncordon" => NodeState::Ready,
-        a => return Err(Fail(ApiError::invalid("action", a, "cordon, drain or uncordon"))),
+        a => return Err(Fail(ApiError::invalid("action", a, "cordon, drain, uncordon or reclaim"))),
     };
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetNodeState { name, state, reply }).await?))
+}
+
+#[utoipa::path(get, path = "/v1/pools", tag = "nodes", summary = "Node pools: their nodes, forecast and latest events (admin)", responses((status = 200, description = "Pools", body = Vec<PoolView>)))]
+async fn list_pools(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
+    admin(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Pools { reply }).await?))
 }
 
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals", responses((status = 200, description = "Summary", body = ClusterSummary)))]
@@ -1152,6 +1181,7 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/tokens/{id}/revoke", post(revoke_token).layer(small))
         .route("/v1/nodes", post(register_node).layer(small).get(list_nodes))
         .route("/v1/nodes/{name}/{action}", post(node_action).layer(small))
+        .route("/v1/pools", get(list_pools))
         .route("/v1/agents/{node}/sync", post(agent_sync).layer(large))
         .route("/v1/cluster", get(cluster))
         .route("/v1/cluster/history", get(history))

@@ -14,6 +14,7 @@ pub mod listen;
 pub mod metrics;
 pub mod openapi;
 pub mod owner;
+pub mod pools;
 pub mod portal;
 mod reads;
 pub mod tls;
@@ -80,6 +81,10 @@ pub struct Config {
     /// Prices of GPUs (by model and lifecycle), CPU and memory: nodes are priced by it at registration (unless their
     /// agent names its own GPU price) and again at every start.
     pub prices: gpunet_core::PriceCatalogue,
+    /// Node pools the server grows and shrinks (see [`pools`]).
+    pub pools: Vec<pools::PoolConfig>,
+    /// Where pool agents find this server (the providers' settings).
+    pub pool_link: pools::AgentLink,
 }
 
 /// Default of [`Config::max_queued_jobs_per_tenant`].
@@ -110,6 +115,8 @@ impl Config {
             insecure_http: false,
             limits: listen::Limits::default(),
             prices: gpunet_core::PriceCatalogue::shipped(),
+            pools: Vec::new(),
+            pool_link: pools::AgentLink::default(),
         }
     }
 }
@@ -185,6 +192,8 @@ pub struct Running {
     task: tokio::task::JoinHandle<()>,
     /// As one of several replicas: its part in the election.
     pub ha: Option<ha::Replica>,
+    /// The pools' providers (their local agents stop with the server).
+    pools: Option<pools::Providers>,
 }
 
 impl Running {
@@ -201,6 +210,9 @@ impl Running {
         }
         let _ = self.shutdown.send(());
         let _ = self.task.await;
+        if let Some(p) = self.pools {
+            p.stop_local().await;
+        }
     }
 }
 
@@ -276,6 +288,12 @@ pub fn build(
         }
         o.nodes.insert(name.clone(), d);
     }
+    let providers = pools::Providers::new(cfg.pool_link.clone(), &cfg.data_dir);
+    for p in &cfg.pools {
+        p.validate().map_err(|e| recover("pools".into(), e.to_string()))?;
+    }
+    o.pools = owner::pools::Pools::new(&cfg.pools, providers.clone());
+    o.pools_recover();
     // Running jobs first, so their GPUs are theirs again, and arrays, before their elements (see
     // `gpunet_core::array`); then the rest, each in id order (an array's elements come after it). The documents are
     // read a page at a time in two passes, each parsed and dropped at once, so that neither their text nor a second
@@ -391,6 +409,7 @@ pub fn build(
         leader: None,
         queue,
         reads: reads::Lane::start(),
+        pools: (!cfg.pools.is_empty()).then_some(providers),
     };
     Ok((app, gen_admin, gen_join))
 }
@@ -423,8 +442,16 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
     let (app, gen_admin, gen_join) = build(&cfg, store)?;
     let (listener, addr) = bind(&cfg).await?;
     let (stx, srx) = tokio::sync::oneshot::channel::<()>();
-    let router = http::router(app);
     let scheme = if acceptor.is_some() { "https" } else { "http" };
+    let pools = app.pools.clone();
+    if let Some(p) = &pools {
+        let mut local = addr;
+        if local.ip().is_unspecified() {
+            local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        p.set_url(format!("{scheme}://{local}"));
+    }
+    let router = http::router(app);
     let task = tokio::spawn(listen::serve(listener, router, acceptor, cfg.limits, async {
         let _ = srx.await;
     }));
@@ -437,6 +464,7 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         shutdown: stx,
         task,
         ha: None,
+        pools,
     })
 }
 

@@ -273,6 +273,42 @@ fn esc(v: &str) -> String {
 }
 
 /// Gauges from the live state.
+/// Each node pool's size by phase, its target (booting and up), forecast and load.
+fn pool_gauges(o: &Owner, s: &mut String) {
+    let pools = o.pool_gauges();
+    if pools.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_pool_nodes Nodes of a pool by phase (booting, up, leaving).\n# TYPE gpunet_pool_nodes gauge"
+    );
+    for (name, _, _, _, by) in &pools {
+        for (phase, n) in ["booting", "up", "leaving"].iter().zip(by) {
+            let _ = writeln!(s, "gpunet_pool_nodes{{pool=\"{}\",phase=\"{phase}\"}} {n}", esc(name));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_pool_target_nodes Nodes a pool is sized to (booting and up).\n# TYPE gpunet_pool_target_nodes gauge"
+    );
+    for (name, target, _, _, _) in &pools {
+        let _ = writeln!(s, "gpunet_pool_target_nodes{{pool=\"{}\"}} {target}", esc(name));
+    }
+    let _ = writeln!(
+        s,
+        "# HELP gpunet_pool_forecast_gpus A pool's forecast demand in GPUs (weighted moving average).\n# TYPE \
+         gpunet_pool_forecast_gpus gauge"
+    );
+    for (name, _, f, _, _) in &pools {
+        let _ = writeln!(s, "gpunet_pool_forecast_gpus{{pool=\"{}\"}} {f}", esc(name));
+    }
+    let _ = writeln!(s, "# HELP gpunet_pool_load A pool's forecast over its capacity.\n# TYPE gpunet_pool_load gauge");
+    for (name, _, _, l, _) in &pools {
+        let _ = writeln!(s, "gpunet_pool_load{{pool=\"{}\"}} {l}", esc(name));
+    }
+}
+
 pub(crate) fn gauges(o: &Owner) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# HELP gpunet_jobs Jobs by tenant and state.\n# TYPE gpunet_jobs gauge");
@@ -290,6 +326,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
     );
     tenant_gauges(o, &mut s);
     node_gauges(o, &mut s);
+    pool_gauges(o, &mut s);
     let mut total: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
     for n in o.st.nodes() {
         let model = n.spec.gpu_model().map(|m| m.to_string()).unwrap_or_else(|| "none".into());

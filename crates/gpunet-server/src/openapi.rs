@@ -33,7 +33,7 @@ const ERRORS: &[(&str, &str)] = &[
     paths(
         submit, submit_batch, dry_run, list_jobs, get_job, cancel_job, hold_job, release_job, job_events, explain_job, job_logs,
         create_tenant, list_tenants, set_quota, issue_token, list_tokens, create_token, revoke_token,
-        register_node, list_nodes, node_action, agent_sync, cluster, history, queue_view, whoami, usage, events,
+        register_node, list_nodes, node_action, list_pools, agent_sync, cluster, history, queue_view, whoami, usage, events,
         metrics, health, openapi
     ),
     components(schemas(gpunet_api::ErrorBody, gpunet_api::ApiError)),

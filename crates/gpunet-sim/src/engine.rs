@@ -195,6 +195,8 @@ pub struct AutoscaleSim {
     pub template: gpunet_core::NodeSpec,
     /// Time between load samples and decisions.
     pub interval: Dur,
+    /// Time from the decision to a new node taking work (boot and registration).
+    pub boot: Dur,
 }
 
 impl Default for SimConfig {
@@ -254,6 +256,8 @@ enum Ev {
     NodeRecover(u32),
     SpotNotice(u32),
     SpotGone(u32),
+    /// An autoscaled node finished booting: it becomes ready.
+    Booted(u32),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -327,6 +331,9 @@ struct Engine<'a> {
     load_window: Vec<f64>,
     last_scale: Option<Time>,
     spot_added: u32,
+    /// Autoscaled nodes still booting, and their GPUs (counted as the pool's capacity, as the server counts them).
+    booting: u32,
+    booting_gpus: u64,
     scale_outs: usize,
     scale_ins: usize,
 }
@@ -507,13 +514,19 @@ impl Engine<'_> {
     /// jobs checkpoint now and are asked to stop; they end after the modelled stop time.
     fn node_down(&mut self, node: NodeId, now: u64, state: NodeState) -> Result<(), SimError> {
         let t = Time(now);
-        let jobs = self.run_jobs_on(node);
-        if state == NodeState::Draining {
+        let jobs = if state == NodeState::Draining {
+            // The core's reclaim steps, as the server takes them: the node takes no new work, each job checkpoints
+            // now (modelled as instant) and is asked to stop; the deadline (`Ev::SpotGone`) drains what is left.
+            let jobs = self.st.reclaim_notice(node, t)?;
             for id in &jobs {
-                self.st.record_checkpoint(*id, t)?;
+                self.st.reclaim_checkpointed(*id, t, t)?;
             }
-        }
-        self.st.set_node_state(node, state, t)?;
+            jobs
+        } else {
+            let jobs = self.run_jobs_on(node);
+            self.st.set_node_state(node, state, t)?;
+            jobs
+        };
         for id in &jobs {
             let idx = (id.0 - 1) as usize;
             let stop = if state == NodeState::Lost { Dur::ZERO } else { self.cfg.stop_time.draw(&mut self.stop_rng) };
@@ -565,8 +578,8 @@ impl Engine<'_> {
     /// One autoscaler step: sample the load, decide, add or release spot nodes.
     fn autoscale(&mut self, now: u64) -> Result<bool, SimError> {
         let Some(a) = self.cfg.autoscale.as_ref() else { return Ok(false) };
-        let cap = self.st.capacity_gpus().max(1) as f64;
-        self.load_window.push((self.alloc_gpus + self.queued_gpus) as f64 / cap);
+        // The same demand signal as the server's pools: GPUs held plus GPUs queued.
+        self.load_window.push((self.alloc_gpus + self.queued_gpus) as f64);
         if self.load_window.len() > a.cfg.window.max(1) {
             self.load_window.remove(0);
         }
@@ -579,9 +592,9 @@ impl Engine<'_> {
         let idle: Vec<NodeId> = spot.iter().rev().filter(|(_, idle)| *idle).map(|(id, _)| *id).collect();
         let input = gpunet_core::autoscale::AutoscaleInput {
             samples: &self.load_window,
-            capacity_gpus: self.st.capacity_gpus(),
+            capacity_gpus: self.st.capacity_gpus() + self.booting_gpus,
             gpus_per_spot_node: a.template.gpus.len() as u32,
-            spot_nodes: spot.len() as u32,
+            spot_nodes: spot.len() as u32 + self.booting,
             idle_spot: &idle,
             last_action: self.last_scale,
             now: Time(now),
@@ -599,7 +612,13 @@ impl Engine<'_> {
                         self.node_spot.resize(id.index() + 1, true);
                         self.node_rates.resize(id.index() + 1, rates);
                     }
-                    if let Some(rate) = self.cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
+                    if a.boot.0 > 0 {
+                        // Not schedulable until it has booted (and registered, live).
+                        self.st.set_node_state(id, NodeState::Lost, Time(now))?;
+                        self.booting += 1;
+                        self.booting_gpus += template.gpus.len() as u64;
+                        self.push(now + a.boot.0, Ev::Booted(id.0));
+                    } else if let Some(rate) = self.cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
                         let dt = self.rng.exp(3_600_000.0 / rate) as u64;
                         self.push(now + dt.max(1), Ev::SpotNotice(id.0));
                     }
@@ -789,6 +808,8 @@ pub fn simulate(
         load_window: Vec::new(),
         last_scale: None,
         spot_added: 0,
+        booting: 0,
+        booting_gpus: 0,
         scale_outs: 0,
         scale_ins: 0,
     };
@@ -988,8 +1009,19 @@ pub fn simulate(
                         changed = true;
                     }
                 }
+                Ev::Booted(n) => {
+                    e.booting -= 1;
+                    e.booting_gpus -= e.st.node(NodeId(n)).map_or(0, |v| v.spec.gpus.len() as u64);
+                    e.st.set_node_state(NodeId(n), NodeState::Ready, Time(now))?;
+                    if let Some(rate) = cfg.spot_reclaims_per_hour.filter(|r| *r > 0.0) {
+                        let dt = e.rng.exp(3_600_000.0 / rate) as u64;
+                        e.push(now + dt.max(1), Ev::SpotNotice(n));
+                    }
+                    changed = true;
+                }
                 Ev::SpotGone(n) => {
                     // Jobs still stopping when the node goes (stop time longer than the notice) end with it.
+                    e.st.reclaim_deadline(NodeId(n), Time(now))?;
                     e.node_down(NodeId(n), now, NodeState::Lost)?;
                     changed = true;
                     e.push(now + cfg.mttr.0, Ev::NodeRecover(n));

@@ -426,6 +426,7 @@ fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
         cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: 20, ..Default::default() },
         template,
         interval: Dur::from_secs(60),
+        boot: Dur::from_secs(120),
     };
     let base = SimConfig { check_invariants: true, ..cfg(Policy::Fifo) };
     let fixed = simulate(&trace, &cluster, &base, &mut |_, _| {}).unwrap();

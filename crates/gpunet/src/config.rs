@@ -58,6 +58,12 @@ pub(crate) struct ServerFile {
     pub(crate) lease_renew_s: f64,
     pub(crate) lease_poll_s: f64,
     pub(crate) log_format: LogFormat,
+    /// Node pools the server grows and shrinks (`[[pools]]`; file only).
+    pub(crate) pools: Vec<gpunet_server::pools::PoolConfig>,
+    /// The URL pool agents reach this server at (default: its own address); file only.
+    pub(crate) pool_agent_server: Option<String>,
+    /// The CA certificate pool agents verify the server with (default: `tls_cert`); file only.
+    pub(crate) pool_agent_ca: Option<PathBuf>,
     /// What to warn about once logging is set up (e.g. a file holding a token that others can read).
     #[serde(skip)]
     pub(crate) warnings: Vec<String>,
@@ -94,6 +100,9 @@ impl Default for ServerFile {
             lease_renew_s: 1.0,
             lease_poll_s: 0.25,
             log_format: LogFormat::Text,
+            pools: Vec::new(),
+            pool_agent_server: None,
+            pool_agent_ca: None,
             warnings: Vec::new(),
         }
     }
@@ -201,6 +210,32 @@ lease_poll_s = {lease_poll_s:?}
 
 # Log lines on standard error: "text" (colours only on a terminal) or "json" (one object per line).
 log_format = "text"
+
+# Node pools the server grows with demand and shrinks when idle (docs/pools.md). Agents of pool nodes join with
+# join_token at pool_agent_server (default: this server's address) verifying it with pool_agent_ca (default: tls_cert).
+# pool_agent_server = "https://gpunet.example:7070"
+# pool_agent_ca = "/etc/gpunet/ca.pem"
+# [[pools]]
+# name = "spot"                 # nodes are spot-00001, spot-00002, …
+# provider = "exec"             # or "local": `gpunet agent --fake-gpus` processes on this machine
+# resume_program = "/etc/gpunet/pools/resume.sh"     # PROGRAM POOL NODE…: create the machines
+# suspend_program = "/etc/gpunet/pools/suspend.sh"   # PROGRAM POOL NODE…: delete them
+# hook_timeout_s = 300.0
+# gpu_model = "A10"
+# gpus_per_node = 8
+# zone = "us-east-1a"
+# lifecycle = "spot"            # or "on-demand"
+# min_nodes = 0
+# max_nodes = 4
+# boot_timeout_s = 300.0
+# interval_s = 10.0             # seconds between demand samples and decisions
+# window = 5                    # samples in the weighted moving average (weights halving per step)
+# high = 0.85                   # grow above this load (forecast ÷ capacity)
+# low = 0.4                     # shrink below it
+# target = 0.7                  # the load an action aims at
+# cooldown_s = 300.0
+# max_step = 10
+# scale_in = "idle"             # or "checkpointed": drain nodes whose jobs checkpoint to a tier
 "#,
         version = d.version,
         data_dir = d.data_dir.display(),

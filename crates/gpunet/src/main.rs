@@ -135,10 +135,18 @@ struct UpArgs {
     /// Where that Prometheus listens.
     #[arg(long, default_value = "127.0.0.1:9090", requires = "with_prometheus")]
     prometheus_listen: std::net::SocketAddr,
+    /// An elastic spot pool of local fake-GPU agents, MIN..MAXxGPUSxMODEL (e.g. 0..4x8xA10): nodes spot-00001, …
+    /// are started as jobs that allow spot (`spot: allowed`) wait, and stopped when idle (docs/pools.md).
+    #[arg(long)]
+    spot_pool: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
+    /// Stop (as on SIGTERM) when the process PID, this agent's parent, ends: a node pool's local agents die with
+    /// their server.
+    #[arg(long, hide = true)]
+    exit_with_parent: Option<u32>,
     /// Server URL, or the URLs of several replicas comma-separated (the agent syncs with the leader).
     #[arg(long, env = "GPUNET_SERVER")]
     server: String,
@@ -168,9 +176,11 @@ struct AgentArgs {
     /// Where logs and checkpoints go.
     #[arg(long, default_value = "gpunet-agent")]
     data_dir: PathBuf,
-    /// Address other nodes reach this node at (MASTER_ADDR of gangs).
-    #[arg(long, default_value = "127.0.0.1")]
-    address: String,
+    /// Address other nodes reach this node at (MASTER_ADDR and GPUNET_NODE_ADDRESSES of gangs). Default: 127.0.0.1
+    /// when the server is on loopback, else this machine's address on the route to the server (its primary
+    /// non-loopback address).
+    #[arg(long)]
+    address: Option<String>,
     /// Run tasks as this unprivileged user (the agent must run as root).
     #[arg(long)]
     run_as: Option<String>,
@@ -271,6 +281,30 @@ fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatal
     gpunet_core::PriceCatalogue::from_toml(&text).with_context(|| format!("load --prices {}", p.display()))
 }
 
+/// The address other nodes reach this one at, by default: loopback when the (first) server is on loopback, else
+/// the local address of the route to it (no packet is sent: a UDP socket is only connected).
+fn default_address(servers: &str) -> String {
+    let first = servers.split(',').next().unwrap_or_default();
+    let host_port = first.split("://").nth(1).unwrap_or(first).split('/').next().unwrap_or_default();
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+            (h.trim_matches(['[', ']']), p.parse().unwrap_or(443))
+        }
+        _ => (host_port, 443),
+    };
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return "127.0.0.1".into();
+    }
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect((host, port))?;
+            s.local_addr()
+        })
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into())
+}
+
 fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
     let mut labels = std::collections::BTreeMap::new();
     for kv in a.labels.split(',').filter(|s| !s.trim().is_empty()) {
@@ -317,7 +351,10 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         data_dir,
         cpu: None,
         mem: None,
-        address: a.address.clone(),
+        address: match &a.address {
+            Some(x) => x.clone(),
+            None => default_address(&a.server),
+        },
         run_as: a.run_as.clone(),
         wrapper: std::env::current_exe().ok(),
         task_path: a.task_path.clone(),
@@ -396,8 +433,9 @@ struct BillArgs {
     /// Only this tenant.
     #[arg(long)]
     tenant: Option<String>,
-    /// One row per tenant, per user (`tenant/user`: who submitted each job) or per GPU model and lifecycle.
-    #[arg(long, default_value = "tenant", value_parser = ["tenant", "user", "model"])]
+    /// One row per tenant, per user (`tenant/user`: who submitted each job), per GPU model and lifecycle, or per
+    /// lifecycle (spot, on-demand, reserved: each billed at its own price).
+    #[arg(long, default_value = "tenant", value_parser = ["tenant", "user", "model", "lifecycle"])]
     by: String,
     #[command(flatten)]
     conn: Conn,
@@ -510,11 +548,26 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                 q += &format!("&tenant={t}");
             }
             let r: UsageReport = c.get(&format!("/v1/usage{q}")).await?;
+            // Per lifecycle: the model/lifecycle rows summed by their lifecycle.
+            let mut by_lifecycle: std::collections::BTreeMap<String, gpunet_api::types::UsageTotals> =
+                Default::default();
+            for (k, u) in &r.by_model {
+                let l = k.rsplit_once('/').map_or("on-demand", |(_, l)| l).to_string();
+                let e = by_lifecycle.entry(l).or_default();
+                e.gpu_hours += u.gpu_hours;
+                e.cpu_hours += u.cpu_hours;
+                e.memory_gib_hours += u.memory_gib_hours;
+                e.gpu_cost += u.gpu_cost;
+                e.cpu_cost += u.cpu_cost;
+                e.mem_cost += u.mem_cost;
+                e.cost += u.cost;
+            }
             print(&c, &r, |r| {
                 let cost = format!("COST ({})", if r.currency.is_empty() { "?" } else { &r.currency });
                 let (key, rows) = match a.by.as_str() {
                     "user" => ("TENANT/USER", &r.by_user),
                     "model" => ("MODEL/LIFECYCLE", &r.by_model),
+                    "lifecycle" => ("LIFECYCLE", &by_lifecycle),
                     _ => ("TENANT", &r.tenants),
                 };
                 client::table(
@@ -588,6 +641,9 @@ fn real_main() -> Result<()> {
         Cmd::Server(a) => server_cmd::run(&a, cli.log_format)?,
         Cmd::Agent(a) => {
             ops::init_logging(cli.log_format.unwrap_or_default(), "info");
+            if let Some(parent) = a.exit_with_parent {
+                ops::exit_with_parent(parent)?;
+            }
             let cfg = agent_config(&a)?;
             let _lock = ops::DataDirLock::acquire(&cfg.data_dir)?;
             runtime()?.block_on(async move {
@@ -622,6 +678,22 @@ fn real_main() -> Result<()> {
             cfg.join_token = Some(join.clone());
             load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
             cfg.prices = load_prices(a.prices.as_deref())?;
+            if let Some(sp) = &a.spot_pool {
+                let mut p = gpunet_server::pools::PoolConfig::parse_short("spot", sp)?;
+                // A quick loop for trying it: decisions every 2 s, a minute of quiet after each.
+                p.interval_s = 2.0;
+                p.cooldown_s = 60.0;
+                p.boot_timeout_s = 60.0;
+                p.zone = "local".into();
+                cfg.pools = vec![p];
+                cfg.pool_link = gpunet_server::pools::AgentLink {
+                    server: None,
+                    ca: Some(ca.ca_cert.clone()),
+                    join_token: Some(join.clone()),
+                    exe: None,
+                    address: None,
+                };
+            }
             // Shared checkpoint tiers go beneath the data directory, one directory per tenant.
             let data =
                 std::fs::canonicalize(&a.data_dir).with_context(|| format!("resolve {}", a.data_dir.display()))?;

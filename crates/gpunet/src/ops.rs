@@ -27,6 +27,16 @@ pub(crate) async fn stop_signal() -> Result<()> {
     Ok(())
 }
 
+/// Asks the kernel for SIGTERM when this process's parent ends (`PR_SET_PDEATHSIG`), and fails if the parent
+/// `parent` is already gone (it could have ended before the request).
+pub(crate) fn exit_with_parent(parent: u32) -> Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).context("ask for the parent's death signal")?;
+    if nix::unistd::getppid().as_raw() as u32 != parent {
+        bail!("the parent process {parent} is gone");
+    }
+    Ok(())
+}
+
 /// An exclusive lock on a data directory (`DIR/gpunet.lock`, `flock(2)`), held while this value lives: a second
 /// `gpunet up`, `server` or `agent` on the same directory fails at once, saying which process holds it. The kernel
 /// drops the lock when the process ends, however it ends, so a stale lock file never blocks a restart.

@@ -211,6 +211,21 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
     cfg.limits.max_connections_per_ip = a.max_connections.div_ceil(2);
     cfg.limits.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout_s);
     cfg.prices = crate::load_prices(a.prices.as_deref())?;
+    let mut names = std::collections::HashSet::new();
+    for p in &a.pools {
+        p.validate()?;
+        if !names.insert(p.name.clone()) {
+            bail!("invalid pools: the name {:?} is used twice", p.name);
+        }
+    }
+    cfg.pools.clone_from(&a.pools);
+    cfg.pool_link = gpunet_server::pools::AgentLink {
+        server: a.pool_agent_server.clone(),
+        ca: a.pool_agent_ca.clone().or_else(|| a.tls_cert.clone()),
+        join_token: a.join_token.clone(),
+        exe: None,
+        address: None,
+    };
     Ok(cfg)
 }
 

@@ -157,6 +157,7 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
                 cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: max, ..Default::default() },
                 template,
                 interval: Dur::from_secs(60),
+                boot: Dur::from_secs(120),
             })
         }
     };

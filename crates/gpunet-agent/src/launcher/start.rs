@@ -309,7 +309,18 @@ impl Launcher {
         let Launched { mut child, pid, group, status, env_file, at_ms, started } = l;
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        self.procs.insert(t, Proc { pgid: pid, stopping: false, alive: alive.clone(), adopted: None });
+        let extras = Extras::default();
+        self.procs.insert(
+            t,
+            Proc {
+                pgid: pid,
+                stopping: false,
+                alive: alive.clone(),
+                adopted: None,
+                extras: extras.clone(),
+                asked: false,
+            },
+        );
         match started {
             None => self.started.lock().expect("starts").push(TaskStart { task: t, pid: pid as u32, at_ms }),
             // A container task started when its container runs (after the image and the runtime's create and
@@ -328,7 +339,6 @@ impl Launcher {
                 });
             }
         }
-        let extras = Extras::default();
         self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
         if let Some(g) = &group {
             watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
@@ -381,6 +391,7 @@ mod tests {
             env: Default::default(),
             working_dir: None,
             container: None,
+            checkpoint_now: None,
             gpus: vec![],
             mig: vec![],
             cpu_milli: 100,

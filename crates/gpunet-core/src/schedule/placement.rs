@@ -117,6 +117,24 @@ impl Pass<'_> {
     /// Places with the desired number of tasks, or for an elastic job the largest size, down to its minimum, that
     /// both fits and the tenant's quota admits.
     pub(super) fn try_place(&self, job: &Job, classes: &[u32], hold: Option<&Holdback>) -> Option<Placement> {
+        if job.spec.prefer_spot {
+            // Spot first: the same search on the spot classes alone, then on all.
+            let topo = &self.st.topo;
+            let spot: Vec<u32> = classes
+                .iter()
+                .copied()
+                .filter(|c| topo.classes[*c as usize].spec.lifecycle() == crate::node::Lifecycle::Spot)
+                .collect();
+            if !spot.is_empty() && spot.len() < classes.len() {
+                if let Some(p) = self.try_place_on(job, &spot, hold) {
+                    return Some(p);
+                }
+            }
+        }
+        self.try_place_on(job, classes, hold)
+    }
+
+    fn try_place_on(&self, job: &Job, classes: &[u32], hold: Option<&Holdback>) -> Option<Placement> {
         let spec = &job.spec;
         let Some(e) = spec.elastic else {
             return self.place_on(&self.free, spec, spec.tasks, classes, hold);
@@ -358,6 +376,28 @@ mod tests {
         assert_eq!(started(&ds), vec![2]);
         let e = explain(&s, JobId(1), Time::from_secs(1)).unwrap();
         assert!(matches!(e.reason, PendingReason::NeverFits { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_job_preferring_spot_goes_there_first_and_elsewhere_when_spot_is_full() {
+        let spot = node("spot", GpuModel::A100_80GB, 1).label("lifecycle", "spot").taint("lifecycle", "spot");
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("od", GpuModel::A100_80GB, 1), spot], &["a"]);
+        let mut j = JobSpec::new(t0(), "j", 1, 1);
+        j.tolerations = crate::job::thin_vec![Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+        j.prefer_spot = true;
+        submit(&mut s, 1, j.clone(), 0);
+        submit(&mut s, 2, j, 0);
+        let ds = s.step(Time::ZERO).unwrap();
+        let node_of = |id: u64| {
+            ds.iter().find_map(|d| match d {
+                Decision::Start { job, placement, .. } if job.0 == id => {
+                    Some(s.node(placement.tasks[0].node).unwrap().spec.name.clone())
+                }
+                _ => None,
+            })
+        };
+        assert_eq!(node_of(1).as_deref(), Some("spot"), "the first goes to spot although on-demand is as free");
+        assert_eq!(node_of(2).as_deref(), Some("od"), "spot is full: the second goes elsewhere");
     }
 
     #[test]

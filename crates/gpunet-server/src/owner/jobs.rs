@@ -33,7 +33,7 @@ impl Owner {
         let mut out = Vec::with_capacity(subs.len());
         // Validate every job first: a batch is all or nothing.
         let mut prepared = Vec::with_capacity(subs.len());
-        for (i, (sub, warnings)) in subs.into_iter().enumerate() {
+        for (i, (mut sub, warnings)) in subs.into_iter().enumerate() {
             let tenant = match (&who, &sub.tenant) {
                 (Principal::Tenant(t), None) => t.clone(),
                 (Principal::Tenant(t), Some(s)) if s == t => t.clone(),
@@ -55,11 +55,19 @@ impl Owner {
                     return;
                 }
             };
+            // The tenant's default for spot, recorded in the submission (it decides the job's placement for good).
+            if sub.spot.is_none() {
+                sub.spot = self.tenants.get(&tenant).and_then(|d| d.spot);
+            }
             match sub.to_core(tid).and_then(|mut s| {
                 gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
                 self.resolve_dependencies(&sub, &tenant, &mut s)?;
                 if !sub.hold_never_fits {
                     if let Some(why) = gpunet_core::never_fits(&self.st, &s) {
+                        // A node pool may grow a node that holds it.
+                        if self.pools.could_hold(&s) {
+                            return Ok(s);
+                        }
                         return Err(ApiError::never_fits(&why));
                     }
                 }

@@ -17,6 +17,7 @@ mod doc;
 mod estimates;
 mod jobs;
 mod nodes;
+pub(crate) mod pools;
 mod queries;
 pub(crate) mod snapshot;
 mod tenants;
@@ -168,6 +169,16 @@ pub(crate) enum Cmd {
         sync: gpunet_api::agent::AgentSync,
         reply: Reply<gpunet_api::agent::AgentWork>,
     },
+    /// A reclaim notice for a node (`owner/pools.rs`).
+    Reclaim {
+        name: String,
+        deadline_s: f64,
+        reply: Reply<NodeView>,
+    },
+    /// The node pools.
+    Pools {
+        reply: Reply<Vec<PoolView>>,
+    },
 }
 
 /// Where a placement's tasks are, by node name.
@@ -201,6 +212,7 @@ impl Cmd {
                 | Cmd::LiveUsage { .. }
                 | Cmd::Gauges { .. }
                 | Cmd::History { .. }
+                | Cmd::Pools { .. }
         )
     }
 }
@@ -261,6 +273,9 @@ pub(crate) struct TenantDoc {
     /// Fair share's decayed GPU usage as last stored (GPU-ms as of a time), restored at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) usage: Option<UsageRecord>,
+    /// Its jobs' default `spot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) spot: Option<gpunet_api::spec::SpotUse>,
 }
 
 /// A tenant's decayed GPU usage at a time.
@@ -286,6 +301,9 @@ pub(crate) struct NodeDoc {
     /// The agent's own price per GPU-hour; `None`: the price catalogue's (priced again at every start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) price_override: Option<f64>,
+    /// A pool's node that its provider deleted: kept (its jobs' records name it) but no longer listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) removed: bool,
 }
 
 pub(crate) struct Owner {
@@ -347,6 +365,8 @@ pub(crate) struct Owner {
     /// The queue view the API serves, published after changes (`owner/snapshot.rs`), and its readers' side.
     pub(crate) queue_pub: snapshot::Publisher,
     pub(crate) queue_reader: snapshot::Reader,
+    /// Node pools, their providers, and reclaims in progress (`owner/pools.rs`).
+    pub(crate) pools: pools::Pools,
 }
 
 /// How often the allocation history is sampled, and how long samples are kept (12 hours, in the store too).
@@ -421,6 +441,7 @@ impl Owner {
             notifies: Arc::new(std::sync::Mutex::new(HashMap::new())),
             queue_pub,
             queue_reader,
+            pools: pools::Pools::default(),
             lost_after: std::time::Duration::from_secs(10),
             fence_after: std::time::Duration::from_secs(60),
             checkpoint_roots: Vec::new(),
@@ -870,10 +891,32 @@ impl Owner {
             Cmd::Gauges { reply } => {
                 let _ = reply.send(Ok(crate::metrics::gauges(self)));
             }
+            Cmd::Reclaim { name, deadline_s, reply } => self.reclaim_node(name, deadline_s, reply),
+            Cmd::Pools { reply } => self.pool_views(reply),
             Cmd::History { reply } => {
                 let _ = reply.send(Ok(self.history.iter().cloned().collect()));
             }
         }
+    }
+
+    /// The zones a running job's tasks are in.
+    fn zones_of(&self, job: JobId) -> Vec<String> {
+        let mut z: Vec<String> = self
+            .st
+            .job(job)
+            .and_then(|j| j.run.as_ref())
+            .map(|r| {
+                r.placement
+                    .tasks
+                    .iter()
+                    .filter_map(|t| self.st.node(t.node))
+                    .map(|n| n.spec.zone().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        z.sort();
+        z.dedup();
+        z
     }
 
     /// One scheduling pass; persists what changed.
@@ -938,7 +981,15 @@ impl Owner {
                         }
                     }
                     writes.push(self.job_doc_write(job.0).expect("present"));
-                    writes.push(self.event(job.0, "started", format!("job-{} started", job.0)));
+                    let text = match self.zones_of(*job) {
+                        z if z.len() > 1 => format!(
+                            "job-{} started across zones {}: no zone had room for all its tasks (topology any)",
+                            job.0,
+                            z.join(", ")
+                        ),
+                        _ => format!("job-{} started", job.0),
+                    };
+                    writes.push(self.event(job.0, "started", text));
                 }
                 Decision::Preempt { job, reason, for_job } => {
                     self.sync_doc(job.0);
@@ -973,6 +1024,9 @@ impl Owner {
         self.metrics.pass_seconds.observe(t0.elapsed().as_secs_f64());
         self.dirty = false;
         self.sample_history(now);
+        if !self.pools.list.is_empty() || !self.pools.reclaims.is_empty() {
+            self.pools_tick();
+        }
     }
 
     /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of

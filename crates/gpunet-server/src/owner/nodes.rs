@@ -27,6 +27,9 @@ impl Owner {
         join: bool,
         reply: Reply<NodeRegistered>,
     ) {
+        // A pool's node: the pool's labels, taint and price, whatever the agent said.
+        self.pool_node_registering(&mut spec);
+        let price = price.or_else(|| self.pool_price(&spec.name));
         let name = spec.name.clone();
         // The join token only adds nodes: a known node re-registers with its own credential (or the admin's token), else
         // whoever holds the join token could take its name over — its tasks (other tenants' commands and secrets),
@@ -79,6 +82,7 @@ impl Owner {
             managed,
             credential: Some(hash),
             price_override: price,
+            removed: false,
         };
         let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
         self.nodes.insert(name.clone(), doc);
@@ -104,7 +108,7 @@ impl Owner {
 
     /// The nodes, as `who` may see them.
     pub(super) fn list_nodes(&mut self, who: Principal, reply: Reply<Vec<NodeView>>) {
-        let v = self.nodes.keys().filter_map(|n| self.node_view(n, &who)).collect();
+        let v = self.nodes.iter().filter(|(_, d)| !d.removed).filter_map(|(n, _)| self.node_view(n, &who)).collect();
         let _ = reply.send(Ok(v));
     }
 
@@ -178,6 +182,7 @@ impl Owner {
         // A node reports only on its own task attempts; anything else in the report is ignored.
         sync.started.retain(|s| self.task_of_node(id, node, &s.task));
         sync.checkpoints.retain(|(t, _)| self.task_of_node(id, node, t));
+        sync.checkpoints_now.retain(|(t, _)| self.task_of_node(id, node, t));
         sync.exited.retain(|e| self.task_of_node(id, node, &e.task));
         self.last_seen.insert(node.to_string(), std::time::Instant::now());
         self.metrics.checkpoint_failures(node, sync.checkpoint_failures);
@@ -237,6 +242,9 @@ impl Owner {
                     format!("job-{} rank {} checkpoint of attempt {} copied to its tiers", t.job, t.rank, t.attempt),
                 ));
             }
+        }
+        for (t, at) in &sync.checkpoints_now {
+            self.checkpoint_now_done(t, *at, &mut writes);
         }
         for e in sync.exited {
             let jid = JobId(e.task.job);
@@ -332,6 +340,16 @@ impl Owner {
                 .map(|m| m.spec.labels.get("address").cloned().unwrap_or_else(|| m.spec.name.clone()))
                 .unwrap_or_default();
             let one_node = node_order.len() == 1;
+            // Each node's reachable address (its agent's `--address`), by node rank, and the zones the gang spans.
+            let addresses: Vec<String> = node_order
+                .iter()
+                .filter_map(|n| self.st.node(*n))
+                .map(|v| v.spec.labels.get("address").cloned().unwrap_or_else(|| v.spec.name.clone()))
+                .collect();
+            let mut zones: Vec<String> =
+                node_order.iter().filter_map(|n| self.st.node(*n)).map(|v| v.spec.zone().to_string()).collect();
+            zones.sort();
+            zones.dedup();
             let all_mask: u64 = run.placement.tasks.iter().fold(0, |a, t| a | t.gpu_mask);
             let nvlink =
                 one_node && all_mask != 0 && self.st.scope_met(gpunet_core::TopologyScope::NvLink, &run.placement);
@@ -401,8 +419,15 @@ impl Owner {
                         "SYS".into()
                     },
                 );
+                set("GPUNET_NODE_ADDRESSES", addresses.join(","));
                 if one_node {
                     set("NCCL_IB_DISABLE", "1".into());
+                }
+                if zones.len() > 1 {
+                    // Stitched across zones: no InfiniBand or NVLink between them, only IP (sockets), on every NIC.
+                    set("GPUNET_ZONES", zones.join(","));
+                    set("NCCL_IB_DISABLE", "1".into());
+                    set("NCCL_CROSS_NIC", "1".into());
                 }
                 local_rank += 1;
                 out.push(gpunet_api::agent::TaskAssignment {
@@ -416,6 +441,14 @@ impl Owner {
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
                     tenant_index: Some(j.spec.tenant.0),
+                    checkpoint_now: self.checkpoint_now_of(jid.0, attempt).map(|deadline_ms| {
+                        gpunet_api::agent::CheckpointNow {
+                            deadline_ms,
+                            signal: gpunet_api::spec::checkpoint_signal(sub.checkpoint_signal.as_deref())
+                                .ok()
+                                .flatten(),
+                        }
+                    }),
                     container: sub.image.as_ref().map(|image| {
                         let c = sub.container.clone().unwrap_or_default();
                         gpunet_api::image::ContainerTask {
@@ -687,7 +720,7 @@ impl Owner {
             .collect()
     }
 
-    fn node_view(&self, name: &str, who: &Principal) -> Option<NodeView> {
+    pub(super) fn node_view(&self, name: &str, who: &Principal) -> Option<NodeView> {
         let id = self.st.node_id(name)?;
         let n = self.st.node(id)?;
         let fake = self.nodes.get(name).is_some_and(|d| d.fake);

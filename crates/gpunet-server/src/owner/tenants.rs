@@ -82,7 +82,7 @@ impl Owner {
                     expires_ms: None,
                     bootstrap: false,
                 });
-                let doc = TenantDoc { spec, quota: req.quota.clone(), usage: None };
+                let doc = TenantDoc { spec, quota: req.quota.clone(), usage: None, spot: req.spot };
                 writes.push(Write::Tenant {
                     name: req.name.clone(),
                     doc: serde_json::to_value(&doc).expect("serialise"),
@@ -229,6 +229,7 @@ impl Owner {
             queued,
             running,
             fair_share_usage_gpu_hours: self.st.tenant_decayed_usage_gpu_s(id, Time(now_ms())) / 3600.0,
+            spot: d.spot,
         })
     }
 }

@@ -94,6 +94,9 @@ pub(crate) struct SubmitArgs {
     /// Ask where and when it would start, without queuing.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Whether the job may run on spot nodes: never, allowed or preferred (default: its tenant's, else never).
+    #[arg(long, value_parser = |s: &str| s.parse::<gpunet_api::spec::SpotUse>())]
+    pub(crate) spot: Option<gpunet_api::spec::SpotUse>,
     #[command(flatten)]
     pub(crate) conn: Conn,
     /// Command and arguments.
@@ -114,6 +117,7 @@ impl SubmitArgs {
             || !self.env.is_empty()
             || self.workdir.is_some()
             || self.image.is_some()
+            || self.spot.is_some()
             || self.shm_size.is_some()
             || self.network.is_some()
             || self.priority.is_some()
@@ -167,6 +171,9 @@ impl SubmitArgs {
         }
         if let Some(i) = &self.image {
             s.image = Some(i.clone());
+        }
+        if let Some(sp) = self.spot {
+            s.spot = Some(sp);
         }
         if let Some(m) = &self.shm_size {
             s.container.get_or_insert_with(Default::default).shm_size = Some(m.clone());

@@ -17,6 +17,10 @@ pub(crate) struct TenantsArgs {
     /// Cohort of the tenant created.
     #[arg(long)]
     pub(crate) cohort: Option<String>,
+    /// Whether the created tenant's jobs may run on spot nodes when they do not say: never (the default), allowed
+    /// or preferred.
+    #[arg(long, value_parser = |s: &str| s.parse::<gpunet_api::spec::SpotUse>())]
+    pub(crate) spot: Option<gpunet_api::spec::SpotUse>,
     /// Issue another token for this tenant (admin).
     #[arg(long)]
     pub(crate) token_for: Option<String>,
@@ -28,7 +32,8 @@ pub(crate) struct TenantsArgs {
 pub(crate) async fn tenants(a: &TenantsArgs) -> Result<()> {
     let c = Client::new(&a.conn)?;
     if let Some(name) = &a.create {
-        let req = TenantRequest { name: name.clone(), weight: a.weight, cohort: a.cohort.clone(), quota: None };
+        let req =
+            TenantRequest { name: name.clone(), weight: a.weight, cohort: a.cohort.clone(), quota: None, spot: a.spot };
         let t: TokenIssued = c.post("/v1/tenants", Some(serde_json::to_string(&req)?), "application/json").await?;
         return emit(c.output, &t, |t, _| {
             format!("tenant {} created; its token (shown once): {}\n", t.tenant, t.token)

@@ -1,0 +1,746 @@
+//! The owner's node pools and spot reclaims.
+//!
+//! **Pools** (`crate::pools` has their configuration and providers): every `interval_s` the owner samples each
+//! pool's demand — GPUs held on its nodes plus GPUs of the queued jobs that could run on one of them
+//! (`gpunet_core::autoscale::pool_demand`) — and runs the core's autoscaler decision (`autoscale::decide`, the one the
+//! simulator runs) against the pool's capacity (its ready and booting nodes). A scale-out names new nodes and asks
+//! the provider for them; they count as capacity while they boot, and one that has not registered within the boot
+//! timeout is deleted and the pool backs off (5 s, doubling to 5 min) before it asks again. A scale-in cordons idle
+//! nodes (or drains checkpointed ones, with `scale_in = "checkpointed"`) and deletes them once empty. Every
+//! decision and hook result is an event (`/v1/events`, `GET /v1/pools`) with its numbers.
+//!
+//! **Reclaims** (`POST /v1/nodes/{node}/reclaim`): the core's three steps (`gpunet_core::lifecycle`), as the
+//! simulator takes them. The notice cordons the node and every rank of each job on it gets a checkpoint-now request
+//! in its assignment (the agent creates `GPUNET_CHECKPOINT_NOW`, signals, copies the final snapshot to the tiers and
+//! reports it); when every rank's snapshot is safe the job is stopped as drained and resumes elsewhere from it. A
+//! job without checkpoint tiers is stopped at once. At the deadline the node drains: what still runs keeps only its
+//! last tier copy. A pool node is deleted once empty.
+
+use super::{Owner, Reply};
+use crate::now_ms;
+use crate::pools::{HookOp, PoolConfig, ScaleIn, POOL_LABEL};
+use gpunet_api::types::{PoolEventView, PoolNodeView, PoolView};
+use gpunet_api::ApiError;
+use gpunet_core::autoscale::{self, AutoscaleConfig, ScaleDecision};
+use gpunet_core::{JobId, NodeSpec, NodeState, Time};
+use gpunet_store::Write;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Pool events kept for `GET /v1/pools`.
+const EVENTS_KEPT: usize = 500;
+/// First wait after a failed hook or boot; doubles per failure up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Where a pool node is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Asked of the provider at `since`; not registered yet.
+    Booting { since: Instant },
+    /// Registered.
+    Up,
+    /// Taken out (scale-in, reclaim, lost, failed boot): deleted once it holds no task.
+    Leaving { suspending: bool, retry_at: Option<Instant> },
+}
+
+/// One pool's live state.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) cfg: PoolConfig,
+    template: NodeSpec,
+    auto: AutoscaleConfig,
+    nodes: BTreeMap<String, Phase>,
+    samples: Vec<f64>,
+    last_sample: Option<Instant>,
+    last_action: Option<u64>,
+    failures: u32,
+    retry_at: Option<Instant>,
+    next_index: u64,
+    forecast: f64,
+    load: f64,
+}
+
+/// A reclaim in progress.
+#[derive(Debug, Clone)]
+pub(crate) struct Reclaim {
+    deadline_ms: u64,
+    /// Jobs asked to checkpoint: the attempt asked, the ranks whose final snapshot is safe and the earliest
+    /// snapshot time.
+    jobs: BTreeMap<u64, (u32, BTreeSet<u32>, u64)>,
+    deadline_passed: bool,
+}
+
+/// Every pool, the reclaims, and the providers.
+#[derive(Debug, Default)]
+pub(crate) struct Pools {
+    pub(crate) list: Vec<Pool>,
+    pub(crate) providers: Option<crate::pools::Providers>,
+    pub(crate) reclaims: BTreeMap<String, Reclaim>,
+    events: VecDeque<PoolEventView>,
+    /// A cluster of every pool at its largest (at most 64 nodes each), to tell whether a job a pool could hold.
+    shadow: Option<gpunet_core::ClusterState>,
+}
+
+
+impl Pools {
+    /// Pools from their configuration (checked).
+    pub(crate) fn new(cfgs: &[PoolConfig], providers: crate::pools::Providers) -> Pools {
+        let list = cfgs
+            .iter()
+            .map(|c| Pool {
+                template: c.template(),
+                auto: c.autoscale(),
+                cfg: c.clone(),
+                nodes: BTreeMap::new(),
+                samples: Vec::new(),
+                last_sample: None,
+                last_action: None,
+                failures: 0,
+                retry_at: None,
+                next_index: 1,
+                forecast: 0.0,
+                load: 0.0,
+            })
+            .collect();
+        let mut shadow = gpunet_core::ClusterState::new(gpunet_core::SchedConfig::default()).ok();
+        for c in cfgs {
+            for k in 0..c.max_nodes.min(64) {
+                let mut n = c.template();
+                n.name = format!("{}-{k}", n.name);
+                if let Some(s) = shadow.as_mut() {
+                    let _ = s.add_node(n);
+                }
+            }
+        }
+        Pools {
+            list,
+            providers: Some(providers),
+            reclaims: BTreeMap::new(),
+            events: VecDeque::new(),
+            shadow: shadow.filter(|_| !cfgs.is_empty()),
+        }
+    }
+
+    /// Whether a pool at its largest could hold a job (so that it is not refused at submit as never fitting).
+    pub(crate) fn could_hold(&self, spec: &gpunet_core::JobSpec) -> bool {
+        self.shadow.as_ref().is_some_and(|s| gpunet_core::never_fits(s, spec).is_none())
+    }
+
+    /// The pool a node name belongs to.
+    pub(crate) fn of_node(&self, name: &str) -> Option<usize> {
+        self.list.iter().position(|p| {
+            name.strip_prefix(p.cfg.name.as_str())
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|n| n.len() >= 5 && n.chars().all(|c| c.is_ascii_digit()))
+        })
+    }
+}
+
+impl Owner {
+    fn pool_event(&mut self, pool: &str, kind: &str, message: String, numbers: serde_json::Value) {
+        tracing::info!(pool, kind, %message, "pool");
+        let at_ms = now_ms();
+        let ev = PoolEventView { pool: pool.to_string(), kind: kind.to_string(), at_ms, message, numbers };
+        let _ = self.events.send(
+            serde_json::json!({"pool": ev.pool, "kind": format!("pool_{kind}"), "at_ms": at_ms, "message": ev.message,
+                "numbers": ev.numbers})
+            .to_string(),
+        );
+        let evs = &mut self.pools.events;
+        evs.push_back(ev);
+        while evs.len() > EVENTS_KEPT {
+            evs.pop_front();
+        }
+    }
+
+    /// Pools learn their nodes from the store at start: the registered nodes of each pool are up (or leaving when
+    /// lost), and new names continue after the highest.
+    pub(crate) fn pools_recover(&mut self) {
+        for i in 0..self.pools.list.len() {
+            let name = self.pools.list[i].cfg.name.clone();
+            let mut next = 1;
+            let mut found = Vec::new();
+            for (n, d) in &self.nodes {
+                if d.spec.labels.get(POOL_LABEL) != Some(&name) || self.pools.of_node(n) != Some(i) {
+                    continue;
+                }
+                if let Some(k) = n.rsplit('-').next().and_then(|k| k.parse::<u64>().ok()) {
+                    next = next.max(k + 1);
+                }
+                if !d.removed {
+                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining {
+                        Phase::Leaving { suspending: false, retry_at: None }
+                    } else {
+                        Phase::Up
+                    };
+                    found.push((n.clone(), phase));
+                }
+            }
+            let p = &mut self.pools.list[i];
+            p.next_index = next;
+            p.nodes.extend(found);
+        }
+    }
+
+    /// A node registers: a pool's node gets the pool's labels and taint, whatever its agent said.
+    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) {
+        let Some(i) = self.pools.of_node(&spec.name) else { return };
+        let p = &mut self.pools.list[i];
+        for (k, v) in p.cfg.node_labels() {
+            spec.labels.insert(k, v);
+        }
+        spec.taints.retain(|t| t.key != "lifecycle");
+        if p.cfg.lifecycle == gpunet_core::Lifecycle::Spot {
+            spec.taints.push(gpunet_core::node::Taint { key: "lifecycle".into(), value: "spot".into() });
+        }
+        if let Some(pr) = p.cfg.price_per_gpu_hour {
+            spec.price_per_gpu_hour = pr;
+        }
+        let name = spec.name.clone();
+        let pool = p.cfg.name.clone();
+        match p.nodes.get(&name).copied() {
+            Some(Phase::Booting { since }) => {
+                p.nodes.insert(name.clone(), Phase::Up);
+                p.failures = 0;
+                let secs = since.elapsed().as_secs_f64();
+                self.pool_event(
+                    &pool,
+                    "node_up",
+                    format!("node {name} registered {secs:.1} s after it was asked for"),
+                    serde_json::json!({"node": name, "boot_s": secs}),
+                );
+            }
+            Some(Phase::Leaving { .. }) => {}
+            _ => {
+                p.nodes.insert(name.clone(), Phase::Up);
+            }
+        }
+    }
+
+    /// The pool's price for a node, if it sets one.
+    pub(super) fn pool_price(&self, name: &str) -> Option<f64> {
+        self.pools.of_node(name).and_then(|i| self.pools.list[i].cfg.price_per_gpu_hour)
+    }
+
+    /// One step of every pool and reclaim (after each pass).
+    pub(super) fn pools_tick(&mut self) {
+        self.reclaims_tick();
+        for i in 0..self.pools.list.len() {
+            self.pool_boot_timeouts(i);
+            self.pool_leave(i);
+            let due = {
+                let p = &self.pools.list[i];
+                p.last_sample.is_none_or(|t| t.elapsed().as_secs_f64() >= p.cfg.interval_s)
+            };
+            if due {
+                self.pool_decide(i);
+            }
+        }
+    }
+
+    fn backoff(failures: u32) -> Duration {
+        let d = BACKOFF_MIN.saturating_mul(1u32 << failures.saturating_sub(1).min(10));
+        d.min(BACKOFF_MAX)
+    }
+
+    /// Booting nodes past their timeout are deleted; the pool backs off.
+    fn pool_boot_timeouts(&mut self, i: usize) {
+        let p = &mut self.pools.list[i];
+        let limit = Duration::from_secs_f64(p.cfg.boot_timeout_s);
+        let late: Vec<String> = p
+            .nodes
+            .iter()
+            .filter(|(_, ph)| matches!(ph, Phase::Booting { since } if since.elapsed() > limit))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if late.is_empty() {
+            return;
+        }
+        p.failures += 1;
+        let wait = Self::backoff(p.failures);
+        p.retry_at = Some(Instant::now() + wait);
+        for n in &late {
+            p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+        }
+        let pool = p.cfg.name.clone();
+        let failures = p.failures;
+        self.pool_event(
+            &pool,
+            "boot_timeout",
+            format!(
+                "{} did not register within {} s: deleted; the pool asks again in {} s",
+                late.join(", "),
+                limit.as_secs_f64(),
+                wait.as_secs()
+            ),
+            serde_json::json!({"nodes": late, "failures": failures, "retry_in_s": wait.as_secs()}),
+        );
+    }
+
+    /// Leaving nodes that hold no task are deleted through the provider.
+    fn pool_leave(&mut self, i: usize) {
+        let now = Instant::now();
+        let mut go = Vec::new();
+        for (n, ph) in &self.pools.list[i].nodes {
+            let Phase::Leaving { suspending: false, retry_at } = ph else { continue };
+            if retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            // Once empty: its jobs' ends are confirmed (a reclaimed node's jobs checkpointed first).
+            if self.st.node_id(n).and_then(|id| self.st.node(id)).is_none_or(|v| v.jobs.is_empty()) {
+                go.push(n.clone());
+            }
+        }
+        if go.is_empty() {
+            return;
+        }
+        for n in &go {
+            self.pools.list[i].nodes.insert(n.clone(), Phase::Leaving { suspending: true, retry_at: None });
+        }
+        self.pool_hook(i, HookOp::Suspend, go);
+    }
+
+    /// Samples the pool's demand and acts on the autoscaler's decision.
+    fn pool_decide(&mut self, i: usize) {
+        let now_ms = now_ms();
+        let (ids, up_or_booting, gpus_per) = {
+            let p = &self.pools.list[i];
+            let ids: Vec<gpunet_core::NodeId> = p
+                .nodes
+                .iter()
+                .filter(|(_, ph)| !matches!(ph, Phase::Leaving { .. }))
+                .filter_map(|(n, _)| self.st.node_id(n))
+                .collect();
+            let count = p.nodes.values().filter(|ph| !matches!(ph, Phase::Leaving { .. })).count() as u32;
+            (ids, count, p.cfg.gpus_per_node)
+        };
+        let demand = autoscale::pool_demand(&self.st, &self.pools.list[i].template, &ids) as f64;
+        // Idle nodes (and, with scale_in = checkpointed, nodes whose jobs all checkpoint to a tier), newest first.
+        let mut idle: Vec<gpunet_core::NodeId> = Vec::new();
+        let policy = self.pools.list[i].cfg.scale_in;
+        for id in ids.iter().rev() {
+            let Some(v) = self.st.node(*id) else { continue };
+            if v.state != NodeState::Ready {
+                continue;
+            }
+            let ok = v.jobs.is_empty()
+                || (policy == ScaleIn::Checkpointed
+                    && v.jobs.iter().all(|j| {
+                        self.st.job(*j).is_some_and(|x| x.spec.preemptible)
+                            && self.docs.get(&j.0).is_some_and(|d| !d.submission.get().checkpoint_tiers.is_empty())
+                    }));
+            if ok {
+                idle.push(*id);
+            }
+        }
+        let p = &mut self.pools.list[i];
+        p.last_sample = Some(Instant::now());
+        p.samples.push(demand);
+        let keep = p.auto.window.max(1);
+        if p.samples.len() > keep {
+            let over = p.samples.len() - keep;
+            p.samples.drain(..over);
+        }
+        let capacity = up_or_booting as u64 * gpus_per as u64;
+        if let Some((f, l)) = autoscale::forecast(&p.auto, &p.samples, capacity) {
+            p.forecast = f;
+            p.load = l;
+        }
+        let input = autoscale::AutoscaleInput {
+            samples: &p.samples,
+            capacity_gpus: capacity,
+            gpus_per_spot_node: gpus_per,
+            spot_nodes: up_or_booting,
+            idle_spot: &idle,
+            last_action: p.last_action.map(Time),
+            now: Time(now_ms),
+        };
+        let d = autoscale::decide(&p.auto, &input);
+        let pool = p.cfg.name.clone();
+        match d {
+            ScaleDecision::Out { nodes, load, forecast_gpus } => {
+                if p.retry_at.is_some_and(|t| t > Instant::now()) {
+                    return; // backing off after a failure
+                }
+                p.retry_at = None;
+                p.last_action = Some(now_ms);
+                let names: Vec<String> = (0..nodes)
+                    .map(|_| {
+                        let n = p.cfg.node_name(p.next_index);
+                        p.next_index += 1;
+                        n
+                    })
+                    .collect();
+                for n in &names {
+                    p.nodes.insert(n.clone(), Phase::Booting { since: Instant::now() });
+                }
+                let target = up_or_booting + nodes;
+                self.pool_event(
+                    &pool,
+                    "scale_out",
+                    format!(
+                        "forecast {forecast_gpus:.1} GPUs on {capacity} (load {}): {nodes} more node(s), to {target}: {}",
+                        fmt_load(load),
+                        names.join(", ")
+                    ),
+                    serde_json::json!({"nodes": names, "forecast_gpus": forecast_gpus, "load": finite(load),
+                        "capacity_gpus": capacity, "demand_gpus": demand, "from": up_or_booting, "to": target}),
+                );
+                self.pool_hook(i, HookOp::Resume, names);
+            }
+            ScaleDecision::In { nodes, load, forecast_gpus } => {
+                p.last_action = Some(now_ms);
+                let names: Vec<String> =
+                    nodes.iter().filter_map(|id| self.st.node(*id).map(|v| v.spec.name.clone())).collect();
+                let target = up_or_booting - names.len() as u32;
+                self.pool_event(
+                    &pool,
+                    "scale_in",
+                    format!(
+                        "forecast {forecast_gpus:.1} GPUs on {capacity} (load {}): {} node(s) fewer, to {target}: {}",
+                        fmt_load(load),
+                        names.len(),
+                        names.join(", ")
+                    ),
+                    serde_json::json!({"nodes": names, "forecast_gpus": forecast_gpus, "load": finite(load),
+                        "capacity_gpus": capacity, "demand_gpus": demand, "from": up_or_booting, "to": target}),
+                );
+                for n in names {
+                    // Idle ones take no new work from now on; checkpointed ones drain (their jobs resume elsewhere).
+                    let busy = self.st.node_id(&n).and_then(|id| self.st.node(id)).is_some_and(|v| !v.jobs.is_empty());
+                    let state = if busy { NodeState::Draining } else { NodeState::Cordoned };
+                    let (tx, _rx) = tokio::sync::oneshot::channel();
+                    self.set_node_state(n.clone(), state, tx);
+                    if let Some(p) = self.pools.list.get_mut(i) {
+                        p.nodes.insert(n, Phase::Leaving { suspending: false, retry_at: None });
+                    }
+                }
+            }
+            ScaleDecision::Hold { .. } => {}
+        }
+    }
+
+    /// Runs a provider hook off the owner; its result comes back as a change.
+    fn pool_hook(&mut self, i: usize, op: HookOp, nodes: Vec<String>) {
+        let (Some(prov), Some(tx)) = (self.pools.providers.clone(), self.self_tx.clone()) else { return };
+        let cfg = self.pools.list[i].cfg.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = prov.run(&cfg, op, &nodes).await;
+            let secs = t0.elapsed().as_secs_f64();
+            let _ = tx.send(super::Applier(Box::new(move |o: &mut Owner| o.pool_hook_done(i, op, nodes, r, secs))));
+        });
+    }
+
+    fn pool_hook_done(&mut self, i: usize, op: HookOp, nodes: Vec<String>, r: Result<(), String>, secs: f64) {
+        let pool = self.pools.list[i].cfg.name.clone();
+        match (op, r) {
+            (HookOp::Resume, Ok(())) => {
+                self.pool_event(
+                    &pool,
+                    "resumed",
+                    format!("the provider created {} in {secs:.1} s", nodes.join(", ")),
+                    serde_json::json!({"nodes": nodes, "seconds": secs}),
+                );
+            }
+            (HookOp::Resume, Err(e)) => {
+                let p = &mut self.pools.list[i];
+                p.failures += 1;
+                let wait = Self::backoff(p.failures);
+                p.retry_at = Some(Instant::now() + wait);
+                // Whatever the provider may have half made is deleted.
+                for n in &nodes {
+                    p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                }
+                let failures = p.failures;
+                self.pool_event(
+                    &pool,
+                    "resume_failed",
+                    format!("creating {} failed: {e}; the pool asks again in {} s", nodes.join(", "), wait.as_secs()),
+                    serde_json::json!({"nodes": nodes, "error": e, "failures": failures, "retry_in_s": wait.as_secs()}),
+                );
+            }
+            (HookOp::Suspend, Ok(())) => {
+                let mut writes = Vec::new();
+                for n in &nodes {
+                    self.pools.list[i].nodes.remove(n);
+                    self.pools.reclaims.remove(n);
+                    self.last_seen.remove(n);
+                    if let Some(id) = self.st.node_id(n) {
+                        let _ = self.st.set_node_state(id, NodeState::Lost, Time(now_ms()));
+                    }
+                    if let Some(d) = self.nodes.get_mut(n) {
+                        d.removed = true;
+                        d.state = NodeState::Lost;
+                        d.credential = None;
+                        writes
+                            .push(Write::Node { name: n.clone(), doc: serde_json::to_value(&*d).expect("serialise") });
+                    }
+                    self.auth.write().expect("auth lock").retain(|_, c| c.who != crate::Principal::Node(n.clone()));
+                }
+                self.dirty = true;
+                self.persist(writes, "pool nodes removed");
+                self.pool_event(
+                    &pool,
+                    "deleted",
+                    format!("the provider deleted {} in {secs:.1} s", nodes.join(", ")),
+                    serde_json::json!({"nodes": nodes, "seconds": secs}),
+                );
+            }
+            (HookOp::Suspend, Err(e)) => {
+                let wait = Self::backoff(2);
+                for n in &nodes {
+                    self.pools.list[i]
+                        .nodes
+                        .insert(n.clone(), Phase::Leaving { suspending: false, retry_at: Some(Instant::now() + wait) });
+                }
+                self.pool_event(
+                    &pool,
+                    "suspend_failed",
+                    format!("deleting {} failed: {e}; tried again in {} s", nodes.join(", "), wait.as_secs()),
+                    serde_json::json!({"nodes": nodes, "error": e, "retry_in_s": wait.as_secs()}),
+                );
+            }
+        }
+    }
+
+    /// `GET /v1/pools`.
+    pub(super) fn pool_views(&self, reply: Reply<Vec<PoolView>>) {
+        let v = self
+            .pools
+            .list
+            .iter()
+            .map(|p| PoolView {
+                name: p.cfg.name.clone(),
+                provider: format!("{:?}", p.cfg.provider).to_lowercase(),
+                zone: p.cfg.zone.clone(),
+                lifecycle: p.cfg.lifecycle.as_str().into(),
+                gpu_model: p.cfg.gpu_model.clone(),
+                gpus_per_node: p.cfg.gpus_per_node,
+                min_nodes: p.cfg.min_nodes,
+                max_nodes: p.cfg.max_nodes,
+                target_nodes: p.nodes.values().filter(|ph| !matches!(ph, Phase::Leaving { .. })).count() as u32,
+                forecast_gpus: p.forecast,
+                load: finite(p.load),
+                nodes: p
+                    .nodes
+                    .iter()
+                    .map(|(n, ph)| PoolNodeView {
+                        name: n.clone(),
+                        phase: match ph {
+                            Phase::Booting { .. } => "booting",
+                            Phase::Up => "up",
+                            Phase::Leaving { .. } => "leaving",
+                        }
+                        .into(),
+                        state: self.nodes.get(n).map(|d| d.state.to_string()),
+                    })
+                    .collect(),
+                events: self.pools.events.iter().filter(|e| e.pool == p.cfg.name).cloned().collect(),
+            })
+            .collect();
+        let _ = reply.send(Ok(v));
+    }
+
+    /// The pools' gauges for `/metrics`.
+    pub(crate) fn pool_gauges(&self) -> Vec<(String, u32, f64, f64, [u32; 3])> {
+        self.pools
+            .list
+            .iter()
+            .map(|p| {
+                let mut by = [0u32; 3];
+                for ph in p.nodes.values() {
+                    by[match ph {
+                        Phase::Booting { .. } => 0,
+                        Phase::Up => 1,
+                        Phase::Leaving { .. } => 2,
+                    }] += 1;
+                }
+                (p.cfg.name.clone(), by[0] + by[1], p.forecast, finite(p.load), by)
+            })
+            .collect()
+    }
+
+    // ----- reclaims -----
+
+    /// `POST /v1/nodes/{node}/reclaim`: the notice (see the module docs).
+    pub(super) fn reclaim_node(&mut self, name: String, deadline_s: f64, reply: Reply<gpunet_api::types::NodeView>) {
+        let Some(id) = self.st.node_id(&name) else {
+            let _ = reply.send(Err(super::not_found("node", &name)));
+            return;
+        };
+        if self.nodes.get(&name).is_some_and(|d| d.removed)
+            || self.st.node(id).is_some_and(|v| v.state == NodeState::Lost)
+        {
+            let _ = reply
+                .send(Err(ApiError::new("conflict", format!("node {name} is lost or deleted: nothing to reclaim"))));
+            return;
+        }
+        let now = now_ms();
+        let deadline_ms = now + (deadline_s * 1000.0) as u64;
+        let jobs = match self.st.reclaim_notice(id, Time(now)) {
+            Ok(j) => j,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                return;
+            }
+        };
+        let mut writes = Vec::new();
+        let mut touched = vec![name.clone()];
+        let mut asked = BTreeMap::new();
+        for j in &jobs {
+            touched.extend(self.nodes_of(*j));
+            let tiers = self.docs.get(&j.0).is_some_and(|d| !d.submission.get().checkpoint_tiers.is_empty());
+            if tiers {
+                let attempt = self.st.job(*j).map_or(0, |x| x.attempt());
+                asked.insert(j.0, (attempt, BTreeSet::new(), u64::MAX));
+                writes.push(self.event(
+                    j.0,
+                    "checkpoint_now",
+                    format!(
+                        "job-{} asked to checkpoint now: node {name} is reclaimed in {deadline_s} s; it resumes \
+                         elsewhere from that checkpoint",
+                        j.0
+                    ),
+                ));
+            } else {
+                // Nothing to save on a tier: it stops now and starts again elsewhere.
+                let _ = self.st.request_stop(*j, gpunet_core::StopCause::Drained, Time(now));
+                self.sync_doc(j.0);
+                writes.push(self.job_doc_write(j.0).expect("present"));
+                writes.push(self.event(
+                    j.0,
+                    "stopping",
+                    format!("job-{} stopping: node {name} is reclaimed and the job has no checkpoint tier", j.0),
+                ));
+                self.confirm_unmanaged(*j, now, &mut writes);
+            }
+        }
+        self.pools.reclaims.insert(name.clone(), Reclaim { deadline_ms, jobs: asked, deadline_passed: false });
+        if let Some(i) = self.pools.of_node(&name) {
+            self.pools.list[i].nodes.insert(name.clone(), Phase::Leaving { suspending: false, retry_at: None });
+            let pool = self.pools.list[i].cfg.name.clone();
+            self.pool_event(
+                &pool,
+                "reclaim",
+                format!("node {name} is reclaimed by its provider in {deadline_s} s ({} job(s) on it)", jobs.len()),
+                serde_json::json!({"node": name, "deadline_s": deadline_s, "jobs": jobs.iter().map(|j| j.0).collect::<Vec<_>>()}),
+            );
+        }
+        let state = self.st.node(id).map_or(NodeState::Cordoned, |v| v.state);
+        if let Some(d) = self.nodes.get_mut(&name) {
+            d.state = state;
+            writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*d).expect("serialise") });
+        }
+        self.node_event(&name, "reclaimed");
+        self.dirty = true;
+        touched.sort();
+        touched.dedup();
+        self.bump_job(touched);
+        let v = self.node_view(&name, &crate::Principal::Admin).expect("known");
+        self.durable(writes, reply, v);
+    }
+
+    /// The deadline of a checkpoint-now request for this attempt of a job, if one of its nodes is reclaimed.
+    pub(super) fn checkpoint_now_of(&self, job: u64, attempt: u32) -> Option<u64> {
+        self.pools
+            .reclaims
+            .values()
+            .filter(|r| r.jobs.get(&job).is_some_and(|(a, _, _)| *a == attempt))
+            .map(|r| r.deadline_ms)
+            .min()
+    }
+
+    /// An agent says a rank's final snapshot is on every tier: once every live rank's is, the job stops to resume
+    /// elsewhere from it.
+    pub(super) fn checkpoint_now_done(&mut self, t: &gpunet_api::agent::TaskRef, at: u64, writes: &mut Vec<Write>) {
+        let jid = JobId(t.job);
+        if !self.st.job(jid).is_some_and(|j| j.attempt() == t.attempt && !j.is_stopping()) {
+            return;
+        }
+        let live = self.st.live_ranks(jid);
+        let mut complete = None;
+        for r in self.pools.reclaims.values_mut() {
+            if let Some((_, ranks, first)) = r.jobs.get_mut(&t.job).filter(|(a, _, _)| *a == t.attempt) {
+                ranks.insert(t.rank);
+                *first = (*first).min(at);
+                if live.iter().all(|k| ranks.contains(k)) {
+                    complete = Some(*first);
+                }
+            }
+        }
+        let Some(at) = complete else { return };
+        let now = now_ms();
+        let nodes = self.nodes_of(jid);
+        if self.st.reclaim_checkpointed(jid, Time(at), Time(now)).unwrap_or(false) {
+            self.sync_doc(t.job);
+            writes.push(self.job_doc_write(t.job).expect("present"));
+            writes.push(self.event(
+                t.job,
+                "stopping",
+                format!("job-{} final checkpoint is on its tiers: stopping to resume elsewhere from it", t.job),
+            ));
+            self.confirm_unmanaged(jid, now, writes);
+            self.bump_job(nodes);
+        }
+    }
+
+    /// Reclaims past their deadline drain their node.
+    fn reclaims_tick(&mut self) {
+        let now = now_ms();
+        let due: Vec<String> = self
+            .pools
+            .reclaims
+            .iter()
+            .filter(|(_, r)| !r.deadline_passed && r.deadline_ms <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            if let Some(r) = self.pools.reclaims.get_mut(&name) {
+                r.deadline_passed = true;
+            }
+            let Some(id) = self.st.node_id(&name) else { continue };
+            let late = self.st.node(id).map(|v| v.jobs.iter().map(|j| j.0).collect::<Vec<_>>()).unwrap_or_default();
+            if !late.is_empty() {
+                tracing::warn!(node = %name, jobs = ?late, "reclaim deadline: draining what still runs");
+            }
+            let (tx, _rx) = tokio::sync::oneshot::channel();
+            self.set_node_state(name.clone(), NodeState::Draining, tx);
+            if self.pools.of_node(&name).is_none() {
+                self.pools.reclaims.remove(&name);
+            }
+        }
+        // Reclaims of other nodes end once their jobs are gone.
+        let done: Vec<String> = self
+            .pools
+            .reclaims
+            .iter()
+            .filter(|(n, r)| {
+                r.deadline_passed
+                    && self.pools.of_node(n).is_none()
+                    && self.st.node_id(n).and_then(|id| self.st.node(id)).is_none_or(|v| v.jobs.is_empty())
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in done {
+            self.pools.reclaims.remove(&n);
+        }
+    }
+}
+
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        f64::MAX
+    }
+}
+
+fn fmt_load(l: f64) -> String {
+    if l.is_finite() {
+        format!("{l:.2}")
+    } else {
+        "∞: no capacity".into()
+    }
+}

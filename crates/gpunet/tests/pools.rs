@@ -1,0 +1,297 @@
+//! Node pools and spot reclaims, live: the real server with pools of real agent processes (the `local` provider, and
+//! an `exec` provider whose hooks start agents), reclaim notices, and gangs stitched across zones.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn config(dir: &Path, body: &str) -> String {
+    let p = dir.join("server.toml");
+    std::fs::write(&p, body).unwrap();
+    p.display().to_string()
+}
+
+fn pools(s: &Server) -> serde_json::Value {
+    serde_json::from_str(&s.get("/v1/pools")).unwrap_or(serde_json::Value::Null)
+}
+
+fn pool_events(s: &Server, kind: &str) -> Vec<serde_json::Value> {
+    pools(s)[0]["events"].as_array().cloned().unwrap_or_default().into_iter().filter(|e| e["kind"] == kind).collect()
+}
+
+fn nodes_up(s: &Server) -> usize {
+    pools(s)[0]["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["phase"] == "up").count())
+}
+
+fn show(s: &Server, id: u64) -> serde_json::Value {
+    let (_, out, _) = s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+    serde_json::from_str(&out).unwrap_or(serde_json::Value::Null)
+}
+
+fn tenant(s: &Server) {
+    let (ok, o, e) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{o}{e}");
+}
+
+/// The agents an exec hook started (not the server's children): stopped at the end of the test, whatever happens.
+struct HookAgents(std::path::PathBuf);
+
+impl Drop for HookAgents {
+    fn drop(&mut self) {
+        let Ok(rd) = std::fs::read_dir(&self.0) else { return };
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "pid") {
+                let pid = read(&e.path());
+                let _ = std::process::Command::new("kill").args(["-INT", &pid]).status();
+                let t = Instant::now();
+                while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(15) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_burst_grows_the_spot_pool_to_its_max_and_an_empty_queue_shrinks_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[[pools]]\nname = \"spot\"\nprovider = \"local\"\ngpu_model = \"A10\"\ngpus_per_node = 4\nzone = \"zs\"\n\
+         min_nodes = 0\nmax_nodes = 3\ninterval_s = 0.3\nwindow = 5\ncooldown_s = 4.0\nboot_timeout_s = 60.0\n",
+    );
+    let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
+    tenant(&s);
+    assert_eq!(pools(&s)[0]["target_nodes"], 0, "{}", pools(&s));
+    let t0 = Instant::now();
+    let ids: Vec<u64> = (0..20).map(|_| s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sleep", "3"])).collect();
+    // Within the window (a few samples) the pool is sized to its max, and its nodes register.
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 3);
+    let grew = t0.elapsed();
+    let outs = pool_events(&s, "scale_out");
+    assert!(!outs.is_empty());
+    for e in &outs {
+        assert!(e["numbers"]["forecast_gpus"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(e["numbers"]["capacity_gpus"].is_u64(), "{e}");
+    }
+    assert_eq!(outs.iter().map(|e| e["numbers"]["nodes"].as_array().unwrap().len()).sum::<usize>(), 3, "{outs:?}");
+    let m = s.get("/metrics");
+    assert!(m.contains("gpunet_pool_target_nodes{pool=\"spot\"} 3"), "{m}");
+    assert!(m.contains("gpunet_pool_forecast_gpus{pool=\"spot\"}"), "{m}");
+    // Every job runs, on the pool's nodes, billed as spot.
+    wait_for(Duration::from_secs(120), || ids.iter().all(|id| s.job_state(*id) == "succeeded"));
+    for id in &ids {
+        let node = show(&s, *id)["attempts"][0]["placement"][0]["node"].as_str().unwrap_or_default().to_string();
+        assert!(node.starts_with("spot-"), "job {id} ran on {node:?}");
+    }
+    // An empty queue: after the cooldown the pool shrinks back to its minimum, and its nodes are deleted.
+    wait_for(Duration::from_secs(90), || {
+        let p = pools(&s);
+        p[0]["target_nodes"] == 0 && p[0]["nodes"].as_array().is_some_and(|n| n.is_empty())
+    });
+    let ins = pool_events(&s, "scale_in");
+    assert!(!ins.is_empty());
+    for e in &ins {
+        assert!(e["numbers"]["forecast_gpus"].is_number() && e["numbers"]["load"].is_number(), "{e}");
+    }
+    assert_eq!(
+        pool_events(&s, "deleted").iter().map(|e| e["numbers"]["nodes"].as_array().unwrap().len()).sum::<usize>(),
+        3
+    );
+    let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    assert!(!nodes.contains("spot-0000"), "deleted nodes are not listed: {nodes}");
+    eprintln!("grew 0 → 3 nodes (registered) in {grew:?}");
+}
+
+#[test]
+fn a_reclaimed_job_checkpoints_and_resumes_on_another_node_billed_at_the_spot_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let tiers = dir.path().join("tiers");
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "checkpoint_roots = [\"file://{}/{{tenant}}\"]\n[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\n\
+             gpus_per_node = 1\nmin_nodes = 2\nmax_nodes = 2\ninterval_s = 0.3\ncooldown_s = 1.0\n",
+            tiers.display()
+        ),
+    );
+    let s = Server::start(&data, free_port(), &["--config", &cfg]);
+    tenant(&s);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 2);
+    // A step counter kept in the checkpoint directory; the tier is copied only hourly, so the job resumes from the
+    // snapshot the reclaim takes.
+    let script = r#"d="$GPUNET_CHECKPOINT_DIR"; s=$(cat "$d/step" 2>/dev/null || echo 0); echo "resumed at $s"
+trap 'echo $s > "$d/step"; echo "checkpointed at $s"; rm -f "$GPUNET_CHECKPOINT_NOW"' USR1
+while true; do s=$((s+1)); sleep 0.1; done"#;
+    let yaml = format!(
+        "name: steps\ntenant: t\ngpus: 1\nspot: allowed\ncheckpoint_tiers: [{{name: shared, every: 1h, url: \
+         \"file://{}/t/steps\"}}]\ncommand: [\"sh\", \"-c\", {}]\n",
+        tiers.display(),
+        serde_json::to_string(script).unwrap()
+    );
+    let id = submit_yaml(&s, dir.path(), &yaml);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
+    let first = show(&s, id)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
+    let log0 = data.join("pools/spot").join(&first).join(format!("logs/job-{id}/rank-0-attempt-0.log"));
+    wait_for(Duration::from_secs(30), || read(&log0).contains("resumed at 0"));
+    std::thread::sleep(Duration::from_secs(2)); // some steps
+    let notice = Instant::now();
+    let notice_ms = gpunet_now();
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 10}"#])
+        .arg(format!("{}/v1/nodes/{first}/reclaim", s.url))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // A bad notice is refused, naming the field.
+    let bad = std::process::Command::new("curl")
+        .args(["-s", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": -1}"#])
+        .arg(format!("{}/v1/nodes/{first}/reclaim", s.url))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad.stdout).contains("deadline_s"));
+    // The job checkpoints, stops before the deadline, and runs again on the other node from that checkpoint.
+    wait_for(Duration::from_secs(30), || show(&s, id)["attempts"].as_array().is_some_and(|a| a.len() == 2));
+    let j = show(&s, id);
+    let ended = j["attempts"][0]["ended_ms"].as_u64().unwrap();
+    let second = j["attempts"][1]["placement"][0]["node"].as_str().unwrap().to_string();
+    assert_ne!(second, first, "it resumed on another node");
+    assert!(notice.elapsed() < Duration::from_secs(30));
+    assert!((ended as i64) - notice_ms < 10_000, "the first attempt ended before the 10 s deadline");
+    let saved: u64 = read(&log0)
+        .lines()
+        .find_map(|l| l.strip_prefix("checkpointed at "))
+        .unwrap_or_else(|| panic!("no checkpoint in {}", read(&log0)))
+        .parse()
+        .unwrap();
+    assert!(saved > 5, "it had made progress: {saved}");
+    let log1 = data.join("pools/spot").join(&second).join(format!("logs/job-{id}/rank-0-attempt-1.log"));
+    wait_for(Duration::from_secs(30), || read(&log1).contains("resumed at"));
+    assert!(read(&log1).contains(&format!("resumed at {saved}")), "{}", read(&log1));
+    let (_, ev, _) = s.cli("admin-secret", &["show", &id.to_string()]);
+    assert!(ev.contains("checkpoint_now") || ev.contains("asked to checkpoint now"), "{ev}");
+    assert!(j["attempts"][0]["outcome"].as_str().is_some_and(|o| o != "failed"), "{j}");
+    // The reclaimed node is deleted once empty; the pool is back to its two nodes.
+    wait_for(Duration::from_secs(60), || {
+        pool_events(&s, "deleted").iter().any(|e| e["numbers"]["nodes"].to_string().contains(&first))
+    });
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 2);
+    let (ok, _, e) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{e}");
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
+    // Spot GPU-seconds at the catalogue's spot price of an A10 ($0.24 per GPU-hour).
+    let u = json(&s.get("/v1/usage?tenant=t"));
+    let spot = &u["by_model"]["A10/spot"];
+    let (h, c) = (spot["gpu_hours"].as_f64().unwrap(), spot["gpu_cost"].as_f64().unwrap());
+    assert!(h > 0.0 && (c / h - 0.24).abs() < 1e-6, "{u}");
+    let (ok, bill, _) = s.cli("admin-secret", &["bill", "--by", "lifecycle"]);
+    assert!(ok && bill.contains("spot"), "{bill}");
+    eprintln!("notice to the first attempt's end: {} ms", ended as i64 - notice_ms);
+}
+
+fn gpunet_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_job_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("hook");
+    std::fs::create_dir_all(&state).unwrap();
+    let _agents = HookAgents(state.clone());
+    let st = state.display();
+    let resume = dir.path().join("resume.sh");
+    let suspend = dir.path().join("suspend.sh");
+    std::fs::write(
+        &resume,
+        format!(
+            "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
+             echo \"resume $n $*\" >> {st}/calls\n\
+             [ $n -eq 1 ] && {{ echo 'quota exceeded' >&2; exit 1; }}\n\
+             [ $n -eq 2 ] && exit 0\n\
+             shift\nfor node in \"$@\"; do\n\
+               setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
+             --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
+             > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &suspend,
+        format!(
+            "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nshift\nfor node in \"$@\"; do\n\
+             [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    for p in [&resume, &suspend] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[[pools]]\nname = \"cloud\"\nprovider = \"exec\"\nresume_program = \"{}\"\nsuspend_program = \"{}\"\n\
+             hook_timeout_s = 30.0\ngpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 0\n\
+             max_nodes = 1\nboot_timeout_s = 2.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+            resume.display(),
+            suspend.display()
+        ),
+    );
+    let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
+    tenant(&s);
+    let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
+    wait_for(Duration::from_secs(90), || s.job_state(id) == "succeeded");
+    let calls = read(&state.join("calls"));
+    let lines: Vec<&str> = calls.lines().collect();
+    assert!(lines.first().is_some_and(|l| l.starts_with("resume 1 cloud cloud-00001")), "{calls}");
+    assert!(lines.iter().any(|l| l.starts_with("resume 2 cloud cloud-00002")), "{calls}");
+    assert!(lines.iter().any(|l| l.starts_with("suspend cloud cloud-00002")), "the node that never came: {calls}");
+    assert!(lines.iter().any(|l| l.starts_with("resume 3 cloud cloud-00003")), "{calls}");
+    let failed = pool_events(&s, "resume_failed");
+    assert!(failed.first().is_some_and(|e| e["message"].as_str().unwrap().contains("quota exceeded")), "{failed:?}");
+    let late = pool_events(&s, "boot_timeout");
+    assert!(late.first().is_some_and(|e| e["message"].as_str().unwrap().contains("cloud-00002")), "{late:?}");
+    // Backoff: 5 s after the first failure, 10 s after the second.
+    let outs = pool_events(&s, "scale_out");
+    let at: Vec<u64> = outs.iter().map(|e| e["at_ms"].as_u64().unwrap()).collect();
+    assert!(at.len() >= 3, "{outs:?}");
+    assert!(at[1] - at[0] >= 4_900, "{at:?}");
+    assert!(at[2] - at[1] >= 9_900, "{at:?}");
+    assert_eq!(show(&s, id)["attempts"][0]["placement"][0]["node"], "cloud-00003");
+}
+
+#[test]
+fn a_gang_is_stitched_across_zones_only_when_no_zone_has_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), free_port(), &[]);
+    tenant(&s);
+    let _a = s.agent_with("n1", "1xT4", dir.path(), "10.0.0.1", &["--labels", "zone=z1"]);
+    let _b = s.agent_with("n2", "1xT4", dir.path(), "10.0.0.2", &["--labels", "zone=z2"]);
+    let gang = "name: gang\ntenant: t\ntasks: 2\ngpus: 1\ntopology: any\ncommand: [\"sh\", \"-c\", \
+                \"echo zones=$GPUNET_ZONES addresses=$GPUNET_NODE_ADDRESSES ib=$NCCL_IB_DISABLE\"]\n";
+    let a = submit_yaml(&s, dir.path(), gang);
+    wait_for(Duration::from_secs(30), || s.job_state(a) == "succeeded");
+    let (_, ev, _) = s.cli("admin-secret", &["show", &a.to_string()]);
+    assert!(ev.contains("across zones z1, z2"), "{ev}");
+    let (_, log, _) = s.cli("admin-secret", &["logs", &a.to_string()]);
+    assert!(log.contains("zones=z1,z2 addresses=10.0.0.1,10.0.0.2 ib=1"), "{log}");
+    // A zone with room for the whole gang: it stays there, though the two zones' nodes are free too.
+    let _c = s.agent_with("n3", "1xT4", dir.path(), "10.0.0.3", &["--labels", "zone=z3"]);
+    let _d = s.agent_with("n4", "1xT4", dir.path(), "10.0.0.4", &["--labels", "zone=z3"]);
+    let b = submit_yaml(&s, dir.path(), gang);
+    wait_for(Duration::from_secs(30), || s.job_state(b) == "succeeded");
+    let j = show(&s, b);
+    let mut nodes: Vec<String> = j["attempts"][0]["placement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["node"].as_str().unwrap().to_string())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n3", "n4"]);
+    let (_, ev, _) = s.cli("admin-secret", &["show", &b.to_string()]);
+    assert!(!ev.contains("across zones"), "{ev}");
+}
