@@ -167,6 +167,41 @@ pub struct AgentConfig {
     pub snapshot_max_bytes: u64,
     /// How container tasks run (see [`container`]); by default with runc where installed (and the agent is root).
     pub containers: container::Options,
+    /// A program run every [`NOTICE_EVERY`] that prints the seconds left before the machine's provider takes it back
+    /// (a cloud's spot interruption notice), or nothing: the agent then sends its node's reclaim notice.
+    pub notice_command: Option<PathBuf>,
+}
+
+/// How often the notice command runs.
+pub const NOTICE_EVERY: Duration = Duration::from_secs(5);
+
+/// Runs the notice command every [`NOTICE_EVERY`] (for at most 10 s each time) and sends the first deadline it
+/// prints (seconds, a number above 0), then stops.
+fn watch_notices(cmd: PathBuf, tx: mpsc::UnboundedSender<f64>) {
+    tokio::spawn(async move {
+        loop {
+            let out = tokio::time::timeout(
+                Duration::from_secs(10),
+                tokio::process::Command::new(&cmd)
+                    .stdin(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await;
+            if let Ok(Ok(o)) = out {
+                let text = String::from_utf8_lossy(&o.stdout);
+                if let Ok(s) = text.trim().parse::<f64>() {
+                    if s.is_finite() && s > 0.0 {
+                        tracing::warn!(seconds = s, "the provider's notice: this machine is reclaimed");
+                        let _ = tx.send(s.min(86_400.0));
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(NOTICE_EVERY).await;
+        }
+    });
 }
 
 /// The errors fake GPUs report, from the data directory's [`gpu_errors::FAKE_ERRORS_FILE`] (none without one;
@@ -420,6 +455,10 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let isolation = cg.describe();
     tracing::info!(isolation = %isolation, "isolation");
     let (tx, mut exits) = mpsc::unbounded_channel::<TaskExit>();
+    let (notice_tx, mut notices) = mpsc::unbounded_channel::<f64>();
+    if let Some(c) = cfg.notice_command.clone() {
+        watch_notices(c, notice_tx.clone());
+    }
     let mut launcher = Launcher::new(cfg.data_dir.clone(), tx, cg);
     launcher.set_mig_uuids(mig_uuids(&cfg));
     if let Some(w) = &cfg.wrapper {
@@ -639,6 +678,30 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
             _ = &mut shutdown => {
                 shut_down(&mut launcher, &mut exits).await;
                 return Ok(());
+            }
+            Some(seconds) = notices.recv() => {
+                // Our own node's reclaim notice, with our own credential; the in-flight sync is sent again.
+                let r = http
+                    .post(format!("{}/v1/nodes/{}/reclaim", servers.current(), cfg.name))
+                    .bearer_auth(&credential)
+                    .json(&serde_json::json!({ "deadline_s": seconds }))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status().is_success() => tracing::info!(seconds, "reclaim notice sent"),
+                    Ok(r) if r.status().is_client_error() => {
+                        tracing::warn!(status = %r.status(), "the reclaim notice was refused")
+                    }
+                    r => {
+                        // The server is away: again in 2 s, with 2 s less.
+                        tracing::warn!(result = ?r.map(|r| r.status()), "send the reclaim notice; trying again");
+                        let again = notice_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            let _ = again.send((seconds - 2.0).max(0.1));
+                        });
+                    }
+                }
             }
             Some(mut e) = exits.recv() => {
                 e.stopped = launcher.was_stopped(&e.task);
@@ -861,6 +924,7 @@ mod tests {
             task_pids_max: cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             containers: Default::default(),
+            notice_command: None,
         };
         let n = node_spec(&cfg);
         assert_eq!(n.gpus.len(), 8);

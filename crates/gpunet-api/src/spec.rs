@@ -822,6 +822,32 @@ mod tests {
     /// read back as `"keep": null`, which the range check refuses (found by the `job_spec` fuzz target; its input is
     /// a seed of `fuzz/seeds/job_spec/`).
     #[test]
+    fn spot_use_becomes_a_toleration_and_a_preference_and_bad_values_name_their_field() {
+        let t = TenantId(0);
+        let mut j = JobSubmission::new("j", 1, 1);
+        let never = j.to_core(t).unwrap();
+        assert!(never.tolerations.is_empty() && !never.prefer_spot);
+        j.spot = Some(SpotUse::Allowed);
+        let allowed = j.to_core(t).unwrap();
+        assert_eq!(allowed.tolerations.len(), 1);
+        assert!(!allowed.prefer_spot);
+        j.spot = Some(SpotUse::Preferred);
+        assert!(j.to_core(t).unwrap().prefer_spot);
+        j.spot = Some(SpotUse::Never);
+        j.tolerations = vec![TolerationSpec { key: "lifecycle".into(), value: Some("spot".into()) }];
+        assert_eq!(j.to_core(t).unwrap_err().field.as_deref(), Some("spot"));
+        let mut k = JobSubmission::new("k", 1, 1);
+        k.checkpoint_signal = Some("SIGKILL".into());
+        assert_eq!(k.to_core(t).unwrap_err().field.as_deref(), Some("checkpoint_signal"));
+        assert_eq!(checkpoint_signal(Some("usr2")).unwrap(), Some(12));
+        assert_eq!(checkpoint_signal(Some("none")).unwrap(), None);
+        assert_eq!(checkpoint_signal(None).unwrap(), Some(10));
+        let y: JobSubmission = serde_json::from_str(r#"{"name": "x", "spot": "preferred"}"#).unwrap();
+        assert_eq!(y.spot, Some(SpotUse::Preferred));
+        assert!(serde_json::from_str::<JobSubmission>(r#"{"name": "x", "spot": "sometimes"}"#).is_err());
+    }
+
+    #[test]
     fn optional_fields_left_out_round_trip_through_json() {
         let text = r#"{"name": "j", "checkpoint_tiers": [{"name": "local", "every": "1m"}],
             "tolerations": [{"key": "spot"}], "liveness": {"command": ["true"]}}"#;

@@ -143,6 +143,11 @@ struct UpArgs {
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
+    /// A program run every 5 s that prints the seconds left before this machine's provider takes it back (a cloud's
+    /// spot interruption notice; `deploy/pools/spot-notice.sh` reads AWS's), or nothing: the agent then sends its
+    /// node's reclaim notice, and its jobs checkpoint and move before the deadline.
+    #[arg(long)]
+    notice_command: Option<PathBuf>,
     /// Stop (as on SIGTERM) when the process PID, this agent's parent, ends: a node pool's local agents die with
     /// their server.
     #[arg(long, hide = true)]
@@ -379,6 +384,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
             host_paths: a.allow_host_path.clone(),
             cdi_dirs: (!a.cdi_spec_dir.is_empty()).then(|| a.cdi_spec_dir.clone()),
         },
+        notice_command: a.notice_command.clone(),
     })
 }
 
@@ -451,6 +457,9 @@ enum BenchCmd {
     E2e(bench::e2e::E2eArgs),
     /// A server of its own with a deep queue: submissions/s, p99 and memory at each depth, with and without readers.
     Depth(bench::depth::DepthArgs),
+    /// A trace on a fixed on-demand cluster sized for its peak against a smaller one plus an autoscaled spot pool
+    /// (simulated: wait, cost, GPU-hours lost to reclaims); `--live-runs N`: a live pool's growth, burst to start.
+    Elastic(bench::elastic::ElasticArgs),
 }
 
 fn read_file(p: &PathBuf) -> Result<String> {
@@ -754,6 +763,7 @@ fn real_main() -> Result<()> {
                     task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
                     snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
                     containers: Default::default(),
+                    notice_command: None,
                 };
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let agent_task = tokio::spawn(gpunet_agent::run(agent, async {
@@ -845,6 +855,7 @@ fn real_main() -> Result<()> {
         Cmd::Admin { what } => admin::run(what)?,
         Cmd::Bench { what: BenchCmd::Api(args) } => runtime()?.block_on(bench::api::run(args))?,
         Cmd::Bench { what: BenchCmd::E2e(args) } => runtime()?.block_on(bench::e2e::run(args))?,
+        Cmd::Bench { what: BenchCmd::Elastic(args) } => runtime()?.block_on(bench::elastic::run(&args))?,
         Cmd::Bench { what: BenchCmd::Depth(args) } => runtime()?.block_on(bench::depth::run(args))?,
         Cmd::Cordon(a) => runtime()?.block_on(node_action(a, "cordon"))?,
         Cmd::Drain(a) => runtime()?.block_on(node_action(a, "drain"))?,

@@ -135,3 +135,27 @@ fn bench_depth_reports_each_depth_its_rounds_and_the_restart() {
     assert_eq!(lines[2]["pending"], 400, "300 queued, then 100 more measured: {}", lines[2]);
     assert!(lines[2]["restart_s"].as_f64().unwrap() > 0.0);
 }
+
+/// `bench elastic`: both clusters run the whole trace (the elastic one growing its spot pool), and a live round
+/// measures a new pool node's burst-to-start.
+#[test]
+fn bench_elastic_compares_a_fixed_and_an_autoscaled_cluster_and_times_a_live_pool() {
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/traces/examples/tiny.csv");
+    let out = gpunet(&["bench", "elastic", "--trace", trace, "--live-runs", "1", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let jobs = v["jobs"].as_u64().unwrap();
+    let sides = v["sides"].as_array().unwrap();
+    assert_eq!(sides.len(), 2);
+    assert_eq!(sides[0]["name"], "fixed");
+    assert_eq!(sides[1]["name"], "elastic");
+    for s in sides {
+        assert_eq!(s["completed"].as_u64(), Some(jobs), "{s}");
+        assert!(s["cost"].as_f64().unwrap() > 0.0);
+    }
+    assert!(sides[0]["on_demand_gpus"].as_u64().unwrap() >= v["peak_gpus"].as_u64().unwrap());
+    assert!(sides[1]["scaled_out_nodes"].as_u64().unwrap() > 0, "the spot pool grew: {v}");
+    let live = v["live_start_ms"].as_array().unwrap();
+    assert_eq!(live.len(), 1);
+    assert!(live[0].as_f64().unwrap() > 0.0 && v["live_start_p50_ms"].as_f64().unwrap() > 0.0);
+}

@@ -295,3 +295,30 @@ fn a_gang_is_stitched_across_zones_only_when_no_zone_has_room() {
     let (_, ev, _) = s.cli("admin-secret", &["show", &b.to_string()]);
     assert!(!ev.contains("across zones"), "{ev}");
 }
+
+#[test]
+fn an_agents_notice_command_reclaims_its_own_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), free_port(), &[]);
+    tenant(&s);
+    let trigger = dir.path().join("notice");
+    let script = dir.path().join("notice.sh");
+    std::fs::write(&script, format!("#!/bin/sh\n[ -f {} ] && echo 30\nexit 0\n", trigger.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _a = s.agent_with("n1", "1xT4", dir.path(), "127.0.0.1", &["--notice-command", script.to_str().unwrap()]);
+    let id = s.submit(&["--gpus", "1", "--", "sleep", "300"]);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
+    std::fs::write(&trigger, "").unwrap();
+    // The agent's next run of the command (every 5 s) sends its node's notice: the node takes no new work, and the
+    // job, which has no checkpoint tier, stops at once and waits for another node.
+    wait_for(Duration::from_secs(30), || {
+        let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        out.contains("\"cordoned\"") || out.contains("\"draining\"")
+    });
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "preempted");
+    let (_, ev, _) = s.cli("admin-secret", &["show", &id.to_string()]);
+    assert!(ev.contains("node n1 is reclaimed"), "{ev}");
+    let (ok, _, e) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{e}");
+}

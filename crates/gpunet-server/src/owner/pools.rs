@@ -82,7 +82,6 @@ pub(crate) struct Pools {
     shadow: Option<gpunet_core::ClusterState>,
 }
 
-
 impl Pools {
     /// Pools from their configuration (checked).
     pub(crate) fn new(cfgs: &[PoolConfig], providers: crate::pools::Providers) -> Pools {

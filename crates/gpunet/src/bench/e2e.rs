@@ -328,6 +328,7 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             containers: gpunet_agent::container::Options { image_dir: a.image_dir.clone(), ..Default::default() },
+            notice_command: None,
         };
         tasks.push(tokio::spawn(async move {
             let _ = gpunet_agent::run(cfg, async {

@@ -3,6 +3,7 @@
 pub(crate) mod api;
 pub(crate) mod depth;
 pub(crate) mod e2e;
+pub(crate) mod elastic;
 pub(crate) mod sched;
 
 /// Peak resident set size of this process in MiB (VmHWM), or 0 where /proc is not there.
