@@ -90,6 +90,9 @@ try {
     await until("8 GPU cells", async () => (await page.locator(".cell").count()) === 8);
     await page.getByText("zone local").waitFor();
     await page.locator(".chart svg").first().waitFor();
+    // The admin sees the node pool (`gpunet up --spot-pool`): its size and forecast chart.
+    await page.locator("h3", { hasText: "pool spot" }).waitFor();
+    await page.locator('svg[aria-label="pool spot: size and forecast"]').waitFor();
     await shot("02-overview");
   });
 

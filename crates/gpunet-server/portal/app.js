@@ -268,10 +268,13 @@ async function overview() {
   const heat = h("div", {});
   const totals = h("div", {});
   const charts = h("div", { class: "grid two" });
+  const pools = h("div", {});
   setMain("Overview", kpis, h("h2", {}, "GPUs by zone and node"), heat, h("h2", {}, "Totals"), totals,
-    h("h2", {}, "The last hours"), charts);
+    h("h2", {}, "The last hours"), charts, pools);
   const draw = async () => {
-    const [c, ns, hist] = await Promise.all([api("/v1/cluster"), api("/v1/nodes"), api("/v1/cluster/history")]);
+    const [c, ns, hist, ps] = await Promise.all([api("/v1/cluster"), api("/v1/nodes"), api("/v1/cluster/history"),
+      isAdmin() ? api("/v1/pools") : Promise.resolve([])]);
+    pools.replaceChildren(...poolCharts(ps));
     // The charts end with the state of now.
     hist.push({ at_ms: Date.now(), gpus_total: c.gpus_total, gpus_allocated: c.gpus_allocated,
       queue_length: c.queue_length, running: c.jobs.running || 0 });
@@ -296,6 +299,24 @@ async function overview() {
   S.refresh = draw;
   S.timer = setInterval(() => draw().catch(() => {}), 15000);
   await draw();
+}
+
+/** Each node pool: its size (as GPUs) and forecast demand at each decision, and its nodes now. */
+function poolCharts(ps) {
+  if (!ps.length) return [];
+  const cards = ps.map((p) => {
+    const pts = p.events.filter((e) => e.numbers && e.numbers.to !== undefined).map((e) => ({
+      at_ms: e.at_ms, size: e.numbers.to * p.gpus_per_node, forecast: Math.round(e.numbers.forecast_gpus || 0) }));
+    pts.push({ at_ms: Date.now(), size: p.target_nodes * p.gpus_per_node, forecast: Math.round(p.forecast_gpus) });
+    const nodes = p.nodes.map((n) => `${n.name} (${n.phase})`).join(", ") || "no nodes";
+    return h("div", { class: "card chart" },
+      h("h3", {}, `pool ${p.name}`, h("span", { class: "muted" },
+        ` ${p.lifecycle}, ${p.gpus_per_node}×${p.gpu_model}, ${p.min_nodes}..${p.max_nodes} nodes, zone: ${p.zone}`)),
+      lineChart(pts, [{ key: "size", cls: "s1", area: true, label: "pool GPUs (target)" },
+        { key: "forecast", cls: "s2", label: "forecast demand (GPUs)" }], `pool ${p.name}: size and forecast`),
+      h("p", { class: "muted" }, nodes));
+  });
+  return [h("h2", {}, "Node pools"), h("div", { class: "grid two" }, cards)];
 }
 
 function kpi(label, value, sub) {

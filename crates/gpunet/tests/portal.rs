@@ -39,7 +39,16 @@ fn portal_end_to_end_in_headless_chromium() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(BIN)
-        .args(["up", "--data-dir", dir.path().to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        // A spot pool that stays empty (no job here allows spot): its card is on the overview.
+        .args([
+            "up",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--spot-pool",
+            "0..2x1xA10",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
