@@ -316,7 +316,7 @@ function poolCharts(ps) {
         { key: "forecast", cls: "s2", label: "forecast demand (GPUs)" }], `pool ${p.name}: size and forecast`),
       h("p", { class: "muted" }, nodes));
   });
-  return [h("h2", {}, "Node pools"), h("div", { class: "grid two" }, cards)];
+  return [h("h2", {}, "Node pools"), h("div", { class: "grid pools" }, cards)];
 }
 
 function kpi(label, value, sub) {
