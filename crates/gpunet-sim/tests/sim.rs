@@ -437,6 +437,47 @@ fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
     assert!(scaled.avg_jct_s < fixed.avg_jct_s / 2.0, "{} vs {}", scaled.avg_jct_s, fixed.avg_jct_s);
 }
 
+/// New nodes take work only once booted (live: the provider's machine starts and its agent registers): the same
+/// burst waits longer behind a slow boot, and the autoscaler does not add nodes for demand that booting ones cover.
+#[test]
+fn autoscaled_nodes_take_work_only_after_their_boot_time() {
+    let mut body = String::new();
+    for i in 0..40 {
+        body += &format!("j{i},{},3600,8,t\n", i * 10);
+    }
+    let trace = csv(&body);
+    let cluster = ClusterSpec::from_toml(
+        "[[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\n\
+         [[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\nlifecycle = \"spot\"\n",
+        "auto",
+    )
+    .unwrap();
+    let template = cluster.build_nodes().into_iter().find(|n| n.lifecycle() == gpunet_core::Lifecycle::Spot).unwrap();
+    let run = |boot: Dur| {
+        let auto = engine::AutoscaleSim {
+            cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: 20, ..Default::default() },
+            template: template.clone(),
+            interval: Dur::from_secs(60),
+            boot,
+        };
+        let c = SimConfig { check_invariants: true, autoscale: Some(auto), ..cfg(Policy::Fifo) };
+        simulate(&trace, &cluster, &c, &mut |_, _| {}).unwrap()
+    };
+    let instant = run(Dur::ZERO);
+    let slow = run(Dur::from_mins(30));
+    assert_eq!((instant.completed, slow.completed), (40, 40));
+    // Every job that ran on a new node waited at least its boot: half an hour more on average, give or take the
+    // jobs the first nodes held.
+    assert!(slow.avg_wait_s > instant.avg_wait_s + 900.0, "{} vs {}", slow.avg_wait_s, instant.avg_wait_s);
+    // Booting nodes count as capacity: no more nodes are asked for while they boot than without a boot.
+    assert!(
+        slow.scaled_out_nodes <= instant.scaled_out_nodes + 2,
+        "{} vs {}",
+        slow.scaled_out_nodes,
+        instant.scaled_out_nodes
+    );
+}
+
 /// The simulator priced only GPUs, with its own arithmetic. A cluster's `[prices]` table (the server's catalogue
 /// schema) prices GPUs by model and lifecycle, CPU and memory, billed per started second by the server's function;
 /// a node group's `price_per_gpu_hour` still overrides the GPU price.

@@ -322,3 +322,56 @@ fn an_agents_notice_command_reclaims_its_own_node() {
     let (ok, _, e) = s.cli("admin-secret", &["cancel", &id.to_string()]);
     assert!(ok, "{e}");
 }
+
+/// A job that does not answer the notice is stopped at the deadline and resumes elsewhere from its last tier copy.
+#[test]
+fn a_job_that_ignores_the_notice_is_stopped_at_the_deadline_and_resumes_from_its_last_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let tiers = dir.path().join("tiers");
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "checkpoint_roots = [\"file://{}/{{tenant}}\"]\n[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\n\
+             gpus_per_node = 1\nmin_nodes = 2\nmax_nodes = 2\ninterval_s = 0.3\ncooldown_s = 1.0\n",
+            tiers.display()
+        ),
+    );
+    let s = Server::start(&data, free_port(), &["--config", &cfg]);
+    tenant(&s);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 2);
+    // It writes its step every tenth of a second (copied to the tier every second) and ignores SIGUSR1.
+    let script = r#"d="$GPUNET_CHECKPOINT_DIR"; s=$(cat "$d/step" 2>/dev/null || echo 0); echo "resumed at $s"
+trap '' USR1
+while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
+    let yaml = format!(
+        "name: stubborn\ntenant: t\ngpus: 1\nspot: allowed\ncheckpoint_tiers: [{{name: shared, every: 1s, url: \
+         \"file://{}/t/stubborn\"}}]\ncommand: [\"sh\", \"-c\", {}]\n",
+        tiers.display(),
+        serde_json::to_string(script).unwrap()
+    );
+    let id = submit_yaml(&s, dir.path(), &yaml);
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
+    let first = show(&s, id)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_secs(3));
+    let notice_ms = gpunet_now();
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 3}"#])
+        .arg(format!("{}/v1/nodes/{first}/reclaim", s.url))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    wait_for(Duration::from_secs(30), || show(&s, id)["attempts"].as_array().is_some_and(|a| a.len() == 2));
+    let j = show(&s, id);
+    let ended = j["attempts"][0]["ended_ms"].as_u64().unwrap() as i64;
+    assert!(ended - notice_ms >= 2_900, "it ran until the deadline: {} ms", ended - notice_ms);
+    let second = j["attempts"][1]["placement"][0]["node"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    let log1 = data.join("pools/spot").join(&second).join(format!("logs/job-{id}/rank-0-attempt-1.log"));
+    wait_for(Duration::from_secs(30), || read(&log1).contains("resumed at"));
+    let resumed: u64 = read(&log1).lines().find_map(|l| l.strip_prefix("resumed at ")).unwrap().parse().unwrap();
+    assert!(resumed >= 20, "it resumed from a tier copy of its progress (3 s and more of steps): {resumed}");
+    let (ok, _, e) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+    assert!(ok, "{e}");
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
+}
