@@ -286,6 +286,11 @@ pub fn build(
                 .expect("auth lock")
                 .insert(h.clone(), tokens::Cred { who: Principal::Node(name.clone()), doc: None });
         }
+        // An agent that does not sync again within node_lost_after loses its node, as if the server had never
+        // stopped.
+        if d.managed && d.state != gpunet_core::NodeState::Lost && !d.removed {
+            o.last_seen.insert(name.clone(), std::time::Instant::now());
+        }
         o.nodes.insert(name.clone(), d);
     }
     let providers = pools::Providers::new(cfg.pool_link.clone(), &cfg.data_dir);

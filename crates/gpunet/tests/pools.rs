@@ -375,3 +375,35 @@ while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
     assert!(ok, "{e}");
     wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
 }
+
+/// A restarted server: its local pool's agents died with it; their nodes are deleted and new ones (named after the
+/// highest) replace them, and no agent of the old server is left running.
+#[test]
+fn a_restarted_server_replaces_its_local_pool_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = config(
+        dir.path(),
+        "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\nmax_nodes = 1\n\
+         interval_s = 0.3\ncooldown_s = 0.5\n",
+    );
+    let s = Server::start(&data, free_port(), &["--config", &cfg]);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
+    let agent_pid = |node: &str| {
+        // This test's agent only: its data directory is beneath this test's.
+        let pattern = format!("--data-dir {}/pools/spot/{node}", data.display());
+        let out = std::process::Command::new("pgrep").args(["-f", "--", &pattern]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert!(!agent_pid("spot-00001").is_empty(), "the local agent runs");
+    drop(s);
+    wait_for(Duration::from_secs(30), || agent_pid("spot-00001").is_empty());
+    let s = Server::start(&data, free_port(), &["--config", &cfg]);
+    wait_for(Duration::from_secs(60), || {
+        let p = pools(&s);
+        p[0]["nodes"].as_array().is_some_and(|n| n.len() == 1 && n[0]["name"] == "spot-00002" && n[0]["phase"] == "up")
+    });
+    assert!(pool_events(&s, "deleted").iter().any(|e| e["numbers"]["nodes"].to_string().contains("spot-00001")));
+    let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    assert!(!nodes.contains("spot-00001"), "{nodes}");
+}

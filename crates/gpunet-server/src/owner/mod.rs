@@ -326,7 +326,7 @@ pub(crate) struct Owner {
     /// How the first failed rank of a job's current attempt ended, for the event at the attempt's end.
     fail_how: HashMap<u64, FailHow>,
     /// When each lost node was lost (its tasks are fenced until its agent confirms them gone or `fence_after`).
-    lost_since: HashMap<String, std::time::Instant>,
+    pub(crate) lost_since: HashMap<String, std::time::Instant>,
     pub(crate) notifies: Notifies,
     /// An agent that has not synced for this long loses its node.
     pub(crate) lost_after: std::time::Duration,

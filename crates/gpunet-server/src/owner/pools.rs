@@ -80,6 +80,9 @@ pub(crate) struct Pools {
     events: VecDeque<PoolEventView>,
     /// A cluster of every pool at its largest (at most 64 nodes each), to tell whether a job a pool could hold.
     shadow: Option<gpunet_core::ClusterState>,
+    /// Nodes of local pools found at start: their agents died with the server that started them; lost at the first
+    /// tick.
+    stale: Vec<String>,
 }
 
 impl Pools {
@@ -118,6 +121,7 @@ impl Pools {
             reclaims: BTreeMap::new(),
             events: VecDeque::new(),
             shadow: shadow.filter(|_| !cfgs.is_empty()),
+            stale: Vec::new(),
         }
     }
 
@@ -168,11 +172,15 @@ impl Owner {
                     next = next.max(k + 1);
                 }
                 if !d.removed {
-                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining {
+                    let local = self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local;
+                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining || local {
                         Phase::Leaving { suspending: false, retry_at: None }
                     } else {
                         Phase::Up
                     };
+                    if local && d.state != NodeState::Lost {
+                        self.pools.stale.push(n.clone());
+                    }
                     found.push((n.clone(), phase));
                 }
             }
@@ -224,6 +232,11 @@ impl Owner {
 
     /// One step of every pool and reclaim (after each pass).
     pub(super) fn pools_tick(&mut self) {
+        for n in std::mem::take(&mut self.pools.stale) {
+            // A local pool's agent from before this start: gone with the server that started it.
+            let (tx, _rx) = tokio::sync::oneshot::channel();
+            self.set_node_state(n, NodeState::Lost, tx);
+        }
         self.reclaims_tick();
         for i in 0..self.pools.list.len() {
             self.pool_boot_timeouts(i);
@@ -277,9 +290,33 @@ impl Owner {
         );
     }
 
-    /// Leaving nodes that hold no task are deleted through the provider.
+    /// Nodes lost for longer than the boot timeout leave; leaving nodes that hold no task are deleted through the
+    /// provider.
     fn pool_leave(&mut self, i: usize) {
         let now = Instant::now();
+        let limit = Duration::from_secs_f64(self.pools.list[i].cfg.boot_timeout_s);
+        let gone: Vec<String> = self.pools.list[i]
+            .nodes
+            .iter()
+            .filter(|(n, ph)| **ph == Phase::Up && self.lost_since.get(*n).is_some_and(|t| t.elapsed() > limit))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !gone.is_empty() {
+            for n in &gone {
+                self.pools.list[i].nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+            }
+            let pool = self.pools.list[i].cfg.name.clone();
+            self.pool_event(
+                &pool,
+                "node_lost",
+                format!(
+                    "{} lost for over {} s: deleted and replaced as the demand needs",
+                    gone.join(", "),
+                    limit.as_secs_f64()
+                ),
+                serde_json::json!({"nodes": gone}),
+            );
+        }
         let mut go = Vec::new();
         for (n, ph) in &self.pools.list[i].nodes {
             let Phase::Leaving { suspending: false, retry_at } = ph else { continue };
