@@ -352,24 +352,29 @@ impl Owner {
             (ids, count, p.cfg.gpus_per_node)
         };
         let demand = autoscale::pool_demand(&self.st, &self.pools.list[i].template, &ids) as f64;
-        // Idle nodes (and, with scale_in = checkpointed, nodes whose jobs all checkpoint to a tier), newest first.
+        // Idle nodes, newest first; then, with scale_in = checkpointed, nodes whose jobs are all preemptible and
+        // checkpoint to a tier, the least loaded first.
         let mut idle: Vec<gpunet_core::NodeId> = Vec::new();
+        let mut busy: Vec<(usize, gpunet_core::NodeId)> = Vec::new();
         let policy = self.pools.list[i].cfg.scale_in;
         for id in ids.iter().rev() {
             let Some(v) = self.st.node(*id) else { continue };
             if v.state != NodeState::Ready {
                 continue;
             }
-            let ok = v.jobs.is_empty()
-                || (policy == ScaleIn::Checkpointed
-                    && v.jobs.iter().all(|j| {
-                        self.st.job(*j).is_some_and(|x| x.spec.preemptible)
-                            && self.docs.get(&j.0).is_some_and(|d| !d.submission.get().checkpoint_tiers.is_empty())
-                    }));
-            if ok {
+            if v.jobs.is_empty() {
                 idle.push(*id);
+            } else if policy == ScaleIn::Checkpointed
+                && v.jobs.iter().all(|j| {
+                    self.st.job(*j).is_some_and(|x| x.spec.preemptible)
+                        && self.docs.get(&j.0).is_some_and(|d| !d.submission.get().checkpoint_tiers.is_empty())
+                })
+            {
+                busy.push((v.jobs.len(), *id));
             }
         }
+        busy.sort_by_key(|(n, _)| *n);
+        idle.extend(busy.into_iter().map(|(_, id)| id));
         let p = &mut self.pools.list[i];
         p.last_sample = Some(Instant::now());
         p.samples.push(demand);
