@@ -272,7 +272,11 @@ fn a_gang_is_stitched_across_zones_only_when_no_zone_has_room() {
     let _b = s.agent_with("n2", "1xT4", dir.path(), "10.0.0.2", &["--labels", "zone=z2"]);
     let gang = "name: gang\ntenant: t\ntasks: 2\ngpus: 1\ntopology: any\ncommand: [\"sh\", \"-c\", \
                 \"echo zones=$GPUNET_ZONES addresses=$GPUNET_NODE_ADDRESSES ib=$NCCL_IB_DISABLE\"]\n";
-    let a = submit_yaml(&s, dir.path(), gang);
+    // It runs long enough to be explained while it runs.
+    let a = submit_yaml(&s, dir.path(), &gang.replace("ib=$NCCL_IB_DISABLE", "ib=$NCCL_IB_DISABLE; sleep 2"));
+    wait_for(Duration::from_secs(30), || s.job_state(a) == "running");
+    let (_, why, _) = s.cli("admin-secret", &["why", &a.to_string()]);
+    assert!(why.contains("runs across zones z1, z2"), "{why}");
     wait_for(Duration::from_secs(30), || s.job_state(a) == "succeeded");
     let (_, ev, _) = s.cli("admin-secret", &["show", &a.to_string()]);
     assert!(ev.contains("across zones z1, z2"), "{ev}");

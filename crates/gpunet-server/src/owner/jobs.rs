@@ -415,6 +415,19 @@ impl Owner {
                 // Asked to stop (an array: its elements): running until its processes are gone.
                 let what = if self.st.array(JobId(id)).is_some() { "array job" } else { "job" };
                 message = format!("{what}-{id} is being {why}: its tasks are stopping (it ends once they are gone)");
+            } else if let Some(deadline) = self.checkpoint_now_of(id, job.attempt()) {
+                let left = gpunet_api::units::format_duration_ms(deadline.saturating_sub(now.0));
+                message = format!(
+                    "job-{id} is checkpointing now: a node of it is reclaimed in {left}; it resumes elsewhere from that                      checkpoint"
+                );
+            } else if job.state == gpunet_core::JobState::Running {
+                let zones = self.zones_of(JobId(id));
+                if zones.len() > 1 {
+                    message = format!(
+                        "job-{id} runs across zones {}: no zone had room for all its tasks when it started (topology                          any)",
+                        zones.join(", ")
+                    );
+                }
             }
             let estimate = self.estimate_view(job, d);
             Ok(Why::Now(Box::new(Explain {
