@@ -929,9 +929,10 @@ impl Launcher {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
             let c = copier.lock().expect("copier slot").clone();
+            // Without a tier there is nothing safe to report (the server asks only jobs with tiers).
             let at = match c {
                 Some(c) => c.copy_now().await,
-                None => Some(now_ms()),
+                None => None,
             };
             if let Some(at) = at {
                 tracing::info!(job = t.job, rank = t.rank, "final checkpoint on every tier");

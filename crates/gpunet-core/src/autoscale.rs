@@ -116,21 +116,31 @@ pub struct AutoscaleInput<'a> {
 
 /// One demand sample of a pool whose nodes look like `template`: the GPUs held on the pool's nodes `pool` plus the
 /// GPUs of the queued jobs that could run on such a node (its labels, taints and GPU model; a task no larger than
-/// the node). What the server samples for each of its pools (`owner/pools.rs`).
+/// the node) and that their tenants' quotas would let start (a job over its tenant's GPU limit waits for the tenant,
+/// not for nodes). What the server samples for each of its pools (`owner/pools.rs`).
 pub fn pool_demand(st: &crate::ClusterState, template: &crate::NodeSpec, pool: &[NodeId]) -> u64 {
     let per_node = template.gpus.len() as u32;
-    let queued: u64 = st
-        .waiting_jobs()
-        .filter(|j| {
-            let t = &j.spec.task;
-            t.gpus > 0
-                && t.gpus <= per_node
-                && t.cpu <= template.cpu
-                && t.mem <= template.mem
-                && j.spec.node_eligible(template)
-        })
-        .map(|j| j.spec.tasks as u64 * j.spec.task.gpus as u64)
-        .sum();
+    let mut room: std::collections::HashMap<crate::TenantId, Option<u64>> = std::collections::HashMap::new();
+    let mut queued = 0u64;
+    for j in st.waiting_jobs() {
+        let t = &j.spec.task;
+        let fits = t.gpus > 0
+            && t.gpus <= per_node
+            && t.cpu <= template.cpu
+            && t.mem <= template.mem
+            && j.spec.node_eligible(template);
+        if !fits {
+            continue;
+        }
+        let gpus = j.spec.tasks as u64 * t.gpus as u64;
+        let r = room.entry(j.spec.tenant).or_insert_with(|| st.tenant_gpu_room(j.spec.tenant));
+        match r {
+            Some(left) if *left < gpus => continue,
+            Some(left) => *left -= gpus,
+            None => {}
+        }
+        queued += gpus;
+    }
     let held: u64 = pool
         .iter()
         .filter_map(|id| st.node(*id))
@@ -256,6 +266,39 @@ mod tests {
         // One spike of 80 GPUs after samples of 24: WMA is (80 + .5·24 + .25·24 + .125·24)/1.875 ≈ 52 (load .65),
         // below high.
         assert!(matches!(decide(&cfg, &input(&[24.0, 24.0, 24.0, 80.0], &[], 0, None)), ScaleDecision::Hold { .. }));
+    }
+
+    #[test]
+    fn a_pool_s_demand_counts_jobs_that_could_run_there_and_that_their_quota_lets_start() {
+        use crate::*;
+        let mut s = ClusterState::new(SchedConfig::default()).unwrap();
+        let capped = s.add_tenant(TenantSpec::new("capped").quota(Quota::gpus(1, 1))).unwrap();
+        let free = s.add_tenant(TenantSpec::new("free")).unwrap();
+        let spot = |name: &str| {
+            NodeSpec::with_gpus(name, GpuModel::A10, 4, MilliCpu::cores(16), MiB::gib(64))
+                .label("lifecycle", "spot")
+                .taint("lifecycle", "spot")
+        };
+        let tolerant = |t, name: &str, gpus| {
+            let mut j = JobSpec::new(t, name, gpus, 1);
+            j.tolerations =
+                crate::job::thin_vec![crate::job::Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+            j
+        };
+        let mut id = 0;
+        let mut submit = |s: &mut ClusterState, j: JobSpec| {
+            id += 1;
+            s.submit(JobId(id), j, Time::ZERO).unwrap();
+        };
+        // The capped tenant's four 1-GPU jobs: only one fits its quota of 1 GPU.
+        for k in 0..4 {
+            submit(&mut s, tolerant(capped, &format!("c{k}"), 1));
+        }
+        // The free tenant: a 2-GPU job that may use spot, one that may not (no toleration), one too big for a node.
+        submit(&mut s, tolerant(free, "two", 2));
+        submit(&mut s, JobSpec::new(free, "never", 1, 1));
+        submit(&mut s, tolerant(free, "huge", 8));
+        assert_eq!(pool_demand(&s, &spot("template"), &[]), 1 + 2);
     }
 
     #[test]

@@ -609,6 +609,14 @@ impl ClusterState {
         self.queued
     }
 
+    /// GPUs tenant `t` may still take under its quota's limit (borrowing included); `None`: no GPU limit.
+    pub fn tenant_gpu_room(&self, t: TenantId) -> Option<u64> {
+        let (quota, _) = self.shape.tenants.get(t.index())?;
+        let lim = quota.as_ref()?.dims[crate::tenant::DIM_GPUS].as_ref()?;
+        let used = self.book.usage.get(t.index()).map_or(0, |u| u[crate::tenant::DIM_GPUS]);
+        Some(lim.limit.saturating_sub(used))
+    }
+
     /// The jobs in the queues (pending, preempted, restarting; not held, not waiting for a dependency).
     pub fn waiting_jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs

@@ -194,6 +194,10 @@ async fn supervise(
                     match built {
                         Ok(Ok((mut app, admin, join))) => {
                             app.leader = Some((epoch, ha.lease.address.clone()));
+                            // Pool agents join the leader's advertised address unless told another.
+                            if let Some(p) = &app.pools {
+                                p.set_url(ha.lease.address.clone());
+                            }
                             let router = http::router(app.clone());
                             let still = matches!(&*role.borrow(), Role::Leader { epoch: e, .. } if *e == epoch);
                             if still {

@@ -274,9 +274,19 @@ pub fn build(
         have_admin = a.values().any(|c| c.who == Principal::Admin);
         have_agent = a.values().any(|c| c.who == Principal::Agent);
     }
+    let mut booting = Vec::new();
     for (name, doc) in &snap.nodes {
         let mut d: owner::NodeDoc =
             serde_json::from_value(doc.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
+        // A pool's deleted node is gone (its name may be used again); one asked for and not registered is its
+        // pool's to follow.
+        if d.removed {
+            continue;
+        }
+        if d.booting {
+            booting.push(name.clone());
+            continue;
+        }
         // Priced by this start's catalogue (unless its agent named its own price).
         d.spec.price_per_gpu_hour = o.prices.resolve_gpu_hour(&d.spec, d.price_override);
         let id = o.st.add_node(d.spec.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
@@ -298,7 +308,6 @@ pub fn build(
         p.validate().map_err(|e| recover("pools".into(), e.to_string()))?;
     }
     o.pools = owner::pools::Pools::new(&cfg.pools, providers.clone());
-    o.pools_recover();
     // Running jobs first, so their GPUs are theirs again, and arrays, before their elements (see
     // `gpunet_core::array`); then the rest, each in id order (an array's elements come after it). The documents are
     // read a page at a time in two passes, each parsed and dropped at once, so that neither their text nor a second
@@ -329,6 +338,8 @@ pub fn build(
     for ids in o.idempotent.values_mut() {
         ids.sort_unstable();
     }
+    // Pools learn their nodes (and reclaims in progress their jobs) once the jobs are back.
+    o.pools_recover(&booting);
     // Learned estimates start from the succeeded jobs in the store.
     o.relearn();
     // Jobs waiting on dependencies are checked again, and arrays expand what they may.

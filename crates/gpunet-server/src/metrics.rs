@@ -328,7 +328,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
     node_gauges(o, &mut s);
     pool_gauges(o, &mut s);
     let mut total: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-    for n in o.st.nodes() {
+    for n in o.st.nodes().filter(|n| !o.is_removed(&n.spec.name)) {
         let model = n.spec.gpu_model().map(|m| m.to_string()).unwrap_or_else(|| "none".into());
         let e = total.entry((model, n.spec.zone().to_string())).or_default();
         let whole = n.spec.gpus.iter().filter(|g| g.mig.is_empty()).count() as u64;
@@ -354,7 +354,7 @@ pub(crate) fn gauges(o: &Owner) -> String {
         "# HELP gpunet_gpu_allocated Whether a whole GPU is held by a running job (1) or free (0).\n\
          # TYPE gpunet_gpu_allocated gauge"
     );
-    for n in o.st.nodes() {
+    for n in o.st.nodes().filter(|n| !o.is_removed(&n.spec.name)) {
         let fake = o.nodes.get(&n.spec.name).is_some_and(|d| d.fake);
         for (i, g) in n.spec.gpus.iter().enumerate().filter(|(_, g)| g.mig.is_empty()) {
             let held = u64::from(n.free_gpu_mask & (1u64 << i) == 0);
@@ -541,7 +541,7 @@ fn node_gauges(o: &Owner, s: &mut String) {
         s,
         "# HELP gpunet_node_state The node's state (1 for the current one).\n# TYPE gpunet_node_state gauge"
     );
-    for n in o.st.nodes() {
+    for n in o.st.nodes().filter(|n| !o.is_removed(&n.spec.name)) {
         for st in [NodeState::Ready, NodeState::Cordoned, NodeState::Draining, NodeState::Lost] {
             let v = u8::from(n.state == st);
             let _ = writeln!(s, "gpunet_node_state{{node=\"{}\",state=\"{st}\"}} {v}", esc(&n.spec.name));

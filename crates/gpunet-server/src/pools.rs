@@ -254,6 +254,15 @@ impl PoolConfig {
         if self.low >= self.high {
             return Err(err("low", format!("{}: below high ({})", self.low, self.high)));
         }
+        if !(self.low..=self.high).contains(&self.target) {
+            return Err(err("target", format!("{}: from low ({}) to high ({})", self.target, self.low, self.high)));
+        }
+        let word = |v: &str| {
+            !v.is_empty() && v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        };
+        if !word(&self.zone) {
+            return Err(err("zone", format!("{:?}: 1 to 63 letters, digits, '-', '_', '.' or '/'", self.zone)));
+        }
         if self.window == 0 || self.window > 1000 {
             return Err(err("window", format!("{}: 1 to 1000 samples", self.window)));
         }
@@ -264,9 +273,15 @@ impl PoolConfig {
             gpunet_core::pricing::check_price("price_per_gpu_hour", p)
                 .map_err(|e| err("price_per_gpu_hour", e.to_string()))?;
         }
-        for k in self.labels.keys() {
+        for (k, v) in &self.labels {
             if matches!(k.as_str(), "zone" | "lifecycle" | "address" | POOL_LABEL) {
                 return Err(err("labels", format!("{k:?} is set by the pool itself")));
+            }
+            if !word(k) || !word(v) {
+                return Err(err(
+                    "labels",
+                    format!("{k}={v}: keys and values of 1 to 63 letters, digits, '-', '_', '.', '/'"),
+                ));
             }
         }
         match self.provider {
@@ -452,6 +467,12 @@ impl Providers {
         }
         .ok_or_else(|| format!("no {}_program", op.as_str()))?;
         let server = self.server()?;
+        // The hook's standard error goes to a file (a pipe would be held open by whatever it leaves running, and
+        // its end would never come); its last lines are in the failure's report.
+        let logs = self.dir.join("hooks");
+        std::fs::create_dir_all(&logs).map_err(|e| format!("create {}: {e}", logs.display()))?;
+        let err_path = logs.join(format!("{}-{}.stderr", pool.name, op.as_str()));
+        let err = std::fs::File::create(&err_path).map_err(|e| format!("create {}: {e}", err_path.display()))?;
         let mut c = tokio::process::Command::new(prog);
         c.arg(&pool.name)
             .args(nodes)
@@ -459,21 +480,30 @@ impl Providers {
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .envs(hook_env(pool, &self.link, &server))
             .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(err)
             .kill_on_drop(true)
             .process_group(0);
-        let child = c.spawn().map_err(|e| format!("start {}: {e}", prog.display()))?;
+        let mut child = c.spawn().map_err(|e| format!("start {}: {e}", prog.display()))?;
+        let pgid = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
         let limit = std::time::Duration::from_secs_f64(pool.hook_timeout_s);
-        match tokio::time::timeout(limit, child.wait_with_output()).await {
-            Err(_) => Err(format!("{} did not finish within {} s: killed", prog.display(), pool.hook_timeout_s)),
-            Ok(Err(e)) => Err(format!("wait for {}: {e}", prog.display())),
-            Ok(Ok(out)) if out.status.success() => Ok(()),
-            Ok(Ok(out)) => {
-                let err = String::from_utf8_lossy(&out.stderr);
-                let tail: String = err.chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
-                Err(format!("{} exited with {}: {}", prog.display(), out.status, tail.trim()))
+        let tail = || {
+            let text = std::fs::read_to_string(&err_path).unwrap_or_default();
+            let t: String = text.chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
+            t.trim().to_string()
+        };
+        match tokio::time::timeout(limit, child.wait()).await {
+            Err(_) => {
+                // The hook and everything it started in its process group.
+                if let Some(g) = pgid {
+                    let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+                }
+                let _ = child.kill().await;
+                Err(format!("{} did not finish within {} s: killed", prog.display(), pool.hook_timeout_s))
             }
+            Ok(Err(e)) => Err(format!("wait for {}: {e}", prog.display())),
+            Ok(Ok(st)) if st.success() => Ok(()),
+            Ok(Ok(st)) => Err(format!("{} exited with {st}: {}", prog.display(), tail())),
         }
     }
 
@@ -538,6 +568,13 @@ impl Providers {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
+    }
+
+    /// Removes a deleted local node's data directory (the machine is gone).
+    pub fn forget_local(&self, pool: &str, node: &str) {
+        let dir = self.dir.join(pool).join(node);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(dir.with_extension("log"));
     }
 
     /// Stops every local agent (the server is stopping).

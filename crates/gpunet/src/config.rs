@@ -272,11 +272,14 @@ mod tests {
             .lines()
             .map(|l| match l.strip_prefix("# ") {
                 Some(r) if r.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => r.to_string(),
+                Some("[[pools]]") => "[[pools]]".to_string(),
                 _ => l.to_string(),
             })
             .collect::<Vec<_>>()
             .join("\n");
         let f = ServerFile::parse(&text).unwrap();
+        assert_eq!(f.pools.len(), 1, "the example pool");
+        f.pools[0].validate().unwrap();
         assert_eq!(f.tls_key.as_deref(), Some(Path::new("/etc/gpunet/tls/server-key.pem")));
         assert!(f.store.is_some() && f.admin_token.is_some() && f.join_token.is_some() && f.prices.is_some());
     }

@@ -134,7 +134,8 @@ while true; do s=$((s+1)); sleep 0.1; done"#;
     let id = submit_yaml(&s, dir.path(), &yaml);
     wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
     let first = show(&s, id)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
-    let log0 = data.join("pools/spot").join(&first).join(format!("logs/job-{id}/rank-0-attempt-0.log"));
+    // The server's copy of each attempt's log (a deleted node's own goes with it).
+    let log0 = data.join(format!("logs/job-{id}/rank-0-attempt-0.log"));
     wait_for(Duration::from_secs(30), || read(&log0).contains("resumed at 0"));
     std::thread::sleep(Duration::from_secs(2)); // some steps
     let notice = Instant::now();
@@ -160,6 +161,7 @@ while true; do s=$((s+1)); sleep 0.1; done"#;
     assert_ne!(second, first, "it resumed on another node");
     assert!(notice.elapsed() < Duration::from_secs(30));
     assert!((ended as i64) - notice_ms < 10_000, "the first attempt ended before the 10 s deadline");
+    wait_for(Duration::from_secs(30), || read(&log0).contains("checkpointed at"));
     let saved: u64 = read(&log0)
         .lines()
         .find_map(|l| l.strip_prefix("checkpointed at "))
@@ -167,7 +169,7 @@ while true; do s=$((s+1)); sleep 0.1; done"#;
         .parse()
         .unwrap();
     assert!(saved > 5, "it had made progress: {saved}");
-    let log1 = data.join("pools/spot").join(&second).join(format!("logs/job-{id}/rank-0-attempt-1.log"));
+    let log1 = data.join(format!("logs/job-{id}/rank-0-attempt-1.log"));
     wait_for(Duration::from_secs(30), || read(&log1).contains("resumed at"));
     assert!(read(&log1).contains(&format!("resumed at {saved}")), "{}", read(&log1));
     let (_, ev, _) = s.cli("admin-secret", &["show", &id.to_string()]);
@@ -337,13 +339,24 @@ fn a_job_that_ignores_the_notice_is_stopped_at_the_deadline_and_resumes_from_its
         dir.path(),
         &format!(
             "checkpoint_roots = [\"file://{}/{{tenant}}\"]\n[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\n\
-             gpus_per_node = 1\nmin_nodes = 2\nmax_nodes = 2\ninterval_s = 0.3\ncooldown_s = 1.0\n",
+             gpus_per_node = 1\nmin_nodes = 3\nmax_nodes = 3\ninterval_s = 0.3\ncooldown_s = 1.0\n",
             tiers.display()
         ),
     );
     let s = Server::start(&data, free_port(), &["--config", &cfg]);
     tenant(&s);
-    wait_for(Duration::from_secs(60), || nodes_up(&s) == 2);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 3);
+    // A job with a tier and no handler for SIGUSR1 (the notice's signal kills it): not its failure, it moves.
+    let plain = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: plain\ntenant: t\ngpus: 1\nspot: allowed\nmax_restarts: 0\ncheckpoint_tiers: [{{name: shared, \
+             every: 1h, url: \"file://{}/t/plain\"}}]\ncommand: [\"sleep\", \"1000\"]\n",
+            tiers.display()
+        ),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(plain) == "running");
     // It writes its step every tenth of a second (copied to the tier every second) and ignores SIGUSR1.
     let script = r#"d="$GPUNET_CHECKPOINT_DIR"; s=$(cat "$d/step" 2>/dev/null || echo 0); echo "resumed at $s"
 trap '' USR1
@@ -371,13 +384,31 @@ while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
     assert!(ended - notice_ms >= 2_900, "it ran until the deadline: {} ms", ended - notice_ms);
     let second = j["attempts"][1]["placement"][0]["node"].as_str().unwrap().to_string();
     assert_ne!(second, first);
-    let log1 = data.join("pools/spot").join(&second).join(format!("logs/job-{id}/rank-0-attempt-1.log"));
+    let log1 = data.join(format!("logs/job-{id}/rank-0-attempt-1.log"));
     wait_for(Duration::from_secs(30), || read(&log1).contains("resumed at"));
     let resumed: u64 = read(&log1).lines().find_map(|l| l.strip_prefix("resumed at ")).unwrap().parse().unwrap();
     assert!(resumed >= 20, "it resumed from a tier copy of its progress (3 s and more of steps): {resumed}");
-    let (ok, _, e) = s.cli("admin-secret", &["cancel", &id.to_string()]);
-    assert!(ok, "{e}");
-    wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
+    // The plain job's node is reclaimed too: SIGUSR1 ends it, and it runs again elsewhere, not failed (it has no
+    // restart left to spend).
+    let plain_node = show(&s, plain)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 30}"#])
+        .arg(format!("{}/v1/nodes/{plain_node}/reclaim", s.url))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    wait_for(Duration::from_secs(60), || {
+        let j = show(&s, plain);
+        j["attempts"].as_array().is_some_and(|a| a.len() == 2) && j["state"] == "running"
+    });
+    let j = show(&s, plain);
+    assert_eq!(j["restarts"], 0, "{j}");
+    assert_ne!(j["attempts"][0]["outcome"], "failed", "{j}");
+    for job in [id, plain] {
+        let (ok, _, e) = s.cli("admin-secret", &["cancel", &job.to_string()]);
+        assert!(ok, "{e}");
+        wait_for(Duration::from_secs(30), || s.job_state(job) == "cancelled");
+    }
 }
 
 /// A restarted server: its local pool's agents died with it; their nodes are deleted and new ones (named after the
@@ -410,4 +441,74 @@ fn a_restarted_server_replaces_its_local_pool_nodes() {
     assert!(pool_events(&s, "deleted").iter().any(|e| e["numbers"]["nodes"].to_string().contains("spot-00001")));
     let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
     assert!(!nodes.contains("spot-00001"), "{nodes}");
+}
+
+/// A machine that comes up after its pool gave up on it (boot timeout) registers cordoned: no job starts on a node
+/// that is being deleted.
+#[test]
+fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("hook");
+    std::fs::create_dir_all(&state).unwrap();
+    let _agents = HookAgents(state.clone());
+    let st = state.display();
+    let resume = dir.path().join("resume.sh");
+    let suspend = dir.path().join("suspend.sh");
+    // The first machine's agent starts 3 s after the hook (its boot timeout is 1 s); later ones at once. Deleting
+    // takes 6 s: the late agent registers meanwhile.
+    std::fs::write(
+        &resume,
+        format!(
+            "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
+             delay=0; [ $n -eq 1 ] && delay=3\nshift\nfor node in \"$@\"; do\n\
+               setsid sh -c \"sleep $delay; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
+             $GPUNET_POOL_LABELS --fake-gpus ${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL --data-dir {st}/$node \
+             --no-tenant-uids\" > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &suspend,
+        format!(
+            "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nsleep 6\nshift\nfor node in \"$@\"; do\n\
+             [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    for p in [&resume, &suspend] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[[pools]]\nname = \"late\"\nprovider = \"exec\"\nresume_program = \"{}\"\nsuspend_program = \"{}\"\n\
+             hook_timeout_s = 30.0\ngpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 0\n\
+             max_nodes = 1\nboot_timeout_s = 1.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+            resume.display(),
+            suspend.display()
+        ),
+    );
+    let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
+    tenant(&s);
+    let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
+    // The late agent registers while its node is being deleted: cordoned.
+    wait_for(Duration::from_secs(30), || {
+        let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|a| a.iter().any(|n| n["name"] == "late-00001"))
+    });
+    let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+    let nodes = json(&out);
+    let late = nodes.as_array().unwrap().iter().find(|n| n["name"] == "late-00001").unwrap();
+    assert_eq!(late["state"], "cordoned", "{late}");
+    // An admin cannot put it back to work either.
+    let (ok, _, err) = s.cli("admin-secret", &["uncordon", "late-00001"]);
+    assert!(!ok && err.contains("being deleted"), "{err}");
+    // The job runs on the next machine, never on the one being deleted.
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
+    assert_eq!(show(&s, id)["attempts"][0]["placement"][0]["node"], "late-00002");
+    assert!(read(&state.join("calls")).contains("suspend late late-00001"));
 }

@@ -57,7 +57,7 @@ impl Owner {
             };
             // The tenant's default for spot, recorded in the submission (it decides the job's placement for good).
             if sub.spot.is_none() {
-                sub.spot = self.tenants.get(&tenant).and_then(|d| d.spot);
+                sub.spot = self.spot_default(&tenant, &sub);
             }
             match sub.to_core(tid).and_then(|mut s| {
                 gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
@@ -180,9 +180,29 @@ impl Owner {
     /// Answers a retried submission with the jobs its first try made, once they are durable: the same ids and their
     /// states now. A key reused for other jobs is a conflict (compared with the stored submissions; a first try still
     /// in flight is answered without the comparison).
+    /// The `spot` a tenant's submission without one gets: the tenant's default, except that a job tolerating
+    /// `lifecycle=spot` itself is not made `never` by it.
+    fn spot_default(&self, tenant: &str, sub: &JobSubmission) -> Option<gpunet_api::spec::SpotUse> {
+        let d = self.tenants.get(tenant).and_then(|t| t.spot)?;
+        let tolerates = sub.tolerations.iter().any(|t| t.key == "lifecycle");
+        (d != gpunet_api::spec::SpotUse::Never || !tolerates).then_some(d)
+    }
+
     fn replay(&self, ids: Vec<u64>, subs: &[(JobSubmission, Vec<String>)], reply: Reply<(Vec<Submitted>, bool)>) {
+        // The stored submission carries its tenant's `spot` default where it gave none: so does the retry here.
         let same = ids.len() == subs.len()
-            && ids.iter().zip(subs).all(|(id, (sub, _))| self.docs.get(id).is_none_or(|d| d.submission.is(sub)));
+            && ids.iter().zip(subs).all(|(id, (sub, _))| {
+                self.docs.get(id).is_none_or(|d| {
+                    if sub.spot.is_none() {
+                        if let Some(dflt) = self.spot_default(&d.tenant, sub) {
+                            let mut with = sub.clone();
+                            with.spot = Some(dflt);
+                            return d.submission.is(&with);
+                        }
+                    }
+                    d.submission.is(sub)
+                })
+            });
         if !same {
             let _ = reply.send(Err(ApiError {
                 code: "conflict".into(),

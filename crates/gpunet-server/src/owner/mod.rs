@@ -301,9 +301,24 @@ pub(crate) struct NodeDoc {
     /// The agent's own price per GPU-hour; `None`: the price catalogue's (priced again at every start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) price_override: Option<f64>,
-    /// A pool's node that its provider deleted: kept (its jobs' records name it) but no longer listed.
+    /// A pool's node that its provider deleted: no longer listed, and not loaded at the next start (its name may be
+    /// used again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) removed: bool,
+    /// A pool's node asked of its provider and not registered yet (not a node of the cluster until it registers):
+    /// kept so that a restarted server neither loses track of the machine nor gives its name to another.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) booting: bool,
+    /// The deadline of a reclaim notice in progress (ms since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reclaim_deadline_ms: Option<u64>,
+}
+
+impl Owner {
+    /// A node its pool's provider deleted.
+    pub(crate) fn is_removed(&self, name: &str) -> bool {
+        self.nodes.get(name).is_some_and(|d| d.removed)
+    }
 }
 
 pub(crate) struct Owner {

@@ -27,9 +27,6 @@ impl Owner {
         join: bool,
         reply: Reply<NodeRegistered>,
     ) {
-        // A pool's node: the pool's labels, taint and price, whatever the agent said.
-        self.pool_node_registering(&mut spec);
-        let price = price.or_else(|| self.pool_price(&spec.name));
         let name = spec.name.clone();
         // The join token only adds nodes: a known node re-registers with its own credential (or the admin's token), else
         // whoever holds the join token could take its name over — its tasks (other tenants' commands and secrets),
@@ -44,6 +41,10 @@ impl Owner {
             )));
             return;
         }
+        // A pool's node: the pool's labels, taint and price, whatever the agent said; one the pool is deleting
+        // registers cordoned (it takes no work).
+        let leaving = self.pool_node_registering(&mut spec);
+        let price = price.or_else(|| self.pool_price(&name));
         let r = if let Some(id) = self.st.node_id(&name) {
             // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
             let known = self.st.node(id).expect("known").spec;
@@ -62,6 +63,9 @@ impl Owner {
             return;
         }
         let id = self.st.node_id(&name).expect("registered");
+        if leaving {
+            let _ = self.st.set_node_state(id, NodeState::Cordoned, Time(now_ms()));
+        }
         let full = self.st.node(id).expect("registered").spec.clone();
         // A fresh credential for the node; the one it replaces stops working now.
         let credential = crate::new_token();
@@ -77,17 +81,19 @@ impl Owner {
         self.lost_since.remove(&name);
         let doc = NodeDoc {
             spec: full,
-            state: NodeState::Ready,
+            state: if leaving { NodeState::Cordoned } else { NodeState::Ready },
             fake,
             managed,
             credential: Some(hash),
             price_override: price,
             removed: false,
+            booting: false,
+            reclaim_deadline_ms: None,
         };
         let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
         self.nodes.insert(name.clone(), doc);
         self.dirty = true;
-        self.node_event(&name, "ready");
+        self.node_event(&name, if leaving { "cordoned" } else { "ready" });
         let node = self.node_view(&name, &Principal::Admin).expect("registered");
         self.durable(vec![w], reply, NodeRegistered { node, credential });
     }
@@ -114,10 +120,17 @@ impl Owner {
 
     /// Cordons, drains, readies or loses a node; its jobs are asked to stop where the state requires it.
     pub(super) fn set_node_state(&mut self, name: String, state: NodeState, reply: Reply<NodeView>) {
-        let Some(id) = self.st.node_id(&name) else {
+        let Some(id) = self.st.node_id(&name).filter(|_| !self.is_removed(&name)) else {
             let _ = reply.send(Err(not_found("node", &name)));
             return;
         };
+        if state == NodeState::Ready && self.pool_node_leaving(&name) {
+            let _ = reply.send(Err(ApiError::new(
+                "conflict",
+                format!("node {name} is being deleted by its pool: it cannot take work again"),
+            )));
+            return;
+        }
         let now = now_ms();
         // The nodes of the jobs asked to stop: their agents stop those tasks.
         let mut touched: Vec<String> = vec![name.clone()];
@@ -204,12 +217,14 @@ impl Owner {
             writes.push(Write::Node { name: node.to_string(), doc: serde_json::to_value(&*d).expect("serialise") });
         }
         if self.st.node(id).is_some_and(|n| n.state == NodeState::Lost) {
-            // The agent is back: its node is ready again. Its fenced tasks are not in its task set, so the agent
-            // kills them and confirms; until then their GPUs stay allocated to the old attempts.
-            self.st.set_node_state(id, NodeState::Ready, Time(now))?;
+            // The agent is back: its node is ready again (cordoned if its pool is deleting it). Its fenced tasks
+            // are not in its task set, so the agent kills them and confirms; until then their GPUs stay allocated to
+            // the old attempts.
+            let back = if self.pool_node_leaving(node) { NodeState::Cordoned } else { NodeState::Ready };
+            self.st.set_node_state(id, back, Time(now))?;
             self.lost_since.remove(node);
             if let Some(d) = self.nodes.get_mut(node) {
-                d.state = NodeState::Ready;
+                d.state = back;
                 writes.push(Write::Node { name: node.to_string(), doc: serde_json::to_value(&*d).expect("serialise") });
             }
             self.node_event(node, "ready");
@@ -256,11 +271,25 @@ impl Owner {
             if run.placement.tasks.get(e.task.rank as usize).is_none_or(|t| t.node != id) {
                 continue; // not this node's task
             }
-            let was_stopping = run.stop.is_some();
+            let mut was_stopping = run.stop.is_some();
             let nodes = self.nodes_of(jid);
             let before = self.docs.get(&jid.0).map(|d| (j.clone(), d.clone()));
             // An exit the agent caused (a failed probe, the time limit) is a failure whatever the code.
             let success = e.code == Some(0) && e.reason.is_none();
+            if !success && !was_stopping && !e.stopped && self.checkpoint_now_of(jid.0, e.task.attempt).is_some() {
+                // Asked to checkpoint for a reclaim, the rank ended (the signal's default action, say): not the
+                // job's failure. The attempt ends as drained and the job resumes from its last tier copy.
+                self.st.request_stop(jid, gpunet_core::StopCause::Drained, Time(now))?;
+                was_stopping = true;
+                writes.push(self.event(
+                    jid.0,
+                    "stopping",
+                    format!(
+                        "job-{} rank {} ended while asked to checkpoint for a reclaim: it resumes elsewhere from its                          last tier copy",
+                        jid.0, e.task.rank
+                    ),
+                ));
+            }
             let end = if e.stopped { RankEnd::Stopped } else { RankEnd::Exited { success } };
             if !e.stopped && !success && !was_stopping {
                 let rank = e.task.rank;

@@ -36,8 +36,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Where a pool node is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
-    /// Asked of the provider at `since`; not registered yet.
-    Booting { since: Instant },
+    /// Asked of the provider at `since`; its resume hook ended at `created` (its boot timeout runs from then);
+    /// not registered yet.
+    Booting { since: Instant, created: Option<Instant> },
     /// Registered.
     Up,
     /// Taken out (scale-in, reclaim, lost, failed boot): deleted once it holds no task.
@@ -159,11 +160,38 @@ impl Owner {
 
     /// Pools learn their nodes from the store at start: the registered nodes of each pool are up (or leaving when
     /// lost), and new names continue after the highest.
-    pub(crate) fn pools_recover(&mut self) {
+    pub(crate) fn pools_recover(&mut self, booting: &[String]) {
+        // Reclaims in progress go on, with their deadline; their jobs are asked again.
+        let reclaiming: Vec<(String, u64)> =
+            self.nodes.iter().filter_map(|(n, d)| Some((n.clone(), d.reclaim_deadline_ms?))).collect();
+        for (n, deadline_ms) in reclaiming {
+            let Some(id) = self.st.node_id(&n) else { continue };
+            let mut jobs = BTreeMap::new();
+            for j in self.st.node(id).map(|v| v.jobs.iter().copied().collect::<Vec<_>>()).unwrap_or_default() {
+                let tiers = self.docs.get(&j.0).is_some_and(|d| !d.submission.get().checkpoint_tiers.is_empty());
+                if let (true, Some(x)) = (tiers, self.st.job(j)) {
+                    jobs.insert(j.0, (x.attempt(), BTreeSet::new(), u64::MAX));
+                }
+            }
+            self.pools.reclaims.insert(n, Reclaim { deadline_ms, jobs, deadline_passed: false });
+        }
         for i in 0..self.pools.list.len() {
             let name = self.pools.list[i].cfg.name.clone();
             let mut next = 1;
             let mut found = Vec::new();
+            for n in booting.iter().filter(|n| self.pools.of_node(n) == Some(i)) {
+                if let Some(k) = n.rsplit('-').next().and_then(|k| k.parse::<u64>().ok()) {
+                    next = next.max(k + 1);
+                }
+                // Asked of the provider before the restart: it may still come (its boot timeout runs from now); a
+                // local pool's never will (its agents died with the server).
+                let phase = if self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
+                    Phase::Leaving { suspending: false, retry_at: None }
+                } else {
+                    Phase::Booting { since: Instant::now(), created: Some(Instant::now()) }
+                };
+                found.push((n.clone(), phase));
+            }
             for (n, d) in &self.nodes {
                 if d.spec.labels.get(POOL_LABEL) != Some(&name) || self.pools.of_node(n) != Some(i) {
                     continue;
@@ -173,7 +201,8 @@ impl Owner {
                 }
                 if !d.removed {
                     let local = self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local;
-                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining || local {
+                    let reclaimed = d.reclaim_deadline_ms.is_some();
+                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining || local || reclaimed {
                         Phase::Leaving { suspending: false, retry_at: None }
                     } else {
                         Phase::Up
@@ -190,9 +219,17 @@ impl Owner {
         }
     }
 
-    /// A node registers: a pool's node gets the pool's labels and taint, whatever its agent said.
-    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) {
-        let Some(i) = self.pools.of_node(&spec.name) else { return };
+    /// Whether a node is one its pool is deleting.
+    pub(super) fn pool_node_leaving(&self, name: &str) -> bool {
+        self.pools
+            .of_node(name)
+            .is_some_and(|i| matches!(self.pools.list[i].nodes.get(name), Some(Phase::Leaving { .. })))
+    }
+
+    /// A node registers: a pool's node gets the pool's labels and taint, whatever its agent said. Returns whether
+    /// the pool is deleting it (it then registers cordoned).
+    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) -> bool {
+        let Some(i) = self.pools.of_node(&spec.name) else { return false };
         let p = &mut self.pools.list[i];
         for (k, v) in p.cfg.node_labels() {
             spec.labels.insert(k, v);
@@ -207,7 +244,7 @@ impl Owner {
         let name = spec.name.clone();
         let pool = p.cfg.name.clone();
         match p.nodes.get(&name).copied() {
-            Some(Phase::Booting { since }) => {
+            Some(Phase::Booting { since, .. }) => {
                 p.nodes.insert(name.clone(), Phase::Up);
                 p.failures = 0;
                 let secs = since.elapsed().as_secs_f64();
@@ -218,11 +255,12 @@ impl Owner {
                     serde_json::json!({"node": name, "boot_s": secs}),
                 );
             }
-            Some(Phase::Leaving { .. }) => {}
+            Some(Phase::Leaving { .. }) => return true,
             _ => {
                 p.nodes.insert(name.clone(), Phase::Up);
             }
         }
+        false
     }
 
     /// The pool's price for a node, if it sets one.
@@ -263,7 +301,7 @@ impl Owner {
         let late: Vec<String> = p
             .nodes
             .iter()
-            .filter(|(_, ph)| matches!(ph, Phase::Booting { since } if since.elapsed() > limit))
+            .filter(|(_, ph)| matches!(ph, Phase::Booting { created: Some(t), .. } if t.elapsed() > limit))
             .map(|(n, _)| n.clone())
             .collect();
         if late.is_empty() {
@@ -413,10 +451,13 @@ impl Owner {
                         n
                     })
                     .collect();
+                let mut writes = Vec::new();
                 for n in &names {
-                    p.nodes.insert(n.clone(), Phase::Booting { since: Instant::now() });
+                    p.nodes.insert(n.clone(), Phase::Booting { since: Instant::now(), created: None });
+                    writes.push(booting_doc(&p.template, n, true));
                 }
                 let target = up_or_booting + nodes;
+                self.persist(writes, "pool nodes asked for");
                 self.pool_event(
                     &pool,
                     "scale_out",
@@ -478,6 +519,13 @@ impl Owner {
         let pool = self.pools.list[i].cfg.name.clone();
         match (op, r) {
             (HookOp::Resume, Ok(())) => {
+                // The boot timeout runs from now for those not registered yet.
+                let now = Instant::now();
+                for n in &nodes {
+                    if let Some(Phase::Booting { created, .. }) = self.pools.list[i].nodes.get_mut(n) {
+                        *created = Some(now);
+                    }
+                }
                 self.pool_event(
                     &pool,
                     "resumed",
@@ -490,9 +538,11 @@ impl Owner {
                 p.failures += 1;
                 let wait = Self::backoff(p.failures);
                 p.retry_at = Some(Instant::now() + wait);
-                // Whatever the provider may have half made is deleted.
+                // Whatever the provider may have half made is deleted (a node that registered meanwhile too).
                 for n in &nodes {
-                    p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                    if matches!(p.nodes.get(n), Some(Phase::Booting { .. } | Phase::Up)) {
+                        p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                    }
                 }
                 let failures = p.failures;
                 self.pool_event(
@@ -508,15 +558,30 @@ impl Owner {
                     self.pools.list[i].nodes.remove(n);
                     self.pools.reclaims.remove(n);
                     self.last_seen.remove(n);
-                    if let Some(id) = self.st.node_id(n) {
-                        let _ = self.st.set_node_state(id, NodeState::Lost, Time(now_ms()));
+                    let registered = self.st.node_id(n).and_then(|id| self.st.node(id)).map(|v| v.state);
+                    if registered.is_some_and(|st| st != NodeState::Lost) {
+                        // Lost as any node whose machine is gone: whatever it still held is fenced, then freed.
+                        let (tx, _rx) = tokio::sync::oneshot::channel();
+                        self.set_node_state(n.clone(), NodeState::Lost, tx);
                     }
-                    if let Some(d) = self.nodes.get_mut(n) {
-                        d.removed = true;
-                        d.state = NodeState::Lost;
-                        d.credential = None;
-                        writes
-                            .push(Write::Node { name: n.clone(), doc: serde_json::to_value(&*d).expect("serialise") });
+                    match self.nodes.get_mut(n) {
+                        Some(d) => {
+                            d.removed = true;
+                            d.state = NodeState::Lost;
+                            d.credential = None;
+                            d.reclaim_deadline_ms = None;
+                            writes.push(Write::Node {
+                                name: n.clone(),
+                                doc: serde_json::to_value(&*d).expect("serialise"),
+                            });
+                        }
+                        // Never registered: its booting record goes.
+                        None => writes.push(booting_doc(&self.pools.list[i].template, n, false)),
+                    }
+                    if self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
+                        if let Some(p) = &self.pools.providers {
+                            p.forget_local(&self.pools.list[i].cfg.name, n);
+                        }
                     }
                     self.auth.write().expect("auth lock").retain(|_, c| c.who != crate::Principal::Node(n.clone()));
                 }
@@ -620,6 +685,27 @@ impl Owner {
         }
         let now = now_ms();
         let deadline_ms = now + (deadline_s * 1000.0) as u64;
+        if let Some(r) = self.pools.reclaims.get_mut(&name) {
+            // A second notice: the earlier deadline stands unless this one is sooner; what was reported stays.
+            r.deadline_ms = r.deadline_ms.min(deadline_ms);
+            let deadline_ms = r.deadline_ms;
+            let jobs: Vec<u64> = r.jobs.keys().copied().collect();
+            let mut writes = Vec::new();
+            if let Some(d) = self.nodes.get_mut(&name) {
+                d.reclaim_deadline_ms = Some(deadline_ms);
+                writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*d).expect("serialise") });
+            }
+            let mut touched = vec![name.clone()];
+            for j in jobs {
+                touched.extend(self.nodes_of(JobId(j)));
+            }
+            touched.sort();
+            touched.dedup();
+            self.bump_job(touched);
+            let v = self.node_view(&name, &crate::Principal::Admin).expect("known");
+            self.durable(writes, reply, v);
+            return;
+        }
         let jobs = match self.st.reclaim_notice(id, Time(now)) {
             Ok(j) => j,
             Err(e) => {
@@ -660,7 +746,9 @@ impl Owner {
         }
         self.pools.reclaims.insert(name.clone(), Reclaim { deadline_ms, jobs: asked, deadline_passed: false });
         if let Some(i) = self.pools.of_node(&name) {
-            self.pools.list[i].nodes.insert(name.clone(), Phase::Leaving { suspending: false, retry_at: None });
+            if !matches!(self.pools.list[i].nodes.get(&name), Some(Phase::Leaving { .. })) {
+                self.pools.list[i].nodes.insert(name.clone(), Phase::Leaving { suspending: false, retry_at: None });
+            }
             let pool = self.pools.list[i].cfg.name.clone();
             self.pool_event(
                 &pool,
@@ -672,6 +760,7 @@ impl Owner {
         let state = self.st.node(id).map_or(NodeState::Cordoned, |v| v.state);
         if let Some(d) = self.nodes.get_mut(&name) {
             d.state = state;
+            d.reclaim_deadline_ms = Some(deadline_ms);
             writes.push(Write::Node { name: name.clone(), doc: serde_json::to_value(&*d).expect("serialise") });
         }
         self.node_event(&name, "reclaimed");
@@ -768,6 +857,24 @@ impl Owner {
             self.pools.reclaims.remove(&n);
         }
     }
+}
+
+/// The stored record of a pool node asked of its provider (`booting`), or of one deleted before it registered.
+fn booting_doc(template: &NodeSpec, name: &str, booting: bool) -> Write {
+    let mut spec = template.clone();
+    spec.name = name.to_string();
+    let doc = super::NodeDoc {
+        spec,
+        state: NodeState::Lost,
+        fake: false,
+        managed: false,
+        credential: None,
+        price_override: None,
+        removed: !booting,
+        booting,
+        reclaim_deadline_ms: None,
+    };
+    Write::Node { name: name.to_string(), doc: serde_json::to_value(&doc).expect("serialise") }
 }
 
 fn finite(x: f64) -> f64 {

@@ -12,7 +12,7 @@ impl Owner {
     /// Counts of nodes and jobs by state, and GPUs.
     pub(super) fn summary(&mut self, reply: Reply<ClusterSummary>) {
         let mut nodes = BTreeMap::new();
-        for n in self.st.nodes() {
+        for n in self.st.nodes().filter(|n| !self.is_removed(&n.spec.name)) {
             *nodes.entry(n.state.to_string()).or_insert(0) += 1;
         }
         // From the documents' lists by state, not a walk of every job; states without jobs are left out.
