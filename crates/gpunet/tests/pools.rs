@@ -512,3 +512,61 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     assert_eq!(show(&s, id)["attempts"][0]["placement"][0]["node"], "late-00002");
     assert!(read(&state.join("calls")).contains("suspend late late-00001"));
 }
+
+/// A restart in the middle: a machine asked for and not registered keeps its name (a new one is asked for under
+/// the next name) and its boot timeout; a reclaim keeps its deadline.
+#[test]
+fn booting_nodes_and_reclaims_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let calls = dir.path().join("calls");
+    let hook = dir.path().join("hook.sh");
+    // Machines that never come up.
+    std::fs::write(&hook, format!("#!/bin/sh\necho \"$(basename $0) $*\" >> {}\nexit 0\n", calls.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[[pools]]\nname = \"cloud\"\nprovider = \"exec\"\nresume_program = \"{h}\"\nsuspend_program = \"{h}\"\n\
+             gpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 1\nmax_nodes = 1\n\
+             boot_timeout_s = 4.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+            h = hook.display()
+        ),
+    );
+    let port = free_port();
+    let s = Server::start(&data, port, &["--config", &cfg]);
+    let _n = s.agent("n1", "1xT4", dir.path(), "127.0.0.1");
+    wait_for(Duration::from_secs(30), || read(&calls).contains("cloud cloud-00001"));
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 6}"#])
+        .arg(format!("{}/v1/nodes/n1/reclaim", s.url))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let node_state = |s: &Server| {
+        let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .and_then(|a| a.iter().find(|n| n["name"] == "n1").map(|n| n["state"].as_str().unwrap_or("").to_string()))
+            .unwrap_or_default()
+    };
+    assert_eq!(node_state(&s), "cordoned");
+    drop(s);
+    let s = Server::start(&data, port, &["--config", &cfg]);
+    // The booting machine is followed again (booting, not asked for anew), then given up at its boot timeout.
+    let p = pools(&s);
+    assert_eq!(p[0]["nodes"][0]["name"], "cloud-00001", "{p}");
+    assert_eq!(p[0]["nodes"][0]["phase"], "booting", "{p}");
+    wait_for(Duration::from_secs(30), || read(&calls).contains("cloud-00002"));
+    let c = read(&calls);
+    assert_eq!(c.matches("cloud cloud-00001").count(), 2, "asked for once, deleted once: {c}");
+    assert!(
+        c.lines().position(|l| l.contains("cloud cloud-00001") && l.starts_with("hook.sh"))
+            < c.lines().position(|l| l.contains("cloud-00002")),
+        "{c}"
+    );
+    // The reclaim's deadline still holds: the node drains.
+    wait_for(Duration::from_secs(30), || node_state(&s) == "draining");
+}
