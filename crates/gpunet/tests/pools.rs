@@ -603,7 +603,7 @@ fn checkpointed_scale_in_drains_a_busy_node_when_none_is_idle() {
     let (moved, stayed) =
         if show(&s, a)["attempts"][0]["placement"][0]["node"] == gone.as_str() { (a, b) } else { (b, a) };
     let m = show(&s, moved);
-    assert_eq!(m["attempts"][0]["ended_ms"].is_u64(), true, "{m}");
+    assert!(m["attempts"][0]["ended_ms"].is_u64(), "{m}");
     assert_ne!(m["attempts"][0]["outcome"], "failed", "{m}");
     assert_eq!(s.job_state(stayed), "running");
     assert_eq!(pools(&s)[0]["nodes"].as_array().unwrap().len(), 1);
