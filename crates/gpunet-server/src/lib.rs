@@ -278,13 +278,13 @@ pub fn build(
     for (name, doc) in &snap.nodes {
         let mut d: owner::NodeDoc =
             serde_json::from_value(doc.clone()).map_err(|e| recover(format!("node {name}"), e.to_string()))?;
-        // A pool's deleted node is gone (its name may be used again); one asked for and not registered is its
-        // pool's to follow.
-        if d.removed {
-            continue;
-        }
+        // A pool's node asked for and not registered is its pool's to follow.
+        // (Never in the cluster before the restart, so not now either: nodes keep their positions, which running
+        // jobs' placements refer to. A deleted node that had registered stays, lost, for the same reason.)
         if d.booting {
-            booting.push(name.clone());
+            if !d.removed {
+                booting.push(name.clone());
+            }
             continue;
         }
         // Priced by this start's catalogue (unless its agent named its own price).

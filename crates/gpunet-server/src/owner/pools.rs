@@ -871,7 +871,8 @@ fn booting_doc(template: &NodeSpec, name: &str, booting: bool) -> Write {
         credential: None,
         price_override: None,
         removed: !booting,
-        booting,
+        // A record that never registered stays marked booting, so that a start never takes it for a node.
+        booting: true,
         reclaim_deadline_ms: None,
     };
     Write::Node { name: name.to_string(), doc: serde_json::to_value(&doc).expect("serialise") }
