@@ -405,9 +405,9 @@ fn estimates_modes_change_sjf_but_not_fifo() {
     assert!("noisy:x".parse::<EstimateMode>().is_err() && "noisy:0.5".parse::<EstimateMode>().is_ok());
 }
 
-#[test]
-fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
-    // A burst of 40 one-hour 8-GPU jobs onto 1 on-demand node, then nothing.
+/// A burst of 40 one-hour 8-GPU jobs, ten seconds apart, and a cluster of one on-demand node and one spot node (the
+/// autoscaler's template).
+fn burst_on_one_node_and_a_spot_group() -> (Trace, ClusterSpec) {
     let mut body = String::new();
     for i in 0..40 {
         body += &format!("j{i},{},3600,8,t\n", i * 10);
@@ -419,8 +419,13 @@ fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
         "auto",
     )
     .unwrap();
-    let mut tolerant = trace.clone();
-    let _ = &mut tolerant;
+    (trace, cluster)
+}
+
+#[test]
+fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
+    // A burst of 40 one-hour 8-GPU jobs onto 1 on-demand node, then nothing.
+    let (trace, cluster) = burst_on_one_node_and_a_spot_group();
     let template = cluster.build_nodes().into_iter().find(|n| n.lifecycle() == gpunet_core::Lifecycle::Spot).unwrap();
     let auto = engine::AutoscaleSim {
         cfg: gpunet_core::autoscale::AutoscaleConfig { max_nodes: 20, ..Default::default() },
@@ -441,17 +446,7 @@ fn the_autoscaler_grows_the_spot_pool_under_load_and_releases_it_when_idle() {
 /// burst waits longer behind a slow boot, and the autoscaler does not add nodes for demand that booting ones cover.
 #[test]
 fn autoscaled_nodes_take_work_only_after_their_boot_time() {
-    let mut body = String::new();
-    for i in 0..40 {
-        body += &format!("j{i},{},3600,8,t\n", i * 10);
-    }
-    let trace = csv(&body);
-    let cluster = ClusterSpec::from_toml(
-        "[[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\n\
-         [[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"A100-80GB\"\nlifecycle = \"spot\"\n",
-        "auto",
-    )
-    .unwrap();
+    let (trace, cluster) = burst_on_one_node_and_a_spot_group();
     let template = cluster.build_nodes().into_iter().find(|n| n.lifecycle() == gpunet_core::Lifecycle::Spot).unwrap();
     let run = |boot: Dur| {
         let auto = engine::AutoscaleSim {

@@ -562,14 +562,7 @@ async fn run_client(cmd: Cmd) -> Result<()> {
                 Default::default();
             for (k, u) in &r.by_model {
                 let l = k.rsplit_once('/').map_or("on-demand", |(_, l)| l).to_string();
-                let e = by_lifecycle.entry(l).or_default();
-                e.gpu_hours += u.gpu_hours;
-                e.cpu_hours += u.cpu_hours;
-                e.memory_gib_hours += u.memory_gib_hours;
-                e.gpu_cost += u.gpu_cost;
-                e.cpu_cost += u.cpu_cost;
-                e.mem_cost += u.mem_cost;
-                e.cost += u.cost;
+                *by_lifecycle.entry(l).or_default() += u;
             }
             print(&c, &r, |r| {
                 let cost = format!("COST ({})", if r.currency.is_empty() { "?" } else { &r.currency });

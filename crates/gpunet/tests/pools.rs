@@ -193,6 +193,24 @@ while true; do s=$((s+1)); sleep 0.1; done"#;
     eprintln!("notice to the first attempt's end: {} ms", ended as i64 - notice_ms);
 }
 
+/// Writes an executable script.
+fn script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// An exec pool of 0..1 on-demand T4 nodes with these hooks and boot timeout, deciding every 0.3 s.
+fn exec_pool(name: &str, resume: &Path, suspend: &Path, boot_timeout_s: f64) -> String {
+    format!(
+        "[[pools]]\nname = \"{name}\"\nprovider = \"exec\"\nresume_program = \"{}\"\nsuspend_program = \"{}\"\n\
+         hook_timeout_s = 30.0\ngpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 0\n\
+         max_nodes = 1\nboot_timeout_s = {boot_timeout_s:?}\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+        resume.display(),
+        suspend.display()
+    )
+}
+
 fn gpunet_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -206,9 +224,9 @@ fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_
     let st = state.display();
     let resume = dir.path().join("resume.sh");
     let suspend = dir.path().join("suspend.sh");
-    std::fs::write(
+    script(
         &resume,
-        format!(
+        &format!(
             "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
              echo \"resume $n $*\" >> {st}/calls\n\
              [ $n -eq 1 ] && {{ echo 'quota exceeded' >&2; exit 1; }}\n\
@@ -218,30 +236,15 @@ fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_
              --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
              > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
         ),
-    )
-    .unwrap();
-    std::fs::write(
+    );
+    script(
         &suspend,
-        format!(
+        &format!(
             "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nshift\nfor node in \"$@\"; do\n\
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    for p in [&resume, &suspend] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let cfg = config(
-        dir.path(),
-        &format!(
-            "[[pools]]\nname = \"cloud\"\nprovider = \"exec\"\nresume_program = \"{}\"\nsuspend_program = \"{}\"\n\
-             hook_timeout_s = 30.0\ngpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 0\n\
-             max_nodes = 1\nboot_timeout_s = 2.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
-            resume.display(),
-            suspend.display()
-        ),
     );
+    let cfg = config(dir.path(), &exec_pool("cloud", &resume, &suspend, 2.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
@@ -308,11 +311,9 @@ fn an_agents_notice_command_reclaims_its_own_node() {
     let s = Server::start(&dir.path().join("data"), free_port(), &[]);
     tenant(&s);
     let trigger = dir.path().join("notice");
-    let script = dir.path().join("notice.sh");
-    std::fs::write(&script, format!("#!/bin/sh\n[ -f {} ] && echo 30\nexit 0\n", trigger.display())).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let _a = s.agent_with("n1", "1xT4", dir.path(), "127.0.0.1", &["--notice-command", script.to_str().unwrap()]);
+    let notice = dir.path().join("notice.sh");
+    script(&notice, &format!("#!/bin/sh\n[ -f {} ] && echo 30\nexit 0\n", trigger.display()));
+    let _a = s.agent_with("n1", "1xT4", dir.path(), "127.0.0.1", &["--notice-command", notice.to_str().unwrap()]);
     let id = s.submit(&["--gpus", "1", "--", "sleep", "300"]);
     wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
     std::fs::write(&trigger, "").unwrap();
@@ -456,39 +457,24 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     let suspend = dir.path().join("suspend.sh");
     // The first machine's agent starts 3 s after the hook (its boot timeout is 1 s); later ones at once. Deleting
     // takes 6 s: the late agent registers meanwhile.
-    std::fs::write(
+    script(
         &resume,
-        format!(
+        &format!(
             "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
              delay=0; [ $n -eq 1 ] && delay=3\nshift\nfor node in \"$@\"; do\n\
                setsid sh -c \"sleep $delay; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
              $GPUNET_POOL_LABELS --fake-gpus ${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL --data-dir {st}/$node \
              --no-tenant-uids\" > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
         ),
-    )
-    .unwrap();
-    std::fs::write(
+    );
+    script(
         &suspend,
-        format!(
+        &format!(
             "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nsleep 6\nshift\nfor node in \"$@\"; do\n\
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    for p in [&resume, &suspend] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let cfg = config(
-        dir.path(),
-        &format!(
-            "[[pools]]\nname = \"late\"\nprovider = \"exec\"\nresume_program = \"{}\"\nsuspend_program = \"{}\"\n\
-             hook_timeout_s = 30.0\ngpu_model = \"T4\"\ngpus_per_node = 1\nlifecycle = \"on-demand\"\nmin_nodes = 0\n\
-             max_nodes = 1\nboot_timeout_s = 1.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
-            resume.display(),
-            suspend.display()
-        ),
     );
+    let cfg = config(dir.path(), &exec_pool("late", &resume, &suspend, 1.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
@@ -522,9 +508,7 @@ fn booting_nodes_and_reclaims_survive_a_restart() {
     let calls = dir.path().join("calls");
     let hook = dir.path().join("hook.sh");
     // Machines that never come up.
-    std::fs::write(&hook, format!("#!/bin/sh\necho \"$(basename $0) $*\" >> {}\nexit 0\n", calls.display())).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script(&hook, &format!("#!/bin/sh\necho \"$(basename $0) $*\" >> {}\nexit 0\n", calls.display()));
     let cfg = config(
         dir.path(),
         &format!(

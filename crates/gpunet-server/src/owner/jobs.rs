@@ -438,7 +438,8 @@ impl Owner {
             } else if let Some(deadline) = self.checkpoint_now_of(id, job.attempt()) {
                 let left = gpunet_api::units::format_duration_ms(deadline.saturating_sub(now.0));
                 message = format!(
-                    "job-{id} is checkpointing now: a node of it is reclaimed in {left}; it resumes elsewhere from that                      checkpoint"
+                    "job-{id} is checkpointing now: a node of it is reclaimed in {left}; it resumes elsewhere from that \
+                     checkpoint"
                 );
             } else if job.state == gpunet_core::JobState::Running {
                 let zones = self.zones_of(JobId(id));

@@ -285,7 +285,8 @@ impl Owner {
                     jid.0,
                     "stopping",
                     format!(
-                        "job-{} rank {} ended while asked to checkpoint for a reclaim: it resumes elsewhere from its                          last tier copy",
+                        "job-{} rank {} ended while asked to checkpoint for a reclaim: it resumes elsewhere from its \
+                         last tier copy",
                         jid.0, e.task.rank
                     ),
                 ));
