@@ -756,6 +756,41 @@ impl Launcher {
         });
     }
 
+    /// Kills the tasks a previous run of the agent recorded as running, whatever they are: each one's process group
+    /// (only while the record's process still has the recorded start time) and every process left in its cgroups;
+    /// their records go. For a machine that is gone ([`crate::kill_left_tasks`]). Returns how many still ran.
+    pub fn kill_recorded(&mut self) -> usize {
+        let mut killed = 0;
+        let Ok(rd) = std::fs::read_dir(self.dir.join("running")) else { return 0 };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(t) = task_of_record(&name) else { continue };
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let f: Vec<u64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            if let [p, s, ..] = f[..] {
+                let pid = p as i32;
+                if pid > 1 && same_leader(pid, s) {
+                    // SIGKILL to the wrapper's group kills the wrapper and the namespace's init (and with it the
+                    // namespace); what left the group is in the cgroups, below.
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                    killed += 1;
+                    let t0 = std::time::Instant::now();
+                    while same_leader(pid, s) && t0.elapsed() < std::time::Duration::from_secs(5) {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                }
+            }
+            if let Some(g) = self.cgroups.open(&format!("job-{}-rank-{}-attempt-{}", t.job, t.rank, t.attempt)) {
+                g.kill_all();
+                g.remove();
+            }
+            let _ = std::fs::remove_file(e.path());
+            let _ = std::fs::remove_file(status_path(&self.dir, &t));
+            let _ = std::fs::remove_file(env_path(&self.dir, &t));
+        }
+        killed
+    }
+
     /// Adopts the tasks a previous run of the agent started through the wrapper and that still run: they are
     /// reported as running and watched until they end (their status comes from the wrapper's file). Tasks started
     /// without the wrapper are killed (their exit could not be learned). A record is trusted only while its process still

@@ -433,6 +433,27 @@ async fn shut_down(launcher: &mut Launcher, exits: &mut mpsc::UnboundedReceiver<
     launcher.remove_cgroups();
 }
 
+/// Kills every task an agent named `name` with data directory `data_dir` left running, as if its machine were
+/// switched off: each recorded task's process group and every process in its cgroups, then its containers. For
+/// machines that are not real — the server's `local` pool provider calls it when it deletes a node whose agent died
+/// without stopping its tasks (`kill -9`, or a crash). Call it only once that agent is gone. Returns the tasks killed.
+pub fn kill_left_tasks(name: &str, data_dir: &std::path::Path) -> usize {
+    if !data_dir.is_dir() {
+        return 0;
+    }
+    let tag = format!("gpunet-{}-{}", name, container::agent_tag(data_dir));
+    let cg = cgroups::Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &tag);
+    let (tx, _rx) = mpsc::unbounded_channel::<TaskExit>();
+    let mut launcher = Launcher::new(data_dir.to_path_buf(), tx, cg);
+    if let Ok(Some(rt)) = container::Runtime::detect(data_dir, &container::Options::default()) {
+        launcher.containers(std::sync::Arc::new(rt));
+    }
+    let n = launcher.kill_recorded();
+    launcher.sweep_containers();
+    launcher.remove_cgroups();
+    n
+}
+
 /// Runs the agent until `shutdown` resolves; then stops its tasks.
 pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let servers = ServerList::parse("--server", &cfg.server).map_err(|e| AgentError::Invalid {

@@ -406,6 +406,10 @@ pub struct NodeView {
     /// Each whole GPU with what holds it.
     #[serde(default)]
     pub devices: Vec<GpuView>,
+    /// Under a reclaim notice (`POST /v1/nodes/{node}/reclaim`): when its provider takes it back (ms since the
+    /// epoch). Absent once the reclaim is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_deadline_ms: Option<u64>,
 }
 
 /// A node pool (`GET /v1/pools`): its settings, its nodes, what its autoscaler forecasts, and its latest events.

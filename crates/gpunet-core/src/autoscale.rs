@@ -117,20 +117,68 @@ pub struct AutoscaleInput<'a> {
 /// One demand sample of a pool whose nodes look like `template`: the GPUs held on the pool's nodes `pool` plus the
 /// GPUs of the queued jobs that could run on such a node (its labels, taints and GPU model; a task no larger than
 /// the node) and that their tenants' quotas would let start (a job over its tenant's GPU limit waits for the tenant,
-/// not for nodes). What the server samples for each of its pools (`owner/pools.rs`).
+/// not for nodes). [`pool_demands`] for one pool.
 pub fn pool_demand(st: &crate::ClusterState, template: &crate::NodeSpec, pool: &[NodeId]) -> u64 {
-    let per_node = template.gpus.len() as u32;
+    pool_demands(st, &[PoolShape { template, nodes: pool, max_gpus: u64::MAX, price_per_gpu_hour: 0.0 }])[0]
+}
+
+/// A pool as the demand split sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolShape<'a> {
+    /// What its nodes look like.
+    pub template: &'a crate::NodeSpec,
+    /// Its nodes now.
+    pub nodes: &'a [NodeId],
+    /// Its GPUs at its largest.
+    pub max_gpus: u64,
+    /// What a GPU-hour on it costs.
+    pub price_per_gpu_hour: f64,
+}
+
+/// One demand sample of each pool (what the server samples for its pools, `owner/pools.rs`): the GPUs held on the
+/// pool's nodes plus the GPUs of the queued jobs counted for it. Each queued job that could run on a pool's node
+/// (labels, taints, GPU model; a task no larger than the node) and that its tenant's quota lets start is counted
+/// in **one** pool — so that two pools able to run it do not both grow for it: a job that prefers spot goes to a
+/// spot pool first, then to the cheapest pool per GPU-hour (the first configured on a tie) with room left at its
+/// largest, else to the cheapest pool that could hold it; the oldest jobs are counted first.
+pub fn pool_demands(st: &crate::ClusterState, pools: &[PoolShape<'_>]) -> Vec<u64> {
+    let held: Vec<u64> = pools
+        .iter()
+        .map(|p| {
+            p.nodes
+                .iter()
+                .filter_map(|id| st.node(*id))
+                .flat_map(|n| n.jobs.iter().filter_map(|j| st.job(*j)?.run.as_ref()).map(move |r| (n.id, r)))
+                .flat_map(|(id, r)| r.placement.tasks.iter().filter(move |t| t.node == id))
+                .map(|t| t.gpu_mask.count_ones() as u64)
+                .sum()
+        })
+        .collect();
+    let mut counted = vec![0u64; pools.len()];
+    // Pools by price, then by their order.
+    let mut by_price: Vec<usize> = (0..pools.len()).collect();
+    by_price.sort_by(|a, b| pools[*a].price_per_gpu_hour.total_cmp(&pools[*b].price_per_gpu_hour).then(a.cmp(b)));
     let mut room: std::collections::HashMap<crate::TenantId, Option<u64>> = std::collections::HashMap::new();
-    let mut queued = 0u64;
-    for j in st.waiting_jobs() {
+    // Oldest first (the order the queue is in; the job table has none).
+    let mut waiting: Vec<&crate::Job> = st.waiting_jobs().collect();
+    waiting.sort_unstable_by_key(|j| j.id);
+    for j in waiting {
         let t = &j.spec.task;
-        let fits = t.gpus > 0
-            && t.gpus <= per_node
-            && t.cpu <= template.cpu
-            && t.mem <= template.mem
-            && j.spec.node_eligible(template);
-        if !fits {
+        let fits = |p: &PoolShape<'_>| {
+            let per_node = p.template.gpus.len() as u32;
+            t.gpus > 0
+                && t.gpus <= per_node
+                && t.cpu <= p.template.cpu
+                && t.mem <= p.template.mem
+                && j.spec.node_eligible(p.template)
+        };
+        let mut eligible: Vec<usize> = by_price.iter().copied().filter(|i| fits(&pools[*i])).collect();
+        if eligible.is_empty() {
             continue;
+        }
+        if j.spec.prefer_spot {
+            // Stable: spot pools first, each group still by price.
+            eligible.sort_by_key(|i| pools[*i].template.lifecycle() != crate::Lifecycle::Spot);
         }
         let gpus = j.spec.tasks as u64 * t.gpus as u64;
         let r = room.entry(j.spec.tenant).or_insert_with(|| st.tenant_gpu_room(j.spec.tenant));
@@ -139,16 +187,14 @@ pub fn pool_demand(st: &crate::ClusterState, template: &crate::NodeSpec, pool: &
             Some(left) => *left -= gpus,
             None => {}
         }
-        queued += gpus;
+        let i = eligible
+            .iter()
+            .copied()
+            .find(|i| held[*i].saturating_add(counted[*i]).saturating_add(gpus) <= pools[*i].max_gpus)
+            .unwrap_or(eligible[0]);
+        counted[i] += gpus;
     }
-    let held: u64 = pool
-        .iter()
-        .filter_map(|id| st.node(*id))
-        .flat_map(|n| n.jobs.iter().filter_map(|j| st.job(*j)?.run.as_ref()).map(move |r| (n.id, r)))
-        .flat_map(|(id, r)| r.placement.tasks.iter().filter(move |t| t.node == id))
-        .map(|t| t.gpu_mask.count_ones() as u64)
-        .sum();
-    queued + held
+    held.iter().zip(&counted).map(|(h, c)| h + c).collect()
 }
 
 /// The forecast (GPUs) and the load (forecast ÷ capacity) of a window; `None` when empty.
@@ -299,6 +345,44 @@ mod tests {
         submit(&mut s, JobSpec::new(free, "never", 1, 1));
         submit(&mut s, tolerant(free, "huge", 8));
         assert_eq!(pool_demand(&s, &spot("template"), &[]), 1 + 2);
+    }
+
+    #[test]
+    fn a_queued_job_is_counted_in_one_pool_spot_first_when_it_prefers_it_then_the_cheapest_with_room() {
+        use crate::*;
+        let mut s = ClusterState::new(SchedConfig::default()).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        let spot = NodeSpec::with_gpus("spot", GpuModel::A10, 4, MilliCpu::cores(16), MiB::gib(64))
+            .label("lifecycle", "spot")
+            .taint("lifecycle", "spot");
+        let od = NodeSpec::with_gpus("od", GpuModel::A10, 4, MilliCpu::cores(16), MiB::gib(64))
+            .label("lifecycle", "on-demand");
+        let tolerant = |name: &str, gpus, prefer| {
+            let mut j = JobSpec::new(t, name, gpus, 1);
+            j.tolerations =
+                crate::job::thin_vec![crate::job::Toleration { key: "lifecycle".into(), value: Some("spot".into()) }];
+            j.prefer_spot = prefer;
+            j
+        };
+        s.submit(JobId(1), tolerant("prefers", 2, true), Time::ZERO).unwrap();
+        s.submit(JobId(2), tolerant("allows", 3, false), Time::ZERO).unwrap();
+        s.submit(JobId(3), JobSpec::new(t, "never", 1, 1), Time::ZERO).unwrap();
+        let shape =
+            |template, max_gpus, price_per_gpu_hour| PoolShape { template, nodes: &[], max_gpus, price_per_gpu_hour };
+        // Spot is cheaper: both jobs that may use spot count there, the one that may not on the on-demand pool.
+        let d = pool_demands(&s, &[shape(&od, 64, 3.0), shape(&spot, 64, 1.0)]);
+        assert_eq!(d, vec![1, 2 + 3]);
+        // On-demand cheaper (odd, but priced so): the job that only allows spot goes there; the one preferring spot
+        // stays on spot.
+        let d = pool_demands(&s, &[shape(&od, 64, 1.0), shape(&spot, 64, 3.0)]);
+        assert_eq!(d, vec![3 + 1, 2]);
+        // The spot pool holds 4 GPUs at its largest: the 3-GPU job no longer fits beside the first (2 + 3 > 4) and
+        // goes on-demand; the last 2-GPU job fills the spot pool. Every job is counted once.
+        s.submit(JobId(4), tolerant("more", 2, true), Time::ZERO).unwrap();
+        let d = pool_demands(&s, &[shape(&od, 64, 3.0), shape(&spot, 4, 1.0)]);
+        assert_eq!(d, vec![3 + 1, 2 + 2]);
+        // One pool alone counts whatever could run on it.
+        assert_eq!(pool_demand(&s, &spot, &[]), 2 + 3 + 2);
     }
 
     #[test]

@@ -366,6 +366,22 @@ pub struct AgentLink {
     pub exe: Option<PathBuf>,
     /// The labels' address of local agents (default 127.0.0.1).
     pub address: Option<String>,
+    /// Kills what a deleted local node's agent left running (its "machine" is switched off).
+    pub reap: Option<Reaper>,
+}
+
+/// What kills the tasks a local node's agent left running, given the node's name and the agent's data directory
+/// (the binary passes `gpunet_agent::kill_left_tasks`; it blocks). Returns how many it killed.
+#[derive(Clone)]
+pub struct Reaper(pub Arc<ReapFn>);
+
+/// See [`Reaper`].
+pub type ReapFn = dyn Fn(&str, &std::path::Path) -> usize + Send + Sync;
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reaper")
+    }
 }
 
 /// The environment of a hook: who the agents join and what the pool's nodes are.
@@ -419,7 +435,7 @@ pub struct Providers {
     /// Where local agents keep their data (`DATA_DIR/pools`).
     dir: PathBuf,
     /// The local provider's agents, by node name.
-    local: Arc<Mutex<HashMap<String, tokio::process::Child>>>,
+    local: Arc<Mutex<HashMap<String, (String, tokio::process::Child)>>>,
 }
 
 impl Providers {
@@ -453,7 +469,7 @@ impl Providers {
             ProviderKind::Local => match op {
                 HookOp::Resume => self.local_resume(pool, nodes),
                 HookOp::Suspend => {
-                    self.local_suspend(nodes).await;
+                    self.local_suspend(&pool.name, nodes).await;
                     Ok(())
                 }
             },
@@ -499,7 +515,9 @@ impl Providers {
                     let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
                 }
                 let _ = child.kill().await;
-                Err(format!("{} did not finish within {} s: killed", prog.display(), pool.hook_timeout_s))
+                let said = tail();
+                let said = if said.is_empty() { String::new() } else { format!(" (it said: {said})") };
+                Err(format!("{} did not finish within {} s: killed{said}", prog.display(), pool.hook_timeout_s))
             }
             Ok(Err(e)) => Err(format!("wait for {}: {e}", prog.display())),
             Ok(Ok(st)) if st.success() => Ok(()),
@@ -547,25 +565,37 @@ impl Providers {
             // parent goes: `gpunet agent --exit-with-parent PID`).
             c.arg("--exit-with-parent").arg(std::process::id().to_string());
             let child = c.spawn().map_err(|e| format!("start {}: {e}", exe.display()))?;
-            self.local.lock().expect("local agents").insert(node.clone(), child);
+            self.local.lock().expect("local agents").insert(node.clone(), (pool.name.clone(), child));
         }
         Ok(())
     }
 
-    async fn local_suspend(&self, nodes: &[String]) {
+    /// Stops the agents of `nodes` of `pool` (each stops its tasks, within their grace), then kills whatever a node's
+    /// agent left running (one killed with SIGKILL stops nothing): the node's "machine" is switched off.
+    async fn local_suspend(&self, pool: &str, nodes: &[String]) {
         for node in nodes {
             let child = self.local.lock().expect("local agents").remove(node);
-            let Some(mut child) = child else { continue };
-            if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
-            // The agent stops its tasks (their grace) and leaves. Polled: the child may belong to another runtime.
-            let t0 = std::time::Instant::now();
-            while !matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
-                if t0.elapsed() > std::time::Duration::from_secs(30) {
-                    let _ = child.start_kill();
+            if let Some((_, mut child)) = child {
+                if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                // The agent stops its tasks (their grace) and leaves. Polled: the child may belong to another
+                // runtime.
+                let t0 = std::time::Instant::now();
+                while !matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+                    if t0.elapsed() > std::time::Duration::from_secs(30) {
+                        let _ = child.start_kill();
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+            if let Some(reap) = self.link.reap.clone() {
+                let dir = self.dir.join(pool).join(node);
+                let name = node.clone();
+                let killed = tokio::task::spawn_blocking(move || (reap.0)(&name, &dir)).await.unwrap_or(0);
+                if killed > 0 {
+                    tracing::warn!(pool, node = %node, tasks = killed, "killed the tasks a dead local agent left running");
+                }
             }
         }
     }
@@ -579,8 +609,11 @@ impl Providers {
 
     /// Stops every local agent (the server is stopping).
     pub async fn stop_local(&self) {
-        let nodes: Vec<String> = self.local.lock().expect("local agents").keys().cloned().collect();
-        self.local_suspend(&nodes).await;
+        let nodes: Vec<(String, String)> =
+            self.local.lock().expect("local agents").iter().map(|(n, (p, _))| (p.clone(), n.clone())).collect();
+        for (pool, node) in nodes {
+            self.local_suspend(&pool, &[node]).await;
+        }
     }
 }
 

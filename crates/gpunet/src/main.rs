@@ -694,6 +694,7 @@ fn real_main() -> Result<()> {
                     join_token: Some(join.clone()),
                     exe: None,
                     address: None,
+                    reap: Some(crate::ops::local_reaper()),
                 };
             }
             // Shared checkpoint tiers go beneath the data directory, one directory per tenant.

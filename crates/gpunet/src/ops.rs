@@ -27,6 +27,12 @@ pub(crate) async fn stop_signal() -> Result<()> {
     Ok(())
 }
 
+/// What the server's local pool provider kills a deleted node's leftover tasks with
+/// (`gpunet_agent::kill_left_tasks`).
+pub(crate) fn local_reaper() -> gpunet_server::pools::Reaper {
+    gpunet_server::pools::Reaper(std::sync::Arc::new(gpunet_agent::kill_left_tasks))
+}
+
 /// Asks the kernel for SIGTERM when this process's parent ends (`PR_SET_PDEATHSIG`), and fails if the parent
 /// `parent` is already gone (it could have ended before the request).
 pub(crate) fn exit_with_parent(parent: u32) -> Result<()> {

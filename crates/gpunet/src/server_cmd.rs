@@ -225,6 +225,7 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
         join_token: a.join_token.clone(),
         exe: None,
         address: None,
+        reap: Some(crate::ops::local_reaper()),
     };
     Ok(cfg)
 }

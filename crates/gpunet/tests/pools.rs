@@ -523,19 +523,21 @@ fn booting_nodes_and_reclaims_survive_a_restart() {
     let _n = s.agent("n1", "1xT4", dir.path(), "127.0.0.1");
     wait_for(Duration::from_secs(30), || read(&calls).contains("cloud cloud-00001"));
     let o = std::process::Command::new("curl")
-        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 6}"#])
+        .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 12}"#])
         .arg(format!("{}/v1/nodes/n1/reclaim", s.url))
         .output()
         .unwrap();
     assert!(o.status.success());
-    let node_state = |s: &Server| {
+    let deadline = json(&String::from_utf8_lossy(&o.stdout))["reclaim_deadline_ms"].as_u64().expect("deadline shown");
+    let node = |s: &Server| {
         let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
         serde_json::from_str::<serde_json::Value>(&out)
             .ok()
             .and_then(|v| v.as_array().cloned())
-            .and_then(|a| a.iter().find(|n| n["name"] == "n1").map(|n| n["state"].as_str().unwrap_or("").to_string()))
+            .and_then(|a| a.iter().find(|n| n["name"] == "n1").cloned())
             .unwrap_or_default()
     };
+    let node_state = |s: &Server| node(s)["state"].as_str().unwrap_or("").to_string();
     assert_eq!(node_state(&s), "cordoned");
     drop(s);
     let s = Server::start(&data, port, &["--config", &cfg]);
@@ -551,8 +553,24 @@ fn booting_nodes_and_reclaims_survive_a_restart() {
             < c.lines().position(|l| l.contains("cloud-00002")),
         "{c}"
     );
-    // The reclaim's deadline still holds: the node drains.
+    // The reclaim's deadline still holds, through the agent's re-registration with the new server (still
+    // cordoned): the node drains.
+    let v = node(&s);
+    if v["state"] == "cordoned" {
+        assert_eq!(v["reclaim_deadline_ms"], deadline, "{v}");
+    } else {
+        assert_eq!(v["state"], "draining", "a slow restart: the deadline passed already: {v}");
+    }
     wait_for(Duration::from_secs(30), || node_state(&s) == "draining");
+    // Over: the deadline is off the node's record. An admin puts the node back to work and a restart leaves it so
+    // (the finished reclaim is not taken up again: the first boot timeout after the start shows the pools' ticks ran).
+    wait_for(Duration::from_secs(10), || node(&s).get("reclaim_deadline_ms").is_none());
+    let (ok, o, e) = s.cli("admin-secret", &["uncordon", "n1"]);
+    assert!(ok, "{o}{e}");
+    drop(s);
+    let s = Server::start(&data, port, &["--config", &cfg]);
+    wait_for(Duration::from_secs(30), || !pool_events(&s, "boot_timeout").is_empty());
+    assert_eq!(node_state(&s), "ready", "{}", node(&s));
 }
 
 /// `scale_in = "checkpointed"`: with no idle node to give back, a node whose jobs all checkpoint to a tier is drained
@@ -594,4 +612,135 @@ fn checkpointed_scale_in_drains_a_busy_node_when_none_is_idle() {
     for j in [a, b] {
         let _ = s.cli("admin-secret", &["cancel", &j.to_string()]);
     }
+}
+
+/// The pids of the processes whose command line contains `pattern`.
+fn pids_of(pattern: &str) -> Vec<String> {
+    let out = std::process::Command::new("pgrep").args(["-f", "--", pattern]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn alive(pid: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).is_some_and(|st| st != "Z")
+}
+
+/// A local pool node whose agent is killed (`kill -9`: it stops nothing) is lost; once lost for longer than the boot
+/// timeout — here longer than the lost node's fence, after which the server no longer counts it as lost — it is
+/// deleted, its "machine" switched off (the task its agent left is killed), and replaced.
+#[test]
+fn a_pool_node_whose_agent_dies_is_deleted_with_its_tasks_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = config(
+        dir.path(),
+        "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\nmax_nodes = 1\n\
+         boot_timeout_s = 3.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+    );
+    let s = Server::start(&data, free_port(), &["--config", &cfg, "--node-lost-after-s", "1", "--node-fence-s", "1"]);
+    tenant(&s);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
+    // A command line no other test runs.
+    let marker = format!("sleep 3{:03}", std::process::id() % 1000);
+    let id = s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sh", "-c", &format!("{marker}; true")]);
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "running" && !pids_of(&marker).is_empty());
+    let first: Vec<String> = pids_of(&marker);
+    let agent = pids_of(&format!("--data-dir {}/pools/spot/spot-00001", data.display()));
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    assert!(std::process::Command::new("kill").args(["-9", &agent[0]]).status().unwrap().success());
+    // Deleted (its task killed with it) and replaced; the job runs again on the new node.
+    wait_for(Duration::from_secs(60), || {
+        pool_events(&s, "node_lost").iter().any(|e| e["numbers"]["nodes"].to_string().contains("spot-00001"))
+    });
+    wait_for(Duration::from_secs(60), || {
+        pool_events(&s, "deleted").iter().any(|e| e["numbers"]["nodes"].to_string().contains("spot-00001"))
+    });
+    wait_for(Duration::from_secs(30), || first.iter().all(|p| !alive(p)));
+    wait_for(Duration::from_secs(60), || {
+        let p = pools(&s);
+        p[0]["nodes"].as_array().is_some_and(|n| n.len() == 1 && n[0]["name"] == "spot-00002" && n[0]["phase"] == "up")
+    });
+    wait_for(Duration::from_secs(60), || {
+        s.job_state(id) == "running" && show(&s, id)["attempts"].as_array().is_some_and(|a| a.len() >= 2)
+    });
+    let attempts = show(&s, id)["attempts"].clone();
+    assert_eq!(attempts.as_array().unwrap().last().unwrap()["placement"][0]["node"], "spot-00002", "{attempts}");
+    assert!(!Path::new(&data.join("pools/spot/spot-00001")).exists(), "the deleted node's directory goes");
+    drop(s);
+    // The server's agents stop their tasks as it stops.
+    wait_for(Duration::from_secs(30), || pids_of(&marker).is_empty());
+}
+
+/// A resume hook that fails after its machine's agent registered: the node is cordoned (no new work; what runs
+/// there ends there), then deleted. And a node is never deleted while its resume hook still runs: a deletion could
+/// overtake the creation at the provider.
+#[test]
+fn a_node_is_deleted_only_after_its_resume_hook_ended_and_cordoned_if_that_hook_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("hook");
+    std::fs::create_dir_all(&state).unwrap();
+    let _agents = HookAgents(state.clone());
+    let st = state.display();
+    let resume = dir.path().join("resume.sh");
+    let suspend = dir.path().join("suspend.sh");
+    // The first creation starts its agent, then fails 3 s after it registered; the second succeeds, 6 s after
+    // starting its agent.
+    script(
+        &resume,
+        &format!(
+            "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
+             echo \"resume-begin $n $*\" >> {st}/calls\nshift\nfor node in \"$@\"; do\n\
+               setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
+             --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
+             > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n\
+             if [ $n -eq 1 ]; then
+  while [ ! -f {st}/$node/node.credential ]; do sleep 0.1; done
+  sleep 3; echo \"resume-end $n\" >> {st}/calls; echo 'capacity error' >&2; exit 1; fi\n\
+             sleep 6; echo \"resume-end $n\" >> {st}/calls; exit 0\n"
+        ),
+    );
+    script(
+        &suspend,
+        &format!(
+            "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nshift\nfor node in \"$@\"; do\n\
+             [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
+        ),
+    );
+    let cfg =
+        config(dir.path(), &exec_pool("flaky", &resume, &suspend, 30.0).replace("max_nodes = 1", "max_nodes = 2"));
+    let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
+    tenant(&s);
+    let nodes = |s: &Server| {
+        let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
+    };
+    let state_of = |s: &Server, n: &str| {
+        nodes(s).iter().find(|v| v["name"] == n).map(|v| v["state"].as_str().unwrap_or("").to_string())
+    };
+    // Job A starts on the first machine while its creation is still under way.
+    let a = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sleep", "8"]);
+    wait_for(Duration::from_secs(60), || s.job_state(a) == "running");
+    assert_eq!(show(&s, a)["attempts"][0]["placement"][0]["node"], "flaky-00001");
+    // The creation fails: the node takes no new work, job A goes on.
+    wait_for(Duration::from_secs(30), || !pool_events(&s, "resume_failed").is_empty());
+    assert!(pool_events(&s, "resume_failed")[0]["message"].as_str().unwrap().contains("capacity error"));
+    assert_eq!(state_of(&s, "flaky-00001").as_deref(), Some("cordoned"), "{:?}", nodes(&s));
+    assert_eq!(s.job_state(a), "running");
+    // Job B waits for the next machine (after the backoff), and runs there; once idle, that node is given back — but
+    // only after its creation (still sleeping) returned.
+    let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "true"]);
+    wait_for(Duration::from_secs(60), || s.job_state(b) == "succeeded");
+    assert_eq!(show(&s, b)["attempts"][0]["placement"][0]["node"], "flaky-00002");
+    wait_for(Duration::from_secs(60), || s.job_state(a) == "succeeded");
+    assert_eq!(show(&s, a)["attempts"].as_array().unwrap().len(), 1, "job A was never stopped");
+    wait_for(Duration::from_secs(60), || {
+        let c = read(&state.join("calls"));
+        c.contains("suspend flaky flaky-00001") && c.contains("suspend flaky flaky-00002")
+    });
+    let c = read(&state.join("calls"));
+    let pos = |what: &str| c.lines().position(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{what}: {c}"));
+    assert!(pos("resume-end 1") < pos("suspend flaky flaky-00001"), "{c}");
+    assert!(pos("resume-end 2") < pos("suspend flaky flaky-00002"), "{c}");
+    assert!(pool_events(&s, "scale_in").iter().any(|e| e["numbers"]["nodes"].to_string().contains("flaky-00002")));
 }

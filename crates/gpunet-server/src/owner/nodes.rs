@@ -44,6 +44,10 @@ impl Owner {
         // A pool's node: the pool's labels, taint and price, whatever the agent said; one the pool is deleting
         // registers cordoned (it takes no work).
         let leaving = self.pool_node_registering(&mut spec);
+        // A node under a reclaim notice stays cordoned through a re-registration (its machine is going), and its
+        // deadline stays on its record.
+        let reclaim_deadline_ms = self.reclaim_deadline_of(&name);
+        let leaving = leaving || reclaim_deadline_ms.is_some();
         let price = price.or_else(|| self.pool_price(&name));
         let r = if let Some(id) = self.st.node_id(&name) {
             // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
@@ -88,7 +92,7 @@ impl Owner {
             price_override: price,
             removed: false,
             booting: false,
-            reclaim_deadline_ms: None,
+            reclaim_deadline_ms,
         };
         let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
         self.nodes.insert(name.clone(), doc);
@@ -803,6 +807,7 @@ impl Owner {
             price_per_gpu_hour: n.spec.price_per_gpu_hour,
             jobs,
             devices,
+            reclaim_deadline_ms: self.reclaim_deadline_of(name),
         })
     }
 }

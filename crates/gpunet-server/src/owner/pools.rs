@@ -2,7 +2,7 @@
 //!
 //! **Pools** (`crate::pools` has their configuration and providers): every `interval_s` the owner samples each
 //! pool's demand — GPUs held on its nodes plus GPUs of the queued jobs that could run on one of them
-//! (`gpunet_core::autoscale::pool_demand`) — and runs the core's autoscaler decision (`autoscale::decide`, the one the
+//! (`gpunet_core::autoscale::pool_demands`: each queued job counts in one pool) — and runs the core's autoscaler decision (`autoscale::decide`, the one the
 //! simulator runs) against the pool's capacity (its ready and booting nodes). A scale-out names new nodes and asks
 //! the provider for them; they count as capacity while they boot, and one that has not registered within the boot
 //! timeout is deleted and the pool backs off (5 s, doubling to 5 min) before it asks again. A scale-in cordons idle
@@ -57,6 +57,14 @@ pub(crate) struct Pool {
     last_action: Option<u64>,
     failures: u32,
     retry_at: Option<Instant>,
+    /// Failed deletions in a row (their retries back off as failed creations do).
+    suspend_failures: u32,
+    /// Nodes whose resume hook has not returned yet: none is deleted before it has (a deletion could overtake the
+    /// creation at the provider and leave the machine behind).
+    resuming: BTreeSet<String>,
+    /// When each registered node of the pool was first seen lost (the owner's own record ends with the node's
+    /// fence, which may be shorter than the boot timeout).
+    lost_at: BTreeMap<String, Instant>,
     next_index: u64,
     forecast: f64,
     load: f64,
@@ -101,6 +109,9 @@ impl Pools {
                 last_action: None,
                 failures: 0,
                 retry_at: None,
+                suspend_failures: 0,
+                resuming: BTreeSet::new(),
+                lost_at: BTreeMap::new(),
                 next_index: 1,
                 forecast: 0.0,
                 load: 0.0,
@@ -333,12 +344,25 @@ impl Owner {
     fn pool_leave(&mut self, i: usize) {
         let now = Instant::now();
         let limit = Duration::from_secs_f64(self.pools.list[i].cfg.boot_timeout_s);
-        let gone: Vec<String> = self.pools.list[i]
+        let lost: BTreeSet<String> = self.pools.list[i]
             .nodes
             .iter()
-            .filter(|(n, ph)| **ph == Phase::Up && self.lost_since.get(*n).is_some_and(|t| t.elapsed() > limit))
+            .filter(|(n, ph)| {
+                **ph == Phase::Up
+                    && self.st.node_id(n).and_then(|id| self.st.node(id)).is_some_and(|v| v.state == NodeState::Lost)
+            })
             .map(|(n, _)| n.clone())
             .collect();
+        let p = &mut self.pools.list[i];
+        p.lost_at.retain(|n, _| lost.contains(n));
+        for n in lost {
+            p.lost_at.entry(n).or_insert(now);
+        }
+        let gone: Vec<String> =
+            p.lost_at.iter().filter(|(_, t)| now.duration_since(**t) > limit).map(|(n, _)| n.clone()).collect();
+        for n in &gone {
+            p.lost_at.remove(n);
+        }
         if !gone.is_empty() {
             for n in &gone {
                 self.pools.list[i].nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
@@ -358,7 +382,7 @@ impl Owner {
         let mut go = Vec::new();
         for (n, ph) in &self.pools.list[i].nodes {
             let Phase::Leaving { suspending: false, retry_at } = ph else { continue };
-            if retry_at.is_some_and(|t| t > now) {
+            if retry_at.is_some_and(|t| t > now) || self.pools.list[i].resuming.contains(n) {
                 continue;
             }
             // Once empty: its jobs' ends are confirmed (a reclaimed node's jobs checkpointed first).
@@ -389,7 +413,36 @@ impl Owner {
             let count = p.nodes.values().filter(|ph| !matches!(ph, Phase::Leaving { .. })).count() as u32;
             (ids, count, p.cfg.gpus_per_node)
         };
-        let demand = autoscale::pool_demand(&self.st, &self.pools.list[i].template, &ids) as f64;
+        // Each queued job counts in one pool only (spot first for jobs that prefer it, then the cheapest).
+        let all_ids: Vec<Vec<gpunet_core::NodeId>> = self
+            .pools
+            .list
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                if k == i {
+                    return ids.clone();
+                }
+                p.nodes
+                    .iter()
+                    .filter(|(_, ph)| !matches!(ph, Phase::Leaving { .. }))
+                    .filter_map(|(n, _)| self.st.node_id(n))
+                    .collect()
+            })
+            .collect();
+        let shapes: Vec<autoscale::PoolShape<'_>> = self
+            .pools
+            .list
+            .iter()
+            .zip(&all_ids)
+            .map(|(p, nodes)| autoscale::PoolShape {
+                template: &p.template,
+                nodes,
+                max_gpus: p.cfg.max_nodes as u64 * p.cfg.gpus_per_node as u64,
+                price_per_gpu_hour: self.prices.resolve_gpu_hour(&p.template, p.cfg.price_per_gpu_hour),
+            })
+            .collect();
+        let demand = autoscale::pool_demands(&self.st, &shapes)[i] as f64;
         // Idle nodes, newest first; then, with scale_in = checkpointed, nodes whose jobs are all preemptible and
         // checkpoint to a tier, the least loaded first.
         let mut idle: Vec<gpunet_core::NodeId> = Vec::new();
@@ -507,6 +560,9 @@ impl Owner {
     fn pool_hook(&mut self, i: usize, op: HookOp, nodes: Vec<String>) {
         let (Some(prov), Some(tx)) = (self.pools.providers.clone(), self.self_tx.clone()) else { return };
         let cfg = self.pools.list[i].cfg.clone();
+        if op == HookOp::Resume {
+            self.pools.list[i].resuming.extend(nodes.iter().cloned());
+        }
         tokio::spawn(async move {
             let t0 = Instant::now();
             let r = prov.run(&cfg, op, &nodes).await;
@@ -517,6 +573,12 @@ impl Owner {
 
     fn pool_hook_done(&mut self, i: usize, op: HookOp, nodes: Vec<String>, r: Result<(), String>, secs: f64) {
         let pool = self.pools.list[i].cfg.name.clone();
+        if op == HookOp::Resume {
+            let p = &mut self.pools.list[i];
+            for n in &nodes {
+                p.resuming.remove(n);
+            }
+        }
         match (op, r) {
             (HookOp::Resume, Ok(())) => {
                 // The boot timeout runs from now for those not registered yet.
@@ -539,12 +601,29 @@ impl Owner {
                 let wait = Self::backoff(p.failures);
                 p.retry_at = Some(Instant::now() + wait);
                 // Whatever the provider may have half made is deleted (a node that registered meanwhile too).
+                let mut registered = Vec::new();
                 for n in &nodes {
-                    if matches!(p.nodes.get(n), Some(Phase::Booting { .. } | Phase::Up)) {
-                        p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                    match p.nodes.get(n) {
+                        Some(Phase::Booting { .. }) => {}
+                        Some(Phase::Up) => registered.push(n.clone()),
+                        _ => continue,
                     }
+                    p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
                 }
                 let failures = p.failures;
+                for n in registered {
+                    // It registered before the hook failed: it takes no new work; what it runs ends there, then it
+                    // is deleted (as a scale-in's idle node).
+                    let ready = self
+                        .st
+                        .node_id(&n)
+                        .and_then(|id| self.st.node(id))
+                        .is_some_and(|v| v.state == NodeState::Ready);
+                    if ready {
+                        let (tx, _rx) = tokio::sync::oneshot::channel();
+                        self.set_node_state(n, NodeState::Cordoned, tx);
+                    }
+                }
                 self.pool_event(
                     &pool,
                     "resume_failed",
@@ -553,6 +632,7 @@ impl Owner {
                 );
             }
             (HookOp::Suspend, Ok(())) => {
+                self.pools.list[i].suspend_failures = 0;
                 let mut writes = Vec::new();
                 for n in &nodes {
                     self.pools.list[i].nodes.remove(n);
@@ -595,7 +675,10 @@ impl Owner {
                 );
             }
             (HookOp::Suspend, Err(e)) => {
-                let wait = Self::backoff(2);
+                let p = &mut self.pools.list[i];
+                p.suspend_failures += 1;
+                let wait = Self::backoff(p.suspend_failures);
+                let failures = p.suspend_failures;
                 for n in &nodes {
                     self.pools.list[i]
                         .nodes
@@ -605,7 +688,8 @@ impl Owner {
                     &pool,
                     "suspend_failed",
                     format!("deleting {} failed: {e}; tried again in {} s", nodes.join(", "), wait.as_secs()),
-                    serde_json::json!({"nodes": nodes, "error": e, "retry_in_s": wait.as_secs()}),
+                    serde_json::json!({"nodes": nodes, "error": e, "failures": failures,
+                        "retry_in_s": wait.as_secs()}),
                 );
             }
         }
@@ -838,24 +922,26 @@ impl Owner {
             let (tx, _rx) = tokio::sync::oneshot::channel();
             self.set_node_state(name.clone(), NodeState::Draining, tx);
             if self.pools.of_node(&name).is_none() {
-                self.pools.reclaims.remove(&name);
+                // Not a pool's: the node stays (draining, until an admin readies it); its reclaim is over.
+                self.end_reclaim(&name);
             }
         }
-        // Reclaims of other nodes end once their jobs are gone.
-        let done: Vec<String> = self
-            .pools
-            .reclaims
-            .iter()
-            .filter(|(n, r)| {
-                r.deadline_passed
-                    && self.pools.of_node(n).is_none()
-                    && self.st.node_id(n).and_then(|id| self.st.node(id)).is_none_or(|v| v.jobs.is_empty())
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in done {
-            self.pools.reclaims.remove(&n);
+    }
+
+    /// A reclaim is over: forgotten, and its deadline taken off the node's record (a restart must not drain the
+    /// node again).
+    fn end_reclaim(&mut self, name: &str) {
+        self.pools.reclaims.remove(name);
+        if let Some(d) = self.nodes.get_mut(name).filter(|d| d.reclaim_deadline_ms.is_some()) {
+            d.reclaim_deadline_ms = None;
+            let w = Write::Node { name: name.to_string(), doc: serde_json::to_value(&*d).expect("serialise") };
+            self.persist(vec![w], "reclaim ended");
         }
+    }
+
+    /// The deadline of a reclaim in progress on this node, if one is.
+    pub(super) fn reclaim_deadline_of(&self, name: &str) -> Option<u64> {
+        self.pools.reclaims.get(name).map(|r| r.deadline_ms)
     }
 }
 
