@@ -64,6 +64,22 @@ fn a_burst_grows_the_spot_pool_to_its_max_and_an_empty_queue_shrinks_it_back() {
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     assert_eq!(pools(&s)[0]["target_nodes"], 0, "{}", pools(&s));
+    // A dry run says that the pool can grow a node for a job that may use spot (no node holds it yet), and not for
+    // one that may not.
+    let dry = |spot: &str| {
+        let body = format!(r#"{{"name": "d", "gpus": 1, "command": ["true"]{spot}}}"#);
+        let o = std::process::Command::new("curl")
+            .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-H", "Content-Type: application/json"])
+            .args(["-d", &body])
+            .arg(format!("{}/v1/jobs/dry-run?tenant=t", s.url))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        json(&String::from_utf8_lossy(&o.stdout))["warnings"].to_string()
+    };
+    let w = dry(r#", "spot": "allowed""#);
+    assert!(w.contains("a node pool can grow one"), "{w}");
+    assert!(!dry("").contains("node pool"));
     let t0 = Instant::now();
     let ids: Vec<u64> = (0..20).map(|_| s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sleep", "3"])).collect();
     // Within the window (a few samples) the pool is sized to its max, and its nodes register.

@@ -236,8 +236,8 @@ impl Owner {
     pub(super) fn dry_run(
         &mut self,
         who: Principal,
-        sub: JobSubmission,
-        warnings: Vec<String>,
+        mut sub: JobSubmission,
+        mut warnings: Vec<String>,
         reply: Reply<DryRunWork>,
     ) {
         let r = (|| {
@@ -247,8 +247,21 @@ impl Owner {
                 _ => return Err(ApiError::missing("tenant")),
             };
             let tid = self.tenant_id(&tenant)?;
+            // As a submission would be: with its tenant's spot default.
+            if sub.spot.is_none() {
+                sub.spot = self.spot_default(&tenant, &sub);
+            }
             let spec = sub.to_core(tid)?;
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
+            // No node could hold it (none registered yet, or none of its shape), but a pool at its largest could.
+            let no_node = self.st.nodes().next().is_none() || gpunet_core::never_fits(&self.st, &spec).is_some();
+            if no_node && self.pools.could_hold(&spec) {
+                warnings.push(
+                    "no node can hold it now: a node pool can grow one for it (its start then waits for that node to \
+                     boot; GET /v1/pools)"
+                        .into(),
+                );
+            }
             let now = Time(now_ms());
             let mut probe = self.st.probe_copy(now);
             let id = JobId(u64::MAX - 1);
