@@ -227,6 +227,18 @@ fn exec_pool(name: &str, resume: &Path, suspend: &Path, boot_timeout_s: f64) -> 
     )
 }
 
+/// The part of an exec resume hook that starts a detached agent for each node it is given (after `shift`), its pid in
+/// `STATE/NODE.pid` for the suspend hook and [`HookAgents`].
+fn start_agents(state: &Path) -> String {
+    let st = state.display();
+    format!(
+        "for node in \"$@\"; do\n\
+           setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
+         --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
+         > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
+    )
+}
+
 fn gpunet_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -247,10 +259,8 @@ fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_
              echo \"resume $n $*\" >> {st}/calls\n\
              [ $n -eq 1 ] && {{ echo 'quota exceeded' >&2; exit 1; }}\n\
              [ $n -eq 2 ] && exit 0\n\
-             shift\nfor node in \"$@\"; do\n\
-               setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
-             --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
-             > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
+             shift\n{agents}",
+            agents = start_agents(&state)
         ),
     );
     script(
@@ -706,14 +716,12 @@ fn a_node_is_deleted_only_after_its_resume_hook_ended_and_cordoned_if_that_hook_
         &resume,
         &format!(
             "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
-             echo \"resume-begin $n $*\" >> {st}/calls\nshift\nfor node in \"$@\"; do\n\
-               setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
-             --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
-             > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n\
+             echo \"resume-begin $n $*\" >> {st}/calls\nshift\n{agents}\
              if [ $n -eq 1 ]; then
   while [ ! -f {st}/$node/node.credential ]; do sleep 0.1; done
   sleep 3; echo \"resume-end $n\" >> {st}/calls; echo 'capacity error' >&2; exit 1; fi\n\
-             sleep 6; echo \"resume-end $n\" >> {st}/calls; exit 0\n"
+             sleep 6; echo \"resume-end $n\" >> {st}/calls; exit 0\n",
+            agents = start_agents(&state)
         ),
     );
     script(
