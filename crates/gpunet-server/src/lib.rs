@@ -205,6 +205,9 @@ impl Running {
     /// Stops accepting requests and waits for in-flight ones (a leader among replicas first gives its lease up, so
     /// that a standby takes over at once).
     pub async fn stop(self) {
+        if let Some(p) = &self.pools {
+            p.stop_hooks();
+        }
         if let Some(r) = self.ha {
             r.leave().await;
         }
@@ -283,7 +286,7 @@ pub fn build(
         // jobs' placements refer to. A deleted node that had registered stays, lost, for the same reason.)
         if d.booting {
             if !d.removed {
-                booting.push(name.clone());
+                booting.push((name.clone(), d.leaving));
             }
             continue;
         }
@@ -300,6 +303,11 @@ pub fn build(
         // stopped.
         if d.managed && d.state != gpunet_core::NodeState::Lost && !d.removed {
             o.last_seen.insert(name.clone(), std::time::Instant::now());
+        }
+        // A node lost before the restart: its tasks stay fenced until its agent comes back and confirms them gone,
+        // or the fence times out, counted from this start (the jobs it held are restored on it below).
+        if d.state == gpunet_core::NodeState::Lost {
+            o.lost_since.insert(name.clone(), std::time::Instant::now());
         }
         o.nodes.insert(name.clone(), d);
     }

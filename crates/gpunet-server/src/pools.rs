@@ -436,6 +436,8 @@ pub struct Providers {
     dir: PathBuf,
     /// The local provider's agents, by node name.
     local: Arc<Mutex<HashMap<String, (String, tokio::process::Child)>>>,
+    /// The server is stopping: no hook starts any more (and no pool acts).
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Providers {
@@ -446,7 +448,18 @@ impl Providers {
             url: Arc::new(OnceLock::new()),
             dir: data_dir.join("pools"),
             local: Arc::new(Mutex::new(HashMap::new())),
+            stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// The server is stopping: from now on no hook starts and the pools stand still.
+    pub fn stop_hooks(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the server is stopping.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sets the server's own URL (the agents' default).
@@ -464,6 +477,9 @@ impl Providers {
 
     /// Runs `op` for `nodes` of `pool`; `Err` says why it failed.
     pub async fn run(&self, pool: &PoolConfig, op: HookOp, nodes: &[String]) -> Result<(), String> {
+        if self.stopping() {
+            return Err("the server is stopping".into());
+        }
         match pool.provider {
             ProviderKind::Exec => self.exec(pool, op, nodes).await,
             ProviderKind::Local => match op {
@@ -564,8 +580,13 @@ impl Providers {
             // The agents die with the server however it ends (the agent asks the kernel for a signal when its
             // parent goes: `gpunet agent --exit-with-parent PID`).
             c.arg("--exit-with-parent").arg(std::process::id().to_string());
+            // Under the lock `stop_local` takes: an agent started as the server stops would outlive it.
+            let mut local = self.local.lock().expect("local agents");
+            if self.stopping() {
+                return Err("the server is stopping".into());
+            }
             let child = c.spawn().map_err(|e| format!("start {}: {e}", exe.display()))?;
-            self.local.lock().expect("local agents").insert(node.clone(), (pool.name.clone(), child));
+            local.insert(node.clone(), (pool.name.clone(), child));
         }
         Ok(())
     }
@@ -589,13 +610,32 @@ impl Providers {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
-            if let Some(reap) = self.link.reap.clone() {
-                let dir = self.dir.join(pool).join(node);
-                let name = node.clone();
-                let killed = tokio::task::spawn_blocking(move || (reap.0)(&name, &dir)).await.unwrap_or(0);
-                if killed > 0 {
-                    tracing::warn!(pool, node = %node, tasks = killed, "killed the tasks a dead local agent left running");
-                }
+            self.reap(pool, node).await;
+        }
+    }
+
+    /// Kills the tasks that dead local agents of `nodes` left running (an agent still alive is left alone: it fences
+    /// its own tasks when it cannot sync).
+    pub async fn reap_dead_local(&self, pool: &str, nodes: &[String]) {
+        for node in nodes {
+            let alive = match self.local.lock().expect("local agents").get_mut(node) {
+                Some((_, child)) => matches!(child.try_wait(), Ok(None)),
+                None => false,
+            };
+            if alive {
+                continue;
+            }
+            self.reap(pool, node).await;
+        }
+    }
+
+    async fn reap(&self, pool: &str, node: &str) {
+        if let Some(reap) = self.link.reap.clone() {
+            let dir = self.dir.join(pool).join(node);
+            let name = node.to_string();
+            let killed = tokio::task::spawn_blocking(move || (reap.0)(&name, &dir)).await.unwrap_or(0);
+            if killed > 0 {
+                tracing::warn!(pool, node = %node, tasks = killed, "killed the tasks a dead local agent left running");
             }
         }
     }
@@ -609,6 +649,7 @@ impl Providers {
 
     /// Stops every local agent (the server is stopping).
     pub async fn stop_local(&self) {
+        self.stop_hooks();
         let nodes: Vec<(String, String)> =
             self.local.lock().expect("local agents").iter().map(|(n, (p, _))| (p.clone(), n.clone())).collect();
         for (pool, node) in nodes {

@@ -25,10 +25,22 @@ impl App {
 
     /// A server started with these admin and join tokens.
     fn with_tokens(dir: &Path, store: Arc<MemoryStore>, admin: &str, join: &str) -> App {
+        App::with_config(dir, store, admin, join, |_| {})
+    }
+
+    /// A server started with these tokens and the configuration `edit` makes.
+    fn with_config(
+        dir: &Path,
+        store: Arc<MemoryStore>,
+        admin: &str,
+        join: &str,
+        edit: impl FnOnce(&mut Config),
+    ) -> App {
         let mut cfg = Config::new(dir.to_path_buf());
         cfg.admin_token = Some(admin.into());
         cfg.join_token = Some(join.into());
         cfg.max_body_bytes = 64 * 1024;
+        edit(&mut cfg);
         let (state, _, _) = build(&cfg, store).unwrap();
         App { router: router(state) }
     }
@@ -661,6 +673,61 @@ async fn registering_a_node_again_rotates_its_credential_which_survives_a_restar
     }
     let stored = format!("{:?}", gpunet_store::Store::load(&*store).unwrap());
     assert!(!stored.contains(&third) && stored.contains(&gpunet_server::hash_token(&third)), "only the hash is stored");
+}
+
+/// A node already lost when the server stopped: its running job's tasks are fenced again from the restart, and the
+/// fence times out (the job's attempt ends and it waits to run again) — it was never put back in the fence list, and
+/// its job stayed running, holding its GPUs, for good.
+#[tokio::test]
+async fn a_node_lost_before_a_restart_has_its_fence_time_out_after_it() {
+    use std::time::Duration;
+    let store = Arc::new(MemoryStore::new());
+    let first = App::with_config(Path::new("/nonexistent"), store.clone(), "admin", "join", |c| {
+        c.node_lost_after = Duration::from_millis(300);
+        c.node_fence_after = Duration::from_secs(3600);
+    });
+    let a = first.tenant("team-a", None).await;
+    let cred = first.node("n1", 1).await;
+    let (s, v) = first.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "j", "gpus": 1}"#.into())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    wait_state(&first, id, "running").await;
+    // Its agent syncs once (the node's tasks are real processes from now on), then is never heard of again.
+    let (s, v) = first.sync("n1", &cred, json!({"known_version": 0, "running": [], "exited": []})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    async fn n1(app: &App) -> Value {
+        let (_, list) = app.call("GET", "/v1/nodes", Some("admin"), None).await;
+        list.as_array().and_then(|a| a.iter().find(|n| n["name"] == "n1").cloned()).unwrap_or_default()
+    }
+    let t = std::time::Instant::now();
+    loop {
+        let n = n1(&first).await;
+        if n["state"] == "lost" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "n1 never lost: {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, j) = first.call("GET", &format!("/v1/jobs/{id}"), Some("admin"), None).await;
+    assert_eq!(j["state"], "running", "fenced, not ended: {j}");
+    // The restart (the fence now 0.5 s): the fence times out and the job is free to run again.
+    let again = App::with_config(Path::new("/nonexistent"), store.clone(), "admin", "join", |c| {
+        c.node_lost_after = Duration::from_millis(300);
+        c.node_fence_after = Duration::from_millis(500);
+    });
+    let t = std::time::Instant::now();
+    loop {
+        let (_, j) = again.call("GET", &format!("/v1/jobs/{id}"), Some("admin"), None).await;
+        if j["state"] != "running" {
+            assert!(j["attempts"][0]["ended_ms"].is_u64(), "{j}");
+            assert_eq!(j["attempts"][0]["outcome"], "node_lost", "{j}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the lost node's fence never timed out: {j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let n = n1(&again).await;
+    assert_eq!((n["free_gpus"].as_u64(), n["jobs"].as_array().map(Vec::len)), (Some(1), Some(0)), "{n}");
 }
 
 /// A restart with a new --admin-token kept the old one working (tokens could not be rotated), and every `gpunet up`

@@ -312,6 +312,10 @@ pub(crate) struct NodeDoc {
     /// The deadline of a reclaim notice in progress (ms since the Unix epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reclaim_deadline_ms: Option<u64>,
+    /// A pool's node its pool is deleting (scale-in, failed creation, lost, reclaimed): a restarted server goes on
+    /// deleting it rather than taking it back as capacity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) leaving: bool,
 }
 
 impl Owner {

@@ -41,9 +41,24 @@ impl Owner {
             )));
             return;
         }
+        // A node its pool deleted is gone for good (its machine was switched off): whoever registers its name again
+        // is not that machine, and could take work that its pool no longer counts or pays for.
+        if self.is_removed(&name) {
+            let _ = reply.send(Err(ApiError::new(
+                "conflict",
+                format!("node {name} was deleted by its pool: it cannot register again (a new node gets a new name)"),
+            )));
+            return;
+        }
         // A pool's node: the pool's labels, taint and price, whatever the agent said; one the pool is deleting
-        // registers cordoned (it takes no work).
-        let leaving = self.pool_node_registering(&mut spec);
+        // registers cordoned (it takes no work). A name of a pool's form that the pool did not ask for is refused.
+        let leaving = match self.pool_node_registering(&mut spec) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         // A node under a reclaim notice stays cordoned through a re-registration (its machine is going), and its
         // deadline stays on its record.
         let reclaim_deadline_ms = self.reclaim_deadline_of(&name);
@@ -93,6 +108,7 @@ impl Owner {
             removed: false,
             booting: false,
             reclaim_deadline_ms,
+            leaving: self.pool_node_leaving(&name),
         };
         let w = Write::Node { name: name.clone(), doc: serde_json::to_value(&doc).expect("serialise") };
         self.nodes.insert(name.clone(), doc);

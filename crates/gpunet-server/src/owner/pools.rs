@@ -171,7 +171,7 @@ impl Owner {
 
     /// Pools learn their nodes from the store at start: the registered nodes of each pool are up (or leaving when
     /// lost), and new names continue after the highest.
-    pub(crate) fn pools_recover(&mut self, booting: &[String]) {
+    pub(crate) fn pools_recover(&mut self, booting: &[(String, bool)]) {
         // Reclaims in progress go on, with their deadline; their jobs are asked again.
         let reclaiming: Vec<(String, u64)> =
             self.nodes.iter().filter_map(|(n, d)| Some((n.clone(), d.reclaim_deadline_ms?))).collect();
@@ -190,13 +190,14 @@ impl Owner {
             let name = self.pools.list[i].cfg.name.clone();
             let mut next = 1;
             let mut found = Vec::new();
-            for n in booting.iter().filter(|n| self.pools.of_node(n) == Some(i)) {
+            for (n, leaving) in booting.iter().filter(|(n, _)| self.pools.of_node(n) == Some(i)) {
                 if let Some(k) = n.rsplit('-').next().and_then(|k| k.parse::<u64>().ok()) {
                     next = next.max(k + 1);
                 }
                 // Asked of the provider before the restart: it may still come (its boot timeout runs from now); a
-                // local pool's never will (its agents died with the server).
-                let phase = if self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
+                // local pool's never will (its agents died with the server); one whose creation had failed is
+                // deleted.
+                let phase = if *leaving || self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
                     Phase::Leaving { suspending: false, retry_at: None }
                 } else {
                     Phase::Booting { since: Instant::now(), created: Some(Instant::now()) }
@@ -213,7 +214,12 @@ impl Owner {
                 if !d.removed {
                     let local = self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local;
                     let reclaimed = d.reclaim_deadline_ms.is_some();
-                    let phase = if d.state == NodeState::Lost || d.state == NodeState::Draining || local || reclaimed {
+                    let phase = if d.leaving
+                        || d.state == NodeState::Lost
+                        || d.state == NodeState::Draining
+                        || local
+                        || reclaimed
+                    {
                         Phase::Leaving { suspending: false, retry_at: None }
                     } else {
                         Phase::Up
@@ -230,6 +236,17 @@ impl Owner {
         }
     }
 
+    /// Its pool deletes a node once it holds no task: marked so on its record too when it registered (a restarted
+    /// server goes on deleting it).
+    fn pool_node_leave(&mut self, i: usize, n: &str) {
+        self.pools.list[i].nodes.insert(n.to_string(), Phase::Leaving { suspending: false, retry_at: None });
+        if let Some(d) = self.nodes.get_mut(n).filter(|d| !d.leaving && !d.removed) {
+            d.leaving = true;
+            let w = Write::Node { name: n.to_string(), doc: serde_json::to_value(&*d).expect("serialise") };
+            self.persist(vec![w], "pool node leaving");
+        }
+    }
+
     /// Whether a node is one its pool is deleting.
     pub(super) fn pool_node_leaving(&self, name: &str) -> bool {
         self.pools
@@ -238,10 +255,25 @@ impl Owner {
     }
 
     /// A node registers: a pool's node gets the pool's labels and taint, whatever its agent said. Returns whether
-    /// the pool is deleting it (it then registers cordoned).
-    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) -> bool {
-        let Some(i) = self.pools.of_node(&spec.name) else { return false };
+    /// the pool is deleting it (it then registers cordoned). A name of a pool's form (`POOL-NNNNN`) that the pool
+    /// never asked for is refused: a join token's holder could otherwise add nodes the pool adopts, counts as its
+    /// capacity and prices as its own.
+    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) -> Result<bool, ApiError> {
+        let Some(i) = self.pools.of_node(&spec.name) else { return Ok(false) };
+        let known = self.nodes.contains_key(&spec.name);
         let p = &mut self.pools.list[i];
+        if !p.nodes.contains_key(&spec.name) && !known {
+            let mut e = ApiError::new(
+                "conflict",
+                format!(
+                    "node {} has a name of pool {}'s form and the pool did not ask for it: pool nodes are named by \
+                     their pool (register another name)",
+                    spec.name, p.cfg.name
+                ),
+            );
+            e.field = Some("spec.name".into());
+            return Err(e);
+        }
         for (k, v) in p.cfg.node_labels() {
             spec.labels.insert(k, v);
         }
@@ -266,12 +298,14 @@ impl Owner {
                     serde_json::json!({"node": name, "boot_s": secs}),
                 );
             }
-            Some(Phase::Leaving { .. }) => return true,
-            _ => {
+            Some(Phase::Leaving { .. }) => return Ok(true),
+            Some(Phase::Up) => {}
+            // A node of the cluster before this pool was configured: the pool adopts it.
+            None => {
                 p.nodes.insert(name.clone(), Phase::Up);
             }
         }
-        false
+        Ok(false)
     }
 
     /// The pool's price for a node, if it sets one.
@@ -281,6 +315,9 @@ impl Owner {
 
     /// One step of every pool and reclaim (after each pass).
     pub(super) fn pools_tick(&mut self) {
+        if self.pools.providers.as_ref().is_some_and(|p| p.stopping()) {
+            return; // the server is stopping: nothing is asked of a provider any more
+        }
         for n in std::mem::take(&mut self.pools.stale) {
             // A local pool's agent from before this start: gone with the server that started it.
             let (tx, _rx) = tokio::sync::oneshot::channel();
@@ -321,11 +358,14 @@ impl Owner {
         p.failures += 1;
         let wait = Self::backoff(p.failures);
         p.retry_at = Some(Instant::now() + wait);
+        let mut writes = Vec::new();
         for n in &late {
             p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+            writes.push(booting_doc(&p.template, n, Unregistered::Leaving));
         }
         let pool = p.cfg.name.clone();
         let failures = p.failures;
+        self.persist(writes, "pool nodes that did not boot");
         self.pool_event(
             &pool,
             "boot_timeout",
@@ -355,8 +395,21 @@ impl Owner {
             .collect();
         let p = &mut self.pools.list[i];
         p.lost_at.retain(|n, _| lost.contains(n));
+        let mut newly = Vec::new();
         for n in lost {
-            p.lost_at.entry(n).or_insert(now);
+            if !p.lost_at.contains_key(&n) {
+                p.lost_at.insert(n.clone(), now);
+                newly.push(n);
+            }
+        }
+        if p.cfg.provider == crate::pools::ProviderKind::Local && !newly.is_empty() {
+            // A local node whose agent died left its tasks running with no one to stop them: they are killed now,
+            // before the fence frees their GPUs for another attempt of the same job (a frozen agent, still alive,
+            // fences its own tasks).
+            if let Some(prov) = self.pools.providers.clone() {
+                let pool = p.cfg.name.clone();
+                tokio::spawn(async move { prov.reap_dead_local(&pool, &newly).await });
+            }
         }
         let gone: Vec<String> =
             p.lost_at.iter().filter(|(_, t)| now.duration_since(**t) > limit).map(|(n, _)| n.clone()).collect();
@@ -365,7 +418,7 @@ impl Owner {
         }
         if !gone.is_empty() {
             for n in &gone {
-                self.pools.list[i].nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                self.pool_node_leave(i, n);
             }
             let pool = self.pools.list[i].cfg.name.clone();
             self.pool_event(
@@ -495,6 +548,16 @@ impl Owner {
                 if p.retry_at.is_some_and(|t| t > Instant::now()) {
                     return; // backing off after a failure
                 }
+                // A node being deleted is a machine still there (and paid for) until its deletion succeeds: it
+                // counts against max_nodes, so that failing deletions cannot grow the pool past it.
+                let leaving = p.nodes.values().filter(|ph| matches!(ph, Phase::Leaving { .. })).count() as u32;
+                let room = p.cfg.max_nodes.saturating_sub(up_or_booting + leaving);
+                let wanted = nodes;
+                let nodes = nodes.min(room);
+                if nodes == 0 {
+                    tracing::debug!(pool = %pool, leaving, "scale-out waits: the nodes being deleted fill max_nodes");
+                    return;
+                }
                 p.retry_at = None;
                 p.last_action = Some(now_ms);
                 let names: Vec<String> = (0..nodes)
@@ -507,20 +570,30 @@ impl Owner {
                 let mut writes = Vec::new();
                 for n in &names {
                     p.nodes.insert(n.clone(), Phase::Booting { since: Instant::now(), created: None });
-                    writes.push(booting_doc(&p.template, n, true));
+                    writes.push(booting_doc(&p.template, n, Unregistered::Asked));
                 }
                 let target = up_or_booting + nodes;
+                let held = if wanted > nodes {
+                    format!(
+                        " ({} more wanted: {leaving} node(s) being deleted count against max_nodes)",
+                        wanted - nodes
+                    )
+                } else {
+                    String::new()
+                };
                 self.persist(writes, "pool nodes asked for");
                 self.pool_event(
                     &pool,
                     "scale_out",
                     format!(
-                        "forecast {forecast_gpus:.1} GPUs on {capacity} (load {}): {nodes} more node(s), to {target}: {}",
+                        "forecast {forecast_gpus:.1} GPUs on {capacity} (load {}): {nodes} more node(s), to {target}: \
+                         {}{held}",
                         fmt_load(load),
                         names.join(", ")
                     ),
                     serde_json::json!({"nodes": names, "forecast_gpus": forecast_gpus, "load": finite(load),
-                        "capacity_gpus": capacity, "demand_gpus": demand, "from": up_or_booting, "to": target}),
+                        "capacity_gpus": capacity, "demand_gpus": demand, "from": up_or_booting, "to": target,
+                        "leaving": leaving}),
                 );
                 self.pool_hook(i, HookOp::Resume, names);
             }
@@ -547,9 +620,7 @@ impl Owner {
                     let state = if busy { NodeState::Draining } else { NodeState::Cordoned };
                     let (tx, _rx) = tokio::sync::oneshot::channel();
                     self.set_node_state(n.clone(), state, tx);
-                    if let Some(p) = self.pools.list.get_mut(i) {
-                        p.nodes.insert(n, Phase::Leaving { suspending: false, retry_at: None });
-                    }
+                    self.pool_node_leave(i, &n);
                 }
             }
             ScaleDecision::Hold { .. } => {}
@@ -602,16 +673,19 @@ impl Owner {
                 p.retry_at = Some(Instant::now() + wait);
                 // Whatever the provider may have half made is deleted (a node that registered meanwhile too).
                 let mut registered = Vec::new();
+                let mut writes = Vec::new();
                 for n in &nodes {
                     match p.nodes.get(n) {
-                        Some(Phase::Booting { .. }) => {}
+                        Some(Phase::Booting { .. }) => writes.push(booting_doc(&p.template, n, Unregistered::Leaving)),
                         Some(Phase::Up) => registered.push(n.clone()),
                         _ => continue,
                     }
                     p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
                 }
                 let failures = p.failures;
+                self.persist(writes, "pool nodes whose creation failed");
                 for n in registered {
+                    self.pool_node_leave(i, &n);
                     // It registered before the hook failed: it takes no new work; what it runs ends there, then it
                     // is deleted (as a scale-in's idle node).
                     let ready = self
@@ -656,7 +730,7 @@ impl Owner {
                             });
                         }
                         // Never registered: its booting record goes.
-                        None => writes.push(booting_doc(&self.pools.list[i].template, n, false)),
+                        None => writes.push(booting_doc(&self.pools.list[i].template, n, Unregistered::Deleted)),
                     }
                     if self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
                         if let Some(p) = &self.pools.providers {
@@ -831,7 +905,7 @@ impl Owner {
         self.pools.reclaims.insert(name.clone(), Reclaim { deadline_ms, jobs: asked, deadline_passed: false });
         if let Some(i) = self.pools.of_node(&name) {
             if !matches!(self.pools.list[i].nodes.get(&name), Some(Phase::Leaving { .. })) {
-                self.pools.list[i].nodes.insert(name.clone(), Phase::Leaving { suspending: false, retry_at: None });
+                self.pool_node_leave(i, &name);
             }
             let pool = self.pools.list[i].cfg.name.clone();
             self.pool_event(
@@ -945,8 +1019,19 @@ impl Owner {
     }
 }
 
-/// The stored record of a pool node asked of its provider (`booting`), or of one deleted before it registered.
-fn booting_doc(template: &NodeSpec, name: &str, booting: bool) -> Write {
+/// What became of a pool node that has not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unregistered {
+    /// Asked of its provider.
+    Asked,
+    /// Its creation failed or timed out: deleted once its deletion hook has run (a restarted server deletes it too).
+    Leaving,
+    /// Deleted.
+    Deleted,
+}
+
+/// The stored record of a pool node asked of its provider and not registered.
+fn booting_doc(template: &NodeSpec, name: &str, what: Unregistered) -> Write {
     let mut spec = template.clone();
     spec.name = name.to_string();
     let doc = super::NodeDoc {
@@ -956,10 +1041,11 @@ fn booting_doc(template: &NodeSpec, name: &str, booting: bool) -> Write {
         managed: false,
         credential: None,
         price_override: None,
-        removed: !booting,
+        removed: what == Unregistered::Deleted,
         // A record that never registered stays marked booting, so that a start never takes it for a node.
         booting: true,
         reclaim_deadline_ms: None,
+        leaving: what == Unregistered::Leaving,
     };
     Write::Node { name: name.to_string(), doc: serde_json::to_value(&doc).expect("serialise") }
 }
