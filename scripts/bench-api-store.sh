@@ -8,7 +8,7 @@
 set -euo pipefail
 BIN=$(realpath "${1:-target/release/gpunet}")
 JOBS=${2:-20000}
-CLIENTS=${3:-16}
+CLIENTS=${3:-32}
 ROUNDS=${4:-2}
 PGBIN=${GPUNET_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 DIR=$(mktemp -d -p "${TMPDIR:-/var/tmp}" gpunet-bench-store.XXXXXX)

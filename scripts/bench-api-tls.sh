@@ -6,7 +6,7 @@
 set -euo pipefail
 BIN=${1:-target/release/gpunet}
 JOBS=${2:-20000}
-CLIENTS=${3:-16}
+CLIENTS=${3:-32}
 ROUNDS=${4:-2}
 DIR=$(mktemp -d -p "${TMPDIR:-/var/tmp}" gpunet-bench-tls.XXXXXX)
 PIDS=()
