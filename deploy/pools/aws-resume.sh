@@ -3,7 +3,9 @@
 #   aws-resume.sh POOL NODE...
 # with an empty environment but PATH and these (set by the gpunet server):
 #   GPUNET_SERVER           the URL the agent must join (https://...)
-#   GPUNET_JOIN_TOKEN       the join token the agent registers with
+#   GPUNET_NODE_TOKENS      NODE=TOKEN for each node, space-separated: the token that node's agent registers with
+#                           (its --join-token). It registers that node only, once; the server's join token cannot
+#                           register a pool's node.
 #   GPUNET_CA               (optional) the CA certificate path on the server; copied into the user data below
 #   GPUNET_POOL, GPUNET_POOL_ZONE, GPUNET_POOL_LIFECYCLE (spot | on-demand), GPUNET_POOL_GPU_MODEL,
 #   GPUNET_POOL_GPUS, GPUNET_POOL_LABELS (zone=...,lifecycle=...,gpunet.io/pool=...: pass to --labels)
@@ -28,11 +30,13 @@ fi
 ca=""
 [ -n "${GPUNET_CA:-}" ] && ca="$(base64 -w0 "$GPUNET_CA")"
 for node in "$@"; do
+    token=$(printf '%s\n' $GPUNET_NODE_TOKENS | sed -n "s/^$node=//p")
+    [ -n "$token" ] || { echo "no registration token for $node" >&2; exit 1; }
     userdata=$(cat <<USERDATA
 #!/bin/sh
 set -e
 [ -n "$ca" ] && echo "$ca" | base64 -d > /etc/gpunet-ca.pem
-exec gpunet agent --server "$GPUNET_SERVER" --join-token "$GPUNET_JOIN_TOKEN" --name "$node" \
+exec gpunet agent --server "$GPUNET_SERVER" --join-token "$token" --name "$node" \
     --labels "$GPUNET_POOL_LABELS" --data-dir /var/lib/gpunet-agent \
     \$( [ -n "$ca" ] && echo --ca /etc/gpunet-ca.pem )
 USERDATA

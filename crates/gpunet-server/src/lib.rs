@@ -214,6 +214,8 @@ impl Running {
         let _ = self.shutdown.send(());
         let _ = self.task.await;
         if let Some(p) = self.pools {
+            // Hooks under way get a little time to end (their results are recorded), then are killed.
+            p.end_hooks(std::time::Duration::from_secs(10)).await;
             p.stop_local().await;
         }
     }
@@ -285,9 +287,18 @@ pub fn build(
         // (Never in the cluster before the restart, so not now either: nodes keep their positions, which running
         // jobs' placements refer to. A deleted node that had registered stays, lost, for the same reason.)
         if d.booting {
-            if !d.removed {
-                booting.push((name.clone(), d.leaving));
+            // Its machine registers with its own token (kept as a hash), which works again from this start.
+            if let (false, Some(h)) = (d.removed, &d.credential) {
+                auth.write()
+                    .expect("auth lock")
+                    .insert(h.clone(), tokens::Cred { who: Principal::Node(name.clone()), doc: None });
             }
+            booting.push(owner::BootingRecord {
+                name: name.clone(),
+                leaving: d.leaving,
+                removed: d.removed,
+                credential: d.credential.clone(),
+            });
             continue;
         }
         // Priced by this start's catalogue (unless its agent named its own price).

@@ -70,6 +70,13 @@ pub struct PoolConfig {
     pub gpu_model: String,
     /// GPUs per node.
     pub gpus_per_node: u32,
+    /// CPU cores per node (default 4 per GPU): with the memory, what the autoscaler counts a queued job against. A
+    /// registering node smaller than this shrinks the pool's shape to its own (an event says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores_per_node: Option<u32>,
+    /// Memory per node, GiB (default 16 per GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_gib_per_node: Option<u32>,
     /// Zone label of the nodes (default `default`).
     #[serde(default = "default_zone")]
     pub zone: String,
@@ -174,6 +181,8 @@ impl PoolConfig {
             hook_timeout_s: default_hook_timeout(),
             gpu_model: model.into(),
             gpus_per_node: gpus,
+            cpu_cores_per_node: None,
+            mem_gib_per_node: None,
             zone: default_zone(),
             lifecycle: Lifecycle::Spot,
             min_nodes: min,
@@ -269,6 +278,12 @@ impl PoolConfig {
         if self.max_step == 0 {
             return Err(err("max_step", "0: at least 1".into()));
         }
+        if self.cpu_cores_per_node.is_some_and(|c| c == 0 || c > 100_000) {
+            return Err(err("cpu_cores_per_node", format!("{:?}: 1 to 100000", self.cpu_cores_per_node)));
+        }
+        if self.mem_gib_per_node.is_some_and(|m| m == 0 || m > 1_000_000) {
+            return Err(err("mem_gib_per_node", format!("{:?}: 1 to 1000000", self.mem_gib_per_node)));
+        }
         if let Some(p) = self.price_per_gpu_hour {
             gpunet_core::pricing::check_price("price_per_gpu_hour", p)
                 .map_err(|e| err("price_per_gpu_hour", e.to_string()))?;
@@ -336,8 +351,8 @@ impl PoolConfig {
             format!("{}-template", self.name),
             model,
             g as usize,
-            MilliCpu::cores(4 * g),
-            MiB::gib(16 * g),
+            MilliCpu::cores(self.cpu_cores_per_node.map_or(4 * g, u64::from)),
+            MiB::gib(self.mem_gib_per_node.map_or(16 * g, u64::from)),
         );
         n.labels.extend(self.node_labels());
         if self.lifecycle == Lifecycle::Spot {
@@ -360,8 +375,6 @@ pub struct AgentLink {
     pub server: Option<String>,
     /// The CA certificate agents verify the server with.
     pub ca: Option<PathBuf>,
-    /// The join token agents register with (the hooks get it in `GPUNET_JOIN_TOKEN`).
-    pub join_token: Option<String>,
     /// The `gpunet` executable the local provider runs (default: this one).
     pub exe: Option<PathBuf>,
     /// The labels' address of local agents (default 127.0.0.1).
@@ -398,9 +411,6 @@ pub fn hook_env(pool: &PoolConfig, link: &AgentLink, server: &str) -> Vec<(Strin
             pool.node_labels().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
         ),
     ];
-    if let Some(t) = &link.join_token {
-        env.push(("GPUNET_JOIN_TOKEN".into(), t.clone()));
-    }
     if let Some(ca) = &link.ca {
         env.push(("GPUNET_CA".into(), ca.display().to_string()));
     }
@@ -438,7 +448,13 @@ pub struct Providers {
     local: Arc<Mutex<HashMap<String, (String, tokio::process::Child)>>>,
     /// The server is stopping: no hook starts any more (and no pool acts).
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// The process groups of the exec hooks under way (a stopping server waits for them, then kills them).
+    hooks: Arc<Mutex<std::collections::HashSet<i32>>>,
 }
+
+/// Each node's own registration token, for the nodes a resume hook creates: the only token that registers that node
+/// (the join token cannot), so that nobody but the machine the pool created takes its name.
+pub type NodeTokens = BTreeMap<String, String>;
 
 impl Providers {
     /// Providers for a server whose data directory is `data_dir`.
@@ -449,6 +465,24 @@ impl Providers {
             dir: data_dir.join("pools"),
             local: Arc::new(Mutex::new(HashMap::new())),
             stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            hooks: Arc::new(Mutex::new(std::collections::HashSet::new())),
+        }
+    }
+
+    /// Waits up to `grace` for the exec hooks under way, then kills each with its whole process group (a hook left
+    /// running past its server would create or delete machines nobody follows). Their nodes are followed from the
+    /// store at the next start: one asked for and not registered times out and is deleted.
+    pub async fn end_hooks(&self, grace: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        while !self.hooks.lock().expect("hooks").is_empty() && t0.elapsed() < grace {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let left: Vec<i32> = self.hooks.lock().expect("hooks").drain().collect();
+        for g in left {
+            tracing::warn!(pgid = g, "a pool hook still ran as the server stopped: killed with its process group");
+            if let Some(pid) = rustix::process::Pid::from_raw(g) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
         }
     }
 
@@ -475,15 +509,21 @@ impl Providers {
             .ok_or_else(|| "the server's address is not known yet".to_string())
     }
 
-    /// Runs `op` for `nodes` of `pool`; `Err` says why it failed.
-    pub async fn run(&self, pool: &PoolConfig, op: HookOp, nodes: &[String]) -> Result<(), String> {
+    /// Runs `op` for `nodes` of `pool` (a resume with each node's registration token); `Err` says why it failed.
+    pub async fn run(
+        &self,
+        pool: &PoolConfig,
+        op: HookOp,
+        nodes: &[String],
+        tokens: &NodeTokens,
+    ) -> Result<(), String> {
         if self.stopping() {
             return Err("the server is stopping".into());
         }
         match pool.provider {
-            ProviderKind::Exec => self.exec(pool, op, nodes).await,
+            ProviderKind::Exec => self.exec(pool, op, nodes, tokens).await,
             ProviderKind::Local => match op {
-                HookOp::Resume => self.local_resume(pool, nodes),
+                HookOp::Resume => self.local_resume(pool, nodes, tokens),
                 HookOp::Suspend => {
                     self.local_suspend(&pool.name, nodes).await;
                     Ok(())
@@ -492,7 +532,7 @@ impl Providers {
         }
     }
 
-    async fn exec(&self, pool: &PoolConfig, op: HookOp, nodes: &[String]) -> Result<(), String> {
+    async fn exec(&self, pool: &PoolConfig, op: HookOp, nodes: &[String], tokens: &NodeTokens) -> Result<(), String> {
         let prog = match op {
             HookOp::Resume => pool.resume_program.as_ref(),
             HookOp::Suspend => pool.suspend_program.as_ref(),
@@ -516,8 +556,30 @@ impl Providers {
             .stderr(err)
             .kill_on_drop(true)
             .process_group(0);
-        let mut child = c.spawn().map_err(|e| format!("start {}: {e}", prog.display()))?;
+        if op == HookOp::Resume {
+            // `NODE=TOKEN` for each node, space-separated: the token its agent registers with (as its join token).
+            let pairs: Vec<String> = nodes.iter().filter_map(|n| tokens.get(n).map(|t| format!("{n}={t}"))).collect();
+            c.env("GPUNET_NODE_TOKENS", pairs.join(" "));
+        }
+        let mut child = {
+            // Under the lock `end_hooks` takes: a hook started as the server stops would outlive it.
+            let mut hooks = self.hooks.lock().expect("hooks");
+            if self.stopping() {
+                return Err("the server is stopping".into());
+            }
+            let child = c.spawn().map_err(|e| format!("start {}: {e}", prog.display()))?;
+            if let Some(p) = child.id() {
+                hooks.insert(p as i32);
+            }
+            child
+        };
         let pgid = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        let hooks = self.hooks.clone();
+        let _forget = scopeguard(move || {
+            if let Some(g) = pgid {
+                hooks.lock().expect("hooks").remove(&g.as_raw_nonzero().get());
+            }
+        });
         let limit = std::time::Duration::from_secs_f64(pool.hook_timeout_s);
         let tail = || {
             let text = std::fs::read_to_string(&err_path).unwrap_or_default();
@@ -541,17 +603,15 @@ impl Providers {
         }
     }
 
-    fn local_resume(&self, pool: &PoolConfig, nodes: &[String]) -> Result<(), String> {
+    fn local_resume(&self, pool: &PoolConfig, nodes: &[String], tokens: &NodeTokens) -> Result<(), String> {
         let server = self.server()?;
-        let token = self.link.join_token.clone().ok_or_else(|| {
-            "the local provider needs the join token (set join_token in the server's configuration)".to_string()
-        })?;
         let exe = match &self.link.exe {
             Some(e) => e.clone(),
             None => std::env::current_exe().map_err(|e| format!("find the gpunet executable: {e}"))?,
         };
         let labels = pool.node_labels().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
         for node in nodes {
+            let token = tokens.get(node).ok_or_else(|| format!("no registration token for {node}"))?;
             let dir = self.dir.join(&pool.name).join(node);
             std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
             let log = std::fs::File::create(dir.with_extension("log")).map_err(|e| format!("agent log: {e}"))?;
@@ -569,7 +629,7 @@ impl Providers {
                 .arg(&dir)
                 .arg("--address")
                 .arg(self.link.address.as_deref().unwrap_or("127.0.0.1"))
-                .env("GPUNET_JOIN_TOKEN", &token)
+                .env("GPUNET_JOIN_TOKEN", token)
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(log)
@@ -614,16 +674,26 @@ impl Providers {
         }
     }
 
-    /// Kills the tasks that dead local agents of `nodes` left running (an agent still alive is left alone: it fences
-    /// its own tasks when it cannot sync).
-    pub async fn reap_dead_local(&self, pool: &str, nodes: &[String]) {
+    /// Switches off lost local nodes: an agent process still there (frozen, or too slow to sync) is killed, and the
+    /// tasks it left running with it, before the lost node's fence frees their GPUs for another attempt of the same
+    /// job. A local agent cannot fence its tasks while it is frozen; its node is deleted anyway.
+    pub async fn fence_lost_local(&self, pool: &str, nodes: &[String]) {
         for node in nodes {
-            let alive = match self.local.lock().expect("local agents").get_mut(node) {
-                Some((_, child)) => matches!(child.try_wait(), Ok(None)),
-                None => false,
-            };
-            if alive {
-                continue;
+            let child = self.local.lock().expect("local agents").get_mut(node).and_then(|(_, c)| c.id());
+            if let Some(pid) = child.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                tracing::warn!(pool, node = %node, "a lost local node's agent still runs: killed");
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < std::time::Duration::from_secs(10) {
+                    let done = match self.local.lock().expect("local agents").get_mut(node) {
+                        Some((_, c)) => !matches!(c.try_wait(), Ok(None)),
+                        None => true,
+                    };
+                    if done {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
             }
             self.reap(pool, node).await;
         }
@@ -658,6 +728,19 @@ impl Providers {
     }
 }
 
+/// Runs `f` when dropped (however the scope ends).
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -687,6 +770,22 @@ mod tests {
         assert_eq!(x.validate().unwrap_err().field, "labels");
     }
 
+    #[test]
+    fn a_pool_s_node_shape_is_configurable_and_checked() {
+        let mut p = PoolConfig::local("cloud", "A10", 2, 0, 3);
+        let t = p.template();
+        assert_eq!((t.cpu, t.mem), (MilliCpu::cores(8), MiB::gib(32)), "4 cores and 16 GiB per GPU by default");
+        p.cpu_cores_per_node = Some(3);
+        p.mem_gib_per_node = Some(20);
+        let t = p.template();
+        assert_eq!((t.cpu, t.mem), (MilliCpu::cores(3), MiB::gib(20)));
+        p.cpu_cores_per_node = Some(0);
+        assert_eq!(p.validate().unwrap_err().field, "cpu_cores_per_node");
+        p.cpu_cores_per_node = None;
+        p.mem_gib_per_node = Some(0);
+        assert_eq!(p.validate().unwrap_err().field, "mem_gib_per_node");
+    }
+
     #[tokio::test]
     async fn an_exec_hook_gets_its_arguments_and_environment_and_a_failure_says_why() {
         let dir = tempfile::tempdir().unwrap();
@@ -694,7 +793,7 @@ mod tests {
         let script = dir.path().join("hook.sh");
         std::fs::write(
             &script,
-            format!("#!/bin/sh\necho \"$@|$GPUNET_POOL|$GPUNET_POOL_GPUS|$GPUNET_JOIN_TOKEN|$GPUNET_POOL_LABELS\" > {}\n[ \"$2\" = bad ] && {{ echo broken >&2; exit 3; }}\nexit 0\n", out.display()),
+            format!("#!/bin/sh\necho \"$@|$GPUNET_POOL|$GPUNET_POOL_GPUS|$GPUNET_JOIN_TOKEN|$GPUNET_NODE_TOKENS|$GPUNET_POOL_LABELS\" > {}\n[ \"$2\" = bad ] && {{ echo broken >&2; exit 3; }}\nexit 0\n", out.display()),
         )
         .unwrap();
         use std::os::unix::fs::PermissionsExt as _;
@@ -705,16 +804,19 @@ mod tests {
         p.suspend_program = Some(script.clone());
         p.hook_timeout_s = 5.0;
         p.validate().unwrap();
-        let link =
-            AgentLink { server: Some("https://s:1".into()), join_token: Some("tok".into()), ..Default::default() };
+        let link = AgentLink { server: Some("https://s:1".into()), ..Default::default() };
         let prov = Providers::new(link, dir.path());
-        prov.run(&p, HookOp::Resume, &["cloud-00001".into(), "cloud-00002".into()]).await.unwrap();
+        let tokens: NodeTokens =
+            [("cloud-00001".to_string(), "t1".to_string()), ("cloud-00002".into(), "t2".into())].into();
+        prov.run(&p, HookOp::Resume, &["cloud-00001".into(), "cloud-00002".into()], &tokens).await.unwrap();
         let got = std::fs::read_to_string(&out).unwrap();
+        // Each node's own registration token; never the server's join token.
         assert_eq!(
             got.trim(),
-            "cloud cloud-00001 cloud-00002|cloud|2|tok|gpunet.io/pool=cloud,lifecycle=spot,zone=default"
+            "cloud cloud-00001 cloud-00002|cloud|2||cloud-00001=t1 cloud-00002=t2|gpunet.io/pool=cloud,lifecycle=spot,\
+             zone=default"
         );
-        let e = prov.run(&p, HookOp::Suspend, &["bad".into()]).await.unwrap_err();
+        let e = prov.run(&p, HookOp::Suspend, &["bad".into()], &NodeTokens::new()).await.unwrap_err();
         assert!(e.contains("exited with") && e.contains("broken"), "{e}");
         // A hook past its timeout is killed and reported.
         let slow = dir.path().join("slow.sh");
@@ -722,7 +824,43 @@ mod tests {
         std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
         p.resume_program = Some(slow);
         p.hook_timeout_s = 0.3;
-        let e = prov.run(&p, HookOp::Resume, &["cloud-00003".into()]).await.unwrap_err();
+        let e = prov.run(&p, HookOp::Resume, &["cloud-00003".into()], &NodeTokens::new()).await.unwrap_err();
         assert!(e.contains("did not finish within"), "{e}");
+        // A stopping server waits for the hooks under way, then kills them with their process groups.
+        let marker = dir.path().join("child-ran");
+        let stuck = dir.path().join("stuck.sh");
+        std::fs::write(
+            &stuck,
+            format!(
+                "#!/bin/sh
+(sleep 2; touch {}) &
+exec sleep 30
+",
+                marker.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&stuck, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.resume_program = Some(stuck);
+        p.hook_timeout_s = 60.0;
+        let (prov2, p2) = (prov.clone(), p.clone());
+        let hook =
+            tokio::spawn(
+                async move { prov2.run(&p2, HookOp::Resume, &["cloud-00004".into()], &NodeTokens::new()).await },
+            );
+        let t = std::time::Instant::now();
+        while prov.hooks.lock().unwrap().is_empty() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "the hook never started");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        prov.stop_hooks();
+        prov.end_hooks(std::time::Duration::from_millis(300)).await;
+        let r = tokio::time::timeout(std::time::Duration::from_secs(30), hook).await.expect("the hook ended").unwrap();
+        assert!(r.is_err(), "{r:?}");
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        assert!(!marker.exists(), "what the hook started in its group outlived the server");
+        // And none starts any more.
+        let e = prov.run(&p, HookOp::Suspend, &["cloud-00004".into()], &NodeTokens::new()).await.unwrap_err();
+        assert!(e.contains("stopping"), "{e}");
     }
 }

@@ -211,8 +211,9 @@ lease_poll_s = {lease_poll_s:?}
 # Log lines on standard error: "text" (colours only on a terminal) or "json" (one object per line).
 log_format = "text"
 
-# Node pools the server grows with demand and shrinks when idle (docs/pools.md). Agents of pool nodes join with
-# join_token at pool_agent_server (default: this server's address) verifying it with pool_agent_ca (default: tls_cert).
+# Node pools the server grows with demand and shrinks when idle (docs/pools.md). Agents of pool nodes join with their
+# node's own token (the resume hook's GPUNET_NODE_TOKENS) at pool_agent_server (default: this server's address),
+# verifying it with pool_agent_ca (default: tls_cert).
 # pool_agent_server = "https://gpunet.example:7070"
 # pool_agent_ca = "/etc/gpunet/ca.pem"
 # [[pools]]
@@ -223,6 +224,8 @@ log_format = "text"
 # hook_timeout_s = 300.0
 # gpu_model = "A10"
 # gpus_per_node = 8
+# cpu_cores_per_node = 32       # default 4 per GPU (the shape queued jobs are counted against)
+# mem_gib_per_node = 128        # default 16 per GPU
 # zone = "us-east-1a"
 # lifecycle = "spot"            # or "on-demand"
 # min_nodes = 0

@@ -691,7 +691,6 @@ fn real_main() -> Result<()> {
                 cfg.pool_link = gpunet_server::pools::AgentLink {
                     server: None,
                     ca: Some(ca.ca_cert.clone()),
-                    join_token: Some(join.clone()),
                     exe: None,
                     address: None,
                     reap: Some(crate::ops::local_reaper()),

@@ -222,7 +222,6 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
     cfg.pool_link = gpunet_server::pools::AgentLink {
         server: a.pool_agent_server.clone(),
         ca: a.pool_agent_ca.clone().or_else(|| a.tls_cert.clone()),
-        join_token: a.join_token.clone(),
         exe: None,
         address: None,
         reap: Some(crate::ops::local_reaper()),

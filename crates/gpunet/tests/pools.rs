@@ -233,7 +233,8 @@ fn start_agents(state: &Path) -> String {
     let st = state.display();
     format!(
         "for node in \"$@\"; do\n\
-           setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
+           tok=$(printf '%s\\n' $GPUNET_NODE_TOKENS | sed -n \"s/^$node=//p\")\n\
+           GPUNET_JOIN_TOKEN=$tok setsid {BIN} agent --server \"$GPUNET_SERVER\" --name \"$node\" --labels \"$GPUNET_POOL_LABELS\" \
          --fake-gpus \"${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL\" --data-dir {st}/$node --no-tenant-uids \
          > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
     )
@@ -488,7 +489,8 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
         &format!(
             "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
              delay=0; [ $n -eq 1 ] && delay=3\nshift\nfor node in \"$@\"; do\n\
-               setsid sh -c \"sleep $delay; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
+               tok=$(printf '%s\\n' $GPUNET_NODE_TOKENS | sed -n \"s/^$node=//p\")\n\
+               GPUNET_JOIN_TOKEN=$tok setsid sh -c \"sleep $delay; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
              $GPUNET_POOL_LABELS --fake-gpus ${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL --data-dir {st}/$node \
              --no-tenant-uids\" > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
         ),
@@ -604,12 +606,17 @@ fn booting_nodes_and_reclaims_survive_a_restart() {
 #[test]
 fn checkpointed_scale_in_drains_a_busy_node_when_none_is_idle() {
     let dir = tempfile::tempdir().unwrap();
+    let (resume, tokens) = (dir.path().join("resume.sh"), dir.path().join("tokens"));
+    script(&resume, &format!("#!/bin/sh\necho \"$GPUNET_NODE_TOKENS\" >> {}\n", tokens.display()));
     let cfg = config(
         dir.path(),
-        "[[pools]]\nname = \"pool\"\nprovider = \"exec\"\nresume_program = \"/bin/true\"\n\
+        &format!(
+            "[[pools]]\nname = \"pool\"\nprovider = \"exec\"\nresume_program = \"{}\"\n\
          suspend_program = \"/bin/true\"\ngpu_model = \"T4\"\ngpus_per_node = 4\nlifecycle = \"on-demand\"\n\
          min_nodes = 0\nmax_nodes = 2\ninterval_s = 0.3\ncooldown_s = 0.5\nwindow = 1\nlow = 0.8\nhigh = 2.0\n\
          target = 1.5\nscale_in = \"checkpointed\"\n",
+            resume.display()
+        ),
     );
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
@@ -623,8 +630,10 @@ fn checkpointed_scale_in_drains_a_busy_node_when_none_is_idle() {
         pools(s)[0]["nodes"].as_array().is_some_and(|v| v.iter().any(|x| x["name"] == n && x["phase"] == "booting"))
     };
     wait_for(Duration::from_secs(30), || asked(&s, "pool-00001") && asked(&s, "pool-00002"));
-    register_node(&s.url, "pool-00001", 4);
-    register_node(&s.url, "pool-00002", 4);
+    for n in ["pool-00001", "pool-00002"] {
+        let (code, body) = call(&s, &node_token(&tokens, n), "POST", "/v1/nodes", &node_json_of(n, 4, "T4"));
+        assert_eq!(code, 201, "{body}");
+    }
     wait_for(Duration::from_secs(30), || s.job_state(a) == "running" && s.job_state(b) == "running");
     // The third goes: neither node is idle, and 6 GPUs of demand on 8 is a load of .75, below low (.8); at target 1.5
     // the pool wants 4 GPUs: one node fewer.
@@ -792,10 +801,24 @@ fn call(s: &Server, token: &str, method: &str, path: &str, body: &str) -> (u16, 
     (code.trim().parse().unwrap_or(0), b.to_string())
 }
 
-fn node_json(name: &str) -> String {
+/// A node registration of `gpus` GPUs of `model`, asking for a price of its own.
+fn node_json_of(name: &str, gpus: usize, model: &str) -> String {
+    let g = vec![format!(r#"{{"model":"{model}","numa":0,"nvlink_domain":0,"pcie_switch":0}}"#); gpus].join(",");
     format!(
-        r#"{{"spec":{{"name":"{name}","gpus":[{{"model":"T4","numa":0,"nvlink_domain":0,"pcie_switch":0}}],"cpu":32000,"mem":131072,"labels":{{}},"price_per_gpu_hour":0.01}},"fake":true}}"#
+        r#"{{"spec":{{"name":"{name}","gpus":[{g}],"cpu":32000,"mem":131072,"labels":{{}}}},"fake":true,"price_per_gpu_hour":0.0001}}"#
     )
+}
+
+fn node_json(name: &str) -> String {
+    node_json_of(name, 1, "T4")
+}
+
+/// The registration token the pool gave node `name`, from the lines of `GPUNET_NODE_TOKENS` a resume hook saved.
+fn node_token(saved: &Path, name: &str) -> String {
+    read(saved)
+        .split_whitespace()
+        .find_map(|p| p.strip_prefix(&format!("{name}=")).map(str::to_string))
+        .unwrap_or_else(|| panic!("no token for {name} in {}", read(saved)))
 }
 
 /// A pool's node names are its own: a join token's holder cannot register a name of the pool's form the pool never
@@ -808,7 +831,11 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
     let data = dir.path().join("data");
     let st = dir.path().display().to_string();
     let (resume, suspend) = (dir.path().join("resume.sh"), dir.path().join("suspend.sh"));
-    script(&resume, &format!("#!/bin/sh\necho \"resume $*\" >> {st}/calls\nexit 0\n"));
+    script(
+        &resume,
+        &format!("#!/bin/sh\necho \"$GPUNET_NODE_TOKENS\" >> {st}/tokens\necho \"resume $*\" >> {st}/calls\nexit 0\n"),
+    );
+    let tokens = dir.path().join("tokens");
     // Deleting fails until the file `ok` exists.
     script(
         &suspend,
@@ -821,15 +848,30 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
     let s = Server::start(&data, port, &["--config", &cfg]);
     tenant(&s);
     let calls = dir.path().join("calls");
-    // A name of the pool's form that it did not ask for.
+    // A name of the pool's form: never with the join token; not even the admin's when the pool did not ask for it.
     let (code, body) = call(&s, "join-secret", "POST", "/v1/nodes", &node_json("cloud-00007"));
     assert_eq!(code, 409, "{body}");
+    assert!(body.contains("not the join token") && body.contains("spec.name"), "{body}");
+    let (code, body) = call(&s, "admin-secret", "POST", "/v1/nodes", &node_json("cloud-00007"));
+    assert_eq!(code, 409, "{body}");
     assert!(body.contains("did not ask for it") && body.contains("spec.name"), "{body}");
-    // A job grows the pool; its machine registers (as its agent would).
+    // A job grows the pool. While its machine boots, its name (shown as booting) cannot be taken with the join token;
+    // the node's own token registers it, with the pool's GPUs only, and at the pool's price whatever it asks.
     let a = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sleep", "300"]);
     wait_for(Duration::from_secs(30), || read(&calls).contains("resume cloud cloud-00001"));
     let (code, body) = call(&s, "join-secret", "POST", "/v1/nodes", &node_json("cloud-00001"));
+    assert_eq!(code, 409, "{body}");
+    let own = node_token(&tokens, "cloud-00001");
+    let (code, body) = call(&s, &own, "POST", "/v1/nodes", &node_json_of("cloud-00001", 4, "A100-80GB"));
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("spec.gpus"), "{body}");
+    let (code, body) = call(&s, &own, "POST", "/v1/nodes", &node_json("cloud-00001"));
     assert_eq!(code, 201, "{body}");
+    let price = json(&body)["price_per_gpu_hour"].as_f64().unwrap();
+    assert!(price > 0.1, "the registrant set its own price: {body}");
+    // The token worked once.
+    let (code, body) = call(&s, &own, "POST", "/v1/nodes", &node_json("cloud-00001"));
+    assert_eq!(code, 401, "{body}");
     wait_for(Duration::from_secs(30), || s.job_state(a) == "running");
     // Once idle the node is scaled in; its deletion fails, again and again.
     let (ok, o, e) = s.cli("admin-secret", &["cancel", &a.to_string()]);
@@ -837,10 +879,14 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
     wait_for(Duration::from_secs(30), || !pool_events(&s, "suspend_failed").is_empty());
     assert!(pool_events(&s, "suspend_failed")[0]["message"].as_str().unwrap().contains("api down"));
     // Another job: the node being deleted still fills max_nodes (1), so no second machine is asked for (the pool
-    // decides every 0.3 s: 3 s is ten decisions).
+    // decides every 0.3 s: 3 s is ten decisions), and an event says why, once.
     let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "true"]);
+    wait_for(Duration::from_secs(30), || !pool_events(&s, "scale_out_held").is_empty());
     std::thread::sleep(Duration::from_secs(3));
     assert!(!read(&calls).contains("cloud-00002"), "{}", read(&calls));
+    let held = pool_events(&s, "scale_out_held");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(held[0]["message"].as_str().unwrap().contains("being deleted fill max_nodes"), "{held:?}");
     assert_eq!(s.job_state(b), "pending");
     // A restart: the node is still being deleted (not capacity again), and still fills max_nodes.
     drop(s);
@@ -861,8 +907,91 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
         assert_eq!(code, 409, "{token}: {body}");
         assert!(body.contains("deleted by its pool"), "{body}");
     }
-    let (code, body) = call(&s, "join-secret", "POST", "/v1/nodes", &node_json("cloud-00002"));
+    let (code, body) = call(&s, &node_token(&tokens, "cloud-00002"), "POST", "/v1/nodes", &node_json("cloud-00002"));
     assert_eq!(code, 201, "{body}");
     wait_for(Duration::from_secs(30), || s.job_state(b) == "running");
     assert_eq!(show(&s, b)["attempts"][0]["placement"][0]["node"], "cloud-00002");
+}
+
+/// Machines smaller than the pool's shape (here 2 cores, against 4 per GPU): the pool counts queued jobs against what
+/// they have, so a job that no such machine holds grows no node (it grew nodes that stayed idle, paid for, for good).
+/// And a name is never asked for twice, even one whose machine never came, across a restart.
+#[test]
+fn a_pool_counts_jobs_against_its_real_machines_and_never_reuses_a_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let st = dir.path().display().to_string();
+    let resume = dir.path().join("resume.sh");
+    script(
+        &resume,
+        &format!("#!/bin/sh\necho \"$GPUNET_NODE_TOKENS\" >> {st}/tokens\necho \"resume $*\" >> {st}/calls\nexit 0\n"),
+    );
+    let cfg = config(
+        dir.path(),
+        // high = 1.0: one busy 1-GPU node alone is no reason to grow.
+        &(exec_pool("cloud", &resume, Path::new("/bin/true"), 3.0).replace("max_nodes = 1", "max_nodes = 2")
+            + "high = 1.0\n"),
+    );
+    let port = free_port();
+    let s = Server::start(&data, port, &["--config", &cfg]);
+    tenant(&s);
+    let (calls, tokens) = (dir.path().join("calls"), dir.path().join("tokens"));
+    let a = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--cpu", "1", "--", "sleep", "300"]);
+    wait_for(Duration::from_secs(30), || read(&calls).contains("resume cloud cloud-00001"));
+    let small = node_json("cloud-00001").replace(r#""cpu":32000"#, r#""cpu":2000"#);
+    let (code, body) = call(&s, &node_token(&tokens, "cloud-00001"), "POST", "/v1/nodes", &small);
+    assert_eq!(code, 201, "{body}");
+    wait_for(Duration::from_secs(30), || s.job_state(a) == "running");
+    let shape = pool_events(&s, "shape");
+    assert!(shape.first().is_some_and(|e| e["numbers"]["cpu_millicores"] == 2000), "{shape:?}");
+    // A job needing 3 cores: no machine of this pool holds it, so it grows none (3 s: ten decisions).
+    let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--cpu", "3", "--", "true"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!read(&calls).contains("cloud-00002"), "{}", read(&calls));
+    assert_eq!(s.job_state(b), "pending");
+    // A job that fits grows a node; it never registers (boot timeout 3 s) and is deleted. A restart before the next
+    // try: the next name is asked for, not the deleted one again.
+    let (ok, o, e) = s.cli("admin-secret", &["cancel", &b.to_string()]);
+    assert!(ok, "{o}{e}");
+    let c = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--cpu", "1", "--", "true"]);
+    wait_for(Duration::from_secs(30), || {
+        pool_events(&s, "deleted").iter().any(|e| e["numbers"]["nodes"].to_string().contains("cloud-00002"))
+    });
+    drop(s);
+    let s = Server::start(&data, port, &["--config", &cfg]);
+    wait_for(Duration::from_secs(30), || read(&calls).contains("resume cloud cloud-00003"));
+    assert_eq!(read(&calls).matches("resume cloud cloud-00002").count(), 1, "{}", read(&calls));
+    let (code, body) = call(&s, &node_token(&tokens, "cloud-00003"), "POST", "/v1/nodes", &node_json("cloud-00003"));
+    assert_eq!(code, 201, "{body}");
+    wait_for(Duration::from_secs(30), || s.job_state(c) == "succeeded" || s.job_state(c) == "running");
+}
+
+/// A local pool node whose agent is frozen (SIGSTOP): it cannot fence its own task, so when its node is lost the
+/// server kills the agent and the task before the fence lets the job run again elsewhere (the job ran twice for
+/// half a minute).
+#[test]
+fn a_frozen_local_agent_and_its_task_are_killed_before_the_job_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = config(
+        dir.path(),
+        "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\nmax_nodes = 2\n\
+         boot_timeout_s = 30.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
+    );
+    let s = Server::start(&data, free_port(), &["--config", &cfg, "--node-lost-after-s", "1", "--node-fence-s", "3"]);
+    tenant(&s);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
+    let marker = format!("sleep 4{:03}", std::process::id() % 1000);
+    let id = s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sh", "-c", &format!("{marker}; true")]);
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "running" && !pids_of(&marker).is_empty());
+    let first: Vec<String> = pids_of(&marker);
+    let agent = pids_of(&format!("--data-dir {}/pools/spot/spot-00001", data.display()));
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    assert!(std::process::Command::new("kill").args(["-STOP", &agent[0]]).status().unwrap().success());
+    // The job runs again (on the second node) only once the frozen agent and its task are gone.
+    wait_for(Duration::from_secs(60), || show(&s, id)["attempts"].as_array().is_some_and(|a| a.len() >= 2));
+    assert!(first.iter().all(|p| !alive(p)), "the first attempt's task still runs: {first:?}");
+    wait_for(Duration::from_secs(10), || !alive(&agent[0]));
+    drop(s);
+    wait_for(Duration::from_secs(30), || pids_of(&marker).is_empty());
 }

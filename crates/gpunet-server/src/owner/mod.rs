@@ -318,6 +318,17 @@ pub(crate) struct NodeDoc {
     pub(crate) leaving: bool,
 }
 
+/// A stored record of a pool node that never registered (see [`NodeDoc::booting`]), for `pools_recover`.
+pub(crate) struct BootingRecord {
+    pub(crate) name: String,
+    /// Its creation had failed or timed out: it is being deleted.
+    pub(crate) leaving: bool,
+    /// Deleted: only its name counts (never asked for again).
+    pub(crate) removed: bool,
+    /// The hash of its own registration token.
+    pub(crate) credential: Option<String>,
+}
+
 impl Owner {
     /// A node its pool's provider deleted.
     pub(crate) fn is_removed(&self, name: &str) -> bool {

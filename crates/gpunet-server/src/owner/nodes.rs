@@ -52,7 +52,7 @@ impl Owner {
         }
         // A pool's node: the pool's labels, taint and price, whatever the agent said; one the pool is deleting
         // registers cordoned (it takes no work). A name of a pool's form that the pool did not ask for is refused.
-        let leaving = match self.pool_node_registering(&mut spec) {
+        let leaving = match self.pool_node_registering(&mut spec, join) {
             Ok(l) => l,
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -63,7 +63,9 @@ impl Owner {
         // deadline stays on its record.
         let reclaim_deadline_ms = self.reclaim_deadline_of(&name);
         let leaving = leaving || reclaim_deadline_ms.is_some();
-        let price = price.or_else(|| self.pool_price(&name));
+        // A pool's node is priced by its pool (else the catalogue), whatever its agent said: whoever registers it does
+        // not set what tenants are billed.
+        let price = if self.pools.of_node(&name).is_some() { self.pool_price(&name) } else { price };
         let r = if let Some(id) = self.st.node_id(&name) {
             // Re-registration of a known node (an agent coming back): it becomes ready again, priced again.
             let known = self.st.node(id).expect("known").spec;
@@ -90,10 +92,10 @@ impl Owner {
         let credential = crate::new_token();
         let hash = crate::hash_token(&credential);
         {
+            // Every earlier credential of the node stops working (a pool node's registration token too: it is used
+            // once).
             let mut auth = self.auth.write().expect("auth lock");
-            if let Some(old) = self.nodes.get(&name).and_then(|d| d.credential.as_ref()) {
-                auth.remove(old);
-            }
+            auth.retain(|_, c| c.who != Principal::Node(name.clone()));
             auth.insert(hash.clone(), crate::tokens::Cred { who: Principal::Node(name.clone()), doc: None });
         }
         let managed = self.nodes.get(&name).is_some_and(|d| d.managed);

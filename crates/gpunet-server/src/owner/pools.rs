@@ -68,6 +68,8 @@ pub(crate) struct Pool {
     next_index: u64,
     forecast: f64,
     load: f64,
+    /// A scale-out is held back entirely by nodes being deleted (its event is sent once, as it begins).
+    blocked: bool,
 }
 
 /// A reclaim in progress.
@@ -92,6 +94,8 @@ pub(crate) struct Pools {
     /// Nodes of local pools found at start: their agents died with the server that started them; lost at the first
     /// tick.
     stale: Vec<String>,
+    /// The hash of each unregistered pool node's own registration token (kept on its booting record too).
+    join_hashes: BTreeMap<String, String>,
 }
 
 impl Pools {
@@ -115,6 +119,7 @@ impl Pools {
                 next_index: 1,
                 forecast: 0.0,
                 load: 0.0,
+                blocked: false,
             })
             .collect();
         let mut shadow = gpunet_core::ClusterState::new(gpunet_core::SchedConfig::default()).ok();
@@ -134,6 +139,7 @@ impl Pools {
             events: VecDeque::new(),
             shadow: shadow.filter(|_| !cfgs.is_empty()),
             stale: Vec::new(),
+            join_hashes: BTreeMap::new(),
         }
     }
 
@@ -171,7 +177,7 @@ impl Owner {
 
     /// Pools learn their nodes from the store at start: the registered nodes of each pool are up (or leaving when
     /// lost), and new names continue after the highest.
-    pub(crate) fn pools_recover(&mut self, booting: &[(String, bool)]) {
+    pub(crate) fn pools_recover(&mut self, booting: &[super::BootingRecord]) {
         // Reclaims in progress go on, with their deadline; their jobs are asked again.
         let reclaiming: Vec<(String, u64)> =
             self.nodes.iter().filter_map(|(n, d)| Some((n.clone(), d.reclaim_deadline_ms?))).collect();
@@ -190,9 +196,19 @@ impl Owner {
             let name = self.pools.list[i].cfg.name.clone();
             let mut next = 1;
             let mut found = Vec::new();
-            for (n, leaving) in booting.iter().filter(|(n, _)| self.pools.of_node(n) == Some(i)) {
+            let mine: Vec<&super::BootingRecord> =
+                booting.iter().filter(|b| self.pools.of_node(&b.name) == Some(i)).collect();
+            for b in mine {
+                let (n, leaving) = (&b.name, &b.leaving);
+                // A name once asked for is never asked for again, even when its machine never came.
                 if let Some(k) = n.rsplit('-').next().and_then(|k| k.parse::<u64>().ok()) {
                     next = next.max(k + 1);
+                }
+                if b.removed {
+                    continue;
+                }
+                if let Some(h) = &b.credential {
+                    self.pools.join_hashes.insert(n.clone(), h.clone());
                 }
                 // Asked of the provider before the restart: it may still come (its boot timeout runs from now); a
                 // local pool's never will (its agents died with the server); one whose creation had failed is
@@ -258,21 +274,40 @@ impl Owner {
     /// the pool is deleting it (it then registers cordoned). A name of a pool's form (`POOL-NNNNN`) that the pool
     /// never asked for is refused: a join token's holder could otherwise add nodes the pool adopts, counts as its
     /// capacity and prices as its own.
-    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec) -> Result<bool, ApiError> {
+    ///
+    /// A pool's node registers with its own registration token (or its credential once registered, or the admin's
+    /// token), never the join token: the names are predictable and shown while booting, and whoever took one first
+    /// would get the pool's work and price. Its GPUs must be the pool's.
+    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec, join: bool) -> Result<bool, ApiError> {
         let Some(i) = self.pools.of_node(&spec.name) else { return Ok(false) };
         let known = self.nodes.contains_key(&spec.name);
         let p = &mut self.pools.list[i];
-        if !p.nodes.contains_key(&spec.name) && !known {
-            let mut e = ApiError::new(
-                "conflict",
-                format!(
-                    "node {} has a name of pool {}'s form and the pool did not ask for it: pool nodes are named by \
-                     their pool (register another name)",
-                    spec.name, p.cfg.name
-                ),
-            );
+        let conflict = |msg: String| {
+            let mut e = ApiError::new("conflict", msg);
             e.field = Some("spec.name".into());
-            return Err(e);
+            e
+        };
+        if join {
+            return Err(conflict(format!(
+                "node {} is a name of pool {}: its machine registers with the node's own token \
+                 (GPUNET_NODE_TOKENS of the resume hook), not the join token",
+                spec.name, p.cfg.name
+            )));
+        }
+        let model = p.cfg.model().ok();
+        if spec.gpus.len() != p.cfg.gpus_per_node as usize || spec.gpus.iter().any(|g| Some(g.model) != model) {
+            return Err(ApiError::invalid(
+                "spec.gpus",
+                &format!("{} GPU(s)", spec.gpus.len()),
+                &format!("pool {}'s nodes have {} {} GPU(s)", p.cfg.name, p.cfg.gpus_per_node, p.cfg.gpu_model),
+            ));
+        }
+        if !p.nodes.contains_key(&spec.name) && !known {
+            return Err(conflict(format!(
+                "node {} has a name of pool {}'s form and the pool did not ask for it: pool nodes are named by their \
+                 pool (register another name)",
+                spec.name, p.cfg.name
+            )));
         }
         for (k, v) in p.cfg.node_labels() {
             spec.labels.insert(k, v);
@@ -286,6 +321,25 @@ impl Owner {
         }
         let name = spec.name.clone();
         let pool = p.cfg.name.clone();
+        // The machines are smaller than the pool's shape: the autoscaler counts queued jobs against what they have
+        // (else it would grow nodes for jobs they cannot hold).
+        if spec.cpu < p.template.cpu || spec.mem < p.template.mem {
+            let (cpu, mem) = (p.template.cpu.min(spec.cpu), p.template.mem.min(spec.mem));
+            p.template.cpu = cpu;
+            p.template.mem = mem;
+            self.pool_event(
+                &pool,
+                "shape",
+                format!(
+                    "node {name} has {} CPU and {} of memory, less than the pool's shape: queued jobs are counted \
+                     against {cpu} and {mem} from now on (set cpu_cores_per_node and mem_gib_per_node)",
+                    spec.cpu, spec.mem
+                ),
+                serde_json::json!({"node": name, "cpu_millicores": cpu.0, "mem_mib": mem.0}),
+            );
+        }
+        self.pools.join_hashes.remove(&name);
+        let p = &mut self.pools.list[i];
         match p.nodes.get(&name).copied() {
             Some(Phase::Booting { since, .. }) => {
                 p.nodes.insert(name.clone(), Phase::Up);
@@ -361,7 +415,7 @@ impl Owner {
         let mut writes = Vec::new();
         for n in &late {
             p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
-            writes.push(booting_doc(&p.template, n, Unregistered::Leaving));
+            writes.push(booting_doc(&p.template, n, Unregistered::Leaving, self.pools.join_hashes.get(n).cloned()));
         }
         let pool = p.cfg.name.clone();
         let failures = p.failures;
@@ -403,12 +457,11 @@ impl Owner {
             }
         }
         if p.cfg.provider == crate::pools::ProviderKind::Local && !newly.is_empty() {
-            // A local node whose agent died left its tasks running with no one to stop them: they are killed now,
-            // before the fence frees their GPUs for another attempt of the same job (a frozen agent, still alive,
-            // fences its own tasks).
+            // A local node's agent that died (or froze) left its tasks running with no one to stop them: the agent and
+            // its tasks are killed now, before the fence frees their GPUs for another attempt of the same job.
             if let Some(prov) = self.pools.providers.clone() {
                 let pool = p.cfg.name.clone();
-                tokio::spawn(async move { prov.reap_dead_local(&pool, &newly).await });
+                tokio::spawn(async move { prov.fence_lost_local(&pool, &newly).await });
             }
         }
         let gone: Vec<String> =
@@ -449,7 +502,7 @@ impl Owner {
         for n in &go {
             self.pools.list[i].nodes.insert(n.clone(), Phase::Leaving { suspending: true, retry_at: None });
         }
-        self.pool_hook(i, HookOp::Suspend, go);
+        self.pool_hook(i, HookOp::Suspend, go, crate::pools::NodeTokens::new());
     }
 
     /// Samples the pool's demand and acts on the autoscaler's decision.
@@ -555,9 +608,25 @@ impl Owner {
                 let wanted = nodes;
                 let nodes = nodes.min(room);
                 if nodes == 0 {
-                    tracing::debug!(pool = %pool, leaving, "scale-out waits: the nodes being deleted fill max_nodes");
+                    if !p.blocked {
+                        p.blocked = true;
+                        self.pool_event(
+                            &pool,
+                            "scale_out_held",
+                            format!(
+                                "forecast {forecast_gpus:.1} GPUs on {capacity} (load {}): {wanted} more node(s) \
+                                 wanted, but {leaving} node(s) being deleted fill max_nodes ({}) until their deletion \
+                                 succeeds",
+                                fmt_load(load),
+                                self.pools.list[i].cfg.max_nodes
+                            ),
+                            serde_json::json!({"wanted": wanted, "leaving": leaving, "forecast_gpus": forecast_gpus,
+                                "load": finite(load), "capacity_gpus": capacity, "demand_gpus": demand}),
+                        );
+                    }
                     return;
                 }
+                p.blocked = false;
                 p.retry_at = None;
                 p.last_action = Some(now_ms);
                 let names: Vec<String> = (0..nodes)
@@ -568,9 +637,19 @@ impl Owner {
                     })
                     .collect();
                 let mut writes = Vec::new();
+                // Each node's own registration token: only its machine registers it.
+                let mut tokens = crate::pools::NodeTokens::new();
                 for n in &names {
                     p.nodes.insert(n.clone(), Phase::Booting { since: Instant::now(), created: None });
-                    writes.push(booting_doc(&p.template, n, Unregistered::Asked));
+                    let token = crate::new_token();
+                    let hash = crate::hash_token(&token);
+                    writes.push(booting_doc(&p.template, n, Unregistered::Asked, Some(hash.clone())));
+                    self.pools.join_hashes.insert(n.clone(), hash.clone());
+                    self.auth
+                        .write()
+                        .expect("auth lock")
+                        .insert(hash, crate::tokens::Cred { who: crate::Principal::Node(n.clone()), doc: None });
+                    tokens.insert(n.clone(), token);
                 }
                 let target = up_or_booting + nodes;
                 let held = if wanted > nodes {
@@ -595,7 +674,7 @@ impl Owner {
                         "capacity_gpus": capacity, "demand_gpus": demand, "from": up_or_booting, "to": target,
                         "leaving": leaving}),
                 );
-                self.pool_hook(i, HookOp::Resume, names);
+                self.pool_hook(i, HookOp::Resume, names, tokens);
             }
             ScaleDecision::In { nodes, load, forecast_gpus } => {
                 p.last_action = Some(now_ms);
@@ -628,7 +707,7 @@ impl Owner {
     }
 
     /// Runs a provider hook off the owner; its result comes back as a change.
-    fn pool_hook(&mut self, i: usize, op: HookOp, nodes: Vec<String>) {
+    fn pool_hook(&mut self, i: usize, op: HookOp, nodes: Vec<String>, tokens: crate::pools::NodeTokens) {
         let (Some(prov), Some(tx)) = (self.pools.providers.clone(), self.self_tx.clone()) else { return };
         let cfg = self.pools.list[i].cfg.clone();
         if op == HookOp::Resume {
@@ -636,7 +715,7 @@ impl Owner {
         }
         tokio::spawn(async move {
             let t0 = Instant::now();
-            let r = prov.run(&cfg, op, &nodes).await;
+            let r = prov.run(&cfg, op, &nodes, &tokens).await;
             let secs = t0.elapsed().as_secs_f64();
             let _ = tx.send(super::Applier(Box::new(move |o: &mut Owner| o.pool_hook_done(i, op, nodes, r, secs))));
         });
@@ -676,7 +755,12 @@ impl Owner {
                 let mut writes = Vec::new();
                 for n in &nodes {
                     match p.nodes.get(n) {
-                        Some(Phase::Booting { .. }) => writes.push(booting_doc(&p.template, n, Unregistered::Leaving)),
+                        Some(Phase::Booting { .. }) => writes.push(booting_doc(
+                            &p.template,
+                            n,
+                            Unregistered::Leaving,
+                            self.pools.join_hashes.get(n).cloned(),
+                        )),
                         Some(Phase::Up) => registered.push(n.clone()),
                         _ => continue,
                     }
@@ -730,7 +814,7 @@ impl Owner {
                             });
                         }
                         // Never registered: its booting record goes.
-                        None => writes.push(booting_doc(&self.pools.list[i].template, n, Unregistered::Deleted)),
+                        None => writes.push(booting_doc(&self.pools.list[i].template, n, Unregistered::Deleted, None)),
                     }
                     if self.pools.list[i].cfg.provider == crate::pools::ProviderKind::Local {
                         if let Some(p) = &self.pools.providers {
@@ -738,6 +822,7 @@ impl Owner {
                         }
                     }
                     self.auth.write().expect("auth lock").retain(|_, c| c.who != crate::Principal::Node(n.clone()));
+                    self.pools.join_hashes.remove(n);
                 }
                 self.dirty = true;
                 self.persist(writes, "pool nodes removed");
@@ -1031,7 +1116,7 @@ enum Unregistered {
 }
 
 /// The stored record of a pool node asked of its provider and not registered.
-fn booting_doc(template: &NodeSpec, name: &str, what: Unregistered) -> Write {
+fn booting_doc(template: &NodeSpec, name: &str, what: Unregistered, credential: Option<String>) -> Write {
     let mut spec = template.clone();
     spec.name = name.to_string();
     let doc = super::NodeDoc {
@@ -1039,7 +1124,8 @@ fn booting_doc(template: &NodeSpec, name: &str, what: Unregistered) -> Write {
         state: NodeState::Lost,
         fake: false,
         managed: false,
-        credential: None,
+        // The hash of the node's own registration token (a restarted server still takes it).
+        credential,
         price_override: None,
         removed: what == Unregistered::Deleted,
         // A record that never registered stays marked booting, so that a start never takes it for a node.

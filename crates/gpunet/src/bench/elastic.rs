@@ -264,12 +264,11 @@ async fn live_round(round: usize) -> Result<f64> {
     let mut cfg = gpunet_server::Config::new(dir.path().join("server"));
     cfg.listen = "127.0.0.1:0".parse()?;
     cfg.admin_token = Some(admin.clone());
-    cfg.join_token = Some(join.clone());
+    cfg.join_token = Some(join);
     let mut pool = gpunet_server::pools::PoolConfig::local("spot", "A10", 1, 0, 1);
     pool.interval_s = 0.05;
     pool.cooldown_s = 0.0;
     cfg.pools = vec![pool];
-    cfg.pool_link.join_token = Some(join);
     let store = std::sync::Arc::new(gpunet_store::SqliteStore::open(&dir.path().join("server"))?);
     let running = gpunet_server::start(cfg, store).await?;
     let url = format!("http://{}", running.addr);
