@@ -692,7 +692,11 @@ async fn register_node(State(st): State<AppState>, h: HeaderMap, body: Bytes) ->
     }
     let (spec, fake, price) = (reg.spec, reg.fake, reg.price_per_gpu_hour);
     let join = matches!(p, Principal::Agent);
-    Ok(json(StatusCode::CREATED, ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, join, reply }).await?))
+    let node_token = matches!(p, Principal::Node(_)).then(|| hash_token(bearer(&h).unwrap_or_default()));
+    Ok(json(
+        StatusCode::CREATED,
+        ask(&st, |reply| Cmd::RegisterNode { spec, fake, price, join, node_token, reply }).await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/nodes", tag = "nodes", summary = "Nodes with their GPUs", responses((status = 200, description = "Nodes", body = Vec<NodeView>)))]

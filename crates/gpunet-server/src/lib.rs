@@ -206,7 +206,10 @@ impl Running {
     /// that a standby takes over at once).
     pub async fn stop(self) {
         if let Some(p) = &self.pools {
+            // No pool acts from now on; hooks under way get a little time to end (their results recorded by the
+            // owner, still running), then are killed with their process groups.
             p.stop_hooks();
+            p.end_hooks(std::time::Duration::from_secs(10)).await;
         }
         if let Some(r) = self.ha {
             r.leave().await;
@@ -214,8 +217,6 @@ impl Running {
         let _ = self.shutdown.send(());
         let _ = self.task.await;
         if let Some(p) = self.pools {
-            // Hooks under way get a little time to end (their results are recorded), then are killed.
-            p.end_hooks(std::time::Duration::from_secs(10)).await;
             p.stop_local().await;
         }
     }

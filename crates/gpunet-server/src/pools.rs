@@ -450,6 +450,9 @@ pub struct Providers {
     stopping: Arc<std::sync::atomic::AtomicBool>,
     /// The process groups of the exec hooks under way (a stopping server waits for them, then kills them).
     hooks: Arc<Mutex<std::collections::HashSet<i32>>>,
+    /// The runtime hooks run on: the server's, which outlives the owner's (a hook's task dropped with the owner's
+    /// runtime would leave its processes behind unwaited).
+    rt: Option<tokio::runtime::Handle>,
 }
 
 /// Each node's own registration token, for the nodes a resume hook creates: the only token that registers that node
@@ -466,6 +469,15 @@ impl Providers {
             local: Arc::new(Mutex::new(HashMap::new())),
             stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             hooks: Arc::new(Mutex::new(std::collections::HashSet::new())),
+            rt: tokio::runtime::Handle::try_current().ok(),
+        }
+    }
+
+    /// Runs a hook's task on the server's runtime.
+    pub fn spawn<F: std::future::Future<Output = ()> + Send + 'static>(&self, f: F) {
+        match &self.rt {
+            Some(h) => drop(h.spawn(f)),
+            None => drop(tokio::spawn(f)),
         }
     }
 
@@ -575,9 +587,16 @@ impl Providers {
         };
         let pgid = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
         let hooks = self.hooks.clone();
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended2 = ended.clone();
+        // However this ends: the hook leaves the list; one dropped before it ended (its runtime went) is killed with
+        // its process group, not left running unwaited.
         let _forget = scopeguard(move || {
             if let Some(g) = pgid {
                 hooks.lock().expect("hooks").remove(&g.as_raw_nonzero().get());
+                if !ended2.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+                }
             }
         });
         let limit = std::time::Duration::from_secs_f64(pool.hook_timeout_s);
@@ -586,7 +605,9 @@ impl Providers {
             let t: String = text.chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
             t.trim().to_string()
         };
-        match tokio::time::timeout(limit, child.wait()).await {
+        let waited = tokio::time::timeout(limit, child.wait()).await;
+        ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        match waited {
             Err(_) => {
                 // The hook and everything it started in its process group.
                 if let Some(g) = pgid {

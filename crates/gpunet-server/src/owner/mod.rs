@@ -134,6 +134,9 @@ pub(crate) enum Cmd {
         price: Option<f64>,
         /// Sent with the join token (not the node's own credential nor the admin's): it may only add a new node.
         join: bool,
+        /// The hash of the node's own token it was sent with: still valid when the owner takes it up (a node's
+        /// registration replaces its tokens, so a second registration racing the first with the same token fails).
+        node_token: Option<String>,
         reply: Reply<NodeRegistered>,
     },
     /// Which of these task attempts belong to the node (now, or handed to it lately): only their logs are kept.
@@ -905,7 +908,9 @@ impl Owner {
             Cmd::RevokeToken { id, tenant, reply } => self.revoke_token(id, tenant, reply),
             Cmd::Tenants { who, reply } => self.list_tenants(who, reply),
             // Nodes and their agents (`nodes`).
-            Cmd::RegisterNode { spec, fake, price, join, reply } => self.register_node(spec, fake, price, join, reply),
+            Cmd::RegisterNode { spec, fake, price, join, node_token, reply } => {
+                self.register_node(spec, fake, price, join, node_token, reply)
+            }
             Cmd::NodeTasks { node, asked, reply } => self.node_tasks(node, asked, reply),
             Cmd::Nodes { who, reply } => self.list_nodes(who, reply),
             Cmd::SetNodeState { name, state, reply } => self.set_node_state(name, state, reply),

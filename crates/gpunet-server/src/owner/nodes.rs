@@ -25,9 +25,16 @@ impl Owner {
         fake: bool,
         price: Option<f64>,
         join: bool,
+        node_token: Option<String>,
         reply: Reply<NodeRegistered>,
     ) {
         let name = spec.name.clone();
+        // A node's token checked by the HTTP worker may have been replaced since, by a registration taken up first
+        // (a pool node's registration token works once).
+        if node_token.is_some_and(|h| !self.auth.read().expect("auth lock").contains_key(&h)) {
+            let _ = reply.send(Err(ApiError::new("unauthorized", "unknown token")));
+            return;
+        }
         // The join token only adds nodes: a known node re-registers with its own credential (or the admin's token), else
         // whoever holds the join token could take its name over — its tasks (other tenants' commands and secrets),
         // their exits and its price. Nodes stored before credentials existed have none and may still use it once.

@@ -246,7 +246,19 @@ impl Owner {
                     found.push((n.clone(), phase));
                 }
             }
+            // The pool's shape is no larger than its smallest registered machine (as `pool_node_registering` left it).
+            let mut shape: Option<(gpunet_core::MilliCpu, gpunet_core::MiB)> = None;
+            for (n, d) in &self.nodes {
+                if !d.removed && self.pools.of_node(n) == Some(i) {
+                    let (c, m) = shape.unwrap_or((d.spec.cpu, d.spec.mem));
+                    shape = Some((c.min(d.spec.cpu), m.min(d.spec.mem)));
+                }
+            }
             let p = &mut self.pools.list[i];
+            if let Some((c, m)) = shape {
+                p.template.cpu = p.template.cpu.min(c);
+                p.template.mem = p.template.mem.min(m);
+            }
             p.next_index = next;
             p.nodes.extend(found);
         }
@@ -296,9 +308,11 @@ impl Owner {
         }
         let model = p.cfg.model().ok();
         if spec.gpus.len() != p.cfg.gpus_per_node as usize || spec.gpus.iter().any(|g| Some(g.model) != model) {
+            let mut models: Vec<String> = spec.gpus.iter().map(|g| g.model.to_string()).collect();
+            models.dedup();
             return Err(ApiError::invalid(
                 "spec.gpus",
-                &format!("{} GPU(s)", spec.gpus.len()),
+                &format!("{} GPU(s): {}", spec.gpus.len(), models.join(", ")),
                 &format!("pool {}'s nodes have {} {} GPU(s)", p.cfg.name, p.cfg.gpus_per_node, p.cfg.gpu_model),
             ));
         }
@@ -331,7 +345,7 @@ impl Owner {
                 &pool,
                 "shape",
                 format!(
-                    "node {name} has {} CPU and {} of memory, less than the pool's shape: queued jobs are counted \
+                    "node {name} has {} and {} of memory, less than the pool's shape: queued jobs are counted \
                      against {cpu} and {mem} from now on (set cpu_cores_per_node and mem_gib_per_node)",
                     spec.cpu, spec.mem
                 ),
@@ -461,7 +475,7 @@ impl Owner {
             // its tasks are killed now, before the fence frees their GPUs for another attempt of the same job.
             if let Some(prov) = self.pools.providers.clone() {
                 let pool = p.cfg.name.clone();
-                tokio::spawn(async move { prov.fence_lost_local(&pool, &newly).await });
+                prov.clone().spawn(async move { prov.fence_lost_local(&pool, &newly).await });
             }
         }
         let gone: Vec<String> =
@@ -596,6 +610,9 @@ impl Owner {
         };
         let d = autoscale::decide(&p.auto, &input);
         let pool = p.cfg.name.clone();
+        if !matches!(d, ScaleDecision::Out { .. }) {
+            p.blocked = false; // a later held-back scale-out is news again
+        }
         match d {
             ScaleDecision::Out { nodes, load, forecast_gpus } => {
                 if p.retry_at.is_some_and(|t| t > Instant::now()) {
@@ -713,7 +730,7 @@ impl Owner {
         if op == HookOp::Resume {
             self.pools.list[i].resuming.extend(nodes.iter().cloned());
         }
-        tokio::spawn(async move {
+        prov.clone().spawn(async move {
             let t0 = Instant::now();
             let r = prov.run(&cfg, op, &nodes, &tokens).await;
             let secs = t0.elapsed().as_secs_f64();
