@@ -61,7 +61,9 @@ fn build_images(images: &Path) {
         .trim()
         .to_string();
     std::fs::copy(&busybox, tiny.join("bin/busybox")).unwrap();
-    let applets = Command::new(tiny.join("bin/busybox")).arg("--list").output().unwrap().stdout;
+    // The installed one lists the applets: the copy just written may still be open for writing in a child another
+    // test thread forked meanwhile (exec would fail with ETXTBSY).
+    let applets = Command::new(&busybox).arg("--list").output().unwrap().stdout;
     for a in String::from_utf8(applets).unwrap().lines().filter(|a| *a != "busybox") {
         // Relative links: they resolve inside the container too.
         std::os::unix::fs::symlink("busybox", tiny.join("bin").join(a)).unwrap();
