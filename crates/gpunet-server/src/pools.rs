@@ -586,19 +586,7 @@ impl Providers {
             child
         };
         let pgid = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
-        let hooks = self.hooks.clone();
-        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ended2 = ended.clone();
-        // However this ends: the hook leaves the list; one dropped before it ended (its runtime went) is killed with
-        // its process group, not left running unwaited.
-        let _forget = scopeguard(move || {
-            if let Some(g) = pgid {
-                hooks.lock().expect("hooks").remove(&g.as_raw_nonzero().get());
-                if !ended2.load(std::sync::atomic::Ordering::SeqCst) {
-                    let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
-                }
-            }
-        });
+        let mut running = RunningHook { hooks: self.hooks.clone(), pgid, ended: false };
         let limit = std::time::Duration::from_secs_f64(pool.hook_timeout_s);
         let tail = || {
             let text = std::fs::read_to_string(&err_path).unwrap_or_default();
@@ -606,7 +594,7 @@ impl Providers {
             t.trim().to_string()
         };
         let waited = tokio::time::timeout(limit, child.wait()).await;
-        ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        running.ended = true;
         match waited {
             Err(_) => {
                 // The hook and everything it started in its process group.
@@ -700,8 +688,12 @@ impl Providers {
     /// job. A local agent cannot fence its tasks while it is frozen; its node is deleted anyway.
     pub async fn fence_lost_local(&self, pool: &str, nodes: &[String]) {
         for node in nodes {
-            let child = self.local.lock().expect("local agents").get_mut(node).and_then(|(_, c)| c.id());
-            if let Some(pid) = child.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            // The agent's pid while it still runs (one that died is only reaped below).
+            let running = match self.local.lock().expect("local agents").get_mut(node) {
+                Some((_, c)) => matches!(c.try_wait(), Ok(None)).then(|| c.id()).flatten(),
+                None => None,
+            };
+            if let Some(pid) = running.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
                 tracing::warn!(pool, node = %node, "a lost local node's agent still runs: killed");
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 let t0 = std::time::Instant::now();
@@ -749,17 +741,23 @@ impl Providers {
     }
 }
 
-/// Runs `f` when dropped (however the scope ends).
-fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f();
+/// An exec hook under way. However its wait ends, it leaves [`Providers`]' list; one dropped before it ended (its
+/// task's runtime went) is killed with its process group, not left running unwaited.
+struct RunningHook {
+    hooks: Arc<Mutex<std::collections::HashSet<i32>>>,
+    pgid: Option<rustix::process::Pid>,
+    ended: bool,
+}
+
+impl Drop for RunningHook {
+    fn drop(&mut self) {
+        if let Some(g) = self.pgid {
+            self.hooks.lock().expect("hooks").remove(&g.as_raw_nonzero().get());
+            if !self.ended {
+                let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
             }
         }
     }
-    Guard(Some(f))
 }
 
 #[cfg(test)]

@@ -671,29 +671,46 @@ fn alive(pid: &str) -> bool {
     stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).is_some_and(|st| st != "Z")
 }
 
+/// A local spot pool of 1-GPU A10 nodes (`max_nodes`, boot timeout `boot_s`; nodes lost after 1 s, fenced for
+/// `fence_s`) with one job running `sleep <marker>` on its first node. Returns the server, its data directory, the
+/// job, the task's command-line marker, its pids and the first node's agent pid.
+fn local_pool_with_a_job(
+    dir: &Path,
+    max_nodes: u32,
+    boot_s: f64,
+    fence_s: &str,
+    marker_digit: u32,
+) -> (Server, std::path::PathBuf, u64, String, Vec<String>, String) {
+    let data = dir.join("data");
+    let cfg = config(
+        dir,
+        &format!(
+            "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\n\
+             max_nodes = {max_nodes}\nboot_timeout_s = {boot_s:?}\ninterval_s = 0.3\ncooldown_s = 0.5\n"
+        ),
+    );
+    let s =
+        Server::start(&data, free_port(), &["--config", &cfg, "--node-lost-after-s", "1", "--node-fence-s", fence_s]);
+    tenant(&s);
+    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
+    // A command line no other test runs.
+    let marker = format!("sleep {marker_digit}{:03}", std::process::id() % 1000);
+    let id = s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sh", "-c", &format!("{marker}; true")]);
+    wait_for(Duration::from_secs(60), || s.job_state(id) == "running" && !pids_of(&marker).is_empty());
+    let first: Vec<String> = pids_of(&marker);
+    let agent = pids_of(&format!("--data-dir {}/pools/spot/spot-00001", data.display()));
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    (s, data, id, marker, first, agent[0].clone())
+}
+
 /// A local pool node whose agent is killed (`kill -9`: it stops nothing) is lost; once lost for longer than the boot
 /// timeout — here longer than the lost node's fence, after which the server no longer counts it as lost — it is
 /// deleted, its "machine" switched off (the task its agent left is killed), and replaced.
 #[test]
 fn a_pool_node_whose_agent_dies_is_deleted_with_its_tasks_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let cfg = config(
-        dir.path(),
-        "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\nmax_nodes = 1\n\
-         boot_timeout_s = 3.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
-    );
-    let s = Server::start(&data, free_port(), &["--config", &cfg, "--node-lost-after-s", "1", "--node-fence-s", "1"]);
-    tenant(&s);
-    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
-    // A command line no other test runs.
-    let marker = format!("sleep 3{:03}", std::process::id() % 1000);
-    let id = s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sh", "-c", &format!("{marker}; true")]);
-    wait_for(Duration::from_secs(60), || s.job_state(id) == "running" && !pids_of(&marker).is_empty());
-    let first: Vec<String> = pids_of(&marker);
-    let agent = pids_of(&format!("--data-dir {}/pools/spot/spot-00001", data.display()));
-    assert_eq!(agent.len(), 1, "{agent:?}");
-    assert!(std::process::Command::new("kill").args(["-9", &agent[0]]).status().unwrap().success());
+    let (s, data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 1, 3.0, "1", 3);
+    assert!(std::process::Command::new("kill").args(["-9", &agent]).status().unwrap().success());
     // Deleted (its task killed with it) and replaced; the job runs again on the new node.
     wait_for(Duration::from_secs(60), || {
         pool_events(&s, "node_lost").iter().any(|e| e["numbers"]["nodes"].to_string().contains("spot-00001"))
@@ -989,26 +1006,12 @@ fn a_pool_counts_jobs_against_its_real_machines_and_never_reuses_a_name() {
 #[test]
 fn a_frozen_local_agent_and_its_task_are_killed_before_the_job_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let cfg = config(
-        dir.path(),
-        "[[pools]]\nname = \"spot\"\ngpu_model = \"A10\"\ngpus_per_node = 1\nmin_nodes = 1\nmax_nodes = 2\n\
-         boot_timeout_s = 30.0\ninterval_s = 0.3\ncooldown_s = 0.5\n",
-    );
-    let s = Server::start(&data, free_port(), &["--config", &cfg, "--node-lost-after-s", "1", "--node-fence-s", "3"]);
-    tenant(&s);
-    wait_for(Duration::from_secs(60), || nodes_up(&s) == 1);
-    let marker = format!("sleep 4{:03}", std::process::id() % 1000);
-    let id = s.submit(&["--gpus", "1", "--spot", "allowed", "--", "sh", "-c", &format!("{marker}; true")]);
-    wait_for(Duration::from_secs(60), || s.job_state(id) == "running" && !pids_of(&marker).is_empty());
-    let first: Vec<String> = pids_of(&marker);
-    let agent = pids_of(&format!("--data-dir {}/pools/spot/spot-00001", data.display()));
-    assert_eq!(agent.len(), 1, "{agent:?}");
-    assert!(std::process::Command::new("kill").args(["-STOP", &agent[0]]).status().unwrap().success());
+    let (s, _data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 2, 30.0, "3", 4);
+    assert!(std::process::Command::new("kill").args(["-STOP", &agent]).status().unwrap().success());
     // The job runs again (on the second node) only once the frozen agent and its task are gone.
     wait_for(Duration::from_secs(60), || show(&s, id)["attempts"].as_array().is_some_and(|a| a.len() >= 2));
     assert!(first.iter().all(|p| !alive(p)), "the first attempt's task still runs: {first:?}");
-    wait_for(Duration::from_secs(10), || !alive(&agent[0]));
+    wait_for(Duration::from_secs(10), || !alive(&agent));
     drop(s);
     wait_for(Duration::from_secs(30), || pids_of(&marker).is_empty());
 }
