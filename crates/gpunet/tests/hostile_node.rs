@@ -677,11 +677,18 @@ fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
         eprintln!("SKIPPED: cgroup v2 uses the kernel's OOM killer; set GPUNET_TEST_OOM=1 where that is safe");
         return;
     }
+    // The refused write's message is written into a page of `/dev/shm/err` charged before the fill, so reporting it
+    // needs no new memory: at the limit a write to the log (page cache, charged to the same group) can itself be
+    // refused for memory, which once left the log holding only the `\n` of head's error (fresh-clone CI of 5098c09).
+    // The fill is removed before the message is shown.
     let id = submit_yaml(
         &s,
         dir.path(),
-        "name: fill\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\ncommand: [sh, -c, 'head -c 41943040 \
-         /dev/zero > /dev/shm/a && head -c 41943040 /dev/zero > /tmp/b && echo survived']\n",
+        "name: fill\ntenant: t\ngpus: 1\nmemory: 64Mi\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  \
+         printf '%4096s' '' > /dev/shm/err\n  \
+         head -c 41943040 /dev/zero > /dev/shm/a 2<>/dev/shm/err && \
+         head -c 41943040 /dev/zero > /tmp/b 2<>/dev/shm/err && echo survived\n  \
+         rm -f /dev/shm/a /tmp/b\n  cat /dev/shm/err\n  exit 1\n",
     );
     wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
     assert!(!log(dir.path(), "a1", id).contains("survived"));
