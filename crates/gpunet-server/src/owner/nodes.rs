@@ -57,19 +57,12 @@ impl Owner {
             )));
             return;
         }
-        // A pool's node: the pool's labels, taint and price, whatever the agent said; one the pool is deleting
-        // registers cordoned (it takes no work). A name of a pool's form that the pool did not ask for is refused.
-        let leaving = match self.pool_node_registering(&mut spec, join) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return;
-            }
-        };
-        // A node under a reclaim notice stays cordoned through a re-registration (its machine is going), and its
-        // deadline stays on its record.
-        let reclaim_deadline_ms = self.reclaim_deadline_of(&name);
-        let leaving = leaving || reclaim_deadline_ms.is_some();
+        // A pool's node: the pool's labels and taint, whatever the agent said. A name of a pool's form that the pool
+        // did not ask for is refused.
+        if let Err(e) = self.pool_node_admit(&mut spec, join) {
+            let _ = reply.send(Err(e));
+            return;
+        }
         // A pool's node is priced by its pool (else the catalogue), whatever its agent said: whoever registers it does
         // not set what tenants are billed.
         let price = if self.pools.of_node(&name).is_some() { self.pool_price(&name) } else { price };
@@ -90,6 +83,12 @@ impl Owner {
             let _ = reply.send(Err(e));
             return;
         }
+        // In the cluster now: its pool counts it; one the pool is deleting registers cordoned (it takes no work). A
+        // node under a reclaim notice stays cordoned through a re-registration (its machine is going), and its
+        // deadline stays on its record.
+        let leaving = self.pool_node_registered(&spec);
+        let reclaim_deadline_ms = self.reclaim_deadline_of(&name);
+        let leaving = leaving || reclaim_deadline_ms.is_some();
         let id = self.st.node_id(&name).expect("registered");
         if leaving {
             let _ = self.st.set_node_state(id, NodeState::Cordoned, Time(now_ms()));

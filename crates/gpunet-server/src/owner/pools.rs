@@ -95,7 +95,7 @@ pub(crate) struct Pools {
     /// tick.
     stale: Vec<String>,
     /// The hash of each unregistered pool node's own registration token (kept on its booting record too).
-    join_hashes: BTreeMap<String, String>,
+    token_hashes: BTreeMap<String, String>,
 }
 
 impl Pools {
@@ -139,7 +139,7 @@ impl Pools {
             events: VecDeque::new(),
             shadow: shadow.filter(|_| !cfgs.is_empty()),
             stale: Vec::new(),
-            join_hashes: BTreeMap::new(),
+            token_hashes: BTreeMap::new(),
         }
     }
 
@@ -208,7 +208,7 @@ impl Owner {
                     continue;
                 }
                 if let Some(h) = &b.credential {
-                    self.pools.join_hashes.insert(n.clone(), h.clone());
+                    self.pools.token_hashes.insert(n.clone(), h.clone());
                 }
                 // Asked of the provider before the restart: it may still come (its boot timeout runs from now); a
                 // local pool's never will (its agents died with the server); one whose creation had failed is
@@ -246,7 +246,7 @@ impl Owner {
                     found.push((n.clone(), phase));
                 }
             }
-            // The pool's shape is no larger than its smallest registered machine (as `pool_node_registering` left it).
+            // The pool's shape is no larger than its smallest registered machine (as `pool_node_registered` left it).
             let mut shape: Option<(gpunet_core::MilliCpu, gpunet_core::MiB)> = None;
             for (n, d) in &self.nodes {
                 if !d.removed && self.pools.of_node(n) == Some(i) {
@@ -282,18 +282,19 @@ impl Owner {
             .is_some_and(|i| matches!(self.pools.list[i].nodes.get(name), Some(Phase::Leaving { .. })))
     }
 
-    /// A node registers: a pool's node gets the pool's labels and taint, whatever its agent said. Returns whether
-    /// the pool is deleting it (it then registers cordoned). A name of a pool's form (`POOL-NNNNN`) that the pool
-    /// never asked for is refused: a join token's holder could otherwise add nodes the pool adopts, counts as its
-    /// capacity and prices as its own.
+    /// A node asks to register: a pool's node gets the pool's labels and taint, whatever its agent said. A name of a
+    /// pool's form (`POOL-NNNNN`) that the pool never asked for is refused: a join token's holder could otherwise add
+    /// nodes the pool adopts, counts as its capacity and prices as its own.
     ///
     /// A pool's node registers with its own registration token (or its credential once registered, or the admin's
     /// token), never the join token: the names are predictable and shown while booting, and whoever took one first
     /// would get the pool's work and price. Its GPUs must be the pool's.
-    pub(super) fn pool_node_registering(&mut self, spec: &mut NodeSpec, join: bool) -> Result<bool, ApiError> {
-        let Some(i) = self.pools.of_node(&spec.name) else { return Ok(false) };
-        let known = self.nodes.contains_key(&spec.name);
-        let p = &mut self.pools.list[i];
+    ///
+    /// Only checks (and fills in `spec`): the pool counts the node once it is in the cluster
+    /// ([`Owner::pool_node_registered`]), so a registration refused later changes nothing.
+    pub(super) fn pool_node_admit(&self, spec: &mut NodeSpec, join: bool) -> Result<(), ApiError> {
+        let Some(i) = self.pools.of_node(&spec.name) else { return Ok(()) };
+        let p = &self.pools.list[i];
         let conflict = |msg: String| {
             let mut e = ApiError::new("conflict", msg);
             e.field = Some("spec.name".into());
@@ -309,6 +310,7 @@ impl Owner {
         let model = p.cfg.model().ok();
         if spec.gpus.len() != p.cfg.gpus_per_node as usize || spec.gpus.iter().any(|g| Some(g.model) != model) {
             let mut models: Vec<String> = spec.gpus.iter().map(|g| g.model.to_string()).collect();
+            models.sort();
             models.dedup();
             return Err(ApiError::invalid(
                 "spec.gpus",
@@ -316,7 +318,7 @@ impl Owner {
                 &format!("pool {}'s nodes have {} {} GPU(s)", p.cfg.name, p.cfg.gpus_per_node, p.cfg.gpu_model),
             ));
         }
-        if !p.nodes.contains_key(&spec.name) && !known {
+        if !p.nodes.contains_key(&spec.name) && !self.nodes.contains_key(&spec.name) {
             return Err(conflict(format!(
                 "node {} has a name of pool {}'s form and the pool did not ask for it: pool nodes are named by their \
                  pool (register another name)",
@@ -330,9 +332,15 @@ impl Owner {
         if p.cfg.lifecycle == gpunet_core::Lifecycle::Spot {
             spec.taints.push(gpunet_core::node::Taint { key: "lifecycle".into(), value: "spot".into() });
         }
-        if let Some(pr) = p.cfg.price_per_gpu_hour {
-            spec.price_per_gpu_hour = pr;
-        }
+        Ok(())
+    }
+
+    /// A node admitted by [`Owner::pool_node_admit`] is in the cluster: its pool counts it (a booting node is up, its
+    /// registration token spent) and shrinks its shape to a smaller machine. Returns whether the pool is deleting it
+    /// (it then registers cordoned).
+    pub(super) fn pool_node_registered(&mut self, spec: &NodeSpec) -> bool {
+        let Some(i) = self.pools.of_node(&spec.name) else { return false };
+        let p = &mut self.pools.list[i];
         let name = spec.name.clone();
         let pool = p.cfg.name.clone();
         // The machines are smaller than the pool's shape: the autoscaler counts queued jobs against what they have
@@ -352,7 +360,7 @@ impl Owner {
                 serde_json::json!({"node": name, "cpu_millicores": cpu.0, "mem_mib": mem.0}),
             );
         }
-        self.pools.join_hashes.remove(&name);
+        self.pools.token_hashes.remove(&name);
         let p = &mut self.pools.list[i];
         match p.nodes.get(&name).copied() {
             Some(Phase::Booting { since, .. }) => {
@@ -366,14 +374,14 @@ impl Owner {
                     serde_json::json!({"node": name, "boot_s": secs}),
                 );
             }
-            Some(Phase::Leaving { .. }) => return Ok(true),
+            Some(Phase::Leaving { .. }) => return true,
             Some(Phase::Up) => {}
             // A node of the cluster before this pool was configured: the pool adopts it.
             None => {
                 p.nodes.insert(name.clone(), Phase::Up);
             }
         }
-        Ok(false)
+        false
     }
 
     /// The pool's price for a node, if it sets one.
@@ -429,7 +437,7 @@ impl Owner {
         let mut writes = Vec::new();
         for n in &late {
             p.nodes.insert(n.clone(), Phase::Leaving { suspending: false, retry_at: None });
-            writes.push(booting_doc(&p.template, n, Unregistered::Leaving, self.pools.join_hashes.get(n).cloned()));
+            writes.push(booting_doc(&p.template, n, Unregistered::Leaving, self.pools.token_hashes.get(n).cloned()));
         }
         let pool = p.cfg.name.clone();
         let failures = p.failures;
@@ -661,7 +669,7 @@ impl Owner {
                     let token = crate::new_token();
                     let hash = crate::hash_token(&token);
                     writes.push(booting_doc(&p.template, n, Unregistered::Asked, Some(hash.clone())));
-                    self.pools.join_hashes.insert(n.clone(), hash.clone());
+                    self.pools.token_hashes.insert(n.clone(), hash.clone());
                     self.auth
                         .write()
                         .expect("auth lock")
@@ -776,7 +784,7 @@ impl Owner {
                             &p.template,
                             n,
                             Unregistered::Leaving,
-                            self.pools.join_hashes.get(n).cloned(),
+                            self.pools.token_hashes.get(n).cloned(),
                         )),
                         Some(Phase::Up) => registered.push(n.clone()),
                         _ => continue,
@@ -839,7 +847,7 @@ impl Owner {
                         }
                     }
                     self.auth.write().expect("auth lock").retain(|_, c| c.who != crate::Principal::Node(n.clone()));
-                    self.pools.join_hashes.remove(n);
+                    self.pools.token_hashes.remove(n);
                 }
                 self.dirty = true;
                 self.persist(writes, "pool nodes removed");
