@@ -126,7 +126,8 @@ pub struct SchedConfig {
     pub policy: Policy,
     /// EASY backfill behind the first job that does not fit.
     pub backfill: bool,
-    /// Most jobs examined behind a blocked head per pass (like Slurm's `bf_max_job_test`, default 500 there).
+    /// Most jobs examined in vain behind a blocked head per pass: jobs that start there do not count (Slurm's
+    /// `bf_max_job_test`, default 500 there, counts every job tested).
     pub backfill_depth: usize,
     /// Most running-job completions the backfill reservation looks ahead (like Slurm's `bf_window`); a head that
     /// cannot start within them gets no reservation time, and backfill then keeps off its node classes.

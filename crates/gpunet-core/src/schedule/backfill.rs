@@ -1,7 +1,8 @@
 //! Backfill (EASY): the blocked head's reservation — the earliest estimated time its placement becomes free, from
 //! the estimated ends of running jobs and of jobs started in this pass, and the resources it will take then — what
-//! that reservation holds back from long jobs, and the jobs tried behind the head (at most `backfill_depth`): a job
-//! starts only if it ends before the reservation or keeps off the reserved resources.
+//! that reservation holds back from long jobs, and the jobs tried behind the head: a job starts only if it ends before
+//! the reservation or keeps off the reserved resources. The walk stops after `backfill_depth` jobs behind the head
+//! that did not start; those that start do not count, so a head that blocks early holds nothing up that fits.
 
 use super::{Decision, Pass, PendingReason};
 use crate::alloc::{Free, Hold, Holdback, Request};
@@ -63,8 +64,8 @@ fn pull_releases<'x>(
 }
 
 impl<'a> Pass<'a> {
-    /// Behind a blocked head (`tried`: jobs taken from the queue since it blocked, this one included): past
-    /// `backfill_depth` the walk stops; cheap rejections come from the queue key alone (no job lookup). The job
+    /// Behind a blocked head (`tried`: jobs taken from the queue since it blocked that did not start, this one
+    /// included): past `backfill_depth` the walk stops; cheap rejections come from the queue key alone (no job lookup). The job
     /// `explain` traces is always tried.
     pub(super) fn behind_head(&self, r: &Res, key: &QueueKey, tried: usize, traced: bool) -> Behind {
         if tried > self.st.cfg.backfill_depth && !traced {
@@ -365,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn backfill_depth_counts_every_job_behind_the_head() {
+    fn backfill_depth_counts_the_jobs_behind_the_head_that_do_not_start() {
         let c = SchedConfig { backfill: true, backfill_depth: 2, ..cfg(Policy::Fifo) };
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 2)], &["a"]);
         submit(&mut s, 1, JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(10)), 0);
@@ -379,5 +380,27 @@ mod tests {
         }
         let (_, st) = schedule_with_stats(&s, Time::from_secs(5));
         assert!(st.considered <= 3, "{st:?}");
+    }
+
+    #[test]
+    fn jobs_that_start_behind_the_head_do_not_count_against_the_depth() {
+        // Node a: 2 of its 4 GPUs run a job until t=100; the head wants all 4 (reserved there from t=100). Node b's
+        // 8 GPUs are free: the five long 1-GPU jobs behind the head keep off node a and all start, although the depth
+        // is 2 (it bounds only the jobs tried in vain).
+        let c = SchedConfig { backfill: true, backfill_depth: 2, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("a", GpuModel::T4, 4), node("b", GpuModel::V100_16GB, 8)], &["t"]);
+        let mut run = JobSpec::new(t0(), "run", 2, 1).estimate(Dur::from_secs(100));
+        run.gpu_models = crate::job::thin_vec![GpuModel::T4];
+        submit(&mut s, 1, run, 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        let mut head = JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(10));
+        head.gpu_models = crate::job::thin_vec![GpuModel::T4];
+        submit(&mut s, 2, head, 1);
+        for i in 0..5 {
+            submit(&mut s, 10 + i, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(1000)), 2);
+        }
+        let ds = s.step(Time::from_secs(5)).unwrap();
+        assert_eq!(started(&ds), vec![10, 11, 12, 13, 14]);
+        s.check_invariants().unwrap();
     }
 }

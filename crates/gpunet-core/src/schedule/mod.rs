@@ -329,6 +329,9 @@ impl<'a> Pass<'a> {
                 Some(r) => {
                     if self.backfill(job, r, &classes, classes.len() != base.len(), shape) {
                         order.touch(t);
+                        // A job that starts is no look in vain: the depth bounds only those (a pass behind a head
+                        // that blocks early still starts everything that fits).
+                        after_block -= 1;
                     }
                 }
             }
