@@ -271,7 +271,7 @@ fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
     );
-    let cfg = config(dir.path(), &exec_pool("cloud", &resume, &suspend, 2.0));
+    let cfg = config(dir.path(), &exec_pool("cloud", &resume, &suspend, 5.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
@@ -482,15 +482,18 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     let st = state.display();
     let resume = dir.path().join("resume.sh");
     let suspend = dir.path().join("suspend.sh");
-    // The first machine's agent starts 3 s after the hook (its boot timeout is 1 s); later ones at once. Deleting
-    // takes 6 s: the late agent registers meanwhile.
+    // The first machine's agent starts only once its pool gave up on it (the suspend hook was called: its boot timeout
+    // passed); later ones at once. Deleting it ends only once the test saw the late agent registered: no sleeps, so a
+    // loaded machine cannot reorder them. The boot timeout is long enough for the next machine's agent to register on
+    // a loaded machine.
     script(
         &resume,
         &format!(
             "#!/bin/sh\nn=$(cat {st}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {st}/count\n\
-             delay=0; [ $n -eq 1 ] && delay=3\nshift\nfor node in \"$@\"; do\n\
+             wait=true; [ $n -eq 1 ] && wait='until [ -f {st}/calls ]; do sleep 0.1; done'\nshift\n\
+             for node in \"$@\"; do\n\
                tok=$(printf '%s\\n' $GPUNET_NODE_TOKENS | sed -n \"s/^$node=//p\")\n\
-               GPUNET_JOIN_TOKEN=$tok setsid sh -c \"sleep $delay; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
+               GPUNET_JOIN_TOKEN=$tok setsid sh -c \"$wait; exec {BIN} agent --server $GPUNET_SERVER --name $node --labels \
              $GPUNET_POOL_LABELS --fake-gpus ${{GPUNET_POOL_GPUS}}x$GPUNET_POOL_GPU_MODEL --data-dir {st}/$node \
              --no-tenant-uids\" > {st}/$node.log 2>&1 < /dev/null &\n  echo $! > {st}/$node.pid\ndone\n"
         ),
@@ -498,11 +501,13 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     script(
         &suspend,
         &format!(
-            "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\nsleep 6\nshift\nfor node in \"$@\"; do\n\
+            "#!/bin/sh\necho \"suspend $*\" >> {st}/calls\n\
+             i=0; until [ -f {st}/go ] || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done\nshift\n\
+             for node in \"$@\"; do\n\
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
     );
-    let cfg = config(dir.path(), &exec_pool("late", &resume, &suspend, 1.0));
+    let cfg = config(dir.path(), &exec_pool("late", &resume, &suspend, 5.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
@@ -521,6 +526,7 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     // An admin cannot put it back to work either.
     let (ok, _, err) = s.cli("admin-secret", &["uncordon", "late-00001"]);
     assert!(!ok && err.contains("being deleted"), "{err}");
+    std::fs::write(state.join("go"), "").unwrap();
     // The job runs on the next machine, never on the one being deleted.
     wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
     assert_eq!(show(&s, id)["attempts"][0]["placement"][0]["node"], "late-00002");
@@ -709,7 +715,7 @@ fn local_pool_with_a_job(
 #[test]
 fn a_pool_node_whose_agent_dies_is_deleted_with_its_tasks_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 1, 3.0, "1", 3);
+    let (s, data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 1, 5.0, "1", 3);
     assert!(std::process::Command::new("kill").args(["-9", &agent]).status().unwrap().success());
     // Deleted (its task killed with it) and replaced; the job runs again on the new node.
     wait_for(Duration::from_secs(60), || {
