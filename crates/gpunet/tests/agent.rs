@@ -148,6 +148,17 @@ fn a_killed_agent_loses_its_node_and_the_job_finishes_on_another() {
     let v = common::json(&nodes);
     let a1 = v.as_array().unwrap().iter().find(|n| n["name"] == "a1").unwrap().clone();
     assert_eq!(a1["state"], "lost");
+    // The test's "machine" goes with its agent's handle: the cgroups the killed agent left go too (each run of this
+    // test left four directories in /sys/fs/cgroup, for good).
+    let tag = format!("gpunet-a1-{}", gpunet_agent::container::agent_tag(&dir.path().join("a1")));
+    drop(a);
+    let left: Vec<String> = ["cpu", "devices", "freezer", "memory", "pids", "unified", ""]
+        .iter()
+        .map(|c| std::path::Path::new("/sys/fs/cgroup").join(c).join(&tag))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]

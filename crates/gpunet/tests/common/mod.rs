@@ -16,7 +16,13 @@ pub fn free_port() -> u16 {
 /// A child process killed when dropped.
 pub struct Proc(pub Child);
 
+/// The agents these helpers started and that run, by pid: name and data directory.
+static AGENTS: std::sync::Mutex<std::collections::BTreeMap<u32, (String, std::path::PathBuf)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 impl Proc {
+    /// Kills the process with SIGKILL. An agent killed so leaves its tasks and their cgroups, as a machine that died
+    /// would (a test may start the agent again, which adopts them); they go when this `Proc` is dropped.
     pub fn kill9(&mut self) {
         let _ = Command::new("kill").args(["-9", &self.0.id().to_string()]).status();
         let _ = self.0.wait();
@@ -32,6 +38,8 @@ impl Drop for Proc {
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(15) {
                 if !matches!(self.0.try_wait(), Ok(None)) {
+                    // It stopped (an agent: with its tasks).
+                    AGENTS.lock().unwrap().remove(&self.0.id());
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -39,6 +47,22 @@ impl Drop for Proc {
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
+        self.machine_gone();
+    }
+}
+
+impl Proc {
+    /// An agent that did not stop its tasks (killed, or not stopped within 15 s): what it left goes as it would with
+    /// its machine — its tasks and their cgroups — unless another agent of these helpers runs on its data directory
+    /// (started again, it adopted them).
+    fn machine_gone(&self) {
+        let mut agents = AGENTS.lock().unwrap();
+        let Some((name, dir)) = agents.remove(&self.0.id()) else { return };
+        if agents.values().any(|(_, d)| *d == dir) {
+            return;
+        }
+        drop(agents);
+        gpunet_agent::kill_left_tasks(&name, &dir);
     }
 }
 
@@ -172,6 +196,7 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        AGENTS.lock().unwrap().insert(child.id(), (name.to_string(), dir.join(name)));
         let p = Proc(child);
         wait_for(Duration::from_secs(20), || {
             let (_, out, _) = self.cli("admin-secret", &["nodes", "--output", "json"]);
