@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 
 mod start;
 
+pub use start::{Begun, Starting};
+
 /// A running task.
 #[derive(Debug)]
 struct Proc {
@@ -413,6 +415,31 @@ impl Launcher {
             pids_max: crate::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             containers: None,
+        }
+    }
+
+    /// A copy of this launcher's configuration with no task of its own, for launches that run while the launcher
+    /// goes on (see [`start::Starting`]).
+    fn for_launches(&self) -> Launcher {
+        Launcher {
+            mig_uuids: self.mig_uuids.clone(),
+            dir: self.dir.clone(),
+            procs: HashMap::new(),
+            exits: self.exits.clone(),
+            started: self.started.clone(),
+            cgroups: self.cgroups.clone(),
+            run_as: self.run_as,
+            checkpointed: self.checkpointed.clone(),
+            checkpoint_failures: self.checkpoint_failures.clone(),
+            checkpointed_now: self.checkpointed_now.clone(),
+            wrapper: self.wrapper.clone(),
+            task_path: self.task_path.clone(),
+            tenant_uid_base: self.tenant_uid_base,
+            dev_dir: self.dev_dir.clone(),
+            pid_namespace: self.pid_namespace,
+            pids_max: self.pids_max,
+            snapshot_max_bytes: self.snapshot_max_bytes,
+            containers: self.containers.clone(),
         }
     }
 

@@ -25,7 +25,7 @@ pub mod identity;
 pub mod launcher;
 pub mod wrapper;
 
-use gpunet_api::agent::{AgentSync, AgentWork, TaskExit, TaskRef};
+use gpunet_api::agent::{AgentSync, AgentWork, TaskAssignment, TaskExit, TaskRef};
 use gpunet_api::servers::ServerList;
 use gpunet_core::{GpuModel, MiB, MilliCpu, NodeSpec};
 use launcher::Launcher;
@@ -419,9 +419,40 @@ fn not_the_leader(r: &reqwest::Response, servers: &ServerList) -> Option<String>
     }
 }
 
+/// Takes in a task attempt's end: reported with the next sync.
+fn take_exit(launcher: &mut Launcher, ended: &mut HashSet<TaskRef>, pending: &mut Vec<TaskExit>, mut e: TaskExit) {
+    e.stopped = launcher.was_stopped(&e.task);
+    launcher.reaped(&e.task);
+    ended.insert(e.task);
+    pending.push(e);
+}
+
+/// Takes in a launch that ended (its task's start is reported with the next sync). The server may have changed its
+/// mind meanwhile: the task is stopped at once if the server's latest task set `latest` no longer has it (or the
+/// node fenced itself), and asked to checkpoint if its node is being reclaimed.
+fn take_start(launcher: &mut Launcher, latest: &[TaskAssignment], fenced: bool, b: launcher::Begun) {
+    let Some(t) = launcher.take(b) else { return };
+    match latest.iter().find(|a| a.task == t) {
+        Some(a) if !fenced => {
+            if let Some(now) = &a.checkpoint_now {
+                launcher.checkpoint_now(a, now);
+            }
+        }
+        _ => launcher.stop(&t, Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0)),
+    }
+}
+
 /// Stops every task (SIGTERM, SIGKILL after 5 s), gives them their grace to end, and removes their cgroups (which
 /// kills whatever is left in them).
-async fn shut_down(launcher: &mut Launcher, exits: &mut mpsc::UnboundedReceiver<TaskExit>) {
+async fn shut_down(
+    launcher: &mut Launcher,
+    starting: &mut launcher::Starting,
+    exits: &mut mpsc::UnboundedReceiver<TaskExit>,
+) {
+    // Launches in flight end first: their processes may run already, and are stopped with the others.
+    while let Some(b) = starting.next().await {
+        launcher.take(b);
+    }
     launcher.stop_all(Duration::from_secs(5));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
     while !launcher.running().is_empty() && tokio::time::Instant::now() < deadline {
@@ -546,11 +577,13 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let mut backoff = Duration::from_millis(100);
     // A stop asked for while the server cannot be reached yet stops the agent (and what it adopted) too.
     tokio::pin!(shutdown);
+    // Tasks being started: the loop goes on meanwhile (see `launcher::Starting`).
+    let mut starting = launcher::Starting::default();
     let mut credential = loop {
         let attempt = tokio::select! {
             r = register(&http, &cfg, &servers, &isolation) => r,
             _ = &mut shutdown => {
-                shut_down(&mut launcher, &mut exits).await;
+                shut_down(&mut launcher, &mut starting, &mut exits).await;
                 return Ok(());
             }
         };
@@ -561,7 +594,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = &mut shutdown => {
-                        shut_down(&mut launcher, &mut exits).await;
+                        shut_down(&mut launcher, &mut starting, &mut exits).await;
                         return Ok(());
                     }
                 }
@@ -580,6 +613,8 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     }
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
+    // The server's latest task set: a task whose start ends after it was answered is checked against it.
+    let mut latest: Vec<TaskAssignment> = Vec::new();
     let mut known = 0u64;
     // GPUs the server's latest assignment gives this node's tasks (fake samples show the others idle).
     let mut assigned_gpus: HashSet<u32> = HashSet::new();
@@ -617,6 +652,13 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let mut fence_after: Option<Duration> = None;
     let mut fenced = false;
     loop {
+        // What ended and started while the last report was in flight.
+        while let Ok(e) = exits.try_recv() {
+            take_exit(&mut launcher, &mut ended, &mut pending, e);
+        }
+        while let Some(b) = futures_util::FutureExt::now_or_never(starting.next()).flatten() {
+            take_start(&mut launcher, &latest, fenced, b);
+        }
         let mut logs = Vec::new();
         let mut tasks: Vec<TaskRef> = launcher.running();
         tasks.extend(pending.iter().map(|e| e.task));
@@ -686,6 +728,9 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
         let sent_now = sync.checkpoints_now.len();
         let sent = pending.len();
         let sent_starts = sync.started.len();
+        // A report (ends, starts, logs, checkpoints) is answered at once; a sync with none is held by the server until
+        // it has news for this node.
+        let reporting = sent > 0 || sent_starts > 0 || !sync.logs.is_empty() || sent_ckpts > 0 || sent_now > 0;
         let req = http
             .post(format!("{}/v1/agents/{}/sync", servers.current(), cfg.name))
             .bearer_auth(&credential)
@@ -697,7 +742,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
         let req = tokio::time::timeout(wait, req);
         tokio::select! {
             _ = &mut shutdown => {
-                shut_down(&mut launcher, &mut exits).await;
+                shut_down(&mut launcher, &mut starting, &mut exits).await;
                 return Ok(());
             }
             Some(seconds) = notices.recv() => {
@@ -724,18 +769,14 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                     }
                 }
             }
-            Some(mut e) = exits.recv() => {
-                e.stopped = launcher.was_stopped(&e.task);
-                launcher.reaped(&e.task);
-                ended.insert(e.task);
-                pending.push(e);
-                while let Ok(mut more) = exits.try_recv() {
-                    more.stopped = launcher.was_stopped(&more.task);
-                    launcher.reaped(&more.task);
-                    ended.insert(more.task);
-                    pending.push(more);
-                }
-                // The in-flight request is dropped; the next one carries the exits (reports are idempotent).
+            // A task's process runs, or one ended: the next sync reports it. An idle sync (the server holds it until
+            // it has news) is dropped for that; a report in flight is answered at once, and the next one carries
+            // what came meanwhile (reports are idempotent).
+            Some(b) = starting.next(), if !starting.is_empty() && !reporting => {
+                take_start(&mut launcher, &latest, fenced, b);
+            }
+            Some(e) = exits.recv(), if !reporting => {
+                take_exit(&mut launcher, &mut ended, &mut pending, e);
             }
             r = req => {
                 let r = match r {
@@ -807,7 +848,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = &mut shutdown => {
-                            shut_down(&mut launcher, &mut exits).await;
+                            shut_down(&mut launcher, &mut starting, &mut exits).await;
                             return Ok(());
                         }
                     }
@@ -873,12 +914,14 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                         if let Some(now) = &a.checkpoint_now {
                             launcher.checkpoint_now(a, now); // its node is being reclaimed
                         }
-                    } else if !ended.contains(&a.task) {
+                    } else if !ended.contains(&a.task) && !starting.contains(&a.task) {
                         new.push(a);
                     }
                 }
-                // Together: the last of a batch does not wait for the others' directories, cgroups and execs.
-                launcher.start_all(&new).await;
+                // Together and in the background: the last of a batch does not wait for the others' directories,
+                // cgroups and execs, nor does the next task the server places.
+                launcher.begin(&mut starting, &new);
+                latest = work.tasks;
             }
         }
     }

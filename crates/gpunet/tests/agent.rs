@@ -420,3 +420,51 @@ fn a_mig_slice_reaches_the_task_as_its_mig_uuid() {
     assert!(b[0].starts_with("MIG-fake-m1-0-") && b[0] == b[1], "{b:?}");
     assert_ne!(a[0], b[0], "two tasks got the same slice");
 }
+
+/// A task whose start is slow (here the restore of a large checkpoint snapshot) holds up nothing else on its node:
+/// a job placed on the same node meanwhile starts and ends while the restore still runs. The agent waited for every
+/// start of a batch before it synced again, so a long restore (minutes for a large model) held the node's other
+/// starts, its reports and its heartbeat.
+#[test]
+fn a_slow_start_holds_up_no_other_task_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = format!("file://{}/shared-ckpt/{{tenant}}", dir.path().display());
+    let (dir, s) = setup_in(dir, &["--checkpoint-root", &root]);
+    let shared = dir.path().join("shared-ckpt/t");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // Submitted before any node is there, so that its snapshot can be put in its tier first.
+    let slow = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: slow\ntenant: t\ngpus: 1\ncommand: [sh, -c, \"ls -s $GPUNET_CHECKPOINT_DIR > {}/restored\"]\n\
+             checkpoint_tiers:\n- {{name: shared, every: 1h, keep: 1, url: \"file://{}\"}}\n",
+            out.display(),
+            shared.display()
+        ),
+    );
+    // 768 MiB of data (not sparse: a restore keeps holes) in its newest snapshot.
+    let snap = shared.join(format!("job-{slow}/rank-0/shared/{:020}", 1000));
+    std::fs::create_dir_all(&snap).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(snap.join("weights")).unwrap());
+        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8 + 1).collect();
+        for _ in 0..768 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    let _a = s.agent("a1", "2xT4", dir.path(), "127.0.0.1");
+    wait_for(Duration::from_secs(30), || s.job_state(slow) == "running");
+    let quick = s.submit(&["--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(60), || s.job_state(quick) == "succeeded");
+    wait_for(Duration::from_secs(120), || s.job_state(slow) == "succeeded");
+    assert!(read(&out.join("restored")).contains("weights"), "the snapshot was restored");
+    let started = |id: u64| -> u64 {
+        let ev = common::json(&events(&s, id));
+        ev.as_array().unwrap().iter().find(|e| e["kind"] == "process_started").unwrap()["at_ms"].as_u64().unwrap()
+    };
+    let (a, b) = (started(slow), started(quick));
+    assert!(b < a, "the quick job's process started at {b}, after the slow one's at {a}");
+}

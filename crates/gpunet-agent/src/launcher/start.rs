@@ -3,6 +3,10 @@
 //! in the answer's order. A start is mostly system calls that wait (directory and file creation on the node's disk,
 //! cgroup directories, the `execve` of the wrapper, for which a spawning thread waits), so started one after the
 //! other the last task of a batch of 16 waited for 15 others; now they overlap.
+//!
+//! The agent does not wait for them either ([`Starting`]): its sync loop goes on (new tasks, ends, stops) while
+//! tasks start, and takes each in ([`Launcher::take`]) as soon as its process runs. Waiting for a whole batch held
+//! every task the server placed meanwhile until the slowest start of the batch had ended.
 
 use super::{
     checkpoint_dir, env_path, finish, group_dir, log_path, now_ms, own_dir, proc_identity, record_path, running_dir,
@@ -25,6 +29,63 @@ struct Launched {
     at_ms: u64,
     /// A container task's: the socket on which its wrapper says that the container runs.
     started: Option<std::os::unix::net::UnixStream>,
+}
+
+/// Task attempts being started in the background ([`Launcher::begin`]), each taken in by [`Launcher::take`] once it
+/// ended. A launch is never abandoned: its process may already run, so whoever stops the agent waits for every
+/// launch ([`Starting::next`]) and stops what they started.
+#[derive(Default)]
+pub struct Starting {
+    launches: futures_util::stream::FuturesUnordered<futures_util::future::BoxFuture<'static, Begun>>,
+    tasks: std::collections::HashSet<TaskRef>,
+}
+
+/// A launch that ended: its task runs (or it could not start, which is reported already).
+pub struct Begun {
+    assignment: TaskAssignment,
+    launched: Option<Launched>,
+}
+
+impl std::fmt::Debug for Starting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Starting").field("tasks", &self.tasks).finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Begun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Begun")
+            .field("task", &self.assignment.task)
+            .field("started", &self.launched.as_ref().map(|l| l.pid))
+            .finish()
+    }
+}
+
+impl Begun {
+    /// The task attempt.
+    pub fn task(&self) -> TaskRef {
+        self.assignment.task
+    }
+}
+
+impl Starting {
+    /// Whether this task attempt is being started.
+    pub fn contains(&self, t: &TaskRef) -> bool {
+        self.tasks.contains(t)
+    }
+
+    /// Whether no launch is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.launches.is_empty()
+    }
+
+    /// The next launch to end; `None` when none is in flight.
+    pub async fn next(&mut self) -> Option<Begun> {
+        use futures_util::StreamExt as _;
+        let b = self.launches.next().await?;
+        self.tasks.remove(&b.assignment.task);
+        Some(b)
+    }
 }
 
 /// Runs `f` on the blocking pool; a panic there becomes an error.
@@ -97,6 +158,35 @@ impl Launcher {
                 self.register(a, l);
             }
         }
+    }
+
+    /// Starts tasks in the background (see [`Starting`]); each is taken in by [`Launcher::take`]. Tasks already being
+    /// started are skipped.
+    pub fn begin(&self, starting: &mut Starting, tasks: &[&TaskAssignment]) {
+        let tasks: Vec<TaskAssignment> =
+            tasks.iter().filter(|a| starting.tasks.insert(a.task)).map(|a| (*a).clone()).collect();
+        if tasks.is_empty() {
+            return;
+        }
+        // What a launch reads of the launcher (its configuration), owned by the launches: the launcher itself goes
+        // on changing meanwhile.
+        let me = std::sync::Arc::new(self.for_launches());
+        for assignment in tasks {
+            let me = me.clone();
+            starting.launches.push(Box::pin(async move {
+                let launched = me.launch(&assignment).await;
+                Begun { assignment, launched }
+            }));
+        }
+    }
+
+    /// Takes in a launch that ended: a task whose process runs is registered (as [`Launcher::start_all`] does) and
+    /// returned.
+    pub fn take(&mut self, b: Begun) -> Option<TaskRef> {
+        let Begun { assignment, launched } = b;
+        let l = launched?;
+        self.register(&assignment, l);
+        Some(assignment.task)
     }
 
     /// Reports a task that could not start: it ends at once with code 127.
