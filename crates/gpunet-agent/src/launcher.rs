@@ -674,7 +674,6 @@ impl Launcher {
                                     env_file: Some(env_file.clone()),
                                     cwd: Some(home.clone()),
                                     pid_namespace,
-                                    ns_init: false,
                                     tmp_mib: Some(tmp_mib),
                                     container: None,
                                     prog: p.clone(),

@@ -19,6 +19,7 @@ pub mod container;
 pub mod copier;
 pub mod devfilter;
 pub mod fds;
+mod forked;
 pub mod gpu_errors;
 pub mod gpus;
 pub mod identity;

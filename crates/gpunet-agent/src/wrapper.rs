@@ -13,8 +13,9 @@
 //! run started are no longer its children; it adopts them (they keep running) and reads their status from FILE when
 //! they end. And joining the cgroups before the task's first instruction needs a process that runs before it.
 //!
-//! **The init.** After joining the cgroups the wrapper starts `task-exec --ns-init` (this program again, through
-//! `/proc/self/exe`) and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
+//! **The init.** After joining the cgroups the wrapper forks the init (one thread, so a fork is safe: see
+//! `crate::forked`; executing this program again cost a few milliseconds of CPU per task, mostly the dynamic
+//! loader's), and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
 //! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount and an IPC namespace, makes
 //! every mount private and mounts a fresh `/proc`, so the task lists only its own namespace's processes, and private
 //! tmpfs on `/tmp` and `/dev/shm` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
@@ -46,7 +47,6 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 /// The signals passed on to the task (SIGKILL and SIGSTOP cannot be caught; they reach everyone directly).
@@ -76,8 +76,6 @@ pub struct Exec {
     pub cwd: Option<PathBuf>,
     /// Run the task in a PID and mount namespace of its own, under an init (see the module's doc).
     pub pid_namespace: bool,
-    /// This process is that init (`--ns-init`; started by the wrapper, never by the agent).
-    pub ns_init: bool,
     /// The size bound (MiB) of the task's private `/tmp` and `/dev/shm` (`--tmp-size-mib`; with `pid_namespace`);
     /// `None`: tmpfs's default, half the RAM. Either way the pages count against the task's memory limit.
     pub tmp_mib: Option<u64>,
@@ -119,9 +117,6 @@ impl Exec {
         if self.pid_namespace {
             v.push("--pid-namespace".into());
         }
-        if self.ns_init {
-            v.push("--ns-init".into());
-        }
         if let Some(m) = self.tmp_mib {
             v.push("--tmp-size-mib".into());
             v.push(m.to_string());
@@ -153,7 +148,6 @@ impl Exec {
                 "--env-file" => e.env_file = Some(val("--env-file")?.into()),
                 "--cwd" => e.cwd = Some(val("--cwd")?.into()),
                 "--pid-namespace" => e.pid_namespace = true,
-                "--ns-init" => e.ns_init = true,
                 "--tmp-size-mib" => {
                     e.tmp_mib = Some(val("--tmp-size-mib")?.parse().map_err(|_| "--tmp-size-mib is a number")?)
                 }
@@ -187,9 +181,6 @@ impl Exec {
     }
 
     fn start_and_wait(&self) -> Ended {
-        if self.ns_init {
-            return self.init();
-        }
         // Before anything else: a stop that arrives from now on waits, pending, until there is a task to deliver it
         // to (read back through a descriptor that no child inherits).
         let set = signal_set(None);
@@ -248,17 +239,18 @@ impl Exec {
             Ok(p) => p,
             Err(e) => return refuse(125, format_args!("make a socket pair: {e}")),
         };
-        let init_exec = Exec { status: None, cgroups: Vec::new(), ns_init: true, ..self.clone() };
-        // This very program (the link survives an upgrade of the file on disk), with our empty environment.
-        let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg("task-exec").args(init_exec.to_args()).stdin(std::os::fd::OwnedFd::from(theirs));
-        let spawned = cmd.spawn();
-        drop(cmd); // our copy of the init's end of the socket: EOF once the init is gone
-        let mut init = match spawned {
-            Ok(c) => c,
+        // The init is this process forked, not this program executed again: an exec of this (large) program costs a
+        // few milliseconds of CPU per task, mostly the dynamic loader's. It tells the wrapper how the task ended on
+        // the socket and exits 0 (a PID 1 cannot end by a signal), as the init always did.
+        let pid = match crate::forked::fork_init(&ours) {
+            Ok(None) => {
+                self.init(theirs);
+                std::process::exit(0)
+            }
+            Ok(Some(pid)) => pid,
             Err(e) => return refuse(125, format_args!("start the task's init: {e}")),
         };
-        let pid = Pid::from_raw(init.id() as i32);
+        drop(theirs); // our copy of the init's end of the socket: EOF once the init is gone
         let mut first = [0u8; 1];
         let mut text = String::new();
         if matches!(ours.read(&mut first), Ok(1)) {
@@ -282,28 +274,26 @@ impl Exec {
             }
             let _ = ours.read_to_string(&mut text);
         }
+        use nix::sys::wait::{waitpid, WaitStatus};
         let status = loop {
-            match init.wait() {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            match waitpid(pid, None) {
+                Err(nix::errno::Errno::EINTR) => continue,
                 other => break other,
             }
         };
         match (Ended::parse(&text), status) {
             (Some(e), _) => e,
             // No word from the init: it was killed (SIGKILL to the group) or failed before it could say.
-            (None, Ok(s)) => ended_of(s),
+            (None, Ok(WaitStatus::Exited(_, c))) => Ended::Exit(c),
+            (None, Ok(WaitStatus::Signaled(_, s, _))) => Ended::Signal(s as i32),
+            (None, Ok(_)) => Ended::Exit(255),
             (None, Err(e)) => refuse(255, format_args!("wait for the task's init: {e}")),
         }
     }
 
-    /// The init (`--ns-init`, started by the wrapper; its standard input is the socket to the wrapper): PID 1 of
-    /// the task's namespace with `--pid-namespace`, else a plain parent in the wrapper's process group.
-    fn init(&self) -> Ended {
-        use std::os::fd::AsFd as _;
-        let mut wrapper = match std::io::stdin().as_fd().try_clone_to_owned() {
-            Ok(fd) => std::os::unix::net::UnixStream::from(fd),
-            Err(e) => return refuse(125, format_args!("the wrapper's socket: {e}")),
-        };
+    /// The init (the wrapper's forked child; `wrapper` is its socket to the wrapper): PID 1 of the task's namespace
+    /// with `--pid-namespace`, else a plain parent in the wrapper's process group.
+    fn init(&self, mut wrapper: std::os::unix::net::UnixStream) -> Ended {
         let e = self.init_run(&mut wrapper);
         // The init's own exit status could not carry a signal (a PID 1 cannot kill itself): a line says it.
         let _ = wrapper.write_all(e.to_line().as_bytes());
@@ -502,14 +492,6 @@ fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String
     Ok(())
 }
 
-fn ended_of(s: std::process::ExitStatus) -> Ended {
-    match (s.code(), s.signal()) {
-        (Some(c), _) => Ended::Exit(c),
-        (None, Some(sig)) => Ended::Signal(sig),
-        _ => Ended::Exit(255),
-    }
-}
-
 /// Whether tasks can run in PID namespaces here: runs `sh -c 'test $$ = 2'` (the task is PID 2, after the init) through `exe task-exec --pid-namespace`. `Err` says why not (e.g. `EPERM` in an unprivileged container).
 pub fn check_pid_namespace(exe: &Path) -> Result<(), String> {
     // And its /proc is the namespace's: the caller's pid (above 2 outside a container's init) is not in it.
@@ -533,11 +515,6 @@ pub fn check_pid_namespace(exe: &Path) -> Result<(), String> {
 /// `gpunet task-exec …`: runs the wrapper and ends like the task did.
 pub fn main(argv: &[String]) -> ! {
     match Exec::parse(argv) {
-        // The init told the wrapper how the task ended; it cannot end by a signal itself (a PID 1 ignores its own).
-        Ok(e) if e.ns_init => {
-            e.run();
-            std::process::exit(0)
-        }
         Ok(e) => exit_like(e.run()),
         Err(e) => {
             eprintln!("gpunet task-exec: {e}");
@@ -658,15 +635,12 @@ mod tests {
             env_file: Some("/d/running/job-1.env".into()),
             cwd: Some("/d/homes/job-1/rank-0".into()),
             pid_namespace: true,
-            ns_init: false,
             tmp_mib: Some(512),
             container: None,
             prog: "sh".into(),
             args: vec!["-c".into(), "--pid-namespace".into()],
         };
         assert_eq!(Exec::parse(&e.to_args()).unwrap(), e, "a program's own arguments stay its own");
-        let init = Exec { status: None, ns_init: true, ..e.clone() };
-        assert_eq!(Exec::parse(&init.to_args()).unwrap(), init);
         let c = Exec {
             container: Some(crate::container::run::ContainerExec {
                 id: "gpunet-job-1-rank-0-attempt-0".into(),

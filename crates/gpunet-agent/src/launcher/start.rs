@@ -298,7 +298,6 @@ impl Launcher {
                         env_file: Some("-".into()),
                         cwd: Some(cwd.clone()),
                         pid_namespace,
-                        ns_init: false,
                         // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
                         tmp_mib: Some(memory_mib.max(4)),
                         container: None,
