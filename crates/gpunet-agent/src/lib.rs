@@ -450,11 +450,15 @@ async fn shut_down(
     starting: &mut launcher::Starting,
     exits: &mut mpsc::UnboundedReceiver<TaskExit>,
 ) {
-    // Launches in flight end first: their processes may run already, and are stopped with the others.
+    let grace = Duration::from_secs(5);
+    launcher.stop_all(grace);
+    // Launches in flight (a checkpoint restore may take minutes) are waited for, after the running tasks were told to
+    // stop: their processes may run already, and each is stopped as it is taken in.
     while let Some(b) = starting.next().await {
-        launcher.take(b);
+        if let Some(t) = launcher.take(b) {
+            launcher.stop(&t, grace);
+        }
     }
-    launcher.stop_all(Duration::from_secs(5));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
     while !launcher.running().is_empty() && tokio::time::Instant::now() < deadline {
         match tokio::time::timeout_at(deadline, exits.recv()).await {
@@ -828,7 +832,8 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                         let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
                         let at = f.saturating_sub(grace).max(f / 2);
                         let running = launcher.running();
-                        if last_synced.elapsed() >= at && !running.is_empty() {
+                        // Tasks still starting count: each is stopped as it is taken in (`fenced`).
+                        if last_synced.elapsed() >= at && !(running.is_empty() && starting.is_empty()) {
                             if !fenced {
                                 tracing::error!(
                                     silent_s = last_synced.elapsed().as_secs(),

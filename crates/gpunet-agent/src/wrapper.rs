@@ -24,7 +24,7 @@
 //! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
 //! SIGQUIT, SIGUSR1 and SIGUSR2 to that group (a PID 1 gets no signal it has no handler for, so the task must not be
 //! PID 1: a Python task without a SIGTERM handler would never stop). It reaps orphans and tells the wrapper how the
-//! task ended (a line on a socket, its standard input) before it exits; the kernel then kills whatever is left in
+//! task ended (a line on their socket pair) before it exits; the kernel then kills whatever is left in
 //! the namespace. A task therefore cannot name — so cannot signal, ptrace or read `/proc` of — any process outside
 //! its namespace: not another tenant's, not another task's of its own tenant. The pid the agent records (and
 //! signals, and adopts after a restart) is the wrapper's, outside the namespace; the status file is the wrapper's.
@@ -356,8 +356,12 @@ impl Exec {
                     // The task leads its own group in the namespace: every signal reaches it through us, once.
                     let _ = killpg(task, sig);
                 }
-                // Without a namespace the group's signal reached the task directly (and is dropped here).
-                while let Ok(Some(_)) = early.read_signal() {}
+                // Without a namespace the group's signal reached the task directly (and is dropped here, with any
+                // other the group got meanwhile). In a namespace every other pending signal is the task's still: the
+                // next wait passes it on (draining them here lost a SIGTERM that came with a SIGUSR1).
+                if !self.pid_namespace {
+                    while let Ok(Some(_)) = early.read_signal() {}
+                }
                 continue;
             }
             // Reap every child that ended: the task, and the orphans the namespace hands to its PID 1.
@@ -622,7 +626,7 @@ pub fn exit_like(e: Ended) -> ! {
 
 #[cfg(test)]
 mod tests {
-    //! Running the wrapper needs the `gpunet` binary (it starts itself as the init): see
+    //! Running the wrapper needs the `gpunet` binary (`gpunet task-exec`): see
     //! `crates/gpunet/tests/task_exec.rs`.
     use super::*;
 

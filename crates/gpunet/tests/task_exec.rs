@@ -152,3 +152,40 @@ fn a_working_directory_under_tmp_or_dev_shm_stays_reachable_in_the_tasks_namespa
         assert_eq!(std::fs::read_to_string(work.join("here")).unwrap(), "kept\n", "{parent}");
     }
 }
+
+/// Two signals pending at once in the init of a PID namespace both reach the task: the init passed the first on and
+/// threw the others away (a SIGTERM that came with a SIGUSR1 never arrived). Made deterministic by stopping the init
+/// while both are sent.
+#[test]
+fn every_signal_pending_in_the_namespace_init_reaches_the_task() {
+    // Not under /tmp: the task has a /tmp of its own.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'echo usr1' USR1; trap 'echo term; exit 0' TERM; touch {}; i=0; \
+         while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo timeout",
+        ready.display()
+    );
+    let child = Command::new(common::BIN)
+        .args(["task-exec", "--status", "-", "--pid-namespace", "--", "sh", "-c", &script])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let wrapper = child.id();
+    common::wait_for(std::time::Duration::from_secs(30), || ready.exists());
+    // The init: the wrapper's child.
+    let o = Command::new("pgrep").args(["-P", &wrapper.to_string()]).output().unwrap();
+    let init = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(init.parse::<u32>().is_ok(), "one init: {init:?}");
+    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &init]).status().unwrap().success());
+    kill("-STOP");
+    kill("-USR1");
+    kill("-TERM");
+    kill("-CONT");
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("usr1") && text.contains("term"), "{text}");
+    assert!(out.status.success(), "{:?} {text}", out.status);
+}

@@ -31,9 +31,9 @@ struct Launched {
     started: Option<std::os::unix::net::UnixStream>,
 }
 
-/// Task attempts being started in the background ([`Launcher::begin`]), each taken in by [`Launcher::take`] once it
-/// ended. A launch is never abandoned: its process may already run, so whoever stops the agent waits for every
-/// launch ([`Starting::next`]) and stops what they started.
+/// Task attempts being started in the background ([`Launcher::begin`], each a tokio task of its own), each taken in
+/// by [`Launcher::take`] once it ended. A launch is never abandoned: its process may already run, so whoever stops
+/// the agent waits for every launch ([`Starting::next`]) and stops what they started.
 #[derive(Default)]
 pub struct Starting {
     launches: futures_util::stream::FuturesUnordered<futures_util::future::BoxFuture<'static, Begun>>,
@@ -72,6 +72,11 @@ impl Starting {
     /// Whether this task attempt is being started.
     pub fn contains(&self, t: &TaskRef) -> bool {
         self.tasks.contains(t)
+    }
+
+    /// The task attempts being started.
+    pub fn tasks(&self) -> impl Iterator<Item = &TaskRef> {
+        self.tasks.iter()
     }
 
     /// Whether no launch is in flight.
@@ -173,9 +178,29 @@ impl Launcher {
         let me = std::sync::Arc::new(self.for_launches());
         for assignment in tasks {
             let me = me.clone();
+            // A task of its own: it makes progress whatever the sync loop waits for, and is never cancelled half-way
+            // (its process may run already).
+            let a = assignment.clone();
+            let launch = tokio::spawn(async move {
+                let launched = me.launch(&a).await;
+                Begun { assignment: a, launched }
+            });
+            let exits = self.exits.clone();
             starting.launches.push(Box::pin(async move {
-                let launched = me.launch(&assignment).await;
-                Begun { assignment, launched }
+                launch.await.unwrap_or_else(|e| {
+                    // A panic in the start: the task did not start (reported like any start that failed).
+                    let t = assignment.task;
+                    tracing::error!(job = t.job, rank = t.rank, error = %e, "task could not start");
+                    let _ = exits.send(TaskExit {
+                        task: t,
+                        code: Some(127),
+                        signal: None,
+                        oom: false,
+                        stopped: false,
+                        reason: Some(format!("could not start: {e}")),
+                    });
+                    Begun { assignment, launched: None }
+                })
             }));
         }
     }
