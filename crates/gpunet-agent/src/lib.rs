@@ -166,6 +166,9 @@ pub struct AgentConfig {
     pub task_pids_max: u64,
     /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
     pub snapshot_max_bytes: u64,
+    /// How long an ended job's files stay on the node after the server said it ended for good (see `JobFiles`), for
+    /// whoever wants to look at them; then they are removed.
+    pub ended_job_files_keep: Duration,
     /// How container tasks run (see [`container`]); by default with runc where installed (and the agent is root).
     pub containers: container::Options,
     /// A program run every [`NOTICE_EVERY`] that prints the seconds left before the machine's provider takes it back
@@ -420,6 +423,92 @@ fn not_the_leader(r: &reqwest::Response, servers: &ServerList) -> Option<String>
     }
 }
 
+/// The default of [`AgentConfig::ended_job_files_keep`].
+pub const DEFAULT_ENDED_JOB_FILES_KEEP: Duration = Duration::from_secs(3600);
+
+/// How often the agent asks again about the jobs whose files it keeps (see [`JobFiles`]); it asks at once when that
+/// set changes.
+const HELD_ASK_EVERY: Duration = Duration::from_secs(15);
+
+/// The jobs whose files (`homes/job-J`, `checkpoints/job-J`, `logs/job-J` and the node's own checkpoint tier
+/// `tiers/job-J`) this node keeps. A job's files stay while it may come back here (a preempted job resumes from its
+/// local checkpoint); once the server says it ended for good ([`AgentWork::ended_jobs`]) they are removed after
+/// [`AgentConfig::ended_job_files_keep`], so that finished jobs cannot fill the node's disk for the next tenants.
+#[derive(Debug, Default)]
+struct JobFiles {
+    held: std::collections::BTreeSet<u64>,
+    /// Jobs the server said ended, since when.
+    ended: std::collections::BTreeMap<u64, std::time::Instant>,
+    /// The last question and when it was asked.
+    asked: Vec<u64>,
+    asked_at: Option<std::time::Instant>,
+}
+
+impl JobFiles {
+    /// The jobs with files under the data directory `dir`.
+    fn scan(dir: &std::path::Path) -> JobFiles {
+        let mut held = std::collections::BTreeSet::new();
+        for sub in JOB_FILE_DIRS {
+            let Ok(rd) = std::fs::read_dir(dir.join(sub)) else { continue };
+            held.extend(rd.flatten().filter_map(|e| e.file_name().to_str()?.strip_prefix("job-")?.parse::<u64>().ok()));
+        }
+        JobFiles { held, ..JobFiles::default() }
+    }
+
+    /// What to ask this sync: the held jobs with no task here (`active`), when they changed or the last question is
+    /// old; empty otherwise.
+    fn question(&mut self, active: &HashSet<u64>) -> Vec<u64> {
+        let idle: Vec<u64> =
+            self.held.iter().copied().filter(|j| !active.contains(j)).take(gpunet_api::agent::HELD_JOBS_MAX).collect();
+        if idle.is_empty() || (idle == self.asked && self.asked_at.is_some_and(|t| t.elapsed() < HELD_ASK_EVERY)) {
+            return Vec::new();
+        }
+        self.asked.clone_from(&idle);
+        self.asked_at = Some(std::time::Instant::now());
+        idle
+    }
+
+    /// The server's answer: the jobs that ended (and have no task here) wait out `keep` (see [`JobFiles::sweep`]).
+    fn answer(&mut self, ended: &[u64], active: &HashSet<u64>) {
+        let now = std::time::Instant::now();
+        for j in ended {
+            if !active.contains(j) && self.held.remove(j) {
+                self.ended.insert(*j, now);
+            }
+        }
+    }
+
+    /// Removes, off the loop, the files of the jobs that ended at least `keep` ago.
+    fn sweep(&mut self, dir: &std::path::Path, keep: Duration) {
+        let due: Vec<u64> = self.ended.iter().filter(|(_, at)| at.elapsed() >= keep).map(|(j, _)| *j).collect();
+        if due.is_empty() {
+            return;
+        }
+        for j in &due {
+            self.ended.remove(j);
+        }
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            for j in due {
+                for sub in JOB_FILE_DIRS {
+                    // `remove_dir_all` works beneath directory descriptors and never follows a symlink the job
+                    // planted.
+                    match std::fs::remove_dir_all(dir.join(sub).join(format!("job-{j}"))) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            tracing::warn!(job = j, dir = sub, error = %e, "remove an ended job's files")
+                        }
+                        _ => {}
+                    }
+                }
+                tracing::info!(job = j, "an ended job's files removed");
+            }
+        });
+    }
+}
+
+/// The data directory's per-job directories (see [`JobFiles`]).
+const JOB_FILE_DIRS: [&str; 4] = ["homes", "checkpoints", "logs", "tiers"];
+
 /// Takes in a task attempt's end: reported with the next sync.
 fn take_exit(launcher: &mut Launcher, ended: &mut HashSet<TaskRef>, pending: &mut Vec<TaskExit>, mut e: TaskExit) {
     e.stopped = launcher.was_stopped(&e.task);
@@ -441,6 +530,26 @@ fn take_start(launcher: &mut Launcher, latest: &[TaskAssignment], fenced: bool, 
         }
         _ => launcher.stop(&t, Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0)),
     }
+}
+
+/// The jobs with a task on this node: running, being started, ended but not yet reported or with log left to ship,
+/// or in the server's latest task set.
+fn active_jobs(
+    launcher: &Launcher,
+    starting: &launcher::Starting,
+    pending: &[TaskExit],
+    draining: &std::collections::HashMap<TaskRef, std::time::Instant>,
+    latest: &[TaskAssignment],
+) -> HashSet<u64> {
+    launcher
+        .running()
+        .iter()
+        .chain(starting.tasks())
+        .chain(pending.iter().map(|e| &e.task))
+        .chain(draining.keys())
+        .chain(latest.iter().map(|a| &a.task))
+        .map(|t| t.job)
+        .collect()
 }
 
 /// Stops every task (SIGTERM, SIGKILL after 5 s), gives them their grace to end, and removes their cgroups (which
@@ -618,6 +727,8 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     }
     let mut pending: Vec<TaskExit> = Vec::new();
     let mut ended: HashSet<TaskRef> = HashSet::new();
+    // The jobs whose files this node keeps, from an earlier run of the agent too.
+    let mut job_files = JobFiles::scan(&cfg.data_dir);
     // The server's latest task set: a task whose start ends after it was answered is checked against it.
     let mut latest: Vec<TaskAssignment> = Vec::new();
     let mut known = 0u64;
@@ -657,6 +768,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let mut fence_after: Option<Duration> = None;
     let mut fenced = false;
     loop {
+        job_files.sweep(&cfg.data_dir, cfg.ended_job_files_keep);
         // What ended and started while the last report was in flight.
         while let Ok(e) = exits.try_recv() {
             take_exit(&mut launcher, &mut ended, &mut pending, e);
@@ -728,6 +840,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
             gpu_samples,
             checkpoint_failures: launcher.checkpoint_failures.load(std::sync::atomic::Ordering::Relaxed),
             checkpoints_now: launcher.checkpointed_now.lock().expect("checkpoint sink").clone(),
+            held_jobs: job_files.question(&active_jobs(&launcher, &starting, &pending, &draining, &latest)),
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent_now = sync.checkpoints_now.len();
@@ -735,7 +848,12 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
         let sent_starts = sync.started.len();
         // A report (ends, starts, logs, checkpoints) is answered at once; a sync with none is held by the server until
         // it has news for this node.
-        let reporting = sent > 0 || sent_starts > 0 || !sync.logs.is_empty() || sent_ckpts > 0 || sent_now > 0;
+        let reporting = sent > 0
+            || sent_starts > 0
+            || !sync.logs.is_empty()
+            || sent_ckpts > 0
+            || sent_now > 0
+            || !sync.held_jobs.is_empty();
         let req = http
             .post(format!("{}/v1/agents/{}/sync", servers.current(), cfg.name))
             .bearer_auth(&credential)
@@ -927,7 +1045,10 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 // Together and in the background: the last of a batch does not wait for the others' directories,
                 // cgroups and execs, nor does the next task the server places.
                 launcher.begin(&mut starting, &new);
+                job_files.held.extend(work.tasks.iter().map(|a| a.task.job));
                 latest = work.tasks;
+                let active = active_jobs(&launcher, &starting, &pending, &draining, &latest);
+                job_files.answer(&work.ended_jobs, &active);
             }
         }
     }
@@ -993,6 +1114,7 @@ mod tests {
             pid_namespace: false,
             task_pids_max: cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+            ended_job_files_keep: DEFAULT_ENDED_JOB_FILES_KEEP,
             containers: Default::default(),
             notice_command: None,
         };

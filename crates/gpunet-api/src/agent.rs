@@ -77,7 +77,15 @@ pub struct AgentSync {
     /// whose final snapshot is on every tier: the task and when the snapshot was taken (ms since epoch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints_now: Vec<(TaskRef, u64)>,
+    /// Jobs whose files this node keeps (their tasks' own, checkpoint and log directories) and that have no task on
+    /// it now: the server answers which of them ended for good ([`AgentWork::ended_jobs`]), and the agent removes
+    /// those files. At most [`HELD_JOBS_MAX`] per report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_jobs: Vec<u64>,
 }
+
+/// The most jobs one report asks about ([`AgentSync::held_jobs`]).
+pub const HELD_JOBS_MAX: usize = 1024;
 
 /// One GPU's sample from NVML. Fields NVML could not read are absent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -268,4 +276,9 @@ pub struct AgentWork {
     /// its tasks itself, so that no task runs twice. Absent from older servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_after_ms: Option<u64>,
+    /// Of the report's [`AgentSync::held_jobs`], those that ended for good (succeeded, failed or cancelled) after
+    /// running on this node, and those the server does not know: nothing of theirs will run here again, and the
+    /// agent removes their files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended_jobs: Vec<u64>,
 }

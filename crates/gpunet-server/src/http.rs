@@ -871,13 +871,14 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
     let known = sync.known_version;
     let sync_failures = sync.checkpoint_failures;
-    // A report is answered at once (its agent holds what happens meanwhile for the next one); a sync with none waits
-    // for news for the node.
+    // A report (or a question: which of its jobs ended) is answered at once (its agent holds what happens meanwhile
+    // for the next one); a sync with none waits for news for the node.
     let reported = !sync.exited.is_empty()
         || !sync.started.is_empty()
         || !sync.logs.is_empty()
         || !sync.checkpoints.is_empty()
-        || !sync.checkpoints_now.is_empty();
+        || !sync.checkpoints_now.is_empty()
+        || !sync.held_jobs.is_empty();
     if !sync.logs.is_empty() {
         // Only the node's own task attempts' logs are kept.
         let asked = sync.logs.iter().map(|c| c.task).collect();

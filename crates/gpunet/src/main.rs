@@ -215,6 +215,11 @@ struct AgentArgs {
     /// a file's holes; every byte to an object store). A snapshot over it fails and is removed.
     #[arg(long, default_value_t = gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES)]
     checkpoint_snapshot_max_bytes: u64,
+    /// Seconds an ended job's files (its tasks' own, checkpoint and log directories, and the node's checkpoint tier)
+    /// stay on the node after the server said it ended for good (succeeded, failed, cancelled); then they are removed.
+    /// A job that may come back (preempted, restarting) keeps them.
+    #[arg(long, default_value_t = gpunet_agent::DEFAULT_ENDED_JOB_FILES_KEEP.as_secs_f64())]
+    ended_job_files_keep_s: f64,
     /// Where the GPUs' device nodes are (their numbers go into each task's devices cgroup).
     #[arg(long, default_value = "/dev")]
     device_dir: PathBuf,
@@ -340,6 +345,10 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         }
         reach
     };
+    let keep = a.ended_job_files_keep_s;
+    if !(keep.is_finite() && (0.0..=366.0 * 86_400.0).contains(&keep)) {
+        bail!("invalid --ended-job-files-keep-s {keep}: allowed is seconds from 0 to 31622400 (366 days)");
+    }
     Ok(gpunet_agent::AgentConfig {
         server: a.server.trim_end_matches('/').to_string(),
         ca: a.ca.clone(),
@@ -377,6 +386,7 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         pid_namespace: !a.no_pid_namespace,
         task_pids_max: a.task_pids_max,
         snapshot_max_bytes: a.checkpoint_snapshot_max_bytes,
+        ended_job_files_keep: std::time::Duration::from_secs_f64(keep),
         containers: gpunet_agent::container::Options {
             runtime: a.container_runtime.clone(),
             init: a.container_init.clone(),
@@ -755,6 +765,7 @@ fn real_main() -> Result<()> {
                     pid_namespace: true,
                     task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
                     snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+                    ended_job_files_keep: gpunet_agent::DEFAULT_ENDED_JOB_FILES_KEEP,
                     containers: Default::default(),
                     notice_command: None,
                 };

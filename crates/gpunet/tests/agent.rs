@@ -468,3 +468,68 @@ fn a_slow_start_holds_up_no_other_task_of_its_node() {
     let (a, b) = (started(slow), started(quick));
     assert!(b < a, "the quick job's process started at {b}, after the slow one's at {a}");
 }
+
+/// A job's files on a node (its own directory, checkpoint directory, logs and the node's checkpoint tier) are removed
+/// once it ended for good (here at once: `--ended-job-files-keep-s 0`), so that finished jobs cannot fill a node's
+/// disk; a job that may still come back (waiting to restart) keeps them, and its logs stay readable through the
+/// server.
+#[test]
+fn an_ended_jobs_files_leave_the_node_and_a_restarting_jobs_stay() {
+    let (dir, s) = setup(&["--restart-backoff-s", "600"]);
+    let _a = s.agent_with("a1", "1xT4", dir.path(), "127.0.0.1", &["--ended-job-files-keep-s", "0"]);
+    let data = dir.path().join("a1");
+    let files = |id: u64| -> Vec<std::path::PathBuf> {
+        ["homes", "checkpoints", "logs", "tiers"]
+            .iter()
+            .map(|d| data.join(d).join(format!("job-{id}")))
+            .filter(|p| p.exists())
+            .collect()
+    };
+    let write = "head -c 100000 /dev/zero > $HOME/big; echo step > $GPUNET_CHECKPOINT_DIR/state; echo hello";
+    // Waiting out a 600 s backoff after its first failure: it may come back here.
+    let back = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: back\ntenant: t\ngpus: 1\nmax_restarts: 2\ncommand: [sh, -c, \"{write}; exit 1\"]\n\
+             checkpoint_tiers:\n- {{name: local, every: 100ms, keep: 1}}\n"
+        ),
+    );
+    wait_for(Duration::from_secs(30), || s.job_state(back) == "restarting");
+    let go = dir.path().join("go");
+    let done = s.submit(&[
+        "--gpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &format!("{write}; while [ ! -f {} ]; do sleep 0.1; done", go.display()),
+    ]);
+    // Its own, checkpoint and log directories while it runs.
+    wait_for(Duration::from_secs(30), || files(done).len() == 3);
+    std::fs::write(&go, "").unwrap();
+    wait_for(Duration::from_secs(30), || s.job_state(done) == "succeeded");
+    wait_for(Duration::from_secs(30), || files(done).is_empty());
+    let (_, log, _) = s.cli("admin-secret", &["logs", &done.to_string()]);
+    assert!(log.contains("hello"), "the server keeps the log: {log}");
+    // The job that may come back keeps everything, its node-disk tier included.
+    assert_eq!(files(back).len(), 4, "{:?}", files(back));
+    let (ok, o, e) = s.cli("admin-secret", &["cancel", &back.to_string()]);
+    assert!(ok, "{o}{e}");
+    // Asked about again within 15 s (its set of jobs did not change).
+    wait_for(Duration::from_secs(60), || files(back).is_empty());
+}
+
+#[test]
+fn a_bad_ended_job_files_keep_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["--ended-job-files-keep-s=-1", "--ended-job-files-keep-s=inf", "--ended-job-files-keep-s=1e12"] {
+        let o = Command::new(common::BIN)
+            .args(["agent", "--server", "http://127.0.0.1:9", "--join-token", "x", "--name", "n", "--fake-gpus"])
+            .args(["1xT4", "--data-dir", dir.path().join("d").to_str().unwrap(), "--no-tenant-uids", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("invalid --ended-job-files-keep-s"), "{bad}: {err}");
+    }
+}

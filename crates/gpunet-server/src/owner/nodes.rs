@@ -360,6 +360,7 @@ impl Owner {
                 }
             }
         }
+        let ended_jobs = self.ended_jobs_of(node, &sync.held_jobs);
         let tasks = self.assignments(id);
         let handed = self.handed.entry(node.to_string()).or_default();
         let at = std::time::Instant::now();
@@ -370,8 +371,26 @@ impl Owner {
             tasks,
             // The agent fences itself when it cannot sync this long (see `AgentWork::fence_after_ms`).
             fence_after_ms: Some((self.lost_after + self.fence_after).as_millis() as u64),
+            ended_jobs,
         };
         Ok((writes, work))
+    }
+
+    /// Of the jobs whose files a node keeps (`held`), those it may remove: ended for good after an attempt on this
+    /// node (its kept attempt records say so; a node learns nothing of other nodes' jobs), or unknown here. At most
+    /// [`gpunet_api::agent::HELD_JOBS_MAX`] are looked at.
+    fn ended_jobs_of(&self, node: &str, held: &[u64]) -> Vec<u64> {
+        held.iter()
+            .take(gpunet_api::agent::HELD_JOBS_MAX)
+            .copied()
+            .filter(|id| match self.docs.get(id) {
+                None => self.st.job(JobId(*id)).is_none(),
+                Some(d) => {
+                    self.live_of(*id, d).is_terminal()
+                        && d.more().attempts.iter().any(|a| a.placement.iter().any(|t| t.node == node))
+                }
+            })
+            .collect()
     }
 
     /// Every task that should run on a node, with its environment.

@@ -327,6 +327,7 @@ async fn local_net(dir: &std::path::Path, a: &E2eArgs) -> Result<(LocalNet, Stri
             pid_namespace: !a.no_pid_namespace,
             task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
+            ended_job_files_keep: gpunet_agent::DEFAULT_ENDED_JOB_FILES_KEEP,
             containers: gpunet_agent::container::Options { image_dir: a.image_dir.clone(), ..Default::default() },
             notice_command: None,
         };
