@@ -439,8 +439,10 @@ struct JobFiles {
     held: std::collections::BTreeSet<u64>,
     /// Jobs the server said ended, since when.
     ended: std::collections::BTreeMap<u64, std::time::Instant>,
-    /// The last question and when it was asked.
+    /// The jobs with no task here when last asked about, and when.
     asked: Vec<u64>,
+    /// The last job asked about, when there are more than one question holds.
+    cursor: u64,
     asked_at: Option<std::time::Instant>,
 }
 
@@ -457,15 +459,22 @@ impl JobFiles {
 
     /// What to ask this sync: the held jobs with no task here (`active`), when they changed or the last question is
     /// old; empty otherwise.
+    ///
+    /// At most [`gpunet_api::agent::HELD_JOBS_MAX`] at a time, the next ones (after `cursor`, wrapping) each time: a
+    /// long-lived lot of low ids cannot keep the others from ever being asked about.
     fn question(&mut self, active: &HashSet<u64>) -> Vec<u64> {
-        let idle: Vec<u64> =
-            self.held.iter().copied().filter(|j| !active.contains(j)).take(gpunet_api::agent::HELD_JOBS_MAX).collect();
-        if idle.is_empty() || (idle == self.asked && self.asked_at.is_some_and(|t| t.elapsed() < HELD_ASK_EVERY)) {
+        let idle: Vec<u64> = self.held.iter().copied().filter(|j| !active.contains(j)).collect();
+        let due = self.asked_at.is_none_or(|t| t.elapsed() >= HELD_ASK_EVERY);
+        if idle.is_empty() || (idle == self.asked && !due) {
             return Vec::new();
         }
-        self.asked.clone_from(&idle);
+        let max = gpunet_api::agent::HELD_JOBS_MAX;
+        let from = if idle.len() > max { idle.partition_point(|j| *j <= self.cursor) } else { 0 };
+        let window: Vec<u64> = idle[from..].iter().chain(&idle[..from]).take(max).copied().collect();
+        self.cursor = if idle.len() > max { window.last().copied().unwrap_or(0) } else { 0 };
+        self.asked = idle;
         self.asked_at = Some(std::time::Instant::now());
-        idle
+        window
     }
 
     /// The server's answer: the jobs that ended (and have no task here) wait out `keep` (see [`JobFiles::sweep`]).
@@ -478,9 +487,19 @@ impl JobFiles {
         }
     }
 
-    /// Removes, off the loop, the files of the jobs that ended at least `keep` ago.
-    fn sweep(&mut self, dir: &std::path::Path, keep: Duration) {
-        let due: Vec<u64> = self.ended.iter().filter(|(_, at)| at.elapsed() >= keep).map(|(j, _)| *j).collect();
+    /// A job of the server's task set or being started here is not ended, whatever was said before (an id the server
+    /// did not know, used again by a server that started afresh).
+    fn in_use(&mut self, jobs: impl IntoIterator<Item = u64>) {
+        for j in jobs {
+            self.ended.remove(&j);
+            self.held.insert(j);
+        }
+    }
+
+    /// Removes, off the loop, the files of the jobs that ended at least `keep` ago and have no task here (`active`).
+    fn sweep(&mut self, dir: &std::path::Path, keep: Duration, active: &HashSet<u64>) {
+        let due: Vec<u64> =
+            self.ended.iter().filter(|(j, at)| at.elapsed() >= keep && !active.contains(j)).map(|(j, _)| *j).collect();
         if due.is_empty() {
             return;
         }
@@ -768,7 +787,11 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let mut fence_after: Option<Duration> = None;
     let mut fenced = false;
     loop {
-        job_files.sweep(&cfg.data_dir, cfg.ended_job_files_keep);
+        job_files.sweep(
+            &cfg.data_dir,
+            cfg.ended_job_files_keep,
+            &active_jobs(&launcher, &starting, &pending, &draining, &latest),
+        );
         // What ended and started while the last report was in flight.
         while let Ok(e) = exits.try_recv() {
             take_exit(&mut launcher, &mut ended, &mut pending, e);
@@ -1045,7 +1068,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 // Together and in the background: the last of a batch does not wait for the others' directories,
                 // cgroups and execs, nor does the next task the server places.
                 launcher.begin(&mut starting, &new);
-                job_files.held.extend(work.tasks.iter().map(|a| a.task.job));
+                job_files.in_use(work.tasks.iter().map(|a| a.task.job));
                 latest = work.tasks;
                 let active = active_jobs(&launcher, &starting, &pending, &draining, &latest);
                 job_files.answer(&work.ended_jobs, &active);
@@ -1057,6 +1080,31 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_files_are_asked_about_in_turn_and_a_job_back_in_use_is_not_ended() {
+        let max = gpunet_api::agent::HELD_JOBS_MAX as u64;
+        let mut f = JobFiles { held: (1..=max + 10).collect(), ..JobFiles::default() };
+        let active: HashSet<u64> = [3].into();
+        let first = f.question(&active);
+        assert_eq!(first.len() as u64, max);
+        assert!(!first.contains(&3) && first[0] == 1);
+        // Unchanged and asked just now: nothing.
+        assert!(f.question(&active).is_empty());
+        // Due again: the next ones, wrapping round (the first question ended at max + 1, job 3 being left out).
+        assert_eq!(first.last(), Some(&(max + 1)));
+        f.asked_at = Some(std::time::Instant::now() - HELD_ASK_EVERY);
+        let second = f.question(&active);
+        assert_eq!(second[..10], (max + 2..=max + 10).chain([1]).collect::<Vec<_>>()[..]);
+        assert_eq!(second.len() as u64, max);
+        // The server says 1 and 2 ended; 3 still runs here, so it stays whatever the server says.
+        f.answer(&[1, 2, 3], &active);
+        assert!(f.ended.contains_key(&1) && f.ended.contains_key(&2) && !f.ended.contains_key(&3));
+        assert!(!f.held.contains(&1) && f.held.contains(&3));
+        // Job 2 is in a task set again (its id reused): not ended any more, held again.
+        f.in_use([2]);
+        assert!(!f.ended.contains_key(&2) && f.held.contains(&2));
+    }
 
     #[test]
     fn log_budget_shares_are_fair() {

@@ -869,6 +869,13 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     }
     let sync: gpunet_api::agent::AgentSync =
         serde_json::from_slice(&body).map_err(|e| ApiError::parse(format!("parse the agent report: {e}")))?;
+    if sync.held_jobs.len() > gpunet_api::agent::HELD_JOBS_MAX {
+        return Err(Fail(ApiError::invalid(
+            "held_jobs",
+            &sync.held_jobs.len().to_string(),
+            &format!("at most {} jobs per report", gpunet_api::agent::HELD_JOBS_MAX),
+        )));
+    }
     let known = sync.known_version;
     let sync_failures = sync.checkpoint_failures;
     // A report (or a question: which of its jobs ended) is answered at once (its agent holds what happens meanwhile

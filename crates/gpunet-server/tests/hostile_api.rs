@@ -460,6 +460,60 @@ async fn logs_are_byte_exact_end_to_end_and_private() {
     }
 }
 
+/// A node asks which of the jobs it keeps files for ended: it learns only of jobs that ran on it (and of ids the
+/// server does not know), and a list longer than the limit is refused naming the field.
+#[tokio::test]
+async fn a_node_learns_which_of_its_own_jobs_ended_and_nothing_of_others() {
+    let app = App::new();
+    let a = app.tenant("team-a").await;
+    let n1 = app.node("n1", 1).await;
+    let n2 = app.node("n2", 1).await;
+    let done = app.submit(&a, json!({"name": "done", "gpus": 1})).await;
+    let other = app.submit(&a, json!({"name": "other", "gpus": 1})).await;
+    app.wait_state(done, "running").await;
+    app.wait_state(other, "running").await;
+    let (nd, no) = {
+        let (_, v) = app.call("GET", &format!("/v1/jobs/{done}"), Some(&a), None).await;
+        let on = v["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
+        if on == "n1" {
+            ((&n1, "n1"), (&n2, "n2"))
+        } else {
+            ((&n2, "n2"), (&n1, "n1"))
+        }
+    };
+    let sync = |node: &str, cred: &str, body: gpunet_api::agent::AgentSync| {
+        let (node, cred) = (node.to_string(), cred.to_string());
+        let app = &app;
+        async move {
+            app.call(
+                "POST",
+                &format!("/v1/agents/{node}/sync"),
+                Some(&cred),
+                Some(serde_json::to_string(&body).unwrap()),
+            )
+            .await
+        }
+    };
+    let task = gpunet_api::agent::TaskRef { job: done, rank: 0, attempt: 0 };
+    let exit =
+        gpunet_api::agent::TaskExit { task, code: Some(0), signal: None, oom: false, stopped: false, reason: None };
+    let (s, v) = sync(nd.1, nd.0, gpunet_api::agent::AgentSync { exited: vec![exit], ..Default::default() }).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    app.wait_state(done, "succeeded").await;
+    let ask = |held: Vec<u64>| gpunet_api::agent::AgentSync { held_jobs: held, ..Default::default() };
+    // Its own ended job and an unknown id; not the job still running (on the other node).
+    let (s, v) = sync(nd.1, nd.0, ask(vec![done, other, 999_999, done])).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["ended_jobs"], json!([done, 999_999]), "{v}");
+    // The other node never ran it: nothing.
+    let (s, v) = sync(no.1, no.0, ask(vec![done])).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v.get("ended_jobs").is_none(), "{v}");
+    let (s, v) = sync(nd.1, nd.0, ask((0..=gpunet_api::agent::HELD_JOBS_MAX as u64).collect())).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v.to_string().contains("held_jobs"), "{v}");
+}
+
 /// A node registered with `cpu: 18446744073709551615` would overflow the cluster's totals (a panic in the task that
 /// owns the state). Node numbers are bounded at registration.
 #[tokio::test]

@@ -380,9 +380,9 @@ impl Owner {
     /// node (its kept attempt records say so; a node learns nothing of other nodes' jobs), or unknown here. At most
     /// [`gpunet_api::agent::HELD_JOBS_MAX`] are looked at.
     fn ended_jobs_of(&self, node: &str, held: &[u64]) -> Vec<u64> {
-        held.iter()
-            .take(gpunet_api::agent::HELD_JOBS_MAX)
-            .copied()
+        let held: std::collections::BTreeSet<u64> =
+            held.iter().take(gpunet_api::agent::HELD_JOBS_MAX).copied().collect();
+        held.into_iter()
             .filter(|id| match self.docs.get(id) {
                 None => self.st.job(JobId(*id)).is_none(),
                 Some(d) => {
