@@ -271,7 +271,7 @@ fn failed_hooks_and_a_node_that_never_registers_are_retried_with_backoff_and_no_
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
     );
-    let cfg = config(dir.path(), &exec_pool("cloud", &resume, &suspend, 5.0));
+    let cfg = config(dir.path(), &exec_pool("cloud", &resume, &suspend, 10.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
@@ -507,12 +507,14 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
              [ -f {st}/$node.pid ] && kill -INT $(cat {st}/$node.pid) && rm {st}/$node.pid\ndone\nexit 0\n"
         ),
     );
-    let cfg = config(dir.path(), &exec_pool("late", &resume, &suspend, 5.0));
+    // Long enough for the next machine's agent to register on a loaded CI machine (a miss there starts a chain of
+    // backoffs): the first one waits for its deletion anyway.
+    let cfg = config(dir.path(), &exec_pool("late", &resume, &suspend, 20.0));
     let s = Server::start(&dir.path().join("data"), free_port(), &["--config", &cfg]);
     tenant(&s);
     let id = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "sh", "-c", "echo ran"]);
     // The late agent registers while its node is being deleted: cordoned.
-    wait_for(Duration::from_secs(30), || {
+    wait_for(Duration::from_secs(90), || {
         let (_, out, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
         serde_json::from_str::<serde_json::Value>(&out)
             .ok()
@@ -527,8 +529,19 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     let (ok, _, err) = s.cli("admin-secret", &["uncordon", "late-00001"]);
     assert!(!ok && err.contains("being deleted"), "{err}");
     std::fs::write(state.join("go"), "").unwrap();
-    // The job runs on the next machine, never on the one being deleted.
-    wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
+    // The job runs on the next machine, never on the one being deleted (what the pool did, should it not).
+    let t = std::time::Instant::now();
+    while s.job_state(id) != "succeeded" {
+        if t.elapsed() > Duration::from_secs(90) {
+            let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+            panic!(
+                "the job did not succeed within 90 s; pool: {}\nnodes: {nodes}\nhook calls: {}",
+                pools(&s),
+                read(&state.join("calls"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(show(&s, id)["attempts"][0]["placement"][0]["node"], "late-00002");
     assert!(read(&state.join("calls")).contains("suspend late late-00001"));
 }
@@ -715,7 +728,7 @@ fn local_pool_with_a_job(
 #[test]
 fn a_pool_node_whose_agent_dies_is_deleted_with_its_tasks_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 1, 5.0, "1", 3);
+    let (s, data, id, marker, first, agent) = local_pool_with_a_job(dir.path(), 1, 10.0, "1", 3);
     assert!(std::process::Command::new("kill").args(["-9", &agent]).status().unwrap().success());
     // Deleted (its task killed with it) and replaced; the job runs again on the new node.
     wait_for(Duration::from_secs(60), || {
