@@ -534,8 +534,12 @@ fn a_node_registering_while_its_pool_deletes_it_takes_no_work() {
     while s.job_state(id) != "succeeded" {
         if t.elapsed() > Duration::from_secs(90) {
             let (_, nodes, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+            let (_, why, _) = s.cli("admin-secret", &["why", &id.to_string()]);
             panic!(
-                "the job did not succeed within 90 s; pool: {}\nnodes: {nodes}\nhook calls: {}",
+                "the job did not succeed within 90 s; job: {}\nwhy: {why}\nevents: {}\npool: {}\nnodes: {nodes}\n\
+                 hook calls: {}",
+                show(&s, id),
+                s.get(&format!("/v1/jobs/{id}/events")),
                 pools(&s),
                 read(&state.join("calls"))
             );

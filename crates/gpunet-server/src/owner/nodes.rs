@@ -219,6 +219,15 @@ impl Owner {
             return Err(e);
         }
         let id = self.st.node_id(node).ok_or_else(|| not_found("node", node))?;
+        // A node its pool deleted is gone for good. A sync of its agent's that was on its way (the HTTP worker checked
+        // the credential before the deletion; a long poll asks again after its wait) must not bring it back: it made
+        // the deleted node ready again, the scheduler placed a job on it, and that job sat on a machine that was gone.
+        if self.is_removed(node) {
+            return Err(ApiError::new(
+                "conflict",
+                format!("node {node} was deleted by its pool: it takes no more work (a new node gets a new name)"),
+            ));
+        }
         let now = now_ms();
         // A node reports only on its own task attempts; anything else in the report is ignored.
         sync.started.retain(|s| self.task_of_node(id, node, &s.task));
