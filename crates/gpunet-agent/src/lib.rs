@@ -787,11 +787,6 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let mut fence_after: Option<Duration> = None;
     let mut fenced = false;
     loop {
-        job_files.sweep(
-            &cfg.data_dir,
-            cfg.ended_job_files_keep,
-            &active_jobs(&launcher, &starting, &pending, &draining, &latest),
-        );
         // What ended and started while the last report was in flight.
         while let Ok(e) = exits.try_recv() {
             take_exit(&mut launcher, &mut ended, &mut pending, e);
@@ -799,6 +794,9 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
         while let Some(b) = futures_util::FutureExt::now_or_never(starting.next()).flatten() {
             take_start(&mut launcher, &latest, fenced, b);
         }
+        // The jobs with a task here, once per turn: the sweep and the question both skip them.
+        let active = active_jobs(&launcher, &starting, &pending, &draining, &latest);
+        job_files.sweep(&cfg.data_dir, cfg.ended_job_files_keep, &active);
         let mut logs = Vec::new();
         let mut tasks: Vec<TaskRef> = launcher.running();
         tasks.extend(pending.iter().map(|e| e.task));
@@ -863,7 +861,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
             gpu_samples,
             checkpoint_failures: launcher.checkpoint_failures.load(std::sync::atomic::Ordering::Relaxed),
             checkpoints_now: launcher.checkpointed_now.lock().expect("checkpoint sink").clone(),
-            held_jobs: job_files.question(&active_jobs(&launcher, &starting, &pending, &draining, &latest)),
+            held_jobs: job_files.question(&active),
         };
         let sent_ckpts = sync.checkpoints.len();
         let sent_now = sync.checkpoints_now.len();
@@ -1070,8 +1068,8 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 launcher.begin(&mut starting, &new);
                 job_files.in_use(work.tasks.iter().map(|a| a.task.job));
                 latest = work.tasks;
-                let active = active_jobs(&launcher, &starting, &pending, &draining, &latest);
-                job_files.answer(&work.ended_jobs, &active);
+                let now_active = active_jobs(&launcher, &starting, &pending, &draining, &latest);
+                job_files.answer(&work.ended_jobs, &now_active);
             }
         }
     }

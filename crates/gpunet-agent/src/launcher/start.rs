@@ -61,13 +61,6 @@ impl std::fmt::Debug for Begun {
     }
 }
 
-impl Begun {
-    /// The task attempt.
-    pub fn task(&self) -> TaskRef {
-        self.assignment.task
-    }
-}
-
 impl Starting {
     /// Whether this task attempt is being started.
     pub fn contains(&self, t: &TaskRef) -> bool {
@@ -91,6 +84,19 @@ impl Starting {
         self.tasks.remove(&b.assignment.task);
         Some(b)
     }
+}
+
+/// Reports a task attempt that could not start: it ends at once with code 127.
+fn report_start_failure(exits: &tokio::sync::mpsc::UnboundedSender<TaskExit>, t: TaskRef, msg: &str) {
+    tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
+    let _ = exits.send(TaskExit {
+        task: t,
+        code: Some(127),
+        signal: None,
+        oom: false,
+        stopped: false,
+        reason: Some(format!("could not start: {msg}")),
+    });
 }
 
 /// Runs `f` on the blocking pool; a panic there becomes an error.
@@ -189,16 +195,7 @@ impl Launcher {
             starting.launches.push(Box::pin(async move {
                 launch.await.unwrap_or_else(|e| {
                     // A panic in the start: the task did not start (reported like any start that failed).
-                    let t = assignment.task;
-                    tracing::error!(job = t.job, rank = t.rank, error = %e, "task could not start");
-                    let _ = exits.send(TaskExit {
-                        task: t,
-                        code: Some(127),
-                        signal: None,
-                        oom: false,
-                        stopped: false,
-                        reason: Some(format!("could not start: {e}")),
-                    });
+                    report_start_failure(&exits, assignment.task, &e.to_string());
                     Begun { assignment, launched: None }
                 })
             }));
@@ -216,15 +213,7 @@ impl Launcher {
 
     /// Reports a task that could not start: it ends at once with code 127.
     fn fail_start(&self, t: TaskRef, msg: String) -> Option<Launched> {
-        tracing::warn!(job = t.job, rank = t.rank, error = %msg, "task could not start");
-        let _ = self.exits.send(TaskExit {
-            task: t,
-            code: Some(127),
-            signal: None,
-            oom: false,
-            stopped: false,
-            reason: Some(format!("could not start: {msg}")),
-        });
+        report_start_failure(&self.exits, t, &msg);
         None
     }
 
