@@ -604,9 +604,12 @@ impl Ended {
 }
 
 fn write_status(status: &Path, e: Ended) {
-    // The agent created the file; truncate and write it in place. No fsync: the file only has to outlive the agent
-    // process, not the machine (whose crash ends the task too).
-    if let Ok(mut f) = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(status) {
+    // In the agent's own directory (root's, 0700): made here, 0600, never through a symlink. No fsync: the file only
+    // has to outlive the agent process, not the machine (whose crash ends the task too).
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true).mode(0o600).custom_flags(nix::libc::O_NOFOLLOW);
+    if let Ok(mut f) = o.open(status) {
         let _ = f.write_all(e.to_line().as_bytes());
     }
 }

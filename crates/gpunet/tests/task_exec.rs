@@ -38,6 +38,18 @@ fn the_status_file_says_how_the_task_ended() {
         assert_eq!((s.code(), line.as_str()), (Some(127), "exit 127"), "{ns:?}");
         assert!(err.contains("/nonexistent/program"), "{err}");
     }
+    // The wrapper makes the file (the agent no longer does before the start): root's alone, and never through a
+    // symlink planted where it goes.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::remove_file(st).unwrap();
+    assert!(task_exec(&["--status", st, "--", "true"]).status.success());
+    assert_eq!(std::fs::metadata(st).unwrap().permissions().mode() & 0o777, 0o600);
+    std::fs::remove_file(st).unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&elsewhere, "kept").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, st).unwrap();
+    assert!(task_exec(&["--status", st, "--", "true"]).status.success());
+    assert_eq!(common::read(&elsewhere), "kept");
 }
 
 #[test]

@@ -300,8 +300,9 @@ impl Launcher {
                 // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the
                 // task ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
                 Some(w) => {
+                    // The wrapper creates the status file when the task ends (a file fewer to create before the
+                    // start: an agent that adopts the task reads a missing file as an empty one).
                     running_dir(status.parent().expect("status dir"))
-                        .and_then(|_| write_private(&status, b""))
                         .map_err(|e| format!("prepare {}: {e}", status.display()))?;
                     let mut exec = crate::wrapper::Exec {
                         status: Some(status.clone()),

@@ -196,6 +196,16 @@ pub(crate) fn placement_view(st: &ClusterState, p: &Placement) -> Vec<TaskView> 
         .collect()
 }
 
+/// The least time between two scheduling passes after a change (see [`Owner::run`]).
+const PASS_GAP_MIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// The most time between two scheduling passes after a change: a submission waits no longer for its pass.
+const PASS_GAP_MAX: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The gap before the next pass after one that cost `cost`: four times that, within [`PASS_GAP_MIN`, `PASS_GAP_MAX`].
+fn pass_gap(cost: std::time::Duration) -> std::time::Duration {
+    (cost * 4).clamp(PASS_GAP_MIN, PASS_GAP_MAX)
+}
+
 /// Applies a durable change to the owner's state.
 pub(crate) struct Applier(pub(crate) Box<dyn FnOnce(&mut Owner) + Send>);
 
@@ -1064,20 +1074,22 @@ impl Owner {
         }
     }
 
-    /// Runs until the channel closes. A pass follows a batch of commands at most every 5 ms (so a burst of
-    /// submissions is scheduled in a few passes, not one per request), and runs at least every `tick`. A change that
-    /// comes within 5 ms of the last pass is scheduled exactly when those 5 ms are over (not at the next tick of a
-    /// free-running timer, which could come up to twice as late).
+    /// Runs until the channel closes. A pass follows a batch of commands, and runs at least every `tick`. Passes
+    /// after a change are spaced by four times what the last one cost, between [`PASS_GAP_MIN`] and
+    /// [`PASS_GAP_MAX`]: on a small queue (a pass of tens of microseconds) a submission is placed within a fraction of
+    /// a millisecond, and however long the queue, passes take at most a fifth of the owner's time, so a burst of
+    /// submissions is scheduled in a few passes, not one per request. A change that comes within the gap is scheduled
+    /// exactly when it is over (not at the next tick of a free-running timer, which could come up to twice as late).
     pub(crate) async fn run(
         mut self,
         mut rx: mpsc::Receiver<Cmd>,
         mut applied: mpsc::UnboundedReceiver<Applier>,
         tick: std::time::Duration,
     ) {
-        let min_gap = std::time::Duration::from_millis(5);
+        let mut min_gap = PASS_GAP_MAX;
         let mut last_pass = tokio::time::Instant::now() - tick;
         loop {
-            // The next pass: 5 ms after the last one when something changed, else a tick after it; or the next build
+            // The next pass: the gap after the last one when something changed, else a tick after it; or the next build
             // of the queue view, if sooner.
             let mut due = last_pass + if self.dirty { min_gap } else { tick };
             if let Some(d) = self.queue_pub.due(self.st.queued_count() > 0) {
@@ -1112,12 +1124,30 @@ impl Owner {
             }
             let gap = last_pass.elapsed();
             if (self.dirty && gap >= min_gap) || gap >= tick {
+                let t0 = tokio::time::Instant::now();
                 self.pass();
                 self.relist_changed();
                 last_pass = tokio::time::Instant::now();
+                min_gap = pass_gap(last_pass - t0);
             }
             self.check_listed();
             self.publish_queue();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn passes_are_spaced_by_four_times_their_cost_within_bounds() {
+        // A cheap pass (a small queue): the next one soon.
+        assert_eq!(pass_gap(Duration::from_micros(10)), PASS_GAP_MIN);
+        assert_eq!(pass_gap(Duration::from_micros(300)), Duration::from_micros(1200));
+        // A costly one (a long queue): no more than a fifth of the owner's time, and never more than the bound.
+        assert_eq!(pass_gap(Duration::from_millis(1)), Duration::from_millis(4));
+        assert_eq!(pass_gap(Duration::from_millis(40)), PASS_GAP_MAX);
     }
 }
