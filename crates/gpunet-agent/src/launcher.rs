@@ -108,6 +108,8 @@ pub struct Launcher {
     snapshot_max_bytes: u64,
     /// How the node runs container tasks (jobs with an image); `None`: it does not.
     containers: Option<std::sync::Arc<crate::container::Runtime>>,
+    /// The task spawner, which forks the wrappers of tasks (see [`crate::spawner`]); shared with the launches.
+    spawner: std::sync::Arc<crate::spawner::Slot>,
 }
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
@@ -415,6 +417,7 @@ impl Launcher {
             pids_max: crate::cgroups::TASK_PIDS_MAX,
             snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             containers: None,
+            spawner: Default::default(),
         }
     }
 
@@ -440,6 +443,7 @@ impl Launcher {
             pids_max: self.pids_max,
             snapshot_max_bytes: self.snapshot_max_bytes,
             containers: self.containers.clone(),
+            spawner: self.spawner.clone(),
         }
     }
 

@@ -24,6 +24,7 @@ pub mod gpu_errors;
 pub mod gpus;
 pub mod identity;
 pub mod launcher;
+pub mod spawner;
 pub mod wrapper;
 
 use gpunet_api::agent::{AgentSync, AgentWork, TaskAssignment, TaskExit, TaskRef};

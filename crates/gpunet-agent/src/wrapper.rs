@@ -6,8 +6,9 @@
 //! no supplementary groups, in DIR; it waits for it and writes how it ended to the status file (`exit N` or
 //! `signal N`), then ends the same way.
 //!
-//! The agent starts the wrapper itself with an empty environment (a `PATH` of its own choosing only): nothing a job
-//! sets (`LD_PRELOAD`, `PATH`, …) reaches a root process. Only the job's own process gets the job's environment.
+//! The agent's task spawner forks the wrapper (see `crate::spawner`; without one the agent executes it) with an
+//! empty environment (a `PATH` of the agent's choosing only): nothing a job sets (`LD_PRELOAD`, `PATH`, …) reaches a
+//! root process. Only the job's own process gets the job's environment.
 //!
 //! Why a wrapper: only a parent can learn a process's exit status. When an agent restarts, the tasks its previous
 //! run started are no longer its children; it adopts them (they keep running) and reads their status from FILE when

@@ -643,6 +643,11 @@ fn real_main() -> Result<()> {
     if argv.get(1).map(String::as_str) == Some("task-exec") {
         gpunet_agent::wrapper::main(&argv[2..]);
     }
+    // The task spawner (see `gpunet_agent::spawner`): started by the agent, it forks every task wrapper, so it must
+    // have one thread.
+    if argv.get(1).map(String::as_str) == Some(gpunet_agent::spawner::SUBCOMMAND) {
+        gpunet_agent::spawner::main(&argv[2..]);
+    }
     // The checkpoint copier (see `gpunet_agent::copier`): started by the agent as root, it drops to a job's user,
     // so it must run before any other thread exists.
     if argv.get(1).map(String::as_str) == Some(gpunet_agent::copier::SUBCOMMAND) && argv.len() == 2 {

@@ -370,6 +370,46 @@ fn a_restarted_agent_adopts_the_tasks_the_server_still_owns() {
     assert!(log.contains("finishing"), "output after the adoption is shipped: {log}");
 }
 
+/// The agent's task spawner (`gpunet task-spawner`, which forks the task wrappers) killed while a task runs: the
+/// task runs on, its end is still learned (from the wrapper's status file, as for an adopted task), and the next task
+/// starts through a new spawner.
+#[test]
+fn a_task_outlives_a_killed_spawner_and_its_end_is_still_learned() {
+    let (dir, s) = setup(&[]);
+    let a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let (up, go) = (dir.path().join("up"), dir.path().join("go"));
+    let yaml = format!(
+        "name: orphan\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'echo up > {}; \
+         while [ ! -e {} ]; do sleep 0.1; done; exit 3']\n",
+        up.display(),
+        go.display()
+    );
+    let id = submit_yaml(&s, dir.path(), &yaml);
+    wait_for(Duration::from_secs(20), || read(&up) == "up");
+    let agent = a.0.id().to_string();
+    let spawners: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("task-spawner")
+                && status.lines().any(|l| l.strip_prefix("PPid:").is_some_and(|v| v.trim() == agent))
+        })
+        .collect();
+    assert_eq!(spawners.len(), 1, "the agent has one spawner: {spawners:?}");
+    assert!(Command::new("kill").args(["-9", &spawners[0]]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.job_state(id), "running", "the task runs on");
+    std::fs::write(&go, "").unwrap();
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
+    let ev = events(&s, id);
+    assert!(ev.contains("exited with code 3"), "{ev}");
+    let next = s.submit(&["--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(30), || s.job_state(next) == "succeeded");
+}
+
 #[test]
 fn an_agent_back_after_its_node_was_lost_stops_the_tasks_that_moved() {
     let (dir, s) = setup(&["--node-lost-after-s", "2"]);

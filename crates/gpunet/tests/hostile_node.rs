@@ -334,7 +334,9 @@ fn tenants_run_as_distinct_users_and_cannot_see_read_or_signal_each_other() {
     assert_eq!(lines[3], "files-denied", "{out}");
     // Its process list: its namespace's init, its shell and what the shell runs; nothing of B's, nor the host's.
     let procs: Vec<&str> = lines[4..].iter().filter_map(|l| l.strip_prefix("proc ")).collect();
-    assert!(procs.iter().any(|p| p.starts_with("1 ") && p.contains("task-exec")), "{out}");
+    // The init is the wrapper's fork, itself forked by the agent's task spawner: its command line is the spawner's,
+    // which names nothing of the host (no path, no pid).
+    assert!(procs.iter().any(|p| p.trim_end() == "1 gpunet task-spawner"), "{out}");
     assert!(procs.len() <= 4 && procs.iter().all(|p| !p.contains(&m) && !p.starts_with(&format!("{host} "))), "{out}");
     // The victim's directories are its own user's, 0700; its log directory root's, readable by its group only.
     for (d, owner, mode) in [

@@ -1,8 +1,8 @@
 //! Starting task attempts. The tasks of one answer of the server are started together: each one's directories,
 //! cgroups and process are made on the blocking pool, several at once, and only then registered with the launcher
 //! in the answer's order. A start is mostly system calls that wait (directory and file creation on the node's disk,
-//! cgroup directories, the `execve` of the wrapper, for which a spawning thread waits), so started one after the
-//! other the last task of a batch of 16 waited for 15 others; now they overlap.
+//! cgroup directories, the spawner's answer — see `crate::spawner` — or the `execve` of the wrapper without one), so
+//! started one after the other the last task of a batch of 16 waited for 15 others; now they overlap.
 //!
 //! The agent does not wait for them either ([`Starting`]): its sync loop goes on (new tasks, ends, stops) while
 //! tasks start, and takes each in ([`Launcher::take`]) as soon as its process runs. Waiting for a whole batch held
@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 
 /// A task attempt whose process runs, ready to be registered.
 struct Launched {
-    child: tokio::process::Child,
+    waiter: Waiter,
     pid: i32,
+    /// Its start time (`/proc/PID/stat`), where it could be read.
+    start: Option<u64>,
     group: Option<crate::cgroups::TaskCgroup>,
     status: PathBuf,
     env_file: PathBuf,
@@ -29,6 +31,14 @@ struct Launched {
     at_ms: u64,
     /// A container task's: the socket on which its wrapper says that the container runs.
     started: Option<std::os::unix::net::UnixStream>,
+}
+
+/// How the end of a task attempt's first process is learned.
+enum Waiter {
+    /// Our child (the wrapper executed, or a task without one).
+    Child(tokio::process::Child),
+    /// Forked by the spawner, which reports its end and reaps it when told (see [`crate::spawner`]).
+    Spawned(tokio::sync::oneshot::Receiver<crate::spawner::Exit>, std::sync::Arc<crate::spawner::Spawner>),
 }
 
 /// Task attempts being started in the background ([`Launcher::begin`], each a tokio task of its own), each taken in
@@ -288,6 +298,7 @@ impl Launcher {
         let env_for_direct = env.clone();
         let status_for_spawn = status.clone();
         let is_container = container.is_some();
+        let spawner = self.spawner.clone();
         let spawned = blocking(move || {
             let status = status_for_spawn;
             let group = cgroups
@@ -296,12 +307,19 @@ impl Launcher {
                 // memory or CPU limit, no device restriction, and could leave children behind. It fails to start
                 // instead.
                 .map_err(|e| format!("create the task's cgroups: {e}"))?;
-            let mut cmd = match &wrapper {
+            let unmade = |group: &Option<crate::cgroups::TaskCgroup>| {
+                if let Some(g) = group {
+                    g.remove();
+                }
+            };
+            // A container task's wrapper gets a socket as its standard input: it says there when the container runs.
+            // A process task's wrapper reads the task's environment from a pipe.
+            let mut started = None;
+            let mut env_pipe = None;
+            let (waiter, pid) = match &wrapper {
                 // Through the wrapper: it joins the cgroups as root, drops to the task's user and records how the
                 // task ends (see `crate::wrapper`). It starts with an empty environment; only the task gets `env`.
                 Some(w) => {
-                    // The wrapper creates the status file when the task ends (a file fewer to create before the
-                    // start: an agent that adopts the task reads a missing file as an empty one).
                     running_dir(status.parent().expect("status dir"))
                         .map_err(|e| format!("prepare {}: {e}", status.display()))?;
                     let mut exec = crate::wrapper::Exec {
@@ -324,9 +342,7 @@ impl Launcher {
                         // the bundle; the wrapper turns it into the runtime's configuration.
                         let written = crate::container::bundle::write(&c.bundle, "plan.json", &plan);
                         if let Err(e) = written {
-                            if let Some(g) = &group {
-                                g.remove();
-                            }
+                            unmade(&group);
                             return Err(e);
                         }
                         exec = crate::wrapper::Exec {
@@ -338,7 +354,44 @@ impl Launcher {
                             ..exec
                         };
                     }
-                    wrapper_command(w, &exec, &task_path)
+                    let stdin: std::os::fd::OwnedFd = if is_container {
+                        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+                            .map_err(|e| format!("make the start socket: {e}"))?;
+                        started = Some(ours);
+                        theirs.into()
+                    } else {
+                        let (r, w) = std::io::pipe().map_err(|e| format!("make the environment's pipe: {e}"))?;
+                        env_pipe = Some(std::os::fd::OwnedFd::from(w));
+                        r.into()
+                    };
+                    match spawner.get(w, &task_path) {
+                        // Forked by the spawner (see `crate::spawner`).
+                        Some(sp) => match sp.spawn(&exec.to_args(), [stdin, out.into(), err.into()]) {
+                            Ok((pid, exit)) => (Waiter::Spawned(exit, sp), pid),
+                            Err(e) => {
+                                unmade(&group);
+                                return Err(format!("start {prog}: {e}"));
+                            }
+                        },
+                        // No spawner: the agent executes the wrapper itself.
+                        None => {
+                            let mut cmd = wrapper_command(w, &exec, &task_path);
+                            cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+                            match cmd.spawn() {
+                                Ok(c) => match c.id().map(|p| p as i32).filter(|p| *p > 1) {
+                                    Some(pid) => (Waiter::Child(c), pid),
+                                    None => {
+                                        unmade(&group);
+                                        return Err(format!("start {prog}: no process id"));
+                                    }
+                                },
+                                Err(e) => {
+                                    unmade(&group);
+                                    return Err(format!("start {prog}: {e}"));
+                                }
+                            }
+                        }
+                    }
                 }
                 // No wrapper (library use and unit tests): the task is spawned directly and joins no cgroup.
                 None => {
@@ -350,67 +403,54 @@ impl Launcher {
                     if let Some((uid, gid)) = user {
                         c.uid(uid).gid(gid);
                     }
-                    c
-                }
-            };
-            // A container task's wrapper gets a socket instead: it says there when the container runs.
-            let mut started = None;
-            let stdin = if is_container {
-                let (ours, theirs) =
-                    std::os::unix::net::UnixStream::pair().map_err(|e| format!("make the start socket: {e}"))?;
-                started = Some(ours);
-                std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs))
-            } else if wrapper.is_some() {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            };
-            cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-            let unmade = |group: &Option<crate::cgroups::TaskCgroup>| {
-                if let Some(g) = group {
-                    g.remove();
-                }
-            };
-            let child = match cmd.spawn() {
-                Ok(c) => c,
-                Err(e) => {
-                    unmade(&group);
-                    return Err(format!("start {prog}: {e}"));
+                    c.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+                    match c.spawn() {
+                        Ok(c) => match c.id().map(|p| p as i32).filter(|p| *p > 1) {
+                            Some(pid) => (Waiter::Child(c), pid),
+                            None => {
+                                unmade(&group);
+                                return Err(format!("start {prog}: no process id"));
+                            }
+                        },
+                        Err(e) => {
+                            unmade(&group);
+                            return Err(format!("start {prog}: {e}"));
+                        }
+                    }
                 }
             };
             let at_ms = now_ms();
-            let Some(pid) = child.id().map(|p| p as i32).filter(|p| *p > 1) else {
-                unmade(&group);
-                return Err(format!("start {prog}: no process id"));
-            };
-            if let Some((_, start)) = proc_identity(pid) {
+            let start = proc_identity(pid).map(|(_, start)| start);
+            if let Some(start) = start {
                 let _ = running_dir(record.parent().expect("record dir"));
                 let wrapped = u8::from(wrapper.is_some());
                 let _ = write_private(&record, format!("{pid} {start} {wrapped}\n").as_bytes());
             }
-            Ok((child, pid, group, at_ms, started))
+            Ok((waiter, pid, start, group, at_ms, started, env_pipe))
         })
         .await;
-        let (mut child, pid, group, at_ms, started) = match spawned {
+        let (waiter, pid, start, group, at_ms, started, env_pipe) = match spawned {
             Ok(s) => s,
             Err(msg) => return self.fail_start(t, msg),
         };
-        if let Some(mut pipe) = child.stdin.take() {
+        if let Some(pipe) = env_pipe {
             let bytes = crate::wrapper::env_bytes(&env);
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt as _;
                 // Dropped at the end: the wrapper reads to the end of its input.
-                let _ = pipe.write_all(&bytes).await;
+                if let Ok(mut pipe) = tokio::net::unix::pipe::Sender::from_owned_fd(pipe) {
+                    let _ = pipe.write_all(&bytes).await;
+                }
             });
         }
-        Some(Launched { child, pid, group, status, env_file, at_ms, started })
+        Some(Launched { waiter, pid, start, group, status, env_file, at_ms, started })
     }
 
     /// Takes a started task attempt into the launcher: its start is reported, its probe and checkpoint copies run,
     /// and its end is watched.
     fn register(&mut self, a: &TaskAssignment, l: Launched) {
         let t = a.task;
-        let Launched { mut child, pid, group, status, env_file, at_ms, started } = l;
+        let Launched { waiter, pid, start, group, status, env_file, at_ms, started } = l;
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let extras = Extras::default();
@@ -451,18 +491,38 @@ impl Launcher {
         let record = record_path(&self.dir, &t);
         let containers = self.containers.clone();
         tokio::spawn(async move {
-            let status_now = child.wait().await;
+            let (code, signal, reap) = match waiter {
+                Waiter::Child(mut child) => match child.wait().await {
+                    Ok(s) => (s.code(), s.signal(), None),
+                    Err(_) => (None, None, None),
+                },
+                Waiter::Spawned(exit, spawner) => match exit.await {
+                    // Not reaped yet: its pid is still its own until the spawner is told below.
+                    Ok(crate::spawner::Exit::Ended { code, signal }) => (code, signal, Some(spawner)),
+                    // The spawner died first: the wrapper is watched as an adopted one (its status file, once its
+                    // pid is gone).
+                    _ => {
+                        while start.is_some_and(|s| super::same_leader(pid, s)) {
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                        match crate::wrapper::Ended::parse(&std::fs::read_to_string(&status).unwrap_or_default()) {
+                            Some(crate::wrapper::Ended::Exit(c)) => (Some(c), None, None),
+                            Some(crate::wrapper::Ended::Signal(s)) => (None, Some(s), None),
+                            None => (None, Some(Signal::SIGKILL as i32), None),
+                        }
+                    }
+                },
+            };
             alive.store(false, std::sync::atomic::Ordering::SeqCst);
             let _ = std::fs::remove_file(&record);
             let _ = std::fs::remove_file(&status);
             let _ = std::fs::remove_file(&env_file);
-            let (code, signal) = match status_now {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
-            };
             // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
             // cgroup goes in `finish`.
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            if let Some(sp) = reap {
+                sp.reap(pid);
+            }
             finish(t, code, signal, group, extras, exits, containers).await;
         });
     }
