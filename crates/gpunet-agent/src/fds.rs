@@ -6,11 +6,12 @@
 //!
 //! Every descriptor Rust's standard library and tokio open is close-on-exec already; this is for the inherited ones,
 //! which no safe API can name (a `BorrowedFd` of a raw number is `unsafe` to make, and neither `nix` nor `rustix`
-//! offers `close_range` without it): one `fcntl(F_SETFD)` per descriptor, the only other `unsafe` besides
-//! `devfilter`'s `bpf(2)` calls.
+//! offers `close_range` without it): one `fcntl(F_SETFD)` per descriptor, and for the task spawner, which forks
+//! without executing, a close of each ([`close_inherited`]); with `devfilter`'s `bpf(2)` calls and `forked`'s
+//! `fork`, the agent's only `unsafe`.
 #![allow(unsafe_code)]
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd as _, RawFd};
 
 /// Marks every open descriptor above 2 close-on-exec. Call it first thing, while the process has one thread (no
 /// descriptor can be closed and reused under it). Returns the descriptors it marked (for the log).
@@ -34,6 +35,24 @@ pub fn cloexec_inherited() -> Vec<RawFd> {
         }
     }
     marked
+}
+
+/// Closes every open descriptor above 2. For the task spawner (`crate::spawner`), whose children are forks, not
+/// executions: close-on-exec would not keep an inherited descriptor from them. Call it while the process has one
+/// thread.
+pub fn close_inherited() {
+    let fds: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|fd| *fd > 2).collect(),
+        Err(_) => (3..1024).collect(),
+    };
+    for fd in fds {
+        // SAFETY: nothing else in this (single-threaded) process uses `fd`: it is closed here once; one that is not
+        // open (the listing's own, closed by now) fails with EBADF, which closing ignores.
+        if rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok() {
+            // SAFETY: as above; the descriptor is open and owned by nothing else.
+            drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        }
+    }
 }
 
 #[cfg(test)]

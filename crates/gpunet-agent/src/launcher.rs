@@ -27,6 +27,9 @@ struct Proc {
     /// For a task adopted from a previous run of the agent (not our child): its start time, checked before every
     /// signal, and the slots its liveness probe and checkpoint copier go into once the server's assignment is known.
     adopted: Option<(u64, Extras)>,
+    /// For a task whose wrapper the spawner forked (not our child either): its start time, checked before every
+    /// signal (see [`crate::spawner`]).
+    leader_start: Option<u64>,
     /// The slots of its checkpoint copier and probe (the same as the exit watcher's).
     extras: Extras,
     /// A checkpoint-now request was acted on.
@@ -318,12 +321,18 @@ pub fn work_dir(dir: &Path, t: &TaskRef) -> PathBuf {
 }
 
 /// Makes `path` (its parents root's), mode 0700, owned by `owner` when given. The last component is opened without
-/// following a symlink and changed through its descriptor.
+/// following a symlink and changed through its descriptor. One that exists already but is not `owner`'s is
+/// another identity's (see [`replace_foreign`]): it is made again, empty.
 pub(crate) fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
     std::fs::create_dir_all(path.parent().expect("a parent"))?;
     match std::fs::create_dir(path) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Some((u, _)) = owner {
+                replace_foreign(path, |m| m.uid() == u)?;
+            }
+        }
         Err(e) => return Err(e),
     }
     let fd = crate::beneath::open_trusted(path)?;
@@ -335,15 +344,45 @@ pub(crate) fn own_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result
 }
 
 /// Makes `path` (its parents root's), owned by the agent's user and group `gid` when given, mode 0750: the group
-/// reads, only the agent writes. Changed through a descriptor opened without following a symlink.
+/// reads, only the agent writes. Changed through a descriptor opened without following a symlink. One that exists
+/// already with another group is another identity's (see [`replace_foreign`]): it is made again, empty.
 fn group_dir(path: &Path, gid: Option<u32>) -> std::io::Result<()> {
-    std::fs::create_dir_all(path)?;
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::create_dir_all(path.parent().expect("a parent"))?;
+    match std::fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Some(g) = gid {
+                replace_foreign(path, |m| m.gid() == g)?;
+            }
+        }
+        Err(e) => return Err(e),
+    }
     let fd = crate::beneath::open_trusted(path)?;
     if let Some(g) = gid {
         rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(g)))?;
     }
     rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o750))?;
     Ok(())
+}
+
+/// A job's directory (`job-J`, or a rank's beneath) that exists already is handed to the task only if it is the
+/// task's identity's (`ours`): job ids start again when a server starts on a new store, while a node keeps an ended
+/// job's files for `--ended-job-files-keep-s` (and files of jobs its agent never heard ended), so job 7 of one
+/// tenant could otherwise get the home, checkpoints and logs that job 7 of another tenant left. A foreign one is
+/// removed (never through a symlink) and made again, empty.
+fn replace_foreign(path: &Path, ours: impl Fn(&std::fs::Metadata) -> bool) -> std::io::Result<()> {
+    let m = std::fs::symlink_metadata(path)?;
+    if m.is_dir() && ours(&m) {
+        return Ok(());
+    }
+    tracing::warn!(dir = %path.display(), "a directory left by another identity's job of the same id: removed");
+    if m.is_dir() {
+        std::fs::remove_dir_all(path)?;
+    } else {
+        std::fs::remove_file(path)?;
+    }
+    std::fs::create_dir(path)
 }
 
 /// A job's checkpoint directory on this node.
@@ -871,6 +910,7 @@ impl Launcher {
                     stopping: false,
                     alive: alive.clone(),
                     adopted: Some((start, extras.clone())),
+                    leader_start: None,
                     extras: extras.clone(),
                     asked: false,
                 },
@@ -931,7 +971,7 @@ impl Launcher {
         let raw = p.pgid;
         let pgid = Pid::from_raw(raw);
         let alive = p.alive.clone();
-        let adopted = p.adopted.as_ref().map(|(s, _)| *s);
+        let adopted = p.adopted.as_ref().map(|(s, _)| *s).or(p.leader_start);
         let ours =
             move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted.is_none_or(|s| same_leader(raw, s));
         tracing::info!(job = t.job, rank = t.rank, "stopping task");
@@ -966,7 +1006,7 @@ impl Launcher {
         }
         let raw = p.pgid;
         let alive = p.alive.clone();
-        let adopted = p.adopted.as_ref().map(|(s, _)| *s);
+        let adopted = p.adopted.as_ref().map(|(s, _)| *s).or(p.leader_start);
         let ours =
             move || alive.load(std::sync::atomic::Ordering::SeqCst) && adopted.is_none_or(|s| same_leader(raw, s));
         if let Some(sig) = now.signal.and_then(|s| Signal::try_from(s).ok()) {
@@ -1030,6 +1070,43 @@ impl Launcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_directory_left_by_another_identity_is_made_again_empty() {
+        use std::os::unix::fs::MetadataExt as _;
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            eprintln!("skipped: changing owners needs root");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (home, logs) = (d.path().join("homes/job-7/rank-0"), d.path().join("logs/job-7"));
+        // Job 7 of tenant A (uid 200001) left files, readable by anyone who reaches them.
+        own_dir(&home, Some((200_001, 200_001))).unwrap();
+        group_dir(&logs, Some(200_001)).unwrap();
+        std::fs::write(home.join("weights"), "A's").unwrap();
+        std::fs::write(logs.join("rank-0-attempt-0.log"), "A's log").unwrap();
+        // Job 7 of the same identity again (a restart): its files stay.
+        own_dir(&home, Some((200_001, 200_001))).unwrap();
+        group_dir(&logs, Some(200_001)).unwrap();
+        assert!(home.join("weights").exists() && logs.join("rank-0-attempt-0.log").exists());
+        // Job 7 of tenant B (a new server numbering from 1 again): nothing of A's.
+        own_dir(&home, Some((200_002, 200_002))).unwrap();
+        group_dir(&logs, Some(200_002)).unwrap();
+        assert_eq!(std::fs::read_dir(&home).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(&logs).unwrap().count(), 0);
+        assert_eq!(std::fs::metadata(&home).unwrap().uid(), 200_002);
+        assert_eq!(std::fs::metadata(&logs).unwrap().gid(), 200_002);
+        // A symlink where the directory goes is replaced, not followed.
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("keep"), "x").unwrap();
+        let ck = d.path().join("checkpoints/job-8");
+        std::fs::create_dir_all(ck.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &ck).unwrap();
+        own_dir(&ck, Some((200_002, 200_002))).unwrap();
+        assert!(std::fs::symlink_metadata(&ck).unwrap().is_dir() && elsewhere.join("keep").exists());
+    }
     use std::os::unix::process::CommandExt;
     use std::os::unix::process::ExitStatusExt;
 

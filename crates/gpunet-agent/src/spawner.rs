@@ -73,10 +73,20 @@ struct Shared {
     dead: bool,
 }
 
-/// The agent's side of one spawner process.
+/// What the agent's writer thread sends to the spawner.
+enum Out {
+    Spawn { payload: Vec<u8>, stdio: [OwnedFd; 3], waiter: std::sync::mpsc::Sender<Answer> },
+    Reap(i32),
+}
+
+/// The agent's side of one spawner process. Its three threads never wait for one another through the socket: one
+/// writes every request (fed by a channel, so a caller never blocks on the socket, nor holds a lock while it
+/// writes), one reads every answer (and never writes), and the one that started the process waits for it.
 pub struct Spawner {
-    sock: Arc<Mutex<UnixStream>>,
+    out: std::sync::mpsc::Sender<Out>,
     shared: Arc<Mutex<Shared>>,
+    /// Our end of the socket, to shut it down when dropped.
+    sock: UnixStream,
 }
 
 impl std::fmt::Debug for Spawner {
@@ -104,17 +114,17 @@ fn parse(m: &[u8; HEADER]) -> (u8, i32, i32, i32) {
 }
 
 impl Spawner {
-    /// Starts `exe task-spawner` with nothing of the agent's environment but `PATH`.
+    /// Starts `exe task-spawner` with nothing of the agent's environment but `PATH`; returns once it said it is ready.
     pub fn start(exe: &std::path::Path, path: &str) -> io::Result<Arc<Spawner>> {
         let (ours, theirs) = UnixStream::pair()?;
-        let reader = ours.try_clone()?;
-        let sock = Arc::new(Mutex::new(ours));
+        let (mut reader, writer, keep) = (ours.try_clone()?, ours.try_clone()?, ours);
         let shared = Arc::new(Mutex::new(Shared::default()));
+        let (out_tx, out_rx) = std::sync::mpsc::channel::<Out>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
         let (exe, path) = (exe.to_path_buf(), path.to_string());
-        let (sh, writer) = (shared.clone(), sock.clone());
-        // This thread starts the spawner and lives as long as it does: a parent-death signal follows the thread that
-        // started the process, not the process.
+        let (sh, reaps) = (shared.clone(), out_tx.clone());
+        // This thread starts the spawner and lives as long as it does (a parent-death signal follows the thread
+        // that started the process, not the process); it reads the answers.
         std::thread::Builder::new().name("gpunet-spawner".into()).spawn(move || {
             use std::os::unix::process::CommandExt as _;
             // Its command line is what a task sees as its init's: `gpunet task-spawner`, no path, no pid.
@@ -129,19 +139,29 @@ impl Spawner {
                 .process_group(0)
                 .spawn();
             let mut child = match child {
-                Ok(c) => {
-                    // Who its parent must be (not on its command line, which a task sees as its init's).
-                    let hello = message(b'H', std::process::id() as i32, 0, 0);
-                    let _ = writer.lock().expect("spawner socket").write_all(&hello);
-                    let _ = ready_tx.send(Ok(()));
-                    c
-                }
+                Ok(c) => c,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
-            read_answers(reader, &sh, &writer);
+            // Who its parent must be (not on its command line), then its word that it serves.
+            let mut first = [0u8; HEADER];
+            let ready = (&writer)
+                .write_all(&message(b'H', std::process::id() as i32, 0, 0))
+                .and_then(|()| reader.read_exact(&mut first));
+            if ready.is_ok() && first[0] == b'K' {
+                let _ = ready_tx.send(Ok(()));
+                let sh2 = sh.clone();
+                let w = std::thread::Builder::new()
+                    .name("gpunet-spawner-out".into())
+                    .spawn(move || write_requests(writer, out_rx, &sh2));
+                if w.is_ok() {
+                    read_answers(reader, &sh, &reaps);
+                }
+            } else {
+                let _ = ready_tx.send(Err(gone()));
+            }
             let (waiting, exits) = {
                 let mut g = sh.lock().expect("spawner state");
                 g.dead = true;
@@ -153,12 +173,11 @@ impl Spawner {
             for (_, tx) in exits {
                 let _ = tx.send(Exit::Lost);
             }
-            let _ = writer.lock().expect("spawner socket").shutdown(std::net::Shutdown::Both);
             let _ = child.kill();
             let _ = child.wait();
         })?;
         ready_rx.recv().map_err(|_| gone())??;
-        Ok(Arc::new(Spawner { sock, shared }))
+        Ok(Arc::new(Spawner { out: out_tx, shared, sock: keep }))
     }
 
     /// Whether the spawner process is gone (a new one is needed).
@@ -167,7 +186,9 @@ impl Spawner {
     }
 
     /// Forks a wrapper running `gpunet task-exec ARGS` with `stdio` as its standard input, output and error; returns
-    /// its pid and how it will end. Blocking (call it off the async threads).
+    /// its pid and how it will end. Blocking (call it off the async threads). An error of kind `BrokenPipe` (the
+    /// spawner is gone) means that no wrapper runs: one forked before the spawner died waits for a word from it
+    /// that never comes, and ends.
     pub fn spawn(&self, args: &[String], stdio: [OwnedFd; 3]) -> Answer {
         let mut payload = Vec::new();
         for a in args {
@@ -178,41 +199,52 @@ impl Spawner {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "the wrapper's arguments are too long"));
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        {
-            let sock = self.sock.lock().expect("spawner socket");
-            {
-                let mut g = self.shared.lock().expect("spawner state");
-                if g.dead {
-                    return Err(gone());
-                }
-                g.waiting.push_back(tx);
-            }
-            let header = message(b'S', payload.len() as i32, 0, 0);
-            if let Err(e) = send_with_fds(&sock, &header, &payload, &stdio) {
-                // Half a request leaves the stream unusable: the spawner goes (its answers' reader fails the
-                // waiting requests, this one included).
-                let _ = sock.shutdown(std::net::Shutdown::Both);
-                return Err(e);
-            }
-        }
-        drop(stdio);
+        self.out.send(Out::Spawn { payload, stdio, waiter: tx }).map_err(|_| gone())?;
         match rx.recv_timeout(ANSWER_TIMEOUT) {
             Ok(a) => a,
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the task spawner did not answer")),
+            // A late answer is killed by the reader (nobody waits for it).
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "the task spawner did not answer"))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
         }
     }
 
-    /// Lets the spawner reap `pid`, whose end it reported: from now on the pid may name another process.
+    /// Lets the spawner reap `pid`, whose end it reported: from now on the pid may name another process. Never blocks.
     pub fn reap(&self, pid: i32) {
-        let mut sock = self.sock.lock().expect("spawner socket");
-        let _ = sock.write_all(&message(b'R', pid, 0, 0));
+        let _ = self.out.send(Out::Reap(pid));
     }
 }
 
 impl Drop for Spawner {
     fn drop(&mut self) {
-        // The answers' reader holds a second descriptor of our end: without this the spawner would never see EOF.
-        let _ = self.sock.lock().expect("spawner socket").shutdown(std::net::Shutdown::Both);
+        // The threads hold other descriptors of our end: without this the spawner would never see EOF.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The agent's writer: sends each request, registering its waiter just before (so answers match in order).
+fn write_requests(mut w: UnixStream, rx: std::sync::mpsc::Receiver<Out>, sh: &Mutex<Shared>) {
+    while let Ok(o) = rx.recv() {
+        let sent = match o {
+            Out::Spawn { payload, stdio, waiter } => {
+                {
+                    let mut g = sh.lock().expect("spawner state");
+                    if g.dead {
+                        let _ = waiter.send(Err(gone()));
+                        continue;
+                    }
+                    g.waiting.push_back(waiter);
+                }
+                send_with_fds(&w, &message(b'S', payload.len() as i32, 0, 0), &payload, &stdio)
+            }
+            Out::Reap(pid) => w.write_all(&message(b'R', pid, 0, 0)),
+        };
+        if sent.is_err() {
+            // Half a request leaves the stream unusable: the spawner goes (the reader then fails what waits).
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            return;
+        }
     }
 }
 
@@ -229,13 +261,14 @@ fn send_with_fds(sock: &UnixStream, header: &[u8], payload: &[u8], fds: &[OwnedF
     s.write_all(&all[sent..])
 }
 
-/// The agent's reader of the spawner's answers, until it closes.
-fn read_answers(mut r: UnixStream, sh: &Mutex<Shared>, writer: &Mutex<UnixStream>) {
+/// The agent's reader of the spawner's answers, until it closes. It never writes (a reap goes through the writer).
+fn read_answers(mut r: UnixStream, sh: &Mutex<Shared>, reaps: &std::sync::mpsc::Sender<Out>) {
     let mut m = [0u8; HEADER];
     while r.read_exact(&mut m).is_ok() {
         let (kind, a, b, c) = parse(&m);
         match kind {
-            b'P' => {
+            // A pid the agent could not signal safely (0, 1, negative) is a broken spawner: it goes.
+            b'P' if a > 1 => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let waiter = {
                     let mut g = sh.lock().expect("spawner state");
@@ -257,18 +290,27 @@ fn read_answers(mut r: UnixStream, sh: &Mutex<Shared>, writer: &Mutex<UnixStream
                 let ended = Exit::Ended { code: (b >= 0).then_some(b), signal: (c > 0).then_some(c) };
                 if tx.is_none_or(|tx| tx.send(ended).is_err()) {
                     // Nobody watches it: reaped at once.
-                    let _ = writer.lock().expect("spawner socket").write_all(&message(b'R', a, 0, 0));
+                    let _ = reaps.send(Out::Reap(a));
                 }
             }
             _ => break,
         }
     }
+    let _ = r.shutdown(std::net::Shutdown::Both);
 }
 
-/// A request the spawner forked for: what its child runs.
+/// A request the spawner forked for: what its child runs, once the spawner says go.
 struct Request {
     args: Vec<String>,
     stdio: Vec<OwnedFd>,
+    go: io::PipeReader,
+}
+
+/// Overwrites a buffer before it is freed (the store is kept: the buffer is read afterwards, as far as the compiler
+/// knows).
+fn forget(mut b: Vec<u8>) {
+    b.fill(0);
+    std::hint::black_box(&b);
 }
 
 /// `gpunet task-spawner`: serves the agent on its standard input until the agent closes it. Must run while
@@ -304,6 +346,8 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
     if rustix::process::getppid().map(|p| p.as_raw_pid()) != Some(parent) {
         return Err("the agent is gone".into());
     }
+    // Every wrapper is a fork of this process and no exec comes between: a descriptor it has, they would all have.
+    crate::fds::close_inherited();
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     chld.thread_block().map_err(|e| format!("block SIGCHLD: {e}"))?;
@@ -319,6 +363,7 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
     };
     // Wrappers running, and those whose end was reported (zombies until the agent says reap).
     let (mut live, mut reported) = (HashSet::<i32>::new(), HashSet::<i32>::new());
+    send(message(b'K', 0, 0, 0))?;
     loop {
         let mut fds = [PollFd::new(&sock, PollFlags::IN), PollFd::new(&sigs, PollFlags::IN)];
         match poll(&mut fds, None) {
@@ -366,19 +411,32 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
                     }
                 }
                 let args = decode_args(&payload).ok_or("a malformed request")?;
+                forget(payload);
                 if stdio.len() != 3 {
                     send(message(b'F', nix::libc::EINVAL, 0, 0))?;
                     continue;
                 }
+                // The child waits for our word, sent once the agent has its pid: if this process dies before
+                // (the agent never learns of the child), the child sees EOF and ends without doing anything.
+                let (go_r, go_w) = io::pipe().map_err(|e| format!("pipe: {e}"))?;
                 match crate::forked::fork_single() {
-                    Ok(None) => return Ok(Some(Request { args, stdio })),
+                    Ok(None) => {
+                        drop(go_w);
+                        return Ok(Some(Request { args, stdio, go: go_r }));
+                    }
                     Ok(Some(pid)) => {
+                        drop(go_r);
                         // Its own group before the agent learns its pid (the child does the same: whichever runs
                         // first).
                         let _ = nix::unistd::setpgid(pid, pid);
                         drop(stdio);
+                        // Other tenants' command lines stay out of the wrappers forked later.
+                        for a in args {
+                            forget(a.into_bytes());
+                        }
                         live.insert(pid.as_raw());
                         send(message(b'P', pid.as_raw(), 0, 0))?;
+                        let _ = (&go_w).write_all(b"g");
                     }
                     Err(e) => {
                         eprintln!("gpunet task-spawner: {e}");
@@ -445,15 +503,22 @@ fn decode_args(mut p: &[u8]) -> Option<Vec<String>> {
 }
 
 /// The forked child: becomes the wrapper.
-fn child(req: Request) -> ! {
-    use nix::sys::signal::{SigSet, SigmaskHow};
+fn child(mut req: Request) -> ! {
+    use nix::sys::signal::SigmaskHow;
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
         eprintln!("gpunet task-spawner: {what}: {e}");
         std::process::exit(125)
     };
-    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
-        fail("clear the signal mask", &e);
+    // The signals the wrapper forwards stay blocked (pending, never lost: it blocks them itself first thing), the
+    // others go through, as in an executed wrapper.
+    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&crate::wrapper::forwarded()), None) {
+        fail("set the signal mask", &e);
     }
+    let mut go = [0u8; 1];
+    if !matches!(req.go.read(&mut go), Ok(1)) {
+        std::process::exit(125); // the spawner died before the agent learned of us
+    }
+    drop(req.go);
     let [i, o, e]: [OwnedFd; 3] = match req.stdio.try_into() {
         Ok(a) => a,
         Err(_) => fail("standard descriptors", &"not three"),
@@ -513,5 +578,33 @@ mod tests {
         assert!(decode_args(&p[..p.len() - 1]).is_none());
         assert!(decode_args(&[9, 0, 0, 0, b'x']).is_none());
         assert_eq!(parse(&message(b'X', 42, -1, 9)), (b'X', 42, -1, 9));
+    }
+
+    #[test]
+    fn answers_are_matched_in_order_an_unwatched_end_is_reaped_and_a_pid_under_2_ends_the_spawner() {
+        let (mut theirs, ours) = UnixStream::pair().unwrap();
+        let sh = Mutex::new(Shared::default());
+        let (reaps, out) = std::sync::mpsc::channel();
+        let (w1, r1) = std::sync::mpsc::channel();
+        let (w2, r2) = std::sync::mpsc::channel();
+        sh.lock().unwrap().waiting.extend([w1, w2]);
+        for m in [message(b'P', 100, 0, 0), message(b'F', nix::libc::EAGAIN, 0, 0), message(b'X', 100, 7, 0)] {
+            theirs.write_all(&m).unwrap();
+        }
+        // An end nobody watches (a start that gave up): reaped at once.
+        theirs.write_all(&message(b'X', 555, 0, 0)).unwrap();
+        // A pid the agent could not signal safely: the reader stops (the spawner is treated as gone).
+        theirs.write_all(&message(b'P', 1, 0, 0)).unwrap();
+        let (w3, _r3) = std::sync::mpsc::channel();
+        sh.lock().unwrap().waiting.push_back(w3);
+        read_answers(ours, &sh, &reaps);
+        let (pid, exit) = r1.recv().unwrap().unwrap();
+        assert_eq!(pid, 100);
+        assert_eq!(exit.blocking_recv().unwrap(), Exit::Ended { code: Some(7), signal: None });
+        assert_eq!(r2.recv().unwrap().unwrap_err().raw_os_error(), Some(nix::libc::EAGAIN));
+        assert!(matches!(out.try_recv(), Ok(Out::Reap(555))));
+        assert!(out.try_recv().is_err());
+        // The third request got no answer from the bad one: it is failed when the spawner is declared dead.
+        assert_eq!(sh.lock().unwrap().waiting.len(), 1);
     }
 }

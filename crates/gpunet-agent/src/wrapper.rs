@@ -54,6 +54,11 @@ use std::path::{Path, PathBuf};
 pub(crate) const FORWARDED: [Signal; 6] =
     [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
 
+/// The signals the wrapper forwards to the task (see the module's doc).
+pub(crate) fn forwarded() -> SigSet {
+    signal_set(None)
+}
+
 fn signal_set(extra: Option<Signal>) -> SigSet {
     let mut set = SigSet::empty();
     for s in FORWARDED.iter().copied().chain(extra) {
@@ -421,6 +426,9 @@ impl Exec {
                 .and_then(|()| setgid(Gid::from_raw(g)))
                 .and_then(|()| setuid(Uid::from_raw(u)))
                 .map_err(|e| refuse(125, format_args!("switch to uid {u} gid {g}: {e}")))?;
+            // The kernel makes a process that changed its uid non-dumpable, unless `fs.suid_dumpable` says
+            // otherwise: said here, so that the task can never read the init's memory (`/proc/1/mem`).
+            crate::identity::non_dumpable().map_err(|e| refuse(125, format_args!("{e}")))?;
         }
         if let Some(d) = &self.cwd {
             // After the uid: the directory is resolved with the task's own rights.

@@ -44,7 +44,13 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reaped() {
     let dir = tempfile::tempdir().unwrap();
+    // A descriptor the agent leaked (no close-on-exec) reaches the spawner, which closes it: its wrappers are forks,
+    // which close-on-exec would not keep it from.
+    let leaked = dir.path().join("leaked");
+    let leak = std::fs::File::create(&leaked).unwrap();
+    nix::fcntl::fcntl(&leak, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).unwrap();
     let sp = Spawner::start(Path::new(common::BIN), PATH).unwrap();
+    drop(leak);
     // Its standard input (the task's environment), output and error are the ones passed.
     let out = dir.path().join("out");
     let f = std::fs::File::create(&out).unwrap();
@@ -63,6 +69,12 @@ fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reape
     assert!(
         String::from_utf8_lossy(&std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap()).contains("task-spawner")
     );
+    let held: Vec<_> = std::fs::read_dir(format!("/proc/{spawner}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    assert!(!held.contains(&leaked), "the spawner closed what it inherited: {held:?}");
     std::io::Write::write_all(&mut w, b"PATH=/usr/bin:/bin\0GREETING=hello there\0").unwrap();
     drop(w);
     assert_eq!(exit.blocking_recv().unwrap(), Exit::Ended { code: Some(3), signal: None });

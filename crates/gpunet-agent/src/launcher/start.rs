@@ -364,16 +364,33 @@ impl Launcher {
                         env_pipe = Some(std::os::fd::OwnedFd::from(w));
                         r.into()
                     };
-                    match spawner.get(w, &task_path) {
-                        // Forked by the spawner (see `crate::spawner`).
-                        Some(sp) => match sp.spawn(&exec.to_args(), [stdin, out.into(), err.into()]) {
-                            Ok((pid, exit)) => (Waiter::Spawned(exit, sp), pid),
+                    let (out, err): (std::os::fd::OwnedFd, std::os::fd::OwnedFd) = (out.into(), err.into());
+                    let mut forked = None;
+                    // Forked by the spawner (see `crate::spawner`); a spawner found dead (no wrapper runs then) is
+                    // started again once, and without one the agent executes the wrapper itself.
+                    for _ in 0..2 {
+                        let Some(sp) = spawner.get(w, &task_path) else { break };
+                        let dup = |f: &std::os::fd::OwnedFd| f.try_clone().map_err(|e| format!("start {prog}: {e}"));
+                        match sp.spawn(&exec.to_args(), [dup(&stdin)?, dup(&out)?, dup(&err)?]) {
+                            Ok((pid, exit)) => {
+                                forked = Some((Waiter::Spawned(exit, sp), pid));
+                                break;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                                tracing::warn!(error = %e, "the task spawner is gone; starting another");
+                            }
                             Err(e) => {
-                                unmade(&group);
+                                // A wrapper that answered too late was killed; what it put in the groups goes.
+                                if let Some(g) = &group {
+                                    g.kill_all();
+                                    g.remove();
+                                }
                                 return Err(format!("start {prog}: {e}"));
                             }
-                        },
-                        // No spawner: the agent executes the wrapper itself.
+                        }
+                    }
+                    match forked {
+                        Some(f) => f,
                         None => {
                             let mut cmd = wrapper_command(w, &exec, &task_path);
                             cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
@@ -451,6 +468,12 @@ impl Launcher {
     fn register(&mut self, a: &TaskAssignment, l: Launched) {
         let t = a.task;
         let Launched { waiter, pid, start, group, status, env_file, at_ms, started } = l;
+        // A wrapper the spawner forked is not our child: like an adopted task's, its identity (the start time) is
+        // checked before every signal, since the spawner may die and its pid be reaped and reused unseen.
+        let leader_start = match &waiter {
+            Waiter::Spawned(..) => start,
+            Waiter::Child(_) => None,
+        };
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
         let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let extras = Extras::default();
@@ -461,6 +484,7 @@ impl Launcher {
                 stopping: false,
                 alive: alive.clone(),
                 adopted: None,
+                leader_start,
                 extras: extras.clone(),
                 asked: false,
             },
@@ -483,22 +507,24 @@ impl Launcher {
                 });
             }
         }
-        self.attach_extras(a, pid, None, &alive, &extras, group.as_ref());
+        self.attach_extras(a, pid, leader_start, &alive, &extras, group.as_ref());
         if let Some(g) = &group {
-            watch_oom(g, pid, None, alive.clone(), extras.oom.clone());
+            watch_oom(g, pid, leader_start, alive.clone(), extras.oom.clone());
         }
         let exits = self.exits.clone();
         let record = record_path(&self.dir, &t);
         let containers = self.containers.clone();
         tokio::spawn(async move {
-            let (code, signal, reap) = match waiter {
+            // How it ended; whether its pid is still its own (our child not yet reaped, or the spawner's zombie);
+            // the spawner to tell to reap it.
+            let (code, signal, held, reap) = match waiter {
                 Waiter::Child(mut child) => match child.wait().await {
-                    Ok(s) => (s.code(), s.signal(), None),
-                    Err(_) => (None, None, None),
+                    Ok(s) => (s.code(), s.signal(), true, None),
+                    Err(_) => (None, None, true, None),
                 },
                 Waiter::Spawned(exit, spawner) => match exit.await {
                     // Not reaped yet: its pid is still its own until the spawner is told below.
-                    Ok(crate::spawner::Exit::Ended { code, signal }) => (code, signal, Some(spawner)),
+                    Ok(crate::spawner::Exit::Ended { code, signal }) => (code, signal, true, Some(spawner)),
                     // The spawner died first: the wrapper is watched as an adopted one (its status file, once its
                     // pid is gone).
                     _ => {
@@ -506,9 +532,9 @@ impl Launcher {
                             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         }
                         match crate::wrapper::Ended::parse(&std::fs::read_to_string(&status).unwrap_or_default()) {
-                            Some(crate::wrapper::Ended::Exit(c)) => (Some(c), None, None),
-                            Some(crate::wrapper::Ended::Signal(s)) => (None, Some(s), None),
-                            None => (None, Some(Signal::SIGKILL as i32), None),
+                            Some(crate::wrapper::Ended::Exit(c)) => (Some(c), None, false, None),
+                            Some(crate::wrapper::Ended::Signal(s)) => (None, Some(s), false, None),
+                            None => (None, Some(Signal::SIGKILL as i32), false, None),
                         }
                     }
                 },
@@ -517,9 +543,16 @@ impl Launcher {
             let _ = std::fs::remove_file(&record);
             let _ = std::fs::remove_file(&status);
             let _ = std::fs::remove_file(&env_file);
-            // Take down anything the task left behind in its group (pid > 1 checked at spawn); the rest of its
-            // cgroup goes in `finish`.
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            // Take down anything the task left behind in its group (pid > 1 checked at spawn and by the spawner's
+            // reader); the rest of its cgroup goes in `finish`. A pid no longer held may lead another group now:
+            // only the processes of the group that started no earlier than the wrapper are killed then.
+            if held {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            } else if let Some(s) = start {
+                for p in super::group_members(pid, s) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+            }
             if let Some(sp) = reap {
                 sp.reap(pid);
             }
