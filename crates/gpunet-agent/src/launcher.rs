@@ -291,7 +291,7 @@ fn proc_stat(pid: i32) -> Option<(i32, u64, char)> {
 }
 
 /// A process's group and start time; `None` when it is gone.
-fn proc_identity(pid: i32) -> Option<(i32, u64)> {
+pub(crate) fn proc_identity(pid: i32) -> Option<(i32, u64)> {
     proc_stat(pid).map(|(g, s, _)| (g, s))
 }
 

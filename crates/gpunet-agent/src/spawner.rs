@@ -11,7 +11,7 @@
 //! **What the wrapper gets** is what an executed wrapper got: standard input, output and error from the agent
 //! (passed over the socket with `SCM_RIGHTS`), its own process group (set by both the spawner and the child, so the
 //! group exists when the agent learns the pid), `/` as its directory, the spawner's environment (the agent starts it
-//! with nothing but `PATH`), an empty signal mask, default dispositions (Rust's ignored `SIGPIPE` aside, as in any
+//! with nothing but `PATH`), the forwarded signals blocked (as the wrapper blocks them first thing), default dispositions (Rust's ignored `SIGPIPE` aside, as in any
 //! Rust program) and no other descriptor. A forked child keeps no parent-death signal, so a wrapper outlives the
 //! spawner and the agent, as its task must (a restarted agent adopts it).
 //!
@@ -28,8 +28,8 @@
 //!
 //! **Protocol** (a stream socket; little-endian): every message starts with 13 bytes, a kind and three `i32`.
 //! Agent → spawner: `H pid 0 0` first (the agent's pid), then `S len 0 0` then `len` bytes of arguments (each a `u32` length and its bytes), the wrapper's
-//! standard input, output and error attached; `R pid 0 0` (reap). Spawner → agent: `P pid 0 0` (forked; answers
-//! the requests in order), `F errno 0 0` (could not fork), `X pid code signal` (ended: `code` -1 when killed by
+//! standard input, output and error attached; `R pid 0 0` (reap). Spawner → agent: `P pid lo hi` (forked, started at `hi << 32 | lo`; answers
+//! the requests in order, with the child's start time in two halves), `F errno 0 0` (could not fork), `X pid code signal` (ended: `code` -1 when killed by
 //! `signal`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -62,7 +62,9 @@ pub enum Exit {
     Lost,
 }
 
-type Answer = io::Result<(i32, tokio::sync::oneshot::Receiver<Exit>)>;
+/// A forked wrapper's pid, its start time (`/proc/PID/stat`, read by the spawner while the pid is surely its
+/// child's) and how it will end.
+type Answer = io::Result<(i32, u64, tokio::sync::oneshot::Receiver<Exit>)>;
 
 #[derive(Default)]
 struct Shared {
@@ -204,6 +206,8 @@ impl Spawner {
             Ok(a) => a,
             // A late answer is killed by the reader (nobody waits for it).
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // A wedged spawner would hold up every start: it goes, and the next start gets a new one.
+                let _ = self.sock.shutdown(std::net::Shutdown::Both);
                 Err(io::Error::new(io::ErrorKind::TimedOut, "the task spawner did not answer"))
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
@@ -269,13 +273,14 @@ fn read_answers(mut r: UnixStream, sh: &Mutex<Shared>, reaps: &std::sync::mpsc::
         match kind {
             // A pid the agent could not signal safely (0, 1, negative) is a broken spawner: it goes.
             b'P' if a > 1 => {
+                let start = u64::from(b as u32) | (u64::from(c as u32) << 32);
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let waiter = {
                     let mut g = sh.lock().expect("spawner state");
                     g.exits.insert(a, tx);
                     g.waiting.pop_front()
                 };
-                if waiter.is_none_or(|w| w.send(Ok((a, rx))).is_err()) {
+                if waiter.is_none_or(|w| w.send(Ok((a, start, rx))).is_err()) {
                     // Nobody waits for it any more (the start gave up): it must not run unknown to the agent.
                     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(a), nix::sys::signal::Signal::SIGKILL);
                 }
@@ -412,13 +417,25 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
                 }
                 let args = decode_args(&payload).ok_or("a malformed request")?;
                 forget(payload);
+                let refuse = |args: Vec<String>, errno: i32| {
+                    for a in args {
+                        forget(a.into_bytes());
+                    }
+                    send(message(b'F', errno, 0, 0))
+                };
                 if stdio.len() != 3 {
-                    send(message(b'F', nix::libc::EINVAL, 0, 0))?;
+                    refuse(args, nix::libc::EINVAL)?;
                     continue;
                 }
                 // The child waits for our word, sent once the agent has its pid: if this process dies before
                 // (the agent never learns of the child), the child sees EOF and ends without doing anything.
-                let (go_r, go_w) = io::pipe().map_err(|e| format!("pipe: {e}"))?;
+                let (go_r, go_w) = match io::pipe() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        refuse(args, e.raw_os_error().unwrap_or(nix::libc::EMFILE))?;
+                        continue;
+                    }
+                };
                 match crate::forked::fork_single() {
                     Ok(None) => {
                         drop(go_w);
@@ -435,12 +452,23 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
                             forget(a.into_bytes());
                         }
                         live.insert(pid.as_raw());
-                        send(message(b'P', pid.as_raw(), 0, 0))?;
-                        let _ = (&go_w).write_all(b"g");
+                        // Its start time, read while the pid is surely our child's (not reaped before the agent says
+                        // so): the agent checks it before every signal. Without it the child gets no word and ends.
+                        match crate::launcher::proc_identity(pid.as_raw()) {
+                            Some((_, start)) => {
+                                let (lo, hi) = (start as u32 as i32, (start >> 32) as u32 as i32);
+                                send(message(b'P', pid.as_raw(), lo, hi))?;
+                                let _ = (&go_w).write_all(b"g");
+                            }
+                            None => {
+                                drop(go_w);
+                                send(message(b'F', nix::libc::ESRCH, 0, 0))?;
+                            }
+                        }
                     }
                     Err(e) => {
                         eprintln!("gpunet task-spawner: {e}");
-                        send(message(b'F', nix::libc::EAGAIN, 0, 0))?;
+                        refuse(args, nix::libc::EAGAIN)?;
                     }
                 }
             }
@@ -515,8 +543,12 @@ fn child(mut req: Request) -> ! {
         fail("set the signal mask", &e);
     }
     let mut go = [0u8; 1];
-    if !matches!(req.go.read(&mut go), Ok(1)) {
-        std::process::exit(125); // the spawner died before the agent learned of us
+    loop {
+        match req.go.read(&mut go) {
+            Ok(1) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            _ => std::process::exit(125), // the spawner died (or gave up on us) before the agent learned of us
+        }
     }
     drop(req.go);
     let [i, o, e]: [OwnedFd; 3] = match req.stdio.try_into() {
@@ -588,7 +620,7 @@ mod tests {
         let (w1, r1) = std::sync::mpsc::channel();
         let (w2, r2) = std::sync::mpsc::channel();
         sh.lock().unwrap().waiting.extend([w1, w2]);
-        for m in [message(b'P', 100, 0, 0), message(b'F', nix::libc::EAGAIN, 0, 0), message(b'X', 100, 7, 0)] {
+        for m in [message(b'P', 100, 9, 7), message(b'F', nix::libc::EAGAIN, 0, 0), message(b'X', 100, 7, 0)] {
             theirs.write_all(&m).unwrap();
         }
         // An end nobody watches (a start that gave up): reaped at once.
@@ -598,8 +630,8 @@ mod tests {
         let (w3, _r3) = std::sync::mpsc::channel();
         sh.lock().unwrap().waiting.push_back(w3);
         read_answers(ours, &sh, &reaps);
-        let (pid, exit) = r1.recv().unwrap().unwrap();
-        assert_eq!(pid, 100);
+        let (pid, start, exit) = r1.recv().unwrap().unwrap();
+        assert_eq!((pid, start), (100, 7 << 32 | 9));
         assert_eq!(exit.blocking_recv().unwrap(), Exit::Ended { code: Some(7), signal: None });
         assert_eq!(r2.recv().unwrap().unwrap_err().raw_os_error(), Some(nix::libc::EAGAIN));
         assert!(matches!(out.try_recv(), Ok(Out::Reap(555))));

@@ -55,7 +55,7 @@ fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reape
     let out = dir.path().join("out");
     let f = std::fs::File::create(&out).unwrap();
     let (r, mut w) = std::io::pipe().unwrap();
-    let (pid, exit) = sp
+    let (pid, start, exit) = sp
         .spawn(
             &wrapper_args("echo \"$GREETING\"; echo oops >&2; exit 3"),
             [r.into(), f.try_clone().unwrap().into(), f.into()],
@@ -65,6 +65,10 @@ fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reape
     // spawner, a child of this process.
     let (spawner, group, _) = stat3(pid).unwrap();
     assert_eq!(group, pid);
+    // Its start time as the spawner read it (the agent checks it before every signal).
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = st[st.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    assert_eq!(fields[19].parse::<u64>().unwrap(), start);
     assert_eq!(stat3(spawner).map(|s| s.0), Some(std::process::id() as i32));
     assert!(
         String::from_utf8_lossy(&std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap()).contains("task-spawner")
@@ -86,7 +90,7 @@ fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reape
     // A task killed by a signal: the wrapper ends the same way.
     let (r, w) = std::io::pipe().unwrap();
     drop(w);
-    let (pid, exit) = sp.spawn(&wrapper_args("kill -TERM $$"), [r.into(), null(), null()]).unwrap();
+    let (pid, _, exit) = sp.spawn(&wrapper_args("kill -TERM $$"), [r.into(), null(), null()]).unwrap();
     assert_eq!(exit.blocking_recv().unwrap(), Exit::Ended { code: None, signal: Some(15) });
     sp.reap(pid);
     wait_until("the second wrapper is reaped", || stat(pid).is_none());
@@ -97,7 +101,7 @@ fn a_forked_wrapper_gets_its_descriptors_and_group_and_keeps_its_pid_until_reape
         drop(w);
         running.push((i, sp.spawn(&wrapper_args(&format!("exit {i}")), [r.into(), null(), null()]).unwrap()));
     }
-    for (i, (pid, exit)) in running {
+    for (i, (pid, _, exit)) in running {
         assert_eq!(exit.blocking_recv().unwrap(), Exit::Ended { code: Some(i), signal: None });
         sp.reap(pid);
     }
@@ -112,7 +116,7 @@ fn a_wrapper_outlives_its_spawner_which_is_started_again() {
     let sp = slot.get(Path::new(common::BIN), PATH).unwrap();
     let (r, w) = std::io::pipe().unwrap();
     drop(w);
-    let (pid, exit) = sp.spawn(&wrapper_args("sleep 300"), [r.into(), null(), null()]).unwrap();
+    let (pid, _, exit) = sp.spawn(&wrapper_args("sleep 300"), [r.into(), null(), null()]).unwrap();
     let spawner = stat3(pid).unwrap().0;
     assert!(
         String::from_utf8_lossy(&std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap()).contains("task-spawner")
@@ -127,7 +131,7 @@ fn a_wrapper_outlives_its_spawner_which_is_started_again() {
     assert!(!again.is_dead());
     let (r, w) = std::io::pipe().unwrap();
     drop(w);
-    let (p2, exit2) = again.spawn(&wrapper_args("exit 0"), [r.into(), null(), null()]).unwrap();
+    let (p2, _, exit2) = again.spawn(&wrapper_args("exit 0"), [r.into(), null(), null()]).unwrap();
     assert_eq!(exit2.blocking_recv().unwrap(), Exit::Ended { code: Some(0), signal: None });
     again.reap(p2);
     // Nothing left behind: the orphaned wrapper's group goes.

@@ -37,8 +37,9 @@ struct Launched {
 enum Waiter {
     /// Our child (the wrapper executed, or a task without one).
     Child(tokio::process::Child),
-    /// Forked by the spawner, which reports its end and reaps it when told (see [`crate::spawner`]).
-    Spawned(tokio::sync::oneshot::Receiver<crate::spawner::Exit>, std::sync::Arc<crate::spawner::Spawner>),
+    /// Forked by the spawner, which reports its end and reaps it when told (see [`crate::spawner`]); its start time
+    /// as the spawner read it.
+    Spawned(tokio::sync::oneshot::Receiver<crate::spawner::Exit>, std::sync::Arc<crate::spawner::Spawner>, u64),
 }
 
 /// Task attempts being started in the background ([`Launcher::begin`], each a tokio task of its own), each taken in
@@ -371,9 +372,16 @@ impl Launcher {
                     for _ in 0..2 {
                         let Some(sp) = spawner.get(w, &task_path) else { break };
                         let dup = |f: &std::os::fd::OwnedFd| f.try_clone().map_err(|e| format!("start {prog}: {e}"));
-                        match sp.spawn(&exec.to_args(), [dup(&stdin)?, dup(&out)?, dup(&err)?]) {
-                            Ok((pid, exit)) => {
-                                forked = Some((Waiter::Spawned(exit, sp), pid));
+                        let fds = match (dup(&stdin), dup(&out), dup(&err)) {
+                            (Ok(i), Ok(o), Ok(e)) => [i, o, e],
+                            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                                unmade(&group);
+                                return Err(e);
+                            }
+                        };
+                        match sp.spawn(&exec.to_args(), fds) {
+                            Ok((pid, start, exit)) => {
+                                forked = Some((Waiter::Spawned(exit, sp, start), pid));
                                 break;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
@@ -437,7 +445,11 @@ impl Launcher {
                 }
             };
             let at_ms = now_ms();
-            let start = proc_identity(pid).map(|(_, start)| start);
+            // A spawned wrapper's start time is the spawner's reading (its child, surely not reaped yet).
+            let start = match &waiter {
+                Waiter::Spawned(_, _, s) => Some(*s),
+                Waiter::Child(_) => proc_identity(pid).map(|(_, start)| start),
+            };
             if let Some(start) = start {
                 let _ = running_dir(record.parent().expect("record dir"));
                 let wrapped = u8::from(wrapper.is_some());
@@ -471,7 +483,7 @@ impl Launcher {
         // A wrapper the spawner forked is not our child: like an adopted task's, its identity (the start time) is
         // checked before every signal, since the spawner may die and its pid be reaped and reused unseen.
         let leader_start = match &waiter {
-            Waiter::Spawned(..) => start,
+            Waiter::Spawned(_, _, s) => Some(*s),
             Waiter::Child(_) => None,
         };
         tracing::info!(job = t.job, rank = t.rank, attempt = t.attempt, pid, gpus = ?a.gpus, "task started");
@@ -522,7 +534,7 @@ impl Launcher {
                     Ok(s) => (s.code(), s.signal(), true, None),
                     Err(_) => (None, None, true, None),
                 },
-                Waiter::Spawned(exit, spawner) => match exit.await {
+                Waiter::Spawned(exit, spawner, _) => match exit.await {
                     // Not reaped yet: its pid is still its own until the spawner is told below.
                     Ok(crate::spawner::Exit::Ended { code, signal }) => (code, signal, true, Some(spawner)),
                     // The spawner died first: the wrapper is watched as an adopted one (its status file, once its
@@ -546,6 +558,8 @@ impl Launcher {
             // Take down anything the task left behind in its group (pid > 1 checked at spawn and by the spawner's
             // reader); the rest of its cgroup goes in `finish`. A pid no longer held may lead another group now:
             // only the processes of the group that started no earlier than the wrapper are killed then.
+            // The spawner's zombie keeps its pid unless the spawner died meanwhile (checked: still that process).
+            let held = held && start.is_none_or(|s| proc_identity(pid).is_some_and(|(_, st)| st == s));
             if held {
                 let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             } else if let Some(s) = start {
