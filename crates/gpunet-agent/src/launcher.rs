@@ -366,6 +366,35 @@ fn group_dir(path: &Path, gid: Option<u32>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Serializes [`claim_job`]: two ranks of a job starting at once must not remove each other's new directories.
+static CLAIMS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes sure the node's `job-J` directories (homes, checkpoints, logs, the node-disk tier) are this job's, the one
+/// submitted at `submitted_ms`: job ids start again at 1 when a server starts on a new store (and tenants' indexes,
+/// hence their uids, too), so files another job J left here must not reach this one. The agent records each job's
+/// submission time in `DATA/owners/job-J` (a file; root's, 0700/0600); a job J with another one finds the
+/// previous job's directories removed (never through a symlink) before its task starts. Without a time (an older
+/// server) nothing is checked here; [`replace_foreign`] still catches another uid's directories.
+pub(crate) fn claim_job(dir: &Path, job: u64, submitted_ms: Option<u64>) -> std::io::Result<()> {
+    let Some(submitted) = submitted_ms else { return Ok(()) };
+    let _one = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+    let marker = dir.join("owners").join(format!("job-{job}"));
+    let want = submitted.to_string();
+    match std::fs::read_to_string(&marker) {
+        Ok(have) if have.trim() == want => return Ok(()),
+        Ok(_) => {
+            tracing::warn!(job, "the node's files of another job with this id (a server on a new store): removed");
+            for sub in crate::JOB_FILE_DIRS {
+                crate::remove_job_path(&dir.join(sub).join(format!("job-{job}")))?;
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    running_dir(&dir.join("owners"))?;
+    write_private(&marker, want.as_bytes())
+}
+
 /// A job's directory (`job-J`, or a rank's beneath) that exists already is handed to the task only if it is the
 /// task's identity's (`ours`): job ids start again when a server starts on a new store, while a node keeps an ended
 /// job's files for `--ended-job-files-keep-s` (and files of jobs its agent never heard ended), so job 7 of one
@@ -1070,6 +1099,34 @@ impl Launcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_of_the_same_id_submitted_at_another_time_finds_none_of_the_previous_ones_files() {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = ["homes/job-7/rank-0", "checkpoints/job-7", "logs/job-7", "tiers/job-7/local"];
+        claim_job(d.path(), 7, Some(1_000)).unwrap();
+        for x in dirs {
+            std::fs::create_dir_all(d.path().join(x)).unwrap();
+            std::fs::write(d.path().join(x).join("f"), "first job's").unwrap();
+        }
+        // The same job again (a restart): everything stays.
+        claim_job(d.path(), 7, Some(1_000)).unwrap();
+        assert!(dirs.iter().all(|x| d.path().join(x).join("f").exists()));
+        // No submission time (an older server): nothing is checked.
+        claim_job(d.path(), 7, None).unwrap();
+        assert!(dirs.iter().all(|x| d.path().join(x).join("f").exists()));
+        // Another job 7 (a server on a new store): none of it is left.
+        claim_job(d.path(), 7, Some(2_000)).unwrap();
+        assert!(dirs.iter().all(|x| !d.path().join(x).exists()), "the first job's directories are gone");
+        assert_eq!(std::fs::read_to_string(d.path().join("owners/job-7")).unwrap(), "2000");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &str| std::fs::metadata(d.path().join(p)).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode("owners"), mode("owners/job-7")), (0o700, 0o600));
+        // Another job's files are untouched.
+        std::fs::create_dir_all(d.path().join("homes/job-8")).unwrap();
+        claim_job(d.path(), 7, Some(3_000)).unwrap();
+        assert!(d.path().join("homes/job-8").exists());
+    }
 
     #[test]
     fn a_job_directory_left_by_another_identity_is_made_again_empty() {

@@ -513,7 +513,7 @@ impl JobFiles {
                 for sub in JOB_FILE_DIRS {
                     // `remove_dir_all` works beneath directory descriptors and never follows a symlink the job
                     // planted.
-                    match std::fs::remove_dir_all(dir.join(sub).join(format!("job-{j}"))) {
+                    match remove_job_path(&dir.join(sub).join(format!("job-{j}"))) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                             tracing::warn!(job = j, dir = sub, error = %e, "remove an ended job's files")
                         }
@@ -526,8 +526,23 @@ impl JobFiles {
     }
 }
 
-/// The data directory's per-job directories (see [`JobFiles`]).
-const JOB_FILE_DIRS: [&str; 4] = ["homes", "checkpoints", "logs", "tiers"];
+/// The data directory's per-job directories (see [`JobFiles`]); `owners` holds which job each `job-J` is, a file
+/// (see `launcher::claim_job`).
+pub(crate) const JOB_FILE_DIRS: [&str; 5] = ["homes", "checkpoints", "logs", "tiers", "owners"];
+
+/// Removes a job's directory (`remove_dir_all`: beneath directory descriptors, never following a symlink the job
+/// planted) or file; a missing one is no error.
+pub(crate) fn remove_job_path(p: &std::path::Path) -> std::io::Result<()> {
+    let r = match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) => Err(e),
+    };
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
 
 /// Takes in a task attempt's end: reported with the next sync.
 fn take_exit(launcher: &mut Launcher, ended: &mut HashSet<TaskRef>, pending: &mut Vec<TaskExit>, mut e: TaskExit) {

@@ -212,6 +212,11 @@ pub struct TaskAssignment {
     /// Checkpoint tiers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<CheckpointTier>,
+    /// When the job was submitted, ms since the Unix epoch. With the job id it names the job across servers: a node
+    /// never hands the files one job left there to another job of the same id (a server on a new store numbers jobs
+    /// from 1 again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_ms: Option<u64>,
     /// The tenant's stable index (its registration order on the server): an agent with per-tenant identities
     /// runs the task as uid and gid `base + tenant_index`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

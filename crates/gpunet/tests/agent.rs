@@ -404,7 +404,13 @@ fn a_task_outlives_a_killed_spawner_and_its_end_is_still_learned() {
     assert_eq!(s.job_state(id), "running", "the task runs on");
     std::fs::write(&go, "").unwrap();
     wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
-    let ev = events(&s, id);
+    // The events are read through another view than the state: waited for too.
+    let t = std::time::Instant::now();
+    let mut ev = events(&s, id);
+    while !ev.contains("exited with code 3") && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+        ev = events(&s, id);
+    }
     assert!(ev.contains("exited with code 3"), "{ev}");
     let next = s.submit(&["--gpus", "1", "--", "true"]);
     wait_for(Duration::from_secs(30), || s.job_state(next) == "succeeded");
@@ -519,7 +525,7 @@ fn an_ended_jobs_files_leave_the_node_and_a_restarting_jobs_stay() {
     let _a = s.agent_with("a1", "1xT4", dir.path(), "127.0.0.1", &["--ended-job-files-keep-s", "0"]);
     let data = dir.path().join("a1");
     let files = |id: u64| -> Vec<std::path::PathBuf> {
-        ["homes", "checkpoints", "logs", "tiers"]
+        ["homes", "checkpoints", "logs", "tiers", "owners"]
             .iter()
             .map(|d| data.join(d).join(format!("job-{id}")))
             .filter(|p| p.exists())
@@ -545,15 +551,15 @@ fn an_ended_jobs_files_leave_the_node_and_a_restarting_jobs_stay() {
         "-c",
         &format!("{write}; while [ ! -f {} ]; do sleep 0.1; done", go.display()),
     ]);
-    // Its own, checkpoint and log directories while it runs.
-    wait_for(Duration::from_secs(30), || files(done).len() == 3);
+    // Its own, checkpoint and log directories while it runs, and the record of which job they are.
+    wait_for(Duration::from_secs(30), || files(done).len() == 4);
     std::fs::write(&go, "").unwrap();
     wait_for(Duration::from_secs(30), || s.job_state(done) == "succeeded");
     wait_for(Duration::from_secs(30), || files(done).is_empty());
     let (_, log, _) = s.cli("admin-secret", &["logs", &done.to_string()]);
     assert!(log.contains("hello"), "the server keeps the log: {log}");
     // The job that may come back keeps everything, its node-disk tier included.
-    assert_eq!(files(back).len(), 4, "{:?}", files(back));
+    assert_eq!(files(back).len(), 5, "{:?}", files(back));
     let (ok, o, e) = s.cli("admin-secret", &["cancel", &back.to_string()]);
     assert!(ok, "{o}{e}");
     // Asked about again within 15 s (its set of jobs did not change).

@@ -624,7 +624,8 @@ fn one_tasks_log_spam_does_not_lose_another_tasks_output() {
     for (i, j) in quiet.iter().enumerate() {
         let at = dir.path().join(format!("server/logs/job-{j}/rank-0-attempt-0.log"));
         wait_for(Duration::from_secs(30), || read(&at).contains(&format!("B_IMPORTANT_{i}")));
-        assert_eq!(s.job_state(*j), "succeeded");
+        // Its end is reported apart from its output (which may arrive first on a loaded machine).
+        wait_for(Duration::from_secs(30), || s.job_state(*j) == "succeeded");
     }
     for j in spammers {
         let (ok, _, err) = s.cli("admin-secret", &["cancel", &j.to_string()]);

@@ -9,8 +9,8 @@
 //! every task the server placed meanwhile until the slowest start of the batch had ended.
 
 use super::{
-    checkpoint_dir, env_path, finish, group_dir, log_path, now_ms, own_dir, proc_identity, record_path, running_dir,
-    status_path, watch_oom, work_dir, wrapper_command, write_private, Extras, Launcher, Proc,
+    checkpoint_dir, claim_job, env_path, finish, group_dir, log_path, now_ms, own_dir, proc_identity, record_path,
+    running_dir, status_path, watch_oom, work_dir, wrapper_command, write_private, Extras, Launcher, Proc,
 };
 use gpunet_api::agent::{TaskAssignment, TaskExit, TaskRef, TaskStart};
 use nix::sys::signal::{killpg, Signal};
@@ -247,7 +247,12 @@ impl Launcher {
             let (log, ckpt, home) = (log_path(&self.dir, &t), ckpt.clone(), home.clone());
             // An absolute working directory of a container task is in its image, not on the node.
             let wd = a.working_dir.clone().filter(|w| a.container.is_none() || !w.starts_with('/'));
-            blocking(move || prepare_files(&log, &ckpt, &home, user, wd.as_deref())).await
+            let (dir, job, submitted) = (self.dir.clone(), t.job, a.submitted_ms);
+            blocking(move || {
+                claim_job(&dir, job, submitted).map_err(|e| format!("prepare the job's directories: {e}"))?;
+                prepare_files(&log, &ckpt, &home, user, wd.as_deref())
+            })
+            .await
         };
         let (out, err, cwd) = match prepared {
             Ok(p) => p,
@@ -611,6 +616,7 @@ mod tests {
             liveness: None,
             tiers: vec![],
             tenant_index: None,
+            submitted_ms: None,
             time_limit_ms: None,
         };
         let (ok1, bad, ok2) = (mk(1, vec!["true"]), mk(2, vec!["/nonexistent/program"]), mk(3, vec!["true"]));

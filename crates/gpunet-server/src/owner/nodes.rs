@@ -527,6 +527,7 @@ impl Owner {
                     memory_mib: t.mem.0,
                     grace_ms: 10_000,
                     tenant_index: Some(j.spec.tenant.0),
+                    submitted_ms: Some(j.submitted.0),
                     checkpoint_now: self.checkpoint_now_of(jid.0, attempt).map(|deadline_ms| {
                         gpunet_api::agent::CheckpointNow {
                             deadline_ms,
