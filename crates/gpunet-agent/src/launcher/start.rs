@@ -110,6 +110,15 @@ fn report_start_failure(exits: &tokio::sync::mpsc::UnboundedSender<TaskExit>, t:
     });
 }
 
+/// Spawns `cmd` as our child leading a process group of its own (the wrapper executed, or a task without one).
+fn spawn_child(cmd: &mut tokio::process::Command, prog: &str) -> Result<(Waiter, i32), String> {
+    let c = cmd.process_group(0).kill_on_drop(false).spawn().map_err(|e| format!("start {prog}: {e}"))?;
+    match c.id().map(|p| p as i32).filter(|p| *p > 1) {
+        Some(pid) => Ok((Waiter::Child(c), pid)),
+        None => Err(format!("start {prog}: no process id")),
+    }
+}
+
 /// Runs `f` on the blocking pool; a panic there becomes an error.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(format!("the start's thread failed: {e}")))
@@ -406,20 +415,8 @@ impl Launcher {
                         Some(f) => f,
                         None => {
                             let mut cmd = wrapper_command(w, &exec, &task_path);
-                            cmd.stdin(stdin).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-                            match cmd.spawn() {
-                                Ok(c) => match c.id().map(|p| p as i32).filter(|p| *p > 1) {
-                                    Some(pid) => (Waiter::Child(c), pid),
-                                    None => {
-                                        unmade(&group);
-                                        return Err(format!("start {prog}: no process id"));
-                                    }
-                                },
-                                Err(e) => {
-                                    unmade(&group);
-                                    return Err(format!("start {prog}: {e}"));
-                                }
-                            }
+                            cmd.stdin(stdin).stdout(out).stderr(err);
+                            spawn_child(&mut cmd, &prog).inspect_err(|_| unmade(&group))?
                         }
                     }
                 }
@@ -433,20 +430,8 @@ impl Launcher {
                     if let Some((uid, gid)) = user {
                         c.uid(uid).gid(gid);
                     }
-                    c.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-                    match c.spawn() {
-                        Ok(c) => match c.id().map(|p| p as i32).filter(|p| *p > 1) {
-                            Some(pid) => (Waiter::Child(c), pid),
-                            None => {
-                                unmade(&group);
-                                return Err(format!("start {prog}: no process id"));
-                            }
-                        },
-                        Err(e) => {
-                            unmade(&group);
-                            return Err(format!("start {prog}: {e}"));
-                        }
-                    }
+                    c.stdin(std::process::Stdio::null()).stdout(out).stderr(err);
+                    spawn_child(&mut c, &prog).inspect_err(|_| unmade(&group))?
                 }
             };
             let at_ms = now_ms();
