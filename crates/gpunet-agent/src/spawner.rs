@@ -406,14 +406,8 @@ fn serve(argv: &[String]) -> Result<Option<Request>, String> {
             b'S' => {
                 let len = usize::try_from(a).ok().filter(|n| *n <= ARGS_MAX).ok_or("a request too long")?;
                 let mut payload = vec![0u8; len];
-                let mut have = 0;
-                while have < len {
-                    match rustix::io::read(sock, &mut payload[have..]) {
-                        Ok(0) => return Ok(None),
-                        Ok(n) => have += n,
-                        Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(format!("read a request: {e}")),
-                    }
+                if !read_full(sock, &mut payload)? {
+                    return Ok(None);
                 }
                 let args = decode_args(&payload).ok_or("a malformed request")?;
                 forget(payload);
@@ -507,16 +501,24 @@ fn read_header(sock: std::os::fd::BorrowedFd<'_>) -> Result<Option<Header>, Stri
     if got == 0 {
         return Ok(None);
     }
-    let mut have = got;
-    while have < HEADER {
-        match rustix::io::read(sock, &mut m[have..]) {
-            Ok(0) => return Ok(None),
+    if !read_full(sock, &mut m[got..])? {
+        return Ok(None);
+    }
+    Ok(Some((m, fds)))
+}
+
+/// Fills `buf` from the agent's socket; `false` at EOF.
+fn read_full(sock: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> Result<bool, String> {
+    let mut have = 0;
+    while have < buf.len() {
+        match rustix::io::read(sock, &mut buf[have..]) {
+            Ok(0) => return Ok(false),
             Ok(n) => have += n,
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(format!("read a request: {e}")),
         }
     }
-    Ok(Some((m, fds)))
+    Ok(true)
 }
 
 fn decode_args(mut p: &[u8]) -> Option<Vec<String>> {
