@@ -62,6 +62,10 @@ pub struct Prediction {
     pub basis: Basis,
     /// Runs behind it.
     pub samples: u32,
+    /// The spread of those runs: the standard deviation of the log of their run times (0 for runs of one length).
+    /// Schedulers take the run time as log-normal with `duration` as median and this spread ([`crate::gittins`]).
+    #[serde(default)]
+    pub spread: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -92,6 +96,7 @@ impl Stats {
             confidence: n / (n + 2.0) * (-spread).exp() * basis.factor(),
             basis,
             samples: self.n,
+            spread,
         })
     }
 }

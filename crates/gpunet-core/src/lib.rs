@@ -34,6 +34,7 @@ pub mod depend;
 pub mod error;
 pub mod estimate;
 pub mod fxhash;
+pub mod gittins;
 pub mod gpu;
 pub mod hold;
 pub mod ids;
@@ -50,7 +51,7 @@ pub mod tenant;
 pub mod units;
 
 pub use array::ArrayView;
-pub use config::{HumanDur, Policy, PreemptionConfig, SchedConfig, SchedKnobs};
+pub use config::{HumanDur, LearnedRank, Policy, PreemptionConfig, SchedConfig, SchedKnobs};
 pub use depend::Cascade;
 pub use error::CoreError;
 pub use estimate::{Basis, JobKey, Prediction, Predictor};

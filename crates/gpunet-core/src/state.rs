@@ -86,6 +86,10 @@ pub(crate) struct RunRow {
     pub(crate) est_end: Time,
     /// The job's SJF key (estimate ÷ GPUs in ms; `u64::MAX` without estimate), for preemptive SJF.
     pub(crate) sjf_key: u64,
+    /// A learned estimate's run time (`None` for an estimate given as exact, or none) and the progress kept when
+    /// the attempt started (ms): the job's Gittins rank as a victim under preemptive SRTF/SRGF.
+    pub(crate) learned: Option<crate::gittins::LogNormal>,
+    pub(crate) progress: u64,
     /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
     pub(crate) classes: u64,
     /// The node, when every task of the job is on one (victims for a one-node job are also looked for per node).
@@ -839,6 +843,12 @@ impl ClusterState {
             attained_before: j.attained_gpu_ms,
             est_end: end,
             sjf_key: sjf_key(j),
+            learned: j
+                .spec
+                .estimated_duration
+                .zip(j.spec.estimate_spread)
+                .map(|(e, sigma)| crate::gittins::LogNormal::new(e, sigma as f64)),
+            progress: j.progress.0,
             classes,
             node,
         };
@@ -1372,12 +1382,19 @@ pub(crate) fn sjf_key(j: &Job) -> u64 {
     }
 }
 
-/// A job's key under SRGF: remaining estimated time × GPUs at its minimum size (ms), `u64::MAX` without estimate.
-pub(crate) fn srgf_key(j: &Job) -> u64 {
+/// A queued job's key under SRTF: its rank at its kept progress ([`Job::rank_at`] under
+/// [`SchedConfig::learned_rule`]: the remaining estimated time, or for a learned estimate its rank under the
+/// learned distribution), `u64::MAX` without estimate.
+pub(crate) fn srtf_key(cfg: &SchedConfig, j: &Job) -> u64 {
+    j.rank_at(j.progress, cfg.learned_rule())
+}
+
+/// A job's key under SRGF: its SRTF key × GPUs at its minimum size (ms), `u64::MAX` without estimate.
+pub(crate) fn srgf_key(cfg: &SchedConfig, j: &Job) -> u64 {
     match j.spec.estimated_duration {
         Some(_) => {
             let tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
-            j.remaining_estimate().0.saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
+            srtf_key(cfg, j).saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
         }
         None => u64::MAX,
     }
@@ -1390,8 +1407,8 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
         Policy::Fifo => 0,
         Policy::Priority | Policy::Drf | Policy::FairShare => prio,
         Policy::Sjf => sjf_key(j),
-        Policy::Srtf => j.remaining_estimate().0,
-        Policy::Srgf => srgf_key(j),
+        Policy::Srtf => srtf_key(cfg, j),
+        Policy::Srgf => srgf_key(cfg, j),
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
     };
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);

@@ -404,19 +404,23 @@ impl Engine<'_> {
         lost
     }
 
-    fn estimate(&mut self, job: &TraceJob, tenant: u32, gpus: u32) -> Option<Dur> {
+    /// The job's estimate, and with a learned one its spread.
+    fn estimate(&mut self, job: &TraceJob, tenant: u32, gpus: u32) -> (Option<Dur>, Option<f32>) {
         if let Some(e) = job.est_duration_s {
-            return Some(Dur(ms(e).max(1)));
+            return (Some(Dur(ms(e).max(1))), None);
         }
         let s = match self.cfg.estimates {
             EstimateMode::Oracle => Some(job.duration_s),
             EstimateMode::Noisy { sigma } => Some(job.duration_s * (sigma * self.rng.normal()).exp()),
             EstimateMode::History => {
                 let key = gpunet_core::JobKey { user: &self.tenant_names[tenant as usize], name: &job.id, gpus };
-                return self.predictor.predict(key).map(|p| p.duration);
+                return match self.predictor.predict(key) {
+                    Some(p) => (Some(p.duration), Some(p.spread as f32)),
+                    None => (None, None),
+                };
             }
         };
-        s.map(|s| Dur(ms(s).max(1)))
+        (s.map(|s| Dur(ms(s).max(1))), None)
     }
 
     fn learn(&mut self, idx: usize) {
@@ -899,7 +903,7 @@ pub fn simulate(
             spec.gpu_models = tj.allowed_models.as_slice().into();
             spec.checkpoint_interval = Some(cfg.checkpoint_interval);
             spec.max_restarts = cfg.max_restarts;
-            spec.estimated_duration = e.estimate(tj, tenant, gpus);
+            (spec.estimated_duration, spec.estimate_spread) = e.estimate(tj, tenant, gpus);
             let estimate_s = spec.estimated_duration.map(|d| d.0 as f64 / 1000.0);
             for (kind, ids) in &tj.dependency {
                 let mut jobs = Vec::with_capacity(ids.len());
@@ -1100,6 +1104,11 @@ pub fn simulate(
             EstimateMode::Oracle => "oracle",
             EstimateMode::Noisy { .. } => "noisy",
             EstimateMode::History => "history",
+        }
+        .to_string(),
+        learned_rank: match cfg.sched.learned_rule() {
+            gpunet_core::gittins::Rule::Gittins => "gittins",
+            gpunet_core::gittins::Rule::Median => "median",
         }
         .to_string(),
         jobs: total,

@@ -119,6 +119,9 @@ pub struct SimResult {
     pub preemptive: bool,
     /// Where estimates came from (`oracle`, `noisy`, `history`).
     pub estimates: String,
+    /// How learned estimates were ranked: `gittins` (their Gittins rank, under preemptive SRTF/SRGF) or `median`
+    /// ([`gpunet_core::SchedConfig::learned_rule`]).
+    pub learned_rank: String,
     /// Jobs simulated.
     pub jobs: usize,
     /// Jobs that succeeded.

@@ -226,6 +226,31 @@ fn knob_eviction_rate_limit_caps_evictions() {
     assert_eq!(r.preemptions, 1, "b2 waits for b1 instead of evicting a second job");
 }
 
+/// `learned_rank` with learned estimates, preemptive SRTF on one GPU, by hand. w1 (10 s) and w2 (1,000 s) teach the
+/// predictor tenant t's one-GPU jobs: a median of 100 s and a log-spread of 2.30 (ln 100 apart). L (10,000 s) starts
+/// at 1,100 s; G (20 s) arrives at 1,250 s. Both are learned as median 100 s, spread 2.30.
+/// - `gittins`: G's rank as a new job is 0.434 × 100 = 43 s; L's after 150 s (1.5 medians) is 3.78 × 100 = 378 s
+///   (values from `gpunet_core::gittins`, checked there against a numerical computation): 378 ≥ 2 × 43, so G
+///   evicts L at once and ends at 1,270 s: JCT 20 s.
+/// - `median`: G counts 100 s; L, past its median, as long again as it has run (150 s < 2 × 100): G waits until
+///   the tick at 1,300 s, when L's 200 s reach twice G's: JCT 70 s.
+#[test]
+fn knob_learned_rank_decides_how_a_learned_victim_and_a_learned_newcomer_compare() {
+    let t = "w1,0,10,1,t\nw2,20,1000,1,t\nL,1100,10000,1,t\nG,1250,20,1,t\n";
+    for (rank, g_jct) in [("gittins", 20.0), ("median", 70.0)] {
+        let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\nlearned_rank = \"{rank}\"\n"));
+        c.estimates = EstimateMode::History;
+        let r = jcts_by_id(&csv(t), &cluster, &c);
+        // JCTs in ascending order: w1 10, G, w2 1,000, and L 10,020 either way (it loses nothing: checkpoints every
+        // 10 s, stops at once; it ends at 11,120 s).
+        assert_eq!(
+            (r.learned_rank.as_str(), r.preemptions, r.jcts.clone()),
+            (rank, 1, vec![10.0, g_jct, 1000.0, 10020.0]),
+            "{rank}"
+        );
+    }
+}
+
 #[test]
 fn knob_tick_paces_las_demotion() {
     assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "tick = \"10s\"\n").preemptions, 2);

@@ -243,6 +243,33 @@ mod tests {
         assert_eq!(started(&s.step(Time::from_secs(960)).unwrap()), vec![1]);
     }
 
+    /// A learned estimate is a distribution: job 1 was learned as 1,000 s with a log-spread of 2 (its class's run
+    /// times span orders of magnitude), job 2 was given as exactly 900 s. Under preemptive SRTF, taking job 1's run
+    /// time as log-normal, a new job of its class ranks at about 0.72 × 1,000 s = 720 s (the Gittins rank; `gittins.rs`
+    /// tests the value against a numerical computation): it goes first. Ranked by its median as if exact
+    /// (`learned_rank = "median"`), or without preemption for shorter jobs (a started job then runs to its end),
+    /// 1,000 s > 900 s: job 2 goes first.
+    #[test]
+    fn preemptive_srtf_ranks_a_learned_estimate_by_its_gittins_rank_unless_told_to_use_the_median() {
+        use crate::LearnedRank::{Gittins, Median};
+        for (rank, preemptive, first) in [(Gittins, true, 1), (Median, true, 2), (Gittins, false, 2)] {
+            let mut c = SchedConfig { learned_rank: rank, ..cfg(Policy::Srtf) };
+            c.preemption.enabled = preemptive;
+            c.preemption.shorter_first = preemptive;
+            let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+            submit(&mut s, 9, JobSpec::new(t0(), "fill", 1, 1), 0);
+            s.step(Time::ZERO).unwrap();
+            let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(1000));
+            learned.estimate_spread = Some(2.0);
+            submit(&mut s, 1, learned, 1);
+            submit(&mut s, 2, JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(900)), 2);
+            let order = vec![JobId(first), JobId(3 - first)];
+            assert_eq!(queue_order(&s, Time::from_secs(3), 10), order, "{rank:?} {preemptive}");
+            s.finish(JobId(9), Time::from_secs(4), true).unwrap();
+            assert_eq!(started(&s.step(Time::from_secs(4)).unwrap()), vec![first], "{rank:?} {preemptive}");
+        }
+    }
+
     #[test]
     fn drf_paper_example_gives_a_three_tasks_and_b_two() {
         // DRF paper (Ghodsi et al., NSDI'11): 9 CPUs, 18 GB; A tasks <1 CPU, 4 GB>, B tasks <3 CPU, 1 GB>.

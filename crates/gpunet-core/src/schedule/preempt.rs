@@ -164,12 +164,13 @@ impl Pass<'_> {
         let las = st.cfg.policy == Policy::Las;
         // Preemptive SJF/SRTF: the waiting job's key, when it has one.
         let my_key = match st.cfg.policy {
-            Policy::Srtf => job.remaining_estimate().0,
-            Policy::Srgf => crate::state::srgf_key(job),
+            Policy::Srtf => crate::state::srtf_key(&st.cfg, job),
+            Policy::Srgf => crate::state::srgf_key(&st.cfg, job),
             Policy::Sjf => crate::state::sjf_key(job),
             _ => u64::MAX,
         };
         let shorter = cfg.shorter_first && my_key != u64::MAX;
+        let gittins = st.cfg.learned_rule() == crate::gittins::Rule::Gittins;
         // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority and past their
         // minimum run time, those (or, with LAS or shorter-first, what a scan finds).
         let prio_possible = if quota_blocked {
@@ -290,9 +291,15 @@ impl Pass<'_> {
                 }
                 PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
             } else if shorter && lendable {
-                // A victim without an estimate is not known to be longer: it is left alone.
-                // Past its estimated end a victim is expected to run about as long again as this attempt has.
-                let left = || crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0;
+                // A victim without an estimate is not known to be longer: it is left alone. One with a learned
+                // estimate ranks by its Gittins rank at its attained time; past a given estimate's end a victim is
+                // expected to run about as long again as this attempt has.
+                let left = || match r.learned {
+                    Some(dist) if gittins => {
+                        dist.rank(crate::units::Dur(r.progress.saturating_add(self.now.since(r.started).0))).0
+                    }
+                    _ => crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0,
+                };
                 let vk = match st.cfg.policy {
                     Policy::Srtf if r.est_end != crate::units::Time::MAX => left(),
                     Policy::Srgf if r.est_end != crate::units::Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
@@ -785,6 +792,31 @@ mod tests {
         assert_eq!(s.job(JobId(1)).unwrap().remaining_estimate(), Dur::from_secs(700));
         assert_eq!(started(&s.step(Time::from_secs(560)).unwrap()), vec![3]);
         s.check_invariants().unwrap();
+    }
+
+    /// A running job with a learned estimate is ranked as a victim by its Gittins rank at its attained time. Job 1
+    /// was learned as 3,600 s with a log-spread of 1; at 360 s it has attained a tenth of its median, where the
+    /// log-normal's rank is 1.342 × 3,600 s = 4,831 s (the Gittins rank: it may well be one of its class's long runs).
+    /// Job 2, given as 1,800 s, waits: 4,831 ≥ 2 × 1,800, so job 1 is evicted. Ranked by its median as if exact, job
+    /// 1 has 3,240 s left, less than 2 × 1,800: it is not.
+    #[test]
+    fn preemptive_srtf_ranks_a_learned_victim_by_its_gittins_rank() {
+        for (rank, evicted) in [(crate::LearnedRank::Gittins, true), (crate::LearnedRank::Median, false)] {
+            let c = SchedConfig { learned_rank: rank, ..preemptive(Policy::Srtf, 60) };
+            let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+            let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(3600));
+            learned.estimate_spread = Some(1.0);
+            submit(&mut s, 1, learned, 0);
+            s.step(Time::ZERO).unwrap();
+            submit(&mut s, 2, JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(1800)), 300);
+            let got = preempts(&schedule(&s, Time::from_secs(360)));
+            if evicted {
+                let [(1, PreemptReason::ShorterJob { victim_s, waiting_s: 1800 })] = got[..] else { panic!("{got:?}") };
+                assert!((4_800..=4_860).contains(&victim_s), "{victim_s}");
+            } else {
+                assert!(got.is_empty(), "{got:?}");
+            }
+        }
     }
 
     /// Preemptive SJF compares the SJF key (estimate ÷ GPUs): a running 2-GPU job of 1,000 s has key 500 s; a
