@@ -142,6 +142,11 @@ pub struct EstimateView {
     /// For a learned estimate: the runs behind it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<u32>,
+    /// For a learned estimate: the spread of those runs, the standard deviation of the log of their run times (two
+    /// in three within a factor `e^spread` of the estimate). SRTF and SRGF take the run time as log-normal with this
+    /// spread and rank the job by its Gittins rank (docs/scheduler.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<f64>,
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.

@@ -341,7 +341,8 @@ pub(crate) fn estimate_line(e: &gpunet_api::types::EstimateView) -> String {
     match (e.source.as_str(), e.confidence, &e.basis, e.samples) {
         ("learned", Some(c), Some(b), Some(n)) => {
             let runs = if n == 1 { "run" } else { "runs" };
-            format!("estimated run time {}s, learned from {b} ({n} {runs}, confidence {c:.2})\n", e.seconds)
+            let spread = e.spread.map(|s| format!(", spread ×{:.1}", s.exp())).unwrap_or_default();
+            format!("estimated run time {}s, learned from {b} ({n} {runs}, confidence {c:.2}{spread})\n", e.seconds)
         }
         _ => format!("estimated run time {}s ({})\n", e.seconds, e.source),
     }

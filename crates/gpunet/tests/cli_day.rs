@@ -123,6 +123,33 @@ fn logs_follow_show_and_why_tell_how_a_job_ended() {
     assert_eq!(code, Some(143));
 }
 
+/// A job submitted without an estimate gets one learned from the runs of jobs like it (same user, name and GPUs),
+/// with their spread, which SRTF/SRGF rank it by; `show` and `why` say so.
+#[test]
+fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server_with_tenant(dir.path());
+    let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    for secs in ["0.2", "0.6", "1.2"] {
+        let id = s.submit(&["--name", "etl", "--gpus", "1", "--", "sleep", secs]);
+        wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");
+    }
+    // The next one runs behind a job that holds the only GPU, so that it is still queued when asked about.
+    let hold = s.submit(&["--name", "hold", "--gpus", "1", "--", "sleep", "60"]);
+    wait_for(Duration::from_secs(60), || s.job_state(hold) == "running");
+    let id = s.submit(&["--name", "etl", "--gpus", "1", "--", "true"]);
+    let (_, j, err) = cli(&s, &["show", &id.to_string(), "-o", "json"]);
+    let e = &json(&j)["estimate"];
+    assert_eq!((e["source"].as_str(), e["samples"].as_u64()), (Some("learned"), Some(3)), "{j}{err}");
+    // Three runs of 0.2 to 1.2 s: a geometric mean near 0.6 s and a spread well above zero.
+    let spread = e["spread"].as_f64().unwrap_or(0.0);
+    assert!(spread > 0.3 && spread < 2.0, "{j}");
+    let (_, why, _) = cli(&s, &["why", &id.to_string()]);
+    assert!(why.contains("learned from") && why.contains("spread ×"), "{why}");
+    let (code, _, err) = cli(&s, &["cancel", &hold.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
 #[test]
 fn submit_flags_reach_the_task_and_jobs_that_can_never_fit_are_refused() {
     let dir = tempfile::tempdir().unwrap();
