@@ -87,8 +87,8 @@ impl FromStr for Policy {
 pub enum LearnedRank {
     /// By its Gittins rank under the learned log-normal run time ([`crate::gittins`]) when running jobs may be
     /// evicted for shorter ones (preemptive SRTF/SRGF); without that, by the median ([`SchedConfig::learned_rule`]).
-    /// On Philly it waits 9% less than `median` at 82% load and 16% more at 90% (docs/scheduler.md), so it is not
-    /// the default.
+    /// On Philly it waits less than `median` in three of four runs, but not for preemptive SRTF at 82% load, the
+    /// lowest wait (docs/scheduler.md), so it is not the default.
     Gittins,
     /// By the remaining time to the learned median, as if it were exact (past it: as long again as it has run).
     #[default]
@@ -206,14 +206,17 @@ impl SchedConfig {
         SchedConfig { policy, ..SchedConfig::default() }
     }
 
-    /// How learned run times are ranked under SRTF/SRGF: with [`LearnedRank::Gittins`], by their Gittins rank when
+    /// How learned run times are ranked: with [`LearnedRank::Gittins`], by their Gittins rank under SRTF/SRGF when
     /// running jobs may be evicted for ones ranked ahead (preemption on, with `shorter_first`), else by the median
     /// as if exact; with [`LearnedRank::Median`], always by the median. (Without preemption a started job runs to
-    /// its end; on Philly the median then waits less than both the Gittins rank at the start and the log-normal's
-    /// mean: docs/scheduler.md.)
+    /// its end; on Philly the median then waits less than the Gittins rank at the start: docs/scheduler.md.)
     pub fn learned_rule(&self) -> crate::gittins::Rule {
         match self.learned_rank {
-            LearnedRank::Gittins if self.preemption.enabled && self.preemption.shorter_first => {
+            LearnedRank::Gittins
+                if matches!(self.policy, Policy::Srtf | Policy::Srgf)
+                    && self.preemption.enabled
+                    && self.preemption.shorter_first =>
+            {
                 crate::gittins::Rule::Gittins
             }
             _ => crate::gittins::Rule::Median,

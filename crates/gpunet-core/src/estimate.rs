@@ -63,9 +63,10 @@ pub struct Prediction {
     /// Runs behind it.
     pub samples: u32,
     /// The spread of those runs: the standard deviation of the log of their run times (0 for runs of one length).
-    /// Schedulers take the run time as log-normal with `duration` as median and this spread ([`crate::gittins`]).
-    #[serde(default)]
-    pub spread: f64,
+    /// Schedulers may take the run time as log-normal with `duration` as median and this spread ([`crate::gittins`]).
+    /// `None` in predictions recorded before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -96,7 +97,7 @@ impl Stats {
             confidence: n / (n + 2.0) * (-spread).exp() * basis.factor(),
             basis,
             samples: self.n,
-            spread,
+            spread: Some(spread),
         })
     }
 }

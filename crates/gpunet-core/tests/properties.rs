@@ -170,6 +170,8 @@ fn cfg_of(p: Policy, backfill: bool, preempt: bool) -> SchedConfig {
             ..Default::default()
         },
         las_thresholds_gpu_s: vec![120, 1200],
+        // Learned estimates (a third of the jobs, see `job_spec`) by their Gittins ranks where that applies.
+        learned_rank: gpunet_core::LearnedRank::Gittins,
         ..SchedConfig::with_policy(p)
     }
 }

@@ -415,7 +415,7 @@ impl Engine<'_> {
             EstimateMode::History => {
                 let key = gpunet_core::JobKey { user: &self.tenant_names[tenant as usize], name: &job.id, gpus };
                 return match self.predictor.predict(key) {
-                    Some(p) => (Some(p.duration), Some(p.spread as f32)),
+                    Some(p) => (Some(p.duration), p.spread.map(|s| s as f32)),
                     None => (None, None),
                 };
             }

@@ -35,7 +35,7 @@ impl Owner {
         }
         let p = predictor.predict(key(spec, user_of(user, tenant)))?;
         spec.estimated_duration = Some(p.duration);
-        spec.estimate_spread = Some(p.spread as f32);
+        spec.estimate_spread = p.spread.map(|s| s as f32);
         Some(p)
     }
 
@@ -76,7 +76,7 @@ impl Owner {
                 confidence: Some((p.confidence * 100.0).round() / 100.0),
                 basis: Some(p.basis.describe().into()),
                 samples: Some(p.samples),
-                spread: Some((p.spread * 100.0).round() / 100.0),
+                spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
             },
             None => EstimateView {
                 seconds: d.0.div_ceil(1000),
@@ -107,8 +107,9 @@ mod tests {
         assert_eq!(got.basis, gpunet_core::Basis::UserNameGpus);
         assert_eq!(spec.estimated_duration, Some(got.duration));
         // Its spread goes with it: the scheduler ranks the job by the log-normal it describes.
-        assert!(got.spread > 0.0 && got.spread < 0.05, "{}", got.spread);
-        assert_eq!(spec.estimate_spread, Some(got.spread as f32));
+        let spread = got.spread.unwrap();
+        assert!(spread > 0.0 && spread < 0.05, "{spread}");
+        assert_eq!(spec.estimate_spread, Some(spread as f32));
         assert!((got.duration.0 as f64 / 600_000.0 - 1.0).abs() < 0.1, "{:?}", got.duration);
         // Another user's job of the same name learns only from all runs.
         let mut other = JobSpec::new(TenantId(0), "train", 2, 1);
