@@ -56,17 +56,17 @@ fn row(sigma: f64) -> Box<[f64]> {
     // Survival S(e^{σz}) = Q(z), and the partial mean e^{σ²/2} Q(z − σ), on the grid (b's grid is the same).
     let s: Vec<f64> = (0..n).map(|i| q(z(i))).collect();
     let m: Vec<f64> = (0..n).map(|i| (sigma * sigma / 2.0).exp() * q(z(i) - sigma)).collect();
-    let tv: Vec<f64> = (0..n).map(|i| (sigma * z(i)).exp()).collect();
-    let t = |i: usize| tv[i];
+    // The attained times e^{σz} themselves.
+    let t: Vec<f64> = (0..n).map(|i| (sigma * z(i)).exp()).collect();
     // ∫_a^b S(x) dx = [e^{σ²/2} Φ(ln x/σ − σ) + x Q(ln x/σ)]_a^b.
-    let integral = |i: usize, j: usize| (m[i] - m[j]) + t(j) * s[j] - t(i) * s[i];
+    let integral = |i: usize, j: usize| (m[i] - m[j]) + t[j] * s[j] - t[i] * s[i];
     (0..Z_POINTS)
         .map(|i| {
             let sa = s[i];
             // b = ∞: the mean residual life; b → a: the inverse of the hazard rate, S(a) / f(a) with
             // f(a) = φ(z) / (σa).
-            let mut best = if sa > 0.0 { (m[i] - t(i) * sa) / sa } else { f64::INFINITY };
-            let density = (-z(i) * z(i) / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt() / (sigma * t(i));
+            let mut best = if sa > 0.0 { (m[i] - t[i] * sa) / sa } else { f64::INFINITY };
+            let density = (-z(i) * z(i) / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt() / (sigma * t[i]);
             if density > 0.0 {
                 best = best.min(sa / density);
             }
@@ -84,6 +84,16 @@ fn row(sigma: f64) -> Box<[f64]> {
         .collect()
 }
 
+/// The rank of a run time taken as exact: the remaining time, or, past it, the attained time (as long again as the
+/// job has run: run times are heavy-tailed), at least 1 ms. Both rules rank given estimates so ([`Rule`]).
+pub fn exact_rank(estimate: Dur, attained: Dur) -> Dur {
+    if estimate.0 > attained.0 {
+        Dur(estimate.0 - attained.0)
+    } else {
+        Dur(attained.0.max(1))
+    }
+}
+
 fn table(k: usize) -> &'static [f64] {
     TABLE[k].get_or_init(|| row(k as f64 * SIGMA_STEP))
 }
@@ -94,7 +104,7 @@ fn table(k: usize) -> &'static [f64] {
 pub struct LogNormal {
     /// The spread's row (`0`: taken as exact).
     k: u8,
-    median_ms: f64,
+    median: Dur,
     ln_median: f64,
 }
 
@@ -103,8 +113,8 @@ impl LogNormal {
     /// [`SIGMA_MAX`]; below half a step, or not finite, it is taken as exact).
     pub fn new(median: Dur, sigma: f64) -> LogNormal {
         let k = if sigma.is_finite() && sigma > 0.0 { (sigma.min(SIGMA_MAX) / SIGMA_STEP).round() as u8 } else { 0 };
-        let median_ms = median.0.max(1) as f64;
-        LogNormal { k, median_ms, ln_median: median_ms.ln() }
+        let median = Dur(median.0.max(1));
+        LogNormal { k, median, ln_median: (median.0 as f64).ln() }
     }
 
     /// The Gittins rank after `attained` of service (see the module's documentation). Taken as exact, the rank is the
@@ -114,15 +124,15 @@ impl LogNormal {
     /// at the head of the queue after an eviction.
     pub fn rank(&self, attained: Dur) -> Dur {
         if self.k == 0 {
-            let med = self.median_ms as u64;
-            return if med > attained.0 { Dur(med - attained.0) } else { Dur(attained.0.max(1)) };
+            return exact_rank(self.median, attained);
         }
+        let median_ms = self.median.0 as f64;
         let sig = self.k as f64 * SIGMA_STEP;
         let row = table(self.k as usize);
         let z = if attained.0 > 0 { ((attained.0 as f64).ln() - self.ln_median) / sig } else { f64::NEG_INFINITY };
         let r = if z < Z_MIN {
             // Before the grid nothing ends (S ≈ 1 there): time served comes off the rank at the grid's start.
-            row[0] + ((sig * Z_MIN).exp() - attained.0 as f64 / self.median_ms)
+            row[0] + ((sig * Z_MIN).exp() - attained.0 as f64 / median_ms)
         } else if z >= Z_MAX {
             row[Z_POINTS - 1] * (sig * (z - Z_MAX)).exp()
         } else {
@@ -131,11 +141,7 @@ impl LogNormal {
             let f = x - i as f64;
             row[i] * (1.0 - f) + row[i + 1] * f
         };
-        let r = if attained.0 as f64 > self.median_ms {
-            (r * self.median_ms).max(attained.0 as f64)
-        } else {
-            r * self.median_ms
-        };
+        let r = if attained > self.median { (r * median_ms).max(attained.0 as f64) } else { r * median_ms };
         Dur(r.round().clamp(1.0, 1e15) as u64)
     }
 }

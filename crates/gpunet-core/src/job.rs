@@ -656,12 +656,11 @@ impl Job {
     /// for a learned estimate (one with a spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining
     /// estimated time as [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate.
     pub fn rank_at(&self, attained: Dur, rule: crate::gittins::Rule) -> u64 {
-        use crate::gittins::{LogNormal, Rule};
+        use crate::gittins::{exact_rank, LogNormal, Rule};
         match (self.spec.estimated_duration, self.spec.estimate_spread) {
             (None, _) => u64::MAX,
             (Some(e), Some(sigma)) if rule == Rule::Gittins => LogNormal::new(e, sigma as f64).rank(attained).0,
-            (Some(e), _) if e.0 > attained.0 => e.0 - attained.0,
-            (Some(_), _) => attained.0.max(1),
+            (Some(e), _) => exact_rank(e, attained).0,
         }
     }
 
