@@ -11,7 +11,8 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
+pub(crate) const RESOLVE: ResolveFlags =
+    ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_MAGICLINKS);
 /// Deepest directory tree walked or removed.
 const MAX_DEPTH: usize = 64;
 /// Most entries walked in one tree.

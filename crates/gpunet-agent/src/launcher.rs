@@ -113,7 +113,16 @@ pub struct Launcher {
     containers: Option<std::sync::Arc<crate::container::Runtime>>,
     /// The task spawner, which forks the wrappers of tasks (see [`crate::spawner`]); shared with the launches.
     spawner: std::sync::Arc<crate::spawner::Slot>,
+    /// The node's lease, watched by every task's wrapper (see [`crate::lease`]); `None`: tasks are not fenced by it.
+    lease: Option<PathBuf>,
+    /// The most disk one task may use on the node (see [`crate::disk`]); `None`: not measured.
+    disk: Option<crate::disk::Limits>,
+    /// How often each task's disk use is measured (at least; see [`crate::disk::next_check`]).
+    disk_every: std::time::Duration,
 }
+
+/// How often a task's disk use is measured by default (`gpunet agent --task-disk-check-s`).
+pub const DISK_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The first uid (and gid) of the per-tenant identities (`--tenant-uids`): tenant `i` runs as `200000 + i`, above
 /// the ranges distributions give to users and subordinate ids of the first users.
@@ -486,6 +495,9 @@ impl Launcher {
             snapshot_max_bytes: crate::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             containers: None,
             spawner: Default::default(),
+            lease: None,
+            disk: None,
+            disk_every: DISK_CHECK_EVERY,
         }
     }
 
@@ -512,7 +524,22 @@ impl Launcher {
             snapshot_max_bytes: self.snapshot_max_bytes,
             containers: self.containers.clone(),
             spawner: self.spawner.clone(),
+            lease: self.lease.clone(),
+            disk: self.disk,
+            disk_every: self.disk_every,
         }
+    }
+
+    /// Every task's wrapper stops its task once the lease at `path` runs out (see [`crate::lease`]).
+    pub fn fence_by_lease(&mut self, path: PathBuf) {
+        self.lease = Some(path);
+    }
+
+    /// Each task may use at most `bytes` of the node's disk (less when its job's `disk` says so) and `entries` files
+    /// and directories, measured every `every` (see [`crate::disk`]); past either it is stopped.
+    pub fn disk_limits(&mut self, bytes: u64, entries: u64, every: std::time::Duration) {
+        self.disk = Some(crate::disk::Limits { bytes, entries });
+        self.disk_every = every;
     }
 
     /// Runs the tasks of jobs with an image in containers through `rt` (see [`crate::container`]).
@@ -685,6 +712,18 @@ impl Launcher {
         let t = a.task;
         let ckpt = checkpoint_dir(&self.dir, t.job);
         let log = log_path(&self.dir, &t);
+        let mut disk_paths = crate::disk::task_paths(
+            &work_dir(&self.dir, &t),
+            &ckpt,
+            &log,
+            group.map(|g| g.procs.clone()).unwrap_or_default(),
+            rustix::fs::stat(&self.dir).ok().map(|st| st.st_dev),
+        );
+        if let Some(rt) = self.containers.as_ref().filter(|_| a.container.is_some()) {
+            // What the container wrote to its own root (the overlay's upper directory) and to its volumes.
+            let bundle = rt.bundle_dir(&t);
+            disk_paths.dirs.extend([bundle.join("upper"), bundle.join("volumes")]);
+        }
         // Signals go to the group only while it is ours: reaped children and adopted processes that ended (or whose
         // id now names another process) are never signalled.
         let may_signal = {
@@ -747,6 +786,7 @@ impl Launcher {
                                     cwd: Some(home.clone()),
                                     pid_namespace,
                                     tmp_mib: Some(tmp_mib),
+                                    lease: None,
                                     container: None,
                                     prog: p.clone(),
                                     args: args.to_vec(),
@@ -815,6 +855,48 @@ impl Launcher {
                 tracing::warn!(job = t.job, rank = t.rank, limit_ms = limit, "time limit reached: stopping the task");
                 *failed.lock().expect("probe lock") =
                     Some(format!("exceeded its time limit of {}", gpunet_api::units::format_duration_ms(limit)));
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+                tokio::time::sleep(grace).await;
+                if may_signal() {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            });
+        }
+        if let Some(node) = self.disk {
+            // The disk limit: the task's own directory, its job's checkpoint directory and its log, measured every
+            // few seconds (see `crate::disk`); past it SIGTERM to the group, and SIGKILL after the grace period.
+            let limits = crate::disk::Limits {
+                bytes: a.disk_mib.map_or(node.bytes, |m| m.saturating_mul(1 << 20).min(node.bytes)),
+                entries: node.entries,
+            };
+            let paths = std::sync::Arc::new(disk_paths);
+            let failed = extras.probe_failed.clone();
+            let alive = alive.clone();
+            let may_signal = may_signal.clone();
+            let grace = std::time::Duration::from_millis(a.grace_ms);
+            let every = self.disk_every;
+            tokio::spawn(async move {
+                let mut wait = every;
+                let why = loop {
+                    tokio::time::sleep(wait).await;
+                    if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let paths = paths.clone();
+                    let t0 = std::time::Instant::now();
+                    let Ok(u) = tokio::task::spawn_blocking(move || crate::disk::measure(&paths, &limits)).await else {
+                        return;
+                    };
+                    if let Some(why) = u.over(&limits) {
+                        break why;
+                    }
+                    wait = crate::disk::next_check(every, t0.elapsed());
+                };
+                if !alive.load(std::sync::atomic::Ordering::SeqCst) || !may_signal() {
+                    return;
+                }
+                tracing::warn!(job = t.job, rank = t.rank, why = %why, "disk limit reached: stopping the task");
+                *failed.lock().expect("probe lock") = Some(why);
                 let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
                 tokio::time::sleep(grace).await;
                 if may_signal() {

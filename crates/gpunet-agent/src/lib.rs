@@ -18,12 +18,14 @@ pub mod checkpoints;
 pub mod container;
 pub mod copier;
 pub mod devfilter;
+pub mod disk;
 pub mod fds;
 mod forked;
 pub mod gpu_errors;
 pub mod gpus;
 pub mod identity;
 pub mod launcher;
+pub mod lease;
 pub mod spawner;
 pub mod wrapper;
 
@@ -165,6 +167,13 @@ pub struct AgentConfig {
     pub pid_namespace: bool,
     /// The most processes and threads a task attempt may have at once ([`cgroups::TASK_PIDS_MAX`] by default).
     pub task_pids_max: u64,
+    /// The most bytes one task may use on the node's disk: its own directory, its job's checkpoint directory and
+    /// its log ([`disk::DEFAULT_TASK_DISK_MAX`] by default; a job's `disk` may ask for less); 0: not measured.
+    pub task_disk_max: u64,
+    /// The most files and directories one task may have there ([`disk::DEFAULT_TASK_FILES_MAX`] by default).
+    pub task_files_max: u64,
+    /// How often each task's disk use is measured ([`launcher::DISK_CHECK_EVERY`] by default).
+    pub task_disk_check: Duration,
     /// The most bytes one checkpoint snapshot may write ([`checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES`] by default).
     pub snapshot_max_bytes: u64,
     /// How long an ended job's files stay on the node after the server said it ended for good (see `JobFiles`), for
@@ -613,6 +622,20 @@ async fn shut_down(
     launcher.remove_cgroups();
 }
 
+/// How long after its last sync the agent stops its tasks itself (self-fencing, SIGTERM) when the server gives a
+/// silent node's tasks away after `fence_after` (and declares the node lost after `lost_after`, when it says): the
+/// stop grace before that (10 s), but never before halfway between the loss and the give-away, so that a task is not
+/// stopped while the server may still count its node alive (it notices a loss at its next scheduling pass). Without
+/// the loss time, at least half the fence time. The node's lease says the same point to the tasks' wrappers, which
+/// kill at `fence_after` (see [`lease`]).
+fn fence_point(fence_after: Duration, lost_after: Option<Duration>) -> Duration {
+    let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
+    match lost_after.filter(|l| *l < fence_after) {
+        Some(lost) => fence_after - grace.min((fence_after - lost) / 2),
+        None => fence_after.saturating_sub(grace).max(fence_after / 2),
+    }
+}
+
 /// Kills every task an agent named `name` with data directory `data_dir` left running, as if its machine were
 /// switched off: each recorded task's process group and every process in its cgroups, then its containers. For
 /// machines that are not real — the server's `local` pool provider calls it when it deletes a node whose agent died
@@ -666,7 +689,11 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
         launcher.wrap_with(w.clone());
     }
     launcher.task_path(cfg.task_path.clone());
+    launcher.fence_by_lease(cfg.data_dir.join(lease::FILE));
     launcher.pids_max(cfg.task_pids_max);
+    if cfg.task_disk_max > 0 {
+        launcher.disk_limits(cfg.task_disk_max, cfg.task_files_max, cfg.task_disk_check);
+    }
     launcher.snapshot_max_bytes(cfg.snapshot_max_bytes);
     if let Some(base) = cfg.tenant_uid_base {
         launcher.tenant_uids(base);
@@ -800,7 +827,9 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     let started = std::time::Instant::now();
     // Self-fencing: when the last sync succeeded, and after how long without one the server gives our tasks away.
     let mut last_synced = std::time::Instant::now();
+    let mut lease = lease::Writer::new(&cfg.data_dir);
     let mut fence_after: Option<Duration> = None;
+    let mut lost_after: Option<Duration> = None;
     let mut fenced = false;
     loop {
         // What ended and started while the last report was in flight.
@@ -891,6 +920,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
             || sent_ckpts > 0
             || sent_now > 0
             || !sync.held_jobs.is_empty();
+        let (sent_at, sent_ms) = (std::time::Instant::now(), lease::now_ms());
         let req = http
             .post(format!("{}/v1/agents/{}/sync", servers.current(), cfg.name))
             .bearer_auth(&credential)
@@ -983,9 +1013,8 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 };
                 let Some(work) = work else {
                     if let Some(f) = fence_after {
-                        // Stop a little before the server gives the tasks away: they need their grace to end.
                         let grace = Duration::from_millis(gpunet_core::lifecycle::STOP_GRACE.0);
-                        let at = f.saturating_sub(grace).max(f / 2);
+                        let at = fence_point(f, lost_after);
                         let running = launcher.running();
                         // Tasks still starting count: each is stopped as it is taken in (`fenced`).
                         if last_synced.elapsed() >= at && !(running.is_empty() && starting.is_empty()) {
@@ -1017,9 +1046,20 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                     continue;
                 };
                 backoff = Duration::from_millis(100);
-                last_synced = std::time::Instant::now();
+                // Counted from when the sync was sent: the server counts from when it arrived.
+                last_synced = sent_at;
                 fenced = false;
                 fence_after = work.fence_after_ms.map(Duration::from_millis);
+                lost_after = work.lost_after_ms.map(Duration::from_millis);
+                // Before any task of this answer starts: until when the node's tasks may run without another sync,
+                // for their wrappers, which stop them themselves if this agent is frozen (see `lease`).
+                // They get SIGTERM at the fence point and SIGKILL when the server gives them away.
+                let fence = fence_after.map(|f| (fence_point(f, lost_after), f - fence_point(f, lost_after)));
+                if let Err(e) = lease.renew(sent_ms, fence) {
+                    // Its tasks will be stopped at the last deadline written: say so loudly.
+                    tracing::error!(file = %lease.path().display(), error = %e, "could not renew the node's lease: \
+                                    its tasks stop when the last one runs out");
+                }
                 for c in &logs {
                     shipped.insert(c.task, c.offset + c.data.len() as u64);
                 }
@@ -1094,6 +1134,21 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tasks_are_stopped_a_grace_before_the_give_away_but_never_before_halfway_from_the_loss() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // The defaults: lost after 10 s, given away after 70 s: SIGTERM at 60 s (the 10 s grace).
+        assert_eq!(fence_point(s(70), Some(s(10))), s(60));
+        // A short fence: halfway between the loss (1 s) and the give-away (2 s), never at the loss itself.
+        assert_eq!(fence_point(s(2), Some(s(1))), ms(1500));
+        assert_eq!(fence_point(s(5), Some(s(1))), s(3));
+        // An older server (no loss time), or a loss time that is not before the give-away: as before.
+        assert_eq!(fence_point(s(2), None), s(1));
+        assert_eq!(fence_point(s(70), None), s(60));
+        assert_eq!(fence_point(s(2), Some(s(2))), s(1));
+    }
 
     #[test]
     fn job_files_are_asked_about_in_turn_and_a_job_back_in_use_is_not_ended() {
@@ -1175,6 +1230,9 @@ mod tests {
             fake_gpu_samples: false,
             pid_namespace: false,
             task_pids_max: cgroups::TASK_PIDS_MAX,
+            task_disk_max: disk::DEFAULT_TASK_DISK_MAX,
+            task_files_max: disk::DEFAULT_TASK_FILES_MAX,
+            task_disk_check: launcher::DISK_CHECK_EVERY,
             snapshot_max_bytes: checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
             ended_job_files_keep: DEFAULT_ENDED_JOB_FILES_KEEP,
             containers: Default::default(),

@@ -19,7 +19,7 @@
 //! loader's), and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
 //! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount and an IPC namespace, makes
 //! every mount private and mounts a fresh `/proc`, so the task lists only its own namespace's processes, and private
-//! tmpfs on `/tmp` and `/dev/shm` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
+//! tmpfs on `/tmp`, `/dev/shm`, `/var/tmp` and `/run/lock` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
 //! the task's uid/gid for good (no supplementary groups; a process that changed its uid is not dumpable, so the task
 //! cannot ptrace it, and a PID 1 ignores SIGKILL from inside its namespace), changes into DIR and starts the task
 //! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
@@ -82,9 +82,13 @@ pub struct Exec {
     pub cwd: Option<PathBuf>,
     /// Run the task in a PID and mount namespace of its own, under an init (see the module's doc).
     pub pid_namespace: bool,
-    /// The size bound (MiB) of the task's private `/tmp` and `/dev/shm` (`--tmp-size-mib`; with `pid_namespace`);
+    /// The size bound (MiB) of each of the task's private tmpfs ([`PRIVATE_TMP`]: `--tmp-size-mib`; with
+    /// `pid_namespace`);
     /// `None`: tmpfs's default, half the RAM. Either way the pages count against the task's memory limit.
     pub tmp_mib: Option<u64>,
+    /// The node's lease (`--lease FILE`, see [`crate::lease`]): once it runs out (the agent was not heard from by the
+    /// server for its fence time) the wrapper stops the task itself. `None`: never (probes, direct runs).
+    pub lease: Option<PathBuf>,
     /// Run a container instead of `prog` (see [`crate::container::run`]): its id, runtime, bundle and image.
     pub container: Option<crate::container::run::ContainerExec>,
     /// Program.
@@ -127,6 +131,10 @@ impl Exec {
             v.push("--tmp-size-mib".into());
             v.push(m.to_string());
         }
+        if let Some(l) = &self.lease {
+            v.push("--lease".into());
+            v.push(l.display().to_string());
+        }
         if let Some(c) = &self.container {
             c.to_args(&mut v);
         }
@@ -154,6 +162,7 @@ impl Exec {
                 "--env-file" => e.env_file = Some(val("--env-file")?.into()),
                 "--cwd" => e.cwd = Some(val("--cwd")?.into()),
                 "--pid-namespace" => e.pid_namespace = true,
+                "--lease" => e.lease = Some(val("--lease")?.into()),
                 "--tmp-size-mib" => {
                     e.tmp_mib = Some(val("--tmp-size-mib")?.parse().map_err(|_| "--tmp-size-mib is a number")?)
                 }
@@ -225,7 +234,7 @@ impl Exec {
         }
         if let (Some(c), Some(image)) = (&self.container, &image) {
             // The runtime makes the container's namespaces; the wrapper is its parent (see `container::run`).
-            return crate::container::run::run(c, image, &self.cgroups);
+            return crate::container::run::run(c, image, &self.cgroups, self.lease.as_deref());
         }
         if self.pid_namespace {
             if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID) {
@@ -256,6 +265,9 @@ impl Exec {
             Ok(Some(pid)) => pid,
             Err(e) => return refuse(125, format_args!("start the task's init: {e}")),
         };
+        // The node's lease is looked at while we wait for the init's word (no thread: after unsharing a PID
+        // namespace this process cannot start one).
+        let mut fence = self.lease.as_ref().map(|l| crate::lease::Fence::new(l.clone(), pid, self.cgroups.clone()));
         drop(theirs); // our copy of the init's end of the socket: EOF once the init is gone
         let mut first = [0u8; 1];
         let mut text = String::new();
@@ -278,7 +290,7 @@ impl Exec {
             } else {
                 text.push(first[0] as char);
             }
-            let _ = ours.read_to_string(&mut text);
+            read_to_end(&mut ours, &mut text, fence.as_mut());
         }
         use nix::sys::wait::{waitpid, WaitStatus};
         let status = loop {
@@ -457,13 +469,36 @@ impl Exec {
     }
 }
 
+/// Reads what the init says until it closes the socket, looking at the node's lease (`fence`) in between.
+fn read_to_end(s: &mut std::os::unix::net::UnixStream, text: &mut String, mut fence: Option<&mut crate::lease::Fence>) {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        if s.set_read_timeout(fence.as_mut().map(|f| f.tick())).is_err() {
+            fence = None;
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    text.push_str(&String::from_utf8_lossy(&bytes));
+}
+
+/// The host's directories every user may write to (mode 1777) that a task gets a fresh tmpfs on: what one tenant's
+/// task leaves in the host's would outlive the job, fill the node's disk and be there for every later task.
+pub const PRIVATE_TMP: [&str; 4] = ["/dev/shm", "/tmp", "/var/tmp", "/run/lock"];
+
 /// The init's mounts: its own mount namespace, every mount private (nothing propagates back to the host), a
-/// `/proc` of the task's PID namespace, and a System V IPC namespace of its own. `/tmp` and `/dev/shm` are fresh
-/// tmpfs (mode 1777, `size=` `tmp_mib` MiB), the task's alone: no other tenant's task sees what it leaves there, and
+/// `/proc` of the task's PID namespace, and a System V IPC namespace of its own. `/tmp`, `/dev/shm`, `/var/tmp` and
+/// `/run/lock` ([`PRIVATE_TMP`]) are fresh tmpfs (mode 1777, `size=` `tmp_mib` MiB), the task's alone: no other tenant's task sees what it leaves there, and
 /// it all goes with the namespace when the task ends (a tmpfs lives as long as its last mount). Their pages are
 /// charged to the memory cgroup of the process that writes them, the task's, so its memory limit bounds them too.
 ///
-/// The agent's data directory may lie under `/tmp` or `/dev/shm` (the task's working directory `cwd` is in it): the
+/// The agent's data directory may lie under one of them (the task's working directory `cwd` is in it): the
 /// host's directory directly under it that holds it stays visible at its path (bind-mounted into the private one).
 fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
@@ -480,11 +515,13 @@ fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String
         None => "mode=1777".to_string(),
     };
     // Each becomes a fresh tmpfs. Where the task's working directory lies under one (the agent's data directory on
-    // `/tmp` or `/dev/shm`), the host's directory directly under it that holds the working directory stays visible at
+    // `/tmp` or `/var/tmp`), the host's directory directly under it that holds the working directory stays visible at
     // its path: reached through a descriptor opened before the private tmpfs hides it, and bind-mounted into it.
-    for dir in ["/dev/shm", "/tmp"] {
+    for dir in PRIVATE_TMP {
         let at = Path::new(dir);
-        if !at.is_dir() {
+        // A link (`/var/tmp` → `/tmp` on some systems) is not mounted over: that would stack a second tmpfs on the
+        // private one it names, hiding what was kept there.
+        if !std::fs::symlink_metadata(at).is_ok_and(|m| m.is_dir()) {
             continue;
         }
         let keep = cwd.and_then(|d| d.strip_prefix(at).ok()).and_then(|r| r.components().next()).map(|c| {
@@ -652,6 +689,7 @@ mod tests {
             cwd: Some("/d/homes/job-1/rank-0".into()),
             pid_namespace: true,
             tmp_mib: Some(512),
+            lease: Some("/d/lease".into()),
             container: None,
             prog: "sh".into(),
             args: vec!["-c".into(), "--pid-namespace".into()],

@@ -225,6 +225,11 @@ pub struct TaskAssignment {
     /// after `grace_ms`) and reports the exit with the reason `exceeded its time limit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_ms: Option<u64>,
+    /// The most of the node's disk the task may use, MiB: its own directory, its job's checkpoint directory and its
+    /// log (the job's `disk`); the node's own limit applies when absent or lower. Past it the agent stops the task
+    /// and reports the exit with the reason `exceeded its disk limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
     /// The container the task runs in (a job with an `image`); `None`: a process on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<crate::image::ContainerTask>,
@@ -281,6 +286,11 @@ pub struct AgentWork {
     /// its tasks itself, so that no task runs twice. Absent from older servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_after_ms: Option<u64>,
+    /// After how long without a sync the server declares the node lost (its tasks are then held, not given away,
+    /// until `fence_after_ms`): an agent stops its tasks no earlier than halfway between the two. Absent from older
+    /// servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_after_ms: Option<u64>,
     /// Of the report's [`AgentSync::held_jobs`], those that ended for good (succeeded, failed or cancelled) after
     /// running on this node, and those the server does not know: nothing of theirs will run here again, and the
     /// agent removes their files.

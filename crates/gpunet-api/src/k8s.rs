@@ -12,6 +12,7 @@
 //! | `spec.backoffLimit` | `max_restarts` |
 //! | `…containers[0].resources.limits/requests["nvidia.com/gpu"]` | `gpus` per task |
 //! | `…containers[0].resources.requests.cpu/memory` (else `limits`) | `cpu`, `memory` per task |
+//! | `…containers[0].resources.limits["ephemeral-storage"]` (else `requests`) | `disk` per task |
 //! | `…containers[0].command` + `args`, `env`, `workingDir` | `command`, `env`, `working_dir` |
 //! | `…containers[0].image` | `image` (the tasks run in it) |
 //! | `…containers[0].volumeMounts` of `spec.template.spec.volumes` (`hostPath`, `emptyDir`) | `container.mounts` |
@@ -350,6 +351,14 @@ pub fn job_from_k8s(doc: &Value) -> Result<ParsedJob, ApiError> {
                     job.memory = Some(Quantity::Str(q));
                 }
             }
+        }
+        // Kubernetes evicts a pod past its ephemeral-storage limit (else request); gpunet's `disk` is that bound.
+        let l = req_str(take(&mut limits, "ephemeral-storage"), &format!("{cp}.resources.limits.ephemeral-storage"))?;
+        let r =
+            req_str(take(&mut requests, "ephemeral-storage"), &format!("{cp}.resources.requests.ephemeral-storage"))?;
+        if let Some((q, kind)) = l.map(|q| (q, "limits")).or(r.map(|q| (q, "requests"))) {
+            parse_memory(&format!("{cp}.resources.{kind}.ephemeral-storage"), &q)?;
+            job.disk = Some(Quantity::Str(q));
         }
         leftovers(&limits, &format!("{cp}.resources.limits"), &mut warnings);
         leftovers(&requests, &format!("{cp}.resources.requests"), &mut warnings);

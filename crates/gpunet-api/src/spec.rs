@@ -10,6 +10,7 @@
 //! gpu_models: [A100-80GB, H100-80GB]
 //! cpu: 16                        # per task: cores or 500m (default 1 core per GPU)
 //! memory: 64Gi                   # per task (default 4 GiB per GPU)
+//! disk: 200Gi                    # per task: the most of its node's disk it may use (default: the node's limit)
 //! topology: zone                 # any | zone | rack | node | nvlink (default zone for gangs)
 //! selector: {gpu-type: a100}     # node labels that must match
 //! affinity: [{key: zone, operator: In, values: [zone-a]}]
@@ -174,6 +175,12 @@ pub struct JobSubmission {
     /// Memory per task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// The most of its node's disk each task may use: its own directory, its job's checkpoint directory there and
+    /// its log (`20Gi`). The agent measures them every few seconds and stops a task past it (SIGTERM, then SIGKILL
+    /// after the grace); the attempt fails with the outcome `disk_limit`. The node's own limit (`gpunet agent
+    /// --task-disk-max`, 100Gi by default) applies when absent or lower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<Quantity>,
     /// All-or-nothing start (default: for multi-task jobs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<bool>,
@@ -328,6 +335,7 @@ impl JobSubmission {
             mig: None,
             cpu: None,
             memory: None,
+            disk: None,
             gang: None,
             topology: None,
             selector: BTreeMap::new(),
@@ -394,6 +402,11 @@ impl JobSubmission {
         }
         if let Some(m) = &self.memory {
             spec.task.mem = parse_memory("memory", &m.text())?;
+        }
+        if let Some(d) = &self.disk {
+            if parse_memory("disk", &d.text())?.0 == 0 {
+                return Err(ApiError::invalid("disk", &d.text(), "at least 1Mi"));
+            }
         }
         if let Some(g) = self.gang {
             spec.gang = g;

@@ -135,6 +135,9 @@ fn native_numbers_beyond_their_range_are_refused_with_the_field() {
     for (body, field) in [
         (r#"{"name": "x", "cpu": 1e30}"#, "cpu"),
         (r#"{"name": "x", "memory": 1e30}"#, "memory"),
+        (r#"{"name": "x", "gpus": 1, "disk": 1e30}"#, "disk"),
+        (r#"{"name": "x", "gpus": 1, "disk": "0"}"#, "disk"),
+        (r#"{"name": "x", "gpus": 1, "disk": "-5Gi"}"#, "disk"),
         (r#"{"name": "x", "gpus": 1, "estimated_duration": "100000000000000000000h"}"#, "estimated_duration"),
         (r#"{"name": "x", "gpus": 1, "checkpoint_interval": "1e400"}"#, "checkpoint_interval"),
         (r#"{"name": "x", "gpus": 4294967297}"#, "gpus"),
@@ -206,4 +209,24 @@ fn image_and_container_options_are_checked_at_submission() {
             assert_eq!(e.field.as_deref(), Some(field), "{bad}: {e:?}");
         }
     }
+}
+
+/// A container's ephemeral-storage limit (else request) is the job's `disk`: what the node lets each task keep on
+/// its disk before it stops it, as Kubernetes evicts a pod past it. A bad quantity is refused naming its path.
+#[test]
+fn a_kubernetes_ephemeral_storage_limit_becomes_the_job_s_disk() {
+    let base = include_str!("fixtures/k8s-job.yaml");
+    let with = |extra: &str| {
+        base.replace("            nvidia.com/gpu: 2\n", &format!("            nvidia.com/gpu: 2\n{extra}"))
+    };
+    let p = parse_job(&with("            ephemeral-storage: 50Gi\n")).unwrap();
+    assert_eq!(p.job.disk.as_ref().map(|q| q.text()).as_deref(), Some("50Gi"));
+    assert_eq!(p.warnings.len(), 1, "nothing new is ignored: {:?}", p.warnings);
+    let e = parse_job(&with("            ephemeral-storage: lots\n")).unwrap_err();
+    assert_eq!(
+        e.field.as_deref(),
+        Some("spec.template.spec.containers[0].resources.limits.ephemeral-storage"),
+        "{e:?}"
+    );
+    assert_eq!(parse_job(base).unwrap().job.disk, None);
 }

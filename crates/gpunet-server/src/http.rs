@@ -855,7 +855,7 @@ async fn events(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
 }
 
 /// `POST /v1/agents/{node}/sync`: apply the agent's report; answer with the node's task set, holding the request up to
-/// a second while it does not change.
+/// a second (a quarter of the node's loss time, when that is shorter) while it does not change.
 #[utoipa::path(post, path = "/v1/agents/{node}/sync", tag = "agents", summary = "An agent's report; the answer is its node's task set (the node's own credential)", params(("node" = String, Path, description = "Node")), request_body(content = gpunet_api::agent::AgentSync, content_type = "application/json"), responses((status = 200, description = "The node's work", body = gpunet_api::agent::AgentWork)))]
 async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<String>, body: Bytes) -> R<Response> {
     match who(&st, &h)? {
@@ -907,7 +907,10 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     if work.version != known || reported {
         return Ok(with_epoch(&st, json(StatusCode::OK, work)));
     }
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken).await;
+    // A held sync must never make its node look silent, nor outlast the agent's wait for an answer (a quarter of
+    // its fence time at least).
+    let hold = work.lost_after_ms.map_or(1000, |l| (l / 4).min(1000));
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(hold), woken).await;
     let again =
         gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };
     let work = ask(&st, |reply| Cmd::AgentSync { node, sync: again, reply }).await?;

@@ -36,7 +36,7 @@ enum Cmd {
     /// Run the control plane.
     Server(Box<server_cmd::ServerArgs>),
     /// Run a node agent: register this machine and run its tasks.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Submit a job: `-f spec.yaml` (gpunet spec or Kubernetes Job), or flags and `-- CMD ARGS…`.
     Submit(Box<cli::jobs::SubmitArgs>),
     /// Run a job like `srun`: submit it, wait for its start, stream every rank's output (prefixed with the rank when
@@ -211,6 +211,18 @@ struct AgentArgs {
     /// has the pids controller): a fork bomb stops there.
     #[arg(long, default_value_t = gpunet_agent::cgroups::TASK_PIDS_MAX)]
     task_pids_max: u64,
+    /// The most of the node's disk one task may use: its own directory, its job's checkpoint directory and its log
+    /// (a size like 100Gi; a job's `disk` may ask for less). Measured every `--task-disk-check-s`; a task past it is
+    /// stopped and its attempt fails with the outcome `disk_limit`. 0: not measured.
+    #[arg(long, default_value = "100Gi")]
+    task_disk_max: String,
+    /// The most files and directories one task may have in those directories (a tree built to be slow to measure
+    /// is over the limit).
+    #[arg(long, default_value_t = gpunet_agent::disk::DEFAULT_TASK_FILES_MAX)]
+    task_files_max: u64,
+    /// Seconds between two measures of a task's disk use (more when measuring is slow: at most about 5% of a core).
+    #[arg(long, default_value_t = 5.0)]
+    task_disk_check_s: f64,
     /// The most bytes one checkpoint snapshot may write to a tier (data bytes on a filesystem tier, whose copies keep
     /// a file's holes; every byte to an object store). A snapshot over it fails and is removed.
     #[arg(long, default_value_t = gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES)]
@@ -385,6 +397,15 @@ fn agent_config(a: &AgentArgs) -> Result<gpunet_agent::AgentConfig> {
         fake_gpu_samples: a.fake_gpu_samples,
         pid_namespace: !a.no_pid_namespace,
         task_pids_max: a.task_pids_max,
+        task_disk_max: gpunet_api::units::parse_memory("--task-disk-max", &a.task_disk_max)?.0.saturating_mul(1 << 20),
+        task_files_max: match a.task_files_max {
+            0 => bail!("--task-files-max: at least 1 (a task's log alone is one)"),
+            n => n,
+        },
+        task_disk_check: std::time::Duration::try_from_secs_f64(a.task_disk_check_s)
+            .ok()
+            .filter(|d| *d >= std::time::Duration::from_millis(100))
+            .context("--task-disk-check-s: at least 0.1")?,
         snapshot_max_bytes: a.checkpoint_snapshot_max_bytes,
         ended_job_files_keep: std::time::Duration::from_secs_f64(keep),
         containers: gpunet_agent::container::Options {
@@ -769,6 +790,9 @@ fn real_main() -> Result<()> {
                     // Each task in its own PID namespace where the machine allows (refused with tenant uids).
                     pid_namespace: true,
                     task_pids_max: gpunet_agent::cgroups::TASK_PIDS_MAX,
+                    task_disk_max: gpunet_agent::disk::DEFAULT_TASK_DISK_MAX,
+                    task_files_max: gpunet_agent::disk::DEFAULT_TASK_FILES_MAX,
+                    task_disk_check: gpunet_agent::launcher::DISK_CHECK_EVERY,
                     snapshot_max_bytes: gpunet_agent::checkpoints::DEFAULT_SNAPSHOT_MAX_BYTES,
                     ended_job_files_keep: gpunet_agent::DEFAULT_ENDED_JOB_FILES_KEEP,
                     containers: Default::default(),

@@ -571,6 +571,38 @@ fn a_container_the_server_took_back_is_stopped_by_the_returning_agent_before_the
     st.wait_clean("c6");
 }
 
+/// A frozen agent's container task is fenced by its wrapper too (on a thread there: the container path makes no PID
+/// namespace of its own): SIGTERM reaches the container's processes through the wrapper's forwarding at the lease's
+/// end (the handler runs and the task keeps going), and SIGKILL ends the container when the server gives the task
+/// away — while the agent is still frozen.
+#[test]
+fn a_frozen_agent_s_container_is_stopped_by_its_wrapper_when_the_lease_runs_out() {
+    if !can_run() {
+        return;
+    }
+    let st = setup(&["--node-lost-after-s", "1", "--node-fence-s", "4", "--restart-backoff-s", "0"]);
+    let a = st.agent("c7", "1xT4", &[]);
+    let job = "trap 'echo got-TERM' TERM; echo started; while true; do sleep 0.1; done";
+    let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--max-restarts", "0", "--", "sh", "-c", job]);
+    wait_for(Duration::from_secs(60), || st.log("c7", id, 0).contains("started"));
+    let pid = a.0.id().to_string();
+    struct Resume(String);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+    let _resume = Resume(pid.clone());
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let status = st.dir.path().join(format!("c7/running/job-{id}-rank-0-attempt-0.status"));
+    wait_for(Duration::from_secs(60), || read(&status) == "signal 9");
+    let out = st.log("c7", id, 0);
+    assert!(out.contains("got-TERM") && out.contains("(fencing)"), "{out}");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert_eq!(stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()), Some("T"), "{stat}");
+    assert!(st.containers("c7").iter().all(|(_, status)| !status.starts_with("running")), "{:?}", st.containers("c7"));
+}
+
 /// A container task's liveness probe runs in its container (`runc exec`): it sees the container's private `/tmp`,
 /// where the task keeps its heartbeat. The probe passes while the file is there (on the node it would fail at once)
 /// and fails once the task removes it.

@@ -482,6 +482,8 @@ fn a_task_inherits_none_of_the_descriptors_the_agent_was_started_with() {
 
 /// The hostile-tenant probe, finding 2: `/tmp`, `/dev/shm` and System V IPC were the host's, so tenant B read
 /// tenant A's files there and a job's 600 MiB in `/dev/shm` outlived it. Now each task has its own, gone with it.
+/// The same for the host's other directories every user may write to, `/var/tmp` and `/run/lock` (until 2026-12-03
+/// a file a task left there stayed on the node's disk, for every later task to read).
 #[test]
 fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
     use std::os::unix::fs::PermissionsExt;
@@ -498,13 +500,17 @@ fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
     let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
     let (tmp_file, shm_file, big) =
         (format!("/tmp/a-secret-{m}"), format!("/dev/shm/a-secret-{m}"), format!("/dev/shm/big-{m}"));
+    // (`/run/lock` where the host has it: a Debian host does.)
+    let lock_dir = if Path::new("/run/lock").is_dir() { "/run/lock" } else { "/var/tmp" };
+    let (var_file, lock_file) = (format!("/var/tmp/a-secret-{m}"), format!("{lock_dir}/a-lock-{m}"));
     // A (umask 022: world-readable files) fills its /tmp and /dev/shm, makes a shared memory segment, and runs on.
     let a = submit_yaml(
         &s,
         dir.path(),
         &format!(
             "name: writer\ntenant: t\ngpus: 1\nmemory: 256Mi\nmax_restarts: 0\ncommand: [sh, -c, 'umask 022; \
-             echo a > {tmp_file}; echo a > {shm_file}; head -c 33554432 /dev/zero > {big}; \
+             echo a > {tmp_file}; echo a > {shm_file}; echo a > {var_file}; echo a > {lock_file}; \
+             head -c 33554432 /dev/zero > {big}; \
              echo size $(stat -c %s {big}); ipcmk -M 4096; echo ready > {}/a-ready; exec sleep {m}']\n",
             shared.display()
         ),
@@ -512,8 +518,10 @@ fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
     wait_for(Duration::from_secs(30), || shared.join("a-ready").exists());
     let out_a = log(dir.path(), "a1", a);
     assert!(out_a.contains("size 33554432") && out_a.contains("Shared memory id"), "{out_a}");
+    // It could write each of them (its own), …
+    assert!(!out_a.contains("create"), "{out_a}");
     // Not on the host…
-    for f in [&tmp_file, &shm_file, &big] {
+    for f in [&tmp_file, &shm_file, &big, &var_file, &lock_file] {
         assert!(!Path::new(f).exists(), "{f} is on the host");
     }
     let host_ipc = String::from_utf8_lossy(&Command::new("ipcs").arg("-m").output().unwrap().stdout).into_owned();
@@ -524,7 +532,7 @@ fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
         dir.path(),
         &format!(
             "name: reader\ntenant: u\ngpus: 1\nmax_restarts: 0\ncommand: [sh, -c, 'for f in {tmp_file} {shm_file} \
-             {big}; do test -e $f && echo seen $f; done; echo tmp $(ls -A /tmp | grep -v ^.tmp); \
+             {big} {var_file} {lock_file}; do test -e $f && echo seen $f; done; echo tmp $(ls -A /tmp | grep -v ^.tmp); \
              echo shm $(ls -A /dev/shm); ipcs -m | grep -c 200000; echo end']\n"
         ),
     );
@@ -536,7 +544,7 @@ fn tmp_dev_shm_and_ipc_are_each_tasks_own_and_go_with_it() {
     let (ok, _, err) = s.cli("admin-secret", &["cancel", &a.to_string()]);
     assert!(ok, "{err}");
     wait_for(Duration::from_secs(20), || with_args(&["sleep", &m]).is_empty());
-    for f in [&tmp_file, &shm_file, &big] {
+    for f in [&tmp_file, &shm_file, &big, &var_file, &lock_file] {
         assert!(!Path::new(f).exists(), "{f} is on the host");
     }
 }
@@ -661,6 +669,116 @@ fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     }
     let _resume = Resume(server.clone());
     assert!(Command::new("kill").args(["-STOP", &server]).status().unwrap().success());
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+}
+
+/// The same, for an agent that is frozen (SIGSTOP: it stops nothing itself): the job's task ran on while the server
+/// gave the job to another node (on main before `lease.rs`, the frozen agent's task outlived the fence by as long as
+/// the agent stayed frozen). Every task's wrapper now watches the node's lease, renewed by the agent after each sync,
+/// and stops its task itself: SIGTERM at the fence point (the task's trap runs), SIGKILL when the server gives it
+/// away — while the agent is still frozen.
+#[test]
+fn a_frozen_agent_s_tasks_are_stopped_by_their_wrappers_when_its_lease_runs_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // Lost after 1 s of silence, its tasks given away after 1 + 4 s: SIGTERM after 3 s (halfway), SIGKILL after 5 s.
+    let s = setup_in(dir.path(), &["--node-lost-after-s", "1", "--node-fence-s", "4"]);
+    let agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let m = marker(14);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    // The task survives SIGTERM (it says so and sleeps again): only the SIGKILL that follows ends it.
+    let id = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: frozen\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  \
+             trap 'echo got TERM' TERM\n  echo started\n  while :; do sleep {m} & wait; done\n"
+        ),
+    );
+    wait_for(Duration::from_secs(30), || {
+        with_args(&["sleep", &m]).len() == 1 && log(dir.path(), "a1", id).contains("started")
+    });
+    assert_eq!(s.job_state(id), "running");
+    let lease = std::fs::read_to_string(dir.path().join("a1/lease")).unwrap();
+    assert_eq!(lease.split_whitespace().count(), 2, "the lease names a deadline and a grace: {lease:?}");
+    let pid = agent.0.id().to_string();
+    struct Resume(String);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+    let _resume = Resume(pid.clone());
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let frozen = std::time::Instant::now();
+    // The wrapper says how the task ended: killed (its TERM trap kept it going).
+    let status = dir.path().join(format!("a1/running/job-{id}-rank-0-attempt-0.status"));
+    wait_for(Duration::from_secs(60), || read(&status).trim() == "signal 9");
+    let took = frozen.elapsed();
+    wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]).is_empty());
+    let out = log(dir.path(), "a1", id);
+    assert!(out.contains("got TERM"), "the task was not asked to stop first: {out:?}");
+    assert!(out.contains("(fencing)"), "the task's log does not say why it was stopped: {out:?}");
+    assert!(took >= Duration::from_secs(2), "stopped before the node could be lost: {took:?}");
+    // The agent was frozen all along: it stopped nothing itself.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert_eq!(state.rsplit(')').next().and_then(|r| r.split_whitespace().next()), Some("T"), "{state}");
+}
+
+/// A running job's use of its node's disk had no bound: a task could fill the disk the agent, its store and every
+/// other tenant's tasks use, through its own directory, its checkpoint directory or just its output (the log is on
+/// the node's disk). Now each task's use is measured (`crate::disk` in the agent) and a task past its limit is
+/// stopped: the job's own `disk`, or the node's `--task-disk-max` when lower or absent; the attempt fails with the
+/// outcome `disk_limit`, and says why.
+#[test]
+fn a_task_past_its_disk_limit_is_stopped_whether_it_writes_files_or_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _agent =
+        s.agent_with("a1", "3xT4", dir.path(), "127.0.0.1", &["--task-disk-max", "16Mi", "--task-disk-check-s", "0.2"]);
+    let m = marker(15);
+    let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    // The job's own limit (8Mi, under the node's): 12 MiB in a file beneath its directory, in a directory whose name
+    // is not UTF-8 (a walk that skipped such names would find nothing to count).
+    let files = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: files\ntenant: t\ngpus: 1\ndisk: 8Mi\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  \
+             mkdir -p \"$HOME/$(printf '\\377')/x\"\n  \
+             head -c 12582912 /dev/urandom > \"$HOME/$(printf '\\377')/x/fill\"\n  exec sleep {m}\n"
+        ),
+    );
+    // No `disk`: the node's limit (16Mi), reached by output alone.
+    let output = submit_yaml(
+        &s,
+        dir.path(),
+        &format!(
+            "name: output\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  \
+             head -c 25165824 /dev/urandom | base64\n  exec sleep {m}\n"
+        ),
+    );
+    // A file deleted while it is held open has no name to walk to: it is found through the task's processes (in
+    // its cgroups).
+    let mut jobs = vec![(files, "8Mi"), (output, "16Mi")];
+    if needs_cgroups(&s) {
+        let unlinked = submit_yaml(
+            &s,
+            dir.path(),
+            &format!(
+                "name: unlinked\ntenant: t\ngpus: 1\ndisk: 8Mi\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  \
+                 exec 3> \"$HOME/f\"\n  rm \"$HOME/f\"\n  head -c 12582912 /dev/urandom >&3\n  exec sleep {m}\n"
+            ),
+        );
+        jobs.push((unlinked, "8Mi"));
+    }
+    for (id, limit) in jobs {
+        wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
+        let (_, o, _) = s.cli("admin-secret", &["show", &id.to_string(), "--output", "json"]);
+        let v = json(&o);
+        assert_eq!(v["attempts"][0]["outcome"], "disk_limit", "{v}");
+        let events = s.get(&format!("/v1/jobs/{id}/events"));
+        assert!(events.contains(&format!("exceeded its disk limit of {limit}")), "{events}");
+    }
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
 }
 

@@ -302,6 +302,7 @@ pub fn run(
     c: &ContainerExec,
     (plan, image): &(super::bundle::Plan, super::images::Prepared),
     procs: &[PathBuf],
+    lease: Option<&Path>,
 ) -> Ended {
     let mut set = SigSet::empty();
     for s in super::super::wrapper::FORWARDED.iter().copied().chain([Signal::SIGCHLD]) {
@@ -333,6 +334,20 @@ pub fn run(
         _ => return refuse(127, format_args!("container {}: no pid of its first process", c.id)),
     };
     drop(lifted);
+    // The node's lease is looked at between signals (see `crate::lease`): its SIGTERM to our group is one of them,
+    // passed on below like any other.
+    let mut fence = lease.map(|l| crate::lease::Fence::new(l.to_path_buf(), init, procs.to_vec()));
+    // The signals blocked above, read through a descriptor (those already pending too), waited for with a timeout.
+    let signals = match nix::sys::signalfd::SignalFd::with_flags(
+        &set,
+        nix::sys::signalfd::SfdFlags::SFD_NONBLOCK | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+    ) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = kill(init, Signal::SIGKILL);
+            return refuse(125, format_args!("container {}: read signals: {e}", c.id));
+        }
+    };
     // The agent learns that the container runs (when its standard input is the agent's socket; ignored otherwise).
     {
         use std::io::Write as _;
@@ -353,10 +368,17 @@ pub fn run(
                 Ok(_) => {}
             }
         }
-        let Ok(sig) = set.wait() else { continue };
-        if sig != Signal::SIGCHLD {
-            // The init is our child and not yet reaped: its pid is still its own.
-            let _ = kill(init, sig);
+        let timeout = fence.as_mut().map(|f| f.tick()).and_then(|d| rustix::event::Timespec::try_from(d).ok());
+        let mut fds = [rustix::event::PollFd::new(&signals, rustix::event::PollFlags::IN)];
+        let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+        while let Ok(Some(si)) = signals.read_signal() {
+            match Signal::try_from(si.ssi_signo as i32) {
+                Ok(Signal::SIGCHLD) | Err(_) => {}
+                // The init is our child and not yet reaped: its pid is still its own.
+                Ok(sig) => {
+                    let _ = kill(init, sig);
+                }
+            }
         }
     }
 }

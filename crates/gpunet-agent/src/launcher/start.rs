@@ -314,6 +314,7 @@ impl Launcher {
         let status_for_spawn = status.clone();
         let is_container = container.is_some();
         let spawner = self.spawner.clone();
+        let lease = self.lease.clone();
         let spawned = blocking(move || {
             let status = status_for_spawn;
             let group = cgroups
@@ -348,6 +349,7 @@ impl Launcher {
                         pid_namespace,
                         // Its private /tmp and /dev/shm: no bigger than its memory limit, which bounds them anyway.
                         tmp_mib: Some(memory_mib.max(4)),
+                        lease,
                         container: None,
                         prog: prog.clone(),
                         args: args.clone(),
@@ -603,6 +605,7 @@ mod tests {
             tenant_index: None,
             submitted_ms: None,
             time_limit_ms: None,
+            disk_mib: None,
         };
         let (ok1, bad, ok2) = (mk(1, vec!["true"]), mk(2, vec!["/nonexistent/program"]), mk(3, vec!["true"]));
         l.start_all(&[&ok1, &bad, &ok2]).await;

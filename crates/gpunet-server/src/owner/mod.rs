@@ -271,7 +271,7 @@ pub(crate) const MAX_ATTEMPT_RECORDS: usize = 100;
 pub(crate) struct FailHow {
     /// In words: "rank 0 exited with code 3".
     pub(crate) how: String,
-    /// `failed`, `oom`, `liveness` or `time_limit`.
+    /// `failed`, `oom`, `liveness`, `time_limit`, `disk_limit` or `start_failed`.
     pub(crate) outcome: &'static str,
     pub(crate) code: Option<i32>,
     pub(crate) signal: Option<i32>,

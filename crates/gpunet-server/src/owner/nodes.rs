@@ -336,6 +336,8 @@ impl Owner {
                         let r = e.reason.as_deref().unwrap_or_default();
                         let outcome = if r.contains("time limit") {
                             "time_limit"
+                        } else if r.contains("disk limit") {
+                            "disk_limit"
                         } else if r.starts_with("could not start") {
                             // The agent could not start it (a missing program, a refused mount, an image it could
                             // not get): not a failed probe.
@@ -380,6 +382,7 @@ impl Owner {
             tasks,
             // The agent fences itself when it cannot sync this long (see `AgentWork::fence_after_ms`).
             fence_after_ms: Some((self.lost_after + self.fence_after).as_millis() as u64),
+            lost_after_ms: Some(self.lost_after.as_millis() as u64),
             ended_jobs,
         };
         Ok((writes, work))
@@ -545,6 +548,11 @@ impl Owner {
                             mounts: c.mounts,
                         }
                     }),
+                    disk_mib: sub
+                        .disk
+                        .as_ref()
+                        .and_then(|d| gpunet_api::units::parse_memory("disk", &d.text()).ok())
+                        .map(|m| m.0),
                     time_limit_ms: sub
                         .time_limit
                         .as_deref()

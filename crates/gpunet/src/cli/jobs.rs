@@ -505,6 +505,7 @@ fn attempt_end(a: &AttemptView) -> String {
         Some("oom") => format!("OOM: killed at its memory limit ({code})"),
         Some("liveness") => format!("liveness probe failed ({code})"),
         Some("time_limit") => format!("time limit reached ({code})"),
+        Some("disk_limit") => format!("disk limit reached ({code})"),
         Some("failed") => format!("failed ({code})"),
         Some("node_lost") => "node lost".into(),
         Some(o) => o.replace('_', " "),
