@@ -435,7 +435,7 @@ impl TaskCgroup {
 }
 
 /// The child groups beneath `dir`, parents before their children (symlinks are not followed; cgroupfs has none).
-fn descendants(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn descendants(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {

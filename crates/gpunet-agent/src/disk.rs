@@ -81,50 +81,89 @@ pub fn size(bytes: u64) -> String {
 /// What counts for one task (see [`task_paths`]).
 #[derive(Debug, Clone, Default)]
 pub struct Paths {
-    /// Directories walked.
+    /// Directories walked, the task's own.
     pub dirs: Vec<PathBuf>,
+    /// Directories walked that the job's `share` tasks on the node share (its checkpoint directory): each task is
+    /// charged its share of them.
+    pub shared: Vec<PathBuf>,
+    /// How many tasks share `shared` (at least 1).
+    pub share: u64,
     /// Files counted (never followed if links).
     pub files: Vec<PathBuf>,
-    /// The task's `cgroup.procs` files: their processes' deleted open files count.
+    /// The task's `cgroup.procs` files: the deleted open files of their processes, and of those in groups beneath
+    /// them (a container's), count.
     pub procs: Vec<PathBuf>,
-    /// The device of the node's disk (the data directory's): deleted files elsewhere (a private tmpfs) are memory.
-    pub dev: Option<u64>,
 }
 
+/// One measure at a time on a node: a walk holds a descriptor per level (up to [`MAX_DEPTH`]), and the agent's own
+/// descriptors must not run out.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Most descriptors of a task's processes looked at in one measure (a task may hold many open files; each costs a
+/// `readlink`).
+pub const MAX_FDS_SCANNED: usize = 100_000;
+
 /// Adds up what `p` names (missing directories and files count nothing). Stops once over `l` (the figures then say
-/// by what, at least).
-pub fn measure(p: &Paths, l: &Limits) -> Usage {
-    let mut u = Usage::default();
+/// by what, at least). An error (out of descriptors or memory) fails the measure rather than count less.
+pub fn measure(p: &Paths, l: &Limits) -> io::Result<Usage> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = Walker::default();
     for f in &p.files {
         if let Ok(st) = rustix::fs::lstat(f.as_path()) {
-            u.bytes += st.st_blocks as u64 * 512;
-            u.entries += 1;
+            w.u.bytes += st.st_blocks as u64 * 512;
+            w.u.entries += 1;
         }
     }
-    if let Some(dev) = p.dev {
-        u.bytes += deleted_open(&p.procs, dev);
-    }
+    w.u.bytes += deleted_open(&p.procs);
     for d in &p.dirs {
-        if u.over(l).is_some() {
+        if w.u.over(l).is_some() {
+            return Ok(w.u);
+        }
+        if let Ok(fd) = crate::beneath::open_trusted(d) {
+            w.walk(fd, l)?;
+        }
+    }
+    // The shared directories: walked apart, with the limits scaled up by the share, then charged by the share.
+    let share = p.share.max(1);
+    let mut shared = Walker { seen: std::mem::take(&mut w.seen), ..Walker::default() };
+    let scaled = Limits { bytes: l.bytes.saturating_mul(share), entries: l.entries.saturating_mul(share) };
+    for d in &p.shared {
+        if shared.u.over(&scaled).is_some() {
             break;
         }
         if let Ok(fd) = crate::beneath::open_trusted(d) {
-            let _ = walk(fd, &mut u, l);
+            shared.walk(fd, &scaled)?;
         }
     }
-    u
+    w.u.bytes += shared.u.bytes / share;
+    w.u.entries += shared.u.entries / share;
+    w.u.depth = w.u.depth.max(shared.u.depth);
+    Ok(w.u)
 }
 
-/// Bytes allocated on device `dev` to regular files that the processes listed in `procs` hold open and that have
-/// no name left (each file once).
-fn deleted_open(procs: &[PathBuf], dev: u64) -> u64 {
-    let mut seen = std::collections::HashSet::new();
-    let mut bytes = 0;
+/// `TMPFS_MAGIC`: files there are memory, charged to the task's memory limit, not disk.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Bytes allocated to regular files, not on a tmpfs, that the processes in the groups of `procs` (and the groups
+/// beneath them) hold open and that have no name left; each file once, at most [`MAX_FDS_SCANNED`] descriptors.
+fn deleted_open(procs: &[PathBuf]) -> u64 {
+    let mut files = procs.to_vec();
     for p in procs {
+        if let Some(d) = p.parent() {
+            files.extend(crate::cgroups::descendants(d).into_iter().map(|g| g.join("cgroup.procs")));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut bytes, mut scanned) = (0, 0);
+    for p in &files {
         let text = std::fs::read_to_string(p).unwrap_or_default();
         for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
             let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
             for fd in fds.flatten() {
+                scanned += 1;
+                if scanned > MAX_FDS_SCANNED {
+                    return bytes;
+                }
                 // The link's text ends with " (deleted)" for such a file; its metadata is the open file's.
                 let deleted = std::fs::read_link(fd.path())
                     .is_ok_and(|t| t.as_os_str().as_encoded_bytes().ends_with(b" (deleted)"));
@@ -132,10 +171,11 @@ fn deleted_open(procs: &[PathBuf], dev: u64) -> u64 {
                     continue;
                 }
                 let Ok(st) = rustix::fs::stat(fd.path()) else { continue };
+                let on_tmpfs = rustix::fs::statfs(fd.path()).is_ok_and(|f| f.f_type == TMPFS_MAGIC);
                 if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
                     && st.st_nlink == 0
-                    && st.st_dev == dev
-                    && seen.insert(st.st_ino)
+                    && !on_tmpfs
+                    && seen.insert((st.st_dev, st.st_ino))
                 {
                     bytes += st.st_blocks as u64 * 512;
                 }
@@ -145,57 +185,81 @@ fn deleted_open(procs: &[PathBuf], dev: u64) -> u64 {
     bytes
 }
 
-/// Walks the tree of `top` depth first, one open directory per level.
-fn walk(top: OwnedFd, u: &mut Usage, l: &Limits) -> io::Result<()> {
-    if let Ok(st) = rustix::fs::fstat(&top) {
-        u.bytes += st.st_blocks as u64 * 512;
-    }
-    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    let mut stack = vec![rustix::fs::Dir::new(top)?];
-    loop {
-        let depth = stack.len();
-        let Some(dir) = stack.last_mut() else { break };
-        if u.over(l).is_some() {
-            return Ok(());
+/// A walk's figures, and the files with more than one name already counted (each counts once).
+#[derive(Default)]
+struct Walker {
+    u: Usage,
+    seen: std::collections::HashSet<(u64, u64)>,
+}
+
+impl Walker {
+    /// Walks the tree of `top` depth first, one open directory per level.
+    fn walk(&mut self, top: OwnedFd, l: &Limits) -> io::Result<()> {
+        use rustix::io::Errno;
+        if let Ok(st) = rustix::fs::fstat(&top) {
+            self.u.bytes += st.st_blocks as u64 * 512;
         }
-        let entry = match dir.read() {
-            Some(Ok(e)) => e,
-            // The end of this directory, or one that can no longer be read.
-            Some(Err(_)) | None => {
-                stack.pop();
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let mut stack = vec![rustix::fs::Dir::new(top)?];
+        loop {
+            let depth = stack.len();
+            let Some(dir) = stack.last_mut() else { break };
+            if self.u.over(l).is_some() {
+                return Ok(());
+            }
+            let entry = match dir.read() {
+                Some(Ok(e)) => e,
+                // The end of this directory, or one removed while it was read.
+                Some(Err(Errno::NOENT)) | None => {
+                    stack.pop();
+                    continue;
+                }
+                Some(Err(e)) => return Err(e.into()),
+            };
+            let name = entry.file_name();
+            if name.to_bytes() == b"." || name.to_bytes() == b".." {
                 continue;
             }
-        };
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
+            self.u.entries += 1;
+            self.u.depth = self.u.depth.max(depth);
+            let fd = dir.fd()?;
+            // Gone since it was listed: nothing to count.
+            let Ok(st) = rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            if is_dir || st.st_nlink <= 1 || self.seen.insert((st.st_dev, st.st_ino)) {
+                self.u.bytes += st.st_blocks as u64 * 512;
+            }
+            if !is_dir {
+                continue;
+            }
+            match rustix::fs::openat2(fd, name, flags, Mode::empty(), crate::beneath::RESOLVE) {
+                Ok(sub) => stack.push(rustix::fs::Dir::new(sub)?),
+                // Gone, or replaced by a link (not followed), since it was listed: nothing to count there.
+                Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV | Errno::AGAIN) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-        u.entries += 1;
-        u.depth = u.depth.max(depth);
-        let fd = dir.fd()?;
-        // Gone since it was listed: nothing to count.
-        let Ok(st) = rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) else { continue };
-        u.bytes += st.st_blocks as u64 * 512;
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-            continue;
-        }
-        // Replaced by a link since it was listed: not followed.
-        let Ok(sub) = rustix::fs::openat2(fd, name, flags, Mode::empty(), crate::beneath::RESOLVE) else { continue };
-        stack.push(rustix::fs::Dir::new(sub)?);
+        Ok(())
     }
-    Ok(())
 }
 
 /// When to measure again after a walk that took `took`: every `every`, or twenty times the walk's time if longer
-/// (so measuring a task costs its node at most about 5% of one core), but at least every six `every`s.
+/// (so measuring a task costs its node about 5% of one core at most), but at least every six `every`s (a tree
+/// whose walk takes over a second and a half then costs more).
 pub fn next_check(every: Duration, took: Duration) -> Duration {
     every.max(took * 20).min(every * 6)
 }
 
-/// What counts for a task: its own directory, its job's checkpoint directory, its log, and its processes' deleted
-/// open files on the data directory's device (`dev`); see [`Paths`].
-pub fn task_paths(home: &Path, checkpoints: &Path, log: &Path, procs: Vec<PathBuf>, dev: Option<u64>) -> Paths {
-    Paths { dirs: vec![home.to_path_buf(), checkpoints.to_path_buf()], files: vec![log.to_path_buf()], procs, dev }
+/// What counts for a task: its own directory and log, its share of its job's checkpoint directory (`share`: the
+/// job's tasks on this node), and its processes' deleted open files; see [`Paths`].
+pub fn task_paths(home: &Path, checkpoints: &Path, log: &Path, share: u64, procs: Vec<PathBuf>) -> Paths {
+    Paths {
+        dirs: vec![home.to_path_buf()],
+        shared: vec![checkpoints.to_path_buf()],
+        share: share.max(1),
+        files: vec![log.to_path_buf()],
+        procs,
+    }
 }
 
 #[cfg(test)]
@@ -209,6 +273,7 @@ mod tests {
         Paths {
             dirs: dirs.iter().map(|d| d.to_path_buf()).collect(),
             files: files.iter().map(|f| f.to_path_buf()).collect(),
+            share: 1,
             ..Paths::default()
         }
     }
@@ -247,7 +312,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.join("big"), home.join("file-link")).unwrap();
         let log = d.path().join("log");
         std::fs::write(&log, noise(1 << 20)).unwrap();
-        let u = measure(&dirs(&[&home], &[&log]), &WIDE);
+        let u = measure(&dirs(&[&home], &[&log]), &WIDE).unwrap();
         // a, a/b, a/b/data, the odd dir, more, sparse, link, file-link, and the log.
         assert_eq!(u.entries, 9, "{u:?}");
         assert_eq!(u.depth, 3, "{u:?}");
@@ -256,7 +321,7 @@ mod tests {
         // A link in place of a measured directory is not followed either.
         let planted = d.path().join("planted");
         std::os::unix::fs::symlink(&outside, &planted).unwrap();
-        assert_eq!(measure(&dirs(&[&planted], &[]), &WIDE), Usage::default());
+        assert_eq!(measure(&dirs(&[&planted], &[]), &WIDE).unwrap(), Usage::default());
     }
 
     #[test]
@@ -268,11 +333,11 @@ mod tests {
             std::fs::write(home.join(format!("f{i}")), noise(64 << 10)).unwrap();
         }
         let by_bytes = Limits { bytes: 1 << 20, entries: u64::MAX };
-        let u = measure(&dirs(&[&home], &[]), &by_bytes);
+        let u = measure(&dirs(&[&home], &[]), &by_bytes).unwrap();
         assert!(u.entries < 50, "stopped early: {u:?}");
         assert!(u.over(&by_bytes).unwrap().contains("disk limit of 1Mi"), "{:?}", u.over(&by_bytes));
         let by_entries = Limits { bytes: u64::MAX, entries: 10 };
-        let u = measure(&dirs(&[&home], &[]), &by_entries);
+        let u = measure(&dirs(&[&home], &[]), &by_entries).unwrap();
         assert_eq!(u.entries, 11, "{u:?}");
         assert!(u.over(&by_entries).unwrap().contains("10 files and directories"));
         // Deep nesting is over the limit by itself, found without walking further.
@@ -281,18 +346,16 @@ mod tests {
             p = p.join("d");
         }
         std::fs::create_dir_all(&p).unwrap();
-        let u = measure(&dirs(&[&d.path().join("deep")], &[]), &WIDE);
+        let u = measure(&dirs(&[&d.path().join("deep")], &[]), &WIDE).unwrap();
         assert_eq!(u.depth, MAX_DEPTH + 1, "{u:?}");
         assert!(u.over(&WIDE).unwrap().contains("deeper than 256"));
     }
 
     #[test]
-    fn a_deleted_file_a_process_holds_open_counts_on_its_device_only() {
+    fn a_deleted_file_a_process_holds_open_counts_once_and_not_on_a_tmpfs() {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("gone");
         std::fs::write(&f, noise(2 << 20)).unwrap();
-        use std::os::unix::fs::MetadataExt as _;
-        let dev = std::fs::metadata(d.path()).unwrap().dev();
         // A child holds it open (twice: its input and its output), nameless; a cgroup.procs-like file lists it.
         let mut child = std::process::Command::new("sleep")
             .arg("30")
@@ -303,13 +366,36 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         let procs = d.path().join("procs");
         std::fs::write(&procs, format!("{}\n", child.id())).unwrap();
-        let p = Paths { procs: vec![procs.clone()], dev: Some(dev), ..Paths::default() };
-        let u = measure(&p, &WIDE);
-        assert!(u.bytes >= 2 << 20 && u.bytes < 3 << 20, "counted once: {u:?}");
-        assert_eq!(measure(&Paths { dev: Some(dev + 1), ..p.clone() }, &WIDE).bytes, 0, "not on another device");
+        let p = Paths { procs: vec![procs.clone()], share: 1, ..Paths::default() };
+        let u = measure(&p, &WIDE).unwrap();
+        let on_tmpfs = rustix::fs::statfs(d.path()).unwrap().f_type as i64 == TMPFS_MAGIC;
+        if on_tmpfs {
+            assert_eq!(u.bytes, 0, "a tmpfs file is memory: {u:?}");
+        } else {
+            assert!(u.bytes >= 2 << 20 && u.bytes < 3 << 20, "counted once: {u:?}");
+        }
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(measure(&p, &WIDE).bytes, 0, "closed: gone");
+        assert_eq!(measure(&p, &WIDE).unwrap().bytes, 0, "closed: gone");
+    }
+
+    #[test]
+    fn a_file_with_two_names_counts_once_and_a_shared_directory_by_its_share() {
+        let d = tempfile::tempdir().unwrap();
+        let home = d.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::write(home.join("a"), noise(1 << 20)).unwrap();
+        std::fs::hard_link(home.join("a"), home.join("b")).unwrap();
+        let one = measure(&dirs(&[&home], &[]), &WIDE).unwrap();
+        assert!(one.bytes < (1 << 20) + (64 << 10), "{one:?}");
+        assert_eq!(one.entries, 2);
+        // The job's checkpoint directory, shared by 4 tasks on the node: each is charged a quarter.
+        let ckpt = d.path().join("ckpt");
+        std::fs::create_dir(&ckpt).unwrap();
+        std::fs::write(ckpt.join("state"), noise(4 << 20)).unwrap();
+        let p = Paths { shared: vec![ckpt], share: 4, ..Paths::default() };
+        let u = measure(&p, &WIDE).unwrap();
+        assert!(u.bytes >= 1 << 20 && u.bytes < (1 << 20) + (64 << 10), "{u:?}");
     }
 
     #[test]

@@ -712,12 +712,14 @@ impl Launcher {
         let t = a.task;
         let ckpt = checkpoint_dir(&self.dir, t.job);
         let log = log_path(&self.dir, &t);
+        // The job's checkpoint directory is shared by its tasks on this node (the server's LOCAL_WORLD_SIZE).
+        let share = a.env.get("LOCAL_WORLD_SIZE").and_then(|n| n.parse().ok()).unwrap_or(1);
         let mut disk_paths = crate::disk::task_paths(
             &work_dir(&self.dir, &t),
             &ckpt,
             &log,
+            share,
             group.map(|g| g.procs.clone()).unwrap_or_default(),
-            rustix::fs::stat(&self.dir).ok().map(|st| st.st_dev),
         );
         if let Some(rt) = self.containers.as_ref().filter(|_| a.container.is_some()) {
             // What the container wrote to its own root (the overlay's upper directory) and to its volumes.
@@ -884,8 +886,15 @@ impl Launcher {
                     }
                     let paths = paths.clone();
                     let t0 = std::time::Instant::now();
-                    let Ok(u) = tokio::task::spawn_blocking(move || crate::disk::measure(&paths, &limits)).await else {
-                        return;
+                    let u = match tokio::task::spawn_blocking(move || crate::disk::measure(&paths, &limits)).await {
+                        Ok(Ok(u)) => u,
+                        Ok(Err(e)) => {
+                            // Not measured this time (out of descriptors, say): tried again at the next check.
+                            tracing::warn!(job = t.job, rank = t.rank, error = %e, "could not measure the task's disk use");
+                            wait = every;
+                            continue;
+                        }
+                        Err(_) => return,
                     };
                     if let Some(why) = u.over(&limits) {
                         break why;

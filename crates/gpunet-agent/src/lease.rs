@@ -17,14 +17,17 @@
 //! alive.
 //!
 //! The file is root's (the data directory is), opened without following symbolic links, and rewritten in place with
-//! one write of a fixed-width line (no new file or block to allocate, so a full disk cannot stop a renewal; a reader
-//! that ever sees a torn line reads no lease and looks again). A missing, unreadable or `none` lease fences nothing:
+//! one write of a fixed-width line (no new file or block to allocate where the filesystem writes in place); the line
+//! carries a check of its numbers, so a reader that sees it half rewritten reads no lease and looks again. A missing, unreadable or `none` lease fences nothing:
 //! a node whose server gives no fence time is not fenced by time at all, as before.
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The length of the lease file's one line.
+const LINE: usize = 59;
 
 /// The lease file's name in the agent's data directory.
 pub const FILE: &str = "lease";
@@ -45,20 +48,28 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The file's line: fixed width, so that every renewal overwrites the whole of the last one in place.
+    /// A check of the two numbers: a line read while it was being rewritten (in place) does not pass it.
+    fn check(deadline_ms: u64, grace_ms: u64) -> u64 {
+        (deadline_ms ^ grace_ms.rotate_left(32) ^ 0x6770_756e_6574_6c65).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// The file's line: fixed width (59 bytes), so that every renewal overwrites the whole of the last one in place.
     fn to_line(l: Option<Lease>) -> String {
         match l {
-            Some(l) => format!("{:020} {:020}\n", l.deadline_ms, l.grace_ms),
-            None => format!("{:<41}\n", "none"),
+            Some(l) => {
+                format!("{:020} {:020} {:016x}\n", l.deadline_ms, l.grace_ms, Lease::check(l.deadline_ms, l.grace_ms))
+            }
+            None => format!("{:<58}\n", "none"),
         }
     }
 
-    /// Reads a lease line; `None` for `none` and anything that is not two numbers.
+    /// Reads a lease line; `None` for `none` and anything that is not two numbers and their check.
     pub fn parse(text: &str) -> Option<Lease> {
         let mut it = text.split_whitespace();
         let deadline_ms = it.next()?.parse().ok()?;
         let grace_ms = it.next()?.parse().ok()?;
-        it.next().is_none().then_some(Lease { deadline_ms, grace_ms })
+        let check = u64::from_str_radix(it.next()?, 16).ok()?;
+        (it.next().is_none() && check == Lease::check(deadline_ms, grace_ms)).then_some(Lease { deadline_ms, grace_ms })
     }
 }
 
@@ -68,7 +79,7 @@ pub fn read(path: &Path) -> Option<Lease> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW).open(path).ok()?;
     let mut text = String::new();
-    f.by_ref().take(64).read_to_string(&mut text).ok()?;
+    f.by_ref().take(128).read_to_string(&mut text).ok()?;
     Lease::parse(&text)
 }
 
@@ -109,17 +120,24 @@ impl Writer {
         if !fresh {
             return Ok(());
         }
-        use std::io::{Seek as _, Write as _};
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&self.path)?;
-        f.seek(std::io::SeekFrom::Start(0))?;
-        f.write_all(Lease::to_line(lease).as_bytes())?;
+        let write = || -> std::io::Result<()> {
+            use std::io::{Seek as _, Write as _};
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&self.path)?;
+            f.seek(std::io::SeekFrom::Start(0))?;
+            f.write_all(Lease::to_line(lease).as_bytes())?;
+            f.set_len(LINE as u64) // a file left longer (by anyone) ends with the line
+        };
+        if let Err(e) = write() {
+            self.written = None; // written again at the next renewal, whatever it says
+            return Err(e);
+        }
         self.written = Some(lease);
         Ok(())
     }
@@ -129,7 +147,8 @@ impl Writer {
 /// the module's doc): `SIGTERM` to this process's group (the task's: the wrapper's forwarded signals reach the
 /// task), then, at the end of the grace, `SIGKILL` to `init` (the task's init, or a container's first process: with
 /// a PID namespace that ends every process in it) and to every process listed in the `cgroup.procs` files `procs`
-/// but this one — or, on a node without cgroups, to this process's whole group, the wrapper included. The wrapper
+/// but this one — or, with neither cgroups nor a PID namespace, to this process's whole group, the wrapper
+/// included. Not a second SIGTERM when the task was asked to stop already (the agent's stop). The wrapper
 /// calls [`Fence::tick`] while it waits for its task, between reads of its socket or signals (no thread: a process
 /// that unshared a PID namespace cannot start one, and a thread would count against the task's pids limit).
 #[derive(Debug)]
@@ -137,13 +156,25 @@ pub(crate) struct Fence {
     path: PathBuf,
     init: Pid,
     procs: Vec<PathBuf>,
+    /// SIGKILL goes to the whole group, the wrapper included (no cgroups and no PID namespace: nothing else reaches
+    /// what the task started).
+    whole_group: bool,
     /// The lease that ran out, once the task was sent SIGTERM.
     ran_out: Option<Lease>,
+    /// The task was already asked to stop (the agent's SIGTERM, passed on): ours would be a second one.
+    asked: bool,
 }
 
 impl Fence {
-    pub(crate) fn new(path: PathBuf, init: Pid, procs: Vec<PathBuf>) -> Fence {
-        Fence { path, init, procs, ran_out: None }
+    /// `namespace`: `init` is PID 1 of the task's own PID namespace (killing it ends everything in it).
+    pub(crate) fn new(path: PathBuf, init: Pid, procs: Vec<PathBuf>, namespace: bool) -> Fence {
+        let whole_group = procs.is_empty() && !namespace;
+        Fence { path, init, procs, whole_group, ran_out: None, asked: false }
+    }
+
+    /// The task was asked to stop by someone else (a SIGTERM the wrapper passed on).
+    pub(crate) fn asked_to_stop(&mut self) {
+        self.asked = true;
     }
 
     /// Looks at the lease and acts on it; returns when to look again (at least 1 ms, at most 1 s from now).
@@ -152,8 +183,11 @@ impl Fence {
         let Some(l) = self.ran_out else {
             return match read(&self.path) {
                 Some(l) if now >= l.deadline_ms => {
-                    // The signal first: the message goes to the task's log, which may block.
-                    let _ = killpg(nix::unistd::getpgrp(), Signal::SIGTERM);
+                    // The signal first: the message goes to the task's log, which may block. Not a second SIGTERM
+                    // when the agent's (a live agent fences too) reached the group already: it is pending here.
+                    if !self.asked && !term_pending() {
+                        let _ = killpg(nix::unistd::getpgrp(), Signal::SIGTERM);
+                    }
                     self.ran_out = Some(l);
                     eprintln!(
                         "gpunet: the server has not heard from this node's agent for too long: the task is stopped \
@@ -165,12 +199,12 @@ impl Fence {
                 None => Duration::from_secs(1),
             };
         };
-        let end = l.deadline_ms + l.grace_ms;
+        let end = l.deadline_ms.saturating_add(l.grace_ms);
         if now < end {
             return Duration::from_millis((end - now).clamp(1, 200));
         }
         // SIGKILL, again on every look until the task's end ends the wait.
-        if self.procs.is_empty() {
+        if self.whole_group {
             let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
         }
         let _ = kill(self.init, Signal::SIGKILL);
@@ -185,6 +219,20 @@ impl Fence {
     }
 }
 
+/// Whether a SIGTERM is pending for this process (blocked, as the wrapper's forwarded signals are): `SigPnd` or
+/// `ShdPnd` of `/proc/self/status`.
+fn term_pending() -> bool {
+    term_pending_in(&std::fs::read_to_string("/proc/self/status").unwrap_or_default())
+}
+
+fn term_pending_in(status: &str) -> bool {
+    let bit = 1u64 << (Signal::SIGTERM as i32 - 1);
+    status.lines().any(|l| {
+        (l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+            && l.split_whitespace().nth(1).and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|m| m & bit != 0)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,9 +241,18 @@ mod tests {
     fn lease_lines_round_trip_and_anything_else_fences_nothing() {
         let l = Lease { deadline_ms: 123_456, grace_ms: 10_000 };
         assert_eq!(Lease::parse(&Lease::to_line(Some(l))), Some(l));
-        for bad in ["none\n", "", "12", "12 x", "-1 5", "1 2 3"] {
+        for bad in ["none\n", "", "12", "12 x", "-1 5", "1 2 3", "123456 10000"] {
             assert_eq!(Lease::parse(bad), None, "{bad:?}");
         }
+        // A line read half rewritten: the old deadline's first digits, the new one's last (both still numbers).
+        let (old, new) = (
+            Lease::to_line(Some(Lease { deadline_ms: 999_999, grace_ms: 10_000 })),
+            Lease::to_line(Some(Lease { deadline_ms: 1_000_999, grace_ms: 10_000 })),
+        );
+        let torn = format!("{}{}", &old[..16], &new[16..]);
+        assert_ne!(torn, old);
+        assert_eq!(Lease::parse(&torn), None, "{torn:?}");
+        assert_eq!(Lease::to_line(None).len(), Lease::to_line(Some(l)).len());
     }
 
     #[test]
@@ -206,7 +263,7 @@ mod tests {
         let f = Some((Duration::from_secs(50), Duration::from_secs(10)));
         w.renew(1_000, f).unwrap();
         assert_eq!(read(w.path()), Some(Lease { deadline_ms: 51_000, grace_ms: 10_000 }));
-        assert_eq!(std::fs::read(w.path()).unwrap().len(), 42, "one fixed-width line");
+        assert_eq!(std::fs::read(w.path()).unwrap().len(), 59, "one fixed-width line");
         // A later sync within the step (a tenth of 50 s, at most 1 s) leaves the file as it is.
         w.renew(1_500, f).unwrap();
         assert_eq!(read(w.path()).unwrap().deadline_ms, 51_000);
@@ -218,19 +275,35 @@ mod tests {
         // The server stops giving a fence time: nothing is fenced.
         w.renew(3_000, None).unwrap();
         assert_eq!(std::fs::read_to_string(w.path()).unwrap().trim(), "none");
-        assert_eq!(std::fs::read(w.path()).unwrap().len(), 42, "overwritten whole, in place");
+        assert_eq!(std::fs::read(w.path()).unwrap().len(), 59, "overwritten whole, in place");
         assert_eq!(read(w.path()), None);
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(std::fs::metadata(w.path()).unwrap().permissions().mode() & 0o777, 0o600);
         // A link planted in its place is not followed by the reader.
         let target = dir.path().join("target");
-        std::fs::write(&target, "1 1\n").unwrap();
+        std::fs::write(&target, Lease::to_line(Some(Lease { deadline_ms: 1, grace_ms: 1 }))).unwrap();
         std::fs::remove_file(w.path()).unwrap();
         std::os::unix::fs::symlink(&target, w.path()).unwrap();
         assert_eq!(read(w.path()), None);
         // …nor written through by the agent.
         assert!(w.renew(9_000, f).is_err());
-        assert_eq!(std::fs::read_to_string(&target).unwrap(), "1 1\n");
+        assert_eq!(read_text(&target), Lease::to_line(Some(Lease { deadline_ms: 1, grace_ms: 1 })));
+    }
+
+    fn read_text(p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap()
+    }
+
+    #[test]
+    fn a_pending_sigterm_is_seen_in_either_pending_set() {
+        let status =
+            |sig: &str, shd: &str| format!("Name:\tx\nSigPnd:\t{sig}\nShdPnd:\t{shd}\nSigBlk:\t0000000000004000\n");
+        assert!(!term_pending_in(&status("0000000000000000", "0000000000000000")));
+        assert!(term_pending_in(&status("0000000000000000", "0000000000004000")), "SIGTERM is bit 14");
+        assert!(term_pending_in(&status("0000000000004002", "0000000000000000")));
+        assert!(!term_pending_in(&status("0000000000000002", "0000000000000100")), "SIGINT, SIGKILL");
+        // This test process has none.
+        assert!(!term_pending());
     }
 
     #[test]

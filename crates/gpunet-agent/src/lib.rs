@@ -828,6 +828,7 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
     // Self-fencing: when the last sync succeeded, and after how long without one the server gives our tasks away.
     let mut last_synced = std::time::Instant::now();
     let mut lease = lease::Writer::new(&cfg.data_dir);
+    let mut lease_failing = false;
     let mut fence_after: Option<Duration> = None;
     let mut lost_after: Option<Duration> = None;
     let mut fenced = false;
@@ -1055,10 +1056,23 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 // for their wrappers, which stop them themselves if this agent is frozen (see `lease`).
                 // They get SIGTERM at the fence point and SIGKILL when the server gives them away.
                 let fence = fence_after.map(|f| (fence_point(f, lost_after), f - fence_point(f, lost_after)));
-                if let Err(e) = lease.renew(sent_ms, fence) {
-                    // Its tasks will be stopped at the last deadline written: say so loudly.
-                    tracing::error!(file = %lease.path().display(), error = %e, "could not renew the node's lease: \
-                                    its tasks stop when the last one runs out");
+                match lease.renew(sent_ms, fence) {
+                    Ok(()) if lease_failing => {
+                        lease_failing = false;
+                        tracing::info!(file = %lease.path().display(), "the node's lease is renewed again");
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        // A stale lease would stop every task, new ones at once: none is better (the agent, alive,
+                        // still fences itself). Said once per failing spell.
+                        let removed = std::fs::remove_file(lease.path());
+                        if !lease_failing {
+                            lease_failing = true;
+                            tracing::error!(file = %lease.path().display(), error = %e, removed = removed.is_ok(),
+                                            "could not renew the node's lease: it is removed, and tasks are not \
+                                             fenced from outside the agent until it can be written again");
+                        }
+                    }
                 }
                 for c in &logs {
                     shipped.insert(c.task, c.offset + c.data.len() as u64);

@@ -267,7 +267,10 @@ impl Exec {
         };
         // The node's lease is looked at while we wait for the init's word (no thread: after unsharing a PID
         // namespace this process cannot start one).
-        let mut fence = self.lease.as_ref().map(|l| crate::lease::Fence::new(l.clone(), pid, self.cgroups.clone()));
+        let mut fence = self
+            .lease
+            .as_ref()
+            .map(|l| crate::lease::Fence::new(l.clone(), pid, self.cgroups.clone(), self.pid_namespace));
         drop(theirs); // our copy of the init's end of the socket: EOF once the init is gone
         let mut first = [0u8; 1];
         let mut text = String::new();

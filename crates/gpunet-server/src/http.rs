@@ -909,7 +909,7 @@ async fn agent_sync(State(st): State<AppState>, h: HeaderMap, Path(node): Path<S
     }
     // A held sync must never make its node look silent, nor outlast the agent's wait for an answer (a quarter of
     // its fence time at least).
-    let hold = work.lost_after_ms.map_or(1000, |l| (l / 4).min(1000));
+    let hold = work.lost_after_ms.map_or(1000, |l| (l / 4).clamp(10, 1000));
     let _ = tokio::time::timeout(std::time::Duration::from_millis(hold), woken).await;
     let again =
         gpunet_api::agent::AgentSync { known_version: known, checkpoint_failures: sync_failures, ..Default::default() };

@@ -571,10 +571,10 @@ fn a_container_the_server_took_back_is_stopped_by_the_returning_agent_before_the
     st.wait_clean("c6");
 }
 
-/// A frozen agent's container task is fenced by its wrapper too (on a thread there: the container path makes no PID
-/// namespace of its own): SIGTERM reaches the container's processes through the wrapper's forwarding at the lease's
-/// end (the handler runs and the task keeps going), and SIGKILL ends the container when the server gives the task
-/// away — while the agent is still frozen.
+/// A frozen agent's container task is fenced by its wrapper too (between the signals it passes on): SIGTERM reaches
+/// the container's processes through the wrapper's forwarding at the lease's end (the handler runs and the task
+/// keeps going), and SIGKILL ends the container when the server gives the task away — while the agent is still
+/// frozen.
 #[test]
 fn a_frozen_agent_s_container_is_stopped_by_its_wrapper_when_the_lease_runs_out() {
     if !can_run() {

@@ -699,7 +699,7 @@ fn a_frozen_agent_s_tasks_are_stopped_by_their_wrappers_when_its_lease_runs_out(
     });
     assert_eq!(s.job_state(id), "running");
     let lease = std::fs::read_to_string(dir.path().join("a1/lease")).unwrap();
-    assert_eq!(lease.split_whitespace().count(), 2, "the lease names a deadline and a grace: {lease:?}");
+    assert_eq!(lease.split_whitespace().count(), 3, "the lease names a deadline, a grace and their check: {lease:?}");
     let pid = agent.0.id().to_string();
     struct Resume(String);
     impl Drop for Resume {
@@ -716,7 +716,7 @@ fn a_frozen_agent_s_tasks_are_stopped_by_their_wrappers_when_its_lease_runs_out(
     let took = frozen.elapsed();
     wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]).is_empty());
     let out = log(dir.path(), "a1", id);
-    assert!(out.contains("got TERM"), "the task was not asked to stop first: {out:?}");
+    assert_eq!(out.matches("got TERM").count(), 1, "the task was asked to stop first, once: {out:?}");
     assert!(out.contains("(fencing)"), "the task's log does not say why it was stopped: {out:?}");
     assert!(took >= Duration::from_secs(2), "stopped before the node could be lost: {took:?}");
     // The agent was frozen all along: it stopped nothing itself.

@@ -336,7 +336,8 @@ pub fn run(
     drop(lifted);
     // The node's lease is looked at between signals (see `crate::lease`): its SIGTERM to our group is one of them,
     // passed on below like any other.
-    let mut fence = lease.map(|l| crate::lease::Fence::new(l.to_path_buf(), init, procs.to_vec()));
+    // (The container's first process is PID 1 of its own namespace.)
+    let mut fence = lease.map(|l| crate::lease::Fence::new(l.to_path_buf(), init, procs.to_vec(), true));
     // The signals blocked above, read through a descriptor (those already pending too), waited for with a timeout.
     let signals = match nix::sys::signalfd::SignalFd::with_flags(
         &set,
@@ -376,6 +377,11 @@ pub fn run(
                 Ok(Signal::SIGCHLD) | Err(_) => {}
                 // The init is our child and not yet reaped: its pid is still its own.
                 Ok(sig) => {
+                    if sig == Signal::SIGTERM {
+                        if let Some(f) = fence.as_mut() {
+                            f.asked_to_stop();
+                        }
+                    }
                     let _ = kill(init, sig);
                 }
             }
