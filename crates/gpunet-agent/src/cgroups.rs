@@ -336,25 +336,7 @@ impl TaskCgroup {
 
     /// Processes in the group now, its child groups included (a container task's runtime makes one beneath it).
     pub fn pids(&self) -> Vec<i32> {
-        let mut files = self.procs.clone();
-        for f in &self.procs {
-            if let Some(d) = f.parent() {
-                for sub in descendants(d) {
-                    files.push(sub.join("cgroup.procs"));
-                }
-            }
-        }
-        let mut v: Vec<i32> = files
-            .iter()
-            .flat_map(|f| {
-                std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>()
-            })
-            .filter_map(|l| l.trim().parse().ok())
-            .filter(|p| *p > 1)
-            .collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+        pids_in(&self.procs)
     }
 
     /// Kills every process in the group and waits (up to about five seconds) until it is empty; returns how many
@@ -434,8 +416,28 @@ impl TaskCgroup {
     }
 }
 
+/// The processes (above 1, sorted, once each) listed in the `cgroup.procs` files `procs` and in those of the groups
+/// beneath them.
+pub(crate) fn pids_in(procs: &[PathBuf]) -> Vec<i32> {
+    let mut files = procs.to_vec();
+    for f in procs {
+        if let Some(d) = f.parent() {
+            files.extend(descendants(d).into_iter().map(|sub| sub.join("cgroup.procs")));
+        }
+    }
+    let mut v: Vec<i32> = files
+        .iter()
+        .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|p| *p > 1)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// The child groups beneath `dir`, parents before their children (symlinks are not followed; cgroupfs has none).
-pub(crate) fn descendants(dir: &Path) -> Vec<PathBuf> {
+fn descendants(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {

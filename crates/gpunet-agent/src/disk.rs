@@ -147,17 +147,10 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// Bytes allocated to regular files, not on a tmpfs, that the processes in the groups of `procs` (and the groups
 /// beneath them) hold open and that have no name left; each file once, at most [`MAX_FDS_SCANNED`] descriptors.
 fn deleted_open(procs: &[PathBuf]) -> u64 {
-    let mut files = procs.to_vec();
-    for p in procs {
-        if let Some(d) = p.parent() {
-            files.extend(crate::cgroups::descendants(d).into_iter().map(|g| g.join("cgroup.procs")));
-        }
-    }
     let mut seen = std::collections::HashSet::new();
     let (mut bytes, mut scanned) = (0, 0);
-    for p in &files {
-        let text = std::fs::read_to_string(p).unwrap_or_default();
-        for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+    for pid in crate::cgroups::pids_in(procs) {
+        {
             let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
             for fd in fds.flatten() {
                 scanned += 1;

@@ -146,8 +146,8 @@ impl Writer {
 /// The wrapper's side: watches the lease at `path` and, once it has run out, stops the task as the agent would (see
 /// the module's doc): `SIGTERM` to this process's group (the task's: the wrapper's forwarded signals reach the
 /// task), then, at the end of the grace, `SIGKILL` to `init` (the task's init, or a container's first process: with
-/// a PID namespace that ends every process in it) and to every process listed in the `cgroup.procs` files `procs`
-/// but this one — or, with neither cgroups nor a PID namespace, to this process's whole group, the wrapper
+/// a PID namespace that ends every process in it) and to every process in the groups of the `cgroup.procs` files
+/// `procs` and the groups beneath them (a container's) but this one — or, with neither cgroups nor a PID namespace, to this process's whole group, the wrapper
 /// included. Not a second SIGTERM when the task was asked to stop already (the agent's stop). The wrapper
 /// calls [`Fence::tick`] while it waits for its task, between reads of its socket or signals (no thread: a process
 /// that unshared a PID namespace cannot start one, and a thread would count against the task's pids limit).
@@ -209,11 +209,8 @@ impl Fence {
         }
         let _ = kill(self.init, Signal::SIGKILL);
         let me = std::process::id() as i32;
-        for p in &self.procs {
-            let text = std::fs::read_to_string(p).unwrap_or_default();
-            for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|&p| p != me && p > 1) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
+        for pid in crate::cgroups::pids_in(&self.procs).into_iter().filter(|&p| p != me) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         Duration::from_millis(100)
     }

@@ -1055,7 +1055,10 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                 // Before any task of this answer starts: until when the node's tasks may run without another sync,
                 // for their wrappers, which stop them themselves if this agent is frozen (see `lease`).
                 // They get SIGTERM at the fence point and SIGKILL when the server gives them away.
-                let fence = fence_after.map(|f| (fence_point(f, lost_after), f - fence_point(f, lost_after)));
+                let fence = fence_after.map(|f| {
+                    let at = fence_point(f, lost_after);
+                    (at, f - at)
+                });
                 match lease.renew(sent_ms, fence) {
                     Ok(()) if lease_failing => {
                         lease_failing = false;

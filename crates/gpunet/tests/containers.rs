@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{free_port, json, read, submit_yaml, wait_for, Proc, Server};
+use common::{free_port, json, read, submit_yaml, wait_for, Frozen, Proc, Server};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -585,21 +585,12 @@ fn a_frozen_agent_s_container_is_stopped_by_its_wrapper_when_the_lease_runs_out(
     let job = "trap 'echo got-TERM' TERM; echo started; while true; do sleep 0.1; done";
     let id = st.s.submit(&["--image", "dir:tiny", "--gpus", "1", "--max-restarts", "0", "--", "sh", "-c", job]);
     wait_for(Duration::from_secs(60), || st.log("c7", id, 0).contains("started"));
-    let pid = a.0.id().to_string();
-    struct Resume(String);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
-        }
-    }
-    let _resume = Resume(pid.clone());
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let frozen = Frozen::stop(a.0.id());
     let status = st.dir.path().join(format!("c7/running/job-{id}-rank-0-attempt-0.status"));
     wait_for(Duration::from_secs(60), || read(&status) == "signal 9");
     let out = st.log("c7", id, 0);
     assert!(out.contains("got-TERM") && out.contains("(fencing)"), "{out}");
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    assert_eq!(stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()), Some("T"), "{stat}");
+    assert!(frozen.still_stopped(), "the agent was frozen all along");
     assert!(st.containers("c7").iter().all(|(_, status)| !status.starts_with("running")), "{:?}", st.containers("c7"));
 }
 

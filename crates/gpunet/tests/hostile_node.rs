@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{free_port, json, post_job, read, submit_yaml, wait_for, Server};
+use common::{free_port, json, post_job, read, submit_yaml, wait_for, Frozen, Server};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -660,15 +660,7 @@ fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).len() == 1);
     assert_eq!(s.job_state(id), "running");
     // The server stops answering (as behind a partition); it would give the task away 3 s after the last sync.
-    let server = s.proc.0.id().to_string();
-    struct Resume(String);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
-        }
-    }
-    let _resume = Resume(server.clone());
-    assert!(Command::new("kill").args(["-STOP", &server]).status().unwrap().success());
+    let _frozen = Frozen::stop(s.proc.0.id());
     wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
 }
 
@@ -700,28 +692,19 @@ fn a_frozen_agent_s_tasks_are_stopped_by_their_wrappers_when_its_lease_runs_out(
     assert_eq!(s.job_state(id), "running");
     let lease = std::fs::read_to_string(dir.path().join("a1/lease")).unwrap();
     assert_eq!(lease.split_whitespace().count(), 3, "the lease names a deadline, a grace and their check: {lease:?}");
-    let pid = agent.0.id().to_string();
-    struct Resume(String);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
-        }
-    }
-    let _resume = Resume(pid.clone());
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
-    let frozen = std::time::Instant::now();
+    let frozen = Frozen::stop(agent.0.id());
+    let since = std::time::Instant::now();
     // The wrapper says how the task ended: killed (its TERM trap kept it going).
     let status = dir.path().join(format!("a1/running/job-{id}-rank-0-attempt-0.status"));
     wait_for(Duration::from_secs(60), || read(&status).trim() == "signal 9");
-    let took = frozen.elapsed();
+    let took = since.elapsed();
     wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]).is_empty());
     let out = log(dir.path(), "a1", id);
     assert_eq!(out.matches("got TERM").count(), 1, "the task was asked to stop first, once: {out:?}");
     assert!(out.contains("(fencing)"), "the task's log does not say why it was stopped: {out:?}");
     assert!(took >= Duration::from_secs(2), "stopped before the node could be lost: {took:?}");
     // The agent was frozen all along: it stopped nothing itself.
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    assert_eq!(state.rsplit(')').next().and_then(|r| r.split_whitespace().next()), Some("T"), "{state}");
+    assert!(frozen.still_stopped());
 }
 
 /// A running job's use of its node's disk had no bound: a task could fill the disk the agent, its store and every

@@ -326,3 +326,27 @@ pub fn host_pid(ancestor: u32, pid: &str) -> String {
         _ => panic!("pid {pid} names {hits:?} in several tasks' namespaces"),
     }
 }
+
+/// A process stopped with SIGSTOP (a frozen agent or server) for as long as this lives; continued when dropped, also
+/// when the test fails.
+pub struct Frozen(String);
+
+impl Frozen {
+    pub fn stop(pid: u32) -> Frozen {
+        let pid = pid.to_string();
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success(), "SIGSTOP {pid}");
+        Frozen(pid)
+    }
+
+    /// Whether it is still stopped (`T` in `/proc/PID/stat`).
+    pub fn still_stopped(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0)).unwrap_or_default();
+        stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()) == Some("T")
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
