@@ -34,6 +34,8 @@ struct Proc {
     extras: Extras,
     /// A checkpoint-now request was acted on.
     asked: bool,
+    /// Its wrapper was started watching the node's lease (an adopted task's is not known to).
+    leased: bool,
 }
 
 /// What a task's exit watcher reads at the end: the checkpoint copier (for the final copy) and a failed probe.
@@ -607,6 +609,11 @@ impl Launcher {
         v
     }
 
+    /// Whether a running task's wrapper stops it itself once the node's lease runs out (see [`crate::lease`]).
+    pub fn fenced_by_lease(&self, t: &TaskRef) -> bool {
+        self.procs.get(t).is_some_and(|p| p.leased)
+    }
+
     /// Whether a task is running here.
     pub fn is_running(&self, t: &TaskRef) -> bool {
         self.procs.contains_key(t)
@@ -1033,6 +1040,7 @@ impl Launcher {
                     leader_start: None,
                     extras: extras.clone(),
                     asked: false,
+                    leased: false,
                 },
             );
             adopted.push(t);

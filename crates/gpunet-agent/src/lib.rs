@@ -1029,7 +1029,13 @@ pub async fn run(mut cfg: AgentConfig, shutdown: impl std::future::Future<Output
                                 );
                             }
                             fenced = true;
-                            for t in &running {
+                            // A task whose wrapper watches the (renewed) lease is stopped by it at this same
+                            // point: a second SIGTERM from here could make it skip its shutdown.
+                            let own: Vec<TaskRef> = running
+                                .into_iter()
+                                .filter(|t| lease_failing || !launcher.fenced_by_lease(t))
+                                .collect();
+                            for t in &own {
                                 launcher.stop(t, grace);
                             }
                         }

@@ -643,8 +643,9 @@ fn one_tasks_log_spam_does_not_lose_another_tasks_output() {
 
 /// The hostile-tenant probe, finding 6: an agent cut off from its server kept running tasks the server had given
 /// away after the fence timeout (the same job then ran twice). Now the server's sync answer says after how long it
-/// gives a silent node's tasks away, and an agent that could not sync for that long stops them itself. (A frozen
-/// agent cannot: that still needs fencing out of band, e.g. the machine's power.)
+/// gives a silent node's tasks away, and an agent that could not sync for that long stops them: through their
+/// wrappers, which watch the node's lease (see the next test), with one SIGTERM (the agent's own stop and the
+/// wrapper's both came once, and a program may read a second SIGTERM as "quit now"), then SIGKILL at the give-away.
 #[test]
 fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     let dir = tempfile::tempdir().unwrap();
@@ -652,16 +653,25 @@ fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
     let m = marker(13);
     let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
+    // The task survives SIGTERM (it says so and sleeps again): only the SIGKILL that follows ends it.
+    let script = format!("trap 'echo got TERM' TERM; while :; do sleep {m} & wait; done");
     let id = submit_yaml(
         &s,
         dir.path(),
-        &format!("name: long\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand: [sleep, '{m}']\n"),
+        &format!("name: long\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  {script}\n"),
     );
-    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).len() == 1);
+    wait_for(Duration::from_secs(30), || {
+        with_args(&["sleep", &m]).len() == 1 && with_args(&["sh", "-c", &format!("{script}\n")]).len() == 1
+    });
     assert_eq!(s.job_state(id), "running");
     // The server stops answering (as behind a partition); it would give the task away 3 s after the last sync.
     let _frozen = Frozen::stop(s.proc.0.id());
-    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).is_empty());
+    // The task's shell outlives SIGTERM (its trap): once it is gone, it was killed.
+    wait_for(Duration::from_secs(30), || with_args(&["sh", "-c", &format!("{script}\n")]).is_empty());
+    wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]).is_empty());
+    let out = log(dir.path(), "a1", id);
+    assert!(out.contains("(fencing)"), "the task's log does not say why it was stopped: {out:?}");
+    assert_eq!(out.matches("got TERM").count(), 1, "one SIGTERM, then SIGKILL: {out:?}");
 }
 
 /// The same, for an agent that is frozen (SIGSTOP: it stops nothing itself): the job's task ran on while the server

@@ -31,6 +31,8 @@ struct Launched {
     at_ms: u64,
     /// A container task's: the socket on which its wrapper says that the container runs.
     started: Option<std::os::unix::net::UnixStream>,
+    /// Its wrapper watches the node's lease (see [`crate::lease`]): it stops the task itself when the lease runs out.
+    leased: bool,
 }
 
 /// How the end of a task attempt's first process is learned.
@@ -315,6 +317,8 @@ impl Launcher {
         let is_container = container.is_some();
         let spawner = self.spawner.clone();
         let lease = self.lease.clone();
+        // Through the wrapper, the task gets the lease (see `crate::lease`).
+        let leased = wrapper.is_some() && lease.is_some();
         let spawned = blocking(move || {
             let status = status_for_spawn;
             let group = cgroups
@@ -464,14 +468,14 @@ impl Launcher {
                 }
             });
         }
-        Some(Launched { waiter, pid, start, group, status, env_file, at_ms, started })
+        Some(Launched { waiter, pid, start, group, status, env_file, at_ms, started, leased })
     }
 
     /// Takes a started task attempt into the launcher: its start is reported, its probe and checkpoint copies run,
     /// and its end is watched.
     fn register(&mut self, a: &TaskAssignment, l: Launched) {
         let t = a.task;
-        let Launched { waiter, pid, start, group, status, env_file, at_ms, started } = l;
+        let Launched { waiter, pid, start, group, status, env_file, at_ms, started, leased } = l;
         // A wrapper the spawner forked is not our child: like an adopted task's, its identity (the start time) is
         // checked before every signal, since the spawner may die and its pid be reaped and reused unseen.
         let leader_start = match &waiter {
@@ -491,6 +495,7 @@ impl Launcher {
                 leader_start,
                 extras: extras.clone(),
                 asked: false,
+                leased,
             },
         );
         match started {
