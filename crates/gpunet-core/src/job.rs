@@ -575,6 +575,12 @@ pub struct Job {
     pub attained_gpu_ms: u64,
     /// Work kept by checkpoints from earlier attempts (counts towards the estimate for SRTF).
     pub progress: Dur,
+    /// How far the job is known to run: the furthest point (kept progress at an attempt's start plus that attempt's
+    /// run) an ended attempt reached without the job finishing. Work past `progress` up to it was lost and must be
+    /// done again; and a job known to run that long ranks as one that has (see [`Job::rank_from`]), so that an
+    /// evicted job that had overrun its estimate is not queued again as if it had not.
+    #[serde(default)]
+    pub known: Dur,
     /// Earliest time a Restarting job may start again.
     pub not_before: Time,
     /// When running: where and since when.
@@ -606,6 +612,7 @@ impl Job {
             losses: 0,
             attained_gpu_ms: 0,
             progress: Dur::ZERO,
+            known: Dur::ZERO,
             not_before: Time::ZERO,
             run: None,
             finished: None,
@@ -649,7 +656,23 @@ impl Job {
     /// estimate is expected to run about as long again as it has (run times are heavy-tailed: the longer a job has
     /// run, the longer it is likely to run), not to end at once.
     pub fn remaining_estimate(&self) -> Dur {
-        Dur(self.rank_at(self.progress, crate::gittins::Rule::Median))
+        Dur(self.rank_from(self.progress, crate::gittins::Rule::Median))
+    }
+
+    /// The job's rank under SRTF from `position` (kept progress, or kept progress plus the current attempt's run),
+    /// given how far it is known to run ([`Job::known`]): its rank at that point, plus the lost work between
+    /// `position` and it, to be done again. (Ranked at its kept progress alone, a job evicted after it had run past
+    /// its estimate came back as short as it started, evicted the job that had evicted it, and so on: with learned
+    /// estimates that were too short, jobs evicted each other before any checkpoint and none finished.)
+    pub fn rank_from(&self, position: Dur, rule: crate::gittins::Rule) -> u64 {
+        let k = self.known.max(position);
+        self.rank_at(k, rule).saturating_add(k.0 - position.0)
+    }
+
+    /// Records that the attempt started at `started` ran until `now` (it ended without the job finishing): how far
+    /// the job is known to run. Call before `progress` takes the attempt's kept work.
+    pub fn note_run(&mut self, started: Time, now: Time) {
+        self.known = self.known.max(self.progress + now.since(started));
     }
 
     /// The job's rank under SRTF after `attained` of service (kept progress plus the current attempt's run), in ms:
@@ -697,7 +720,7 @@ mod tests {
     /// `ThinVec` allocates nothing), so that it fits in 304 bytes (a learned estimate's spread added 8 to it and to its spec).
     #[test]
     fn a_job_stays_small() {
-        assert!(std::mem::size_of::<Job>() <= 304, "{} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<Job>() <= 312, "{} bytes", std::mem::size_of::<Job>());
         assert!(std::mem::size_of::<JobSpec>() <= 176, "{} bytes", std::mem::size_of::<JobSpec>());
     }
 

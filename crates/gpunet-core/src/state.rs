@@ -90,6 +90,8 @@ pub(crate) struct RunRow {
     /// the attempt started (ms): the job's Gittins rank as a victim under preemptive SRTF/SRGF.
     pub(crate) learned: Option<crate::gittins::LogNormal>,
     pub(crate) progress: u64,
+    /// How far the job is known to run ([`Job::known`], ms).
+    pub(crate) known: u64,
     /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
     pub(crate) classes: u64,
     /// The node, when every task of the job is on one (victims for a one-node job are also looked for per node).
@@ -849,6 +851,7 @@ impl ClusterState {
                 .zip(j.spec.estimate_spread)
                 .map(|(e, sigma)| crate::gittins::LogNormal::new(e, sigma as f64)),
             progress: j.progress.0,
+            known: j.known.0,
             classes,
             node,
         };
@@ -1081,6 +1084,7 @@ impl ClusterState {
         } else if restartable {
             let ck = j.last_checkpoint_at(now).unwrap_or(now);
             let started = j.run.as_ref().map_or(now, |r| r.started);
+            j.note_run(started, now);
             j.progress = j.progress + ck.since(started);
             j.transition(JobState::Restarting)?;
             j.restarts += 1;
@@ -1105,6 +1109,7 @@ impl ClusterState {
         let j = self.jobs.get_mut(&id).expect("released above");
         let ck = j.last_checkpoint_at(now).unwrap_or(now);
         let started = j.run.as_ref().map_or(now, |r| r.started);
+        j.note_run(started, now);
         j.progress = j.progress + ck.since(started);
         j.transition(JobState::Preempted)?;
         if lost {
@@ -1382,11 +1387,12 @@ pub(crate) fn sjf_key(j: &Job) -> u64 {
     }
 }
 
-/// A queued job's key under SRTF: its rank at its kept progress ([`Job::rank_at`] under
+/// A queued job's key under SRTF: its rank from its kept progress ([`Job::rank_from`] under
 /// [`SchedConfig::learned_rule`]: the remaining estimated time, or for a learned estimate its rank under the
-/// learned distribution), `u64::MAX` without estimate.
+/// learned distribution, counting how far it is known to run and the lost work up to there), `u64::MAX` without
+/// estimate.
 pub(crate) fn srtf_key(cfg: &SchedConfig, j: &Job) -> u64 {
-    j.rank_at(j.progress, cfg.learned_rule())
+    j.rank_from(j.progress, cfg.learned_rule())
 }
 
 /// A job's key under SRGF: its SRTF key × GPUs at its minimum size (ms), `u64::MAX` without estimate.

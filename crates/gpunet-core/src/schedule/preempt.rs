@@ -296,7 +296,10 @@ impl Pass<'_> {
                 // expected to run about as long again as this attempt has.
                 let left = || match r.learned {
                     Some(dist) if gittins => {
-                        dist.rank(crate::units::Dur(r.progress.saturating_add(self.now.since(r.started).0))).0
+                        // As `Job::rank_from`: ranked where it is known to reach, plus the work up to there.
+                        let at = r.progress.saturating_add(self.now.since(r.started).0);
+                        let k = r.known.max(at);
+                        dist.rank(crate::units::Dur(k)).0.saturating_add(k - at)
                     }
                     _ => crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0,
                 };
@@ -791,6 +794,32 @@ mod tests {
         // Job 1 now has 700 s left, job 3 400 s: SRTF order starts job 3 first.
         assert_eq!(s.job(JobId(1)).unwrap().remaining_estimate(), Dur::from_secs(700));
         assert_eq!(started(&s.step(Time::from_secs(560)).unwrap()), vec![3]);
+        s.check_invariants().unwrap();
+    }
+
+    /// A job evicted after it ran past its estimate is queued again ranked from how far it is known to run, not as
+    /// short as it started. Job 1 (estimated 100 s, no checkpoint) has run 400 s when job 2 (100 s) comes: as long
+    /// again as it has run, 400 s ≥ 2 × 100 s, so it is evicted and keeps nothing. It is known to run at least
+    /// 400 s: as long again from there, plus the 400 s to do again, 800 s. At 700 s job 2 has run 300 s (its victim
+    /// rank): 300 s < 2 × 800 s, so job 1 waits. Ranked at its kept progress alone (100 s, as before), it evicted job 2
+    /// (300 ≥ 200), which evicted it in turn once it had run 200 s, and so on with nothing ever kept.
+    #[test]
+    fn an_evicted_job_that_overran_its_estimate_ranks_from_how_far_it_ran() {
+        let mut s = cluster(preemptive(Policy::Srtf, 60), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "overran", 1, 1).estimate(Dur::from_secs(100)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "newcomer", 1, 1).estimate(Dur::from_secs(100)), 390);
+        let at = Time::from_secs(400);
+        let ds = s.step(at).unwrap();
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 400, waiting_s: 100 })]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.state, j1.progress, j1.known), (JobState::Preempted, Dur::ZERO, Dur::from_secs(400)));
+        assert_eq!(j1.remaining_estimate(), Dur::from_secs(800));
+        assert_eq!(started(&s.step(at).unwrap()), vec![2]);
+        assert!(preempts(&schedule(&s, Time::from_secs(700))).is_empty(), "800 s does not evict 300 s");
+        // Job 2 ends at 900 s; job 1 starts again, expected to end 800 s later.
+        s.finish(JobId(2), Time::from_secs(900), true).unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(900)).unwrap()), vec![1]);
         s.check_invariants().unwrap();
     }
 
