@@ -102,7 +102,7 @@ impl Config {
             listen: "127.0.0.1:7070".parse().expect("valid address"),
             admin_token: None,
             join_token: None,
-            sched: SchedConfig { backfill: true, ..SchedConfig::default() },
+            sched: SchedConfig::recommended(),
             tick: std::time::Duration::from_secs(1),
             max_body_bytes: 4 << 20,
             node_lost_after: std::time::Duration::from_secs(10),
@@ -491,7 +491,16 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
     let task = tokio::spawn(listen::serve(listener, router, acceptor, cfg.limits, async {
         let _ = srx.await;
     }));
-    tracing::info!(%addr, scheme, "gpunet server listening");
+    let sched = &cfg.sched;
+    tracing::info!(
+        %addr,
+        scheme,
+        policy = %sched.policy,
+        backfill = sched.backfill,
+        preemptive = sched.preemption.enabled && sched.preemption.shorter_first,
+        shorter_ratio = sched.preemption.shorter_ratio,
+        "gpunet server listening"
+    );
     Ok(Running {
         addr,
         scheme,

@@ -16,6 +16,8 @@ struct App {
 
 fn config(dir: &std::path::Path) -> Config {
     let mut cfg = Config::new(dir.to_path_buf());
+    // These tests are about the API: queue order is submission order (FIFO with backfill, the default before `auto`).
+    cfg.sched = gpunet_core::SchedConfig { backfill: true, ..gpunet_core::SchedConfig::default() };
     cfg.admin_token = Some("admin".into());
     cfg.join_token = Some("join".into());
     cfg

@@ -37,6 +37,8 @@ impl App {
         edit: impl FnOnce(&mut Config),
     ) -> App {
         let mut cfg = Config::new(dir.to_path_buf());
+        // These tests are about the API: queue order is submission order (FIFO with backfill, the default before `auto`).
+        cfg.sched = gpunet_core::SchedConfig { backfill: true, ..gpunet_core::SchedConfig::default() };
         cfg.admin_token = Some(admin.into());
         cfg.join_token = Some(join.into());
         cfg.max_body_bytes = 64 * 1024;

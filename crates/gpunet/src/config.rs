@@ -35,7 +35,7 @@ pub(crate) struct ServerFile {
     pub(crate) listen: SocketAddr,
     pub(crate) admin_token: Option<String>,
     pub(crate) join_token: Option<String>,
-    /// Absent: the `sched_config` file's policy, else fifo.
+    /// Absent: the `sched_config` file's policy, else auto.
     pub(crate) policy: Option<String>,
     pub(crate) sched_config: Option<PathBuf>,
     pub(crate) backfill: bool,
@@ -164,9 +164,9 @@ listen = "{listen}"
 # admin_token = "…"
 # join_token = "…"
 
-# Scheduling: queue policy (fifo, priority, sjf, srtf, srgf, drf, fairshare, las; default: the sched_config file's,
-# else fifo) and EASY backfill.
-# policy = "fifo"
+# Scheduling: policy (auto — SRGF with eviction for jobs 8x shorter, see docs/scheduler.md — or fifo, priority, sjf,
+# srtf, srgf, drf, fairshare, las; default: the sched_config file's, else auto) and EASY backfill.
+# policy = "auto"
 backfill = {backfill}
 # Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, LAS thresholds, minimum run
 # time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false here win

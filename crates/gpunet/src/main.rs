@@ -119,7 +119,9 @@ struct UpArgs {
     /// Listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: std::net::SocketAddr,
-    /// Queue policy (default: the --sched-config file's, else fifo).
+    /// Scheduling policy: auto (the recommended setting: SRGF with backfill and eviction for much shorter jobs; see
+    /// docs/scheduler.md), fifo, priority, sjf, srtf, srgf, drf, fairshare or las [default: the --sched-config
+    /// file's, else auto].
     #[arg(long)]
     policy: Option<String>,
     /// Scheduler knobs (TOML), as for `gpunet server --sched-config`.
@@ -273,13 +275,32 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
 }
 
 /// The price catalogue of `--prices FILE`, or the shipped one.
-/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`.
+/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`. Without either naming a
+/// policy, or with `--policy auto`, the recommended setting is used (`SchedConfig::recommended`); a policy named in
+/// the file or on the command line is used as named, preemptive for shorter jobs only if the file says so.
 fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, policy: Option<&str>) -> Result<()> {
-    if let Some(p) = file {
-        let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
-        let k = gpunet_core::SchedKnobs::from_toml(&text)
-            .and_then(|k| k.apply(&mut cfg.sched).map(|()| k))
-            .with_context(|| format!("load --sched-config {}", p.display()))?;
+    let knobs = match file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
+            let k = gpunet_core::SchedKnobs::from_toml(&text)
+                .with_context(|| format!("load --sched-config {}", p.display()))?;
+            Some((p, k))
+        }
+        None => None,
+    };
+    let cli_auto = policy.map(|p| p.trim().eq_ignore_ascii_case(gpunet_core::config::RECOMMENDED_POLICY));
+    let file_names_policy = knobs.as_ref().is_some_and(|(_, k)| k.policy.is_some());
+    let auto = cli_auto.unwrap_or(!file_names_policy);
+    debug_assert_eq!(gpunet_core::SchedConfig::recommended().policy, gpunet_core::Policy::Srgf);
+    // `auto` first, so that the file's knobs (a `shorter_ratio`, `preemptive = false`) tune it.
+    if auto {
+        cfg.sched.use_recommended_policy();
+    } else {
+        let p = cfg.sched.policy;
+        cfg.sched.use_plain_policy(p);
+    }
+    if let Some((p, k)) = knobs {
+        k.apply(&mut cfg.sched).with_context(|| format!("load --sched-config {}", p.display()))?;
         if let Some(t) = k.tick {
             cfg.tick = std::time::Duration::from_millis(t.0 .0);
         }
@@ -291,8 +312,19 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
             );
         }
     }
-    if let Some(p) = policy {
-        cfg.sched.policy = p.parse().context("--policy")?;
+    match policy {
+        Some(_) if auto => cfg.sched.policy = gpunet_core::Policy::Srgf,
+        Some(p) => {
+            cfg.sched.policy = p.parse().map_err(|_| {
+                let names: Vec<&str> = gpunet_core::Policy::ALL.iter().map(|p| p.name()).collect();
+                anyhow::anyhow!(
+                    "invalid --policy {p:?}: allowed are {}, {}",
+                    gpunet_core::config::RECOMMENDED_POLICY,
+                    names.join(", ")
+                )
+            })?
+        }
+        None => {}
     }
     Ok(())
 }

@@ -29,8 +29,9 @@ pub(crate) struct ServerArgs {
     /// Join token for node agents (default GPUNET_JOIN_TOKEN; generated and printed once if none is stored).
     #[arg(long, env = "GPUNET_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
-    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las [default: the --sched-config file's,
-    /// else fifo].
+    /// Scheduling policy: auto (the recommended setting: SRGF with backfill and eviction for much shorter jobs; see
+    /// docs/scheduler.md), fifo, priority, sjf, srtf, srgf, drf, fairshare or las [default: the --sched-config
+    /// file's, else auto].
     #[arg(long)]
     policy: Option<String>,
     /// Scheduler knobs (TOML, a `[scheduler]` table: policy, backfill, preemptive, LAS thresholds, minimum run time,
@@ -368,6 +369,51 @@ mod tests {
             n += 1;
         }
         assert!(n >= 20, "only {n} flags found");
+    }
+
+    /// The scheduler a server starts with: `auto` (SRGF, backfill, eviction for jobs 8× shorter) unless a policy is
+    /// named; a named policy is plain (not preemptive for shorter jobs) unless the `--sched-config` file says so;
+    /// `--policy auto` wins over the file's policy, and the file's other knobs tune it; a bad name lists `auto` with
+    /// the others.
+    #[test]
+    fn the_recommended_setting_is_the_default_and_a_named_policy_is_used_as_named() {
+        use gpunet_core::{Policy, SchedConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let sched = |args: &[&str], knobs: Option<&str>| -> anyhow::Result<SchedConfig> {
+            let mut argv = vec!["gpunet".to_string(), "server".into()];
+            if let Some(k) = knobs {
+                let path = dir.path().join("sched.toml");
+                std::fs::write(&path, format!("[scheduler]\n{k}")).unwrap();
+                argv.extend(["--sched-config".into(), path.display().to_string()]);
+            }
+            argv.extend(args.iter().map(|a| a.to_string()));
+            let crate::Cmd::Server(a) = crate::Cli::try_parse_from(argv).unwrap().cmd else { panic!() };
+            Ok(server_config(&a.merged()?)?.sched)
+        };
+        let shape = |c: &SchedConfig| (c.policy, c.backfill, c.preemption.shorter_first, c.preemption.shorter_ratio);
+        let auto = (Policy::Srgf, true, true, 8);
+        assert_eq!(shape(&sched(&[], None).unwrap()), auto);
+        assert_eq!(shape(&SchedConfig::recommended()), auto);
+        assert_eq!(shape(&sched(&["--policy", "AUTO"], None).unwrap()), auto);
+        assert_eq!(shape(&sched(&["--policy", "sjf"], None).unwrap()), (Policy::Sjf, true, false, 2));
+        assert_eq!(shape(&sched(&["--policy", "srgf"], None).unwrap()), (Policy::Srgf, true, false, 2));
+        assert_eq!(shape(&sched(&[], Some("policy = \"las\"\n")).unwrap()), (Policy::Las, true, false, 2));
+        assert_eq!(
+            shape(&sched(&[], Some("policy = \"srtf\"\npreemptive = true\n")).unwrap()),
+            (Policy::Srtf, true, true, 2)
+        );
+        // A file that names no policy tunes the recommended one.
+        assert_eq!(shape(&sched(&[], Some("shorter_ratio = 4\n")).unwrap()), (Policy::Srgf, true, true, 4));
+        assert_eq!(shape(&sched(&["--policy", "auto"], Some("policy = \"drf\"\n")).unwrap()), auto);
+        assert_eq!(
+            shape(&sched(&["--policy", "auto"], Some("shorter_ratio = 4\n")).unwrap()),
+            (Policy::Srgf, true, true, 4),
+            "named or not, auto is tuned by the file"
+        );
+        assert_eq!(shape(&sched(&[], Some("preemptive = false\n")).unwrap()), (Policy::Srgf, true, false, 8));
+        assert_eq!(shape(&sched(&["--no-backfill"], None).unwrap()), (Policy::Srgf, false, true, 8));
+        let e = sched(&["--policy", "shortest"], None).unwrap_err().to_string();
+        assert!(e.contains("--policy") && e.contains("auto, fifo"), "{e}");
     }
 
     #[test]

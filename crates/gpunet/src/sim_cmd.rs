@@ -110,7 +110,7 @@ pub(crate) struct SimCmd {
     #[command(subcommand)]
     pub(crate) sub: Option<SimSub>,
     /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
-    /// else fifo).
+    /// else fifo); or auto, the live default (SRGF with backfill and eviction for jobs 8× shorter; docs/scheduler.md).
     #[arg(long)]
     pub(crate) policy: Option<String>,
     #[command(flatten)]
@@ -336,11 +336,23 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
         None => {
             let o = cmd.opts.context("--trace is required")?;
             let (trace, cluster) = load(&o)?;
+            let auto = cmd
+                .policy
+                .as_deref()
+                .is_some_and(|p| p.trim().eq_ignore_ascii_case(gpunet_core::config::RECOMMENDED_POLICY));
             let policy: Policy = match &cmd.policy {
-                Some(p) => p.parse().context("--policy")?,
+                Some(_) if auto => Policy::Srgf,
+                Some(p) => {
+                    p.parse().with_context(|| format!("--policy (or {})", gpunet_core::config::RECOMMENDED_POLICY))?
+                }
                 None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
             };
-            let cfg = config(&o, policy, &cluster)?;
+            let mut cfg = config(&o, policy, &cluster)?;
+            if auto {
+                // The live default (`SchedConfig::recommended`): SRGF, backfill, eviction for jobs 8× shorter.
+                cfg.sched.use_recommended_policy();
+                cfg.sched.backfill = true;
+            }
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
             let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
             if let Some(dir) = &o.report {

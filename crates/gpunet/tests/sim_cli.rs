@@ -216,3 +216,32 @@ fn jobs_out_and_scheduler_tables_reach_the_simulator_and_the_server() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--sched-config") && err.contains("max_evictions"), "{err}");
 }
+
+/// `--policy auto` replays the live default (SRGF, backfill, eviction for jobs 8× shorter): the same figures as the
+/// explicit setting, a cluster file with `shorter_ratio = 8`.
+#[test]
+fn sim_policy_auto_is_the_recommended_setting() {
+    let trace = data("pollux/workloads/workload-1.csv");
+    let run = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["sim", "--trace", &trace, "--estimates", "history", "--output", "json"];
+        all.extend_from_slice(args);
+        let out = gpunet(&all);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("pollux-8.toml");
+    std::fs::write(
+        &cluster,
+        "version = 1\n[[node_group]]\ncount = 16\ngpus_per_node = 4\ngpu_model = \"T4\"\ncpu_milli = 48000\n\
+         memory_mib = 196608\nrack_size = 16\n[scheduler]\nshorter_ratio = 8\n",
+    )
+    .unwrap();
+    let auto = run(&["--policy", "auto", "--cluster", "pollux"]);
+    let explicit = run(&["--policy", "srgf", "--preemptive", "--backfill", "--cluster", cluster.to_str().unwrap()]);
+    assert_eq!((&auto["policy"], &auto["preemptive"], &auto["backfill"]), (&"srgf".into(), &true.into(), &true.into()));
+    for k in ["avg_wait_s", "preemptions", "completed", "eviction_lost_gpu_hours"] {
+        assert_eq!(auto[k], explicit[k], "{k}");
+    }
+    assert!(auto["preemptions"].as_u64().unwrap() > 0);
+}

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Issue 17's choice of a default policy: every candidate scheduler setting replayed by `gpunet sim` over the workloads
+built from the shipped traces (the same workloads choose the setting and report its figures: in-sample, not held out), with learned estimates (`--estimates history`) and the simulator's realistic
+eviction costs (checkpoints every 30 minutes, measured stop times, minimum run time, eviction rate limit).
+
+    scripts/choose-default.py [BINARY] [--jobs N] [--out FILE.json]
+
+Workloads (data/traces/): Philly at 82% and 90% load (`philly/pool-456.toml`, `pool-416.toml`, the whole trace);
+PAI 2023 (`pai2023/openb_pod_list_default.csv.gz`) on 6 nodes of 8 GPUs, 128 cores and 1 TiB (the trace's pods are mostly
+long-lived services: on its own 1,213 nodes nothing waits; on 6 they contend, for CPU as much as for GPUs); the Pollux workloads (`pollux/workloads/workload-1..8`) and Sia's Philly, Saturn
+and new-trace workloads (`sia/*/workload-*`) on the `pollux` preset (16 nodes × 4 T4).
+
+For each setting it prints, per workload family, the average total wait (time not running: queueing, every wait
+after an eviction, restart backoff), Jain's index over tenants' slowdowns, and the GPU-hours lost to evictions (% of
+used); then the settings ranked by the geometric mean over families of their average wait relative to FIFO's.
+A family of several workloads (Pollux, Sia) counts as the mean of its workloads' ratios, so that each family
+weighs the same. Last it names the setting with the lowest score among those that lose at most 5% of GPU-hours to
+evictions on every workload: that is the default, `auto` (`SchedConfig::recommended`). The settings are every
+policy with backfill but `priority` (the traces carry no priorities: it is FIFO on them), SJF/SRTF/SRGF also
+preemptive for shorter jobs at the default ratio of 2, and preemptive SRTF/SRGF at ratios of 8 and 16 (a `[scheduler]` table appended to a copy of the cluster file). The JSON written
+with --out holds every run's figures. The PAI pool's size is a choice: see docs/scheduler.md.
+"""
+import argparse
+import concurrent.futures
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRACES = os.path.join(ROOT, "data", "traces")
+
+PAI_POOL = """version = 1
+[[node_group]]
+count = 6
+gpus_per_node = 8
+gpu_model = "V100-16GB"
+cpu_milli = 128000
+memory_mib = 1048576
+"""
+
+POLLUX_POOL = """version = 1
+[[node_group]]
+count = 16
+gpus_per_node = 4
+gpu_model = "T4"
+cpu_milli = 48000
+memory_mib = 196608
+rack_size = 16
+"""
+
+# name -> extra `gpunet sim` arguments (all with --backfill and learned estimates), and `[scheduler]` knobs for the
+# cluster file (the `pollux` preset is written out as POLLUX_POOL for that).
+SETTINGS = {
+    "fifo": ["--policy", "fifo"],
+    "sjf": ["--policy", "sjf"],
+    "srtf": ["--policy", "srtf"],
+    "srgf": ["--policy", "srgf"],
+    "drf": ["--policy", "drf"],
+    "fairshare": ["--policy", "fairshare"],
+    "las": ["--policy", "las"],
+    "sjf preemptive": ["--policy", "sjf", "--preemptive"],
+    "srtf preemptive": ["--policy", "srtf", "--preemptive"],
+    "srgf preemptive": ["--policy", "srgf", "--preemptive"],
+    "srtf preemptive ratio 8": ["--policy", "srtf", "--preemptive"],
+    "srtf preemptive ratio 16": ["--policy", "srtf", "--preemptive"],
+    "srgf preemptive ratio 8": ["--policy", "srgf", "--preemptive"],
+    "srgf preemptive ratio 16": ["--policy", "srgf", "--preemptive"],
+}
+KNOBS = {
+    "srtf preemptive ratio 8": "shorter_ratio = 8\n",
+    "srtf preemptive ratio 16": "shorter_ratio = 16\n",
+    "srgf preemptive ratio 8": "shorter_ratio = 8\n",
+    "srgf preemptive ratio 16": "shorter_ratio = 16\n",
+}
+
+
+def workloads(pai_pool):
+    """(family, label, trace, cluster) of every workload."""
+    out = [
+        ("philly-82", "philly 82%", f"{TRACES}/philly/philly_pollux.csv.gz", f"{TRACES}/philly/pool-456.toml"),
+        ("philly-90", "philly 90%", f"{TRACES}/philly/philly_pollux.csv.gz", f"{TRACES}/philly/pool-416.toml"),
+        ("pai2023", "pai2023 48 GPUs", f"{TRACES}/pai2023/openb_pod_list_default.csv.gz", pai_pool),
+    ]
+    for w in sorted(glob.glob(f"{TRACES}/pollux/workloads/workload-*.csv")):
+        out.append(("pollux", os.path.basename(w), w, "pollux"))
+    for sub in ("philly", "saturn", "newtrace"):
+        for w in sorted(glob.glob(f"{TRACES}/sia/{sub}/workload-*.csv")):
+            out.append((f"sia-{sub}", f"{sub}/{os.path.basename(w)}", w, "pollux"))
+    return out
+
+
+def with_knobs(cluster, knobs, tmp):
+    """The cluster file with a `[scheduler]` table of `knobs` appended (a copy in `tmp`)."""
+    if not knobs:
+        return cluster
+    text = POLLUX_POOL if cluster == "pollux" else open(cluster).read()
+    path = os.path.join(tmp, f"{len(os.listdir(tmp))}.toml")
+    with open(path, "w") as f:
+        f.write(text + "\n[scheduler]\n" + knobs)
+    return path
+
+
+def run(binary, setting, trace, cluster):
+    cmd = [binary, "sim", *SETTINGS[setting], "--backfill", "--estimates", "history", "--trace", trace,
+           "--cluster", cluster, "--output", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {p.stderr.strip()}")
+    d = json.loads(p.stdout)
+    return {k: d[k] for k in ("avg_wait_s", "jain_fairness", "eviction_lost_fraction", "wall_ms", "jobs",
+                              "completed", "preemptions", "utilization_span")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binary", nargs="?", default=os.path.join(ROOT, "target", "release", "gpunet"))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="replays run at once")
+    ap.add_argument("--out", help="write every run's figures here (JSON)")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="gpunet-choose-default.")
+    pai_pool = os.path.join(tmp, "pai-48.toml")
+    with open(pai_pool, "w") as f:
+        f.write(PAI_POOL)
+    try:
+        wl = workloads(pai_pool)
+        # The longest replays (Philly) first, so that the pool stays busy.
+        jobs = [(s, w) for w in wl for s in SETTINGS]
+        results = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+            # Each cluster file with knobs is written once, before any replay reads it.
+            clusters = {(s, w[3]): with_knobs(w[3], KNOBS.get(s), tmp) for s, w in jobs}
+            futs = {ex.submit(run, a.binary, s, w[2], clusters[(s, w[3])]): (s, w) for s, w in jobs}
+            for fut in concurrent.futures.as_completed(futs):
+                s, w = futs[fut]
+                results[(s, w[1])] = fut.result()
+                print(f"  {s:17} {w[1]:22} wait {results[(s, w[1])]['avg_wait_s']:>12,.0f} s", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp)
+
+    families = []
+    for fam, _, _, _ in wl:
+        if fam not in families:
+            families.append(fam)
+    members = {fam: [w[1] for w in wl if w[0] == fam] for fam in families}
+
+    def fam_stat(s, fam, key):
+        return sum(results[(s, l)][key] for l in members[fam]) / len(members[fam])
+
+    def fam_ratio(s, fam):
+        # Mean over the family's workloads of the wait relative to FIFO's on the same workload.
+        rs = []
+        for l in members[fam]:
+            base = results[("fifo", l)]["avg_wait_s"]
+            rs.append((results[(s, l)]["avg_wait_s"] + 1.0) / (base + 1.0))
+        return sum(rs) / len(rs)
+
+    score = {s: math.exp(sum(math.log(fam_ratio(s, f)) for f in families) / len(families)) for s in SETTINGS}
+    feasible = [s for s in SETTINGS if max(r["eviction_lost_fraction"] for (x, _), r in results.items() if x == s) <= 0.05]
+    print("\n| setting | " + " | ".join(families) + " | wait ÷ FIFO (geo. mean) | worst Jain | max GPU-h lost |")
+    print("|---|" + "---:|" * (len(families) + 3))
+    for s in sorted(SETTINGS, key=lambda s: score[s]):
+        cells = []
+        for f in families:
+            cells.append(f"{fam_stat(s, f, 'avg_wait_s'):,.0f} s / {fam_stat(s, f, 'jain_fairness'):.2f} / "
+                         f"{100 * fam_stat(s, f, 'eviction_lost_fraction'):.2f}%")
+        worst_jain = min(results[(s, l)]["jain_fairness"] for l in (w[1] for w in wl))
+        lost = max(results[(s, l)]["eviction_lost_fraction"] for l in (w[1] for w in wl))
+        print(f"| {s} | " + " | ".join(cells) + f" | {score[s]:.3f} | {worst_jain:.3f} | {100 * lost:.2f}% |")
+    best = min(feasible, key=lambda s: score[s])
+    print(f"\nLowest wait with at most 5% of GPU-hours lost to evictions on every workload: {best} ({score[best]:.3f})")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"families": members,
+                       "runs": [{"setting": s, "workload": l, **v} for (s, l), v in sorted(results.items())],
+                       "score": score, "chosen": best}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
