@@ -34,24 +34,16 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACES = os.path.join(ROOT, "data", "traces")
 
-PAI_POOL = """version = 1
-[[node_group]]
-count = 6
-gpus_per_node = 8
-gpu_model = "V100-16GB"
-cpu_milli = 128000
-memory_mib = 1048576
-"""
+def pool(count, gpus, model, cpu_milli, memory_mib, rack_size=None):
+    """A cluster file of one node group."""
+    rack = f"rack_size = {rack_size}\n" if rack_size else ""
+    return (f"version = 1\n[[node_group]]\ncount = {count}\ngpus_per_node = {gpus}\ngpu_model = \"{model}\"\n"
+            f"cpu_milli = {cpu_milli}\nmemory_mib = {memory_mib}\n{rack}")
 
-POLLUX_POOL = """version = 1
-[[node_group]]
-count = 16
-gpus_per_node = 4
-gpu_model = "T4"
-cpu_milli = 48000
-memory_mib = 196608
-rack_size = 16
-"""
+
+PAI_POOL = pool(6, 8, "V100-16GB", 128000, 1048576)
+# The `pollux` preset, written out (for a copy with a `[scheduler]` table).
+POLLUX_POOL = pool(16, 4, "T4", 48000, 196608, rack_size=16)
 
 # name -> extra `gpunet sim` arguments (all with --backfill and learned estimates), and `[scheduler]` knobs for the
 # cluster file (the `pollux` preset is written out as POLLUX_POOL for that).
