@@ -49,7 +49,11 @@ fn run_streams_every_rank_and_exits_with_the_job_s_exit_code() {
             "--",
             "sh",
             "-c",
-            "echo hello from $RANK; exit 3",
+            // Each rank ends only once both have written their line: the first failure stops the job's other
+            // rank, and under load that could come before the other had written anything.
+            "echo hello from $RANK; touch \"$GPUNET_CHECKPOINT_DIR/said-$RANK\"; \
+             until [ -e \"$GPUNET_CHECKPOINT_DIR/said-0\" ] && [ -e \"$GPUNET_CHECKPOINT_DIR/said-1\" ]; do sleep 0.05; done; \
+             exit 3",
         ],
     );
     assert_eq!(code, Some(3), "the job's exit code: {out}{err}");
@@ -147,6 +151,14 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     assert!(spread > 0.3 && spread < 2.0, "{j}");
     let (_, why, _) = cli(&s, &["why", &id.to_string()]);
     assert!(why.contains("learned from") && why.contains("spread ×"), "{why}");
+    // An array of such jobs gets it too, and so do its elements (under SRTF/SRGF, and `auto`, an array without an
+    // estimate would queue behind every job with one).
+    let array = s.submit(&["--name", "etl", "--gpus", "1", "--array", "0-1", "--", "true"]);
+    for target in [array.to_string(), format!("{array}[0]")] {
+        let (_, j, err) = cli(&s, &["show", &target, "-o", "json"]);
+        let e = &json(&j)["estimate"];
+        assert_eq!((e["source"].as_str(), e["samples"].as_u64()), (Some("learned"), Some(3)), "{target}: {j}{err}");
+    }
     let (code, _, err) = cli(&s, &["cancel", &hold.to_string()]);
     assert_eq!(code, Some(0), "{err}");
 }

@@ -50,8 +50,9 @@ impl Owner {
                 Cascade::Expanded(e) => {
                     let Some(job) = self.st.job(e) else { continue };
                     let Some(p) = job.array_of.and_then(|(a, _)| self.docs.get(&a.0)) else { continue };
-                    let mut doc =
-                        JobDoc::new(p.tenant.clone(), p.submission.clone(), p.submitted_by.clone(), More::default());
+                    // An element carries the array's learned estimate, if it got one (it is in its spec too).
+                    let more = More { learned_estimate: p.more().learned_estimate, ..More::default() };
+                    let mut doc = JobDoc::new(p.tenant.clone(), p.submission.clone(), p.submitted_by.clone(), more);
                     doc.state = job.state;
                     // An element counts its (the array's) spec bytes until it ends, as the exact count does.
                     if let Some(m) = self.unfinished_spec_bytes.as_mut() {

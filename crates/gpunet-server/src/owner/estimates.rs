@@ -23,14 +23,17 @@ fn ran(job: &Job, doc: &JobDoc, ended_ms: u64) -> Option<Dur> {
 }
 
 impl Owner {
-    /// Gives a job without an estimate the predicted one; returns the prediction used.
+    /// Gives a job without an estimate the predicted one; returns the prediction used. An array's is its elements'
+    /// (they are learned from like any job, under the array's name and GPU count), which they carry in their
+    /// documents (`owner/arrays.rs`): without it, under SRTF/SRGF (and `auto`) an array would queue behind every job
+    /// with an estimate.
     pub(crate) fn learned_estimate(
         predictor: &Predictor,
         spec: &mut JobSpec,
         user: Option<&str>,
         tenant: &str,
     ) -> Option<Prediction> {
-        if spec.estimated_duration.is_some() || spec.array.is_some() {
+        if spec.estimated_duration.is_some() {
             return None;
         }
         let p = predictor.predict(key(spec, user_of(user, tenant)))?;
