@@ -208,6 +208,32 @@ pub const RECOMMENDED_POLICY: &str = "auto";
 /// recommended setting.
 pub const RECOMMENDED_SHORTER_RATIO: u32 = 8;
 
+/// A policy as `--policy` names it: the recommended setting ([`RECOMMENDED_POLICY`]) or a policy used as named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyName {
+    /// `auto`: [`SchedConfig::recommended`].
+    Recommended,
+    /// A policy by its name.
+    Plain(Policy),
+}
+
+impl FromStr for PolicyName {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<PolicyName, CoreError> {
+        if s.trim().eq_ignore_ascii_case(RECOMMENDED_POLICY) {
+            return Ok(PolicyName::Recommended);
+        }
+        s.parse().map(PolicyName::Plain).map_err(|_| CoreError::InvalidField {
+            field: "policy",
+            value: s.into(),
+            allowed: std::iter::once(RECOMMENDED_POLICY)
+                .chain(Policy::ALL.iter().map(|p| p.name()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+}
+
 impl SchedConfig {
     /// The default configuration with a policy.
     pub fn with_policy(policy: Policy) -> SchedConfig {
@@ -217,7 +243,7 @@ impl SchedConfig {
     /// The recommended setting, `auto`: SRGF (shortest remaining estimated GPU-work first; estimates learned from
     /// the submitter's earlier jobs when a job gives none) with EASY backfill, where a waiting job evicts a running one
     /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, with every other
-    /// knob at its default. Chosen by `scripts/held-out.py` over seven workload families built from the shipped traces
+    /// knob at its default. Chosen by `scripts/choose-default.py` over seven workload families built from the shipped traces
     /// (Philly at 82% and 90% load, PAI 2023, the Pollux and Sia workloads) with learned estimates: the lowest
     /// average wait of the settings that lose at most 5% of GPU-hours to evictions on every workload (0.22 of FIFO's
     /// wait, geometric mean over the families); docs/scheduler.md has the table.
@@ -227,9 +253,12 @@ impl SchedConfig {
         c
     }
 
+    /// The recommended setting's policy.
+    pub const RECOMMENDED_POLICY: Policy = Policy::Srgf;
+
     /// Sets the recommended setting's policy and preemption for shorter jobs, keeping every other knob.
     pub fn use_recommended_policy(&mut self) {
-        self.policy = Policy::Srgf;
+        self.policy = Self::RECOMMENDED_POLICY;
         self.preemption.shorter_first = true;
         self.preemption.shorter_ratio = RECOMMENDED_SHORTER_RATIO;
     }
@@ -480,6 +509,14 @@ impl SchedKnobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_name_is_auto_or_a_policy_and_a_bad_one_lists_both() {
+        assert_eq!(" AUTO ".parse::<PolicyName>(), Ok(PolicyName::Recommended));
+        assert_eq!("srtf".parse::<PolicyName>(), Ok(PolicyName::Plain(Policy::Srtf)));
+        let e = "shortest".parse::<PolicyName>().unwrap_err().to_string();
+        assert!(e.contains("invalid policy \"shortest\"") && e.contains("auto, fifo, priority"), "{e}");
+    }
 
     #[test]
     fn policies_parse_by_name() {

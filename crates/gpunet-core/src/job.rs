@@ -665,8 +665,7 @@ impl Job {
     /// its estimate came back as short as it started, evicted the job that had evicted it, and so on: with learned
     /// estimates that were too short, jobs evicted each other before any checkpoint and none finished.)
     pub fn rank_from(&self, position: Dur, rule: crate::gittins::Rule) -> u64 {
-        let k = self.known.max(position);
-        self.rank_at(k, rule).saturating_add(k.0 - position.0)
+        rank_from_known(self.known.0, position.0, |k| self.rank_at(Dur(k), rule))
     }
 
     /// Records that the attempt started at `started` ran until `now` (it ended without the job finishing): how far
@@ -710,6 +709,13 @@ impl Job {
             _ => 0,
         }
     }
+}
+
+/// [`Job::rank_from`]'s rule (ms), for a running job's victim rank too: `rank_at` of the furthest point the job is
+/// known to reach from `position`, plus the work between the two.
+pub(crate) fn rank_from_known(known: u64, position: u64, rank_at: impl FnOnce(u64) -> u64) -> u64 {
+    let k = known.max(position);
+    rank_at(k).saturating_add(k - position)
 }
 
 #[cfg(test)]

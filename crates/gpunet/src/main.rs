@@ -288,10 +288,10 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
         }
         None => None,
     };
-    let cli_auto = policy.map(|p| p.trim().eq_ignore_ascii_case(gpunet_core::config::RECOMMENDED_POLICY));
+    use gpunet_core::config::PolicyName;
+    let named: Option<PolicyName> = policy.map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     let file_names_policy = knobs.as_ref().is_some_and(|(_, k)| k.policy.is_some());
-    let auto = cli_auto.unwrap_or(!file_names_policy);
-    debug_assert_eq!(gpunet_core::SchedConfig::recommended().policy, gpunet_core::Policy::Srgf);
+    let auto = named.map_or(!file_names_policy, |n| n == PolicyName::Recommended);
     // `auto` first, so that the file's knobs (a `shorter_ratio`, `preemptive = false`) tune it.
     if auto {
         cfg.sched.use_recommended_policy();
@@ -312,18 +312,10 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
             );
         }
     }
-    match policy {
-        Some(_) if auto => cfg.sched.policy = gpunet_core::Policy::Srgf,
-        Some(p) => {
-            cfg.sched.policy = p.parse().map_err(|_| {
-                let names: Vec<&str> = gpunet_core::Policy::ALL.iter().map(|p| p.name()).collect();
-                anyhow::anyhow!(
-                    "invalid --policy {p:?}: allowed are {}, {}",
-                    gpunet_core::config::RECOMMENDED_POLICY,
-                    names.join(", ")
-                )
-            })?
-        }
+    // The command line's policy wins over the file's.
+    match named {
+        Some(PolicyName::Recommended) => cfg.sched.policy = gpunet_core::SchedConfig::RECOMMENDED_POLICY,
+        Some(PolicyName::Plain(p)) => cfg.sched.policy = p,
         None => {}
     }
     Ok(())

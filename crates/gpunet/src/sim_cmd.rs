@@ -336,19 +336,16 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
         None => {
             let o = cmd.opts.context("--trace is required")?;
             let (trace, cluster) = load(&o)?;
-            let auto = cmd
-                .policy
-                .as_deref()
-                .is_some_and(|p| p.trim().eq_ignore_ascii_case(gpunet_core::config::RECOMMENDED_POLICY));
-            let policy: Policy = match &cmd.policy {
-                Some(_) if auto => Policy::Srgf,
-                Some(p) => {
-                    p.parse().with_context(|| format!("--policy (or {})", gpunet_core::config::RECOMMENDED_POLICY))?
-                }
+            use gpunet_core::config::PolicyName;
+            let named: Option<PolicyName> =
+                cmd.policy.as_deref().map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+            let policy = match named {
+                Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,
+                Some(PolicyName::Plain(p)) => p,
                 None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
             };
             let mut cfg = config(&o, policy, &cluster)?;
-            if auto {
+            if named == Some(PolicyName::Recommended) {
                 // The live default (`SchedConfig::recommended`): SRGF, backfill, eviction for jobs 8× shorter.
                 cfg.sched.use_recommended_policy();
                 cfg.sched.backfill = true;

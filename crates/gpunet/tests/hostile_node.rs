@@ -655,19 +655,20 @@ fn an_agent_that_cannot_reach_its_server_past_the_fence_time_stops_its_tasks() {
     let _cleanup = KillOnDrop(vec!["sleep".into(), m.clone()]);
     // The task survives SIGTERM (it says so and sleeps again): only the SIGKILL that follows ends it.
     let script = format!("trap 'echo got TERM' TERM; while :; do sleep {m} & wait; done");
+    // The shell's argument: the YAML block below ends it with a newline.
+    let arg = format!("{script}\n");
+    let shell = ["sh", "-c", arg.as_str()];
     let id = submit_yaml(
         &s,
         dir.path(),
         &format!("name: long\ntenant: t\ngpus: 1\nmax_restarts: 0\ncommand:\n- sh\n- -c\n- |\n  {script}\n"),
     );
-    wait_for(Duration::from_secs(30), || {
-        with_args(&["sleep", &m]).len() == 1 && with_args(&["sh", "-c", &format!("{script}\n")]).len() == 1
-    });
+    wait_for(Duration::from_secs(30), || with_args(&["sleep", &m]).len() == 1 && with_args(&shell).len() == 1);
     assert_eq!(s.job_state(id), "running");
     // The server stops answering (as behind a partition); it would give the task away 3 s after the last sync.
     let _frozen = Frozen::stop(s.proc.0.id());
     // The task's shell outlives SIGTERM (its trap): once it is gone, it was killed.
-    wait_for(Duration::from_secs(30), || with_args(&["sh", "-c", &format!("{script}\n")]).is_empty());
+    wait_for(Duration::from_secs(30), || with_args(&shell).is_empty());
     wait_for(Duration::from_secs(10), || with_args(&["sleep", &m]).is_empty());
     let out = log(dir.path(), "a1", id);
     assert!(out.contains("(fencing)"), "the task's log does not say why it was stopped: {out:?}");

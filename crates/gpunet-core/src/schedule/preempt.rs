@@ -296,10 +296,8 @@ impl Pass<'_> {
                 // expected to run about as long again as this attempt has.
                 let left = || match r.learned {
                     Some(dist) if gittins => {
-                        // As `Job::rank_from`: ranked where it is known to reach, plus the work up to there.
                         let at = r.progress.saturating_add(self.now.since(r.started).0);
-                        let k = r.known.max(at);
-                        dist.rank(crate::units::Dur(k)).0.saturating_add(k - at)
+                        crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
                     }
                     _ => crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0,
                 };
