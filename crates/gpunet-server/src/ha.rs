@@ -193,7 +193,7 @@ async fn supervise(
                     .await;
                     match built {
                         Ok(Ok((mut app, admin, join))) => {
-                            app.leader = Some((epoch, ha.lease.address.clone()));
+                            app.shared_mut().leader = Some((epoch, ha.lease.address.clone()));
                             // Pool agents join the leader's advertised address unless told another.
                             if let Some(p) = &app.pools {
                                 p.set_url(ha.lease.address.clone());

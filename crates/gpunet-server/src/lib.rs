@@ -427,7 +427,7 @@ pub fn build(
         .map_err(|e| ServerError::Recover { what: "owner thread".into(), reason: e.to_string() })?;
     let owner = hrx.recv().map_err(|e| ServerError::Recover { what: "owner thread".into(), reason: e.to_string() })?;
     let logs_dir = cfg.data_dir.join("logs");
-    let app = http::AppState {
+    let app = http::AppState::new(http::Shared {
         tx,
         auth,
         metrics,
@@ -446,7 +446,7 @@ pub fn build(
         queue,
         reads: reads::Lane::start(),
         pools: (!cfg.pools.is_empty()).then_some(providers),
-    };
+    });
     Ok((app, gen_admin, gen_join))
 }
 

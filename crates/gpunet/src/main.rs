@@ -17,6 +17,11 @@ use client::{Client, Conn};
 use gpunet_api::types::*;
 use std::path::PathBuf;
 
+/// mimalloc instead of glibc's malloc: the server's request path allocates per request (HTTP, JSON, the store's
+/// rows) from several threads, where glibc's arenas spent about an eighth of its CPU (`scripts/bench-api-tls.sh`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "gpunet", version, about = "An open-source AI compute network: pooled GPUs, fair scheduling, traces.")]
 struct Cli {
