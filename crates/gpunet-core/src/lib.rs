@@ -66,8 +66,8 @@ pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable, queue_order, schedule,
-    schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
+    dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable, queue_order, queue_walk,
+    schedule, schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
 };
 pub use state::{ClusterState, NodeView, TenantWaiting};
 pub use tenant::{Quota, TenantSpec};

@@ -245,3 +245,31 @@ async fn a_tenant_s_jobs_outside_the_queue_are_placed_without_counting_other_ten
         assert_eq!((s, &v["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("limit")), "{q}: {v}");
     }
 }
+
+/// The build walks the queue only as far as its rows need (`owner/snapshot.rs`): a tenant whose jobs all sit behind
+/// another's first rows still gets its own, at their places in the whole queue, and a job asked about further back
+/// still gets its place.
+#[tokio::test]
+async fn every_tenant_gets_its_rows_and_a_deep_job_its_place_however_far_back() {
+    let app = app();
+    let a = tenant(&app).await;
+    let (s, v) = call(&app, "POST", "/v1/tenants", "admin", Some(json!({"name": "u"}).to_string())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let b = v["token"].as_str().unwrap().to_string();
+    // One GPU: t's first job runs, the rest wait for it.
+    node(&app, "n1", 1).await;
+    batch(&app, &a, 451).await;
+    batch(&app, &b, 3).await;
+    queue_once(&app, "admin", |v| v["queue_length"].as_u64() == Some(453)).await;
+    let (_, all) = call(&app, "GET", "/v1/queue?limit=200", "admin", None).await;
+    let places: Vec<u64> = all["entries"].as_array().unwrap().iter().map(|e| e["position"].as_u64().unwrap()).collect();
+    assert_eq!(places, (0..200).collect::<Vec<u64>>(), "{all}");
+    let (_, mine) = call(&app, "GET", "/v1/queue?limit=200", &b, None).await;
+    let places: Vec<u64> =
+        mine["entries"].as_array().unwrap().iter().map(|e| e["position"].as_u64().unwrap()).collect();
+    assert_eq!((places, mine["visible_length"].as_u64()), (vec![450, 451, 452], Some(3)), "{mine}");
+    // Tenant t's job at place 399 (t's ids follow each other), far past both views' rows.
+    let deep = all["entries"][0]["id"].as_u64().unwrap() + 399;
+    let (s, why) = call(&app, "GET", &format!("/v1/jobs/{deep}/explain"), &a, None).await;
+    assert_eq!((s, why["position"].as_u64()), (StatusCode::OK, Some(399)), "{why}");
+}

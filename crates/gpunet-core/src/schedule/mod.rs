@@ -34,8 +34,8 @@ mod preempt;
 pub(crate) mod testkit;
 
 pub use explain::{explain, explain_queue, explain_without_pass, DepWait, Explanation, PendingReason};
-pub use order::queue_order;
 pub(crate) use order::queue_prefix;
+pub use order::{queue_order, queue_walk};
 pub(crate) use placement::spec_sig;
 pub use placement::{dry_run_placement, never_fits};
 pub use preempt::PreemptReason;

@@ -15,7 +15,19 @@ use std::iter::Peekable;
 /// Queued jobs in the order the policy considers them now (at most `limit`). Shares are those of the current
 /// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
 pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
-    walk(state, now, true, limit, |_| true).into_iter().map(|(_, k)| k.job).collect()
+    let mut out = Vec::with_capacity(limit.min(state.queued_count()));
+    queue_walk(state, now, limit, |_, j| {
+        out.push(j);
+        true
+    });
+    out
+}
+
+/// The jobs [`queue_order`] lists, given one at a time with their tenants to `each` until it returns false (that job
+/// included) or `limit` were given: a reader that needs only part of the queue stops there, and nothing the length of
+/// the queue is allocated.
+pub fn queue_walk(state: &ClusterState, now: Time, limit: usize, mut each: impl FnMut(TenantId, JobId) -> bool) {
+    walk(state, now, true, limit, |t, k| each(t, k.job));
 }
 
 /// The queued jobs the pass walks (not the parked), in policy order, up to and including the last for which
@@ -24,31 +36,35 @@ pub(crate) fn queue_prefix(
     state: &ClusterState,
     now: Time,
     cap: usize,
-    more: impl FnMut(JobId) -> bool,
+    mut more: impl FnMut(JobId) -> bool,
 ) -> Vec<(TenantId, QueueKey)> {
-    walk(state, now, false, cap, more)
+    let mut out = Vec::new();
+    walk(state, now, false, cap, |t, k| {
+        out.push((t, *k));
+        more(k.job)
+    });
+    out
 }
 
-/// The queue in policy order (`with_parked`: as shown, see [`Order::new`]), up to and including the last job for
-/// which `more` says more are wanted, at most `cap` of them.
+/// The queue in policy order (`with_parked`: as shown, see [`Order::new`]), each job given to `each` until it says
+/// no more are wanted (that job included), at most `cap` of them.
 fn walk(
     state: &ClusterState,
     now: Time,
     with_parked: bool,
     cap: usize,
-    mut more: impl FnMut(JobId) -> bool,
-) -> Vec<(TenantId, QueueKey)> {
+    mut each: impl FnMut(TenantId, &QueueKey) -> bool,
+) {
     let p = Pass::new(state, now, None);
     let mut order = Order::new(state, with_parked);
-    let mut out = Vec::new();
-    while out.len() < cap {
+    let mut n = 0usize;
+    while n < cap {
         let Some((t, k)) = order.next(|t| p.share(t)) else { break };
-        out.push((t, k));
-        if !more(k.job) {
+        n += 1;
+        if !each(t, &k) {
             break;
         }
     }
-    out
 }
 
 /// A tenant's queued jobs in key order: its queue, merged with its parked jobs when they are shown too.

@@ -3,11 +3,11 @@
 //! many, delays a submission, an agent's sync or a pass.
 //!
 //! The owner builds a snapshot after a batch of changes (and every [`REFRESH`] to keep relative times fresh): the
-//! queue in policy order for [`WALK`] positions, the first [`QUEUE_ROWS`] jobs of it and of each tenant with their
-//! places, explained by one pass that notes what it finds about each (`gpunet_core::explain_queue`), and their
+//! queue in policy order as far as it takes (at most [`WALK`] positions, unless a job asked about is further back) to
+//! find the first [`QUEUE_ROWS`] jobs of it and of each tenant with their places, explained by one pass that notes what it finds about each (`gpunet_core::explain_queue`), and their
 //! predicted starts from one replay of a bounded copy of the state (`gpunet_core::predict`). Messages for a tenant
-//! are masked when built. A build is at most every ten times the last one's cost, so that building takes at most
-//! about a tenth of the owner's time whatever the depth of the queue; while a reader waits for its own change (below)
+//! are masked when built. A build is at most every ten times the last one's cost (and [`UNWAITED_GAP`]), so that
+//! building takes at most about a tenth of the owner's time whatever the depth of the queue; while a reader waits for its own change (below)
 //! the next build comes after one cost instead (at most half the owner's time, only while someone waits).
 //!
 //! Every change the owner makes bumps a sequence number before it is applied (and so before anyone is told of it); a
@@ -25,7 +25,7 @@
 use super::Owner;
 use crate::{now_ms, Principal};
 use gpunet_api::types::{Explain, QueueEntry, QueueView};
-use gpunet_core::{explain_queue, explain_without_pass, queue_order, JobId, Time};
+use gpunet_core::{explain_queue, explain_without_pass, queue_walk, JobId, TenantId, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +41,10 @@ pub(crate) const WALK: usize = 100_000;
 pub(crate) const REFRESH: Duration = Duration::from_secs(2);
 /// The shortest time between two builds.
 const MIN_GAP: Duration = Duration::from_millis(2);
+/// The shortest time between two builds that no reader waits for: others' changes show within about this (a build of
+/// a shallow queue costs well under a millisecond, and ten times that would rebuild it a few hundred times a second
+/// under a stream of submissions, for a view the portal reads every 2 s).
+const UNWAITED_GAP: Duration = Duration::from_millis(50);
 /// Tokens remembered in [`Reader::wrote`] before those whose changes are all published are forgotten.
 const WRITTEN_PRUNE_AT: usize = 4096;
 /// How long a reader waits for a snapshot that includes the changes made before it asked.
@@ -276,7 +280,7 @@ impl Publisher {
             Some(at + self.cost.max(MIN_GAP))
         } else if self.seq.load(Ordering::Acquire) != self.built_seq {
             let waited = self.wanted.load(Ordering::Acquire) > self.built_seq;
-            Some(at + (if waited { self.cost } else { self.cost * 10 }).max(MIN_GAP))
+            Some(at + if waited { self.cost.max(MIN_GAP) } else { (self.cost * 10).max(UNWAITED_GAP) })
         } else if queued {
             Some(at + REFRESH)
         } else {
@@ -308,39 +312,8 @@ impl Owner {
     fn queue_snapshot(&self, seq: u64) -> QueueSnapshot {
         let now = Time(now_ms());
         let tenant_of = |j: &JobId| self.docs.get(&j.0).map(|d| &*d.tenant);
-        let order = queue_order(&self.st, now, WALK);
-        let mut all: Vec<(usize, JobId)> = Vec::with_capacity(QUEUE_ROWS);
-        let mut mine: BTreeMap<&str, Vec<(usize, JobId)>> = BTreeMap::new();
-        // `own`: the position a tenant sees, when it differs from the whole queue's.
-        let mut take = |position: usize, own: Option<usize>, j: JobId, all: &mut Vec<(usize, JobId)>| {
-            if all.len() < QUEUE_ROWS {
-                all.push((position, j));
-            }
-            if let Some(t) = tenant_of(&j) {
-                let rows = mine.entry(t).or_default();
-                if rows.len() < QUEUE_ROWS {
-                    rows.push((own.unwrap_or(position), j));
-                }
-            }
-        };
-        for (i, j) in order.iter().enumerate() {
-            take(i, None, *j, &mut all);
-        }
-        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id. A tenant's come right
-        // after the queue in its view: its places do not count other tenants' jobs outside the queue.
-        let queued = self.st.queued_count();
-        let outside = self.st.dependency_waiting().chain(self.st.held_jobs());
-        let mut outside_of: HashMap<&str, usize> = HashMap::new();
-        for (k, j) in outside.take(WALK).enumerate() {
-            let own = tenant_of(&j).map(|t| {
-                let n = outside_of.entry(t).or_default();
-                *n += 1;
-                queued + *n - 1
-            });
-            take(queued + k, own, j, &mut all);
-        }
         // Jobs asked about with `why` (the latest ASKED_MAX of the last ASKED_FOR) that a pass explains, with their
-        // places: in the walk, else in a walk of the whole queue.
+        // places, which the walk below finds.
         let requested: Vec<u64> = {
             let mut w = self.queue_pub.asked.when.lock().expect("asked lock");
             w.retain(|_, (t, _)| t.elapsed() < ASKED_FOR);
@@ -367,16 +340,57 @@ impl Owner {
                 _ => {}
             }
         }
-        let find = |order: &[JobId], place: &mut HashMap<JobId, usize>| {
-            for (i, j) in order.iter().enumerate() {
-                if let Some(p) = place.get_mut(j) {
-                    *p = i;
+        let mut all: Vec<(usize, JobId)> = Vec::with_capacity(QUEUE_ROWS);
+        let mut mine: BTreeMap<&str, Vec<(usize, JobId)>> = BTreeMap::new();
+        // `own`: the position a tenant sees, when it differs from the whole queue's.
+        let mut take = |position: usize, own: Option<usize>, j: JobId, all: &mut Vec<(usize, JobId)>| {
+            if all.len() < QUEUE_ROWS {
+                all.push((position, j));
+            }
+            if let Some(t) = tenant_of(&j) {
+                let rows = mine.entry(t).or_default();
+                if rows.len() < QUEUE_ROWS {
+                    rows.push((own.unwrap_or(position), j));
                 }
             }
         };
-        find(&order, &mut place);
-        if order.len() == WALK && place.values().any(|p| *p == usize::MAX) {
-            find(&queue_order(&self.st, now, usize::MAX), &mut place);
+        // The walk takes the first rows of the whole queue and of each tenant, and finds the places of the jobs asked
+        // about; it stops once it has them all (on a deep queue, long before its end), and goes past [`WALK`] only to
+        // place a job asked about.
+        let mut rows_left: Vec<usize> = (0..self.st.tenant_count())
+            .map(|t| self.st.tenant_waiting(TenantId(t as u32)).jobs.min(QUEUE_ROWS))
+            .collect();
+        let mut tenants_left = rows_left.iter().filter(|n| **n > 0).count();
+        let mut unplaced = place.values().filter(|p| **p == usize::MAX).count();
+        let mut position = 0usize;
+        queue_walk(&self.st, now, usize::MAX, |t, j| {
+            let i = position;
+            position += 1;
+            if i < WALK {
+                take(i, None, j, &mut all);
+                if let Some(n) = rows_left.get_mut(t.index()).filter(|n| **n > 0) {
+                    *n -= 1;
+                    tenants_left -= usize::from(*n == 0);
+                }
+            }
+            if let Some(p) = place.get_mut(&j) {
+                unplaced -= usize::from(*p == usize::MAX);
+                *p = i;
+            }
+            (i + 1 < WALK && (all.len() < QUEUE_ROWS || tenants_left > 0)) || unplaced > 0
+        });
+        // Jobs waiting for dependencies, then held jobs: in no queue, they follow it, by id. A tenant's come right
+        // after the queue in its view: its places do not count other tenants' jobs outside the queue.
+        let queued = self.st.queued_count();
+        let outside = self.st.dependency_waiting().chain(self.st.held_jobs());
+        let mut outside_of: HashMap<&str, usize> = HashMap::new();
+        for (k, j) in outside.take(WALK).enumerate() {
+            let own = tenant_of(&j).map(|t| {
+                let n = outside_of.entry(t).or_default();
+                *n += 1;
+                queued + *n - 1
+            });
+            take(queued + k, own, j, &mut all);
         }
         let mut asked: Vec<(JobId, usize)> = all.iter().map(|(p, j)| (*j, *p)).collect();
         for rows in mine.values() {
@@ -521,5 +535,17 @@ mod tests {
         assert_eq!(tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").expect("task"), 2);
         p.bump();
         assert_eq!(p.due(true), Some(at + Duration::from_millis(500)), "back to ten times once nobody waits");
+        // A cheap build: not sooner than UNWAITED_GAP while nobody waits, MIN_GAP while one does.
+        p.cost = Duration::from_micros(100);
+        assert_eq!(p.due(true), Some(at + UNWAITED_GAP));
+        r.wrote("me");
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.fresh("me").await.seq }
+        });
+        tokio::time::timeout(Duration::from_secs(5), p.wake.notified()).await.expect("the owner is woken");
+        assert_eq!(p.due(true), Some(at + MIN_GAP));
+        publish(&p, 3);
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").expect("task"), 3);
     }
 }
