@@ -186,10 +186,20 @@ fn admin(st: &AppState, h: &HeaderMap) -> R<()> {
     }
 }
 
+/// Asks the owner. An owner that ended before answering (a leader whose term ended, `ha.rs`, or a server shutting
+/// down) gives 503: whether a change was made is not known, and a retry (with the same `Idempotency-Key` for a
+/// submission) reaches the next leader, which has it or not.
 async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Cmd) -> R<T> {
+    let gone = || {
+        ApiError::new(
+            "unavailable",
+            "the server's control loop ended before answering (a leader stepping down, or a server shutting down): \
+             retry (with the same Idempotency-Key for a submission)",
+        )
+    };
     let (tx, rx) = oneshot::channel();
-    st.tx.send(make(tx)).await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?;
-    rx.await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?.map_err(Fail)
+    st.tx.send(make(tx)).await.map_err(|_| gone())?;
+    rx.await.map_err(|_| gone())?.map_err(Fail)
 }
 
 fn body_text(b: &Bytes) -> Result<&str, ApiError> {

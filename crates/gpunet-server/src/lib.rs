@@ -563,3 +563,42 @@ fn restore_job(
     o.add_doc(id, d);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    /// A request whose owner ended before answering (a leader's term ended under it) is a 503 with `Retry-After`,
+    /// which clients retry (on the next leader), not a 500 they give up on.
+    #[tokio::test]
+    async fn a_request_its_owner_never_answers_is_a_503_to_retry() {
+        let mut cfg = Config::new(PathBuf::from("/nonexistent"));
+        cfg.admin_token = Some("admin".into());
+        cfg.join_token = Some("join".into());
+        let (app, _, _) = build(&cfg, Arc::new(gpunet_store::MemoryStore::new())).unwrap();
+        app.owner.abort();
+        let router = http::router(app);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let r = Request::post("/v1/tenants")
+                .header("authorization", "Bearer admin")
+                .header("content-type", "application/json")
+                .body(Body::from(r#"{"name":"t"}"#))
+                .unwrap();
+            let resp = router.clone().oneshot(r).await.unwrap();
+            if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+                assert_eq!(resp.headers()["retry-after"], "1");
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(v["error"]["code"], "unavailable", "{v}");
+                break;
+            }
+            // The abort takes effect at the owner's next turn: until then it answers.
+            assert!(std::time::Instant::now() < deadline, "still {} after the owner was stopped", resp.status());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
