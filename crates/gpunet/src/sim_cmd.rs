@@ -1,6 +1,7 @@
 //! `gpunet sim` and `gpunet sim compare`.
 
 use anyhow::{bail, Context, Result};
+use gpunet_core::config::PolicyName;
 use gpunet_core::{Dur, Policy};
 use gpunet_sim::{read_trace, report, simulate, ClusterSpec, ReadOptions, SimConfig, SimResult, Trace};
 use std::io::{IsTerminal, Write};
@@ -121,7 +122,7 @@ pub(crate) struct SimCmd {
 pub(crate) enum SimSub {
     /// Run the same trace under several policies in parallel threads and print them side by side.
     Compare {
-        /// Comma-separated policies.
+        /// Comma-separated policies (`auto`: the live default, as `gpunet sim --policy auto`).
         #[arg(long, default_value = "fifo,sjf,drf,fairshare,las,priority")]
         policies: String,
         #[command(flatten)]
@@ -330,26 +331,32 @@ fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
     p.with_file_name(name)
 }
 
+/// The simulation's configuration for a policy named on the command line (`None`: the cluster file's, else FIFO):
+/// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter), tuned by
+/// the cluster file's `[scheduler]` knobs as the server's file tunes it.
+fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -> Result<SimConfig> {
+    let policy = match named {
+        Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,
+        Some(PolicyName::Plain(p)) => p,
+        None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
+    };
+    let mut cfg = config(o, policy, cluster)?;
+    if named == Some(PolicyName::Recommended) {
+        cfg.sched.use_recommended_policy();
+        cfg.sched.backfill = true;
+    }
+    Ok(cfg)
+}
+
 /// Runs `gpunet sim …`.
 pub(crate) fn run(cmd: SimCmd) -> Result<()> {
     match cmd.sub {
         None => {
             let o = cmd.opts.context("--trace is required")?;
             let (trace, cluster) = load(&o)?;
-            use gpunet_core::config::PolicyName;
             let named: Option<PolicyName> =
                 cmd.policy.as_deref().map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-            let policy = match named {
-                Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,
-                Some(PolicyName::Plain(p)) => p,
-                None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
-            };
-            let mut cfg = config(&o, policy, &cluster)?;
-            if named == Some(PolicyName::Recommended) {
-                // The live default (`SchedConfig::recommended`): SRGF, backfill, eviction for jobs 8× shorter.
-                cfg.sched.use_recommended_policy();
-                cfg.sched.backfill = true;
-            }
+            let cfg = named_config(&o, named, &cluster)?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
             let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
             if let Some(dir) = &o.report {
@@ -371,16 +378,18 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             }
         }
         Some(SimSub::Compare { policies, opts: o }) => {
-            let policies: Vec<Policy> = policies
-                .split(',')
-                .map(|p| p.trim().parse::<Policy>().map_err(anyhow::Error::from))
+            let names: Vec<&str> = policies.split(',').map(str::trim).collect();
+            let policies: Vec<PolicyName> = names
+                .iter()
+                .map(|p| p.parse::<PolicyName>().map_err(anyhow::Error::from))
                 .collect::<Result<_>>()
                 .context("--policies")?;
             if policies.is_empty() {
                 bail!("invalid --policies: name at least one policy");
             }
             let (trace, cluster) = load(&o)?;
-            let cfgs: Vec<SimConfig> = policies.iter().map(|p| config(&o, *p, &cluster)).collect::<Result<_>>()?;
+            let cfgs: Vec<SimConfig> =
+                policies.iter().map(|p| named_config(&o, Some(*p), &cluster)).collect::<Result<_>>()?;
             let tty = std::io::stderr().is_terminal() && o.output == "table";
             let results: Vec<SimResult> = std::thread::scope(|s| {
                 let handles: Vec<_> = cfgs
@@ -401,18 +410,15 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
+            // Files and reports are named as the policies were asked for (`auto` runs SRGF, as a named `srgf` does).
             if let Some(p) = &o.jobs_out {
-                for r in &results {
-                    gpunet_sim::write_jobs_csv(&per_policy_path(p, &r.policy), &r.job_rows)?;
+                for (r, name) in results.iter().zip(&names) {
+                    gpunet_sim::write_jobs_csv(&per_policy_path(p, name), &r.job_rows)?;
                 }
             }
             if let Some(dir) = &o.report {
-                for r in &results {
-                    report::write_report(
-                        &dir.join(&r.policy),
-                        &format!("{} under {}", o.trace.display(), r.policy),
-                        r,
-                    )?;
+                for (r, name) in results.iter().zip(&names) {
+                    report::write_report(&dir.join(name), &format!("{} under {name}", o.trace.display()), r)?;
                 }
             }
             if o.output == "json" {

@@ -244,4 +244,33 @@ fn sim_policy_auto_is_the_recommended_setting() {
         assert_eq!(auto[k], explicit[k], "{k}");
     }
     assert!(auto["preemptions"].as_u64().unwrap() > 0);
+    // `sim compare` takes `auto` too, beside the plain policy it runs; files are named as the policies were asked for.
+    let jobs = dir.path().join("jobs.csv");
+    let out = gpunet(&[
+        "sim",
+        "compare",
+        "--policies",
+        "auto,srgf",
+        "--trace",
+        &trace,
+        "--estimates",
+        "history",
+        "--cluster",
+        "pollux",
+        "--output",
+        "json",
+        "--jobs-out",
+        jobs.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (a, plain) = (&both[0], &both[1]);
+    for k in ["avg_wait_s", "preemptions", "completed", "eviction_lost_gpu_hours"] {
+        assert_eq!(a[k], auto[k], "{k}");
+    }
+    assert_eq!(
+        (&plain["policy"], &plain["preemptive"], &plain["preemptions"]),
+        (&"srgf".into(), &false.into(), &0.into())
+    );
+    assert!(dir.path().join("jobs.auto.csv").is_file() && dir.path().join("jobs.srgf.csv").is_file());
 }
