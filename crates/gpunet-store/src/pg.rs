@@ -251,6 +251,19 @@ pub(crate) fn migrate(c: &mut Client) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// How long the writer's session may sit inside a transaction without sending anything before PostgreSQL ends it. A
+/// write group sends its statements back to back; a leader paused in the middle of one (SIGSTOP, a stalled VM) would
+/// otherwise hold its share lock on the epoch row for as long as it is paused, and no replica could take over (the
+/// takeover updates that row). Ended, the transaction is rolled back, and the leader finds its connection gone when it
+/// resumes: it commits nothing.
+pub(crate) const WRITER_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
+/// Settings of the writer's session (see [`WRITER_IDLE_IN_TRANSACTION`]).
+fn writer_session(c: &mut Client) -> Result<(), StoreError> {
+    c.batch_execute(&format!("SET idle_in_transaction_session_timeout = {}", WRITER_IDLE_IN_TRANSACTION.as_millis()))?;
+    Ok(())
+}
+
 /// Takes the next fencing epoch (waiting for commits in flight under the previous one).
 fn take_over(c: &mut Client) -> Result<i64, StoreError> {
     let r =
@@ -550,6 +563,7 @@ impl PgStore {
             .name("gpunet-pg-writer".into())
             .spawn(move || {
                 let opened = connect(&wcfg).and_then(|mut c| {
+                    writer_session(&mut c)?;
                     migrate(&mut c)?;
                     let epoch = match at {
                         None => take_over(&mut c)?,
@@ -933,6 +947,32 @@ mod tests {
 
     /// A write refused by the database fails its batch and every later one: what is stored stays a prefix of what
     /// was acknowledged.
+    /// A leader paused inside a write group's transaction, holding its share lock on the epoch row, keeps no replica
+    /// from taking over for longer than [`WRITER_IDLE_IN_TRANSACTION`]: its session is ended, and what it had begun
+    /// commits nothing (`ha.rs`'s paused-leader test waited on such a lock once).
+    #[test]
+    fn a_writer_paused_inside_a_transaction_holds_a_takeover_back_only_briefly() {
+        let Some(pg) = PgCluster::start_for_test() else { return };
+        let url = pg.create_database("paused").unwrap();
+        drop(PgStore::open(&url).unwrap());
+        let t = parse(&url).unwrap();
+        let mut paused = connect(&t).unwrap();
+        writer_session(&mut paused).unwrap();
+        let mut tx = paused.transaction().unwrap();
+        let before: i64 = tx.query_one("SELECT epoch FROM gpunet_leader WHERE id = 1 FOR SHARE", &[]).unwrap().get(0);
+        // The transaction stays open and its client sends nothing more, as a paused leader's would.
+        let t0 = std::time::Instant::now();
+        let mut other = connect(&t).unwrap();
+        let (done, took) = channel();
+        std::thread::spawn(move || drop(done.send(take_over(&mut other).map_err(|e| e.to_string()))));
+        let after =
+            took.recv_timeout(WRITER_IDLE_IN_TRANSACTION * 4).expect("the takeover waited on the lock").unwrap();
+        let waited = t0.elapsed();
+        assert_eq!(after, before + 1);
+        assert!(waited + Duration::from_millis(500) >= WRITER_IDLE_IN_TRANSACTION, "the lock was held: {waited:?}");
+        assert!(tx.execute("UPDATE gpunet_leader SET since = now() WHERE id = 1", &[]).is_err());
+    }
+
     #[test]
     fn after_a_refused_commit_later_batches_are_refused_too() {
         let Some(pg) = PgCluster::start_for_test() else { return };
