@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 #[error("{message}")]
 pub struct ApiError {
     /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `never_fits`, `parse_error`, `not_found`,
-    /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `limit_exceeded`, `internal`.
+    /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `limit_exceeded`, `unavailable`, `interrupted` (503: the
+    /// server stopped before answering, the outcome is not known), `internal`.
     pub code: String,
     /// What went wrong, naming the field and what is allowed.
     pub message: String,
@@ -90,7 +91,7 @@ impl ApiError {
             "not_found" => 404,
             "conflict" => 409,
             "too_large" => 413,
-            "unavailable" => 503,
+            "unavailable" | "interrupted" => 503,
             "limit_exceeded" => 429,
             _ => 500,
         }

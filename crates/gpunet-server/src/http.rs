@@ -44,14 +44,13 @@ impl AppState {
         AppState(Arc::new(shared))
     }
 
-    /// Mutable access while building (before the router holds clones; afterwards it copies the fields once).
+    /// Mutable access while building, before anything holds a clone (a change after that would reach one copy only).
     pub(crate) fn shared_mut(&mut self) -> &mut Shared {
-        Arc::make_mut(&mut self.0)
+        Arc::get_mut(&mut self.0).expect("the state is changed only before the router holds clones of it")
     }
 }
 
 /// The fields of [`AppState`].
-#[derive(Clone)]
 pub struct Shared {
     pub(crate) tx: mpsc::Sender<Cmd>,
     pub(crate) auth: crate::tokens::Auth,
@@ -118,7 +117,9 @@ impl IntoResponse for Fail {
         // 503 (`unavailable`: a store that refused a write, a leader stepping down, an explanation not ready yet) is
         // worth another try: clients retry it, with the same idempotency key for a submission (`gpunet`'s client
         // does so for up to 30 s, on the next replica when several are named).
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.0.code == "interrupted" {
+            r.headers_mut().insert(OUTCOME, axum::http::HeaderValue::from_static("unknown"));
+        } else if status == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
         }
         r
@@ -126,6 +127,9 @@ impl IntoResponse for Fail {
 }
 
 type R<T> = Result<T, Fail>;
+
+/// The header of an answer whose request may or may not have taken effect (`interrupted`, see [`ask`]).
+const OUTCOME: &str = "gpunet-outcome";
 
 fn bearer(h: &HeaderMap) -> R<&str> {
     Ok(h.get("authorization")
@@ -187,14 +191,16 @@ fn admin(st: &AppState, h: &HeaderMap) -> R<()> {
 }
 
 /// Asks the owner. An owner that ended before answering (a leader whose term ended, `ha.rs`, or a server shutting
-/// down) gives 503: whether a change was made is not known, and a retry (with the same `Idempotency-Key` for a
-/// submission) reaches the next leader, which has it or not.
+/// down) gives 503 `interrupted`: whether a change was made is not known. [`observe`] adds `Retry-After` only where
+/// sending the request again is safe (a read, or a submission with an `Idempotency-Key`: the next leader has the job
+/// or not), so no client is told to retry, say, a token's creation that may have happened.
 async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Cmd) -> R<T> {
     let gone = || {
         ApiError::new(
-            "unavailable",
+            "interrupted",
             "the server's control loop ended before answering (a leader stepping down, or a server shutting down): \
-             retry (with the same Idempotency-Key for a submission)",
+             whether the change was made is not known; read it back, or send a submission again with the same \
+             Idempotency-Key",
         )
     };
     let (tx, rx) = oneshot::channel();
@@ -1183,9 +1189,15 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
+    // Safe to send again whatever happened the first time: a read, or a submission with an idempotency key.
+    let resendable = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD)
+        || req.headers().contains_key("idempotency-key");
     let t = std::time::Instant::now();
-    let resp = next.run(req).await;
+    let mut resp = next.run(req).await;
     st.metrics.observe_api(&method, &route, resp.status().as_u16(), t.elapsed().as_secs_f64());
+    if resendable && resp.headers().contains_key(OUTCOME) {
+        resp.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+    }
     resp
 }
 

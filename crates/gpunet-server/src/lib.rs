@@ -571,34 +571,52 @@ mod tests {
     use axum::http::{Request, StatusCode};
     use tower::ServiceExt;
 
-    /// A request whose owner ended before answering (a leader's term ended under it) is a 503 with `Retry-After`,
-    /// which clients retry (on the next leader), not a 500 they give up on.
+    /// A request whose owner ended before answering (a leader's term ended under it) is a 503 `interrupted`: whether
+    /// it took effect is not known, so `Retry-After` (which clients follow, on the next leader) comes only with a
+    /// request that is safe to send again, a read or a keyed submission, not with a tenant's or token's creation.
     #[tokio::test]
-    async fn a_request_its_owner_never_answers_is_a_503_to_retry() {
+    async fn a_request_its_owner_never_answers_is_a_503_retried_only_where_safe() {
         let mut cfg = Config::new(PathBuf::from("/nonexistent"));
         cfg.admin_token = Some("admin".into());
         cfg.join_token = Some("join".into());
         let (app, _, _) = build(&cfg, Arc::new(gpunet_store::MemoryStore::new())).unwrap();
         app.owner.abort();
         let router = http::router(app);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let r = Request::post("/v1/tenants")
+        let call = |method: &str, path: &str, key: Option<&str>, body: &str| {
+            let mut r = Request::builder()
+                .method(method)
+                .uri(path)
                 .header("authorization", "Bearer admin")
-                .header("content-type", "application/json")
-                .body(Body::from(r#"{"name":"t"}"#))
-                .unwrap();
-            let resp = router.clone().oneshot(r).await.unwrap();
-            if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
-                assert_eq!(resp.headers()["retry-after"], "1");
-                let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                assert_eq!(v["error"]["code"], "unavailable", "{v}");
-                break;
+                .header("content-type", "application/json");
+            if let Some(k) = key {
+                r = r.header("idempotency-key", k);
             }
-            // The abort takes effect at the owner's next turn: until then it answers.
-            assert!(std::time::Instant::now() < deadline, "still {} after the owner was stopped", resp.status());
+            let r = r.body(Body::from(body.to_string())).unwrap();
+            let router = router.clone();
+            async move {
+                let resp = router.oneshot(r).await.unwrap();
+                let (status, h) = (resp.status(), resp.headers().clone());
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                (status, h, serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default())
+            }
+        };
+        // The abort takes effect at the owner's next turn: until then it answers.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while call("GET", "/v1/tenants", None, "").await.0 != StatusCode::SERVICE_UNAVAILABLE {
+            assert!(std::time::Instant::now() < deadline, "the owner still answers after it was stopped");
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let job = r#"{"tenant":"t","name":"j","gpus":1,"command":["true"]}"#;
+        for (method, path, key, body, retry) in [
+            ("GET", "/v1/tenants", None, "", true),
+            ("POST", "/v1/jobs", Some("k-1"), job, true),
+            ("POST", "/v1/jobs", None, job, false),
+            ("POST", "/v1/tenants", None, r#"{"name":"u"}"#, false),
+        ] {
+            let (status, h, v) = call(method, path, key, body).await;
+            assert_eq!((status, &v["error"]["code"]), (StatusCode::SERVICE_UNAVAILABLE, &"interrupted".into()), "{v}");
+            assert_eq!(h["gpunet-outcome"], "unknown");
+            assert_eq!(h.contains_key("retry-after"), retry, "{method} {path} {key:?}");
         }
     }
 }
