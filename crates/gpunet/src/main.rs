@@ -22,6 +22,9 @@ use std::path::PathBuf;
 /// Built without transparent huge pages (the `no_thp` feature: no `MADV_HUGEPAGE` on its memory, nothing changed
 /// for the tasks this binary starts): with them, every page it gave back and took again came back as a 2 MiB page
 /// the kernel zeroed, a fifth of the owner thread's time under a stream of submissions.
+/// (`MIMALLOC_ALLOW_THP=0` in the environment would instead switch THP off for the whole process with `prctl`, which
+/// children inherit: the agent's tasks too. Leave it unset.) On hosts whose THP setting is `always` the kernel still
+/// backs its memory with huge pages.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -378,12 +378,18 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             }
         }
         Some(SimSub::Compare { policies, opts: o }) => {
-            let names: Vec<&str> = policies.split(',').map(str::trim).collect();
-            let policies: Vec<PolicyName> = names
-                .iter()
-                .map(|p| p.parse::<PolicyName>().map_err(anyhow::Error::from))
+            let policies: Vec<PolicyName> = policies
+                .split(',')
+                .map(|p| p.trim().parse::<PolicyName>().map_err(anyhow::Error::from))
                 .collect::<Result<_>>()
                 .context("--policies")?;
+            let names: Vec<&str> = policies
+                .iter()
+                .map(|p| match p {
+                    PolicyName::Recommended => "auto",
+                    PolicyName::Plain(p) => p.name(),
+                })
+                .collect();
             if policies.is_empty() {
                 bail!("invalid --policies: name at least one policy");
             }

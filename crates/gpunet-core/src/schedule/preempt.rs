@@ -266,7 +266,21 @@ impl Pass<'_> {
         } else {
             return None;
         };
-        for r in parts.iter().flatten() {
+        // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running jobs
+        // (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a scan of every
+        // running job. Candidates are ranked by a key unique to each below, so the order they are met in is not used.
+        let own = quota_blocked.then(|| {
+            let any_priority = las || shorter;
+            st.tenant_runs
+                .range((t, i32::MIN, Time(0), JobId(0))..)
+                .take_while(move |(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
+                .map(|(_, _, _, id)| {
+                    let (part, i) = st.run_row_of[id];
+                    &st.run_rows[part][i]
+                })
+        });
+        let all = (!quota_blocked).then(|| parts.iter().flatten());
+        for r in own.into_iter().flatten().chain(all.into_iter().flatten()) {
             if !r.preemptible
                 || r.evicting
                 || self.now.since(r.started) < cfg.min_run_time
