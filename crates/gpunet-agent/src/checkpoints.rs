@@ -205,8 +205,9 @@ async fn upload(store: &Arc<dyn ObjectStore>, obj: &ObjPath, f: std::fs::File, b
     *budget -= len;
     let read_part = |mut f: std::fs::File| {
         blocking(move || {
-            // One part's size (or the file's) at once: grown by doubling, each part would leave a trail of freed smaller buffers
-            // that an allocator may keep (the copier's peak memory is bounded, `tests/checkpoint_copier.rs`).
+            // One part's size (or the file's) at once: grown by doubling, each part would leave a trail of freed
+            // smaller buffers that an allocator may keep (the copier's peak memory is bounded,
+            // `tests/checkpoint_copier.rs`).
             let mut part = Vec::with_capacity(UPLOAD_PART.min(usize::try_from(len).unwrap_or(UPLOAD_PART)));
             (&mut f).take(UPLOAD_PART as u64).read_to_end(&mut part).map_err(|e| e.to_string())?;
             Ok((f, part))

@@ -1189,9 +1189,12 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
-    // Safe to send again whatever happened the first time: a read, or a submission with an idempotency key.
+    // Safe to send again whatever happened the first time: a read, a submission with an idempotency key, and an
+    // agent's registration and sync (an agent sends them again after any failure anyway: a sync reports its node's
+    // whole state, and a registration hands the node a credential again).
     let resendable = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD)
-        || req.headers().contains_key("idempotency-key");
+        || req.headers().contains_key("idempotency-key")
+        || matches!(route.as_str(), "/v1/nodes" | "/v1/agents/{node}/sync");
     let t = std::time::Instant::now();
     let mut resp = next.run(req).await;
     st.metrics.observe_api(&method, &route, resp.status().as_u16(), t.elapsed().as_secs_f64());

@@ -607,11 +607,14 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let job = r#"{"tenant":"t","name":"j","gpus":1,"command":["true"]}"#;
+        const NODE: &str = r#"{"spec": {"name": "n1", "gpus": [], "cpu": 1000, "mem": 1024, "labels": {}}}"#;
         for (method, path, key, body, retry) in [
             ("GET", "/v1/tenants", None, "", true),
             ("POST", "/v1/jobs", Some("k-1"), job, true),
             ("POST", "/v1/jobs", None, job, false),
             ("POST", "/v1/tenants", None, r#"{"name":"u"}"#, false),
+            // An agent's registration: agents retry it after any failure (`gpunet_agent`'s `not_the_leader`).
+            ("POST", "/v1/nodes", None, NODE, true),
         ] {
             let (status, h, v) = call(method, path, key, body).await;
             assert_eq!((status, &v["error"]["code"]), (StatusCode::SERVICE_UNAVAILABLE, &"interrupted".into()), "{v}");

@@ -945,8 +945,6 @@ mod tests {
         assert!(e.contains("99") && e.contains("newer"), "{e}");
     }
 
-    /// A write refused by the database fails its batch and every later one: what is stored stays a prefix of what
-    /// was acknowledged.
     /// A leader paused inside a write group's transaction, holding its share lock on the epoch row, keeps no replica
     /// from taking over for longer than [`WRITER_IDLE_IN_TRANSACTION`]: its session is ended, and what it had begun
     /// commits nothing (`ha.rs`'s paused-leader test waited on such a lock once).
@@ -965,14 +963,18 @@ mod tests {
         let mut other = connect(&t).unwrap();
         let (done, took) = channel();
         std::thread::spawn(move || drop(done.send(take_over(&mut other).map_err(|e| e.to_string()))));
-        let after =
-            took.recv_timeout(WRITER_IDLE_IN_TRANSACTION * 4).expect("the takeover waited on the lock").unwrap();
+        let after = took
+            .recv_timeout(WRITER_IDLE_IN_TRANSACTION * 4)
+            .expect("the takeover still waits on the paused transaction's lock")
+            .unwrap();
         let waited = t0.elapsed();
         assert_eq!(after, before + 1);
         assert!(waited + Duration::from_millis(500) >= WRITER_IDLE_IN_TRANSACTION, "the lock was held: {waited:?}");
         assert!(tx.execute("UPDATE gpunet_leader SET since = now() WHERE id = 1", &[]).is_err());
     }
 
+    /// A write refused by the database fails its batch and every later one: what is stored stays a prefix of what
+    /// was acknowledged.
     #[test]
     fn after_a_refused_commit_later_batches_are_refused_too() {
         let Some(pg) = PgCluster::start_for_test() else { return };

@@ -390,6 +390,9 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     PolicyName::Plain(p) => p.name(),
                 })
                 .collect();
+            if let Some(twice) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
+                bail!("invalid --policies: {twice} is named twice");
+            }
             if policies.is_empty() {
                 bail!("invalid --policies: name at least one policy");
             }
@@ -416,7 +419,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
-            // Files and reports are named as the policies were asked for (`auto` runs SRGF, as a named `srgf` does).
+            // Files and reports are named by policy, `auto` apart from a plain `srgf` (both run SRGF).
             if let Some(p) = &o.jobs_out {
                 for (r, name) in results.iter().zip(&names) {
                     gpunet_sim::write_jobs_csv(&per_policy_path(p, name), &r.job_rows)?;

@@ -273,4 +273,8 @@ fn sim_policy_auto_is_the_recommended_setting() {
         (&"srgf".into(), &false.into(), &0.into())
     );
     assert!(dir.path().join("jobs.auto.csv").is_file() && dir.path().join("jobs.srgf.csv").is_file());
+    // A policy named twice (in any spelling) would write the same files twice: refused.
+    let out = gpunet(&["sim", "compare", "--policies", "fifo,FIFO", "--trace", &trace, "--cluster", "pollux"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("fifo is named twice"), "{err}");
 }
