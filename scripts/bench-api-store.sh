@@ -11,14 +11,14 @@ JOBS=${2:-20000}
 CLIENTS=${3:-32}
 ROUNDS=${4:-2}
 PGBIN=${GPUNET_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
-DIR=$(mktemp -d -p "${TMPDIR:-/var/tmp}" gpunet-bench-store.XXXXXX)
+. "$(dirname "$0")/bench-servers.sh"
+bench_dir gpunet-bench-store
 chmod 755 "$DIR"
-PIDS=()
 as_pg() { if [ "$(id -u)" = 0 ]; then setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; else "$@"; fi; }
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  bench_kill
   [ -f "$DIR/pg/data/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$DIR/pg/data" -m fast -w stop >/dev/null 2>&1
-  rm -rf "$DIR"
+  bench_stop
 }
 trap cleanup EXIT
 mkdir "$DIR/pg"
@@ -28,21 +28,10 @@ as_pg "$PGBIN/initdb" -D "$DIR/pg/data" -U gpunet -A trust -E UTF8 --locale=C >/
 as_pg "$PGBIN/pg_ctl" -D "$DIR/pg/data" -l "$DIR/pg/log" -w \
   -o "-p $PGPORT -k $DIR/pg -c listen_addresses=127.0.0.1" start >/dev/null
 as_pg "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U gpunet gpunet
-ADMIN=bench-admin-$RANDOM$RANDOM
-start() { # $1 port, $2 data dir, rest: flags
-  local port=$1 data=$2; shift 2
-  "$BIN" server --data-dir "$data" --listen "127.0.0.1:$port" --admin-token "$ADMIN" --join-token "join-$ADMIN" \
-    --max-queued-jobs-per-tenant 1000000 "$@" >"$data.log" 2>&1 &
-  PIDS+=($!)
-}
-start 7183 "$DIR/sqlite"
-start 7184 "$DIR/postgres" --store "postgres://gpunet@127.0.0.1:$PGPORT/gpunet"
-for url in http://127.0.0.1:7183 http://127.0.0.1:7184; do
-  for _ in $(seq 1 300); do
-    curl -fsS "$url/v1/health" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-done
+bench_start "$BIN" 7183 "$DIR/sqlite"
+bench_start "$BIN" 7184 "$DIR/postgres" --store "postgres://gpunet@127.0.0.1:$PGPORT/gpunet"
+bench_wait http://127.0.0.1:7183 "$DIR/sqlite"
+bench_wait http://127.0.0.1:7184 "$DIR/postgres"
 for r in $(seq 1 "$ROUNDS"); do
   for store in sqlite postgres; do
     if [ $store = sqlite ]; then url=http://127.0.0.1:7183; else url=http://127.0.0.1:7184; fi

@@ -217,6 +217,16 @@ pub enum PolicyName {
     Plain(Policy),
 }
 
+impl PolicyName {
+    /// The name `--policy` takes for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PolicyName::Recommended => RECOMMENDED_POLICY,
+            PolicyName::Plain(p) => p.name(),
+        }
+    }
+}
+
 impl FromStr for PolicyName {
     type Err = CoreError;
     fn from_str(s: &str) -> Result<PolicyName, CoreError> {

@@ -29,7 +29,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// What handlers share: one allocation, so that the clone each request's extractors and middlewares make is one
 /// reference count, not one per field (it was about 5% of the server's CPU per submission).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState(Arc<Shared>);
 
 impl std::ops::Deref for AppState {
@@ -87,12 +87,6 @@ pub struct Shared {
 pub const SMALL_BODY: usize = 64 * 1024;
 /// Body limit of one job document (submit, dry run).
 pub const SPEC_BODY: usize = 1 << 20;
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").finish_non_exhaustive()
-    }
-}
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -383,13 +383,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                 .map(|p| p.trim().parse::<PolicyName>().map_err(anyhow::Error::from))
                 .collect::<Result<_>>()
                 .context("--policies")?;
-            let names: Vec<&str> = policies
-                .iter()
-                .map(|p| match p {
-                    PolicyName::Recommended => "auto",
-                    PolicyName::Plain(p) => p.name(),
-                })
-                .collect();
+            let names: Vec<&str> = policies.iter().map(|p| p.name()).collect();
             if let Some(twice) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
                 bail!("invalid --policies: {twice} is named twice");
             }

@@ -244,7 +244,7 @@ fn sim_policy_auto_is_the_recommended_setting() {
         assert_eq!(auto[k], explicit[k], "{k}");
     }
     assert!(auto["preemptions"].as_u64().unwrap() > 0);
-    // `sim compare` takes `auto` too, beside the plain policy it runs; files are named as the policies were asked for.
+    // `sim compare` takes `auto` too, beside the plain policy it runs; files are named by policy, `auto` apart.
     let jobs = dir.path().join("jobs.csv");
     let out = gpunet(&[
         "sim",

@@ -16,18 +16,18 @@ use std::iter::Peekable;
 /// allocation; a pass reorders tenants as it places jobs, so under share-ordering policies later positions can move.
 pub fn queue_order(state: &ClusterState, now: Time, limit: usize) -> Vec<JobId> {
     let mut out = Vec::with_capacity(limit.min(state.queued_count()));
-    queue_walk(state, now, limit, |_, j| {
+    queue_walk(state, now, limit, |_, _, j| {
         out.push(j);
         true
     });
     out
 }
 
-/// The jobs [`queue_order`] lists, given one at a time with their tenants to `each` until it returns false (that job
-/// included) or `limit` were given: a reader that needs only part of the queue stops there, and nothing the length of
-/// the queue is allocated.
-pub fn queue_walk(state: &ClusterState, now: Time, limit: usize, mut each: impl FnMut(TenantId, JobId) -> bool) {
-    walk(state, now, true, limit, |t, k| each(t, k.job));
+/// The jobs [`queue_order`] lists, given one at a time with their places and tenants to `each` until it returns false
+/// (that job included) or `limit` were given: a reader that needs only part of the queue stops there, and nothing the
+/// length of the queue is allocated.
+pub fn queue_walk(state: &ClusterState, now: Time, limit: usize, mut each: impl FnMut(usize, TenantId, JobId) -> bool) {
+    walk(state, now, true, limit, |i, t, k| each(i, t, k.job));
 }
 
 /// The queued jobs the pass walks (not the parked), in policy order, up to and including the last for which
@@ -39,29 +39,27 @@ pub(crate) fn queue_prefix(
     mut more: impl FnMut(JobId) -> bool,
 ) -> Vec<(TenantId, QueueKey)> {
     let mut out = Vec::new();
-    walk(state, now, false, cap, |t, k| {
+    walk(state, now, false, cap, |_, t, k| {
         out.push((t, *k));
         more(k.job)
     });
     out
 }
 
-/// The queue in policy order (`with_parked`: as shown, see [`Order::new`]), each job given to `each` until it says
-/// no more are wanted (that job included), at most `cap` of them.
+/// The queue in policy order (`with_parked`: as shown, see [`Order::new`]), each job given to `each` with its place
+/// until it says no more are wanted (that job included), at most `cap` of them.
 fn walk(
     state: &ClusterState,
     now: Time,
     with_parked: bool,
     cap: usize,
-    mut each: impl FnMut(TenantId, &QueueKey) -> bool,
+    mut each: impl FnMut(usize, TenantId, &QueueKey) -> bool,
 ) {
     let p = Pass::new(state, now, None);
     let mut order = Order::new(state, with_parked);
-    let mut n = 0usize;
-    while n < cap {
+    for i in 0..cap {
         let Some((t, k)) = order.next(|t| p.share(t)) else { break };
-        n += 1;
-        if !each(t, &k) {
+        if !each(i, t, &k) {
             break;
         }
     }

@@ -286,7 +286,6 @@ impl Pass<'_> {
                 || self.now.since(r.started) < cfg.min_run_time
                 || r.classes & class_mask == 0
                 || r.id == job.id
-                || (quota_blocked && r.tenant != t)
             {
                 continue;
             }

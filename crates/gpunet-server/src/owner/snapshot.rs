@@ -4,11 +4,12 @@
 //!
 //! The owner builds a snapshot after a batch of changes (and every [`REFRESH`] to keep relative times fresh): the
 //! queue in policy order as far as it takes (at most [`WALK`] positions, unless a job asked about is further back) to
-//! find the first [`QUEUE_ROWS`] jobs of it and of each tenant with their places, explained by one pass that notes what it finds about each (`gpunet_core::explain_queue`), and their
-//! predicted starts from one replay of a bounded copy of the state (`gpunet_core::predict`). Messages for a tenant
-//! are masked when built. A build is at most every ten times the last one's cost (and [`UNWAITED_GAP`]), so that
-//! building takes at most about a tenth of the owner's time whatever the depth of the queue; while a reader waits for its own change (below)
-//! the next build comes after one cost instead (at most half the owner's time, only while someone waits).
+//! find the first [`QUEUE_ROWS`] jobs of it and of each tenant with their places, explained by one pass that notes
+//! what it finds about each (`gpunet_core::explain_queue`), and their predicted starts from one replay of a bounded
+//! copy of the state (`gpunet_core::predict`). Messages for a tenant are masked when built. A build is at most every
+//! ten times the last one's cost (and [`UNWAITED_GAP`]), so that building takes at most about a tenth of the owner's
+//! time whatever the depth of the queue; while a reader waits for its own change (below) the next build comes after
+//! one cost instead (at most half the owner's time, only while someone waits).
 //!
 //! Every change the owner makes bumps a sequence number before it is applied (and so before anyone is told of it); a
 //! snapshot carries the number it was built at. Each change a token asks for (any request but a read, answered with
@@ -362,10 +363,7 @@ impl Owner {
             .collect();
         let mut tenants_left = rows_left.iter().filter(|n| **n > 0).count();
         let mut unplaced = place.values().filter(|p| **p == usize::MAX).count();
-        let mut position = 0usize;
-        queue_walk(&self.st, now, usize::MAX, |t, j| {
-            let i = position;
-            position += 1;
+        queue_walk(&self.st, now, usize::MAX, |i, t, j| {
             if i < WALK {
                 take(i, None, j, &mut all);
                 if let Some(n) = rows_left.get_mut(t.index()).filter(|n| **n > 0) {
