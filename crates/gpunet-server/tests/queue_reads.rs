@@ -39,7 +39,12 @@ async fn call(app: &axum::Router, method: &str, path: &str, token: &str, body: O
 
 /// Creates tenant `t` and returns its token.
 async fn tenant(app: &axum::Router) -> String {
-    let (s, v) = call(app, "POST", "/v1/tenants", "admin", Some(json!({"name": "t"}).to_string())).await;
+    tenant_named(app, "t").await
+}
+
+/// Creates a tenant and returns its token.
+async fn tenant_named(app: &axum::Router, name: &str) -> String {
+    let (s, v) = call(app, "POST", "/v1/tenants", "admin", Some(json!({ "name": name }).to_string())).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     v["token"].as_str().unwrap().to_string()
 }
@@ -222,9 +227,7 @@ async fn a_queue_read_never_sees_half_a_batch_and_sees_what_its_reader_submitted
 async fn a_tenant_s_jobs_outside_the_queue_are_placed_without_counting_other_tenants_and_limit_is_given_once() {
     let app = app();
     let a = tenant(&app).await;
-    let (s, v) = call(&app, "POST", "/v1/tenants", "admin", Some(json!({"name": "u"}).to_string())).await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    let b = v["token"].as_str().unwrap().to_string();
+    let b = tenant_named(&app, "u").await;
     batch(&app, &a, 3).await;
     // Held jobs sit after the queue: tenant t's first, then u's.
     for tok in [&a, &a, &b] {
@@ -253,9 +256,7 @@ async fn a_tenant_s_jobs_outside_the_queue_are_placed_without_counting_other_ten
 async fn every_tenant_gets_its_rows_and_a_deep_job_its_place_however_far_back() {
     let app = app();
     let a = tenant(&app).await;
-    let (s, v) = call(&app, "POST", "/v1/tenants", "admin", Some(json!({"name": "u"}).to_string())).await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    let b = v["token"].as_str().unwrap().to_string();
+    let b = tenant_named(&app, "u").await;
     // One GPU: t's first job runs, the rest wait for it.
     node(&app, "n1", 1).await;
     batch(&app, &a, 451).await;
