@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub struct ApiError {
     /// Machine-readable code: `invalid_field`, `unknown_field`, `missing_field`, `never_fits`, `parse_error`, `not_found`,
     /// `unauthorized`, `forbidden`, `conflict`, `too_large`, `limit_exceeded`, `unavailable`, `interrupted` (503: the
-    /// server stopped before answering, the outcome is not known), `internal`.
+    /// server stopped before answering, or its store refused the write, and the outcome is not known), `internal`.
     pub code: String,
     /// What went wrong, naming the field and what is allowed.
     pub message: String,

@@ -108,9 +108,11 @@ impl IntoResponse for Fail {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = (status, Json(self.0.body())).into_response();
-        // 503 (`unavailable`: a store that refused a write, a leader stepping down, an explanation not ready yet) is
-        // worth another try: clients retry it, with the same idempotency key for a submission (`gpunet`'s client
-        // does so for up to 30 s, on the next replica when several are named).
+        // 503 `unavailable` (a store that refused an earlier write, an explanation not ready yet: nothing was
+        // changed) is worth another try: clients retry it, with the same idempotency key for a submission (`gpunet`'s
+        // client does so for up to 30 s, on the next replica when several are named). `interrupted` (the owner ended
+        // before answering, or the store refused this very write) may or may not have taken effect: [`observe`] adds
+        // `Retry-After` only where sending it again is safe.
         if self.0.code == "interrupted" {
             r.headers_mut().insert(OUTCOME, axum::http::HeaderValue::from_static("unknown"));
         } else if status == StatusCode::SERVICE_UNAVAILABLE {

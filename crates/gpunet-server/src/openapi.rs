@@ -22,7 +22,7 @@ const ERRORS: &[(&str, &str)] = &[
     ("422", "A field is invalid, unknown or missing; `field` names it"),
     ("429", "A per-tenant or per-token limit is reached (`limit_exceeded`)"),
     ("500", "The store failed (`internal`)"),
-    ("503", "Unavailable (`unavailable`, with `Retry-After`): the store refused a write (read-only until restarted; on PostgreSQL the leader gives the lead up), or no leader serves yet; or `interrupted` (header `Gpunet-Outcome: unknown`): the control loop ended before answering (a leader stepping down), so whether a change was made is not known — `Retry-After` only on a request that is safe to send again (a read, or a submission with an `Idempotency-Key`)"),
+    ("503", "Unavailable (`unavailable`, with `Retry-After`): the store refused an earlier write (read-only until restarted; on PostgreSQL the leader gives the lead up), or no leader serves yet; or `interrupted` (header `Gpunet-Outcome: unknown`): the control loop ended before answering (a leader stepping down), or the store refused this change's write, so whether a change was made is not known — `Retry-After` only on a request that is safe to send again (a read, or a submission with an `Idempotency-Key`)"),
 ];
 
 #[derive(OpenApi)]

@@ -174,9 +174,17 @@ fn a_submit_the_store_refuses_leaves_no_trace() {
     std::fs::write(&body, serde_json::Value::Array(jobs).to_string()).unwrap();
     let body = format!("@{}", body.display());
     let auth = "Authorization: Bearer admin-secret";
-    let (code, out) = curl(&["-XPOST", "-H", auth, "--data-binary", &body, &format!("{}/v1/jobs/batch", s.url)]);
+    let head = dir.path().join("head");
+    let head_arg = head.display().to_string();
+    let url = format!("{}/v1/jobs/batch", s.url);
+    let (code, out) = curl(&["-XPOST", "-H", auth, "--data-binary", &body, "-D", &head_arg, &url]);
     assert_eq!(code, 503, "the store must refuse on a full disk: {out}");
     assert!(out.contains("the store refused to persist the jobs"), "{out}");
+    // Whether a refused commit reached the disk is not known: the answer says so, and does not invite a generic
+    // client to send an unkeyed batch again.
+    let head = std::fs::read_to_string(&head).unwrap().to_ascii_lowercase();
+    assert!(out.contains("\"interrupted\""), "{out}");
+    assert!(head.contains("gpunet-outcome: unknown") && !head.contains("retry-after"), "{head}");
     let (code, out) = curl(&[&format!("{}/v1/health", s.url)]);
     assert!(code == 503 && out.contains("degraded"), "{code} {out}");
     let (_, metrics) = curl(&["-H", auth, &format!("{}/metrics", s.url)]);

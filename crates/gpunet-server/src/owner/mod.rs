@@ -417,16 +417,19 @@ const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 pub(crate) const HISTORY_SPAN_MS: u64 = 12 * 3600 * 1000;
 const HISTORY_KEEP: usize = (HISTORY_SPAN_MS / 15_000) as usize;
 
-/// The answer to a change the store refused: 503, as the control plane takes no change from then on (on PostgreSQL
-/// another replica takes over, `ha.rs`). Whether the write reached the disk is not known when the connection broke
-/// during the commit: a retry with the same `Idempotency-Key` gets the same job either way.
+/// The answer to a change the store refused: 503 `interrupted`, as the control plane takes no change from then on (on
+/// PostgreSQL another replica takes over, `ha.rs`). Whether the write reached the disk is not known (the connection
+/// broke during the commit, an fsync failed after the write): like a request whose owner stopped before answering, it
+/// gets `Gpunet-Outcome: unknown`, and `Retry-After` only where sending it again is safe (`http.rs::observe`): a
+/// retry with the same `Idempotency-Key` gets the same job either way.
 /// The refusal is recorded in `metrics` (the control plane is read-only from then on).
 fn store_refused(metrics: &crate::metrics::ServerMetrics, what: &str, e: &gpunet_store::StoreError) -> ApiError {
     metrics.store_refused(&e.to_string());
     ApiError::new(
-        "unavailable",
+        "interrupted",
         format!(
-            "the store refused to persist {what} ({e}): retry later (with the same Idempotency-Key for a submission)"
+            "the store refused to persist {what} ({e}): whether it was persisted is not known; read it back, or send \
+             a submission again later with the same Idempotency-Key"
         ),
     )
 }
