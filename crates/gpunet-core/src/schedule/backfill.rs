@@ -84,7 +84,13 @@ impl<'a> Pass<'a> {
             return Behind::Skip;
         }
         let long = key.est == u64::MAX || self.now.0.saturating_add(key.est) > r.at.0;
-        if self.failed.contains(&(key.shape(), long)) {
+        let probe = (key.shape(), long);
+        // Runs of one shape are common in a long queue, and the set only grows within a pass: the last hit stays one.
+        if self.failed_hit.get() == Some(probe) {
+            return Behind::Skip;
+        }
+        if self.failed.contains(&probe) {
+            self.failed_hit.set(Some(probe));
             return Behind::Skip;
         }
         Behind::Try

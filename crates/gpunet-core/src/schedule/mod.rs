@@ -150,6 +150,8 @@ struct Pass<'a> {
     /// Request shapes that failed to place in this pass (free resources only shrink within a pass, so they keep
     /// failing): (shape, held), where held says whether the reservation's hold applied.
     failed: FxHashSet<(u64, bool)>,
+    /// The last entry of `failed` a lookup found (`backfill::behind_head`).
+    failed_hit: std::cell::Cell<Option<(u64, bool)>>,
     decisions: Vec<Decision>,
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
@@ -179,6 +181,7 @@ impl<'a> Pass<'a> {
             elig: FxHashMap::default(),
             never: FxHashMap::default(),
             failed: FxHashSet::default(),
+            failed_hit: std::cell::Cell::new(None),
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
             started: Vec::new(),

@@ -9,6 +9,7 @@ use crate::state::{ClusterState, QueueKey};
 use crate::tenant::{DIM_CPU, DIM_GPUS, DIM_MEM};
 use crate::units::Time;
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 use std::iter::Peekable;
 
@@ -142,14 +143,21 @@ impl<'a> Order<'a> {
     pub(super) fn next(&mut self, share: impl Fn(usize) -> f64) -> Option<(TenantId, QueueKey)> {
         match self {
             Order::Jobs { heap, iters, dropped } => loop {
-                let Reverse((_, _, _, t)) = heap.pop()?;
+                // The top tenant's next key replaces its last in place: one sift-down, which stops at once while
+                // that tenant stays first (a long run of one tenant's jobs), instead of a pop and a push.
+                let mut top = heap.peek_mut()?;
+                let Reverse((_, _, _, t)) = *top;
                 if dropped[t as usize] {
+                    PeekMut::pop(top);
                     continue;
                 }
                 let it = &mut iters[t as usize];
                 let k = *it.next().expect("the heap holds the head of this queue");
-                if let Some(n) = it.peek() {
-                    heap.push(Reverse((n.major, n.minor, n.job, t)));
+                match it.peek() {
+                    Some(n) => *top = Reverse((n.major, n.minor, n.job, t)),
+                    None => {
+                        PeekMut::pop(top);
+                    }
                 }
                 return Some((TenantId(t), k));
             },
