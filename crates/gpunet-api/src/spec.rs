@@ -375,6 +375,17 @@ impl JobSubmission {
                 return Err(ApiError::invalid("kind", k, "Job"));
             }
         }
+        if let Some(c) = self.name.chars().find(|c| !printable(*c)) {
+            return Err(ApiError::invalid(
+                "name",
+                &self.name,
+                &format!(
+                    "printable text: no control or bidirectional-override characters (found U+{:04X}), which would \
+                     rewrite what other users' terminals show",
+                    c as u32
+                ),
+            ));
+        }
         let mut spec = JobSpec::new(tenant, self.name.clone(), self.gpus, self.tasks);
         spec.priority = self.priority;
         spec.hold = self.hold;
@@ -604,6 +615,13 @@ pub const RESERVED_ENV: &[&str] = &[
     "MASTER_ADDR",
     "MASTER_PORT",
 ];
+
+/// Whether a character may stand in a name shown to other users (a job's name in `gpunet jobs`, the portal, events):
+/// not a control character (escape sequences, carriage returns and newlines forge or erase rows on a terminal) and not
+/// a bidirectional override or isolate (which reorder what is shown).
+pub fn printable(c: char) -> bool {
+    !c.is_control() && !matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
 
 /// Whether a job may not set `name` in its `env`: one of [`RESERVED_ENV`] or any `GPUNET_*`.
 pub fn reserved_env(name: &str) -> bool {
@@ -910,6 +928,32 @@ mod tests {
         let e =
             parse_job("name: x\ngpus: 1\ncheckpoint_interval: often\n").unwrap().job.to_core(TenantId(0)).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_interval"));
+    }
+
+    /// A hostile tenant's name that would rewrite an admin's terminal (erase a row and print a forged one, set the
+    /// window title) or reorder it (a bidirectional override) is refused, naming the field; other scripts are fine.
+    #[test]
+    fn a_name_with_control_or_bidi_characters_is_refused() {
+        let core = |name: &str| {
+            let mut s = JobSubmission::new(name, 1, 1);
+            s.gpus = 1;
+            s.to_core(TenantId(0))
+        };
+        for bad in [
+            "x\u{1b}[1A\r\u{1b}[2Kforged",
+            "a\nb",
+            "t\u{1b}]0;pwn\u{7}",
+            "x\u{9b}2J",
+            "abc\u{202E}fdp.exe",
+            "\u{2066}x",
+        ] {
+            let e = core(bad).unwrap_err();
+            assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some("name")), "{bad:?}");
+            assert!(e.message.contains("printable"), "{}", e.message);
+        }
+        for good in ["resnet-50 (fine-tune)", "日本語の実験", "Überprüfung", "emoji 🚀"] {
+            core(good).unwrap();
+        }
     }
 
     #[test]

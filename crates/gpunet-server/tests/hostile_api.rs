@@ -303,6 +303,36 @@ async fn streams_are_capped_per_token() {
     drop(s2);
 }
 
+/// A job name with an escape sequence reached an admin's terminal raw through `gpunet jobs`: it erased the row above
+/// and printed a forged one of another tenant. Such names are refused, in a job, a batch and a Kubernetes Job, and
+/// nothing is queued.
+#[tokio::test]
+async fn a_job_name_that_would_rewrite_a_terminal_is_refused() {
+    let app = App::new();
+    let a = app.tenant("team-a").await;
+    let forged = "x\u{1b}[1A\r\u{1b}[2K999999  teamb  steal-weights  running";
+    for (path, body, field) in [
+        ("/v1/jobs", json!({"name": forged, "gpus": 1}).to_string(), "name"),
+        ("/v1/jobs", json!({"name": "a\nb", "gpus": 1}).to_string(), "name"),
+        ("/v1/jobs", json!({"name": "abc\u{202e}fdp", "gpus": 1}).to_string(), "name"),
+        ("/v1/jobs/batch", json!([{"name": "ok", "gpus": 1}, {"name": forged, "gpus": 1}]).to_string(), "name"),
+        (
+            "/v1/jobs",
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {name: \"a\\e[2J\"}\nspec:\n  template:\n    spec: {containers: \
+             [{name: c}]}\n"
+                .to_string(),
+            "name",
+        ),
+    ] {
+        let (s, v) = app.call("POST", path, Some(&a), Some(body.clone())).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {v}");
+        assert!(err(&v).1.is_some_and(|f| f.ends_with(field)), "{body}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("printable")), "{body}: {v}");
+    }
+    let (_, v) = app.call("GET", "/v1/jobs", Some(&a), None).await;
+    assert_eq!(v["jobs"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
 /// `cpu: 1e30` was accepted as 18446744073709551615m, Kubernetes `parallelism: 4294967297` became 1 task, and a
 /// tenant could queue any number of jobs of any size.
 #[tokio::test]

@@ -238,8 +238,23 @@ pub(crate) fn http_client(ca: Option<&std::path::Path>, idle_per_host: usize) ->
     Ok(b.build()?)
 }
 
-/// Prints a table with a header and right-padded columns.
+/// `s` with every character a terminal would act on (controls, bidirectional overrides) written as an escape
+/// (`\u{1b}`), so that text another user chose (a job's name, stored before the API refused such names) cannot move
+/// the cursor, erase or forge rows.
+pub(crate) fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().all(gpunet_api::spec::printable) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| if gpunet_api::spec::printable(c) { c.to_string() } else { c.escape_unicode().to_string() })
+        .collect::<String>()
+        .into()
+}
+
+/// Prints a table with a header and right-padded columns; cells are made [`printable`].
 pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) -> String {
+    let rows: Vec<Vec<String>> =
+        rows.into_iter().map(|r| r.into_iter().map(|c| printable(&c).into_owned()).collect()).collect();
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -356,6 +371,18 @@ mod wait_tests {
         assert_eq!(super::exit_code_of("job-4 failed: rank 1 was killed by signal 9"), Some(137));
         assert_eq!(super::exit_code_of("job-4 failed: rank 0 exited with code 300"), Some(255));
         assert_eq!(super::exit_code_of("job-4 cancelled"), None);
+    }
+
+    /// A stored name with an escape sequence (from before the API refused them) is shown escaped: the row it
+    /// tried to erase stays, and no forged row appears.
+    #[test]
+    fn a_table_shows_control_characters_escaped() {
+        let forged = "x\u{1b}[1A\r\u{1b}[2K999  teamb  steal\nrow".to_string();
+        let out = super::table(&["ID", "NAME"], vec![vec!["7".into(), forged], vec!["8".into(), "日本".into()]]);
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(out.contains(r"x\u{1b}[1A\u{d}\u{1b}[2K999  teamb  steal\u{a}row"), "{out}");
+        assert!(out.contains("8   日本"), "{out}");
     }
 }
 

@@ -59,10 +59,17 @@ pub(crate) fn emit<T: serde::Serialize>(o: Output, v: &T, table: impl FnOnce(&T,
     match o {
         Output::Json => out(&(serde_json::to_string_pretty(v)? + "\n")),
         Output::Yaml => out(&serde_norway::to_string(v)?),
-        Output::Table => out(&table(v, false)),
-        Output::Wide => out(&table(v, true)),
+        Output::Table => out(&terminal_safe(&table(v, false))),
+        Output::Wide => out(&terminal_safe(&table(v, true))),
     }
     Ok(())
+}
+
+/// Text for a terminal: every line's characters a terminal would act on (controls but the line ends, bidirectional
+/// overrides) escaped, as [`crate::client::printable`] does for a table's cells — free text such as a dependency or an
+/// event's message cannot move the cursor either.
+fn terminal_safe(text: &str) -> String {
+    text.split('\n').map(|l| crate::client::printable(l)).collect::<Vec<_>>().join("\n")
 }
 
 /// The current time, ms since the Unix epoch.
