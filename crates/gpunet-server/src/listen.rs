@@ -1,10 +1,13 @@
 //! The serve loop: accepts connections (TLS when configured) and serves the router over HTTP/1.1 with bounds on every
 //! connection-level resource, so that slow or idle peers cannot hold the server:
-//! - at most `max_connections` connections at once (below the usual 1,024-file limit), and at most
-//!   `max_connections_per_ip` from one address; past that, the address's connection that has waited longest for a
-//!   request head (a slow or idle peer) is closed to make room, and only when every one of them is busy with a request
-//!   is the new connection closed at once — so a peer holding half-sent requests cannot lock out others who share its
-//!   address (every local client of `gpunet up` is 127.0.0.1);
+//! - at most `max_connections_per_ip` connections from one address; past that, the address's connection that has
+//!   waited longest for a request head (a slow or idle peer) is closed to make room, and only when every one of them is
+//!   busy with a request is the new connection closed at once — so a peer holding half-sent requests cannot lock out
+//!   others who share its address (every local client of `gpunet up` is 127.0.0.1);
+//! - at most `max_connections` at once (below the usual 1,024-file limit); when a new connection finds them all taken,
+//!   the connection of any address that has waited longest for a request head is closed to make room, and only when
+//!   every one is busy with a request does the new one wait for a slot — so peers at several addresses holding
+//!   half-sent requests cannot stall everyone else until their header timeouts;
 //! - the TLS handshake and every request head must arrive within `header_timeout` (an idle keep-alive connection waits
 //!   for its next request head, so it is closed after the same time);
 //! - a request body must arrive within `body_timeout`.
@@ -113,6 +116,31 @@ impl PerIp {
     }
 }
 
+impl PerIp {
+    /// Closes the connection, of any address, that has waited longest for a request head; whether there was one.
+    fn evict_oldest(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let mut g = self.0.lock().expect("per-ip lock");
+        let oldest =
+            g.1.iter()
+                .flat_map(|(ip, conns)| conns.iter().enumerate().map(move |(i, c)| (c, *ip, i)))
+                .filter_map(|(c, ip, i)| match c.waiting_since.load(Ordering::Relaxed) {
+                    0 => None,
+                    t => Some((t, ip, i)),
+                })
+                .min();
+        let Some((_, ip, i)) = oldest else { return false };
+        let conns = g.1.get_mut(&ip).expect("found above");
+        let evicted = conns.swap_remove(i);
+        if conns.is_empty() {
+            g.1.remove(&ip);
+        }
+        evicted.close.notify_one();
+        tracing::debug!(%ip, "connection cap of the server: the longest-waiting connection closed for a new one");
+        true
+    }
+}
+
 impl Drop for PerIpGuard {
     fn drop(&mut self) {
         let mut g = self.0 .0.lock().expect("per-ip lock");
@@ -172,10 +200,6 @@ pub(crate) async fn serve(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.expect("never closed"),
-            _ = &mut shutdown => break,
-        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -187,6 +211,18 @@ pub(crate) async fn serve(
                 }
             },
             _ = &mut shutdown => break,
+        };
+        // Every slot taken: the longest-waiting idle or half-sent connection makes room; when all are busy with
+        // requests, this one waits for a slot (and no other is accepted meanwhile).
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                per_ip.evict_oldest();
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => p.expect("never closed"),
+                    _ = &mut shutdown => break,
+                }
+            }
         };
         let Some(admitted) = PerIp::enter(&per_ip, peer.ip(), limits.max_connections_per_ip, clock_ms(origin)) else {
             tracing::debug!(%peer, "too many busy connections from one address; closed");

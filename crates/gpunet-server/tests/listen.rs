@@ -241,3 +241,47 @@ async fn at_an_addresss_cap_a_slow_peer_makes_room_and_only_busy_connections_tur
     }
     s.stop().await;
 }
+
+/// A half-sent request head from `ip`, held open.
+async fn half_sent_from(ip: [u8; 4], to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind((std::net::Ipv4Addr::from(ip), 0).into()).unwrap();
+    let mut c = sock.connect(to).await.unwrap();
+    c.write_all(b"GET /v1/whoami HTTP/1.1\r\n").await.unwrap();
+    c
+}
+
+/// Slow peers at two addresses, each within its address's share, filled the server's whole cap (768 connections in
+/// a hostile review) and every other client waited for their header timeouts (whoami took 7–9 s). Now a newcomer
+/// from a third address closes the longest-waiting of them and is answered at once.
+#[tokio::test]
+async fn slow_peers_at_several_addresses_filling_the_cap_make_room_for_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        header_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(60),
+        max_connections: 8,
+        max_connections_per_ip: 4,
+    };
+    let s = started(dir.path(), limits, None).await;
+    let mut held = Vec::new();
+    for ip in [[127, 0, 0, 2], [127, 0, 0, 3]] {
+        for _ in 0..4 {
+            held.push(half_sent_from(ip, s.addr).await);
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..3 {
+        let r = tokio::time::timeout(Duration::from_secs(20), whoami(&client(None), &s.url())).await;
+        assert_eq!(r.expect("whoami waited behind the slow peers").unwrap(), 200);
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let mut closed = 0;
+    for c in &mut held {
+        if closed_within(c, Instant::now(), Duration::from_millis(500)).await.is_some() {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no slow connection was closed to make room");
+    s.stop().await;
+}
