@@ -19,7 +19,8 @@
 //! loader's), and the init starts the task. With `--pid-namespace` (the agent's default) the wrapper first
 //! unshares a PID namespace, so the init is PID 1 there; still root, it unshares a mount and an IPC namespace, makes
 //! every mount private and mounts a fresh `/proc`, so the task lists only its own namespace's processes, and private
-//! tmpfs on `/tmp`, `/dev/shm`, `/var/tmp` and `/run/lock` (`--tmp-size-mib`), gone with the namespace (see `private_mounts`). The init then drops to
+//! tmpfs on `/tmp`, `/dev/shm`, `/var/tmp` and `/run/lock` (`--tmp-size-mib`), gone with the namespace, and hides
+//! every cgroup but the task's own under `/sys/fs/cgroup` (see `private_mounts`). The init then drops to
 //! the task's uid/gid for good (no supplementary groups; a process that changed its uid is not dumpable, so the task
 //! cannot ptrace it, and a PID 1 ignores SIGKILL from inside its namespace), changes into DIR and starts the task
 //! with `posix_spawn` — in a process group of its own in a namespace — and forwards SIGTERM, SIGINT, SIGHUP,
@@ -333,7 +334,7 @@ impl Exec {
             Err(e) => return refuse(125, format_args!("read signals: {e}")),
         };
         if self.pid_namespace {
-            if let Err(e) = private_mounts(self.cwd.as_deref(), self.tmp_mib) {
+            if let Err(e) = private_mounts(self.cwd.as_deref(), self.tmp_mib, &self.cgroups) {
                 return refuse(125, format_args!("{e}"));
             }
         }
@@ -503,7 +504,10 @@ pub const PRIVATE_TMP: [&str; 4] = ["/dev/shm", "/tmp", "/var/tmp", "/run/lock"]
 ///
 /// The agent's data directory may lie under one of them (the task's working directory `cwd` is in it): the
 /// host's directory directly under it that holds it stays visible at its path (bind-mounted into the private one).
-fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String> {
+///
+/// `/sys/fs/cgroup` shows only the task's own cgroups (`own_cgroups`, their `cgroup.procs` files), see
+/// [`own_cgroups_only`].
+fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>, own_cgroups: &[PathBuf]) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     use nix::sched::CloneFlags;
     nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
@@ -541,6 +545,51 @@ fn private_mounts(cwd: Option<&Path>, tmp_mib: Option<u64>) -> Result<(), String
             mount(Some(&from), &to, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
                 .map_err(|e| format!("keep {} in the task's {dir}: {e}", to.display()))?;
         }
+    }
+    own_cgroups_only(Path::new(CGROUP_ROOT), own_cgroups)
+}
+
+/// Where the node's cgroup file systems are mounted.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Hides every cgroup but the task's own under `root` (in the task's mount namespace): the host's cgroup tree named
+/// every task on the node (`…/job-J-rank-R-attempt-A`, other tenants' job ids), their memory and process counts,
+/// and in each `devices.list` the GPU it holds. `root` becomes a small tmpfs holding the links it had at its top
+/// (`cpu` → `cpu,cpuacct`) and, at their own paths, the task's cgroup directories bind-mounted, so that what a
+/// program reads of its own limits through `/proc/self/cgroup` is where it was. Nothing is done where `root` is not
+/// a directory.
+fn own_cgroups_only(root: &Path, own: &[PathBuf]) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use std::os::fd::AsRawFd as _;
+    if !std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    // Reached before the tmpfs hides them: the task's directories (opened) and the top's links.
+    let mut keep = Vec::new();
+    for procs in own {
+        let Some(dir) = procs.parent() else { continue };
+        let Ok(rel) = dir.strip_prefix(root) else { continue };
+        let f = std::fs::File::open(dir).map_err(|e| format!("open the task's cgroup {}: {e}", dir.display()))?;
+        keep.push((f, rel.to_path_buf()));
+    }
+    let links: Vec<(std::ffi::OsString, PathBuf)> = std::fs::read_dir(root)
+        .map_err(|e| format!("list {}: {e}", root.display()))?
+        .flatten()
+        .filter_map(|e| Some((e.file_name(), std::fs::read_link(e.path()).ok()?)))
+        .collect();
+    let safe = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("tmpfs"), root, Some("tmpfs"), safe, Some("mode=0755,size=1m"))
+        .map_err(|e| format!("hide the node's cgroups ({}): {e}", root.display()))?;
+    for (name, target) in links {
+        std::os::unix::fs::symlink(&target, root.join(&name))
+            .map_err(|e| format!("keep the link {}: {e}", root.join(&name).display()))?;
+    }
+    for (f, rel) in keep {
+        let to = root.join(&rel);
+        std::fs::create_dir_all(&to).map_err(|e| format!("make {}: {e}", to.display()))?;
+        let from = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        mount(Some(&from), &to, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| format!("show the task's cgroup {}: {e}", to.display()))?;
     }
     Ok(())
 }

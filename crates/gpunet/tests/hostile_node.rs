@@ -318,7 +318,8 @@ fn tenants_run_as_distinct_users_and_cannot_see_read_or_signal_each_other() {
          if cat /proc/$B/environ >/dev/null 2>&1; then echo environ-read; else echo environ-denied; fi; \
          kill -0 $B 2>&1 && echo signal-sent; \
          if ls $GPUNET_CHECKPOINT_DIR/../job-{b} >/dev/null 2>&1; then echo files-read; else echo files-denied; fi; \
-         for p in /proc/[0-9]*; do echo \"proc ${{p#/proc/}} $(tr '\\0' ' ' < $p/cmdline)\"; done",
+         for p in /proc/[0-9]*; do echo \"proc ${{p#/proc/}} $(tr '\\0' ' ' < $p/cmdline)\"; done; \
+         for d in $(find /sys/fs/cgroup -type d -name 'job-*' 2>/dev/null); do echo \"cg $d $(ls $d | wc -l)\"; done",
         shared.join("b.host").display()
     );
     let a = submit_yaml(
@@ -338,6 +339,14 @@ fn tenants_run_as_distinct_users_and_cannot_see_read_or_signal_each_other() {
     // which names nothing of the host (no path, no pid).
     assert!(procs.iter().any(|p| p.trim_end() == "1 gpunet task-spawner"), "{out}");
     assert!(procs.len() <= 4 && procs.iter().all(|p| !p.contains(&m) && !p.starts_with(&format!("{host} "))), "{out}");
+    // The node's cgroups: only its own are there (the host's tree named every task on the node, other tenants' job
+    // ids among them, with their memory, process counts and GPUs), and its own are whole.
+    let cgs: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("cg ")).collect();
+    assert!(cgs.iter().all(|c| !c.contains(&format!("/job-{b}-"))), "B's cgroups are visible: {out}");
+    if isolation(&s).starts_with("cgroup-") {
+        let own = format!("/job-{a}-rank-0-attempt-0 ");
+        assert!(cgs.iter().any(|c| c.contains(&own) && !c.ends_with(" 0")), "its own cgroups are gone: {out}");
+    }
     // The victim's directories are its own user's, 0700; its log directory root's, readable by its group only.
     for (d, owner, mode) in [
         (format!("a1/checkpoints/job-{b}"), (200_001, 200_001), 0o700),
