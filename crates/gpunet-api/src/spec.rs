@@ -521,6 +521,14 @@ impl JobSubmission {
                 }
             }
         }
+        // A NUL cannot be passed to a program: the task (or probe) could only fail to start.
+        let args = self.command.iter().enumerate().map(|(i, a)| (format!("command[{i}]"), a));
+        let probe = self.liveness.iter().flat_map(|l| l.command.iter().enumerate());
+        for (f, a) in args.chain(probe.map(|(i, a)| (format!("liveness.command[{i}]"), a))) {
+            if a.contains('\0') {
+                return Err(ApiError::invalid(&f, a, "text without NUL characters"));
+            }
+        }
         let cmd_bytes: usize = self.command.iter().map(String::len).sum();
         if self.command.len() > 4096 || cmd_bytes > 256 * 1024 {
             return Err(ApiError::invalid(
@@ -966,6 +974,17 @@ mod tests {
         }
         let e = core("{A: \"a\\0b\"}").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("env.A"));
+    }
+
+    /// An argument with a NUL was accepted and the task could only fail to start: refused, naming the argument.
+    #[test]
+    fn a_command_or_probe_argument_with_a_nul_is_refused() {
+        let job = |y: &str| parse_job(&format!("name: x\ngpus: 1\n{y}\n")).unwrap().job.to_core(TenantId(0));
+        let e = job("command: [sh, \"-c\", \"a\\0b\"]").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("command[2]"));
+        let e = job("command: [\"true\"]\nliveness: {command: [\"t\\0\"]}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("liveness.command[0]"));
+        job("command: [sh, \"-c\", \"echo ok\"]").unwrap();
     }
 
     #[test]

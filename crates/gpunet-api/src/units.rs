@@ -74,16 +74,19 @@ pub fn format_duration_ms(ms: u64) -> String {
     out
 }
 
-/// Parses CPU: cores (`8`, `1.5`) or millicores (`500m`).
+/// Parses CPU: cores (`8`, `1.5`) or millicores (`500m`), to the nearest millicore; a request above zero but below
+/// half a millicore, which would become none, is refused.
 pub fn parse_cpu(field: &str, s: &str) -> Result<MilliCpu, ApiError> {
-    let bad = || ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m, at most 1000000000 cores");
+    let bad = || {
+        ApiError::invalid(field, s, "cores like 8 or 1.5, or millicores like 500m: 0, or from 1m to 1000000000 cores")
+    };
     let t = s.trim();
     let m = if let Some(m) = t.strip_suffix('m') {
         m.parse::<f64>().map_err(|_| bad())?
     } else {
         t.parse::<f64>().map_err(|_| bad())? * 1000.0
     };
-    if !m.is_finite() || m < 0.0 || m.round() > MAX_MILLI_CPU as f64 {
+    if !m.is_finite() || m < 0.0 || m.round() > MAX_MILLI_CPU as f64 || (m > 0.0 && m.round() == 0.0) {
         return Err(bad());
     }
     Ok(MilliCpu(m.round() as u64))
@@ -148,6 +151,12 @@ mod tests {
         assert_eq!(parse_cpu("c", "8").unwrap(), MilliCpu(8000));
         assert_eq!(parse_cpu("c", "500m").unwrap(), MilliCpu(500));
         assert_eq!(parse_cpu("c", "1.5").unwrap(), MilliCpu(1500));
+        // Not silently none: a positive request below half a millicore is refused; zero stays zero.
+        for tiny in ["1e-7", "0.0004", "0.4m"] {
+            assert_eq!(parse_cpu("cpu", tiny).unwrap_err().field.as_deref(), Some("cpu"), "{tiny}");
+        }
+        assert_eq!(parse_cpu("c", "0").unwrap(), MilliCpu(0));
+        assert_eq!(parse_cpu("c", "0.0006").unwrap(), MilliCpu(1));
         assert!(parse_cpu("c", "-1").is_err() && parse_cpu("c", "lots").is_err());
         assert_eq!(parse_memory("m", "32Gi").unwrap(), MiB(32 * 1024));
         assert_eq!(parse_memory("m", "512Mi").unwrap(), MiB(512));

@@ -416,6 +416,11 @@ async fn explanations_never_name_another_tenants_job() {
     assert!(!d.to_string().contains(&named), "{d}");
     // It is named, as another tenant's (the dry run masks its own copy's answer, off the owner).
     assert!(d["message"].as_str().unwrap().contains("another tenant's job"), "{d}");
+    // A dry run in another tenant's name is refused as a submission is (it was quietly tried as A's own).
+    let (s, d) = app
+        .call("POST", "/v1/jobs/dry-run", Some(&a), Some(r#"{"name": "p", "tenant": "team-b", "gpus": 1}"#.into()))
+        .await;
+    assert_eq!((s, err(&d).0), (StatusCode::FORBIDDEN, "forbidden"), "{d}");
     let (_, q) = app.call("GET", "/v1/queue", Some(&a), None).await;
     assert!(!q.to_string().contains(&named) && q["entries"][0]["reason"]["holder"].is_null(), "{q}");
     assert!(q["entries"][0]["message"].as_str().unwrap().contains("another tenant's job"), "{q}");

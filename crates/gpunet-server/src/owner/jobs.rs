@@ -241,8 +241,14 @@ impl Owner {
         reply: Reply<DryRunWork>,
     ) {
         let r = (|| {
+            // The tenant as a submission would have it: a tenant token naming another tenant is refused, not
+            // quietly tried as its own.
             let tenant = match (&who, &sub.tenant) {
-                (Principal::Tenant(t), _) => t.clone(),
+                (Principal::Tenant(t), None) => t.clone(),
+                (Principal::Tenant(t), Some(s)) if s == t => t.clone(),
+                (Principal::Tenant(_), Some(_)) => {
+                    return Err(ApiError::new("forbidden", "a tenant token submits only to its own tenant"))
+                }
                 (_, Some(t)) => t.clone(),
                 _ => return Err(ApiError::missing("tenant")),
             };
