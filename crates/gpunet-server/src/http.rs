@@ -5,7 +5,8 @@
 //! every authenticated route); each route has its own body limit ([`SMALL_BODY`] for most, [`SPEC_BODY`] for a job,
 //! the configured maximum for batches and agent reports); documents are scanned for depth before a parser sees them
 //! and are parsed on the blocking pool, two at a time, so a slow parse never stalls other requests; a token may hold
-//! at most `max_streams_per_token` log and event streams; logs are read from files by offset.
+//! at most `max_streams_per_token` log and event streams, and a tenant's tokens together [`TENANT_STREAMS_PER_TOKEN`]
+//! times that (a tenant admin may make any number of tokens); logs are read from files by offset.
 
 use crate::owner::{quota_from_request, valid_name, Cmd};
 use crate::{hash_token, Principal};
@@ -229,37 +230,60 @@ async fn parse_off_thread<T: Send + 'static>(
         .map_err(Fail)
 }
 
-/// One open log or event stream of a token; the count drops when the stream ends.
+/// How many times `max_streams_per_token` the tokens of one tenant may hold together.
+pub(crate) const TENANT_STREAMS_PER_TOKEN: usize = 4;
+
+/// One open log or event stream of a token (and of its tenant); the counts drop when the stream ends.
 struct StreamSlot {
     streams: Arc<std::sync::Mutex<HashMap<String, usize>>>,
-    key: String,
+    keys: Vec<String>,
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut m = self.streams.lock().expect("streams lock");
-        if let Some(n) = m.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.key);
+        for key in &self.keys {
+            if let Some(n) = m.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(key);
+                }
             }
         }
     }
 }
 
 fn stream_slot(st: &AppState, h: &HeaderMap) -> R<StreamSlot> {
-    let key = hash_token(bearer(h)?);
+    let token = hash_token(bearer(h)?);
+    // A tenant's tokens share a bound too (tokens are hashes; a tenant's key cannot be one: it has a colon).
+    let tenant = match who(st, h)? {
+        Principal::Tenant(t) => Some(format!("tenant:{t}")),
+        _ => None,
+    };
+    let per_tenant = st.max_streams_per_token.saturating_mul(TENANT_STREAMS_PER_TOKEN);
     let mut m = st.streams.lock().expect("streams lock");
-    let n = m.entry(key.clone()).or_default();
-    if *n >= st.max_streams_per_token {
+    let n = m.get(&token).copied().unwrap_or(0);
+    if n >= st.max_streams_per_token {
         return Err(Fail(ApiError::limit(format!(
             "this token has {n} log or event streams open; the server allows at most {} per token \
              (--max-streams-per-token)",
             st.max_streams_per_token
         ))));
     }
-    *n += 1;
-    Ok(StreamSlot { streams: st.streams.clone(), key })
+    if let Some(t) = &tenant {
+        let n = m.get(t).copied().unwrap_or(0);
+        if n >= per_tenant {
+            return Err(Fail(ApiError::limit(format!(
+                "this tenant's tokens have {n} log or event streams open; the server allows at most {per_tenant} \
+                 per tenant ({TENANT_STREAMS_PER_TOKEN} times --max-streams-per-token)"
+            ))));
+        }
+    }
+    let keys: Vec<String> = std::iter::once(token).chain(tenant).collect();
+    for k in &keys {
+        *m.entry(k.clone()).or_default() += 1;
+    }
+    Ok(StreamSlot { streams: st.streams.clone(), keys })
 }
 fn json<T: Serialize>(status: StatusCode, v: T) -> Response {
     (status, Json(v)).into_response()

@@ -301,6 +301,28 @@ async fn streams_are_capped_per_token() {
     drop(s1);
     assert_eq!(open(&a).await.unwrap().status(), StatusCode::OK, "a closed stream frees its slot");
     drop(s2);
+    // A tenant admin can make any number of tokens: together they hold at most four times a token's share.
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let body = json!({"role": "tenant", "user": format!("u{i}")}).to_string();
+        let (s, v) = app.call("POST", "/v1/tokens", Some(&b), Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        let t = v["token"].as_str().unwrap().to_string();
+        for _ in 0..2 {
+            let r = open(&t).await.unwrap();
+            if r.status() == StatusCode::OK {
+                held.push(r);
+                continue;
+            }
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            let v: Value =
+                serde_json::from_slice(&axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap()).unwrap();
+            assert!(v["error"]["message"].as_str().unwrap().contains("per tenant"), "{v}");
+        }
+    }
+    // Ten asked for by five tokens, each within its own two: eight open, the last two refused for the tenant.
+    assert_eq!(held.len(), 8, "a tenant's tokens together held other than 4 x 2 streams");
+    assert_eq!(open(&a).await.unwrap().status(), StatusCode::OK, "another tenant is not held back");
 }
 
 /// A job name with an escape sequence reached an admin's terminal raw through `gpunet jobs`: it erased the row above
