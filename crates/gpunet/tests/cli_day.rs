@@ -343,3 +343,25 @@ fn quota_shows_keeps_the_fields_not_set_and_clears_only_when_asked() {
     assert_eq!(q(&["-f", f.to_str().unwrap()])["guarantee_gpus"], 8);
     assert_eq!(q(&["--clear"]), serde_json::Value::Null);
 }
+
+/// `submit --dry-run` of a Kubernetes Job said nothing of what its conversion left out or changed, which the API's
+/// answer lists (a submission printed them): it prints them too, on standard error.
+#[test]
+fn a_dry_run_prints_the_conversion_warnings_a_submission_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server_with_tenant(dir.path());
+    let manifest = dir.path().join("job.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: k}\nspec:\n  parallelism: 2\n  completions: 5\n  \
+         template:\n    spec:\n      containers: [{name: c, command: [\"true\"], resources: {limits: {nvidia.com/gpu: 1}}}]\n",
+    )
+    .unwrap();
+    let m = manifest.display().to_string();
+    let (code, out, err) = cli(&s, &["submit", "--dry-run", "--tenant", "t", "-f", &m]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("warning: spec.completions 5 differs from parallelism 2"), "{err}");
+    // Nothing was queued.
+    let (_, jobs, _) = cli(&s, &["jobs", "--output", "json"]);
+    assert_eq!(json(&jobs)["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");
+}

@@ -256,6 +256,10 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
     let q = a.tenant.as_ref().map_or(String::new(), |t| format!("?tenant={t}"));
     if a.dry_run {
         let r: DryRun = c.post(&format!("/v1/jobs/dry-run{q}"), Some(body), "application/yaml").await?;
+        // As a submission's: what the conversion of a Kubernetes Job left out or changed.
+        for w in &r.warnings {
+            eprintln!("warning: {}", client::printable(w));
+        }
         return emit(c.output, &r, |r, _| {
             let mut s = String::new();
             if !r.placement.is_empty() {
@@ -271,7 +275,7 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
     }
     let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        eprintln!("warning: {}", client::printable(w));
     }
     emit(c.output, &r, |r, _| format!("job-{} submitted ({})\n", r.id, r.state))
 }
