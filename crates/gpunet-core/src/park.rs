@@ -105,6 +105,9 @@ impl ClusterState {
         let t = &mut self.tenants[tenant.index()];
         // A key already there (never, as `check_invariants` checks) is not counted twice.
         let fresh = if never { t.parked.insert(k) } else { t.queue.insert(k) };
+        if fresh && !never {
+            self.merged.insert((k, tenant));
+        }
         debug_assert!(fresh, "{} queued twice", k.job);
         if fresh {
             t.waiting.add(&k);
@@ -119,6 +122,7 @@ impl ClusterState {
         let t = &mut self.tenants[tenant.index()];
         if t.queue.remove(k) {
             t.waiting.remove(k);
+            self.merged.remove(&(*k, tenant));
             return true;
         }
         if !t.parked.remove(k) {
@@ -156,6 +160,7 @@ impl ClusterState {
                 let was = te.parked.remove(&k);
                 debug_assert!(was, "parked job missing from its tenant's parked set");
                 te.queue.insert(k);
+                self.merged.insert((k, t));
             }
         }
     }

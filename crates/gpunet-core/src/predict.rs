@@ -74,9 +74,11 @@ impl ClusterState {
             })
             .collect();
         let mut queued_no_gpu = 0;
+        let mut merged = BTreeSet::new();
         for (t, k) in &prefix {
             keep(&k.job);
             tenants[t.index()].queue.insert(*k);
+            merged.insert((*k, *t));
             tenants[t.index()].waiting.add(k);
             queued_no_gpu += usize::from(self.jobs[&k.job].spec.task.gpus == 0);
         }
@@ -90,6 +92,7 @@ impl ClusterState {
             node_jobs: self.node_jobs.clone(),
             node_names: self.node_names.clone(),
             tenants,
+            merged,
             tenant_names: self.tenant_names.clone(),
             shape: self.shape.clone(),
             book: self.book.clone(),

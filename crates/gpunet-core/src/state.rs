@@ -140,6 +140,10 @@ pub struct ClusterState {
     pub(crate) node_jobs: Vec<BTreeSet<JobId>>,
     pub(crate) node_names: HashMap<String, NodeId>,
     pub(crate) tenants: Vec<TenantEntry>,
+    /// Every tenant's queue (not the parked) merged in key order, with each key's tenant: policies that order jobs
+    /// walk this one set instead of merging the tenants' queues through a heap (`schedule/order.rs`). Kept equal to
+    /// the union of the queues by `park.rs::queue_insert`, `queue_remove` and `unpark_fitting`.
+    pub(crate) merged: BTreeSet<(QueueKey, TenantId)>,
     pub(crate) tenant_names: HashMap<String, TenantId>,
     pub(crate) shape: QuotaShape,
     pub(crate) book: QuotaBook,
@@ -225,6 +229,7 @@ impl ClusterState {
             node_jobs: Vec::new(),
             node_names: HashMap::new(),
             tenants: Vec::new(),
+            merged: BTreeSet::new(),
             tenant_names: HashMap::new(),
             shape: QuotaShape::default(),
             book: QuotaBook::default(),
@@ -269,6 +274,7 @@ impl ClusterState {
             t.parked.clear();
             t.waiting = Default::default();
         }
+        self.merged.clear();
         self.parking = Default::default();
         // The jobs in a queue: queued ones, less the held and those waiting for a dependency (in no queue).
         let keys: Vec<(TenantId, QueueKey)> = self
@@ -1236,10 +1242,17 @@ impl ClusterState {
         let mut usage = vec![[0u64; QDIMS]; self.tenants.len()];
         let mut queued = 0usize;
         let mut in_queue: HashMap<JobId, usize> = HashMap::new();
-        for t in &self.tenants {
+        for (i, t) in self.tenants.iter().enumerate() {
             for k in t.queue.iter().chain(&t.parked) {
                 *in_queue.entry(k.job).or_default() += 1;
             }
+            if t.queue.iter().any(|k| !self.merged.contains(&(*k, TenantId(i as u32)))) {
+                return Err(format!("a queued job of tenant {i} is missing from the merged queue"));
+            }
+        }
+        let in_queues: usize = self.tenants.iter().map(|t| t.queue.len()).sum();
+        if self.merged.len() != in_queues {
+            return Err(format!("the merged queue holds {} keys, the tenants' queues {in_queues}", self.merged.len()));
         }
         for j in self.jobs.values() {
             let q = in_queue.get(&j.id).copied().unwrap_or(0);

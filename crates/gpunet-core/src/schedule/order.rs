@@ -87,11 +87,10 @@ impl<'a> Iterator for TenantJobs<'a> {
 
 /// The merge of the tenant queues in policy order, pulled one job at a time.
 pub(super) enum Order<'a> {
-    Jobs {
-        heap: BinaryHeap<Reverse<(u64, u64, JobId, u32)>>,
-        iters: Vec<Peekable<TenantJobs<'a>>>,
-        dropped: Vec<bool>,
-    },
+    /// Policies that order jobs, as the pass walks them: the state's merged queue, one ordered set (no heap).
+    Merged { iter: std::collections::btree_set::Iter<'a, (QueueKey, TenantId)>, dropped: Vec<bool> },
+    /// The same with the parked jobs in their places (as the queue is shown): the tenants' queues merged by a heap.
+    Jobs { heap: BinaryHeap<Reverse<(u64, u64, JobId, u32)>>, iters: Vec<Peekable<TenantJobs<'a>>>, dropped: Vec<bool> },
     Tenants {
         iters: Vec<Peekable<TenantJobs<'a>>>,
         dropped: Vec<bool>,
@@ -104,6 +103,9 @@ impl<'a> Order<'a> {
     /// The order of the tenants' queues; `with_parked`: with the jobs no node could ever hold (which the pass
     /// never walks, see [`crate::park`]) in their places, as the queue is shown.
     pub(super) fn new(st: &'a ClusterState, with_parked: bool) -> Order<'a> {
+        if !st.cfg.policy.orders_tenants() && !with_parked {
+            return Order::Merged { iter: st.merged.iter(), dropped: vec![false; st.tenants.len()] };
+        }
         let mut iters: Vec<_> = st
             .tenants
             .iter()
@@ -136,12 +138,15 @@ impl<'a> Order<'a> {
 
     pub(super) fn drop_tenant(&mut self, t: TenantId) {
         match self {
-            Order::Jobs { dropped, .. } | Order::Tenants { dropped, .. } => dropped[t.index()] = true,
+            Order::Merged { dropped, .. } | Order::Jobs { dropped, .. } | Order::Tenants { dropped, .. } => {
+                dropped[t.index()] = true
+            }
         }
     }
 
     pub(super) fn next(&mut self, share: impl Fn(usize) -> f64) -> Option<(TenantId, QueueKey)> {
         match self {
+            Order::Merged { iter, dropped } => iter.find(|(_, t)| !dropped[t.index()]).map(|(k, t)| (*t, *k)),
             Order::Jobs { heap, iters, dropped } => loop {
                 // The top tenant's next key replaces its last in place: one sift-down, which stops at once while
                 // that tenant stays first (a long run of one tenant's jobs), instead of a pop and a push.
