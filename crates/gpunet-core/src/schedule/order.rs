@@ -96,6 +96,9 @@ pub(super) enum Order<'a> {
         dropped: Vec<bool>,
         /// Cached shares; `None` when the tenant's allocation changed since they were computed.
         shares: Vec<Option<f64>>,
+        /// The tenant the last pick chose, while no share changed and no tenant was dropped: it stays the one with
+        /// the lowest share as long as it has jobs, so the next pick needs no look at the others.
+        best: Option<usize>,
     },
 }
 
@@ -117,7 +120,7 @@ impl<'a> Order<'a> {
         let dropped = vec![false; iters.len()];
         if st.cfg.policy.orders_tenants() {
             let shares = vec![None; iters.len()];
-            Order::Tenants { iters, dropped, shares }
+            Order::Tenants { iters, dropped, shares, best: None }
         } else {
             let mut heap = BinaryHeap::with_capacity(iters.len());
             for (t, it) in iters.iter_mut().enumerate() {
@@ -131,15 +134,18 @@ impl<'a> Order<'a> {
 
     /// The tenant's allocation changed: its share is recomputed at the next pick.
     pub(super) fn touch(&mut self, t: TenantId) {
-        if let Order::Tenants { shares, .. } = self {
+        if let Order::Tenants { shares, best, .. } = self {
             shares[t.index()] = None;
+            *best = None;
         }
     }
 
     pub(super) fn drop_tenant(&mut self, t: TenantId) {
         match self {
-            Order::Merged { dropped, .. } | Order::Jobs { dropped, .. } | Order::Tenants { dropped, .. } => {
-                dropped[t.index()] = true
+            Order::Merged { dropped, .. } | Order::Jobs { dropped, .. } => dropped[t.index()] = true,
+            Order::Tenants { dropped, best, .. } => {
+                dropped[t.index()] = true;
+                *best = None;
             }
         }
     }
@@ -166,18 +172,25 @@ impl<'a> Order<'a> {
                 }
                 return Some((TenantId(t), k));
             },
-            Order::Tenants { iters, dropped, shares } => {
-                let mut best: Option<(f64, usize)> = None;
+            Order::Tenants { iters, dropped, shares, best } => {
+                if let Some(t) = *best {
+                    if let Some(k) = iters[t].next() {
+                        return Some((TenantId(t as u32), *k));
+                    }
+                    *best = None;
+                }
+                let mut pick: Option<(f64, usize)> = None;
                 for (t, it) in iters.iter_mut().enumerate() {
                     if dropped[t] || it.peek().is_none() {
                         continue;
                     }
                     let s = *shares[t].get_or_insert_with(|| share(t));
-                    if best.is_none_or(|(bs, _)| s < bs) {
-                        best = Some((s, t));
+                    if pick.is_none_or(|(bs, _)| s < bs) {
+                        pick = Some((s, t));
                     }
                 }
-                let (_, t) = best?;
+                let (_, t) = pick?;
+                *best = Some(t);
                 let k = iters[t].next()?;
                 Some((TenantId(t as u32), *k))
             }
