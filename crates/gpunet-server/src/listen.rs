@@ -10,7 +10,9 @@
 //!   half-sent requests cannot stall everyone else until their header timeouts;
 //! - the TLS handshake and every request head must arrive within `header_timeout` (an idle keep-alive connection waits
 //!   for its next request head, so it is closed after the same time);
-//! - a request body must arrive within `body_timeout`.
+//! - a request body must arrive within `body_timeout`; while it comes the connection waits on its peer, like one
+//!   waiting for a head (a candidate to close at a cap), and is the server's from then until its answer is sent —
+//!   a streamed answer (events, followed logs) for as long as it streams.
 //!
 //! Responses (long polls, server-sent events, followed logs) are not bounded here: the handlers bound them.
 
@@ -153,10 +155,12 @@ impl Drop for PerIpGuard {
     }
 }
 
-/// A request body that fails once its deadline passes.
+/// A request body that fails once its deadline passes. While it is still coming the connection waits on its peer
+/// (a candidate to close at a cap, like one waiting for a head); once it is whole, or failed, the server's turn.
 struct TimedBody {
     inner: Incoming,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    waiting_since: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl http_body::Body for TimedBody {
@@ -167,11 +171,16 @@ impl http_body::Body for TimedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::sync::atomic::Ordering;
         let this = self.get_mut();
         if let Poll::Ready(r) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if !matches!(r, Some(Ok(_))) || this.inner.is_end_stream() {
+                this.waiting_since.store(0, Ordering::Relaxed);
+            }
             return Poll::Ready(r.map(|f| f.map_err(Into::into)));
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
+            this.waiting_since.store(0, Ordering::Relaxed);
             return Poll::Ready(Some(Err("the request body did not arrive in time".into())));
         }
         Poll::Pending
@@ -183,6 +192,53 @@ impl http_body::Body for TimedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A response body: the connection is the server's (not a candidate to close) until the body is sent or dropped,
+/// then it waits for its peer's next request head. A streamed answer (events, followed logs) is the server's for as
+/// long as it streams: a flood of idle connections cannot close it.
+struct AnswerBody {
+    inner: Body,
+    waiting_since: Arc<std::sync::atomic::AtomicU64>,
+    origin: std::time::Instant,
+}
+
+impl AnswerBody {
+    fn done(&self) {
+        use std::sync::atomic::Ordering;
+        let _ = self.waiting_since.compare_exchange(0, clock_ms(self.origin), Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.done();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for AnswerBody {
+    fn drop(&mut self) {
+        self.done();
     }
 }
 
@@ -272,14 +328,20 @@ async fn connection<I>(
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let router = router.clone();
         let waiting_since = waiting_since.clone();
-        // A request head arrived: the connection is busy (not a candidate to close) until its answer is ready. A
-        // streamed answer (events, followed logs) counts as waiting again once its head is sent.
-        waiting_since.store(0, Ordering::Relaxed);
-        let req = req.map(|inner| Body::new(TimedBody { inner, deadline: Box::pin(tokio::time::sleep(body_timeout)) }));
+        // A request head arrived. With a body to come, the connection still waits on its peer (since now: a slow
+        // body is a candidate to close at a cap, as a slow head is); without one, or once the body is whole, it is
+        // the server's until its answer is sent (`AnswerBody`).
+        let body_due = !http_body::Body::is_end_stream(req.body());
+        waiting_since.store(if body_due { clock_ms(origin) } else { 0 }, Ordering::Relaxed);
+        let timed = waiting_since.clone();
+        let req = req.map(|inner| {
+            Body::new(TimedBody { inner, deadline: Box::pin(tokio::time::sleep(body_timeout)), waiting_since: timed })
+        });
         async move {
             let r = tower::ServiceExt::oneshot(router, req).await;
-            waiting_since.store(clock_ms(origin), Ordering::Relaxed);
-            r
+            // The handler answered (perhaps without reading the body: 401 before it): the server's turn.
+            waiting_since.store(0, Ordering::Relaxed);
+            r.map(|resp| resp.map(|inner| Body::new(AnswerBody { inner, waiting_since, origin })))
         }
     });
     let mut b = hyper::server::conn::http1::Builder::new();

@@ -203,15 +203,15 @@ async fn at_an_addresss_cap_a_slow_peer_makes_room_and_only_busy_connections_tur
     }
     assert!(closed >= 1, "no slow connection was closed to make room");
     drop(held);
-    // Four connections busy with requests (their bodies still coming) are never closed for a newcomer: it is.
+    // Four connections busy with requests (event streams the server is sending) are never closed for a newcomer:
+    // it is. (A request whose body is still coming waits on its peer, and may be closed: see the last test.)
     let mut busy = Vec::new();
     for _ in 0..4 {
         let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-        c.write_all(
-            b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin\r\nContent-Length: 100\r\n\r\n{",
-        )
-        .await
-        .unwrap();
+        c.write_all(b"GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin\r\n\r\n").await.unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
         busy.push(c);
     }
     let t = Instant::now();
@@ -228,9 +228,10 @@ async fn at_an_addresss_cap_a_slow_peer_makes_room_and_only_busy_connections_tur
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for c in &mut busy {
-        let mut buf = [0u8; 1];
+        let mut buf = [0u8; 256];
+        // Still open: nothing to read yet, or more of the stream; never its end.
         let r = tokio::time::timeout(Duration::from_millis(200), c.read(&mut buf)).await;
-        assert!(r.is_err(), "a busy connection was closed for a newcomer: {r:?}");
+        assert!(matches!(r, Err(_) | Ok(Ok(1..))), "a busy connection was closed for a newcomer: {r:?}");
     }
     // Once they go, the API answers again.
     drop(busy);
@@ -283,5 +284,67 @@ async fn slow_peers_at_several_addresses_filling_the_cap_make_room_for_others() 
         }
     }
     assert!(closed >= 1, "no slow connection was closed to make room");
+    s.stop().await;
+}
+
+/// A connection from `ip` that sent a whole request head and part of its body, held open.
+async fn slow_body_from(ip: [u8; 4], to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind((std::net::Ipv4Addr::from(ip), 0).into()).unwrap();
+    let mut c = sock.connect(to).await.unwrap();
+    c.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    c
+}
+
+/// Found by a hostile review of the eviction above: a streamed answer counted as waiting for its peer once its head
+/// was sent, so the oldest connections — open event streams and followed logs — were the first an idle flood closed;
+/// and a request whose body trickled in counted as busy, so a token's slow uploads filled the cap and stalled everyone.
+/// Now a stream is the server's while it streams, and a body still coming is a wait on the peer like a slow head.
+#[tokio::test]
+async fn at_the_cap_streams_survive_an_idle_flood_and_slow_bodies_make_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        header_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(60),
+        max_connections: 8,
+        max_connections_per_ip: 4,
+    };
+    let s = started(dir.path(), limits, None).await;
+    let mut events = client(None).get(format!("{}/v1/events", s.url())).bearer_auth("admin").send().await.unwrap();
+    assert_eq!(events.status(), 200);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the stream is now the oldest connection
+    let mut held = Vec::new();
+    for ip in [[127, 0, 0, 2], [127, 0, 0, 3]] {
+        for _ in 0..4 {
+            held.push(half_sent_from(ip, s.addr).await);
+        }
+    }
+    // Slow bodies too, from a third and fourth address: each closes an older waiting connection, never the stream.
+    for ip in [[127, 0, 0, 4], [127, 0, 0, 5]] {
+        for _ in 0..4 {
+            held.push(slow_body_from(ip, s.addr).await);
+        }
+    }
+    // The cap is all slow peers and the stream: a newcomer still gets in (closing a slow body), and the stream
+    // still delivers.
+    let r = tokio::time::timeout(Duration::from_secs(20), whoami(&client(None), &s.url())).await;
+    assert_eq!(r.expect("whoami waited behind slow bodies").unwrap(), 200);
+    let node =
+        r#"{"spec": {"name": "n1", "gpus": [], "cpu": 1000, "mem": 1024, "labels": {}, "price_per_gpu_hour": 0}}"#;
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        client(None).post(format!("{}/v1/nodes", s.url())).bearer_auth("join").body(node).send(),
+    )
+    .await
+    .expect("registration waited behind slow peers")
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let chunk = tokio::time::timeout(Duration::from_secs(15), events.chunk()).await.expect("no event");
+    let chunk = chunk.expect("the event stream was closed for a slow peer").expect("the stream ended");
+    assert!(String::from_utf8_lossy(&chunk).contains("node_ready"), "{chunk:?}");
+    drop(held);
+    drop(events);
     s.stop().await;
 }
