@@ -839,7 +839,7 @@ impl Launcher {
                     if !ok {
                         tracing::warn!(job = t.job, rank = t.rank, "liveness probe failed");
                         *failed.lock().expect("probe lock") =
-                            Some(format!("failed its liveness probe ({})", l.command.join(" ")));
+                            Some(format!("failed its liveness probe ({})", shown_command(&l.command)));
                         if may_signal() {
                             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                         }
@@ -1195,8 +1195,24 @@ impl Launcher {
     }
 }
 
+/// A probe's command as the reason of a failure shows it (to the job's users, an admin's terminal, the events): its
+/// arguments joined by spaces, each with control characters escaped, so that what the job wrote stays one line.
+fn shown_command(args: &[String]) -> String {
+    let one = |a: &String| -> String {
+        a.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+    };
+    args.iter().map(one).collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
+    /// A probe's command that holds a line break (the job's own text) stays one line in the failure's reason.
+    #[test]
+    fn a_probe_command_is_shown_on_one_line() {
+        let args = vec!["sh".to_string(), "-c".into(), "x)\n  forged row\u{1b}[2J".into(), "\"quoted\"".into()];
+        assert_eq!(super::shown_command(&args), "sh -c x)\\n  forged row\\u{1b}[2J \"quoted\"");
+    }
+
     use super::*;
 
     #[test]

@@ -625,10 +625,24 @@ pub const RESERVED_ENV: &[&str] = &[
 ];
 
 /// Whether a character may stand in a name shown to other users (a job's name in `gpunet jobs`, the portal, events):
-/// not a control character (escape sequences, carriage returns and newlines forge or erase rows on a terminal) and not
-/// a bidirectional override or isolate (which reorder what is shown).
+/// not a control character (escape sequences, carriage returns and newlines forge or erase rows on a terminal), not a
+/// bidirectional mark, override or isolate (which reorder what is shown), not a line or paragraph separator, and not
+/// an invisible zero-width space or byte-order mark (a name that looks like another). The zero-width joiners that
+/// scripts and emoji need are allowed.
 pub fn printable(c: char) -> bool {
-    !c.is_control() && !matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    !c.is_control()
+        && !matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
 }
 
 /// Whether a job may not set `name` in its `env`: one of [`RESERVED_ENV`] or any `GPUNET_*`.
@@ -954,12 +968,19 @@ mod tests {
             "x\u{9b}2J",
             "abc\u{202E}fdp.exe",
             "\u{2066}x",
+            "a\u{061C}b",
+            "a\u{2028}b",
+            "ad\u{200B}min",
+            "\u{FEFF}x",
         ] {
             let e = core(bad).unwrap_err();
             assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some("name")), "{bad:?}");
             assert!(e.message.contains("printable"), "{}", e.message);
         }
-        for good in ["resnet-50 (fine-tune)", "日本語の実験", "Überprüfung", "emoji 🚀"] {
+        // Zero-width non-joiner and joiner: Persian words and emoji sequences need them.
+        for good in
+            ["resnet-50 (fine-tune)", "日本語の実験", "Überprüfung", "emoji 🚀", "می\u{200C}خواهم", "👩\u{200D}🔬"]
+        {
             core(good).unwrap();
         }
     }

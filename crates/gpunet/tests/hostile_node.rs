@@ -281,6 +281,30 @@ fn a_setsid_process_of_a_liveness_probe_dies_with_the_job() {
     wait_for(Duration::from_secs(20), || with_args(&["sleep", &m]).is_empty());
 }
 
+/// A tenant put line breaks in its liveness probe's command, which the failure's reason quotes: `gpunet show` and
+/// `gpunet why` on an admin's terminal printed a forged event row (found by a hostile review). The agent writes the
+/// command's control characters escaped, and the CLI prints every message on one line.
+#[test]
+fn a_probe_command_cannot_forge_lines_in_show_or_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup_in(dir.path(), &[]);
+    let _a = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    let body = r#"{"name": "lv", "tenant": "t", "gpus": 1, "max_restarts": 0, "command": ["sleep", "30"],
+        "liveness": {"command": ["false", "x)\n  2026-12-04 06:00:00  succeeded  FORGED\u001b[2J"],
+        "initial_delay": "100ms", "period": "500ms"}}"#;
+    let (code, out) = post_job(&s.url, body);
+    assert_eq!(code, 201, "{out}");
+    let id = json(&out)["id"].as_u64().unwrap();
+    wait_for(Duration::from_secs(30), || s.job_state(id) == "failed");
+    for cmd in ["show", "why"] {
+        let (ok, out, err) = s.cli("admin-secret", &[cmd, &id.to_string()]);
+        assert!(ok, "{err}");
+        assert!(out.lines().all(|l| !l.trim_start().starts_with("2026-12-04 06:00:00")), "{cmd}: {out}");
+        assert!(!out.contains('\u{1b}'), "{cmd}: {out:?}");
+        assert!(out.contains("FORGED"), "{cmd} shows the probe's reason: {out}");
+    }
+}
+
 #[test]
 fn tenants_run_as_distinct_users_and_cannot_see_read_or_signal_each_other() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -265,7 +265,7 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
             if !r.placement.is_empty() {
                 s += &format!("would start now on {}\n", placement_text(&r.placement));
             } else {
-                s += &format!("would wait: {}\n", r.message);
+                s += &format!("would wait: {}\n", client::printable(&r.message));
             }
             if let Some(e) = r.eta_ms {
                 s += &format!("predicted start {}\n", when(e));
@@ -543,10 +543,10 @@ pub(crate) fn show_text(j: &JobView, events: &[Event], wide: bool) -> String {
         s += &format!("  element job-{a}[{i}] of array job-{a}\n");
     }
     if let Some(d) = &j.spec.dependency {
-        s += &format!("  dependency {d}\n");
+        s += &format!("  dependency {}\n", client::printable(d));
     }
     if let Some(r) = &j.end_reason {
-        s += &format!("  ended: {r}\n");
+        s += &format!("  ended: {}\n", client::printable(r));
     }
     if let Some(est) = &j.estimate {
         s += &format!("  {}", client::estimate_line(est));
@@ -591,13 +591,19 @@ pub(crate) fn show_text(j: &JobView, events: &[Event], wide: bool) -> String {
             s += &format!("  {l}\n");
         }
         if let Some(m) = j.attempts.last().and_then(|a| a.message.as_ref()) {
-            s += &format!("  last end: {m}\n");
+            s += &format!("  last end: {}\n", client::printable(m));
         }
     }
     if !events.is_empty() {
         s += "events:\n";
         for e in events {
-            s += &format!("  {}  {:<16} {}\n", local(e.at_ms), e.kind, e.message);
+            // One line each, whatever the message holds (a probe's command is the job's text).
+            s += &format!(
+                "  {}  {:<16} {}\n",
+                local(e.at_ms),
+                client::printable(&e.kind),
+                client::printable(&e.message)
+            );
         }
     }
     s
@@ -736,8 +742,8 @@ pub(crate) async fn why(a: &IdArg) -> Result<()> {
         // A message that names the job already says what it is; others get the job and its state first.
         let named =
             e.message.starts_with(&format!("job-{} ", e.id)) || e.message.starts_with(&format!("array job-{} ", e.id));
-        let mut s =
-            if named { format!("{}\n", e.message) } else { format!("job-{} is {}: {}\n", e.id, e.state, e.message) };
+        let m = client::printable(&e.message);
+        let mut s = if named { format!("{m}\n") } else { format!("job-{} is {}: {m}\n", e.id, e.state) };
         if let Some(t) = e.eta_ms {
             s += &format!("predicted start {}\n", when(t));
         }
