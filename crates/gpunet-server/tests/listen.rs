@@ -169,19 +169,41 @@ async fn a_tls_client_that_never_says_hello_is_closed_within_the_bound() {
     s.stop().await;
 }
 
+/// Caps small enough for a test to fill, with timeouts long enough that only making room lets a newcomer in.
+fn small_caps() -> Limits {
+    Limits {
+        header_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(60),
+        max_connections: 8,
+        max_connections_per_ip: 4,
+    }
+}
+
+/// Three `whoami`s are answered within 20 s (not after the 60 s timeouts) although slow peers in `held` fill the cap,
+/// and at least one of them was closed to make room.
+async fn answered_in_place_of(s: &Running, held: &mut [tokio::net::TcpStream]) {
+    let t = Instant::now();
+    for _ in 0..3 {
+        let r = tokio::time::timeout(Duration::from_secs(20), whoami(&client(None), &s.url())).await;
+        assert_eq!(r.expect("whoami waited behind the slow peers").unwrap(), 200);
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let mut closed = 0;
+    for c in held.iter_mut() {
+        if closed_within(c, Instant::now(), Duration::from_secs(1)).await.is_some() {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no slow connection was closed to make room");
+}
+
 /// Slow peers could fill an address's share of connections and lock out every other client behind that address —
 /// every local client of `gpunet up` is 127.0.0.1. At the cap the longest-waiting half-sent connection makes room for
 /// a new one; only connections that are all busy with requests make the server turn a new one away.
 #[tokio::test]
 async fn at_an_addresss_cap_a_slow_peer_makes_room_and_only_busy_connections_turn_new_ones_away() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = Limits {
-        header_timeout: Duration::from_secs(60),
-        body_timeout: Duration::from_secs(60),
-        max_connections: 8,
-        max_connections_per_ip: 4,
-    };
-    let s = started(dir.path(), limits, None).await;
+    let s = started(dir.path(), small_caps(), None).await;
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
@@ -190,18 +212,7 @@ async fn at_an_addresss_cap_a_slow_peer_makes_room_and_only_busy_connections_tur
     }
     // Four half-sent heads hold the address's whole share, yet a client behind the same address is answered at once
     // (not after the 60 s header timeout), again and again, each time in place of one of them.
-    let t = Instant::now();
-    for _ in 0..3 {
-        assert_eq!(whoami(&client(None), &s.url()).await.unwrap(), 200);
-    }
-    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
-    let mut closed = 0;
-    for c in &mut held {
-        if closed_within(c, Instant::now(), Duration::from_secs(5)).await.is_some() {
-            closed += 1;
-        }
-    }
-    assert!(closed >= 1, "no slow connection was closed to make room");
+    answered_in_place_of(&s, &mut held).await;
     drop(held);
     // Four connections busy with requests (event streams the server is sending) are never closed for a newcomer:
     // it is. (A request whose body is still coming waits on its peer, and may be closed: see the last test.)
@@ -258,32 +269,14 @@ async fn half_sent_from(ip: [u8; 4], to: std::net::SocketAddr) -> tokio::net::Tc
 #[tokio::test]
 async fn slow_peers_at_several_addresses_filling_the_cap_make_room_for_others() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = Limits {
-        header_timeout: Duration::from_secs(60),
-        body_timeout: Duration::from_secs(60),
-        max_connections: 8,
-        max_connections_per_ip: 4,
-    };
-    let s = started(dir.path(), limits, None).await;
+    let s = started(dir.path(), small_caps(), None).await;
     let mut held = Vec::new();
     for ip in [[127, 0, 0, 2], [127, 0, 0, 3]] {
         for _ in 0..4 {
             held.push(half_sent_from(ip, s.addr).await);
         }
     }
-    let t = Instant::now();
-    for _ in 0..3 {
-        let r = tokio::time::timeout(Duration::from_secs(20), whoami(&client(None), &s.url())).await;
-        assert_eq!(r.expect("whoami waited behind the slow peers").unwrap(), 200);
-    }
-    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
-    let mut closed = 0;
-    for c in &mut held {
-        if closed_within(c, Instant::now(), Duration::from_millis(500)).await.is_some() {
-            closed += 1;
-        }
-    }
-    assert!(closed >= 1, "no slow connection was closed to make room");
+    answered_in_place_of(&s, &mut held).await;
     s.stop().await;
 }
 
@@ -305,13 +298,7 @@ async fn slow_body_from(ip: [u8; 4], to: std::net::SocketAddr) -> tokio::net::Tc
 #[tokio::test]
 async fn at_the_cap_streams_survive_an_idle_flood_and_slow_bodies_make_room() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = Limits {
-        header_timeout: Duration::from_secs(60),
-        body_timeout: Duration::from_secs(60),
-        max_connections: 8,
-        max_connections_per_ip: 4,
-    };
-    let s = started(dir.path(), limits, None).await;
+    let s = started(dir.path(), small_caps(), None).await;
     let mut events = client(None).get(format!("{}/v1/events", s.url())).bearer_auth("admin").send().await.unwrap();
     assert_eq!(events.status(), 200);
     tokio::time::sleep(Duration::from_millis(300)).await; // the stream is now the oldest connection
