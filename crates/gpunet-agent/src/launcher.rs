@@ -1196,24 +1196,21 @@ impl Launcher {
 }
 
 /// A probe's command as the reason of a failure shows it (to the job's users, an admin's terminal, the events): its
-/// arguments joined by spaces, each with control characters escaped, so that what the job wrote stays one line.
+/// arguments joined by spaces, each escaped ([`gpunet_api::spec::escape_unprintable`]), so that it stays one line.
 fn shown_command(args: &[String]) -> String {
-    let one = |a: &String| -> String {
-        a.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
-    };
-    args.iter().map(one).collect::<Vec<_>>().join(" ")
+    args.iter().map(|a| gpunet_api::spec::escape_unprintable(a)).collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// A probe's command that holds a line break (the job's own text) stays one line in the failure's reason.
     #[test]
     fn a_probe_command_is_shown_on_one_line() {
         let args = vec!["sh".to_string(), "-c".into(), "x)\n  forged row\u{1b}[2J".into(), "\"quoted\"".into()];
-        assert_eq!(super::shown_command(&args), "sh -c x)\\n  forged row\\u{1b}[2J \"quoted\"");
+        assert_eq!(shown_command(&args), "sh -c x)\\n  forged row\\u{1b}[2J \"quoted\"");
     }
-
-    use super::*;
 
     #[test]
     fn a_job_of_the_same_id_submitted_at_another_time_finds_none_of_the_previous_ones_files() {

@@ -645,6 +645,19 @@ pub fn printable(c: char) -> bool {
         )
 }
 
+/// `s` with every character that is not [`printable`] written as its escape (`\n`, `\u{1b}`), so that text a job
+/// chose (a stored name, a probe's command quoted in a failure) stays one line and cannot move a terminal's cursor,
+/// erase or forge rows. The CLI shows other users' text through it; the agent quotes a probe's command with it.
+pub fn escape_unprintable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().all(printable) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| if printable(c) { c.to_string() } else { c.escape_default().to_string() })
+        .collect::<String>()
+        .into()
+}
+
 /// Whether a job may not set `name` in its `env`: one of [`RESERVED_ENV`] or any `GPUNET_*`.
 pub fn reserved_env(name: &str) -> bool {
     name.starts_with("GPUNET_") || RESERVED_ENV.contains(&name)

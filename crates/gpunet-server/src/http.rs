@@ -256,7 +256,7 @@ impl Drop for StreamSlot {
 fn stream_slot(st: &AppState, h: &HeaderMap) -> R<StreamSlot> {
     let token = hash_token(bearer(h)?);
     // A tenant's tokens share a bound too (tokens are hashes; a tenant's key cannot be one: it has a colon).
-    let tenant = match who(st, h)? {
+    let tenant = match cred_of(st, &token)?.who {
         Principal::Tenant(t) => Some(format!("tenant:{t}")),
         _ => None,
     };

@@ -238,18 +238,9 @@ pub(crate) fn http_client(ca: Option<&std::path::Path>, idle_per_host: usize) ->
     Ok(b.build()?)
 }
 
-/// `s` with every character a terminal would act on (controls, bidirectional overrides) written as an escape
-/// (`\u{1b}`), so that text another user chose (a job's name, stored before the API refused such names) cannot move
-/// the cursor, erase or forge rows.
-pub(crate) fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.chars().all(gpunet_api::spec::printable) {
-        return s.into();
-    }
-    s.chars()
-        .map(|c| if gpunet_api::spec::printable(c) { c.to_string() } else { c.escape_unicode().to_string() })
-        .collect::<String>()
-        .into()
-}
+/// Text another user chose (a job's name, stored before the API refused such names; a message quoting a job's
+/// text), as a terminal may show it: [`gpunet_api::spec::escape_unprintable`].
+pub(crate) use gpunet_api::spec::escape_unprintable as printable;
 
 /// Prints a table with a header and right-padded columns; cells are made [`printable`].
 pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) -> String {
@@ -381,7 +372,7 @@ mod wait_tests {
         let out = super::table(&["ID", "NAME"], vec![vec!["7".into(), forged], vec!["8".into(), "日本".into()]]);
         assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
         assert_eq!(out.lines().count(), 3, "{out}");
-        assert!(out.contains(r"x\u{1b}[1A\u{d}\u{1b}[2K999  teamb  steal\u{a}row"), "{out}");
+        assert!(out.contains(r"x\u{1b}[1A\r\u{1b}[2K999  teamb  steal\nrow"), "{out}");
         assert!(out.contains("8   日本"), "{out}");
     }
 }
