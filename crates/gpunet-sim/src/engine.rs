@@ -142,6 +142,10 @@ pub struct SimConfig {
     /// writing a checkpoint); its GPUs stay allocated meanwhile, as live. Default: drawn from stop times measured on
     /// real processes (see [`crate::stop`]), at most the agent's grace period before SIGKILL.
     pub stop_time: crate::stop::StopTime,
+    /// The idealised placement of a bound: every job becomes one-GPU tasks that may sit on any GPU of any node (a
+    /// gang, no topology), so that the scheduler only counts free GPUs, as the models of scheduling papers do.
+    /// Not a cluster that exists: node boundaries, which strand GPUs and hold whole-node jobs back, are gone.
+    pub gpu_counting: bool,
 }
 
 impl SimConfig {
@@ -220,6 +224,7 @@ impl Default for SimConfig {
             autoscale: None,
             spot_jobs: SpotJobs::Preemptible,
             stop_time: crate::stop::StopTime::default(),
+            gpu_counting: false,
         }
     }
 }
@@ -880,6 +885,7 @@ pub fn simulate(
             let tenant = tenant_of[tj.tenant.as_str()];
             let gpus = tj.gpus;
             let tasks = match tj.tasks {
+                _ if cfg.gpu_counting && gpus > 0 => gpus,
                 Some(t) => t.max(1),
                 None if gpus > max_gpus => gpus.div_ceil(max_gpus),
                 None => 1,
@@ -891,6 +897,9 @@ pub fn simulate(
             }
             if let Some(m) = tj.memory_mib {
                 spec.task.mem = gpunet_core::MiB((m / tasks as u64).max(1));
+            }
+            if cfg.gpu_counting && tasks > 1 {
+                spec.topology = gpunet_core::TopologyScope::Any;
             }
             spec.priority = tj.priority;
             spec.preemptible = tj.preemptible;
@@ -1111,6 +1120,7 @@ pub fn simulate(
             gpunet_core::gittins::Rule::Median => "median",
         }
         .to_string(),
+        gpu_counting: cfg.gpu_counting,
         jobs: total,
         completed,
         failed,

@@ -122,6 +122,9 @@ pub struct SimResult {
     /// How learned estimates were ranked: `gittins` (their Gittins rank, under preemptive SRTF/SRGF) or `median`
     /// ([`gpunet_core::SchedConfig::learned_rule`]).
     pub learned_rank: String,
+    /// Placement was idealised to counting GPUs ([`crate::SimConfig::gpu_counting`]); absent from JSON when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_counting: bool,
     /// Jobs simulated.
     pub jobs: usize,
     /// Jobs that succeeded.

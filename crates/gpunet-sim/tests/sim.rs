@@ -587,3 +587,21 @@ fn preemptive_srtf_with_learned_estimates_finishes_every_pollux_job() {
     assert!(r.preemptions > 0, "it preempts");
     assert!(r.eviction_lost_fraction < 0.2, "{}", r.eviction_lost_fraction);
 }
+
+/// `gpu_counting`, by hand: two nodes of 4 GPUs. A and B (3 GPUs each) start at 0 on one node each, leaving one GPU
+/// free on each; C (2 GPUs) arrives at 10. On nodes C needs two free GPUs on one node: it waits for A's end at 100
+/// (JCT 140). Counting GPUs, C becomes two one-GPU tasks, one on each node's free GPU: it starts at once (JCT 50).
+#[test]
+fn gpu_counting_places_a_job_on_gpus_of_several_nodes() {
+    let cluster = ClusterSpec::from_toml(
+        "version = 1\n[[node_group]]\ncount = 2\ngpus_per_node = 4\ngpu_model = \"T4\"\n",
+        "two",
+    )
+    .unwrap();
+    let trace = csv("a,0,100,3,t\nb,0,100,3,t\nc,10,50,2,t\n");
+    let r = jcts_by_id(&trace, &cluster, &cfg(Policy::Fifo));
+    assert_eq!((r.jcts.clone(), r.gpu_counting), (vec![100.0, 100.0, 140.0], false));
+    let r = jcts_by_id(&trace, &cluster, &SimConfig { gpu_counting: true, ..cfg(Policy::Fifo) });
+    assert_eq!((r.jcts.clone(), r.gpu_counting), (vec![50.0, 100.0, 100.0], true));
+    assert_eq!(r.avg_wait_s, 0.0);
+}

@@ -87,6 +87,10 @@ pub(crate) struct SimOpts {
     /// policy's name inserted before the extension).
     #[arg(long)]
     pub(crate) jobs_out: Option<PathBuf>,
+    /// Idealised placement for bounds: every job becomes one-GPU tasks that may sit on any GPU of any node, so the
+    /// scheduler only counts free GPUs (no node boundaries or topology), as scheduling papers' models do.
+    #[arg(long)]
+    pub(crate) gpu_counting: bool,
     /// Which jobs may run on spot nodes: none, preemptible or all.
     #[arg(long, default_value = "preemptible")]
     pub(crate) spot_jobs: String,
@@ -231,6 +235,7 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
         autoscale,
         spot_jobs: o.spot_jobs.parse()?,
         stop_time,
+        gpu_counting: o.gpu_counting,
         ..base
     })
 }
