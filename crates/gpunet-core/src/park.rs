@@ -85,6 +85,98 @@ impl Waiting {
     }
 }
 
+/// The shapes of the jobs the pass walks (every tenant's queue, not the parked), kept as keys enter and leave the
+/// queues: per shape, how many jobs, their GPUs, bounds of their remaining estimates and one of them. Behind a
+/// blocked head a pass stops once every shape here is one it would skip (`backfill.rs`, `Pass::rest_skipped`)
+/// instead of stepping over the rest of a long queue one key at a time.
+///
+/// The bounds are kept cheaply and may be loose: the smallest estimate only falls and the largest only rises while
+/// the shape has jobs, and the job named is forgotten when it leaves (until another of the shape comes). Loose
+/// bounds only make the pass walk further, never stop early.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QueueShapes {
+    by: std::collections::BTreeMap<u64, ShapeSpan>,
+}
+
+/// One shape of the queue (see [`QueueShapes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShapeSpan {
+    pub(crate) shape: u64,
+    pub(crate) jobs: u32,
+    pub(crate) gpus: u64,
+    /// At most the smallest remaining estimate (ms) of its jobs.
+    pub(crate) min_est: u64,
+    /// At least the largest.
+    pub(crate) max_est: u64,
+    /// One of its jobs, when known.
+    pub(crate) job: Option<JobId>,
+}
+
+impl QueueShapes {
+    pub(crate) fn add(&mut self, k: &QueueKey) {
+        let s = self.by.entry(k.shape()).or_insert(ShapeSpan {
+            shape: k.shape(),
+            jobs: 0,
+            gpus: k.gpus,
+            min_est: k.est,
+            max_est: k.est,
+            job: None,
+        });
+        s.jobs += 1;
+        s.min_est = s.min_est.min(k.est);
+        s.max_est = s.max_est.max(k.est);
+        s.job = s.job.or(Some(k.job));
+    }
+
+    fn remove(&mut self, k: &QueueKey) {
+        if let std::collections::btree_map::Entry::Occupied(mut e) = self.by.entry(k.shape()) {
+            let s = e.get_mut();
+            s.jobs -= 1;
+            if s.job == Some(k.job) {
+                s.job = None;
+            }
+            if s.jobs == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    /// The first shape after `after` (all of them from the first with `None`), in the order of their hashes.
+    pub(crate) fn next_after(&self, after: Option<u64>) -> Option<ShapeSpan> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut r = match after {
+            None => self.by.range(..),
+            Some(s) => self.by.range((Excluded(s), Unbounded)),
+        };
+        r.next().map(|(_, s)| *s)
+    }
+
+    /// Whether `keys` (every key in the queues) agree with these: the same shapes with the same counts and GPUs,
+    /// each within its bounds, its job (if named) among them.
+    pub(crate) fn check<'k>(&self, keys: impl Iterator<Item = &'k QueueKey>) -> Result<(), String> {
+        let mut seen: std::collections::BTreeMap<u64, (u32, bool)> = Default::default();
+        for k in keys {
+            let s = self.by.get(&k.shape()).ok_or_else(|| format!("{}: its shape is not counted", k.job))?;
+            if k.est < s.min_est || k.est > s.max_est || k.gpus != s.gpus {
+                return Err(format!("{}: estimate or GPUs outside its shape's", k.job));
+            }
+            let e = seen.entry(k.shape()).or_default();
+            e.0 += 1;
+            e.1 |= s.job == Some(k.job);
+        }
+        for (shape, s) in &self.by {
+            let (n, named) = seen.get(shape).copied().unwrap_or_default();
+            if n != s.jobs || (s.job.is_some() && !named) {
+                return Err(format!(
+                    "shape {shape:x}: {} jobs counted, {n} queued, its job named queued: {named}",
+                    s.jobs
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ClusterState {
     /// Puts a queued job's key in its tenant's queue, or among the parked when its shape can never fit. `spec` is
     /// the job's (`None`: the job's entry in the state holds it).
@@ -107,6 +199,7 @@ impl ClusterState {
         let fresh = if never { t.parked.insert(k) } else { t.queue.insert(k) };
         if fresh && !never {
             self.merged.insert((k, tenant));
+            self.queue_shapes.add(&k);
         }
         debug_assert!(fresh, "{} queued twice", k.job);
         if fresh {
@@ -123,6 +216,7 @@ impl ClusterState {
         if t.queue.remove(k) {
             t.waiting.remove(k);
             self.merged.remove(&(*k, tenant));
+            self.queue_shapes.remove(k);
             return true;
         }
         if !t.parked.remove(k) {
@@ -161,6 +255,7 @@ impl ClusterState {
                 debug_assert!(was, "parked job missing from its tenant's parked set");
                 te.queue.insert(k);
                 self.merged.insert((k, t));
+                self.queue_shapes.add(&k);
             }
         }
     }

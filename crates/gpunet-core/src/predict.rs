@@ -75,10 +75,12 @@ impl ClusterState {
             .collect();
         let mut queued_no_gpu = 0;
         let mut merged = BTreeSet::new();
+        let mut queue_shapes = crate::park::QueueShapes::default();
         for (t, k) in &prefix {
             keep(&k.job);
             tenants[t.index()].queue.insert(*k);
             merged.insert((*k, *t));
+            queue_shapes.add(k);
             tenants[t.index()].waiting.add(k);
             queued_no_gpu += usize::from(self.jobs[&k.job].spec.task.gpus == 0);
         }
@@ -93,6 +95,7 @@ impl ClusterState {
             node_names: self.node_names.clone(),
             tenants,
             merged,
+            queue_shapes,
             tenant_names: self.tenant_names.clone(),
             shape: self.shape.clone(),
             book: self.book.clone(),

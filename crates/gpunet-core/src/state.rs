@@ -144,6 +144,8 @@ pub struct ClusterState {
     /// walk this one set instead of merging the tenants' queues through a heap (`schedule/order.rs`). Kept equal to
     /// the union of the queues by `park.rs::queue_insert`, `queue_remove` and `unpark_fitting`.
     pub(crate) merged: BTreeSet<(QueueKey, TenantId)>,
+    /// The shapes and estimates of the jobs in the tenants' queues (see [`crate::park::QueueShapes`]).
+    pub(crate) queue_shapes: crate::park::QueueShapes,
     pub(crate) tenant_names: HashMap<String, TenantId>,
     pub(crate) shape: QuotaShape,
     pub(crate) book: QuotaBook,
@@ -230,6 +232,7 @@ impl ClusterState {
             node_names: HashMap::new(),
             tenants: Vec::new(),
             merged: BTreeSet::new(),
+            queue_shapes: Default::default(),
             tenant_names: HashMap::new(),
             shape: QuotaShape::default(),
             book: QuotaBook::default(),
@@ -275,6 +278,7 @@ impl ClusterState {
             t.waiting = Default::default();
         }
         self.merged.clear();
+        self.queue_shapes = Default::default();
         self.parking = Default::default();
         // The jobs in a queue: queued ones, less the held and those waiting for a dependency (in no queue).
         let keys: Vec<(TenantId, QueueKey)> = self
@@ -1254,6 +1258,7 @@ impl ClusterState {
         if self.merged.len() != in_queues {
             return Err(format!("the merged queue holds {} keys, the tenants' queues {in_queues}", self.merged.len()));
         }
+        self.queue_shapes.check(self.tenants.iter().flat_map(|t| &t.queue))?;
         for j in self.jobs.values() {
             let q = in_queue.get(&j.id).copied().unwrap_or(0);
             if self.held.contains(&j.id) != j.held {

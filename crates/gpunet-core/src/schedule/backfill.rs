@@ -96,6 +96,67 @@ impl<'a> Pass<'a> {
         Behind::Try
     }
 
+    /// Whether the walk would skip every job still in the queue behind the head of reservation `r` without looking
+    /// at it (so it may stop here, with the same decisions): each shape of the queue (`ClusterState::queue_shapes`)
+    /// needs more GPUs than are free, can never fit, or failed to place in this pass as a job that ends before the
+    /// reservation and as one that outlasts it (each only if the shape has such jobs). Free resources only shrink
+    /// and failures only grow within a pass, so a shape once skipped stays skipped: the shapes are looked at in
+    /// order, each again only when something changed. Never while explaining (that walk goes on to the jobs it
+    /// explains).
+    ///
+    /// A shape that has not failed yet is tried with one of its jobs (as `backfill` would try it, and remembered in
+    /// `failed` in the same way) when no tenant has a quota: quota admission comes before the memo in the walk, and a
+    /// job the memo skips never reaches it, so with quotas an earlier memo could change which held jobs make room.
+    pub(super) fn rest_skipped(&mut self, r: &Res) -> bool {
+        if !self.stop_early || self.trace.is_some() || self.noting.is_some() {
+            return false;
+        }
+        let seen = (self.failed.len(), self.never_shapes.len(), self.free.total_gpus);
+        if self.skipped_seen == Some(seen) {
+            return false;
+        }
+        let st = self.st;
+        let probe = r.at != Time::MAX && st.shape.tenants.iter().all(|(q, _)| q.is_none());
+        let now = self.now;
+        let long = |est: u64| est == u64::MAX || now.0.saturating_add(est) > r.at.0;
+        while let Some(s) = st.queue_shapes.next_after(self.skipped_upto) {
+            let skipped = s.gpus > self.free.total_gpus
+                || self.never_shapes.contains(&s.shape)
+                || ((long(s.min_est) || self.fails(r, &s, false, probe))
+                    && (!long(s.max_est) || self.fails(r, &s, true, probe)));
+            if !skipped {
+                self.skipped_seen = Some((self.failed.len(), self.never_shapes.len(), self.free.total_gpus));
+                return false;
+            }
+            self.skipped_upto = Some(s.shape);
+        }
+        true
+    }
+
+    /// Whether jobs of shape `s` that outlast the reservation (`long`) or end before it fail to place: known from
+    /// `failed`, or (`probe`) found by trying one of its jobs and remembered there.
+    fn fails(&mut self, r: &Res, s: &crate::park::ShapeSpan, long: bool, probe: bool) -> bool {
+        if self.failed.contains(&(s.shape, long)) {
+            return true;
+        }
+        if !probe {
+            return false;
+        }
+        let Some(job) = s.job.and_then(|j| self.st.jobs.get(&j)) else { return false };
+        if job.spec.elastic.is_some() {
+            return false;
+        }
+        let classes = self.eligible(&job.spec);
+        if r.forbid.iter().any(|c| classes.contains(c)) {
+            return false;
+        }
+        if self.try_place(job, &classes, if long { Some(&r.hold) } else { None }).is_some() {
+            return false;
+        }
+        self.failed.insert((s.shape, long));
+        true
+    }
+
     /// Tries `job` behind the head's reservation `r` on `classes` (`narrowed`: fewer than its eligible classes,
     /// because of per-model quota; `shape`: its queue-key shape). A job that ends before the reservation may use
     /// anything free; a longer one keeps off what the reservation holds. Returns whether it started.
@@ -408,5 +469,106 @@ mod tests {
         let ds = s.step(Time::from_secs(5)).unwrap();
         assert_eq!(started(&ds), vec![10, 11, 12, 13, 14]);
         s.check_invariants().unwrap();
+    }
+
+    /// The pass's decisions and how many queue entries its walk took, with or without stopping once the rest of
+    /// the queue would be skipped.
+    fn pass(s: &ClusterState, now: Time, stop_early: bool) -> (Vec<Decision>, usize) {
+        let mut p = crate::schedule::Pass::new(s, now, None);
+        p.stop_early = stop_early;
+        p.run();
+        (p.decisions, p.walked)
+    }
+
+    /// One node of 4 GPUs: a job holds 3 until t=100, the head wants all 4 (reserved from t=100). Behind it, 500
+    /// 1-GPU jobs of 1,000 s (they would outlast the reservation: none may take the free GPU) and 500 of 2 GPUs (no
+    /// room). A 1-GPU job tried on what the reservation leaves fails (the pass tries one such job as the walk would,
+    /// no tenant having a quota) and the 2-GPU ones need more GPUs than are free: the walk has nothing left to find
+    /// and stops at the first entry behind the head instead of going through the whole queue, deciding the same.
+    #[test]
+    fn the_walk_stops_once_every_shape_behind_the_head_has_failed() {
+        let c = SchedConfig { backfill: true, backfill_depth: 100_000, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 4)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "run", 3, 1).estimate(Dur::from_secs(100)), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(10)), 1);
+        for i in 0..1000 {
+            let gpus = 1 + (i % 2) as u32;
+            submit(&mut s, 10 + i, JobSpec::new(t0(), "long", gpus, 1).estimate(Dur::from_secs(1000)), 2);
+        }
+        let now = Time::from_secs(5);
+        let (fast, walked) = pass(&s, now, true);
+        let (slow, all) = pass(&s, now, false);
+        assert_eq!(fast, slow);
+        assert!(started(&fast).is_empty(), "{fast:?}");
+        assert_eq!((walked, all), (2, 1001), "the head and the next, against the whole queue");
+        // A short 1-GPU job at the end may take the free GPU (it ends before t=100): the walk must reach it.
+        submit(&mut s, 5000, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(20)), 3);
+        let (fast, walked) = pass(&s, now, true);
+        assert_eq!(started(&fast), vec![5000]);
+        assert_eq!((fast, walked), (pass(&s, now, false).0, 1002));
+    }
+
+    /// Stopping the walk once the rest of the queue would be skipped changes no decision: random clusters, queues
+    /// (jobs of 1–8 GPUs, with and without estimates) and running jobs, job-ordering and share-ordering policies,
+    /// with and without quotas (which turn the shape probe off), four passes each; and some passes do stop early.
+    #[test]
+    fn stopping_early_behind_the_head_decides_the_same() {
+        use proptest::prelude::*;
+        let policies = [Policy::Fifo, Policy::Sjf, Policy::Srtf, Policy::FairShare, Policy::Drf];
+        let strategy = (
+            proptest::collection::vec((0usize..5, 1u64..20_000, 0u32..3, 0u8..8), 1..400),
+            0usize..policies.len(),
+            1usize..60,
+            any::<bool>(),
+            1usize..4,
+        );
+        let config = ProptestConfig { cases: 128, ..Default::default() };
+        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let (stopped, passes) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        runner
+            .run(&strategy, |(jobs, policy, depth, quotas, nodes)| {
+                let c = SchedConfig { backfill: true, backfill_depth: depth, ..cfg(policies[policy]) };
+                let ns = (0..nodes).map(|i| node(&format!("n{i}"), GpuModel::T4, 4 + 2 * i)).collect();
+                let mut s = cluster(c, ns, &[]);
+                for t in ["a", "b", "c"] {
+                    let spec = TenantSpec::new(t);
+                    s.add_tenant(if quotas { spec.quota(Quota::gpus(2, 6)) } else { spec }).unwrap();
+                }
+                for (i, (g, secs, t, est)) in jobs.iter().enumerate() {
+                    let mut spec = JobSpec::new(TenantId(*t), "j", [1, 1, 2, 4, 8][*g], 1);
+                    if *est > 2 {
+                        spec = spec.estimate(Dur::from_secs(*secs));
+                    }
+                    submit(&mut s, i as u64 + 1, spec, i as u64);
+                }
+                let mut now = Time::from_secs(jobs.len() as u64);
+                for round in 0..4u64 {
+                    let (fast, walked) = pass(&s, now, true);
+                    let (slow, all) = pass(&s, now, false);
+                    prop_assert_eq!(&fast, &slow);
+                    prop_assert!(walked <= all);
+                    stopped.set(stopped.get() + usize::from(walked < all));
+                    passes.set(passes.get() + 1);
+                    for d in &fast {
+                        s.apply(d, now).unwrap();
+                    }
+                    s.check_invariants().unwrap();
+                    // Some running jobs end.
+                    let ending: Vec<JobId> = s
+                        .jobs()
+                        .filter(|j| j.state == JobState::Running && j.id.0 % 3 == round % 3)
+                        .map(|j| j.id)
+                        .collect();
+                    now = now + Dur::from_secs(50);
+                    for id in ending {
+                        s.finish(id, now, true).unwrap();
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(stopped.get() >= 5, "{} of {} passes stopped early", stopped.get(), passes.get());
     }
 }

@@ -152,6 +152,15 @@ struct Pass<'a> {
     failed: FxHashSet<(u64, bool)>,
     /// The last entry of `failed` a lookup found (`backfill::behind_head`).
     failed_hit: std::cell::Cell<Option<(u64, bool)>>,
+    /// Behind the head: the last of the queue's shapes (`ClusterState::queue_shapes`, in hash order) found to be one
+    /// the walk skips, and what that was decided on (`backfill::rest_skipped`).
+    skipped_upto: Option<u64>,
+    skipped_seen: Option<(usize, usize, u64)>,
+    /// Whether the walk behind the head may stop once the rest of the queue would be skipped (off only in tests
+    /// that check it decides the same either way).
+    stop_early: bool,
+    /// Queue entries the walk took.
+    walked: usize,
     decisions: Vec<Decision>,
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
@@ -182,6 +191,10 @@ impl<'a> Pass<'a> {
             never: FxHashMap::default(),
             failed: FxHashSet::default(),
             failed_hit: std::cell::Cell::new(None),
+            skipped_upto: None,
+            skipped_seen: None,
+            stop_early: true,
+            walked: 0,
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
             started: Vec::new(),
@@ -222,6 +235,7 @@ impl<'a> Pass<'a> {
                 order.next(|t| this.share(t))
             };
             let Some((t, key)) = next else { break };
+            self.walked += 1;
             let (jid, sig) = (key.job, key.sig);
             let mut traced = self.trace == Some(jid);
             let noted = self.noted(jid);
@@ -235,7 +249,9 @@ impl<'a> Pass<'a> {
                 }
             } else if let Some(r) = &res {
                 after_block += 1;
-                match self.behind_head(r, &key, after_block, traced) {
+                let behind =
+                    if self.rest_skipped(r) { Behind::Stop } else { self.behind_head(r, &key, after_block, traced) };
+                match behind {
                     Behind::Try => {}
                     // A job the pass skips cannot start now; one whose outcome is noted is looked at like a traced
                     // one, to find why (nothing it finds changes what the pass decides).
