@@ -1456,6 +1456,8 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
                 j.spec.task.mem.0,
                 j.spec.allow_mixed_models,
                 j.spec.elastic.is_some(),
+                // Spot first, then anywhere: a search of its own (`Pass::try_place`).
+                j.spec.prefer_spot,
             )
                 .hash(&mut h);
             h.finish()

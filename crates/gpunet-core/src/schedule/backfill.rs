@@ -143,7 +143,9 @@ impl<'a> Pass<'a> {
             return false;
         }
         let Some(job) = s.job.and_then(|j| self.st.jobs.get(&j)) else { return false };
-        if job.spec.elastic.is_some() {
+        // Not an elastic job (tried at several sizes), nor a gang within one rack: that search looks at the 64
+        // racks with the fewest sufficient free GPUs only, so a failure now need not last while other jobs start.
+        if job.spec.elastic.is_some() || job.spec.topology == crate::job::TopologyScope::Rack {
             return false;
         }
         let classes = self.eligible(&job.spec);
@@ -509,15 +511,30 @@ mod tests {
         assert_eq!((fast, walked), (pass(&s, now, false).0, 1002));
     }
 
+    /// A job that prefers spot searches the spot nodes first, then all of them: not the search a job that does not
+    /// prefer spot makes, so the failure of one says nothing of the other (the memo of failed shapes and the walk's
+    /// early stop go by shape).
+    #[test]
+    fn preferring_spot_makes_a_shape_of_its_own() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 4)], &["a"]);
+        let plain = JobSpec::new(t0(), "j", 1, 1);
+        let spot = JobSpec { prefer_spot: true, ..plain.clone() };
+        submit(&mut s, 1, plain, 0);
+        submit(&mut s, 2, spot, 0);
+        let shape = |id: u64| crate::state::queue_key(&s.cfg, s.job(JobId(id)).unwrap()).shape();
+        assert_ne!(shape(1), shape(2));
+    }
+
     /// Stopping the walk once the rest of the queue would be skipped changes no decision: random clusters, queues
-    /// (jobs of 1–8 GPUs, with and without estimates) and running jobs, job-ordering and share-ordering policies,
-    /// with and without quotas (which turn the shape probe off), four passes each; and some passes do stop early.
+    /// (jobs of 1–8 GPUs and rack gangs, with and without estimates) and running jobs, job-ordering and
+    /// share-ordering policies, with and without quotas (which turn the shape probe off), four passes each; and
+    /// some passes do stop early.
     #[test]
     fn stopping_early_behind_the_head_decides_the_same() {
         use proptest::prelude::*;
         let policies = [Policy::Fifo, Policy::Sjf, Policy::Srtf, Policy::FairShare, Policy::Drf];
         let strategy = (
-            proptest::collection::vec((0usize..5, 1u64..20_000, 0u32..3, 0u8..8), 1..400),
+            proptest::collection::vec((0usize..6, 1u64..20_000, 0u32..3, 0u8..8), 1..400),
             0usize..policies.len(),
             1usize..60,
             any::<bool>(),
@@ -537,7 +554,11 @@ mod tests {
                     s.add_tenant(if quotas { spec.quota(Quota::gpus(2, 6)) } else { spec }).unwrap();
                 }
                 for (i, (g, secs, t, est)) in jobs.iter().enumerate() {
-                    let mut spec = JobSpec::new(TenantId(*t), "j", [1, 1, 2, 4, 8][*g], 1);
+                    // The sixth: a gang of two 2-GPU tasks within one rack (never tried ahead by the pass).
+                    let mut spec = JobSpec::new(TenantId(*t), "j", [1, 1, 2, 4, 8, 2][*g], 1 + u32::from(*g == 5));
+                    if *g == 5 {
+                        spec.topology = TopologyScope::Rack;
+                    }
                     if *est > 2 {
                         spec = spec.estimate(Dur::from_secs(*secs));
                     }
