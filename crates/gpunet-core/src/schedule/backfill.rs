@@ -33,6 +33,14 @@ pub(super) enum Behind {
     Stop,
 }
 
+/// Whether a failure to place `spec` in a pass says that every job of its shape fails for the rest of the pass (free
+/// resources only shrink): not for an elastic job (tried at several sizes), nor for a gang within one rack, whose
+/// search looks only at the 64 racks with the fewest sufficient free GPUs, so that it may fail now and fit once other
+/// starts have moved racks out of those 64.
+fn memoizable(spec: &crate::job::JobSpec) -> bool {
+    spec.elastic.is_none() && !(spec.topology == crate::job::TopologyScope::Rack && spec.tasks > 1)
+}
+
 /// Extends `order` to `n` releases, merging running jobs and jobs started in this pass by estimated end; stops at
 /// jobs without an estimate.
 fn pull_releases<'x>(
@@ -143,9 +151,7 @@ impl<'a> Pass<'a> {
             return false;
         }
         let Some(job) = s.job.and_then(|j| self.st.jobs.get(&j)) else { return false };
-        // Not an elastic job (tried at several sizes), nor a gang within one rack: that search looks at the 64
-        // racks with the fewest sufficient free GPUs only, so a failure now need not last while other jobs start.
-        if job.spec.elastic.is_some() || job.spec.topology == crate::job::TopologyScope::Rack {
+        if !memoizable(&job.spec) {
             return false;
         }
         let classes = self.eligible(&job.spec);
@@ -178,7 +184,7 @@ impl<'a> Pass<'a> {
         let end = ClusterState::est_end(job, self.now);
         let short = end <= r.at;
         let hold = if short { None } else { Some(&r.hold) };
-        let memo = spec.elastic.is_none() && !narrowed;
+        let memo = memoizable(spec) && !narrowed;
         if let Some(p) = self.try_place(job, classes, hold) {
             self.commit_start(job, p, true);
             return true;
