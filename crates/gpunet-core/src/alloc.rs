@@ -233,6 +233,13 @@ impl Topology {
     }
 }
 
+impl ClassFree {
+    /// The most free whole GPUs on one schedulable node of the class.
+    pub(crate) fn largest(&self) -> u32 {
+        self.buckets.iter().rposition(|b| !b.is_empty()).unwrap_or(0) as u32
+    }
+}
+
 impl Free {
     /// Makes room for a node added to `topo` (not yet schedulable).
     pub(crate) fn add_node(&mut self, topo: &Topology, id: NodeId) {

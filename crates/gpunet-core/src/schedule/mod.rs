@@ -159,6 +159,11 @@ struct Pass<'a> {
     /// Whether the walk behind the head may stop once the rest of the queue would be skipped (off only in tests
     /// that check it decides the same either way).
     stop_early: bool,
+    /// Whether a victim search gives up at once when no node could hold a one-task job even with its candidates
+    /// gone (`preempt::one_node_room_possible`; off only in tests that check it decides the same either way).
+    room_precheck: bool,
+    /// Victim searches that check gave up on.
+    prechecked: usize,
     /// Queue entries the walk took.
     walked: usize,
     decisions: Vec<Decision>,
@@ -194,6 +199,8 @@ impl<'a> Pass<'a> {
             skipped_upto: None,
             skipped_seen: None,
             stop_early: true,
+            room_precheck: true,
+            prechecked: 0,
             walked: 0,
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),

@@ -150,6 +150,48 @@ impl Pass<'_> {
         best.map(|(_, _, take)| take)
     }
 
+    /// Whether a one-task job of `gpus` GPUs could find them free on one eligible node of `base` once at most
+    /// `budget` of the candidates (`cands` on `nodes`, `None` for a job on several nodes) are evicted, counting
+    /// GPUs only: a necessary condition for [`Self::find_victims`] to succeed.
+    fn one_node_room_possible(
+        &self,
+        base: &Free,
+        cands: &[(u64, u32, JobId, PreemptReason)],
+        nodes: &[Option<crate::ids::NodeId>],
+        gpus: u32,
+        classes: &[u32],
+        budget: u32,
+    ) -> bool {
+        let st = self.st;
+        // A node free enough already (its search may still fail on CPU, memory or a holdback): possible.
+        for &c in classes {
+            if base.classes.get(c as usize).is_some_and(|cf| cf.largest() >= gpus) {
+                return true;
+            }
+        }
+        // GPUs each candidate frees per node, largest first within a node.
+        let mut per: Vec<(crate::ids::NodeId, std::cmp::Reverse<u32>)> = Vec::with_capacity(cands.len());
+        for (c, n) in cands.iter().zip(nodes) {
+            match n {
+                Some(n) => per.push((*n, std::cmp::Reverse(c.1))),
+                None => {
+                    let run = st.jobs[&c.2].run.as_ref().expect("candidate runs");
+                    for tp in &run.placement.tasks {
+                        per.push((tp.node, std::cmp::Reverse(tp.gpu_mask.count_ones())));
+                    }
+                }
+            }
+        }
+        per.sort_unstable();
+        per.chunk_by(|a, b| a.0 == b.0).any(|group| {
+            let n = group[0].0;
+            let f = &base.nodes[n.index()];
+            f.schedulable
+                && classes.contains(&st.topo.nodes[n.index()].class)
+                && f.mask.count_ones() + group.iter().take(budget as usize).map(|g| g.1 .0).sum::<u32>() >= gpus
+        })
+    }
+
     /// Victims whose eviction lets the head start, with fewest lost GPU-time then fewest jobs, within the rate limit.
     /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
@@ -180,6 +222,10 @@ impl Pass<'_> {
         };
         if quota_blocked && !prio_possible && !las && !shorter && st.evicting.is_empty() {
             return None;
+        }
+        let budget = cfg.max_per_interval.saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
+        if budget == 0 && st.evicting.is_empty() {
+            return None; // no eviction under way to wait for, and none may be made
         }
         let within_guarantee = shape.tenants[t.index()].0.is_some()
             && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
@@ -229,7 +275,6 @@ impl Pass<'_> {
                 ));
             }
         }
-        let budget = cfg.max_per_interval.saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
         if budget == 0 {
             return None;
         }
@@ -335,6 +380,16 @@ impl Pass<'_> {
         }
         if cands.is_empty() {
             return None;
+        }
+        // A one-task job needs its GPUs on one node: unless some eligible node can have them free once at most
+        // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
+        // node and victims), so it is not made.
+        if self.room_precheck && tasks == 1 && spec.task.gpus > 0 {
+            let base = if pending_evictions { &fut } else { &self.free };
+            if !self.one_node_room_possible(base, &cands, &cand_nodes, spec.task.gpus, classes, budget) {
+                self.prechecked += 1;
+                return None;
+            }
         }
         // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
         let key = |i: &usize| {
@@ -901,5 +956,115 @@ mod tests {
         submit(&mut s, 2, JobSpec::new(t0(), "short", 4, 1).estimate(Dur::from_secs(50)), 5);
         let ds = schedule(&s, Time::from_secs(10));
         assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 400, waiting_s: 200 })]);
+    }
+
+    /// The pass's decisions and how many victim searches the one-node check gave up on, with or without it.
+    fn pass_with(s: &ClusterState, now: Time, precheck: bool) -> (Vec<Decision>, usize) {
+        let mut p = crate::schedule::Pass::new(s, now, None);
+        p.room_precheck = precheck;
+        p.run();
+        (p.decisions, p.prechecked)
+    }
+
+    /// By hand: two 4-GPU nodes, each running a long 2-GPU job (a candidate: 10,000 s left) and a short one (100 s
+    /// left, not 8× longer than anything). A 4-GPU job of 1,000 s waits: evicting both long jobs frees 2 GPUs on
+    /// each node, never 4 on one, so the search gives up before ranking candidates, as the full search would.
+    /// A 2-GPU job of 500 s (ahead of it: shorter) has room on a long job's node once that job goes: that search
+    /// is made and evicts one long job.
+    #[test]
+    fn a_victim_search_gives_up_when_no_node_can_hold_the_job() {
+        let mut c = preemptive(Policy::Srtf, 60);
+        c.preemption.shorter_ratio = 8;
+        c.backfill = true;
+        let ns = vec![node("n0", GpuModel::T4, 4), node("n1", GpuModel::T4, 4)];
+        let mut s = cluster(c, ns, &["a"]);
+        // One at a time: each long job, then a short one beside it (the fullest node that fits).
+        for (id, name, secs) in [(1, "long", 10_500), (3, "short", 600), (2, "long", 10_500), (4, "short", 600)] {
+            submit(&mut s, id, JobSpec::new(t0(), name, 2, 1).estimate(Dur::from_secs(secs)), 0);
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![id]);
+        }
+        let on = |id: u64| s.job(JobId(id)).unwrap().run.as_ref().unwrap().placement.tasks[0].node;
+        assert_ne!(on(1), on(2), "the long jobs share no node");
+        submit(&mut s, 5, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(1000)), 400);
+        let now = Time::from_secs(500);
+        let (fast, gave_up) = pass_with(&s, now, true);
+        let (slow, _) = pass_with(&s, now, false);
+        assert_eq!(fast, slow);
+        assert!(preempts(&fast).is_empty(), "{fast:?}");
+        assert_eq!(gave_up, 1);
+        submit(&mut s, 6, JobSpec::new(t0(), "narrow", 2, 1).estimate(Dur::from_secs(500)), 450);
+        let (fast, _) = pass_with(&s, now, true);
+        assert_eq!(fast, pass_with(&s, now, false).0);
+        let victims: Vec<u64> = preempts(&fast).into_iter().map(|(j, _)| j).collect();
+        assert!(victims == [1] || victims == [2], "{fast:?}");
+    }
+
+    /// The one-node check changes no decision: random clusters of 4- and 8-GPU nodes running jobs of 1–8 GPUs (some
+    /// on two nodes), queues of shorter and longer jobs of 1–8 GPUs, preemptive SRTF, SRGF, SJF, priority and LAS,
+    /// with and without backfill, a tight or loose eviction budget; three passes each, some jobs ending between
+    /// them. And the check does give up on some searches.
+    #[test]
+    fn giving_up_on_a_victim_search_decides_the_same() {
+        use proptest::prelude::*;
+        let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las];
+        let strategy = (
+            proptest::collection::vec((0usize..6, 100u64..100_000, 0i32..3), 1..24),
+            proptest::collection::vec((0usize..6, 10u64..20_000, 0i32..3), 1..40),
+            proptest::collection::vec(any::<bool>(), 1..5),
+            0usize..policies.len(),
+            any::<bool>(),
+            1u32..30,
+        );
+        let config = ProptestConfig { cases: 256, ..Default::default() };
+        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let (gave_up, preempted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        // (GPUs per task, tasks): the sixth runs on two nodes.
+        let shapes = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
+        runner
+            .run(&strategy, |(running, queued, big, policy, backfill, budget)| {
+                let mut c = preemptive(policies[policy], 60);
+                c.backfill = backfill;
+                c.preemption.max_per_interval = budget;
+                let ns =
+                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
+                let mut s = cluster(c, ns.collect(), &["a"]);
+                for (i, (k, secs, prio)) in running.iter().enumerate() {
+                    let (g, tasks) = shapes[*k];
+                    let spec = JobSpec::new(t0(), "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    submit(&mut s, i as u64 + 1, spec, 0);
+                }
+                s.step(Time::ZERO).unwrap();
+                for (i, (k, secs, prio)) in queued.iter().enumerate() {
+                    let (g, tasks) = shapes[*k];
+                    let spec = JobSpec::new(t0(), "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    submit(&mut s, 1000 + i as u64, spec, 100);
+                }
+                let mut now = Time::from_secs(600);
+                for round in 0..3u64 {
+                    let (fast, n) = pass_with(&s, now, true);
+                    let (slow, _) = pass_with(&s, now, false);
+                    prop_assert_eq!(&fast, &slow);
+                    gave_up.set(gave_up.get() + n);
+                    preempted.set(preempted.get() + preempts(&fast).len());
+                    for d in &fast {
+                        s.apply(d, now).unwrap();
+                    }
+                    s.check_invariants().unwrap();
+                    let ending: Vec<JobId> = s
+                        .jobs()
+                        .filter(|j| j.state == JobState::Running && j.id.0 % 3 == round % 3)
+                        .map(|j| j.id)
+                        .collect();
+                    now = now + Dur::from_secs(300);
+                    for id in ending {
+                        s.finish(id, now, true).unwrap();
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(gave_up.get() >= 20, "the check gave up on {} searches", gave_up.get());
+        assert!(preempted.get() >= 20, "{} evictions", preempted.get());
     }
 }
