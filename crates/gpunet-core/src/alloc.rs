@@ -234,6 +234,13 @@ impl Topology {
 }
 
 impl ClassFree {
+    /// Becomes a copy of `src`, reusing its own buffers.
+    fn copy_from(&mut self, src: &ClassFree) {
+        self.buckets.clone_from(&src.buckets);
+        self.free_gpus = src.free_gpus;
+        self.rack_free.clone_from(&src.rack_free);
+    }
+
     /// The most free whole GPUs on one schedulable node of the class.
     pub(crate) fn largest(&self) -> u32 {
         self.buckets.iter().rposition(|b| !b.is_empty()).unwrap_or(0) as u32
@@ -241,6 +248,18 @@ impl ClassFree {
 }
 
 impl Free {
+    /// Becomes a copy of `src`, reusing its own buffers (no allocation once they have grown to `src`'s sizes).
+    pub(crate) fn copy_from(&mut self, src: &Free) {
+        self.nodes.clone_from(&src.nodes);
+        self.classes.truncate(src.classes.len());
+        for (mine, theirs) in self.classes.iter_mut().zip(&src.classes) {
+            mine.copy_from(theirs);
+        }
+        let have = self.classes.len();
+        self.classes.extend_from_slice(&src.classes[have..]);
+        self.total_gpus = src.total_gpus;
+    }
+
     /// Makes room for a node added to `topo` (not yet schedulable).
     pub(crate) fn add_node(&mut self, topo: &Topology, id: NodeId) {
         let t = &topo.nodes[id.index()];

@@ -164,6 +164,8 @@ struct Pass<'a> {
     room_precheck: bool,
     /// Victim searches that check gave up on.
     prechecked: usize,
+    /// A victim search's copy of the free resources, kept for the next search (`preempt::find_victims`).
+    scratch: Free,
     /// Queue entries the walk took.
     walked: usize,
     decisions: Vec<Decision>,
@@ -201,6 +203,7 @@ impl<'a> Pass<'a> {
             stop_early: true,
             room_precheck: true,
             prechecked: 0,
+            scratch: Free::default(),
             walked: 0,
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),

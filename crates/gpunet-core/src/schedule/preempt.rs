@@ -196,6 +196,22 @@ impl Pass<'_> {
     /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
     fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
+        // What is free once evictions are made is worked out in a buffer kept between searches: copying the pass's
+        // free resources into it allocates nothing once it has grown.
+        let mut fut = std::mem::take(&mut self.scratch);
+        let found = self.search_victims(&mut fut, job, classes, quota_blocked);
+        self.scratch = fut;
+        found
+    }
+
+    /// [`Self::find_victims`], with `fut` to work in.
+    fn search_victims(
+        &mut self,
+        fut: &mut Free,
+        job: &Job,
+        classes: &[u32],
+        quota_blocked: bool,
+    ) -> Option<(Vec<JobId>, Res)> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
         let spec = &job.spec;
@@ -230,23 +246,30 @@ impl Pass<'_> {
         let within_guarantee = shape.tenants[t.index()].0.is_some()
             && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
         let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
-        let class_set: HashSet<u32> = classes.iter().copied().collect();
+        // Class indexes below 64 are looked up in a bit mask, others in a set (made only when there are such).
+        let mut class_mask = 0u64;
+        for c in classes {
+            class_mask |= if *c < 64 { 1u64 << c } else { u64::MAX };
+        }
+        let exact_mask = classes.iter().all(|c| *c < 64);
+        let class_set: HashSet<u32> = if exact_mask { HashSet::new() } else { classes.iter().copied().collect() };
+        let eligible_class =
+            |c: u32| if exact_mask { c < 64 && class_mask & (1u64 << c) != 0 } else { class_set.contains(&c) };
         let on_eligible = |j: &Job| {
             j.run.as_ref().is_some_and(|r| {
-                r.placement.tasks.iter().any(|tp| class_set.contains(&st.topo.nodes[tp.node.index()].class))
+                r.placement.tasks.iter().any(|tp| eligible_class(st.topo.nodes[tp.node.index()].class))
             })
         };
         let req = job_qvec(spec, tasks, None);
         // Evictions already under way count first: if they make room, wait for them. (The free pool and the quota
         // book are copied only when an eviction under way is there to count.)
-        let mut fut = Free::default();
         let mut fut_book: Option<QuotaBook> = None;
         let mut pending_evictions = false;
         for id in &st.evicting {
             let j = &st.jobs[id];
             if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
                 if !pending_evictions {
-                    fut = self.free.clone();
+                    fut.copy_from(&self.free);
                 }
                 let run = j.run.as_ref().expect("evicting job runs");
                 for tp in &run.placement.tasks {
@@ -267,8 +290,8 @@ impl Pass<'_> {
         let quota_ok =
             |b: &Option<QuotaBook>| !quota_blocked || b.as_ref().is_some_and(|b| b.admit(shape, t, &req).is_ok());
         if pending_evictions && quota_ok(&fut_book) {
-            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
-                let hold = self.hold_for(&fut, &p);
+            if let Some(p) = self.place_on(fut, spec, tasks, classes, None) {
+                let hold = self.hold_for(fut, &p);
                 return Some((
                     Vec::new(),
                     Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None },
@@ -279,10 +302,6 @@ impl Pass<'_> {
             return None;
         }
         // Candidates: one linear scan over the compact running rows, cheapest checks first.
-        let mut class_mask = 0u64;
-        for c in classes {
-            class_mask |= if *c < 64 { 1u64 << c } else { u64::MAX };
-        }
         let no_quota: Vec<bool> = shape.tenants.iter().map(|(q, _)| q.is_none()).collect();
         // Over its guarantee: a tenant with a quota holding more GPUs than it guarantees, or a tenant without a quota
         // holding any (it has no guarantee: all it holds is lent by the tenants that have one, and theirs to reclaim).
@@ -385,7 +404,7 @@ impl Pass<'_> {
         // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
         // node and victims), so it is not made.
         if self.room_precheck && tasks == 1 && spec.task.gpus > 0 {
-            let base = if pending_evictions { &fut } else { &self.free };
+            let base = if pending_evictions { &*fut } else { &self.free };
             if !self.one_node_room_possible(base, &cands, &cand_nodes, spec.task.gpus, classes, budget) {
                 self.prechecked += 1;
                 return None;
@@ -407,7 +426,7 @@ impl Pass<'_> {
         }
         ranked.sort_unstable_by_key(key);
         if !pending_evictions {
-            fut = self.free.clone();
+            fut.copy_from(&self.free);
         }
         if quota_blocked && fut_book.is_none() {
             fut_book = Some(self.book.clone());
@@ -436,7 +455,7 @@ impl Pass<'_> {
             if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
                 continue;
             }
-            if let Some(p) = self.place_on(&fut, spec, tasks, classes, None) {
+            if let Some(p) = self.place_on(fut, spec, tasks, classes, None) {
                 placed = Some(p);
                 break;
             }
@@ -456,7 +475,7 @@ impl Pass<'_> {
             for &i in &picked {
                 tasks_of(i).iter().for_each(|tp| fut.give(&st.topo, tp));
             }
-            placed = Some(self.place_on(&fut, spec, tasks, classes, None)?);
+            placed = Some(self.place_on(fut, spec, tasks, classes, None)?);
             chosen = picked;
         }
         // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
@@ -474,7 +493,7 @@ impl Pass<'_> {
             if let Some(b) = fut_book.as_mut() {
                 b.charge(shape, t, &vq, false);
             }
-            let fits = if quota_ok(&fut_book) { self.place_on(&fut, spec, tasks, classes, None) } else { None };
+            let fits = if quota_ok(&fut_book) { self.place_on(fut, spec, tasks, classes, None) } else { None };
             if let Some(p) = fits {
                 placed = Some(p);
                 chosen.remove(i);
@@ -491,7 +510,7 @@ impl Pass<'_> {
             return None;
         }
         let p = placed.expect("checked above");
-        let hold = self.hold_for(&fut, &p);
+        let hold = self.hold_for(fut, &p);
         let mut victims = Vec::new();
         for i in chosen {
             let (_, _, id, reason) = cands[i].clone();
@@ -1066,5 +1085,28 @@ mod tests {
             .unwrap();
         assert!(gave_up.get() >= 20, "the check gave up on {} searches", gave_up.get());
         assert!(preempted.get() >= 20, "{} evictions", preempted.get());
+    }
+
+    /// The victim search's buffer: copying free resources into it gives the same as a clone, whether the buffer
+    /// held more nodes, classes and buckets before or fewer.
+    #[test]
+    fn copying_free_resources_into_a_used_buffer_equals_a_clone() {
+        use crate::alloc::Free;
+        let big = {
+            let ns =
+                (0..6).map(|i| node(&format!("n{i}"), GpuModel::T4, 4 + i)).chain([node("v", GpuModel::V100_16GB, 8)]);
+            let mut s = cluster(cfg(Policy::Fifo), ns.collect(), &["a"]);
+            for i in 0..5 {
+                submit(&mut s, i + 1, JobSpec::new(t0(), "j", 1 + i as u32, 1), 0);
+            }
+            s.step(Time::ZERO).unwrap();
+            s
+        };
+        let small = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
+        let mut buf = Free::default();
+        for src in [&big.free, &small.free, &big.free, &big.free] {
+            buf.copy_from(src);
+            assert_eq!(format!("{buf:?}"), format!("{:?}", src.clone()));
+        }
     }
 }
