@@ -578,20 +578,8 @@ mod tests {
                     prop_assert!(walked <= all);
                     stopped.set(stopped.get() + usize::from(walked < all));
                     passes.set(passes.get() + 1);
-                    for d in &fast {
-                        s.apply(d, now).unwrap();
-                    }
-                    s.check_invariants().unwrap();
                     // Some running jobs end.
-                    let ending: Vec<JobId> = s
-                        .jobs()
-                        .filter(|j| j.state == JobState::Running && j.id.0 % 3 == round % 3)
-                        .map(|j| j.id)
-                        .collect();
-                    now = now + Dur::from_secs(50);
-                    for id in ending {
-                        s.finish(id, now, true).unwrap();
-                    }
+                    now = apply_and_end_some(&mut s, &fast, now, round, Dur::from_secs(50));
                 }
                 Ok(())
             })

@@ -1066,19 +1066,7 @@ mod tests {
                     prop_assert_eq!(&fast, &slow);
                     gave_up.set(gave_up.get() + n);
                     preempted.set(preempted.get() + preempts(&fast).len());
-                    for d in &fast {
-                        s.apply(d, now).unwrap();
-                    }
-                    s.check_invariants().unwrap();
-                    let ending: Vec<JobId> = s
-                        .jobs()
-                        .filter(|j| j.state == JobState::Running && j.id.0 % 3 == round % 3)
-                        .map(|j| j.id)
-                        .collect();
-                    now = now + Dur::from_secs(300);
-                    for id in ending {
-                        s.finish(id, now, true).unwrap();
-                    }
+                    now = apply_and_end_some(&mut s, &fast, now, round, Dur::from_secs(300));
                 }
                 Ok(())
             })

@@ -62,3 +62,19 @@ pub(crate) fn t0() -> TenantId {
 pub(crate) fn submit(s: &mut ClusterState, id: u64, spec: JobSpec, at: u64) {
     s.submit(JobId(id), spec, Time::from_secs(at)).unwrap();
 }
+
+/// Applies a pass's decisions at `now` and checks the invariants; then the running jobs whose id is `round` modulo 3
+/// end `step` later, which is returned as the next pass's time (the property tests' way of moving a cluster on).
+pub(crate) fn apply_and_end_some(s: &mut ClusterState, ds: &[Decision], now: Time, round: u64, step: Dur) -> Time {
+    for d in ds {
+        s.apply(d, now).unwrap();
+    }
+    s.check_invariants().unwrap();
+    let ending: Vec<JobId> =
+        s.jobs().filter(|j| j.state == JobState::Running && j.id.0 % 3 == round % 3).map(|j| j.id).collect();
+    let then = now + step;
+    for id in ending {
+        s.finish(id, then, true).unwrap();
+    }
+    then
+}
