@@ -482,9 +482,7 @@ mod tests {
     /// The pass's decisions and how many queue entries its walk took, with or without stopping once the rest of
     /// the queue would be skipped.
     fn pass(s: &ClusterState, now: Time, stop_early: bool) -> (Vec<Decision>, usize) {
-        let mut p = crate::schedule::Pass::new(s, now, None);
-        p.stop_early = stop_early;
-        p.run();
+        let p = run_pass(s, now, |p| p.stop_early = stop_early);
         (p.decisions, p.walked)
     }
 

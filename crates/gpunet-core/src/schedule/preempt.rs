@@ -979,9 +979,7 @@ mod tests {
 
     /// The pass's decisions and how many victim searches the one-node check gave up on, with or without it.
     fn pass_with(s: &ClusterState, now: Time, precheck: bool) -> (Vec<Decision>, usize) {
-        let mut p = crate::schedule::Pass::new(s, now, None);
-        p.room_precheck = precheck;
-        p.run();
+        let p = run_pass(s, now, |p| p.room_precheck = precheck);
         (p.decisions, p.prechecked)
     }
 

@@ -78,3 +78,12 @@ pub(crate) fn apply_and_end_some(s: &mut ClusterState, ds: &[Decision], now: Tim
     }
     then
 }
+
+/// Runs one pass at `now` with `set` applied to it first (tests turn a shortcut off with it), and returns the pass to
+/// read what it decided and counted.
+pub(super) fn run_pass<'a>(s: &'a ClusterState, now: Time, set: impl FnOnce(&mut super::Pass<'a>)) -> super::Pass<'a> {
+    let mut p = super::Pass::new(s, now, None);
+    set(&mut p);
+    p.run();
+    p
+}
