@@ -82,7 +82,7 @@ pub(crate) struct NodeFree {
 }
 
 /// Dynamic per-class index.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct ClassFree {
     buckets: Vec<Vec<NodeId>>,
     /// Free whole GPUs on schedulable nodes.
@@ -91,8 +91,9 @@ pub(crate) struct ClassFree {
     pub(crate) rack_free: Vec<u32>,
 }
 
-/// The dynamic free-resource state.
-#[derive(Debug, Clone, Default)]
+/// The dynamic free-resource state. `clone_from` reuses the target's buffers (no allocation once they have grown
+/// to the source's sizes): a victim search copies the pass's free resources into one buffer search after search.
+#[derive(Debug, Default)]
 pub(crate) struct Free {
     pub(crate) nodes: Vec<NodeFree>,
     pub(crate) classes: Vec<ClassFree>,
@@ -233,33 +234,38 @@ impl Topology {
     }
 }
 
-impl ClassFree {
-    /// Becomes a copy of `src`, reusing its own buffers.
-    fn copy_from(&mut self, src: &ClassFree) {
+impl Clone for ClassFree {
+    fn clone(&self) -> Self {
+        ClassFree { buckets: self.buckets.clone(), free_gpus: self.free_gpus, rack_free: self.rack_free.clone() }
+    }
+
+    fn clone_from(&mut self, src: &Self) {
         self.buckets.clone_from(&src.buckets);
         self.free_gpus = src.free_gpus;
         self.rack_free.clone_from(&src.rack_free);
     }
+}
 
+impl ClassFree {
     /// The most free whole GPUs on one schedulable node of the class.
     pub(crate) fn largest(&self) -> u32 {
         self.buckets.iter().rposition(|b| !b.is_empty()).unwrap_or(0) as u32
     }
 }
 
-impl Free {
-    /// Becomes a copy of `src`, reusing its own buffers (no allocation once they have grown to `src`'s sizes).
-    pub(crate) fn copy_from(&mut self, src: &Free) {
-        self.nodes.clone_from(&src.nodes);
-        self.classes.truncate(src.classes.len());
-        for (mine, theirs) in self.classes.iter_mut().zip(&src.classes) {
-            mine.copy_from(theirs);
-        }
-        let have = self.classes.len();
-        self.classes.extend_from_slice(&src.classes[have..]);
-        self.total_gpus = src.total_gpus;
+impl Clone for Free {
+    fn clone(&self) -> Self {
+        Free { nodes: self.nodes.clone(), classes: self.classes.clone(), total_gpus: self.total_gpus }
     }
 
+    fn clone_from(&mut self, src: &Self) {
+        self.nodes.clone_from(&src.nodes);
+        self.classes.clone_from(&src.classes);
+        self.total_gpus = src.total_gpus;
+    }
+}
+
+impl Free {
     /// Makes room for a node added to `topo` (not yet schedulable).
     pub(crate) fn add_node(&mut self, topo: &Topology, id: NodeId) {
         let t = &topo.nodes[id.index()];
@@ -404,8 +410,9 @@ impl Free {
             let Some(cf) = self.classes.get(*c as usize) else {
                 continue;
             };
-            if let Some((f, b)) = cf.buckets.iter().enumerate().rev().find(|(_, b)| !b.is_empty()) {
-                node_best = node_best.max(f as u32);
+            let f = cf.largest();
+            if let Some(b) = cf.buckets.get(f as usize).filter(|b| !b.is_empty()) {
+                node_best = node_best.max(f);
                 for id in b.iter().take(64) {
                     let free = self.nodes[id.index()].mask;
                     for d in &topo.nodes[id.index()].domains {

@@ -196,8 +196,8 @@ impl Pass<'_> {
     /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
     fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
-        // What is free once evictions are made is worked out in a buffer kept between searches: copying the pass's
-        // free resources into it allocates nothing once it has grown.
+        // What is free once evictions are made is worked out in a buffer kept between searches: `clone_from` the
+        // pass's free resources into it allocates nothing once it has grown.
         let mut fut = std::mem::take(&mut self.scratch);
         let found = self.search_victims(&mut fut, job, classes, quota_blocked);
         self.scratch = fut;
@@ -269,7 +269,7 @@ impl Pass<'_> {
             let j = &st.jobs[id];
             if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
                 if !pending_evictions {
-                    fut.copy_from(&self.free);
+                    fut.clone_from(&self.free);
                 }
                 let run = j.run.as_ref().expect("evicting job runs");
                 for tp in &run.placement.tasks {
@@ -419,14 +419,14 @@ impl Pass<'_> {
         const KEEP: usize = 512;
         // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
         // walk below gives up once it holds budget + 33 of them, so no more are worth ordering.
-        let keep = if classes.iter().all(|c| *c < 64) { KEEP.min(budget as usize + 33) } else { KEEP };
+        let keep = if exact_mask { KEEP.min(budget as usize + 33) } else { KEEP };
         if ranked.len() > keep {
             ranked.select_nth_unstable_by_key(keep - 1, key);
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
         if !pending_evictions {
-            fut.copy_from(&self.free);
+            fut.clone_from(&self.free);
         }
         if quota_blocked && fut_book.is_none() {
             fut_book = Some(self.book.clone());
@@ -1073,8 +1073,9 @@ mod tests {
         assert!(preempted.get() >= 20, "{} evictions", preempted.get());
     }
 
-    /// The victim search's buffer: copying free resources into it gives the same as a clone, whether the buffer
-    /// held more nodes, classes and buckets before or fewer.
+    /// The victim search's buffer: `clone_from` into it and `clone` (written by hand, to reuse buffers) give the
+    /// source, field by field as its derived `Debug` shows it, whether the buffer held more nodes, classes and
+    /// buckets before or fewer.
     #[test]
     fn copying_free_resources_into_a_used_buffer_equals_a_clone() {
         use crate::alloc::Free;
@@ -1091,8 +1092,9 @@ mod tests {
         let small = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
         let mut buf = Free::default();
         for src in [&big.free, &small.free, &big.free, &big.free] {
-            buf.copy_from(src);
-            assert_eq!(format!("{buf:?}"), format!("{:?}", src.clone()));
+            buf.clone_from(src);
+            assert_eq!(format!("{buf:?}"), format!("{src:?}"));
+            assert_eq!(format!("{:?}", src.clone()), format!("{src:?}"));
         }
     }
 }
