@@ -828,7 +828,9 @@ fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
     // The refused write's message is written into a page of `/dev/shm/err` charged before the fill, so reporting it
     // needs no new memory: at the limit a write to the log (page cache, charged to the same group) can itself be
     // refused for memory, which once left the log holding only the `\n` of head's error (fresh-clone CI of 5098c09).
-    // The fill is removed before the message is shown.
+    // The fill is removed before the message is shown, and it is shown by the shell's own `read` and `echo`: an
+    // `exec` of `cat` there once failed with "Argument list too long" (its argument pages refused for memory: the
+    // group was still at its limit), losing the message (fresh-clone CI of 1b62360).
     let id = submit_yaml(
         &s,
         dir.path(),
@@ -836,7 +838,7 @@ fn what_a_task_keeps_in_tmp_and_dev_shm_counts_against_its_memory_limit() {
          printf '%4096s' '' > /dev/shm/err\n  \
          head -c 41943040 /dev/zero > /dev/shm/a 2<>/dev/shm/err && \
          head -c 41943040 /dev/zero > /tmp/b 2<>/dev/shm/err && echo survived\n  \
-         rm -f /dev/shm/a /tmp/b\n  cat /dev/shm/err\n  exit 1\n",
+         rm -f /dev/shm/a /tmp/b\n  while IFS= read -r l; do echo \"$l\"; done < /dev/shm/err\n  exit 1\n",
     );
     wait_for(Duration::from_secs(60), || s.job_state(id) == "failed");
     assert!(!log(dir.path(), "a1", id).contains("survived"));
