@@ -247,6 +247,11 @@ impl Clone for ClassFree {
 }
 
 impl ClassFree {
+    /// The class's schedulable nodes by free whole-GPU count.
+    pub(crate) fn buckets(&self) -> &[Vec<NodeId>] {
+        &self.buckets
+    }
+
     /// The most free whole GPUs on one schedulable node of the class.
     pub(crate) fn largest(&self) -> u32 {
         self.buckets.iter().rposition(|b| !b.is_empty()).unwrap_or(0) as u32
@@ -395,6 +400,96 @@ impl Free {
         if sched {
             self.bucket_insert(topo, t.node);
         }
+    }
+
+    /// [`Free::give`], returning where the node sat in its free-count bucket before (`u32::MAX` when it is not
+    /// schedulable), for [`Free::ungive`].
+    pub(crate) fn give_logged(&mut self, topo: &Topology, t: &TaskPlacement) -> u32 {
+        let pos = self.nodes[t.node.index()].pos;
+        self.give(topo, t);
+        pos
+    }
+
+    /// Undoes a [`Free::give_logged`] of `t` exactly, the order of nodes within buckets included, when every move
+    /// made since has been undone (last made, first undone): `pos` is what it returned. A search that gives
+    /// resources back and takes them again this way leaves the pool as it found it, so that the placements made
+    /// afterwards do not depend on the search's path.
+    pub(crate) fn ungive(&mut self, topo: &Topology, t: &TaskPlacement, pos: u32) {
+        let id = t.node;
+        let sched = self.nodes[id.index()].schedulable;
+        if sched {
+            // The node was pushed last into the bucket of its new free count.
+            let f = self.nodes[id.index()].mask.count_ones() as usize;
+            let tn = &topo.nodes[id.index()];
+            let cf = &mut self.classes[tn.class as usize];
+            let popped = cf.buckets[f].pop();
+            debug_assert_eq!(popped, Some(id), "ungive out of order");
+            cf.free_gpus -= f as u64;
+            cf.rack_free[tn.rack as usize] -= f as u32;
+            self.total_gpus -= f as u64;
+        }
+        let n = &mut self.nodes[id.index()];
+        n.mask &= !t.gpu_mask;
+        n.cpu -= t.cpu;
+        n.mem -= t.mem;
+        if let Some(s) = t.mig_slot {
+            n.mig &= !(1 << s);
+        }
+        if sched {
+            // The inverse of the swap_remove that took it out of its old bucket at `pos`.
+            let f = n.mask.count_ones() as usize;
+            let tn = &topo.nodes[id.index()];
+            let cf = &mut self.classes[tn.class as usize];
+            let b = &mut cf.buckets[f];
+            let p = pos as usize;
+            if p < b.len() {
+                let moved = b[p];
+                b.push(moved);
+                b[p] = id;
+                let last = (b.len() - 1) as u32;
+                self.nodes[moved.index()].pos = last;
+            } else {
+                debug_assert_eq!(p, b.len(), "ungive position out of range");
+                b.push(id);
+            }
+            cf.free_gpus += f as u64;
+            cf.rack_free[tn.rack as usize] += f as u32;
+            self.total_gpus += f as u64;
+            self.nodes[id.index()].pos = pos;
+        }
+    }
+
+    /// Moves a schedulable node to the back of its free-count bucket: the placement searches, which take the
+    /// first node that fits in a bucket, come to it last among nodes with as many free GPUs.
+    pub(crate) fn send_to_back(&mut self, topo: &Topology, id: NodeId) {
+        if self.nodes[id.index()].schedulable {
+            self.bucket_remove(topo, id);
+            self.bucket_insert(topo, id);
+        }
+    }
+
+    /// One task of `req` on node `id` as if the node had `mask`, `cpu` and `mem` free (a state the pool reaches once
+    /// running jobs end): the checks and the GPU choice a placement search makes on that node (the node's class is
+    /// the caller's to check), or `None`.
+    pub(crate) fn fit_one_at(
+        &self,
+        topo: &Topology,
+        req: &Request<'_>,
+        id: NodeId,
+        free: (u64, MilliCpu, MiB),
+        specs: Option<&[NodeSpec]>,
+    ) -> Option<TaskPlacement> {
+        let ts = &req.spec.task;
+        let (mask, cpu, mem) = free;
+        if !self.nodes[id.index()].schedulable || cpu.0 < ts.cpu.0 || mem.0 < ts.mem.0 {
+            return None;
+        }
+        if !self.node_ok(topo, req, id, specs) {
+            return None;
+        }
+        let nvlink = req.spec.topology == TopologyScope::NvLink;
+        let gpu_mask = Self::pick_gpus(&topo.nodes[id.index()], mask, ts.gpus, nvlink)?;
+        Some(TaskPlacement { node: id, gpu_mask, mig_slot: None, cpu: ts.cpu, mem: ts.mem })
     }
 
     /// Free whole GPUs in the given classes.
@@ -879,5 +974,94 @@ mod tests {
         assert_eq!(Free::pick_gpus(&t, free, 1, true), Some(0b0000_0001));
         assert_eq!(Free::pick_gpus(&t, free, 4, true), None);
         assert_eq!(Free::pick_gpus(&t, free, 4, false).map(u64::count_ones), Some(4));
+    }
+
+    /// `n` schedulable 8-GPU nodes in two classes (T4 and V100) and two racks.
+    fn pool(n: u32) -> (Topology, Free) {
+        let mut topo = Topology::default();
+        let mut free = Free::default();
+        for i in 0..n {
+            let model = if i % 3 == 0 { GpuModel::T4 } else { GpuModel::V100_16GB };
+            let spec = NodeSpec::with_gpus(format!("n{i}"), model, 8, MilliCpu::cores(64), MiB::gib(256))
+                .label("rack", &format!("r{}", i % 2));
+            topo.add_node(NodeId(i), &spec);
+            free.add_node(&topo, NodeId(i));
+            free.set_schedulable(&topo, NodeId(i), true);
+        }
+        (topo, free)
+    }
+
+    fn task(node: u32, gpu_mask: u64, cores: u64) -> TaskPlacement {
+        TaskPlacement {
+            node: NodeId(node),
+            gpu_mask,
+            mig_slot: None,
+            cpu: MilliCpu::cores(cores),
+            mem: MiB::gib(cores),
+        }
+    }
+
+    #[test]
+    fn ungiving_in_reverse_order_restores_the_pool_exactly() {
+        // Many rounds of: take a mix of tasks (so that buckets hold several nodes in scrambled orders), then give
+        // a subset back in some order, some nodes several times and one node unschedulable, and undo it all.
+        let (topo, mut free) = pool(9);
+        free.set_schedulable(&topo, NodeId(4), false);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for round in 0..200 {
+            let mut taken: Vec<TaskPlacement> = Vec::new();
+            for _ in 0..12 {
+                let node = next(9) as u32;
+                let avail = free.nodes[node as usize].mask;
+                let want = next(4) as u32 + 1;
+                let Some(mask) = low_bits(avail, want) else { continue };
+                let t = task(node, mask, want as u64);
+                free.take(&topo, &t);
+                taken.push(t);
+            }
+            let before = format!("{free:?}");
+            let picks: Vec<usize> = (0..taken.len()).filter(|_| next(3) > 0).collect();
+            let mut log: Vec<(TaskPlacement, u32)> = Vec::new();
+            for &i in picks.iter().rev() {
+                let pos = free.give_logged(&topo, &taken[i]);
+                log.push((taken[i].clone(), pos));
+            }
+            if !log.is_empty() {
+                assert_ne!(format!("{free:?}"), before, "round {round}: the gives changed nothing");
+            }
+            for (t, pos) in log.iter().rev() {
+                free.ungive(&topo, t, *pos);
+            }
+            assert_eq!(format!("{free:?}"), before, "round {round}: not restored exactly");
+            free.check(&topo).unwrap();
+            for t in &taken {
+                free.give(&topo, t);
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_moved_to_the_back_is_found_last_among_equals() {
+        let (topo, mut free) = pool(6);
+        // Nodes 1, 2 and 4 (V100) keep 6 free GPUs each: one bucket, in the order they got there.
+        for n in [1, 2, 4] {
+            free.take(&topo, &task(n, 0b11, 2));
+        }
+        let v100 = topo.nodes[1].class as usize;
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(1), NodeId(2), NodeId(4)]);
+        free.send_to_back(&topo, NodeId(1));
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4), NodeId(2), NodeId(1)]);
+        free.check(&topo).unwrap();
+        // An unschedulable node is in no bucket and stays out of them.
+        free.set_schedulable(&topo, NodeId(2), false);
+        free.send_to_back(&topo, NodeId(2));
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4), NodeId(1)]);
+        free.check(&topo).unwrap();
     }
 }

@@ -23,6 +23,18 @@ pub(super) struct Res {
     pub(super) placement: Option<Placement>,
 }
 
+/// A head's reservation as found: when, where, each reserved node's free CPU and memory then, and how many releases
+/// it counts.
+struct Found {
+    at: Time,
+    placement: Placement,
+    later: Vec<(NodeId, MilliCpu, MiB)>,
+    releases: usize,
+}
+
+/// Running jobs' releases, earliest estimated end first: the end and the placement freed.
+type Releases<'x> = Vec<(Time, &'x Placement)>;
+
 /// What the queue key alone says about a job behind the blocked head.
 pub(super) enum Behind {
     /// Look at the job.
@@ -69,6 +81,11 @@ fn pull_releases<'x>(
         }
         order.push((end, p));
     }
+}
+
+/// Gives a closure that extends a release order the one lifetime of the releases it pulls.
+fn puller<'x, F: FnMut(&mut Releases<'x>, usize)>(f: F) -> F {
+    f
 }
 
 impl<'a> Pass<'a> {
@@ -214,81 +231,258 @@ impl<'a> Pass<'a> {
         r
     }
 
-    /// EASY reservation for the head: release running jobs in order of estimated end until it fits. Releases are
-    /// applied to the pass's free pool in place and undone afterwards; placement is probed at doubling release
-    /// counts, then the earliest fitting count is found by binary search.
+    /// EASY reservation for the head: the earliest count of running jobs' releases, in order of estimated end,
+    /// after which it fits, and where.
+    ///
+    /// A head of one task of whole GPUs fits once one node does: each release's nodes are checked as it comes,
+    /// counting what they will have free, and the first release after which one of them can hold the task gives
+    /// the count and the node (among several, as a placement search would choose: fastest model, then fewest free
+    /// GPUs); nothing else is looked at. Any other head (a gang, an elastic job at several tasks, MIG or CPU-only
+    /// tasks): releases are applied to the pass's free pool one at a time up to the first count at which the
+    /// eligible nodes could hold its tasks counting whole GPUs only (the check [`Free::place`] starts with);
+    /// placement is tried there, then at doubling counts beyond, and the earliest fitting count is found by binary
+    /// search. Every release is undone exactly ([`Free::ungive`]), the order of nodes in the pool's buckets
+    /// included.
+    ///
+    /// Then the nodes that get resources back before the head starts go to the back of their buckets, the earliest
+    /// freed last: the jobs placed behind the head take nodes that stay busy first and leave the room that is about
+    /// to open as it is (test `backfill_puts_jobs_on_nodes_that_stay_busy`).
     fn reservation(&mut self, job: &Job, classes: &[u32]) -> Res {
         let st: &'a ClusterState = self.st;
         let spec = &job.spec;
         let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
-        let need = spec.task.gpus as u64 * tasks as u64;
         let unknown =
             Res { head: job.id, at: Time::MAX, hold: Holdback::new(), forbid: classes.to_vec(), placement: None };
         let mut started: Vec<(Time, JobId, Placement)> = std::mem::take(&mut self.started);
         started.sort_by_key(|(t, j, _)| (*t, *j));
         // The release order, pulled lazily: running jobs and those started in this pass, by estimated end.
-        let mut order: Vec<(Time, &Placement)> = Vec::new();
+        let mut order: Releases = Vec::new();
         let preempted = self.preempted.clone();
         let mut a = st.running_by_end.iter().filter(|(_, j)| !preempted.contains(j)).peekable();
         let mut b = started.iter().peekable();
         let topo = &st.topo;
-        let mut applied = 0usize; // releases currently given back
         let mut free = std::mem::take(&mut self.free);
-        let set_to = |free: &mut Free, applied: &mut usize, order: &[(Time, &Placement)], n: usize| {
-            let n = n.min(order.len());
-            while *applied < n {
-                for t in &order[*applied].1.tasks {
-                    free.give(topo, t);
-                }
-                *applied += 1;
-            }
-            while *applied > n {
-                *applied -= 1;
-                for t in &order[*applied].1.tasks {
-                    free.take(topo, t);
-                }
-            }
+        let req =
+            Request { spec, tasks, classes, hold: None, per_node: spec.selector.iter().any(|s| s.key == labels::RACK) };
+        let g = spec.task.gpus;
+        let counted = g > 0 && spec.task.mig.is_none();
+        let mut eligible = vec![false; topo.classes.len()];
+        for &c in classes {
+            eligible[c as usize] = true;
+        }
+        let mut pull = puller(|order, n| pull_releases(&mut a, &mut b, st, order, n));
+        let result = if counted && tasks == 1 && self.one_node_res {
+            self.reservation_one_node(&free, &req, &eligible, &mut order, &mut pull)
+        } else {
+            self.reservation_by_placement(&mut free, &req, &eligible, &mut order, &mut pull)
         };
-        let fits = |free: &Free| -> Option<Placement> {
-            let req = Request {
-                spec,
-                tasks,
-                classes,
-                hold: None,
-                per_node: spec.selector.iter().any(|s| s.key == labels::RACK),
-            };
-            free.place(topo, &req, Some(&st.node_specs))
-        };
-        // Smallest count with enough free GPUs in total.
-        let mut lo = 0usize; // known not to fit (or untested 0)
-        let mut n = 0usize;
+        self.stats.reservation_releases += order.len();
+        if let Some(hi) = result.as_ref().map(|f| f.releases) {
+            // Nodes freed before the head starts to the back, the earliest freed last.
+            let mut slot = std::mem::take(&mut self.node_slot);
+            slot.resize(free.nodes.len(), u32::MAX);
+            let mut soon: Vec<NodeId> = Vec::new();
+            for (_, q) in &order[..hi] {
+                for t in &q.tasks {
+                    if slot[t.node.index()] == u32::MAX {
+                        slot[t.node.index()] = 0;
+                        soon.push(t.node);
+                    }
+                }
+            }
+            for id in soon.iter().rev() {
+                free.send_to_back(topo, *id);
+                slot[id.index()] = u32::MAX;
+            }
+            self.node_slot = slot;
+        }
+        drop(order);
+        self.free = free;
+        self.started = started;
+        match result {
+            None => unknown,
+            Some(Found { at, placement, later, .. }) => {
+                let hold = self.hold_from(&placement, &later);
+                Res { head: job.id, at, hold, forbid: Vec::new(), placement: Some(placement) }
+            }
+        }
+    }
+
+    /// The reservation of a head of one task of whole GPUs ([`Self::reservation`]): each release's nodes checked as
+    /// it comes, with what they will have free then; the first release after which one can hold the task gives the
+    /// count and the node. `free` is not changed. `pull(order, n)` extends the release order to `n`.
+    fn reservation_one_node<'x>(
+        &mut self,
+        free: &Free,
+        req: &Request<'_>,
+        eligible: &[bool],
+        order: &mut Releases<'x>,
+        pull: &mut dyn FnMut(&mut Releases<'x>, usize),
+    ) -> Option<Found> {
+        let st = self.st;
+        let topo = &st.topo;
+        let spec = req.spec;
+        let specs = Some(&st.node_specs[..]);
         let horizon = st.cfg.reservation_horizon;
-        while free.free_in(classes) < need {
-            if n >= horizon {
-                break;
+        let mut found = free.place(topo, req, specs).map(|p| (0usize, p, Vec::new()));
+        // What each node touched by a release will have free: (mask, CPU, memory) by `self.node_slot`.
+        let mut slot = std::mem::take(&mut self.node_slot);
+        slot.resize(free.nodes.len(), u32::MAX);
+        let mut touched: Vec<(NodeId, u64, MilliCpu, MiB)> = Vec::new();
+        let model_key = |id: NodeId| -> (u64, usize) {
+            if spec.allow_mixed_models {
+                return (0, 0);
             }
-            pull_releases(&mut a, &mut b, st, &mut order, n + 1);
+            let m = topo.classes[topo.nodes[id.index()].class as usize].model;
+            (u64::MAX - m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64), m.map_or(0, |m| m.index()))
+        };
+        let mut n = 0usize;
+        while found.is_none() && n < horizon {
+            pull(order, n + 1);
             if order.len() <= n {
                 break;
             }
-            set_to(&mut free, &mut applied, &order, n + 1);
+            let mut best: Option<((u64, usize), u32, TaskPlacement)> = None;
+            for t in &order[n].1.tasks {
+                let i = t.node.index();
+                if slot[i] == u32::MAX {
+                    slot[i] = touched.len() as u32;
+                    let f = &free.nodes[i];
+                    touched.push((t.node, f.mask, f.cpu, f.mem));
+                }
+                let e = &mut touched[slot[i] as usize];
+                e.1 |= t.gpu_mask;
+                e.2 += t.cpu;
+                e.3 += t.mem;
+                let (mask, cpu, mem) = (e.1, e.2, e.3);
+                if !eligible[topo.nodes[i].class as usize] {
+                    continue;
+                }
+                if let Some(tp) = free.fit_one_at(topo, req, t.node, (mask, cpu, mem), specs) {
+                    let key = (model_key(t.node), mask.count_ones());
+                    if best.as_ref().is_none_or(|(m, f, _)| key < (*m, *f)) {
+                        best = Some((key.0, key.1, tp));
+                    }
+                }
+            }
+            n += 1;
+            if let Some((_, _, tp)) = best {
+                let (_, _, cpu, mem) = touched[slot[tp.node.index()] as usize];
+                let node = tp.node;
+                found = Some((n, Placement { tasks: vec![tp] }, vec![(node, cpu, mem)]));
+            }
+        }
+        let result = found.map(|(hi, p, later)| {
+            let at = if hi == 0 { self.now } else { order[hi - 1].0.max(self.now) };
+            let later = if hi == 0 {
+                p.tasks
+                    .iter()
+                    .map(|t| (t.node, free.nodes[t.node.index()].cpu, free.nodes[t.node.index()].mem))
+                    .collect()
+            } else {
+                later
+            };
+            Found { at, placement: p, later, releases: hi }
+        });
+        for (id, ..) in &touched {
+            slot[id.index()] = u32::MAX;
+        }
+        self.node_slot = slot;
+        result
+    }
+
+    /// The reservation of a head other than one task of whole GPUs ([`Self::reservation`]): releases applied to
+    /// `free` up to the first count at which the eligible nodes could hold the tasks counting whole GPUs (or, for
+    /// MIG and CPU-only tasks, at which enough GPUs are free), placement tried there and at doubling counts beyond,
+    /// the earliest fitting count found by binary search; every release undone exactly. `pull(order, n)` extends
+    /// the release order to `n`.
+    fn reservation_by_placement<'x>(
+        &self,
+        free: &mut Free,
+        req: &Request<'_>,
+        eligible: &[bool],
+        order: &mut Releases<'x>,
+        pull: &mut dyn FnMut(&mut Releases<'x>, usize),
+    ) -> Option<Found> {
+        let st = self.st;
+        let topo = &st.topo;
+        let spec = req.spec;
+        let tasks = req.tasks;
+        let need = spec.task.gpus as u64 * tasks as u64;
+        let g = spec.task.gpus as u64;
+        let counted = g > 0 && spec.task.mig.is_none();
+        let fits = |free: &Free| -> Option<Placement> { free.place(topo, req, Some(&st.node_specs)) };
+        let mut applied = 0usize; // releases currently given back
+                                  // Where each given-back task's node sat in its bucket, in the order given, for the exact undo.
+        let mut undo: Vec<u32> = Vec::new();
+        let set_to =
+            |free: &mut Free, applied: &mut usize, undo: &mut Vec<u32>, order: &[(Time, &Placement)], n: usize| {
+                let n = n.min(order.len());
+                while *applied < n {
+                    for t in &order[*applied].1.tasks {
+                        undo.push(free.give_logged(topo, t));
+                    }
+                    *applied += 1;
+                }
+                while *applied > n {
+                    *applied -= 1;
+                    for t in order[*applied].1.tasks.iter().rev() {
+                        free.ungive(topo, t, undo.pop().expect("one position per task given"));
+                    }
+                }
+            };
+        // Tasks of whole GPUs the eligible nodes could hold, counting free GPUs only, kept up to date release by
+        // release: `Free::place` fails at once while it is short of the tasks.
+        let mut cap = 0u64;
+        if counted {
+            for &c in req.classes {
+                for (f, bucket) in free.classes[c as usize].buckets().iter().enumerate().skip(g as usize) {
+                    cap += (f as u64 / g) * bucket.len() as u64;
+                }
+            }
+        }
+        let short = |free: &Free, cap: u64| if counted { cap < tasks as u64 } else { free.free_in(req.classes) < need };
+        // The first count that may fit: releases given back one at a time.
+        let mut n = 0usize;
+        let horizon = st.cfg.reservation_horizon;
+        while short(free, cap) {
+            if n >= horizon {
+                break;
+            }
+            pull(order, n + 1);
+            if order.len() <= n {
+                break;
+            }
+            for t in &order[n].1.tasks {
+                let node = &free.nodes[t.node.index()];
+                let counts = counted && node.schedulable && eligible[topo.nodes[t.node.index()].class as usize];
+                let before = node.mask.count_ones() as u64;
+                undo.push(free.give_logged(topo, t));
+                if counts {
+                    let after = free.nodes[t.node.index()].mask.count_ones() as u64;
+                    cap += after / g - before / g;
+                }
+            }
+            applied += 1;
             n += 1;
         }
         let mut found: Option<(usize, Placement)> = None;
-        if free.free_in(classes) >= need && n <= horizon {
+        // Counts up to `lo` are known not to fit (or, at 0, untested).
+        let mut lo = n.saturating_sub(1);
+        if !short(free, cap) && n <= horizon {
             let mut step = 1usize;
             let mut attempts = 0;
             loop {
                 attempts += 1;
-                pull_releases(&mut a, &mut b, st, &mut order, n);
+                pull(order, n);
                 n = n.min(order.len());
-                set_to(&mut free, &mut applied, &order, n);
-                if let Some(p) = fits(&free) {
+                set_to(free, &mut applied, &mut undo, order, n);
+                if let Some(p) = fits(free) {
                     found = Some((n, p));
                     break;
                 }
                 lo = n;
-                pull_releases(&mut a, &mut b, st, &mut order, (n + 1).min(horizon));
+                pull(order, (n + 1).min(horizon));
                 if n >= order.len() || attempts > 40 {
                     break;
                 }
@@ -296,45 +490,33 @@ impl<'a> Pass<'a> {
                 step *= 2;
             }
         }
-        let result = match found {
-            None => None,
-            Some((mut hi, mut p)) => {
-                // Earliest fitting count in (lo, hi].
-                let mut lo = lo;
-                while hi - lo > 1 {
-                    let mid = lo + (hi - lo) / 2;
-                    set_to(&mut free, &mut applied, &order, mid);
-                    match fits(&free) {
-                        Some(q) => {
-                            hi = mid;
-                            p = q;
-                        }
-                        None => lo = mid,
+        let result = found.map(|(mut hi, mut p)| {
+            // Earliest fitting count in (lo, hi].
+            let mut lo = lo;
+            while hi > lo + 1 {
+                let mid = lo + (hi - lo) / 2;
+                set_to(free, &mut applied, &mut undo, order, mid);
+                match fits(free) {
+                    Some(q) => {
+                        hi = mid;
+                        p = q;
                     }
+                    None => lo = mid,
                 }
-                set_to(&mut free, &mut applied, &order, hi);
-                let at = if hi == 0 { self.now } else { order[hi - 1].0.max(self.now) };
-                // Free CPU/memory later on the reserved nodes, before undoing the releases.
-                let later: Vec<(NodeId, MilliCpu, MiB)> = p
-                    .tasks
-                    .iter()
-                    .map(|t| (t.node, free.nodes[t.node.index()].cpu, free.nodes[t.node.index()].mem))
-                    .collect();
-                Some((at, p, later))
             }
-        };
-        self.stats.reservation_releases += order.len();
-        set_to(&mut free, &mut applied, &order, 0);
-        drop(order);
-        self.free = free;
-        self.started = started;
-        match result {
-            None => unknown,
-            Some((at, p, later)) => {
-                let hold = self.hold_from(&p, &later);
-                Res { head: job.id, at, hold, forbid: Vec::new(), placement: Some(p) }
-            }
-        }
+            set_to(free, &mut applied, &mut undo, order, hi);
+            let at = if hi == 0 { self.now } else { order[hi - 1].0.max(self.now) };
+            // Free CPU/memory later on the reserved nodes, before undoing the releases.
+            let later: Vec<(NodeId, MilliCpu, MiB)> = p
+                .tasks
+                .iter()
+                .map(|t| (t.node, free.nodes[t.node.index()].cpu, free.nodes[t.node.index()].mem))
+                .collect();
+            Found { at, placement: p, later, releases: hi }
+        });
+        set_to(free, &mut applied, &mut undo, order, 0);
+        debug_assert!(undo.is_empty());
+        result
     }
 
     /// Holds for a future placement given each node's free CPU and memory at that time: long jobs may use
@@ -417,6 +599,95 @@ mod tests {
             }
             r => panic!("{r:?}"),
         }
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn backfill_puts_jobs_on_nodes_that_stay_busy() {
+        let c = SchedConfig { backfill: true, ..cfg(Policy::Fifo) };
+        let mut s = cluster(c, vec![node("n0", GpuModel::V100_16GB, 4), node("n1", GpuModel::V100_16GB, 4)], &["a"]);
+        // n0 runs a job that ends at t=100, n1 one that ends at t=10,000: each node has 2 GPUs free, n0 first in
+        // their bucket (it got there first).
+        submit(&mut s, 1, JobSpec::new(t0(), "soon", 2, 1).estimate(Dur::from_secs(100)), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "late", 2, 1).estimate(Dur::from_secs(10_000)), 0);
+        let on = |node: u32| Placement {
+            tasks: vec![TaskPlacement {
+                node: NodeId(node),
+                gpu_mask: 0b0011,
+                mig_slot: None,
+                cpu: MilliCpu::cores(2),
+                mem: MiB::gib(8),
+            }],
+        };
+        s.start(JobId(1), on(0), false, Time::ZERO).unwrap();
+        s.start(JobId(2), on(1), false, Time::ZERO).unwrap();
+        // The head needs a whole node: n0 at t=100. A 1-GPU job that ends before then may run on either node; it
+        // goes to n1, which stays busy, and leaves n0's two free GPUs to join the two freed at t=100.
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 4, 1).estimate(Dur::from_secs(50)), 1);
+        submit(&mut s, 4, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(60)), 2);
+        let ds = s.step(Time::from_secs(10)).unwrap();
+        assert!(ds.iter().any(|d| matches!(d, Decision::Reserve { job: JobId(3), at, placement }
+            if *at == Time::from_secs(100) && placement.tasks[0].node == NodeId(0))));
+        let p = ds.iter().find_map(|d| match d {
+            Decision::Start { job: JobId(4), placement, .. } => Some(placement.clone()),
+            _ => None,
+        });
+        assert_eq!(p.expect("the short job starts").tasks[0].node, NodeId(1), "{ds:?}");
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_one_task_head_is_reserved_on_the_first_node_that_can_hold_it() {
+        let c = SchedConfig { backfill: true, ..cfg(Policy::Fifo) };
+        let nodes = vec![
+            node("n0", GpuModel::V100_16GB, 8),
+            node("n1", GpuModel::V100_16GB, 8),
+            node("n2", GpuModel::V100_16GB, 8),
+        ];
+        let mut s = cluster(c, nodes, &["a"]);
+        let jobs: [(u64, u32, u64, u64); 6] = [
+            (1, 0, 0b0011_0000, 300),
+            (2, 0, 0b1100_0000, 900),
+            (3, 1, 0b0000_0111, 200),
+            (4, 1, 0b0000_1000, 5_000),
+            (5, 1, 0b1111_0000, 5_000),
+            (6, 2, 0xff, 600),
+        ];
+        for (id, n, mask, end) in jobs {
+            let g = mask.count_ones();
+            submit(&mut s, id, JobSpec::new(t0(), "r", g, 1).estimate(Dur::from_secs(end)), 0);
+            let p = Placement {
+                tasks: vec![TaskPlacement {
+                    node: NodeId(n),
+                    gpu_mask: mask,
+                    mig_slot: None,
+                    cpu: MilliCpu::cores(g as u64),
+                    mem: MiB::gib(4 * g as u64),
+                }],
+            };
+            s.start(JobId(id), p, false, Time::ZERO).unwrap();
+        }
+        // A 7-GPU head: n0 has 4 free now, 6 at t=300 and 8 only at t=900; n1 has 3 at t=200 and no more before
+        // t=5,000; n2 has 8 at t=600. The first release after which one node can hold it is job 6's.
+        submit(&mut s, 7, JobSpec::new(t0(), "head", 7, 1).estimate(Dur::from_secs(10)), 1);
+        let ds = s.step(Time::from_secs(1)).unwrap();
+        let r = ds.iter().find_map(|d| match d {
+            Decision::Reserve { job: JobId(7), at, placement } => Some((*at, placement.clone())),
+            _ => None,
+        });
+        let (at, p) = r.expect("the head is reserved");
+        assert_eq!((at, p.tasks[0].node), (Time::from_secs(600), NodeId(2)));
+        assert_eq!(p.tasks[0].gpu_mask.count_ones(), 7);
+        // A 6-GPU head fits n0 at t=300 (4 free + 2).
+        let mut s2 = s.clone();
+        s2.cancel(JobId(7), Time::from_secs(1)).unwrap();
+        submit(&mut s2, 8, JobSpec::new(t0(), "head6", 6, 1).estimate(Dur::from_secs(10)), 2);
+        let ds = s2.step(Time::from_secs(2)).unwrap();
+        assert!(
+            ds.iter().any(|d| matches!(d, Decision::Reserve { job: JobId(8), at, placement }
+            if *at == Time::from_secs(300) && placement.tasks[0].node == NodeId(0))),
+            "{ds:?}"
+        );
         s.check_invariants().unwrap();
     }
 
@@ -583,5 +854,55 @@ mod tests {
             })
             .unwrap();
         assert!(stopped.get() >= 5, "{} of {} passes stopped early", stopped.get(), passes.get());
+    }
+
+    #[test]
+    fn reserving_a_one_task_head_by_its_releases_decides_as_by_placement() {
+        use proptest::prelude::*;
+        let policies = [Policy::Fifo, Policy::Sjf, Policy::Srtf, Policy::Las, Policy::FairShare];
+        // Jobs: (size index, estimate s, tenant, model wanted); one task each, so that every release frees one node
+        // (two nodes of one release able at once would be chosen between by position, not by release order).
+        let strategy = (
+            proptest::collection::vec((0usize..5, 1u64..20_000, 0u32..3, 0u8..6), 1..300),
+            0usize..policies.len(),
+            2usize..7,
+            any::<bool>(),
+        );
+        let config = ProptestConfig { cases: 128, ..Default::default() };
+        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let reserved = std::cell::Cell::new(0usize);
+        runner
+            .run(&strategy, |(jobs, policy, nodes, mixed)| {
+                let c = SchedConfig { backfill: true, ..cfg(policies[policy]) };
+                let ns = (0..nodes)
+                    .map(|i| {
+                        let model = if i % 3 == 1 { GpuModel::V100_16GB } else { GpuModel::T4 };
+                        node(&format!("n{i}"), model, [4, 8, 6][i % 3])
+                    })
+                    .collect();
+                let mut s = cluster(c, ns, &["a", "b", "c"]);
+                for (i, (g, secs, t, model)) in jobs.iter().enumerate() {
+                    let mut spec =
+                        JobSpec::new(TenantId(*t), "j", [1, 2, 3, 4, 8][*g], 1).estimate(Dur::from_secs(*secs));
+                    spec.allow_mixed_models = mixed;
+                    if *model == 0 {
+                        spec.gpu_models = crate::job::thin_vec![GpuModel::V100_16GB];
+                    }
+                    submit(&mut s, i as u64 + 1, spec, i as u64);
+                }
+                let mut now = Time::from_secs(jobs.len() as u64);
+                for round in 0..4u64 {
+                    let fast = run_pass(&s, now, |_| {}).decisions;
+                    let slow = run_pass(&s, now, |p| p.one_node_res = false).decisions;
+                    prop_assert_eq!(&fast, &slow);
+                    reserved
+                        .set(reserved.get() + fast.iter().filter(|d| matches!(d, Decision::Reserve { .. })).count());
+                    now = apply_and_end_some(&mut s, &fast, now, round, Dur::from_secs(50));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(reserved.get() >= 100, "only {} reservations", reserved.get());
     }
 }

@@ -166,6 +166,12 @@ struct Pass<'a> {
     prechecked: usize,
     /// A victim search's copy of the free resources, kept for the next search (`preempt::find_victims`).
     scratch: Free,
+    /// Whether the reservation of a one-task head walks releases node by node (`backfill::reservation`; off only
+    /// in tests that check it decides as the search by placement does).
+    one_node_res: bool,
+    /// Per node, an index into a list the reservation keeps of nodes its releases touched (`u32::MAX`: none);
+    /// all `u32::MAX` between uses (`backfill::reservation`).
+    node_slot: Vec<u32>,
     /// Queue entries the walk took.
     walked: usize,
     decisions: Vec<Decision>,
@@ -204,6 +210,8 @@ impl<'a> Pass<'a> {
             room_precheck: true,
             prechecked: 0,
             scratch: Free::default(),
+            node_slot: Vec::new(),
+            one_node_res: true,
             walked: 0,
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
