@@ -459,12 +459,31 @@ impl Free {
         }
     }
 
-    /// Moves a schedulable node to the back of its free-count bucket: the placement searches, which take the
-    /// first node that fits in a bucket, come to it last among nodes with as many free GPUs.
-    pub(crate) fn send_to_back(&mut self, topo: &Topology, id: NodeId) {
-        if self.nodes[id.index()].schedulable {
-            self.bucket_remove(topo, id);
-            self.bucket_insert(topo, id);
+    /// Moves the schedulable nodes of `ids` (distinct) to the back of their free-count buckets, in the order given
+    /// (the last at the very back), keeping the order of the other nodes: the placement searches, which take the
+    /// first node that fits in a bucket, come to them last among nodes with as many free GPUs.
+    pub(crate) fn send_to_back(&mut self, topo: &Topology, ids: &[NodeId]) {
+        // (class, bucket, place in `ids`, node), grouped by bucket in the order given.
+        let mut moving: Vec<(u32, usize, usize, NodeId)> = ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| self.nodes[id.index()].schedulable)
+            .map(|(k, id)| (topo.nodes[id.index()].class, self.nodes[id.index()].mask.count_ones() as usize, k, *id))
+            .collect();
+        moving.sort_unstable();
+        for group in moving.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            let (c, f) = (group[0].0, group[0].1);
+            // The nodes moving are marked by the position u32::MAX while their bucket is rebuilt.
+            for m in group {
+                self.nodes[m.3.index()].pos = u32::MAX;
+            }
+            let nodes = &self.nodes;
+            let b = &mut self.classes[c as usize].buckets[f];
+            b.retain(|id| nodes[id.index()].pos != u32::MAX);
+            b.extend(group.iter().map(|m| m.3));
+            for (p, id) in self.classes[c as usize].buckets[f].iter().enumerate() {
+                self.nodes[id.index()].pos = p as u32;
+            }
         }
     }
 
@@ -480,6 +499,7 @@ impl Free {
         specs: Option<&[NodeSpec]>,
     ) -> Option<TaskPlacement> {
         let ts = &req.spec.task;
+        debug_assert!(req.hold.is_none() && ts.mig.is_none(), "fit_one_at checks neither holds nor MIG slots");
         let (mask, cpu, mem) = free;
         if !self.nodes[id.index()].schedulable || cpu.0 < ts.cpu.0 || mem.0 < ts.mem.0 {
             return None;
@@ -1055,12 +1075,19 @@ mod tests {
         }
         let v100 = topo.nodes[1].class as usize;
         assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(1), NodeId(2), NodeId(4)]);
-        free.send_to_back(&topo, NodeId(1));
-        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4), NodeId(2), NodeId(1)]);
+        free.send_to_back(&topo, &[NodeId(1)]);
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(2), NodeId(4), NodeId(1)]);
+        free.check(&topo).unwrap();
+        // Several at once, in the order given (the last at the very back); the others keep their order, and a node
+        // of another bucket moves within its own.
+        free.take(&topo, &task(5, 0b1111, 4));
+        free.send_to_back(&topo, &[NodeId(4), NodeId(5), NodeId(2)]);
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(1), NodeId(4), NodeId(2)]);
+        assert_eq!(free.classes[v100].buckets()[4], vec![NodeId(5)]);
         free.check(&topo).unwrap();
         // An unschedulable node is in no bucket and stays out of them.
         free.set_schedulable(&topo, NodeId(2), false);
-        free.send_to_back(&topo, NodeId(2));
+        free.send_to_back(&topo, &[NodeId(2), NodeId(1)]);
         assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4), NodeId(1)]);
         free.check(&topo).unwrap();
     }

@@ -32,6 +32,10 @@ struct Found {
     releases: usize,
 }
 
+/// Where a placement search meets a node: its model group, free GPUs, class's place among the eligible ones, and
+/// place in its bucket.
+type MeetOrder = ((u64, usize), u32, u32, usize);
+
 /// Running jobs' releases, earliest estimated end first: the end and the placement freed.
 type Releases<'x> = Vec<(Time, &'x Placement)>;
 
@@ -266,15 +270,17 @@ impl<'a> Pass<'a> {
             Request { spec, tasks, classes, hold: None, per_node: spec.selector.iter().any(|s| s.key == labels::RACK) };
         let g = spec.task.gpus;
         let counted = g > 0 && spec.task.mig.is_none();
-        let mut eligible = vec![false; topo.classes.len()];
-        for &c in classes {
-            eligible[c as usize] = true;
+        // Each eligible class's position in `classes` (the order placement searches look at them); `u32::MAX`:
+        // not eligible.
+        let mut class_pos = vec![u32::MAX; topo.classes.len()];
+        for (i, &c) in classes.iter().enumerate() {
+            class_pos[c as usize] = i as u32;
         }
         let mut pull = puller(|order, n| pull_releases(&mut a, &mut b, st, order, n));
         let result = if counted && tasks == 1 && self.one_node_res {
-            self.reservation_one_node(&free, &req, &eligible, &mut order, &mut pull)
+            self.reservation_one_node(&free, &req, &class_pos, &mut order, &mut pull)
         } else {
-            self.reservation_by_placement(&mut free, &req, &eligible, &mut order, &mut pull)
+            self.reservation_by_placement(&mut free, &req, &class_pos, &mut order, &mut pull)
         };
         self.stats.reservation_releases += order.len();
         if let Some(hi) = result.as_ref().map(|f| f.releases) {
@@ -290,8 +296,9 @@ impl<'a> Pass<'a> {
                     }
                 }
             }
-            for id in soon.iter().rev() {
-                free.send_to_back(topo, *id);
+            soon.reverse();
+            free.send_to_back(topo, &soon);
+            for id in &soon {
                 slot[id.index()] = u32::MAX;
             }
             self.node_slot = slot;
@@ -315,7 +322,7 @@ impl<'a> Pass<'a> {
         &mut self,
         free: &Free,
         req: &Request<'_>,
-        eligible: &[bool],
+        class_pos: &[u32],
         order: &mut Releases<'x>,
         pull: &mut dyn FnMut(&mut Releases<'x>, usize),
     ) -> Option<Found> {
@@ -329,6 +336,8 @@ impl<'a> Pass<'a> {
         let mut slot = std::mem::take(&mut self.node_slot);
         slot.resize(free.nodes.len(), u32::MAX);
         let mut touched: Vec<(NodeId, u64, MilliCpu, MiB)> = Vec::new();
+        // The nodes of one release, each with the index of its last task there.
+        let mut here: Vec<(NodeId, usize)> = Vec::new();
         let model_key = |id: NodeId| -> (u64, usize) {
             if spec.allow_mixed_models {
                 return (0, 0);
@@ -342,8 +351,11 @@ impl<'a> Pass<'a> {
             if order.len() <= n {
                 break;
             }
-            let mut best: Option<((u64, usize), u32, TaskPlacement)> = None;
-            for t in &order[n].1.tasks {
+            // All of the release's tasks first (a gang may run several on one node), then each node it touched
+            // once, in the order a placement search would meet them: model group, free GPUs, class, then the order
+            // the release's gives leave them in within a bucket (by each node's last task).
+            here.clear();
+            for (k, t) in order[n].1.tasks.iter().enumerate() {
                 let i = t.node.index();
                 if slot[i] == u32::MAX {
                     slot[i] = touched.len() as u32;
@@ -354,19 +366,27 @@ impl<'a> Pass<'a> {
                 e.1 |= t.gpu_mask;
                 e.2 += t.cpu;
                 e.3 += t.mem;
-                let (mask, cpu, mem) = (e.1, e.2, e.3);
-                if !eligible[topo.nodes[i].class as usize] {
+                match here.iter_mut().find(|(id, _)| *id == t.node) {
+                    Some(h) => h.1 = k,
+                    None => here.push((t.node, k)),
+                }
+            }
+            let mut best: Option<(MeetOrder, TaskPlacement)> = None;
+            for &(id, last) in &here {
+                let pos = class_pos[topo.nodes[id.index()].class as usize];
+                if pos == u32::MAX {
                     continue;
                 }
-                if let Some(tp) = free.fit_one_at(topo, req, t.node, (mask, cpu, mem), specs) {
-                    let key = (model_key(t.node), mask.count_ones());
-                    if best.as_ref().is_none_or(|(m, f, _)| key < (*m, *f)) {
-                        best = Some((key.0, key.1, tp));
+                let (_, mask, cpu, mem) = touched[slot[id.index()] as usize];
+                if let Some(tp) = free.fit_one_at(topo, req, id, (mask, cpu, mem), specs) {
+                    let key = (model_key(id), mask.count_ones(), pos, last);
+                    if best.as_ref().is_none_or(|(b, _)| key < *b) {
+                        best = Some((key, tp));
                     }
                 }
             }
             n += 1;
-            if let Some((_, _, tp)) = best {
+            if let Some((_, tp)) = best {
                 let (_, _, cpu, mem) = touched[slot[tp.node.index()] as usize];
                 let node = tp.node;
                 found = Some((n, Placement { tasks: vec![tp] }, vec![(node, cpu, mem)]));
@@ -400,7 +420,7 @@ impl<'a> Pass<'a> {
         &self,
         free: &mut Free,
         req: &Request<'_>,
-        eligible: &[bool],
+        class_pos: &[u32],
         order: &mut Releases<'x>,
         pull: &mut dyn FnMut(&mut Releases<'x>, usize),
     ) -> Option<Found> {
@@ -412,8 +432,9 @@ impl<'a> Pass<'a> {
         let g = spec.task.gpus as u64;
         let counted = g > 0 && spec.task.mig.is_none();
         let fits = |free: &Free| -> Option<Placement> { free.place(topo, req, Some(&st.node_specs)) };
-        let mut applied = 0usize; // releases currently given back
-                                  // Where each given-back task's node sat in its bucket, in the order given, for the exact undo.
+        // Releases currently given back, and where each given-back task's node sat in its bucket, in the order
+        // given, for the exact undo.
+        let mut applied = 0usize;
         let mut undo: Vec<u32> = Vec::new();
         let set_to =
             |free: &mut Free, applied: &mut usize, undo: &mut Vec<u32>, order: &[(Time, &Placement)], n: usize| {
@@ -455,7 +476,8 @@ impl<'a> Pass<'a> {
             }
             for t in &order[n].1.tasks {
                 let node = &free.nodes[t.node.index()];
-                let counts = counted && node.schedulable && eligible[topo.nodes[t.node.index()].class as usize];
+                let counts =
+                    counted && node.schedulable && class_pos[topo.nodes[t.node.index()].class as usize] != u32::MAX;
                 let before = node.mask.count_ones() as u64;
                 undo.push(free.give_logged(topo, t));
                 if counts {
@@ -860,10 +882,11 @@ mod tests {
     fn reserving_a_one_task_head_by_its_releases_decides_as_by_placement() {
         use proptest::prelude::*;
         let policies = [Policy::Fifo, Policy::Sjf, Policy::Srtf, Policy::Las, Policy::FairShare];
-        // Jobs: (size index, estimate s, tenant, model wanted); one task each, so that every release frees one node
-        // (two nodes of one release able at once would be chosen between by position, not by release order).
+        // Jobs: (size index, estimate s, tenant, model wanted): one task of 1-8 GPUs, or (index 5) a gang of two
+        // 2-GPU tasks, often on one node, so that a release may free several GPUs of one node in steps and nodes of
+        // two classes (zones) and models at once.
         let strategy = (
-            proptest::collection::vec((0usize..5, 1u64..20_000, 0u32..3, 0u8..6), 1..300),
+            proptest::collection::vec((0usize..6, 1u64..20_000, 0u32..3, 0u8..6), 1..300),
             0usize..policies.len(),
             2usize..7,
             any::<bool>(),
@@ -878,13 +901,13 @@ mod tests {
                 let ns = (0..nodes)
                     .map(|i| {
                         let model = if i % 3 == 1 { GpuModel::V100_16GB } else { GpuModel::T4 };
-                        node(&format!("n{i}"), model, [4, 8, 6][i % 3])
+                        node(&format!("n{i}"), model, [4, 8, 6][i % 3]).label("zone", ["z1", "z2"][i / 2 % 2])
                     })
                     .collect();
                 let mut s = cluster(c, ns, &["a", "b", "c"]);
                 for (i, (g, secs, t, model)) in jobs.iter().enumerate() {
-                    let mut spec =
-                        JobSpec::new(TenantId(*t), "j", [1, 2, 3, 4, 8][*g], 1).estimate(Dur::from_secs(*secs));
+                    let (gpus, tasks) = [(1, 1), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2)][*g];
+                    let mut spec = JobSpec::new(TenantId(*t), "j", gpus, tasks).estimate(Dur::from_secs(*secs));
                     spec.allow_mixed_models = mixed;
                     if *model == 0 {
                         spec.gpu_models = crate::job::thin_vec![GpuModel::V100_16GB];
