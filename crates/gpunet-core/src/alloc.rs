@@ -81,6 +81,29 @@ pub(crate) struct NodeFree {
     pos: u32,
 }
 
+impl NodeFree {
+    /// Takes a task's resources off the node's free ones (buckets aside).
+    fn sub(&mut self, t: &TaskPlacement) {
+        self.mask &= !t.gpu_mask;
+        self.cpu -= t.cpu;
+        self.mem -= t.mem;
+        if let Some(s) = t.mig_slot {
+            self.mig &= !(1 << s);
+        }
+    }
+
+    /// Adds a task's resources to the node's free ones (buckets aside).
+    fn add(&mut self, t: &TaskPlacement) {
+        debug_assert_eq!(self.mask & t.gpu_mask, 0, "GPU freed twice");
+        self.mask |= t.gpu_mask;
+        self.cpu += t.cpu;
+        self.mem += t.mem;
+        if let Some(s) = t.mig_slot {
+            self.mig |= 1 << s;
+        }
+    }
+}
+
 /// Dynamic per-class index.
 #[derive(Debug, Default)]
 pub(crate) struct ClassFree {
@@ -371,13 +394,7 @@ impl Free {
         if sched {
             self.bucket_remove(topo, t.node);
         }
-        let n = &mut self.nodes[t.node.index()];
-        n.mask &= !t.gpu_mask;
-        n.cpu -= t.cpu;
-        n.mem -= t.mem;
-        if let Some(s) = t.mig_slot {
-            n.mig &= !(1 << s);
-        }
+        self.nodes[t.node.index()].sub(t);
         if sched {
             self.bucket_insert(topo, t.node);
         }
@@ -389,14 +406,7 @@ impl Free {
         if sched {
             self.bucket_remove(topo, t.node);
         }
-        let n = &mut self.nodes[t.node.index()];
-        debug_assert_eq!(n.mask & t.gpu_mask, 0, "GPU freed twice");
-        n.mask |= t.gpu_mask;
-        n.cpu += t.cpu;
-        n.mem += t.mem;
-        if let Some(s) = t.mig_slot {
-            n.mig |= 1 << s;
-        }
+        self.nodes[t.node.index()].add(t);
         if sched {
             self.bucket_insert(topo, t.node);
         }
@@ -428,16 +438,10 @@ impl Free {
             cf.rack_free[tn.rack as usize] -= f as u32;
             self.total_gpus -= f as u64;
         }
-        let n = &mut self.nodes[id.index()];
-        n.mask &= !t.gpu_mask;
-        n.cpu -= t.cpu;
-        n.mem -= t.mem;
-        if let Some(s) = t.mig_slot {
-            n.mig &= !(1 << s);
-        }
+        self.nodes[id.index()].sub(t);
         if sched {
             // The inverse of the swap_remove that took it out of its old bucket at `pos`.
-            let f = n.mask.count_ones() as usize;
+            let f = self.nodes[id.index()].mask.count_ones() as usize;
             let tn = &topo.nodes[id.index()];
             let cf = &mut self.classes[tn.class as usize];
             let b = &mut cf.buckets[f];

@@ -837,9 +837,7 @@ mod tests {
             any::<bool>(),
             1usize..4,
         );
-        let config = ProptestConfig { cases: 128, ..Default::default() };
-        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
-        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let mut runner = det_runner(128);
         let (stopped, passes) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         runner
             .run(&strategy, |(jobs, policy, depth, quotas, nodes)| {
@@ -891,9 +889,7 @@ mod tests {
             2usize..7,
             any::<bool>(),
         );
-        let config = ProptestConfig { cases: 128, ..Default::default() };
-        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
-        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let mut runner = det_runner(128);
         let reserved = std::cell::Cell::new(0usize);
         runner
             .run(&strategy, |(jobs, policy, nodes, mixed)| {

@@ -1032,9 +1032,7 @@ mod tests {
             any::<bool>(),
             1u32..30,
         );
-        let config = ProptestConfig { cases: 256, ..Default::default() };
-        let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
-        let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+        let mut runner = det_runner(256);
         let (gave_up, preempted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         // (GPUs per task, tasks): the sixth runs on two nodes.
         let shapes = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];

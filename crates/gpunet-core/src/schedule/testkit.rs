@@ -87,3 +87,10 @@ pub(super) fn run_pass<'a>(s: &'a ClusterState, now: Time, set: impl FnOnce(&mut
     p.run();
     p
 }
+
+/// A property-test runner with a fixed seed (the same cases on every run), for `cases` cases.
+pub(crate) fn det_runner(cases: u32) -> proptest::test_runner::TestRunner {
+    let config = proptest::test_runner::Config { cases, ..Default::default() };
+    let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+    proptest::test_runner::TestRunner::new_with_rng(config, rng)
+}
