@@ -104,15 +104,18 @@ impl PgCluster {
         let dir = base.join(format!("gpunet-pg-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir(&dir).map_err(io("create its directory"))?;
         // From here on, Drop stops the server (if it started) and removes the directory.
-        let port =
-            TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(io("find a free port"))?.port();
-        let c = PgCluster { dir, bin, port, run_as };
+        let free_port = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(io("find a free port"))
+        };
+        let mut c = PgCluster { dir, bin, port: free_port()?, run_as };
         if let Some(uid) = run_as {
             std::os::unix::fs::chown(&c.dir, Some(uid), Some(uid)).map_err(io("give its directory to nobody"))?;
         }
         c.run("initdb", &["-D", &c.data(), "-U", "gpunet", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])?;
-        let mut opts =
-            format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=100", c.port, c.dir.display());
+        let mut opts = format!("-k {} -c listen_addresses=127.0.0.1 -c max_connections=100", c.dir.display());
         if let Some((cert, key)) = tls {
             use std::os::unix::fs::PermissionsExt;
             for (name, pem, mode) in [("server.crt", cert, 0o644), ("server.key", key, 0o600)] {
@@ -127,8 +130,31 @@ impl PgCluster {
             }
             opts.push_str(" -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key");
         }
-        let log = c.dir.join("server.log").display().to_string();
-        c.run("pg_ctl", &["-D", &c.data(), "-l", &log, "-o", &opts, "-w", "-t", "120", "start"])?;
+        let log = c.dir.join("server.log");
+        let log_name = log.display().to_string();
+        // The port was free when asked for, but another process may take it before the server binds it (tests
+        // start clusters in parallel): then the server logs "Address already in use" and a fresh port is tried.
+        for attempt in 1.. {
+            let seen = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+            let with_port = format!("-p {} {opts}", c.port);
+            match c.run("pg_ctl", &["-D", &c.data(), "-l", &log_name, "-o", &with_port, "-w", "-t", "120", "start"]) {
+                Ok(()) => break,
+                Err(e) => {
+                    let text = std::fs::read(&log).unwrap_or_default();
+                    let clash =
+                        String::from_utf8_lossy(&text[seen.min(text.len())..]).contains("Address already in use");
+                    if !clash || attempt == 5 {
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        port = c.port,
+                        attempt,
+                        "the port was taken before the server bound it; trying another"
+                    );
+                    c.port = free_port()?;
+                }
+            }
+        }
         tracing::info!(port = c.port, dir = %c.dir.display(), "started a private PostgreSQL cluster");
         Ok(c)
     }
