@@ -148,6 +148,12 @@ pub(crate) struct Request<'a> {
     pub(crate) per_node: bool,
 }
 
+/// Where a GPU model's nodes come in a placement search's order of model groups: fastest model first.
+pub(crate) fn model_rank(m: Option<GpuModel>) -> (u64, usize) {
+    let speed = m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64);
+    (u64::MAX - speed, m.map_or(0, |m| m.index()))
+}
+
 fn low_bits(mask: u64, n: u32) -> Option<u64> {
     if mask.count_ones() < n {
         return None;
@@ -705,10 +711,7 @@ impl Free {
         } else {
             let mut by_model: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
             for &c in req.classes {
-                let m = topo.classes[c as usize].model;
-                // Fastest model first.
-                let speed = m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64);
-                by_model.entry((u64::MAX - speed, m.map_or(0, |m| m.index()))).or_default().push(c);
+                by_model.entry(model_rank(topo.classes[c as usize].model)).or_default().push(c);
             }
             groups.extend(by_model.into_values());
         }

@@ -342,8 +342,7 @@ impl<'a> Pass<'a> {
             if spec.allow_mixed_models {
                 return (0, 0);
             }
-            let m = topo.classes[topo.nodes[id.index()].class as usize].model;
-            (u64::MAX - m.map_or(0, |m| (m.relative_speed() * 1000.0) as u64), m.map_or(0, |m| m.index()))
+            crate::alloc::model_rank(topo.classes[topo.nodes[id.index()].class as usize].model)
         };
         let mut n = 0usize;
         while found.is_none() && n < horizon {
