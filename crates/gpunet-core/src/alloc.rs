@@ -472,12 +472,17 @@ impl Free {
     /// Moves the schedulable nodes of `ids` (distinct) to the back of their free-count buckets, in the order given
     /// (the last at the very back), keeping the order of the other nodes: the placement searches, which take the
     /// first node that fits in a bucket, come to them last among nodes with as many free GPUs.
+    ///
+    /// Nodes with no free GPU stay where they are: no search reads the order of that bucket (searches for GPUs
+    /// start at one free GPU; CPU-only and MIG tasks look at nodes in topology order; [`Free::largest_block`] finds
+    /// nothing free there in any order), and a node leaving it is pushed onto its new bucket wherever it sat. On a
+    /// full cluster that bucket holds most nodes, and rebuilding it cost more than the rest of the reservation.
     pub(crate) fn send_to_back(&mut self, topo: &Topology, ids: &[NodeId]) {
         // (class, bucket, place in `ids`, node), grouped by bucket in the order given.
         let mut moving: Vec<(u32, usize, usize, NodeId)> = ids
             .iter()
             .enumerate()
-            .filter(|(_, id)| self.nodes[id.index()].schedulable)
+            .filter(|(_, id)| self.nodes[id.index()].schedulable && self.nodes[id.index()].mask != 0)
             .map(|(k, id)| (topo.nodes[id.index()].class, self.nodes[id.index()].mask.count_ones() as usize, k, *id))
             .collect();
         moving.sort_unstable();
@@ -1097,5 +1102,74 @@ mod tests {
         free.send_to_back(&topo, &[NodeId(2), NodeId(1)]);
         assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4), NodeId(1)]);
         free.check(&topo).unwrap();
+        // A node with no free GPU stays where it is among the full nodes.
+        free.take(&topo, &task(5, 0xf0, 4));
+        free.take(&topo, &task(1, 0xfc, 6));
+        assert_eq!(free.classes[v100].buckets()[0], vec![NodeId(5), NodeId(1)]);
+        free.send_to_back(&topo, &[NodeId(5), NodeId(4)]);
+        assert_eq!(free.classes[v100].buckets()[0], vec![NodeId(5), NodeId(1)]);
+        assert_eq!(free.classes[v100].buckets()[6], vec![NodeId(4)]);
+        free.check(&topo).unwrap();
+    }
+
+    /// The order of the nodes with no free GPU, which [`Free::send_to_back`] leaves as it is, is read by no search:
+    /// pools that differ only in that order place every request alike (whole-GPU tasks and gangs in every scope,
+    /// CPU-only tasks), and stay alike after the same takes and gives.
+    #[test]
+    fn no_search_reads_the_order_of_nodes_with_no_free_gpu() {
+        let (topo, mut a) = pool(12);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let scopes = [TopologyScope::Any, TopologyScope::Zone, TopologyScope::Rack, TopologyScope::Node];
+        let classes: Vec<u32> = (0..topo.classes.len() as u32).collect();
+        let mut compared = 0;
+        for round in 0..300 {
+            // Fill some nodes completely and others in part, so that several nodes share the full bucket.
+            let node = next(12) as u32;
+            let avail = a.nodes[node as usize].mask;
+            let want = if next(2) == 0 { avail.count_ones() } else { next(4) as u32 + 1 };
+            if let Some(mask) = low_bits(avail, want).filter(|m| *m != 0) {
+                a.take(&topo, &task(node, mask, 1));
+            }
+            if next(4) == 0 {
+                let node = next(12) as u32;
+                let used = topo.nodes[node as usize].gpu_mask & !a.nodes[node as usize].mask;
+                if let Some(mask) = low_bits(used, 1) {
+                    a.give(&topo, &task(node, mask, 1));
+                }
+            }
+            // `b`: the same pool with each class's full bucket reversed.
+            let mut b = a.clone();
+            for cf in &mut b.classes {
+                if let Some(full) = cf.buckets.first_mut() {
+                    full.reverse();
+                    for (p, id) in full.iter().enumerate() {
+                        b.nodes[id.index()].pos = p as u32;
+                    }
+                }
+            }
+            b.check(&topo).unwrap();
+            for gpus in [0u32, 1, 2, 4, 8] {
+                for tasks in [1u32, 2, 3] {
+                    for scope in scopes {
+                        let mut spec = crate::job::JobSpec::new(crate::ids::TenantId(0), "t", gpus, tasks);
+                        spec.topology = scope;
+                        spec.task.cpu = MilliCpu::cores(1);
+                        spec.task.mem = MiB::gib(1);
+                        let req = Request { spec: &spec, tasks, classes: &classes, hold: None, per_node: false };
+                        let (pa, pb) = (a.place(&topo, &req, None), b.place(&topo, &req, None));
+                        assert_eq!(pa, pb, "round {round}: {gpus} GPUs × {tasks} tasks, {scope}");
+                        compared += usize::from(pa.is_some());
+                    }
+                }
+            }
+            assert_eq!(a.largest_block(&topo, &classes), b.largest_block(&topo, &classes));
+        }
+        assert!(compared > 1000, "too few requests placed to compare: {compared}");
     }
 }

@@ -7,7 +7,7 @@
 use super::{Decision, Pass, PendingReason};
 use crate::alloc::{Free, Hold, Holdback, Request};
 use crate::ids::{JobId, NodeId};
-use crate::job::{Job, Placement, TaskPlacement};
+use crate::job::{Job, Placement, TaskPlacement, TopologyScope};
 use crate::node::labels;
 use crate::state::{ClusterState, QueueKey};
 use crate::units::{MiB, MilliCpu, Time};
@@ -242,11 +242,12 @@ impl<'a> Pass<'a> {
     /// counting what they will have free, and the first release after which one of them can hold the task gives
     /// the count and the node (among several, as a placement search would choose: fastest model, then fewest free
     /// GPUs); nothing else is looked at. Any other head (a gang, an elastic job at several tasks, MIG or CPU-only
-    /// tasks): releases are applied to the pass's free pool one at a time up to the first count at which the
-    /// eligible nodes could hold its tasks counting whole GPUs only (the check [`Free::place`] starts with);
-    /// placement is tried there, then at doubling counts beyond, and the earliest fitting count is found by binary
-    /// search. Every release is undone exactly ([`Free::ungive`]), the order of nodes in the pool's buckets
-    /// included.
+    /// tasks): releases are applied to the pass's free pool one at a time, on the head's eligible node classes only
+    /// (the only ones a placement search for it reads), up to the first count at which the eligible nodes of one
+    /// group the gang may not leave (model group unless models may mix, zone unless it may span zones) could hold
+    /// its tasks counting whole GPUs only; placement is tried there, then at doubling counts beyond, and the
+    /// earliest fitting count is found by binary search. Every release is undone exactly ([`Free::ungive`]), the
+    /// order of nodes in the pool's buckets included.
     ///
     /// Then the nodes that get resources back before the head starts go to the back of their buckets, the earliest
     /// freed last: the jobs placed behind the head take nodes that stay busy first and leave the room that is about
@@ -411,8 +412,9 @@ impl<'a> Pass<'a> {
     }
 
     /// The reservation of a head other than one task of whole GPUs ([`Self::reservation`]): releases applied to
-    /// `free` up to the first count at which the eligible nodes could hold the tasks counting whole GPUs (or, for
-    /// MIG and CPU-only tasks, at which enough GPUs are free), placement tried there and at doubling counts beyond,
+    /// `free` on the eligible classes up to the first count at which the eligible nodes of one group the tasks may
+    /// not leave could hold them counting whole GPUs (or, for MIG and CPU-only tasks, at which enough GPUs are
+    /// free), placement tried there and at doubling counts beyond,
     /// the earliest fitting count found by binary search; every release undone exactly. `pull(order, n)` extends
     /// the release order to `n`.
     fn reservation_by_placement<'x>(
@@ -435,37 +437,56 @@ impl<'a> Pass<'a> {
         // given, for the exact undo.
         let mut applied = 0usize;
         let mut undo: Vec<u32> = Vec::new();
+        // A placement search reads only the eligible classes' nodes and buckets, so releases are given back on those
+        // nodes only: the search finds what it would with every release given back.
+        let narrow = self.narrow_res;
+        let eligible = |t: &TaskPlacement| !narrow || class_pos[topo.nodes[t.node.index()].class as usize] != u32::MAX;
         let set_to =
             |free: &mut Free, applied: &mut usize, undo: &mut Vec<u32>, order: &[(Time, &Placement)], n: usize| {
                 let n = n.min(order.len());
                 while *applied < n {
-                    for t in &order[*applied].1.tasks {
+                    for t in order[*applied].1.tasks.iter().filter(|t| eligible(t)) {
                         undo.push(free.give_logged(topo, t));
                     }
                     *applied += 1;
                 }
                 while *applied > n {
                     *applied -= 1;
-                    for t in order[*applied].1.tasks.iter().rev() {
+                    for t in order[*applied].1.tasks.iter().rev().filter(|t| eligible(t)) {
                         free.ungive(topo, t, undo.pop().expect("one position per task given"));
                     }
                 }
             };
-        // Tasks of whole GPUs the eligible nodes could hold, counting free GPUs only, kept up to date release by
-        // release: `Free::place` fails at once while it is short of the tasks.
-        let mut cap = 0u64;
+        // Tasks of whole GPUs the eligible nodes of each group a placement may not leave (model group unless models
+        // may mix; zone unless the gang may span zones) could hold, counting free GPUs only, kept up to date
+        // release by release: `Free::place` cannot succeed while every group is short of the tasks.
+        let across_zones = tasks > 1 && spec.topology == TopologyScope::Any;
+        let mut groups: Vec<((u64, usize), u32)> = Vec::new();
+        let mut class_group = vec![u32::MAX; topo.classes.len()];
+        for &c in req.classes {
+            let info = &topo.classes[c as usize];
+            let model = if spec.allow_mixed_models { (0, 0) } else { crate::alloc::model_rank(info.model) };
+            let key = if narrow { (model, if across_zones { u32::MAX } else { info.zone }) } else { ((0, 0), 0) };
+            let i = groups.iter().position(|k| *k == key).unwrap_or_else(|| {
+                groups.push(key);
+                groups.len() - 1
+            });
+            class_group[c as usize] = i as u32;
+        }
+        let mut cap = vec![0u64; groups.len()];
         if counted {
             for &c in req.classes {
                 for (f, bucket) in free.classes[c as usize].buckets().iter().enumerate().skip(g as usize) {
-                    cap += (f as u64 / g) * bucket.len() as u64;
+                    cap[class_group[c as usize] as usize] += (f as u64 / g) * bucket.len() as u64;
                 }
             }
         }
-        let short = |free: &Free, cap: u64| if counted { cap < tasks as u64 } else { free.free_in(req.classes) < need };
+        let mut enough = cap.iter().any(|&c| c >= tasks as u64);
+        let short = |free: &Free, enough: bool| if counted { !enough } else { free.free_in(req.classes) < need };
         // The first count that may fit: releases given back one at a time.
         let mut n = 0usize;
         let horizon = st.cfg.reservation_horizon;
-        while short(free, cap) {
+        while short(free, enough) {
             if n >= horizon {
                 break;
             }
@@ -473,15 +494,17 @@ impl<'a> Pass<'a> {
             if order.len() <= n {
                 break;
             }
-            for t in &order[n].1.tasks {
-                let node = &free.nodes[t.node.index()];
-                let counts =
-                    counted && node.schedulable && class_pos[topo.nodes[t.node.index()].class as usize] != u32::MAX;
-                let before = node.mask.count_ones() as u64;
+            for t in order[n].1.tasks.iter().filter(|t| eligible(t)) {
+                let i = t.node.index();
+                let group = class_group[topo.nodes[i].class as usize];
+                let counts = counted && free.nodes[i].schedulable && group != u32::MAX;
+                let before = free.nodes[i].mask.count_ones() as u64;
                 undo.push(free.give_logged(topo, t));
                 if counts {
-                    let after = free.nodes[t.node.index()].mask.count_ones() as u64;
-                    cap += after / g - before / g;
+                    let after = free.nodes[i].mask.count_ones() as u64;
+                    let c = &mut cap[group as usize];
+                    *c += after / g - before / g;
+                    enough |= *c >= tasks as u64;
                 }
             }
             applied += 1;
@@ -490,7 +513,7 @@ impl<'a> Pass<'a> {
         let mut found: Option<(usize, Placement)> = None;
         // Counts up to `lo` are known not to fit (or, at 0, untested).
         let mut lo = n.saturating_sub(1);
-        if !short(free, cap) && n <= horizon {
+        if !short(free, enough) && n <= horizon {
             let mut step = 1usize;
             let mut attempts = 0;
             loop {
@@ -875,15 +898,20 @@ mod tests {
         assert!(stopped.get() >= 5, "{} of {} passes stopped early", stopped.get(), passes.get());
     }
 
+    /// The reservation's shortcuts change no decision: a one-task head reserved by its releases node by node
+    /// decides as the search by placement does, and that search, giving releases back on the eligible classes only
+    /// and counting room per group a gang may not leave, decides as with every release given back and room counted
+    /// over all eligible nodes. Random clusters of two models in two zones, one-task jobs and gangs of 2–4 tasks
+    /// (in one zone, anywhere, in one rack), with and without mixed models, five policies, four passes each.
     #[test]
-    fn reserving_a_one_task_head_by_its_releases_decides_as_by_placement() {
+    fn the_reservations_shortcuts_decide_as_the_plain_search() {
         use proptest::prelude::*;
         let policies = [Policy::Fifo, Policy::Sjf, Policy::Srtf, Policy::Las, Policy::FairShare];
-        // Jobs: (size index, estimate s, tenant, model wanted): one task of 1-8 GPUs, or (index 5) a gang of two
+        // Jobs: (size index, estimate s, tenant, model wanted): one task of 1-8 GPUs, or a gang (index 5 on: two
         // 2-GPU tasks, often on one node, so that a release may free several GPUs of one node in steps and nodes of
-        // two classes (zones) and models at once.
+        // two classes and models at once; two of 4, three of 2, four of 1), its scope by its estimate.
         let strategy = (
-            proptest::collection::vec((0usize..6, 1u64..20_000, 0u32..3, 0u8..6), 1..300),
+            proptest::collection::vec((0usize..9, 1u64..20_000, 0u32..3, 0u8..6), 1..300),
             0usize..policies.len(),
             2usize..7,
             any::<bool>(),
@@ -901,8 +929,12 @@ mod tests {
                     .collect();
                 let mut s = cluster(c, ns, &["a", "b", "c"]);
                 for (i, (g, secs, t, model)) in jobs.iter().enumerate() {
-                    let (gpus, tasks) = [(1, 1), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2)][*g];
+                    let (gpus, tasks) = [(1, 1), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 3), (1, 4)][*g];
                     let mut spec = JobSpec::new(TenantId(*t), "j", gpus, tasks).estimate(Dur::from_secs(*secs));
+                    if tasks > 1 {
+                        spec.topology =
+                            [TopologyScope::Zone, TopologyScope::Any, TopologyScope::Rack][*secs as usize % 3];
+                    }
                     spec.allow_mixed_models = mixed;
                     if *model == 0 {
                         spec.gpu_models = crate::job::thin_vec![GpuModel::V100_16GB];
@@ -914,6 +946,12 @@ mod tests {
                     let fast = run_pass(&s, now, |_| {}).decisions;
                     let slow = run_pass(&s, now, |p| p.one_node_res = false).decisions;
                     prop_assert_eq!(&fast, &slow);
+                    let plain = run_pass(&s, now, |p| {
+                        p.one_node_res = false;
+                        p.narrow_res = false;
+                    })
+                    .decisions;
+                    prop_assert_eq!(&fast, &plain);
                     reserved
                         .set(reserved.get() + fast.iter().filter(|d| matches!(d, Decision::Reserve { .. })).count());
                     now = apply_and_end_some(&mut s, &fast, now, round, Dur::from_secs(50));

@@ -169,6 +169,10 @@ struct Pass<'a> {
     /// Whether the reservation of a one-task head walks releases node by node (`backfill::reservation`; off only
     /// in tests that check it decides as the search by placement does).
     one_node_res: bool,
+    /// Whether the reservation of any other head gives releases back on its eligible node classes only and counts
+    /// room per group its tasks may not leave (`backfill::reservation_by_placement`; off only in tests that check
+    /// it decides as with every release given back and room counted over all eligible nodes).
+    narrow_res: bool,
     /// Per node, an index into a list the reservation keeps of nodes its releases touched (`u32::MAX`: none);
     /// all `u32::MAX` between uses (`backfill::reservation`).
     node_slot: Vec<u32>,
@@ -212,6 +216,7 @@ impl<'a> Pass<'a> {
             scratch: Free::default(),
             node_slot: Vec::new(),
             one_node_res: true,
+            narrow_res: true,
             walked: 0,
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
