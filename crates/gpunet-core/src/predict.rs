@@ -49,7 +49,7 @@ impl ClusterState {
                 jobs.entry(*id).or_insert_with(|| j.clone());
             }
         };
-        for (_, id) in &self.running_by_end {
+        for (_, id) in self.running_by_end.keys() {
             keep(id);
         }
         for on_node in &self.node_jobs {

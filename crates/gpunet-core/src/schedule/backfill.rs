@@ -9,7 +9,7 @@ use crate::alloc::{Free, Hold, Holdback, Request};
 use crate::ids::{JobId, NodeId};
 use crate::job::{Job, Placement, TaskPlacement, TopologyScope};
 use crate::node::labels;
-use crate::state::{ClusterState, QueueKey};
+use crate::state::{ClusterState, QueueKey, RunningTasks};
 use crate::units::{MiB, MilliCpu, Time};
 
 /// The reservation of the blocked head job.
@@ -37,7 +37,7 @@ struct Found {
 type MeetOrder = ((u64, usize), u32, u32, usize);
 
 /// Running jobs' releases, earliest estimated end first: the end and the placement freed.
-type Releases<'x> = Vec<(Time, &'x Placement)>;
+type Releases<'x> = Vec<(Time, &'x [TaskPlacement])>;
 
 /// What the queue key alone says about a job behind the blocked head.
 pub(super) enum Behind {
@@ -60,25 +60,24 @@ fn memoizable(spec: &crate::job::JobSpec) -> bool {
 /// Extends `order` to `n` releases, merging running jobs and jobs started in this pass by estimated end; stops at
 /// jobs without an estimate.
 fn pull_releases<'x>(
-    a: &mut std::iter::Peekable<impl Iterator<Item = &'x (Time, JobId)>>,
+    a: &mut std::iter::Peekable<impl Iterator<Item = (&'x (Time, JobId), &'x RunningTasks)>>,
     b: &mut std::iter::Peekable<std::slice::Iter<'x, (Time, JobId, Placement)>>,
-    st: &'x ClusterState,
-    order: &mut Vec<(Time, &'x Placement)>,
+    order: &mut Releases<'x>,
     n: usize,
 ) {
     while order.len() < n {
         let take_a = match (a.peek(), b.peek()) {
-            (Some((ta, ja)), Some((tb, jb, _))) => (ta, ja) <= (tb, jb),
+            (Some(((ta, ja), _)), Some((tb, jb, _))) => (ta, ja) <= (tb, jb),
             (Some(_), None) => true,
             (None, Some(_)) => false,
             (None, None) => return,
         };
         let (end, p) = if take_a {
-            let (end, id) = a.next().expect("peeked");
-            (*end, &st.jobs[id].run.as_ref().expect("running job has a run").placement)
+            let ((end, _), tasks) = a.next().expect("peeked");
+            (*end, &tasks[..])
         } else {
             let (end, _, p) = b.next().expect("peeked");
-            (*end, p)
+            (*end, &p.tasks[..])
         };
         if end == Time::MAX {
             return;
@@ -263,7 +262,7 @@ impl<'a> Pass<'a> {
         // The release order, pulled lazily: running jobs and those started in this pass, by estimated end.
         let mut order: Releases = Vec::new();
         let preempted = self.preempted.clone();
-        let mut a = st.running_by_end.iter().filter(|(_, j)| !preempted.contains(j)).peekable();
+        let mut a = st.running_by_end.iter().filter(|((_, j), _)| !preempted.contains(j)).peekable();
         let mut b = started.iter().peekable();
         let topo = &st.topo;
         let mut free = std::mem::take(&mut self.free);
@@ -277,7 +276,7 @@ impl<'a> Pass<'a> {
         for (i, &c) in classes.iter().enumerate() {
             class_pos[c as usize] = i as u32;
         }
-        let mut pull = puller(|order, n| pull_releases(&mut a, &mut b, st, order, n));
+        let mut pull = puller(|order, n| pull_releases(&mut a, &mut b, order, n));
         let result = if counted && tasks == 1 && self.one_node_res {
             self.reservation_one_node(&free, &req, &class_pos, &mut order, &mut pull)
         } else {
@@ -290,7 +289,7 @@ impl<'a> Pass<'a> {
             slot.resize(free.nodes.len(), u32::MAX);
             let mut soon: Vec<NodeId> = Vec::new();
             for (_, q) in &order[..hi] {
-                for t in &q.tasks {
+                for t in q.iter() {
                     if slot[t.node.index()] == u32::MAX {
                         slot[t.node.index()] = 0;
                         soon.push(t.node);
@@ -355,7 +354,7 @@ impl<'a> Pass<'a> {
             // once, in the order a placement search would meet them: model group, free GPUs, class, then the order
             // the release's gives leave them in within a bucket (by each node's last task).
             here.clear();
-            for (k, t) in order[n].1.tasks.iter().enumerate() {
+            for (k, t) in order[n].1.iter().enumerate() {
                 let i = t.node.index();
                 if slot[i] == u32::MAX {
                     slot[i] = touched.len() as u32;
@@ -441,22 +440,25 @@ impl<'a> Pass<'a> {
         // nodes only: the search finds what it would with every release given back.
         let narrow = self.narrow_res;
         let eligible = |t: &TaskPlacement| !narrow || class_pos[topo.nodes[t.node.index()].class as usize] != u32::MAX;
-        let set_to =
-            |free: &mut Free, applied: &mut usize, undo: &mut Vec<u32>, order: &[(Time, &Placement)], n: usize| {
-                let n = n.min(order.len());
-                while *applied < n {
-                    for t in order[*applied].1.tasks.iter().filter(|t| eligible(t)) {
-                        undo.push(free.give_logged(topo, t));
-                    }
-                    *applied += 1;
+        let set_to = |free: &mut Free,
+                      applied: &mut usize,
+                      undo: &mut Vec<u32>,
+                      order: &[(Time, &[TaskPlacement])],
+                      n: usize| {
+            let n = n.min(order.len());
+            while *applied < n {
+                for t in order[*applied].1.iter().filter(|t| eligible(t)) {
+                    undo.push(free.give_logged(topo, t));
                 }
-                while *applied > n {
-                    *applied -= 1;
-                    for t in order[*applied].1.tasks.iter().rev().filter(|t| eligible(t)) {
-                        free.ungive(topo, t, undo.pop().expect("one position per task given"));
-                    }
+                *applied += 1;
+            }
+            while *applied > n {
+                *applied -= 1;
+                for t in order[*applied].1.iter().rev().filter(|t| eligible(t)) {
+                    free.ungive(topo, t, undo.pop().expect("one position per task given"));
                 }
-            };
+            }
+        };
         // Tasks of whole GPUs the eligible nodes of each group a placement may not leave (model group unless models
         // may mix; zone unless the gang may span zones) could hold, counting free GPUs only, kept up to date
         // release by release: `Free::place` cannot succeed while every group is short of the tasks.
@@ -494,7 +496,7 @@ impl<'a> Pass<'a> {
             if order.len() <= n {
                 break;
             }
-            for t in order[n].1.tasks.iter().filter(|t| eligible(t)) {
+            for t in order[n].1.iter().filter(|t| eligible(t)) {
                 let i = t.node.index();
                 let group = class_group[topo.nodes[i].class as usize];
                 let counts = counted && free.nodes[i].schedulable && group != u32::MAX;
