@@ -243,8 +243,8 @@ impl<'a> Pass<'a> {
     /// GPUs); nothing else is looked at. Any other head (a gang, an elastic job at several tasks, MIG or CPU-only
     /// tasks): releases are applied to the pass's free pool one at a time, on the head's eligible node classes only
     /// (the only ones a placement search for it reads), up to the first count at which the eligible nodes of one
-    /// group the gang may not leave (model group unless models may mix, zone unless it may span zones) could hold
-    /// its tasks counting whole GPUs only; placement is tried there, then at doubling counts beyond, and the
+    /// group the gang may not leave (model group unless models may mix, zone unless it may span zones; for a gang
+    /// within one rack, all of them together) could hold its tasks counting whole GPUs only; placement is tried there, then at doubling counts beyond, and the
     /// earliest fitting count is found by binary search. Every release is undone exactly ([`Free::ungive`]), the
     /// order of nodes in the pool's buckets included.
     ///
@@ -461,14 +461,18 @@ impl<'a> Pass<'a> {
         };
         // Tasks of whole GPUs the eligible nodes of each group a placement may not leave (model group unless models
         // may mix; zone unless the gang may span zones) could hold, counting free GPUs only, kept up to date
-        // release by release: `Free::place` cannot succeed while every group is short of the tasks.
+        // release by release: `Free::place` cannot succeed while every group is short of the tasks. Not for a gang
+        // within one rack: its search looks at 64 racks only, so its success need not grow with the count, and the
+        // probes, which start at the first count that may fit, must meet the counts they always met (room counted
+        // over all eligible nodes at once).
         let across_zones = tasks > 1 && spec.topology == TopologyScope::Any;
+        let grouped = narrow && !(tasks > 1 && spec.topology == TopologyScope::Rack);
         let mut groups: Vec<((u64, usize), u32)> = Vec::new();
         let mut class_group = vec![u32::MAX; topo.classes.len()];
         for &c in req.classes {
             let info = &topo.classes[c as usize];
             let model = if spec.allow_mixed_models { (0, 0) } else { crate::alloc::model_rank(info.model) };
-            let key = if narrow { (model, if across_zones { u32::MAX } else { info.zone }) } else { ((0, 0), 0) };
+            let key = if grouped { (model, if across_zones { u32::MAX } else { info.zone }) } else { ((0, 0), 0) };
             let i = groups.iter().position(|k| *k == key).unwrap_or_else(|| {
                 groups.push(key);
                 groups.len() - 1
