@@ -1023,6 +1023,17 @@ mod tests {
         (topo, free)
     }
 
+    /// A deterministic pseudo-random source for the tests' rounds: `next(m)` is in `0..m`.
+    fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut x = seed;
+        move |m| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        }
+    }
+
     fn task(node: u32, gpu_mask: u64, cores: u64) -> TaskPlacement {
         TaskPlacement {
             node: NodeId(node),
@@ -1039,13 +1050,7 @@ mod tests {
         // a subset back in some order, some nodes several times and one node unschedulable, and undo it all.
         let (topo, mut free) = pool(9);
         free.set_schedulable(&topo, NodeId(4), false);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for round in 0..200 {
             let mut taken: Vec<TaskPlacement> = Vec::new();
             for _ in 0..12 {
@@ -1114,17 +1119,11 @@ mod tests {
 
     /// The order of the nodes with no free GPU, which [`Free::send_to_back`] leaves as it is, is read by no search:
     /// pools that differ only in that order place every request alike (whole-GPU tasks and gangs in every scope,
-    /// CPU-only tasks), and stay alike after the same takes and gives.
+    /// CPU-only tasks), compared after each of 300 rounds of takes and gives.
     #[test]
     fn no_search_reads_the_order_of_nodes_with_no_free_gpu() {
         let (topo, mut a) = pool(12);
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let scopes = [TopologyScope::Any, TopologyScope::Zone, TopologyScope::Rack, TopologyScope::Node];
         let classes: Vec<u32> = (0..topo.classes.len() as u32).collect();
         let mut compared = 0;
