@@ -154,6 +154,16 @@ pub(crate) fn model_rank(m: Option<GpuModel>) -> (u64, usize) {
     (u64::MAX - speed, m.map_or(0, |m| m.index()))
 }
 
+/// The model group a placement search for `spec` puts nodes of model `m` in: one group for all when the job may
+/// mix models, else [`model_rank`].
+pub(crate) fn model_group(spec: &JobSpec, m: Option<GpuModel>) -> (u64, usize) {
+    if spec.allow_mixed_models {
+        (0, 0)
+    } else {
+        model_rank(m)
+    }
+}
+
 fn low_bits(mask: u64, n: u32) -> Option<u64> {
     if mask.count_ones() < n {
         return None;

@@ -244,9 +244,9 @@ impl<'a> Pass<'a> {
     /// tasks): releases are applied to the pass's free pool one at a time, on the head's eligible node classes only
     /// (the only ones a placement search for it reads), up to the first count at which the eligible nodes of one
     /// group the gang may not leave (model group unless models may mix, zone unless it may span zones; for a gang
-    /// within one rack, all of them together) could hold its tasks counting whole GPUs only; placement is tried there, then at doubling counts beyond, and the
-    /// earliest fitting count is found by binary search. Every release is undone exactly ([`Free::ungive`]), the
-    /// order of nodes in the pool's buckets included.
+    /// within one rack, all of them together) could hold its tasks counting whole GPUs only; placement is tried
+    /// there, then at doubling counts beyond, and the earliest fitting count is found by binary search. Every
+    /// release is undone exactly ([`Free::ungive`]), the order of nodes in the pool's buckets included.
     ///
     /// Then the nodes that get resources back before the head starts go to the back of their buckets, the earliest
     /// freed last: the jobs placed behind the head take nodes that stay busy first and leave the room that is about
@@ -338,12 +338,8 @@ impl<'a> Pass<'a> {
         let mut touched: Vec<(NodeId, u64, MilliCpu, MiB)> = Vec::new();
         // The nodes of one release, each with the index of its last task there.
         let mut here: Vec<(NodeId, usize)> = Vec::new();
-        let model_key = |id: NodeId| -> (u64, usize) {
-            if spec.allow_mixed_models {
-                return (0, 0);
-            }
-            crate::alloc::model_rank(topo.classes[topo.nodes[id.index()].class as usize].model)
-        };
+        let model_key =
+            |id: NodeId| crate::alloc::model_group(spec, topo.classes[topo.nodes[id.index()].class as usize].model);
         let mut n = 0usize;
         while found.is_none() && n < horizon {
             pull(order, n + 1);
@@ -413,9 +409,8 @@ impl<'a> Pass<'a> {
     /// The reservation of a head other than one task of whole GPUs ([`Self::reservation`]): releases applied to
     /// `free` on the eligible classes up to the first count at which the eligible nodes of one group the tasks may
     /// not leave could hold them counting whole GPUs (or, for MIG and CPU-only tasks, at which enough GPUs are
-    /// free), placement tried there and at doubling counts beyond,
-    /// the earliest fitting count found by binary search; every release undone exactly. `pull(order, n)` extends
-    /// the release order to `n`.
+    /// free), placement tried there and at doubling counts beyond, the earliest fitting count found by binary
+    /// search; every release undone exactly. `pull(order, n)` extends the release order to `n`.
     fn reservation_by_placement<'x>(
         &self,
         free: &mut Free,
@@ -471,7 +466,7 @@ impl<'a> Pass<'a> {
         let mut class_group = vec![u32::MAX; topo.classes.len()];
         for &c in req.classes {
             let info = &topo.classes[c as usize];
-            let model = if spec.allow_mixed_models { (0, 0) } else { crate::alloc::model_rank(info.model) };
+            let model = crate::alloc::model_group(spec, info.model);
             let key = if grouped { (model, if across_zones { u32::MAX } else { info.zone }) } else { ((0, 0), 0) };
             let i = groups.iter().position(|k| *k == key).unwrap_or_else(|| {
                 groups.push(key);
