@@ -9,8 +9,34 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpunet");
 
+/// A loopback port free when asked for, and one nothing else on the machine takes meanwhile as a rule: it lies
+/// below the kernel's ephemeral range (`ip_local_port_range`), from which outgoing connections (curl, agents,
+/// store clients) and `bind(:0)` (PostgreSQL clusters, the bench) take theirs, so only another explicit bind can take
+/// it. (A port from `bind(:0)` was taken once by such a connection between the test's ask and the server's bind:
+/// "Address already in use".) A counter keeps two tests of one binary from the same port, a start from the pid keeps
+/// concurrent test processes apart, and the bind check skips ports held.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
+        .unwrap_or(32_768);
+    let low = ephemeral_low.saturating_sub(12_000).max(10_000);
+    let span = ephemeral_low.saturating_sub(low);
+    if span < 1_000 {
+        return TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    }
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let port = low + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if let Ok(port) = u16::try_from(port) {
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    panic!("no free loopback port in {low}..{ephemeral_low}")
 }
 
 /// A child process killed when dropped.
