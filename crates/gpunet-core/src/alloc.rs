@@ -105,7 +105,7 @@ impl NodeFree {
 }
 
 /// Dynamic per-class index.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct ClassFree {
     buckets: Vec<Vec<NodeId>>,
     /// Free whole GPUs on schedulable nodes.
@@ -114,14 +114,32 @@ pub(crate) struct ClassFree {
     pub(crate) rack_free: Vec<u32>,
 }
 
-/// The dynamic free-resource state. `clone_from` reuses the target's buffers (no allocation once they have grown
-/// to the source's sizes): a victim search copies the pass's free resources into one buffer search after search.
+/// The dynamic free-resource state.
+///
+/// A pool may keep a log of its changes ([`Free::start_log`]) and undo them all ([`Free::rollback`]), the order of
+/// nodes within buckets included: a scheduling pass works on such a pool and hands it back as it found it, so that
+/// the next pass need not copy the cluster's pool (`state::PassPool`), and a victim search works on the pass's pool and
+/// rolls back to a mark instead of working on a copy.
 #[derive(Debug, Default)]
 pub(crate) struct Free {
     pub(crate) nodes: Vec<NodeFree>,
     pub(crate) classes: Vec<ClassFree>,
     /// Free whole GPUs on all schedulable nodes.
     pub(crate) total_gpus: u64,
+    /// Whether changes are logged in `log`.
+    logging: bool,
+    /// The changes made since [`Free::start_log`], oldest first (its buffer kept between logs).
+    log: Vec<Undo>,
+}
+
+/// One logged change of a pool, with what undoing it needs.
+#[derive(Debug)]
+enum Undo {
+    /// A task taken or given on a node: the node as it was (its place in its bucket included) and how many buckets
+    /// its class had.
+    Move { id: NodeId, before: NodeFree, buckets: u32 },
+    /// A bucket reordered ([`Free::send_to_back`]): its order before.
+    Order { class: u32, f: u32, before: Vec<NodeId> },
 }
 
 /// What a backfill job that outlasts the reservation may not touch on a node.
@@ -273,18 +291,6 @@ impl Topology {
     }
 }
 
-impl Clone for ClassFree {
-    fn clone(&self) -> Self {
-        ClassFree { buckets: self.buckets.clone(), free_gpus: self.free_gpus, rack_free: self.rack_free.clone() }
-    }
-
-    fn clone_from(&mut self, src: &Self) {
-        self.buckets.clone_from(&src.buckets);
-        self.free_gpus = src.free_gpus;
-        self.rack_free.clone_from(&src.rack_free);
-    }
-}
-
 impl ClassFree {
     /// The class's schedulable nodes by free whole-GPU count.
     pub(crate) fn buckets(&self) -> &[Vec<NodeId>] {
@@ -297,21 +303,120 @@ impl ClassFree {
     }
 }
 
+/// A clone copies the resources, not the log: it does not log.
 impl Clone for Free {
     fn clone(&self) -> Self {
-        Free { nodes: self.nodes.clone(), classes: self.classes.clone(), total_gpus: self.total_gpus }
+        Free {
+            nodes: self.nodes.clone(),
+            classes: self.classes.clone(),
+            total_gpus: self.total_gpus,
+            logging: false,
+            log: Vec::new(),
+        }
+    }
+}
+
+impl Free {
+    /// Starts logging changes (a log started before is dropped).
+    pub(crate) fn start_log(&mut self) {
+        self.logging = true;
+        self.log.clear();
     }
 
-    fn clone_from(&mut self, src: &Self) {
-        self.nodes.clone_from(&src.nodes);
-        self.classes.clone_from(&src.classes);
-        self.total_gpus = src.total_gpus;
+    /// Where the log stands, for [`Free::rollback`].
+    pub(crate) fn mark(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Undoes the logged changes made since `mark`, last first: the pool is exactly as it was at the mark, the order
+    /// of nodes within buckets and the buckets' count included.
+    pub(crate) fn rollback(&mut self, topo: &Topology, mark: usize) {
+        while self.log.len() > mark {
+            self.undo_last(topo);
+        }
+    }
+
+    /// Undoes every logged change and stops logging.
+    pub(crate) fn rollback_all(&mut self, topo: &Topology) {
+        self.rollback(topo, 0);
+        self.logging = false;
+    }
+
+    /// Whether the resources equal `other`'s, the order of nodes within buckets included (logs aside).
+    pub(crate) fn same_as(&self, other: &Free) -> bool {
+        self.total_gpus == other.total_gpus
+            && self.nodes.len() == other.nodes.len()
+            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
+                (a.mask, a.cpu, a.mem, a.mig, a.schedulable, a.pos)
+                    == (b.mask, b.cpu, b.mem, b.mig, b.schedulable, b.pos)
+            })
+            && self.classes.len() == other.classes.len()
+            && self
+                .classes
+                .iter()
+                .zip(&other.classes)
+                .all(|(a, b)| a.buckets == b.buckets && a.free_gpus == b.free_gpus && a.rack_free == b.rack_free)
+    }
+
+    fn undo_last(&mut self, topo: &Topology) {
+        match self.log.pop().expect("a change to undo") {
+            Undo::Move { id, before, buckets } => {
+                let t = &topo.nodes[id.index()];
+                let now = self.nodes[id.index()];
+                let cf = &mut self.classes[t.class as usize];
+                if now.schedulable {
+                    // Every change made since was undone: the node is still last in the bucket it was pushed onto.
+                    let f = now.mask.count_ones() as usize;
+                    let popped = cf.buckets[f].pop();
+                    debug_assert_eq!(popped, Some(id), "undo out of order");
+                    cf.free_gpus -= f as u64;
+                    cf.rack_free[t.rack as usize] -= f as u32;
+                    self.total_gpus -= f as u64;
+                    debug_assert!(cf.buckets[buckets as usize..].iter().all(|b| b.is_empty()));
+                    cf.buckets.truncate(buckets as usize);
+                }
+                if before.schedulable {
+                    // The inverse of the swap_remove that took it out of its bucket.
+                    let f = before.mask.count_ones() as usize;
+                    let b = &mut cf.buckets[f];
+                    let p = before.pos as usize;
+                    if p < b.len() {
+                        let moved = b[p];
+                        b.push(moved);
+                        b[p] = id;
+                        self.nodes[moved.index()].pos = (b.len() - 1) as u32;
+                    } else {
+                        debug_assert_eq!(p, b.len(), "undo position out of range");
+                        b.push(id);
+                    }
+                    cf.free_gpus += f as u64;
+                    cf.rack_free[t.rack as usize] += f as u32;
+                    self.total_gpus += f as u64;
+                }
+                self.nodes[id.index()] = before;
+            }
+            Undo::Order { class, f, before } => {
+                for (p, id) in before.iter().enumerate() {
+                    self.nodes[id.index()].pos = p as u32;
+                }
+                self.classes[class as usize].buckets[f as usize] = before;
+            }
+        }
+    }
+
+    /// Logs a task's move on node `id`, before it is made.
+    fn log_move(&mut self, topo: &Topology, id: NodeId) {
+        if self.logging {
+            let buckets = self.classes[topo.nodes[id.index()].class as usize].buckets.len() as u32;
+            self.log.push(Undo::Move { id, before: self.nodes[id.index()], buckets });
+        }
     }
 }
 
 impl Free {
     /// Makes room for a node added to `topo` (not yet schedulable).
     pub(crate) fn add_node(&mut self, topo: &Topology, id: NodeId) {
+        debug_assert!(!self.logging, "add_node is not logged");
         let t = &topo.nodes[id.index()];
         while self.classes.len() < topo.classes.len() {
             self.classes.push(ClassFree::default());
@@ -372,6 +477,7 @@ impl Free {
 
     /// Makes a node (un)schedulable.
     pub(crate) fn set_schedulable(&mut self, topo: &Topology, id: NodeId, on: bool) {
+        debug_assert!(!self.logging, "set_schedulable is not logged");
         let cur = self.nodes[id.index()].schedulable;
         if cur == on {
             return;
@@ -406,6 +512,7 @@ impl Free {
 
     /// Takes a task's resources. The caller has checked `can_take`.
     pub(crate) fn take(&mut self, topo: &Topology, t: &TaskPlacement) {
+        self.log_move(topo, t.node);
         let sched = self.nodes[t.node.index()].schedulable;
         if sched {
             self.bucket_remove(topo, t.node);
@@ -418,6 +525,7 @@ impl Free {
 
     /// Gives a task's resources back.
     pub(crate) fn give(&mut self, topo: &Topology, t: &TaskPlacement) {
+        self.log_move(topo, t.node);
         let sched = self.nodes[t.node.index()].schedulable;
         if sched {
             self.bucket_remove(topo, t.node);
@@ -442,6 +550,14 @@ impl Free {
     /// afterwards do not depend on the search's path.
     pub(crate) fn ungive(&mut self, topo: &Topology, t: &TaskPlacement, pos: u32) {
         let id = t.node;
+        if self.logging {
+            // The give is the last change logged: undoing it is the same, and takes it off the log.
+            debug_assert!(
+                matches!(self.log.last(), Some(Undo::Move { id: i, before, .. }) if *i == id && before.pos == pos)
+            );
+            self.undo_last(topo);
+            return;
+        }
         let sched = self.nodes[id.index()].schedulable;
         if sched {
             // The node was pushed last into the bucket of its new free count.
@@ -501,6 +617,10 @@ impl Free {
             // The nodes moving are marked by the position u32::MAX while their bucket is rebuilt.
             for m in group {
                 self.nodes[m.3.index()].pos = u32::MAX;
+            }
+            if self.logging {
+                let before = self.classes[c as usize].buckets[f].clone();
+                self.log.push(Undo::Order { class: c, f: f as u32, before });
             }
             let nodes = &self.nodes;
             let b = &mut self.classes[c as usize].buckets[f];
@@ -1052,6 +1172,88 @@ mod tests {
             cpu: MilliCpu::cores(cores),
             mem: MiB::gib(cores),
         }
+    }
+
+    /// A pool that logs its changes rolls back to exactly what it was at any mark, bucket order included, whatever
+    /// was done since: takes, gives, gives undone with `ungive` (last first) and nodes sent to the back of their
+    /// buckets; then to what it was when the log started.
+    #[test]
+    fn a_logged_pool_rolls_back_exactly_to_a_mark() {
+        let (topo, mut free) = pool(12);
+        free.set_schedulable(&topo, NodeId(5), false);
+        let mut next = xorshift(0x853c_49e6_748f_ea9b);
+        let mut marks_checked = 0;
+        for round in 0..200 {
+            // Unlogged changes between rounds scramble the buckets, as the cluster's own starts and ends do.
+            for _ in 0..4 {
+                let node = next(12) as u32;
+                let avail = free.nodes[node as usize].mask;
+                if let Some(mask) = low_bits(avail, next(3) as u32 + 1) {
+                    free.take(&topo, &task(node, mask, 1));
+                } else {
+                    let used = topo.nodes[node as usize].gpu_mask & !avail;
+                    free.give(&topo, &task(node, low_bits(used, used.count_ones()).unwrap(), 0));
+                }
+            }
+            let start = free.clone();
+            free.start_log();
+            let ops = 1 + next(40) as usize;
+            let at = next(ops as u64) as usize;
+            let mut at_mark: Option<(usize, Free)> = None;
+            for op in 0..ops {
+                if op == at {
+                    at_mark = Some((free.mark(), free.clone()));
+                }
+                let node = next(12) as u32;
+                let avail = free.nodes[node as usize].mask;
+                let used = topo.nodes[node as usize].gpu_mask & !avail;
+                match next(4) {
+                    0 => {
+                        if let Some(mask) = low_bits(avail, next(4) as u32 + 1) {
+                            free.take(&topo, &task(node, mask, next(2)));
+                        }
+                    }
+                    1 => {
+                        if let Some(mask) = low_bits(used, 1) {
+                            free.give(&topo, &task(node, mask, 0));
+                        }
+                    }
+                    2 => {
+                        // Gives undone last first, as the reservation makes them.
+                        let before = free.clone();
+                        let given: Vec<(TaskPlacement, u32)> = (0..3)
+                            .filter_map(|k| {
+                                let n = (node + k * 5) % 12;
+                                let used = topo.nodes[n as usize].gpu_mask & !free.nodes[n as usize].mask;
+                                let t = task(n, low_bits(used, 1)?, 0);
+                                let pos = free.give_logged(&topo, &t);
+                                Some((t, pos))
+                            })
+                            .collect();
+                        for (t, pos) in given.iter().rev() {
+                            free.ungive(&topo, t, *pos);
+                        }
+                        assert!(free.same_as(&before), "round {round}: ungive left the pool changed");
+                    }
+                    _ => {
+                        let ids: Vec<NodeId> = (0..12).filter(|_| next(3) == 0).map(NodeId).collect();
+                        free.send_to_back(&topo, &ids);
+                    }
+                }
+                free.check(&topo).unwrap();
+            }
+            if let Some((mark, then)) = at_mark {
+                free.rollback(&topo, mark);
+                free.check(&topo).unwrap();
+                assert!(free.same_as(&then), "round {round}: not as at the mark");
+                marks_checked += 1;
+            }
+            free.rollback_all(&topo);
+            free.check(&topo).unwrap();
+            assert!(free.same_as(&start), "round {round}: not as when the log started");
+            assert_eq!(free.mark(), 0);
+        }
+        assert!(marks_checked > 150, "{marks_checked}");
     }
 
     #[test]

@@ -89,6 +89,7 @@ impl ClusterState {
             cfg: self.cfg.clone(),
             topo: self.topo.clone(),
             free: self.free.clone(),
+            pass_pool: Default::default(),
             node_specs: self.node_specs.clone(),
             node_states: self.node_states.clone(),
             node_jobs: self.node_jobs.clone(),

@@ -798,8 +798,8 @@ mod tests {
     /// The pass's decisions and how many queue entries its walk took, with or without stopping once the rest of
     /// the queue would be skipped.
     fn pass(s: &ClusterState, now: Time, stop_early: bool) -> (Vec<Decision>, usize) {
-        let p = run_pass(s, now, |p| p.stop_early = stop_early);
-        (p.decisions, p.walked)
+        let mut p = run_pass(s, now, |p| p.stop_early = stop_early);
+        (std::mem::take(&mut p.decisions), p.walked)
     }
 
     /// One node of 4 GPUs: a job holds 3 until t=100, the head wants all 4 (reserved from t=100). Behind it, 500
@@ -944,14 +944,15 @@ mod tests {
                 }
                 let mut now = Time::from_secs(jobs.len() as u64);
                 for round in 0..4u64 {
-                    let fast = run_pass(&s, now, |_| {}).decisions;
-                    let slow = run_pass(&s, now, |p| p.one_node_res = false).decisions;
+                    let fast = run_pass(&s, now, |_| {}).decisions.clone();
+                    let slow = run_pass(&s, now, |p| p.one_node_res = false).decisions.clone();
                     prop_assert_eq!(&fast, &slow);
                     let plain = run_pass(&s, now, |p| {
                         p.one_node_res = false;
                         p.narrow_res = false;
                     })
-                    .decisions;
+                    .decisions
+                    .clone();
                     prop_assert_eq!(&fast, &plain);
                     reserved
                         .set(reserved.get() + fast.iter().filter(|d| matches!(d, Decision::Reserve { .. })).count());

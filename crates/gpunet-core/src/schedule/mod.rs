@@ -122,7 +122,7 @@ pub fn schedule_with_stats(state: &ClusterState, now: Time) -> (Vec<Decision>, P
     let mut p = Pass::new(state, now, None);
     p.run();
     p.stats.placement_attempts = p.attempts.get();
-    (p.decisions, p.stats)
+    (std::mem::take(&mut p.decisions), std::mem::take(&mut p.stats))
 }
 
 /// How many queued jobs one pass could start if nothing blocked: the jobs in policy order, each admitted by quota and
@@ -164,8 +164,6 @@ struct Pass<'a> {
     room_precheck: bool,
     /// Victim searches that check gave up on.
     prechecked: usize,
-    /// A victim search's copy of the free resources, kept for the next search (`preempt::find_victims`).
-    scratch: Free,
     /// Whether the reservation of a one-task head walks releases node by node (`backfill::reservation`; off only
     /// in tests that check it decides as the search by placement does).
     one_node_res: bool,
@@ -197,12 +195,29 @@ struct Pass<'a> {
     greedy: bool,
 }
 
+/// A pass hands its free pool back to the state, its changes rolled back (see [`crate::state::PassPool`]); not
+/// after a panic, which may have left a change half made.
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let mut free = std::mem::take(&mut self.free);
+        free.rollback_all(&self.st.topo);
+        self.st.pass_pool.put(free);
+    }
+}
+
 impl<'a> Pass<'a> {
     fn new(st: &'a ClusterState, now: Time, trace: Option<JobId>) -> Pass<'a> {
         Pass {
             st,
             now,
-            free: st.free.clone(),
+            free: {
+                let mut free = st.pass_pool.take().unwrap_or_else(|| st.free.clone());
+                free.start_log();
+                free
+            },
             book: st.book.clone(),
             elig: FxHashMap::default(),
             never: FxHashMap::default(),
@@ -213,7 +228,6 @@ impl<'a> Pass<'a> {
             stop_early: true,
             room_precheck: true,
             prechecked: 0,
-            scratch: Free::default(),
             node_slot: Vec::new(),
             one_node_res: true,
             narrow_res: true,
@@ -419,6 +433,62 @@ impl<'a> Pass<'a> {
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
+
+    /// A pass starts from the state's kept copy of the free pool and hands it back rolled back (`state::PassPool`):
+    /// on random clusters over eight rounds of passes, starts, preemptions and ends (FIFO, LAS and preemptive SRTF,
+    /// with backfill and without; a node cordoned and made ready again on the way), each pass decides as the same pass
+    /// on a clone of the state, which has no copy and copies the pool, and the copy stays equal to the pool (checked
+    /// by `check_invariants` after each round).
+    #[test]
+    fn a_pass_on_the_kept_copy_of_the_pool_decides_as_on_a_fresh_copy() {
+        use proptest::prelude::*;
+        let policies = [Policy::Fifo, Policy::Las, Policy::Srtf];
+        let strategy = (
+            proptest::collection::vec((0usize..7, 1u64..20_000, 0u32..3), 1..200),
+            0usize..policies.len(),
+            any::<bool>(),
+            2usize..6,
+        );
+        let mut runner = det_runner(96);
+        let (kept, decided) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+        runner
+            .run(&strategy, |(jobs, policy, backfill, nodes)| {
+                let mut c = SchedConfig { backfill, ..preempting(policies[policy], Dur::from_secs(30)) };
+                c.preemption.shorter_first = policies[policy] == Policy::Srtf;
+                let ns = (0..nodes)
+                    .map(|i| node(&format!("n{i}"), GpuModel::T4, [4, 8][i % 2]).label("zone", ["z1", "z2"][i % 2]))
+                    .collect();
+                let mut s = cluster(c, ns, &["a", "b", "c"]);
+                for (i, (g, secs, t)) in jobs.iter().enumerate() {
+                    let (gpus, tasks) = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (1, 3)][*g];
+                    let mut spec = JobSpec::new(TenantId(*t), "j", gpus, tasks).estimate(Dur::from_secs(*secs));
+                    spec.priority = (*secs % 4 == 0) as i32;
+                    submit(&mut s, i as u64 + 1, spec, i as u64);
+                }
+                let mut now = Time::from_secs(jobs.len() as u64);
+                for round in 0..8u64 {
+                    if round == 3 {
+                        s.set_node_state(NodeId(0), NodeState::Cordoned, now).unwrap();
+                    }
+                    if round == 5 {
+                        s.set_node_state(NodeId(0), NodeState::Ready, now).unwrap();
+                    }
+                    let fresh = schedule(&s.clone(), now);
+                    let ds = schedule(&s, now);
+                    prop_assert_eq!(&ds, &fresh);
+                    // The pass handed the copy back.
+                    let copy = s.pass_pool.take();
+                    prop_assert!(copy.is_some());
+                    s.pass_pool.put(copy.unwrap());
+                    kept.set(kept.get() + 1);
+                    decided.set(decided.get() + ds.len());
+                    now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(40));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(kept.get() >= 700 && decided.get() >= 2_000, "{} passes, {} decisions", kept.get(), decided.get());
+    }
 
     #[test]
     fn fifo_is_strict_without_backfill() {

@@ -4,7 +4,6 @@
 //! victims do not take their room back.
 
 use super::{Decision, Pass, Res};
-use crate::alloc::Free;
 use crate::config::Policy;
 use crate::ids::{JobId, TenantId};
 use crate::job::Job;
@@ -150,12 +149,11 @@ impl Pass<'_> {
         best.map(|(_, _, take)| take)
     }
 
-    /// Whether a one-task job of `gpus` GPUs could find them free on one eligible node of `base` once at most
-    /// `budget` of the candidates (`cands` on `nodes`, `None` for a job on several nodes) are evicted, counting
+    /// Whether a one-task job of `gpus` GPUs could find them free on one eligible node of the pass's pool as it
+    /// stands (evictions under way given back) once at most `budget` of the candidates (`cands` on `nodes`, `None` for a job on several nodes) are evicted, counting
     /// GPUs only: a necessary condition for [`Self::find_victims`] to succeed.
     fn one_node_room_possible(
         &self,
-        base: &Free,
         cands: &[(u64, u32, JobId, PreemptReason)],
         nodes: &[Option<crate::ids::NodeId>],
         gpus: u32,
@@ -165,7 +163,7 @@ impl Pass<'_> {
         let st = self.st;
         // A node free enough already (its search may still fail on CPU, memory or a holdback): possible.
         for &c in classes {
-            if base.classes.get(c as usize).is_some_and(|cf| cf.largest() >= gpus) {
+            if self.free.classes.get(c as usize).is_some_and(|cf| cf.largest() >= gpus) {
                 return true;
             }
         }
@@ -185,7 +183,7 @@ impl Pass<'_> {
         per.sort_unstable();
         per.chunk_by(|a, b| a.0 == b.0).any(|group| {
             let n = group[0].0;
-            let f = &base.nodes[n.index()];
+            let f = &self.free.nodes[n.index()];
             f.schedulable
                 && classes.contains(&st.topo.nodes[n.index()].class)
                 && f.mask.count_ones() + group.iter().take(budget as usize).map(|g| g.1 .0).sum::<u32>() >= gpus
@@ -196,22 +194,16 @@ impl Pass<'_> {
     /// With `quota_blocked`, the job is held by its own tenant's quota: only that tenant's lower-priority (or, under
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
     fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
-        // What is free once evictions are made is worked out in a buffer kept between searches: `clone_from` the
-        // pass's free resources into it allocates nothing once it has grown.
-        let mut fut = std::mem::take(&mut self.scratch);
-        let found = self.search_victims(&mut fut, job, classes, quota_blocked);
-        self.scratch = fut;
+        // What is free once evictions are made is worked out on the pass's own pool, whose changes are logged, and
+        // rolled back afterwards (instead of a copy of the pool for each search).
+        let mark = self.free.mark();
+        let found = self.search_victims(job, classes, quota_blocked);
+        self.free.rollback(&self.st.topo, mark);
         found
     }
 
-    /// [`Self::find_victims`], with `fut` to work in.
-    fn search_victims(
-        &mut self,
-        fut: &mut Free,
-        job: &Job,
-        classes: &[u32],
-        quota_blocked: bool,
-    ) -> Option<(Vec<JobId>, Res)> {
+    /// [`Self::find_victims`], working on the pass's pool (`self.free`), which the caller rolls back.
+    fn search_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
         let spec = &job.spec;
@@ -268,12 +260,9 @@ impl Pass<'_> {
         for id in &st.evicting {
             let j = &st.jobs[id];
             if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
-                if !pending_evictions {
-                    fut.clone_from(&self.free);
-                }
                 let run = j.run.as_ref().expect("evicting job runs");
                 for tp in &run.placement.tasks {
-                    fut.give(&st.topo, tp);
+                    self.free.give(&st.topo, tp);
                 }
                 if quota_blocked {
                     fut_book.get_or_insert_with(|| self.book.clone()).charge(
@@ -290,8 +279,8 @@ impl Pass<'_> {
         let quota_ok =
             |b: &Option<QuotaBook>| !quota_blocked || b.as_ref().is_some_and(|b| b.admit(shape, t, &req).is_ok());
         if pending_evictions && quota_ok(&fut_book) {
-            if let Some(p) = self.place_on(fut, spec, tasks, classes, None) {
-                let hold = self.hold_for(fut, &p);
+            if let Some(p) = self.place_on(&self.free, spec, tasks, classes, None) {
+                let hold = self.hold_for(&self.free, &p);
                 return Some((
                     Vec::new(),
                     Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None },
@@ -403,12 +392,13 @@ impl Pass<'_> {
         // A one-task job needs its GPUs on one node: unless some eligible node can have them free once at most
         // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
         // node and victims), so it is not made.
-        if self.room_precheck && tasks == 1 && spec.task.gpus > 0 {
-            let base = if pending_evictions { &*fut } else { &self.free };
-            if !self.one_node_room_possible(base, &cands, &cand_nodes, spec.task.gpus, classes, budget) {
-                self.prechecked += 1;
-                return None;
-            }
+        if self.room_precheck
+            && tasks == 1
+            && spec.task.gpus > 0
+            && !self.one_node_room_possible(&cands, &cand_nodes, spec.task.gpus, classes, budget)
+        {
+            self.prechecked += 1;
+            return None;
         }
         // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
         let key = |i: &usize| {
@@ -425,9 +415,6 @@ impl Pass<'_> {
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
-        if !pending_evictions {
-            fut.clone_from(&self.free);
-        }
         if quota_blocked && fut_book.is_none() {
             fut_book = Some(self.book.clone());
         }
@@ -442,7 +429,7 @@ impl Pass<'_> {
             }
             let run = v.run.as_ref().expect("running");
             for tp in &run.placement.tasks {
-                fut.give(&st.topo, tp);
+                self.free.give(&st.topo, tp);
             }
             if let Some(b) = fut_book.as_mut() {
                 b.charge(shape, t, &st.placement_qvec(&v.spec, &run.placement), true);
@@ -452,10 +439,10 @@ impl Pass<'_> {
                 break; // pruning removes at most 32: the rate limit could not be met
             }
             let last = pos + 1 == ranked.len();
-            if fut.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
+            if self.free.free_in(classes) < need || (chosen.len() < next_try && !last) || !quota_ok(&fut_book) {
                 continue;
             }
-            if let Some(p) = self.place_on(fut, spec, tasks, classes, None) {
+            if let Some(p) = self.place_on(&self.free, spec, tasks, classes, None) {
                 placed = Some(p);
                 break;
             }
@@ -468,14 +455,15 @@ impl Pass<'_> {
             if tasks != 1 || spec.task.gpus < 2 || quota_blocked || pending_evictions {
                 return None;
             }
-            let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;
+            // The victims tried are taken back first: what one node has free is then the pass's again.
             for &i in &chosen {
-                tasks_of(i).iter().for_each(|tp| fut.take(&st.topo, tp));
+                tasks_of(i).iter().for_each(|tp| self.free.take(&st.topo, tp));
             }
+            let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;
             for &i in &picked {
-                tasks_of(i).iter().for_each(|tp| fut.give(&st.topo, tp));
+                tasks_of(i).iter().for_each(|tp| self.free.give(&st.topo, tp));
             }
-            placed = Some(self.place_on(fut, spec, tasks, classes, None)?);
+            placed = Some(self.place_on(&self.free, spec, tasks, classes, None)?);
             chosen = picked;
         }
         // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
@@ -488,18 +476,18 @@ impl Pass<'_> {
             let tasks_v = &vj.run.as_ref().expect("running").placement.tasks;
             let vq = st.placement_qvec(&vj.spec, &vj.run.as_ref().expect("running").placement);
             for tp in tasks_v {
-                fut.take(&st.topo, tp);
+                self.free.take(&st.topo, tp);
             }
             if let Some(b) = fut_book.as_mut() {
                 b.charge(shape, t, &vq, false);
             }
-            let fits = if quota_ok(&fut_book) { self.place_on(fut, spec, tasks, classes, None) } else { None };
+            let fits = if quota_ok(&fut_book) { self.place_on(&self.free, spec, tasks, classes, None) } else { None };
             if let Some(p) = fits {
                 placed = Some(p);
                 chosen.remove(i);
             } else {
                 for tp in tasks_v {
-                    fut.give(&st.topo, tp);
+                    self.free.give(&st.topo, tp);
                 }
                 if let Some(b) = fut_book.as_mut() {
                     b.charge(shape, t, &vq, true);
@@ -510,7 +498,7 @@ impl Pass<'_> {
             return None;
         }
         let p = placed.expect("checked above");
-        let hold = self.hold_for(fut, &p);
+        let hold = self.hold_for(&self.free, &p);
         let mut victims = Vec::new();
         for i in chosen {
             let (_, _, id, reason) = cands[i].clone();
@@ -979,8 +967,8 @@ mod tests {
 
     /// The pass's decisions and how many victim searches the one-node check gave up on, with or without it.
     fn pass_with(s: &ClusterState, now: Time, precheck: bool) -> (Vec<Decision>, usize) {
-        let p = run_pass(s, now, |p| p.room_precheck = precheck);
-        (p.decisions, p.prechecked)
+        let mut p = run_pass(s, now, |p| p.room_precheck = precheck);
+        (std::mem::take(&mut p.decisions), p.prechecked)
     }
 
     /// By hand: two 4-GPU nodes, each running a long 2-GPU job (a candidate: 10,000 s left) and a short one (100 s
@@ -1069,30 +1057,5 @@ mod tests {
             .unwrap();
         assert!(gave_up.get() >= 20, "the check gave up on {} searches", gave_up.get());
         assert!(preempted.get() >= 20, "{} evictions", preempted.get());
-    }
-
-    /// The victim search's buffer: `clone_from` into it and `clone` (written by hand, to reuse buffers) give the
-    /// source, field by field as its derived `Debug` shows it, whether the buffer held more nodes, classes and
-    /// buckets before or fewer.
-    #[test]
-    fn copying_free_resources_into_a_used_buffer_equals_a_clone() {
-        use crate::alloc::Free;
-        let big = {
-            let ns =
-                (0..6).map(|i| node(&format!("n{i}"), GpuModel::T4, 4 + i)).chain([node("v", GpuModel::V100_16GB, 8)]);
-            let mut s = cluster(cfg(Policy::Fifo), ns.collect(), &["a"]);
-            for i in 0..5 {
-                submit(&mut s, i + 1, JobSpec::new(t0(), "j", 1 + i as u32, 1), 0);
-            }
-            s.step(Time::ZERO).unwrap();
-            s
-        };
-        let small = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 2)], &["a"]);
-        let mut buf = Free::default();
-        for src in [&big.free, &small.free, &big.free, &big.free] {
-            buf.clone_from(src);
-            assert_eq!(format!("{buf:?}"), format!("{src:?}"));
-            assert_eq!(format!("{:?}", src.clone()), format!("{src:?}"));
-        }
     }
 }
