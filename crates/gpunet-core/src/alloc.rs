@@ -1256,6 +1256,29 @@ mod tests {
         assert!(marks_checked > 150, "{marks_checked}");
     }
 
+    /// A logged give that grows a class's buckets (a node freer than any of its class has been) is rolled back to
+    /// the buckets' count before.
+    #[test]
+    fn rolling_back_a_give_that_grew_the_buckets_shrinks_them_again() {
+        let mut topo = Topology::default();
+        let mut free = Free::default();
+        let spec = NodeSpec::with_gpus("n0", GpuModel::T4, 8, MilliCpu::cores(64), MiB::gib(256));
+        topo.add_node(NodeId(0), &spec);
+        free.add_node(&topo, NodeId(0));
+        // Six GPUs taken before the node becomes schedulable: its class has buckets for 0 to 2 free GPUs only.
+        free.take(&topo, &task(0, 0b1111_1100, 1));
+        free.set_schedulable(&topo, NodeId(0), true);
+        assert_eq!(free.classes[0].buckets().len(), 3);
+        let before = free.clone();
+        free.start_log();
+        free.give(&topo, &task(0, 0b1111_1100, 1));
+        assert_eq!(free.classes[0].buckets().len(), 9);
+        free.rollback_all(&topo);
+        free.check(&topo).unwrap();
+        assert_eq!(free.classes[0].buckets().len(), 3);
+        assert!(free.same_as(&before));
+    }
+
     #[test]
     fn ungiving_in_reverse_order_restores_the_pool_exactly() {
         // Many rounds of: take a mix of tasks (so that buckets hold several nodes in scrambled orders), then give

@@ -566,7 +566,7 @@ impl<'a> Pass<'a> {
 
     /// Holds for a future placement given each node's free CPU and memory at that time: long jobs may use
     /// min(free now, free later − needed) and the rest of what is free now is held back.
-    fn hold_from(&self, p: &Placement, later: &[(NodeId, MilliCpu, MiB)]) -> Holdback {
+    pub(super) fn hold_from(&self, p: &Placement, later: &[(NodeId, MilliCpu, MiB)]) -> Holdback {
         let mut hold = Holdback::new();
         for t in &p.tasks {
             let h: &mut Hold = hold.entry(t.node).or_default();
@@ -588,12 +588,11 @@ impl<'a> Pass<'a> {
         hold
     }
 
-    /// What long backfill jobs may not take on each node of the head's future placement `p` on the pool `fut`: its
-    /// GPUs, and CPU/memory beyond what is left over then.
-    pub(super) fn hold_for(&self, fut: &Free, p: &Placement) -> Holdback {
-        let later: Vec<(NodeId, MilliCpu, MiB)> =
-            p.tasks.iter().map(|t| (t.node, fut.nodes[t.node.index()].cpu, fut.nodes[t.node.index()].mem)).collect();
-        self.hold_from(p, &later)
+    /// The free CPU and memory on the pool `fut` of each node of the head's future placement `p`, for
+    /// [`Self::hold_from`] on the pass's pool as it is now: what long backfill jobs may not take there is its GPUs,
+    /// and CPU/memory beyond what is left over then.
+    pub(super) fn later_on(fut: &Free, p: &Placement) -> Vec<(NodeId, MilliCpu, MiB)> {
+        p.tasks.iter().map(|t| (t.node, fut.nodes[t.node.index()].cpu, fut.nodes[t.node.index()].mem)).collect()
     }
 
     /// Takes the currently free part of a reservation's resources out of this pass's free pool, so that no later

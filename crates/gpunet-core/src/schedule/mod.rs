@@ -179,7 +179,7 @@ struct Pass<'a> {
     decisions: Vec<Decision>,
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
-    preempted: HashSet<JobId>,
+    preempted: FxHashSet<JobId>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,
     stats: PassStats,
@@ -235,7 +235,7 @@ impl<'a> Pass<'a> {
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
             started: Vec::new(),
-            preempted: HashSet::new(),
+            preempted: FxHashSet::default(),
             quota_searches: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),

@@ -45,6 +45,10 @@ pub enum PreemptReason {
     },
 }
 
+/// What a victim search found: the victims, the head's placement once they are gone, and the free CPU and memory
+/// then on its nodes.
+type Found = (Vec<JobId>, crate::job::Placement, Vec<(crate::ids::NodeId, crate::units::MilliCpu, crate::units::MiB)>);
+
 impl Pass<'_> {
     /// Jobs that evictions were made for go first, so the victims do not take their resources back. Each starts if
     /// its room is free; otherwise what it will use is kept off-limits for the others. Returns the jobs served.
@@ -195,15 +199,20 @@ impl Pass<'_> {
     /// LAS, demoted) jobs are candidates, and the victims must free both the quota and the room.
     fn find_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
         // What is free once evictions are made is worked out on the pass's own pool, whose changes are logged, and
-        // rolled back afterwards (instead of a copy of the pool for each search).
+        // rolled back afterwards (instead of a copy of the pool for each search); the reservation's hold is then
+        // worked out against the pool as it is now.
         let mark = self.free.mark();
         let found = self.search_victims(job, classes, quota_blocked);
         self.free.rollback(&self.st.topo, mark);
-        found
+        let (victims, placement, later) = found?;
+        let hold = self.hold_from(&placement, &later);
+        Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
     }
 
-    /// [`Self::find_victims`], working on the pass's pool (`self.free`), which the caller rolls back.
-    fn search_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<(Vec<JobId>, Res)> {
+    /// [`Self::find_victims`], working on the pass's pool (`self.free`), which the caller rolls back: the victims,
+    /// the head's placement once they are gone, and the free CPU and memory then on its nodes
+    /// ([`Self::later_on`]).
+    fn search_victims(&mut self, job: &Job, classes: &[u32], quota_blocked: bool) -> Option<Found> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
         let spec = &job.spec;
@@ -280,11 +289,8 @@ impl Pass<'_> {
             |b: &Option<QuotaBook>| !quota_blocked || b.as_ref().is_some_and(|b| b.admit(shape, t, &req).is_ok());
         if pending_evictions && quota_ok(&fut_book) {
             if let Some(p) = self.place_on(&self.free, spec, tasks, classes, None) {
-                let hold = self.hold_for(&self.free, &p);
-                return Some((
-                    Vec::new(),
-                    Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None },
-                ));
+                let later = Self::later_on(&self.free, &p);
+                return Some((Vec::new(), p, later));
             }
         }
         if budget == 0 {
@@ -498,7 +504,7 @@ impl Pass<'_> {
             return None;
         }
         let p = placed.expect("checked above");
-        let hold = self.hold_for(&self.free, &p);
+        let later = Self::later_on(&self.free, &p);
         let mut victims = Vec::new();
         for i in chosen {
             let (_, _, id, reason) = cands[i].clone();
@@ -507,8 +513,8 @@ impl Pass<'_> {
             victims.push(id);
             self.decisions.push(Decision::Preempt { job: id, reason, for_job: job.id });
         }
-        self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p });
-        Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
+        self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p.clone() });
+        Some((victims, p, later))
     }
 }
 
@@ -552,6 +558,36 @@ mod tests {
         assert_eq!(j1.progress, Dur::from_secs(120), "work up to the last checkpoint is kept");
         assert_eq!(j1.attained_gpu_ms, 130_000);
         s.check_invariants().unwrap();
+    }
+
+    /// The room evictions make is held back from the rest of the pass only as far as the head needs it: of the CPU
+    /// free now on its node, what the victims' end does not cover. The victim (4 GPUs, 60 of 64 cores) is evicted for
+    /// a head of 8 GPUs and 8 cores; once it is gone 64 cores are free, 56 more than the head needs, so none of the 4
+    /// cores free now is held and a CPU-only job behind the head starts in the same pass; a job that needs 5 cores
+    /// does not (4 are free). (The victim search works on the pass's pool; the hold is worked out against the pool
+    /// as it is before the evictions.)
+    #[test]
+    fn evictions_hold_back_only_the_cpu_their_victims_do_not_give_back() {
+        let c = SchedConfig { backfill: true, ..preempting(Policy::Priority, Dur::from_secs(10)) };
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 8)], &["a"]);
+        let mut victim = JobSpec::new(t0(), "victim", 4, 1);
+        victim.task.cpu = MilliCpu::cores(60);
+        submit(&mut s, 1, victim, 0);
+        s.step(Time::ZERO).unwrap();
+        let mut head = JobSpec::new(t0(), "head", 8, 1).priority(5);
+        head.task.cpu = MilliCpu::cores(8);
+        submit(&mut s, 2, head, 50);
+        let cpu_job = |cores: u64| {
+            let mut j = JobSpec::new(t0(), "cpu", 0, 1).priority(1);
+            j.task.cpu = MilliCpu::cores(cores);
+            j.task.mem = MiB::gib(1);
+            j
+        };
+        submit(&mut s, 3, cpu_job(1), 51);
+        submit(&mut s, 4, cpu_job(5), 52);
+        let ds = schedule(&s, Time::from_secs(60));
+        assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { job: JobId(1), for_job: JobId(2), .. })), "{ds:?}");
+        assert_eq!(started(&ds), vec![3], "{ds:?}");
     }
 
     #[test]

@@ -229,6 +229,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     }
     track(&decisions, &mut running, &mut pos);
     let mut samples = Vec::with_capacity(args.events as usize);
+    let debug = std::env::var_os("GPUNET_BENCH_DEBUG").is_some();
     for _ in 0..args.events {
         now = now + Dur::from_secs(1);
         let complete = !running.is_empty() && r.f64() < 0.5;
@@ -254,21 +255,27 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
                 next_id += 1;
             }
         }
+        let t_pass = Instant::now();
         let (ds, st) = schedule_with_stats(&s, now);
+        let t_apply = Instant::now();
         for d in &ds {
             s.apply(d, now)?;
         }
         samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if std::env::var("GPUNET_BENCH_DEBUG").is_ok() {
+        if debug {
+            // One line per event: considered, started, backfilled, preempted, the event's µs, placement searches,
+            // reservation releases, and of the event's time the pass's and the decisions' application's µs.
             eprintln!(
-                "{} {} {} {} {:.0} {} {}",
+                "{} {} {} {} {:.0} {} {} {:.0} {:.0}",
                 st.considered,
                 st.started,
                 st.backfilled,
                 st.preempted,
                 samples.last().unwrap(),
                 st.placement_attempts,
-                st.reservation_releases
+                st.reservation_releases,
+                (t_apply - t_pass).as_secs_f64() * 1e6,
+                t_apply.elapsed().as_secs_f64() * 1e6,
             );
         }
         track(&ds, &mut running, &mut pos);
