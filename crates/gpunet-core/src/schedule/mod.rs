@@ -52,7 +52,6 @@ use backfill::{Behind, Res};
 use order::Order;
 use placement::ShapeKey;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
 use std::rc::Rc;
 
 /// What the driver should do.
@@ -392,10 +391,15 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        let waiting_on_evictions =
-            self.stats.preempted > 0 || st.preempting_for.iter().any(|j| !self.started_ids().contains(j));
-        if exhausted && res.is_none() && self.blocked_by.is_none() && self.trace.is_none() && !waiting_on_evictions {
-            self.grow_elastic();
+        if exhausted && res.is_none() && self.blocked_by.is_none() && self.trace.is_none() {
+            // Not while evictions are made or awaited (for a job that has not started in this pass).
+            let waiting_on_evictions = self.stats.preempted > 0 || {
+                let started = self.started_ids();
+                st.preempting_for.iter().any(|j| !started.contains(j))
+            };
+            if !waiting_on_evictions {
+                self.grow_elastic();
+            }
         }
     }
 
@@ -419,7 +423,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn started_ids(&self) -> HashSet<JobId> {
+    fn started_ids(&self) -> FxHashSet<JobId> {
         self.decisions
             .iter()
             .filter_map(|d| match d {
