@@ -376,22 +376,7 @@ impl Free {
                     cf.buckets.truncate(buckets as usize);
                 }
                 if before.schedulable {
-                    // The inverse of the swap_remove that took it out of its bucket.
-                    let f = before.mask.count_ones() as usize;
-                    let b = &mut cf.buckets[f];
-                    let p = before.pos as usize;
-                    if p < b.len() {
-                        let moved = b[p];
-                        b.push(moved);
-                        b[p] = id;
-                        self.nodes[moved.index()].pos = (b.len() - 1) as u32;
-                    } else {
-                        debug_assert_eq!(p, b.len(), "undo position out of range");
-                        b.push(id);
-                    }
-                    cf.free_gpus += f as u64;
-                    cf.rack_free[t.rack as usize] += f as u32;
-                    self.total_gpus += f as u64;
+                    self.unremove(topo, id, before.mask.count_ones() as usize, before.pos);
                 }
                 self.nodes[id.index()] = before;
             }
@@ -572,27 +557,30 @@ impl Free {
         }
         self.nodes[id.index()].sub(t);
         if sched {
-            // The inverse of the swap_remove that took it out of its old bucket at `pos`.
-            let f = self.nodes[id.index()].mask.count_ones() as usize;
-            let tn = &topo.nodes[id.index()];
-            let cf = &mut self.classes[tn.class as usize];
-            let b = &mut cf.buckets[f];
-            let p = pos as usize;
-            if p < b.len() {
-                let moved = b[p];
-                b.push(moved);
-                b[p] = id;
-                let last = (b.len() - 1) as u32;
-                self.nodes[moved.index()].pos = last;
-            } else {
-                debug_assert_eq!(p, b.len(), "ungive position out of range");
-                b.push(id);
-            }
-            cf.free_gpus += f as u64;
-            cf.rack_free[tn.rack as usize] += f as u32;
-            self.total_gpus += f as u64;
-            self.nodes[id.index()].pos = pos;
+            self.unremove(topo, id, self.nodes[id.index()].mask.count_ones() as usize, pos);
         }
+    }
+
+    /// Puts node `id` back at `pos` in its class's bucket `f`, the inverse of the `swap_remove` that took it out of
+    /// there (the node moved into its place goes back to the end), and counts its `f` free GPUs again.
+    fn unremove(&mut self, topo: &Topology, id: NodeId, f: usize, pos: u32) {
+        let t = &topo.nodes[id.index()];
+        let cf = &mut self.classes[t.class as usize];
+        let b = &mut cf.buckets[f];
+        let p = pos as usize;
+        if p < b.len() {
+            let moved = b[p];
+            b.push(moved);
+            b[p] = id;
+            self.nodes[moved.index()].pos = (b.len() - 1) as u32;
+        } else {
+            debug_assert_eq!(p, b.len(), "undo position out of range");
+            b.push(id);
+        }
+        cf.free_gpus += f as u64;
+        cf.rack_free[t.rack as usize] += f as u32;
+        self.total_gpus += f as u64;
+        self.nodes[id.index()].pos = pos;
     }
 
     /// Moves the schedulable nodes of `ids` (distinct) to the back of their free-count buckets, in the order given
