@@ -154,8 +154,9 @@ impl Pass<'_> {
     }
 
     /// Whether a one-task job of `gpus` GPUs could find them free on one eligible node of the pass's pool as it
-    /// stands (evictions under way given back) once at most `budget` of the candidates (`cands` on `nodes`, `None` for a job on several nodes) are evicted, counting
-    /// GPUs only: a necessary condition for [`Self::find_victims`] to succeed.
+    /// stands (evictions under way given back) once at most `budget` of the candidates (`cands` on `nodes`, `None`
+    /// for a job on several nodes) are evicted, counting GPUs only: a necessary condition for
+    /// [`Self::find_victims`] to succeed.
     fn one_node_room_possible(
         &self,
         cands: &[(u64, u32, JobId, PreemptReason)],
