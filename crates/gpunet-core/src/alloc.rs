@@ -323,8 +323,9 @@ impl Free {
         self.log.clear();
     }
 
-    /// Where the log stands, for [`Free::rollback`].
+    /// Where the log stands, for [`Free::rollback`] (on a pool that logs).
     pub(crate) fn mark(&self) -> usize {
+        debug_assert!(self.logging, "a mark on a pool that does not log");
         self.log.len()
     }
 
@@ -518,46 +519,6 @@ impl Free {
         self.nodes[t.node.index()].add(t);
         if sched {
             self.bucket_insert(topo, t.node);
-        }
-    }
-
-    /// [`Free::give`], returning where the node sat in its free-count bucket before (`u32::MAX` when it is not
-    /// schedulable), for [`Free::ungive`].
-    pub(crate) fn give_logged(&mut self, topo: &Topology, t: &TaskPlacement) -> u32 {
-        let pos = self.nodes[t.node.index()].pos;
-        self.give(topo, t);
-        pos
-    }
-
-    /// Undoes a [`Free::give_logged`] of `t` exactly, the order of nodes within buckets included, when every move
-    /// made since has been undone (last made, first undone): `pos` is what it returned. A search that gives
-    /// resources back and takes them again this way leaves the pool as it found it, so that the placements made
-    /// afterwards do not depend on the search's path.
-    pub(crate) fn ungive(&mut self, topo: &Topology, t: &TaskPlacement, pos: u32) {
-        let id = t.node;
-        if self.logging {
-            // The give is the last change logged: undoing it is the same, and takes it off the log.
-            debug_assert!(
-                matches!(self.log.last(), Some(Undo::Move { id: i, before, .. }) if *i == id && before.pos == pos)
-            );
-            self.undo_last(topo);
-            return;
-        }
-        let sched = self.nodes[id.index()].schedulable;
-        if sched {
-            // The node was pushed last into the bucket of its new free count.
-            let f = self.nodes[id.index()].mask.count_ones() as usize;
-            let tn = &topo.nodes[id.index()];
-            let cf = &mut self.classes[tn.class as usize];
-            let popped = cf.buckets[f].pop();
-            debug_assert_eq!(popped, Some(id), "ungive out of order");
-            cf.free_gpus -= f as u64;
-            cf.rack_free[tn.rack as usize] -= f as u32;
-            self.total_gpus -= f as u64;
-        }
-        self.nodes[id.index()].sub(t);
-        if sched {
-            self.unremove(topo, id, self.nodes[id.index()].mask.count_ones() as usize, pos);
         }
     }
 
@@ -1163,7 +1124,7 @@ mod tests {
     }
 
     /// A pool that logs its changes rolls back to exactly what it was at any mark, bucket order included, whatever
-    /// was done since: takes, gives, gives undone with `ungive` (last first) and nodes sent to the back of their
+    /// was done since: takes, gives, gives undone to nested marks (last first) and nodes sent to the back of their
     /// buckets; then to what it was when the log started.
     #[test]
     fn a_logged_pool_rolls_back_exactly_to_a_mark() {
@@ -1207,21 +1168,23 @@ mod tests {
                         }
                     }
                     2 => {
-                        // Gives undone last first, as the reservation makes them.
+                        // Releases given back one by one and undone last first to the marks before each, as the
+                        // reservation makes them.
                         let before = free.clone();
-                        let given: Vec<(TaskPlacement, u32)> = (0..3)
-                            .filter_map(|k| {
-                                let n = (node + k * 5) % 12;
-                                let used = topo.nodes[n as usize].gpu_mask & !free.nodes[n as usize].mask;
-                                let t = task(n, low_bits(used, 1)?, 0);
-                                let pos = free.give_logged(&topo, &t);
-                                Some((t, pos))
-                            })
-                            .collect();
-                        for (t, pos) in given.iter().rev() {
-                            free.ungive(&topo, t, *pos);
+                        let mut marks = Vec::new();
+                        for k in 0..3 {
+                            let n = (node + k * 5) % 12;
+                            let used = topo.nodes[n as usize].gpu_mask & !free.nodes[n as usize].mask;
+                            marks.push((free.mark(), free.clone()));
+                            if let Some(mask) = low_bits(used, 1) {
+                                free.give(&topo, &task(n, mask, 0));
+                            }
                         }
-                        assert!(free.same_as(&before), "round {round}: ungive left the pool changed");
+                        while let Some((mark, then)) = marks.pop() {
+                            free.rollback(&topo, mark);
+                            assert!(free.same_as(&then), "round {round}: not as before the give");
+                        }
+                        assert!(free.same_as(&before), "round {round}: the gives left the pool changed");
                     }
                     _ => {
                         let ids: Vec<NodeId> = (0..12).filter(|_| next(3) == 0).map(NodeId).collect();
@@ -1239,7 +1202,7 @@ mod tests {
             free.rollback_all(&topo);
             free.check(&topo).unwrap();
             assert!(free.same_as(&start), "round {round}: not as when the log started");
-            assert_eq!(free.mark(), 0);
+            assert!(free.log.is_empty() && !free.logging);
         }
         assert!(marks_checked > 150, "{marks_checked}");
     }
@@ -1265,45 +1228,6 @@ mod tests {
         free.check(&topo).unwrap();
         assert_eq!(free.classes[0].buckets().len(), 3);
         assert!(free.same_as(&before));
-    }
-
-    #[test]
-    fn ungiving_in_reverse_order_restores_the_pool_exactly() {
-        // Many rounds of: take a mix of tasks (so that buckets hold several nodes in scrambled orders), then give
-        // a subset back in some order, some nodes several times and one node unschedulable, and undo it all.
-        let (topo, mut free) = pool(9);
-        free.set_schedulable(&topo, NodeId(4), false);
-        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
-        for round in 0..200 {
-            let mut taken: Vec<TaskPlacement> = Vec::new();
-            for _ in 0..12 {
-                let node = next(9) as u32;
-                let avail = free.nodes[node as usize].mask;
-                let want = next(4) as u32 + 1;
-                let Some(mask) = low_bits(avail, want) else { continue };
-                let t = task(node, mask, want as u64);
-                free.take(&topo, &t);
-                taken.push(t);
-            }
-            let before = format!("{free:?}");
-            let picks: Vec<usize> = (0..taken.len()).filter(|_| next(3) > 0).collect();
-            let mut log: Vec<(TaskPlacement, u32)> = Vec::new();
-            for &i in picks.iter().rev() {
-                let pos = free.give_logged(&topo, &taken[i]);
-                log.push((taken[i].clone(), pos));
-            }
-            if !log.is_empty() {
-                assert_ne!(format!("{free:?}"), before, "round {round}: the gives changed nothing");
-            }
-            for (t, pos) in log.iter().rev() {
-                free.ungive(&topo, t, *pos);
-            }
-            assert_eq!(format!("{free:?}"), before, "round {round}: not restored exactly");
-            free.check(&topo).unwrap();
-            for t in &taken {
-                free.give(&topo, t);
-            }
-        }
     }
 
     #[test]

@@ -246,7 +246,8 @@ impl<'a> Pass<'a> {
     /// group the gang may not leave (model group unless models may mix, zone unless it may span zones; for a gang
     /// within one rack, all of them together) could hold its tasks counting whole GPUs only; placement is tried
     /// there, then at doubling counts beyond, and the earliest fitting count is found by binary search. Every
-    /// release is undone exactly ([`Free::ungive`]), the order of nodes in the pool's buckets included.
+    /// release is undone exactly (the pass's pool logs its changes: [`Free::rollback`]), the order of nodes in the
+    /// pool's buckets included.
     ///
     /// Then the nodes that get resources back before the head starts go to the back of their buckets, the earliest
     /// freed last: the jobs placed behind the head take nodes that stay busy first and leave the room that is about
@@ -427,31 +428,29 @@ impl<'a> Pass<'a> {
         let g = spec.task.gpus as u64;
         let counted = g > 0 && spec.task.mig.is_none();
         let fits = |free: &Free| -> Option<Placement> { free.place(topo, req, Some(&st.node_specs)) };
-        // Releases currently given back, and where each given-back task's node sat in its bucket, in the order
-        // given, for the exact undo.
+        // Releases currently given back, and for each the pool's log mark before it was, for the exact undo.
         let mut applied = 0usize;
-        let mut undo: Vec<u32> = Vec::new();
+        let mut undo: Vec<usize> = Vec::new();
         // A placement search reads only the eligible classes' nodes and buckets, so releases are given back on those
         // nodes only: the search finds what it would with every release given back.
         let narrow = self.narrow_res;
         let eligible = |t: &TaskPlacement| !narrow || class_pos[topo.nodes[t.node.index()].class as usize] != u32::MAX;
         let set_to = |free: &mut Free,
                       applied: &mut usize,
-                      undo: &mut Vec<u32>,
+                      undo: &mut Vec<usize>,
                       order: &[(Time, &[TaskPlacement])],
                       n: usize| {
             let n = n.min(order.len());
             while *applied < n {
+                undo.push(free.mark());
                 for t in order[*applied].1.iter().filter(|t| eligible(t)) {
-                    undo.push(free.give_logged(topo, t));
+                    free.give(topo, t);
                 }
                 *applied += 1;
             }
             while *applied > n {
                 *applied -= 1;
-                for t in order[*applied].1.iter().rev().filter(|t| eligible(t)) {
-                    free.ungive(topo, t, undo.pop().expect("one position per task given"));
-                }
+                free.rollback(topo, undo.pop().expect("one mark per release given"));
             }
         };
         // Tasks of whole GPUs the eligible nodes of each group a placement may not leave (model group unless models
@@ -495,12 +494,13 @@ impl<'a> Pass<'a> {
             if order.len() <= n {
                 break;
             }
+            undo.push(free.mark());
             for t in order[n].1.iter().filter(|t| eligible(t)) {
                 let i = t.node.index();
                 let group = class_group[topo.nodes[i].class as usize];
                 let counts = counted && free.nodes[i].schedulable && group != u32::MAX;
                 let before = free.nodes[i].mask.count_ones() as u64;
-                undo.push(free.give_logged(topo, t));
+                free.give(topo, t);
                 if counts {
                     let after = free.nodes[i].mask.count_ones() as u64;
                     let c = &mut cap[group as usize];
@@ -552,11 +552,7 @@ impl<'a> Pass<'a> {
             set_to(free, &mut applied, &mut undo, order, hi);
             let at = if hi == 0 { self.now } else { order[hi - 1].0.max(self.now) };
             // Free CPU/memory later on the reserved nodes, before undoing the releases.
-            let later: Vec<(NodeId, MilliCpu, MiB)> = p
-                .tasks
-                .iter()
-                .map(|t| (t.node, free.nodes[t.node.index()].cpu, free.nodes[t.node.index()].mem))
-                .collect();
+            let later = Self::later_on(free, &p);
             Found { at, placement: p, later, releases: hi }
         });
         set_to(free, &mut applied, &mut undo, order, 0);
