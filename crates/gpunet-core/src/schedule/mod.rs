@@ -163,6 +163,8 @@ struct Pass<'a> {
     room_precheck: bool,
     /// Victim searches that check gave up on.
     prechecked: usize,
+    /// Scans of the running jobs that victim searches made.
+    victim_scans: usize,
     /// Whether the reservation of a one-task head walks releases node by node (`backfill::reservation`; off only
     /// in tests that check it decides as the search by placement does).
     one_node_res: bool,
@@ -227,6 +229,7 @@ impl<'a> Pass<'a> {
             stop_early: true,
             room_precheck: true,
             prechecked: 0,
+            victim_scans: 0,
             node_slot: Vec::new(),
             one_node_res: true,
             narrow_res: true,

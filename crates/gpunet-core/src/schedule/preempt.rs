@@ -231,6 +231,10 @@ impl Pass<'_> {
         };
         let shorter = cfg.shorter_first && my_key != u64::MAX;
         let gittins = st.cfg.learned_rule() == crate::gittins::Rule::Gittins;
+        // LAS evicts jobs demoted to a later queue than the waiting job's: none can be, when the job is in the last
+        // queue already (then no scan of the running jobs is made for LAS's sake).
+        let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
+        let demote_possible = las && my_queue < st.cfg.las_thresholds_gpu_s.len();
         // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority and past their
         // minimum run time, those (or, with LAS or shorter-first, what a scan finds).
         let prio_possible = if quota_blocked {
@@ -238,7 +242,7 @@ impl Pass<'_> {
         } else {
             st.prio_counts.range(..spec.priority).next().is_some()
         };
-        if quota_blocked && !prio_possible && !las && !shorter && st.evicting.is_empty() {
+        if quota_blocked && !prio_possible && !demote_possible && !shorter && st.evicting.is_empty() {
             return None;
         }
         let budget = cfg.max_per_interval.saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
@@ -247,7 +251,6 @@ impl Pass<'_> {
         }
         let within_guarantee = shape.tenants[t.index()].0.is_some()
             && self.book.admit(shape, t, &job_qvec(spec, tasks, None)) == Ok(false);
-        let my_queue = st.cfg.las_queue(job.attained_gpu_ms);
         // Class indexes below 64 are looked up in a bit mask, others in a set (made only when there are such).
         let mut class_mask = 0u64;
         for c in classes {
@@ -310,7 +313,7 @@ impl Pass<'_> {
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
         let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::new();
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
-        let parts: &[Vec<crate::state::RunRow>] = if las || prio_possible || shorter {
+        let parts: &[Vec<crate::state::RunRow>] = if demote_possible || prio_possible || shorter {
             &st.run_rows[..]
         } else if quota_blocked {
             return None;
@@ -330,7 +333,7 @@ impl Pass<'_> {
         // (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a scan of every
         // running job. Candidates are ranked by a key unique to each below, so the order they are met in is not used.
         let own = quota_blocked.then(|| {
-            let any_priority = las || shorter;
+            let any_priority = demote_possible || shorter;
             st.tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
                 .take_while(move |(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
@@ -340,6 +343,7 @@ impl Pass<'_> {
                 })
         });
         let all = (!quota_blocked).then(|| parts.iter().flatten());
+        self.victim_scans += 1;
         for r in own.into_iter().flatten().chain(all.into_iter().flatten()) {
             if !r.preemptible
                 || r.evicting
@@ -558,6 +562,38 @@ mod tests {
         assert_eq!(j1.state, JobState::Preempted);
         assert_eq!(j1.progress, Dur::from_secs(120), "work up to the last checkpoint is kept");
         assert_eq!(j1.attained_gpu_ms, 130_000);
+        s.check_invariants().unwrap();
+    }
+
+    /// Under LAS a job already in the last queue has no demoted job to evict: its victim search makes no scan of
+    /// the running jobs (nor any eviction, as before). One 1-GPU node, thresholds [100 GPU-s]: job 1 runs from 0,
+    /// is demoted at 100 s and evicted at 130 s for job 2 (a scan). Job 1 waits with 130 GPU-s, in the last queue;
+    /// at 300 s job 2 has 169 GPU-s, in the same queue: nothing is evicted, and no scan is made.
+    #[test]
+    fn las_makes_no_victim_scan_for_a_job_in_the_last_queue() {
+        let c = SchedConfig {
+            las_thresholds_gpu_s: vec![100],
+            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
+            ..SchedConfig::with_policy(Policy::Las)
+        };
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "first", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "second", 1, 1), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        let scans = |s: &ClusterState, now: Time| {
+            let mut p = run_pass(s, now, |_| {});
+            (std::mem::take(&mut p.decisions), p.victim_scans)
+        };
+        let (ds, n) = scans(&s, Time::from_secs(130));
+        assert_eq!(n, 1);
+        assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { job: JobId(1), .. })), "{ds:?}");
+        s.step(Time::from_secs(130)).unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(131)).unwrap()), vec![2]);
+        assert_eq!(s.job(JobId(1)).unwrap().attained_gpu_ms, 130_000);
+        assert_eq!(s.config().las_queue(130_000), 1, "job 1 is in the last queue");
+        let (ds, n) = scans(&s, Time::from_secs(300));
+        assert!(ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })), "{ds:?}");
+        assert_eq!(n, 0, "no scan for a job in the last queue");
         s.check_invariants().unwrap();
     }
 
