@@ -527,14 +527,19 @@ impl Pass<'_> {
 mod tests {
     use crate::schedule::testkit::*;
 
-    #[test]
-    fn las_serves_least_attained_first_and_preempts_demoted_jobs() {
+    /// LAS with one threshold (100 GPU-s), preemption after 10 s, on one 1-GPU node of tenant `a`.
+    fn las_one_gpu() -> ClusterState {
         let c = SchedConfig {
             las_thresholds_gpu_s: vec![100],
             preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
             ..SchedConfig::with_policy(Policy::Las)
         };
-        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"])
+    }
+
+    #[test]
+    fn las_serves_least_attained_first_and_preempts_demoted_jobs() {
+        let mut s = las_one_gpu();
         let mut old = JobSpec::new(t0(), "old", 1, 1);
         old.checkpoint_interval = Some(Dur::from_secs(60));
         submit(&mut s, 1, old, 0);
@@ -571,12 +576,7 @@ mod tests {
     /// at 300 s job 2 has 169 GPU-s, in the same queue: nothing is evicted, and no scan is made.
     #[test]
     fn las_makes_no_victim_scan_for_a_job_in_the_last_queue() {
-        let c = SchedConfig {
-            las_thresholds_gpu_s: vec![100],
-            preemption: PreemptionConfig { enabled: true, min_run_time: Dur::from_secs(10), ..Default::default() },
-            ..SchedConfig::with_policy(Policy::Las)
-        };
-        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let mut s = las_one_gpu();
         submit(&mut s, 1, JobSpec::new(t0(), "first", 1, 1), 0);
         submit(&mut s, 2, JobSpec::new(t0(), "second", 1, 1), 0);
         assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
