@@ -70,7 +70,7 @@ pub(crate) struct Topology {
 }
 
 /// Free resources of one node.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct NodeFree {
     pub(crate) mask: u64,
     pub(crate) cpu: MilliCpu,
@@ -105,7 +105,7 @@ impl NodeFree {
 }
 
 /// Dynamic per-class index.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct ClassFree {
     buckets: Vec<Vec<NodeId>>,
     /// Free whole GPUs on schedulable nodes.
@@ -345,18 +345,7 @@ impl Free {
 
     /// Whether the resources equal `other`'s, the order of nodes within buckets included (logs aside).
     pub(crate) fn same_as(&self, other: &Free) -> bool {
-        self.total_gpus == other.total_gpus
-            && self.nodes.len() == other.nodes.len()
-            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
-                (a.mask, a.cpu, a.mem, a.mig, a.schedulable, a.pos)
-                    == (b.mask, b.cpu, b.mem, b.mig, b.schedulable, b.pos)
-            })
-            && self.classes.len() == other.classes.len()
-            && self
-                .classes
-                .iter()
-                .zip(&other.classes)
-                .all(|(a, b)| a.buckets == b.buckets && a.free_gpus == b.free_gpus && a.rack_free == b.rack_free)
+        self.total_gpus == other.total_gpus && self.nodes == other.nodes && self.classes == other.classes
     }
 
     fn undo_last(&mut self, topo: &Topology) {

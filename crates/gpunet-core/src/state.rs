@@ -821,8 +821,7 @@ impl ClusterState {
                 let extra = Placement { tasks: add.clone() };
                 let q = self.placement_qvec(&spec, &extra);
                 for t in add {
-                    self.free.take(&self.topo, t);
-                    self.pass_pool.apply(|c| c.take(&self.topo, t));
+                    self.take_task(t);
                     self.node_jobs[t.node.index()].insert(*job);
                 }
                 self.accrue_tenant(spec.tenant, now);
@@ -883,13 +882,24 @@ impl ClusterState {
     }
 
     /// Takes a running job's resources and indexes it (the job is already in state Running).
+    /// Takes a task's resources from the pool, and from the passes' copy of it ([`PassPool`]).
+    fn take_task(&mut self, t: &crate::job::TaskPlacement) {
+        self.free.take(&self.topo, t);
+        self.pass_pool.apply(|c| c.take(&self.topo, t));
+    }
+
+    /// Gives a task's resources back to the pool, and to the passes' copy of it ([`PassPool`]).
+    fn give_task(&mut self, t: &crate::job::TaskPlacement) {
+        self.free.give(&self.topo, t);
+        self.pass_pool.apply(|c| c.give(&self.topo, t));
+    }
+
     fn occupy(&mut self, id: JobId, run: RunInfo, now: Time) {
         let j = self.jobs.get(&id).expect("caller inserted the job");
         let tenant = j.spec.tenant;
         let q = self.placement_qvec(&j.spec, &run.placement);
         for t in &run.placement.tasks {
-            self.free.take(&self.topo, t);
-            self.pass_pool.apply(|c| c.take(&self.topo, t));
+            self.take_task(t);
             self.node_jobs[t.node.index()].insert(id);
         }
         self.accrue_tenant(tenant, now);
@@ -1107,8 +1117,7 @@ impl ClusterState {
         })?;
         let q = self.placement_qvec(&job.spec, &run.placement);
         for t in &run.placement.tasks {
-            self.free.give(&self.topo, t);
-            self.pass_pool.apply(|c| c.give(&self.topo, t));
+            self.give_task(t);
             self.node_jobs[t.node.index()].remove(&id);
         }
         self.accrue_tenant(job.spec.tenant, now);
