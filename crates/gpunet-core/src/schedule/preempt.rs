@@ -433,6 +433,7 @@ impl Pass<'_> {
         let mut chosen: Vec<usize> = Vec::new();
         let mut placed = None;
         let mut next_try = 1usize;
+        let walk = self.free.mark();
         for (pos, &i) in ranked.iter().enumerate() {
             let v = &st.jobs[&cands[i].2];
             if !on_eligible(v) {
@@ -467,9 +468,7 @@ impl Pass<'_> {
                 return None;
             }
             // The victims tried are taken back first: what one node has free is then the pass's again.
-            for &i in &chosen {
-                tasks_of(i).iter().for_each(|tp| self.free.take(&st.topo, tp));
-            }
+            self.free.rollback(&st.topo, walk);
             let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;
             for &i in &picked {
                 tasks_of(i).iter().for_each(|tp| self.free.give(&st.topo, tp));
