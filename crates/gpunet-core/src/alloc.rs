@@ -13,6 +13,7 @@ use crate::ids::NodeId;
 use crate::job::{JobSpec, Placement, TaskPlacement, TopologyScope};
 use crate::node::{labels, NodeSpec};
 use crate::units::{MiB, MilliCpu};
+use smallvec::SmallVec;
 use std::collections::{BTreeMap, HashMap};
 
 /// Static facts of one node that placement needs.
@@ -772,29 +773,36 @@ impl Free {
                 return None;
             }
         }
-        let mut out: Vec<TaskPlacement> = Vec::with_capacity(req.tasks as usize);
         // MIG tasks and CPU-only tasks: first fit over the classes' nodes (rare; no buckets for them).
         if ts.mig.is_some() || ts.gpus == 0 {
             return self.place_first_fit(topo, req, specs);
         }
-        // Model groups: one gang never spans two models unless allowed.
-        let mut groups: Vec<Vec<u32>> = Vec::new();
-        if req.spec.allow_mixed_models {
-            groups.push(req.classes.to_vec());
-        } else {
-            let mut by_model: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
-            for &c in req.classes {
-                by_model.entry(model_rank(topo.classes[c as usize].model)).or_default().push(c);
+        // Model groups: one gang never spans two models unless allowed. Classes of one model (the common case) are
+        // one group as they are, without building the map.
+        let by_model: Vec<Vec<u32>>;
+        let groups: SmallVec<[&[u32]; 2]> = match req.classes.split_first() {
+            Some((first, rest))
+                if req.spec.allow_mixed_models
+                    || rest.iter().all(|c| topo.classes[*c as usize].model == topo.classes[*first as usize].model) =>
+            {
+                smallvec::smallvec![req.classes]
             }
-            groups.extend(by_model.into_values());
-        }
+            _ => {
+                let mut m: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
+                for &c in req.classes {
+                    m.entry(model_rank(topo.classes[c as usize].model)).or_default().push(c);
+                }
+                by_model = m.into_values().collect();
+                by_model.iter().map(Vec::as_slice).collect()
+            }
+        };
         let scope = if req.tasks <= 1 { TopologyScope::Node } else { req.spec.topology };
         // Tightest level first: one node, one rack, one zone, anywhere; stop at the required scope.
         let single_node_possible = total_g <= 64;
         if single_node_possible {
             for g in &groups {
                 if let Some(id) = self.best_fit_node(topo, req, g, req.tasks, specs) {
-                    out.clear();
+                    let mut out = Vec::with_capacity(req.tasks as usize);
                     if self.fit_on_node(topo, req, id, req.tasks, &mut out) {
                         return Some(Placement { tasks: out });
                     }
@@ -815,7 +823,7 @@ impl Free {
         for g in &groups {
             // Zones of this model group, smallest sufficient free first.
             let mut zones: BTreeMap<u32, (u64, Vec<u32>)> = BTreeMap::new();
-            for &c in g {
+            for &c in *g {
                 let e = zones.entry(topo.classes[c as usize].zone).or_default();
                 e.0 += self.classes[c as usize].free_gpus;
                 e.1.push(c);

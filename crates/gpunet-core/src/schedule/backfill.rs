@@ -256,8 +256,6 @@ impl<'a> Pass<'a> {
         let st: &'a ClusterState = self.st;
         let spec = &job.spec;
         let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
-        let unknown =
-            Res { head: job.id, at: Time::MAX, hold: Holdback::new(), forbid: classes.to_vec(), placement: None };
         let mut started: Vec<(Time, JobId, Placement)> = std::mem::take(&mut self.started);
         started.sort_by_key(|(t, j, _)| (*t, *j));
         // The release order, pulled lazily: running jobs and those started in this pass, by estimated end.
@@ -273,7 +271,9 @@ impl<'a> Pass<'a> {
         let counted = g > 0 && spec.task.mig.is_none();
         // Each eligible class's position in `classes` (the order placement searches look at them); `u32::MAX`:
         // not eligible.
-        let mut class_pos = vec![u32::MAX; topo.classes.len()];
+        let mut class_pos = std::mem::take(&mut self.class_pos);
+        class_pos.clear();
+        class_pos.resize(topo.classes.len(), u32::MAX);
         for (i, &c) in classes.iter().enumerate() {
             class_pos[c as usize] = i as u32;
         }
@@ -288,7 +288,8 @@ impl<'a> Pass<'a> {
             // Nodes freed before the head starts to the back, the earliest freed last.
             let mut slot = std::mem::take(&mut self.node_slot);
             slot.resize(free.nodes.len(), u32::MAX);
-            let mut soon: Vec<NodeId> = Vec::new();
+            let mut soon = std::mem::take(&mut self.soon);
+            soon.clear();
             for (_, q) in &order[..hi] {
                 for t in q.iter() {
                     if slot[t.node.index()] == u32::MAX {
@@ -303,12 +304,16 @@ impl<'a> Pass<'a> {
                 slot[id.index()] = u32::MAX;
             }
             self.node_slot = slot;
+            self.soon = soon;
         }
         drop(order);
         self.free = free;
         self.started = started;
+        self.class_pos = class_pos;
         match result {
-            None => unknown,
+            None => {
+                Res { head: job.id, at: Time::MAX, hold: Holdback::new(), forbid: classes.to_vec(), placement: None }
+            }
             Some(Found { at, placement, later, .. }) => {
                 let hold = self.hold_from(&placement, &later);
                 Res { head: job.id, at, hold, forbid: Vec::new(), placement: Some(placement) }
