@@ -320,6 +320,16 @@ struct Engine<'a> {
     cost_spot: f64,
     cost: Cost,
     passes: usize,
+    /// Passes run at an instant where the scheduling tick was the only event, and passes that decided nothing
+    /// (no start, eviction or scaling; a reservation does not count).
+    tick_passes: usize,
+    idle_passes: usize,
+    /// Passes for a tick alone that decided nothing.
+    idle_tick_passes: usize,
+    /// Wall-clock time of those passes (the scheduling pass alone), ms.
+    idle_tick_pass_ms: f64,
+    /// Whether the tick is the only event at the instant being processed.
+    tick_alone: bool,
     tick_pending: bool,
     needs_tick: bool,
     /// Learned estimates (`--estimates history`), fed with completions as they happen.
@@ -459,7 +469,15 @@ impl Engine<'_> {
                 self.queued_add(idx, -1);
             }
         }
+        let started = self.tick_alone.then(std::time::Instant::now);
         let ds = schedule(&self.st, t);
+        let idle = ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
+        self.tick_passes += usize::from(self.tick_alone);
+        self.idle_passes += usize::from(idle);
+        self.idle_tick_passes += usize::from(idle && self.tick_alone);
+        if let Some(s) = started.filter(|_| idle) {
+            self.idle_tick_pass_ms += s.elapsed().as_secs_f64() * 1e3;
+        }
         for d in &ds {
             match d {
                 Decision::Start { job, placement, .. } => {
@@ -802,6 +820,11 @@ pub fn simulate(
         cost_spot: 0.0,
         cost: Cost::default(),
         passes: 0,
+        tick_passes: 0,
+        idle_passes: 0,
+        idle_tick_passes: 0,
+        idle_tick_pass_ms: 0.0,
+        tick_alone: false,
         tick_pending: false,
         needs_tick,
         predictor: gpunet_core::Predictor::new(),
@@ -879,6 +902,8 @@ pub fn simulate(
         }
         e.advance(now);
         let mut changed = false;
+        // Events at this instant, and of them scheduling ticks (a pass for a tick alone: `tick_passes`).
+        let (mut events, mut ticks) = (0u32, 0u32);
         while next < order.len() && ms(trace.jobs[order[next]].submit_s) == now {
             let tj = &trace.jobs[order[next]];
             let idx = next;
@@ -945,6 +970,7 @@ pub fn simulate(
             e.st.submit(JobId(idx as u64 + 1), spec, Time(now))?;
             e.queued_add(idx, 1);
             next += 1;
+            events += 1;
             changed = true;
             if next == order.len() {
                 e.span_area = Some((e.alloc_area, e.cap_area));
@@ -955,6 +981,7 @@ pub fn simulate(
                 break;
             }
             let Reverse((_, _, ev)) = e.heap.pop().expect("peeked");
+            events += u32::from(!matches!(ev, Ev::Sample));
             match ev {
                 Ev::Completion { job, attempt } => {
                     let idx = job as usize;
@@ -980,6 +1007,7 @@ pub fn simulate(
                 Ev::Wake => changed = true,
                 Ev::Tick => {
                     e.tick_pending = false;
+                    ticks += 1;
                     changed = true;
                 }
                 Ev::Sample => {
@@ -1041,6 +1069,7 @@ pub fn simulate(
                 }
             }
         }
+        e.tick_alone = ticks > 0 && events == ticks;
         if changed {
             e.st.accrue_usage(Time(now));
             // Evictions take effect at once here: a second pass uses what they freed.
@@ -1160,6 +1189,10 @@ pub fn simulate(
         scaled_out_nodes: e.scale_outs,
         scaled_in_nodes: e.scale_ins,
         passes: e.passes,
+        tick_passes: e.tick_passes,
+        idle_passes: e.idle_passes,
+        idle_tick_passes: e.idle_tick_passes,
+        idle_tick_pass_ms: e.idle_tick_pass_ms,
         skipped_rows: trace.skipped_bad_rows,
         wall_ms: 0.0,
         per_tenant: names

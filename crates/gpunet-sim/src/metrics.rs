@@ -204,6 +204,14 @@ pub struct SimResult {
     pub scaled_in_nodes: usize,
     /// Scheduling passes run.
     pub passes: usize,
+    /// Passes run for the scheduling tick alone (no arrival, completion or other event at that instant).
+    pub tick_passes: usize,
+    /// Passes that decided no start, eviction or scaling (a reservation alone counts as nothing).
+    pub idle_passes: usize,
+    /// Passes for the tick alone that decided nothing: what a pass that knew how long its decisions hold would spare.
+    pub idle_tick_passes: usize,
+    /// Wall-clock time of those passes, milliseconds (part of `wall_ms`).
+    pub idle_tick_pass_ms: f64,
     /// Malformed trace rows skipped.
     pub skipped_rows: usize,
     /// Wall-clock time of the simulation, milliseconds.

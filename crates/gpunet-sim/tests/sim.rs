@@ -605,3 +605,20 @@ fn gpu_counting_places_a_job_on_gpus_of_several_nodes() {
     assert_eq!((r.jcts.clone(), r.gpu_counting), (vec![50.0, 100.0, 100.0], true));
     assert_eq!(r.avg_wait_s, 0.0);
 }
+
+/// Passes are counted by cause: LAS (one threshold at 3,600 GPU-s: nobody is demoted here), ticks every 10 s, one
+/// 1-GPU node; a (31 s) at t=0, b (10 s) at t=1. Passes at 0 (a starts), 1 (b waits), the ticks at 11 and 21 (b
+/// still waits), 31 (the tick and a's end together: b starts) and 41 (b ends): 6 passes, 2 for a tick alone, 4
+/// deciding nothing (both ticks' among them).
+#[test]
+fn passes_for_a_tick_alone_and_passes_that_decide_nothing_are_counted() {
+    let trace = csv("a,0,31,1,t\nb,1,10,1,t\n");
+    let mut c = cfg(Policy::Las);
+    c.sched.las_thresholds_gpu_s = vec![3600];
+    let r = jcts_by_id(&trace, &one_node(1), &c);
+    assert_eq!(r.jcts, vec![31.0, 40.0]);
+    assert_eq!((r.passes, r.tick_passes, r.idle_passes, r.idle_tick_passes), (6, 2, 4, 2));
+    // FIFO needs no tick: the same trace makes passes at 0, 1, 31 and 41 only.
+    let r = jcts_by_id(&trace, &one_node(1), &cfg(Policy::Fifo));
+    assert_eq!((r.passes, r.tick_passes, r.idle_passes, r.idle_tick_passes), (4, 0, 2, 0));
+}

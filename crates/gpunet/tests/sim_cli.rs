@@ -36,6 +36,11 @@ fn sim_json_has_the_documented_keys() {
         "makespan_s",
         "jain_fairness",
         "preemptions",
+        "passes",
+        "tick_passes",
+        "idle_passes",
+        "idle_tick_passes",
+        "idle_tick_pass_ms",
         "wall_ms",
     ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
@@ -45,6 +50,9 @@ fn sim_json_has_the_documented_keys() {
     assert!(v["avg_wait_s"].as_f64().unwrap() >= v["avg_first_start_s"].as_f64().unwrap());
     let classes: Vec<&str> = v["by_size"].as_array().unwrap().iter().map(|c| c["class"].as_str().unwrap()).collect();
     assert_eq!(classes, ["1", "2-4", "5-8", ">8"]);
+    let n = |k: &str| v[k].as_u64().unwrap();
+    assert!(n("idle_tick_passes") <= n("tick_passes").min(n("idle_passes")) && n("idle_passes") < n("passes"));
+    assert!(v["idle_tick_pass_ms"].as_f64().unwrap() <= v["wall_ms"].as_f64().unwrap());
     assert!(v["utilization"].as_f64().unwrap() > 0.0 && v["utilization"].as_f64().unwrap() <= 1.0);
 }
 
