@@ -153,7 +153,7 @@ pub(crate) struct Hold {
 }
 
 /// Per-node holds of a reservation.
-pub(crate) type Holdback = HashMap<NodeId, Hold>;
+pub(crate) type Holdback = crate::fxhash::FxHashMap<NodeId, Hold>;
 
 /// One placement request.
 #[derive(Debug, Clone, Copy)]

@@ -1026,8 +1026,8 @@ impl ClusterState {
         if n < min || n > max {
             return Err(err(format!("{n} tasks placed, the job needs {min} to {max}")));
         }
-        let mut models: Vec<Option<GpuModel>> = Vec::new();
-        let mut seen: Vec<(NodeId, (u64, u64))> = Vec::with_capacity(p.tasks.len());
+        let mut models: smallvec::SmallVec<[Option<GpuModel>; 2]> = smallvec::SmallVec::new();
+        let mut seen: smallvec::SmallVec<[(NodeId, (u64, u64)); 4]> = smallvec::SmallVec::new();
         for t in &p.tasks {
             self.free.can_take(&self.topo, t).map_err(err)?;
             if self.node_states.get(t.node.index()) != Some(&NodeState::Ready) {
@@ -1524,11 +1524,12 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
     };
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
+    let sig = crate::schedule::spec_sig(&j.spec);
     QueueKey {
         major,
         minor: j.submitted.0,
         job: j.id,
-        sig: crate::schedule::spec_sig(&j.spec),
+        sig,
         gpus: j.spec.task.gpus as u64 * min_tasks as u64,
         est: j.spec.estimated_duration.map_or(u64::MAX, |_| j.remaining_estimate().0),
         not_before: if j.state == JobState::Restarting { j.not_before } else { Time::ZERO },
@@ -1536,7 +1537,7 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
             use std::hash::{Hash, Hasher};
             let mut h = crate::fxhash::FxHasher::default();
             (
-                crate::schedule::spec_sig(&j.spec),
+                sig,
                 j.spec.task.gpus,
                 min_tasks,
                 j.spec.topology as u32,

@@ -259,7 +259,7 @@ impl<'a> Pass<'a> {
         let mut started: Vec<(Time, JobId, Placement)> = std::mem::take(&mut self.started);
         started.sort_by_key(|(t, j, _)| (*t, *j));
         // The release order, pulled lazily: running jobs and those started in this pass, by estimated end.
-        let mut order: Releases = Vec::new();
+        let mut order: Releases = Vec::with_capacity(64);
         let preempted = self.preempted.clone();
         let mut a = st.running_by_end.iter().filter(|((_, j), _)| !preempted.contains(j)).peekable();
         let mut b = started.iter().peekable();
@@ -311,9 +311,13 @@ impl<'a> Pass<'a> {
         self.started = started;
         self.class_pos = class_pos;
         match result {
-            None => {
-                Res { head: job.id, at: Time::MAX, hold: Holdback::new(), forbid: classes.to_vec(), placement: None }
-            }
+            None => Res {
+                head: job.id,
+                at: Time::MAX,
+                hold: Holdback::default(),
+                forbid: classes.to_vec(),
+                placement: None,
+            },
             Some(Found { at, placement, later, .. }) => {
                 let hold = self.hold_from(&placement, &later);
                 Res { head: job.id, at, hold, forbid: Vec::new(), placement: Some(placement) }
@@ -568,7 +572,7 @@ impl<'a> Pass<'a> {
     /// Holds for a future placement given each node's free CPU and memory at that time: long jobs may use
     /// min(free now, free later − needed) and the rest of what is free now is held back.
     pub(super) fn hold_from(&self, p: &Placement, later: &[(NodeId, MilliCpu, MiB)]) -> Holdback {
-        let mut hold = Holdback::new();
+        let mut hold = Holdback::default();
         for t in &p.tasks {
             let h: &mut Hold = hold.entry(t.node).or_default();
             h.gpus |= t.gpu_mask;
