@@ -1316,6 +1316,13 @@ impl ClusterState {
         self.preemption_log.iter().filter(|t| **t >= horizon).count() as u32
     }
 
+    /// When [`Self::recent_preemptions`] seen from `now` first falls as time passes alone: the earliest eviction in
+    /// the window leaves it (`None`: the window holds none). The log is in time order.
+    pub(crate) fn preemption_window_turns(&self, now: Time) -> Option<Time> {
+        let iv = self.cfg.preemption.interval;
+        self.preemption_log.iter().find(|t| **t >= now - iv).map(|t| *t + iv + crate::units::Dur(1))
+    }
+
     /// Checks every invariant: no resource allocated twice or beyond capacity, gangs whole, topology met, usage
     /// books match running jobs, every job in exactly one place, quota limits respected.
     pub fn check_invariants(&self) -> Result<(), String> {

@@ -20,8 +20,8 @@ use crate::trace::{Trace, TraceJob};
 use gpunet_core::pricing::{self, Cost, Held, NodeRates, PriceCatalogue};
 use gpunet_core::tenant::Quota;
 use gpunet_core::{
-    schedule, ClusterState, Decision, Dur, GpuModel, JobId, JobSpec, JobState, NodeId, NodeState, Policy, SchedConfig,
-    TenantId, TenantSpec, Time,
+    schedule_with_stats, ClusterState, Decision, Dur, GpuModel, JobId, JobSpec, JobState, NodeId, NodeState, Policy,
+    SchedConfig, TenantId, TenantSpec, Time,
 };
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -330,6 +330,11 @@ struct Engine<'a> {
     idle_tick_pass_ms: f64,
     /// Whether the tick is the only event at the instant being processed.
     tick_alone: bool,
+    /// After a pass that decided nothing, while nothing but time has changed since: until when a pass would decide
+    /// nothing either ([`gpunet_core::PassStats::idle_until`], ms). A tick before then makes no pass.
+    idle_until: Option<u64>,
+    /// Passes not run for that reason.
+    skipped_passes: usize,
     tick_pending: bool,
     needs_tick: bool,
     /// Learned estimates (`--estimates history`), fed with completions as they happen.
@@ -470,8 +475,9 @@ impl Engine<'_> {
             }
         }
         let started = self.tick_alone.then(std::time::Instant::now);
-        let ds = schedule(&self.st, t);
+        let (ds, stats) = schedule_with_stats(&self.st, t);
         let idle = ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
+        self.idle_until = idle.then_some(stats.idle_until.0);
         self.tick_passes += usize::from(self.tick_alone);
         self.idle_passes += usize::from(idle);
         self.idle_tick_passes += usize::from(idle && self.tick_alone);
@@ -825,6 +831,8 @@ pub fn simulate(
         idle_tick_passes: 0,
         idle_tick_pass_ms: 0.0,
         tick_alone: false,
+        idle_until: None,
+        skipped_passes: 0,
         tick_pending: false,
         needs_tick,
         predictor: gpunet_core::Predictor::new(),
@@ -1070,12 +1078,21 @@ pub fn simulate(
             }
         }
         e.tick_alone = ticks > 0 && events == ticks;
+        if events > ticks {
+            e.idle_until = None; // something besides time may have changed
+        }
         if changed {
             e.st.accrue_usage(Time(now));
-            // Evictions take effect at once here: a second pass uses what they freed.
-            let mut rounds = 0;
-            while e.pass(now)? && rounds < 4 {
-                rounds += 1;
+            if e.tick_alone && e.idle_until.is_some_and(|u| now < u) {
+                // Only time has changed since a pass that decided nothing, and not enough of it to turn anything
+                // that pass met: this one would decide nothing either.
+                e.skipped_passes += 1;
+            } else {
+                // Evictions take effect at once here: a second pass uses what they freed.
+                let mut rounds = 0;
+                while e.pass(now)? && rounds < 4 {
+                    rounds += 1;
+                }
             }
             if e.needs_tick && !e.tick_pending && e.st.queued_count() > 0 {
                 e.tick_pending = true;
@@ -1193,6 +1210,7 @@ pub fn simulate(
         idle_passes: e.idle_passes,
         idle_tick_passes: e.idle_tick_passes,
         idle_tick_pass_ms: e.idle_tick_pass_ms,
+        skipped_passes: e.skipped_passes,
         skipped_rows: trace.skipped_bad_rows,
         wall_ms: 0.0,
         per_tenant: names

@@ -212,6 +212,9 @@ pub struct SimResult {
     pub idle_tick_passes: usize,
     /// Wall-clock time of those passes, milliseconds (part of `wall_ms`).
     pub idle_tick_pass_ms: f64,
+    /// Passes for the tick alone not run: nothing but time had changed since a pass that decided nothing, and too
+    /// little of it to turn anything that pass met (`gpunet_core::PassStats::idle_until`).
+    pub skipped_passes: usize,
     /// Malformed trace rows skipped.
     pub skipped_rows: usize,
     /// Wall-clock time of the simulation, milliseconds.

@@ -606,19 +606,39 @@ fn gpu_counting_places_a_job_on_gpus_of_several_nodes() {
     assert_eq!(r.avg_wait_s, 0.0);
 }
 
-/// Passes are counted by cause: LAS (one threshold at 3,600 GPU-s: nobody is demoted here), ticks every 10 s, one
-/// 1-GPU node; a (31 s) at t=0, b (10 s) at t=1. Passes at 0 (a starts), 1 (b waits), the ticks at 11 and 21 (b
-/// still waits), 31 (the tick and a's end together: b starts) and 41 (b ends): 6 passes, 2 for a tick alone, 4
-/// deciding nothing (both ticks' among them).
+/// Passes are counted by cause. Fair share (whose order moves with time: every tick makes a pass), ticks every
+/// 10 s, one 1-GPU node; a (31 s) at t=0, b (10 s) at t=1. Passes at 0 (a starts), 1 (b waits), the ticks at 11
+/// and 21 (b still waits), 31 (the tick and a's end together: b starts) and 41 (b ends): 6 passes, 2 for a tick
+/// alone, 4 deciding nothing (both ticks' among them). Under LAS (one threshold at 3,600 GPU-s) the pass at 1 finds
+/// that nothing turns before a reaches 3,600 GPU-s (`PassStats::idle_until`), so the ticks at 11 and 21 make no
+/// pass: 4 passes, 2 skipped, the JCTs unchanged.
 #[test]
 fn passes_for_a_tick_alone_and_passes_that_decide_nothing_are_counted() {
     let trace = csv("a,0,31,1,t\nb,1,10,1,t\n");
+    let r = jcts_by_id(&trace, &one_node(1), &cfg(Policy::FairShare));
+    assert_eq!(r.jcts, vec![31.0, 40.0]);
+    let counts = |r: &SimResult| (r.passes, r.tick_passes, r.idle_passes, r.idle_tick_passes, r.skipped_passes);
+    assert_eq!(counts(&r), (6, 2, 4, 2, 0));
     let mut c = cfg(Policy::Las);
     c.sched.las_thresholds_gpu_s = vec![3600];
     let r = jcts_by_id(&trace, &one_node(1), &c);
     assert_eq!(r.jcts, vec![31.0, 40.0]);
-    assert_eq!((r.passes, r.tick_passes, r.idle_passes, r.idle_tick_passes), (6, 2, 4, 2));
+    assert_eq!(counts(&r), (4, 0, 2, 0, 2));
     // FIFO needs no tick: the same trace makes passes at 0, 1, 31 and 41 only.
     let r = jcts_by_id(&trace, &one_node(1), &cfg(Policy::Fifo));
-    assert_eq!((r.passes, r.tick_passes, r.idle_passes, r.idle_tick_passes), (4, 0, 2, 0));
+    assert_eq!(counts(&r), (4, 0, 2, 0, 0));
+}
+
+/// A tick that comes once time has turned what the last idle pass met makes its pass: LAS with one threshold at 15
+/// GPU-s, ticks every 10 s, checkpoints every 10 s, one 1-GPU node; a (40 s) at t=0, b (10 s) at t=1. The pass at
+/// 1 holds until a has 15 GPU-s (t=15): the tick at 11 makes no pass, the one at 21 does and evicts a (demoted at
+/// 15; its checkpoint at 20 keeps 20 s); b runs 21–31, a 31–51. JCTs (sorted): b 30, a 51.
+#[test]
+fn a_tick_after_the_idle_bound_makes_its_pass() {
+    let trace = csv("a,0,40,1,t\nb,1,10,1,t\n");
+    let mut c = cfg(Policy::Las);
+    c.sched.las_thresholds_gpu_s = vec![15];
+    let r = jcts_by_id(&trace, &one_node(1), &c);
+    assert_eq!(r.jcts, vec![30.0, 51.0]);
+    assert_eq!((r.preemptions, r.skipped_passes), (1, 1));
 }

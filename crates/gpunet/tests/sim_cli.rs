@@ -41,6 +41,7 @@ fn sim_json_has_the_documented_keys() {
         "idle_passes",
         "idle_tick_passes",
         "idle_tick_pass_ms",
+        "skipped_passes",
         "wall_ms",
     ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");

@@ -103,6 +103,7 @@ impl<'a> Pass<'a> {
             return Behind::Try;
         }
         if key.not_before > self.now {
+            self.turns_at(key.not_before);
             return Behind::Skip;
         }
         if key.gpus > self.free.total_gpus {

@@ -109,6 +109,14 @@ pub struct PassStats {
     pub placement_attempts: usize,
     /// Running jobs released (virtually) while computing the backfill reservation.
     pub reservation_releases: usize,
+    /// For a pass that decided nothing (no start, eviction or scaling; reservations aside): a pass on the same
+    /// state at any time from this pass's up to (not including) this one decides nothing either. It is the earliest
+    /// time at which time alone could turn one of the pass's outcomes (a restart backoff's end, a running job
+    /// reaching its minimum run time, crossing a LAS threshold or the waiting job's shorter-first bound, an eviction
+    /// leaving the rate limit's window); the pass's own time, or earlier, where it cannot tell (fair share, whose
+    /// order decays with time; a victim search that ranked candidates; a job held by its own quota; Gittins ranks).
+    /// Drivers may skip such passes (the simulator's ticks: `idle_tick_passes`).
+    pub idle_until: Time,
 }
 
 /// Runs one scheduling pass and returns its decisions.
@@ -121,6 +129,7 @@ pub fn schedule_with_stats(state: &ClusterState, now: Time) -> (Vec<Decision>, P
     let mut p = Pass::new(state, now, None);
     p.run();
     p.stats.placement_attempts = p.attempts.get();
+    p.stats.idle_until = p.idle_until.get();
     (std::mem::take(&mut p.decisions), std::mem::take(&mut p.stats))
 }
 
@@ -151,6 +160,8 @@ struct Pass<'a> {
     failed: FxHashSet<(u64, bool)>,
     /// The last entry of `failed` a lookup found (`backfill::behind_head`).
     failed_hit: std::cell::Cell<Option<(u64, bool)>>,
+    /// [`PassStats::idle_until`] as found so far (`Time::MAX`: time alone turns nothing the pass met).
+    idle_until: std::cell::Cell<Time>,
     /// Behind the head: the last of the queue's shapes (`ClusterState::queue_shapes`, in hash order) found to be one
     /// the walk skips, and what that was decided on (`backfill::rest_skipped`).
     skipped_upto: Option<u64>,
@@ -228,6 +239,7 @@ impl<'a> Pass<'a> {
             never: FxHashMap::default(),
             failed: FxHashSet::default(),
             failed_hit: std::cell::Cell::new(None),
+            idle_until: std::cell::Cell::new(Time::MAX),
             skipped_upto: None,
             skipped_seen: None,
             stop_early: true,
@@ -257,12 +269,21 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Time alone turns an outcome of this pass at `t` (at once, for `t` at or before the pass's time): see
+    /// [`PassStats::idle_until`].
+    fn turns_at(&self, t: Time) {
+        self.idle_until.set(self.idle_until.get().min(t.max(self.now)));
+    }
+
     /// The walk: jobs that evictions were made for, then every queued job in policy order through backoff, quota
     /// admission, "can never fit" and placement; the first that does not fit is the head (room made by preemption,
     /// or a reservation with backfill behind it, or the end of the walk); then elastic growth if nothing waits.
     fn run(&mut self) {
         let st = self.st;
         let cfg = &st.cfg;
+        if cfg.policy == crate::config::Policy::FairShare {
+            self.turns_at(self.now); // tenants' shares decay with time: the order may change at any moment
+        }
         let mut order = Order::new(st, false);
         let mut res: Option<Res> = None;
         let mut after_block = 0usize;
@@ -324,6 +345,7 @@ impl<'a> Pass<'a> {
             }
             position += 1;
             if job.state == JobState::Restarting && job.not_before > self.now {
+                self.turns_at(job.not_before);
                 self.note(jid, |_| PendingReason::Backoff { until: job.not_before });
                 continue;
             }

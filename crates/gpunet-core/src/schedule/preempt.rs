@@ -238,6 +238,7 @@ impl Pass<'_> {
         // Held by its own quota, a job can only evict its own tenant's jobs: of lower priority and past their
         // minimum run time, those (or, with LAS or shorter-first, what a scan finds).
         let prio_possible = if quota_blocked {
+            self.turns_at(self.now); // which of its tenant's jobs are old enough is not bounded here
             st.runs_older_lower_priority(t, spec.priority, Time(self.now.0.saturating_sub(cfg.min_run_time.0)))
         } else {
             st.prio_counts.range(..spec.priority).next().is_some()
@@ -246,7 +247,10 @@ impl Pass<'_> {
             return None;
         }
         let budget = cfg.max_per_interval.saturating_sub(st.recent_preemptions(self.now) + self.stats.preempted as u32);
+        // The budget grows when an eviction leaves the window: that counts wherever the budget decides.
+        let budget_grows_at = st.preemption_window_turns(self.now).unwrap_or(Time::MAX);
         if budget == 0 && st.evicting.is_empty() {
+            self.turns_at(budget_grows_at);
             return None; // no eviction under way to wait for, and none may be made
         }
         let within_guarantee = shape.tenants[t.index()].0.is_some()
@@ -298,6 +302,7 @@ impl Pass<'_> {
             }
         }
         if budget == 0 {
+            self.turns_at(budget_grows_at);
             return None;
         }
         // Candidates: one linear scan over the compact running rows, cheapest checks first.
@@ -345,14 +350,11 @@ impl Pass<'_> {
         let all = (!quota_blocked).then(|| parts.iter().flatten());
         self.victim_scans += 1;
         for r in own.into_iter().flatten().chain(all.into_iter().flatten()) {
-            if !r.preemptible
-                || r.evicting
-                || self.now.since(r.started) < cfg.min_run_time
-                || r.classes & class_mask == 0
-                || r.id == job.id
-            {
+            if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
                 continue;
             }
+            // Too young to evict: left out below, once its reason (and when that may turn) is known.
+            let young = self.now.since(r.started) < cfg.min_run_time;
             let lendable = r.tenant == t || r.borrowed || (no_quota[r.tenant.index()] && no_quota[t.index()]);
             let reclaimable = r.borrowed || no_quota[r.tenant.index()];
             let reason = if !quota_blocked && within_guarantee && r.tenant != t && reclaimable && over[r.tenant.index()]
@@ -364,6 +366,12 @@ impl Pass<'_> {
                 let attained = r.attained_before + self.now.since(r.started).0 * r.gpus as u64;
                 let vq = st.cfg.las_queue(attained);
                 if vq <= my_queue {
+                    // Attained service only grows: the victim passes the waiting job's queue once it reaches the
+                    // threshold that ends that queue.
+                    if let (Some(&thr_s), true) = (st.cfg.las_thresholds_gpu_s.get(my_queue), r.gpus > 0) {
+                        let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
+                        self.turns_at(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
+                    }
                     continue;
                 }
                 PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
@@ -384,13 +392,29 @@ impl Pass<'_> {
                     Policy::Sjf => r.sjf_key,
                     _ => continue,
                 };
-                if vk == u64::MAX || vk < my_key.saturating_mul(cfg.shorter_ratio as u64) {
+                let bound = my_key.saturating_mul(cfg.shorter_ratio as u64);
+                let longer = vk != u64::MAX && vk >= bound;
+                if st.cfg.policy != Policy::Sjf {
+                    // The victim's key moves with time (SJF's does not): when it first crosses the bound.
+                    match r.learned {
+                        Some(_) if gittins => self.turns_at(self.now),
+                        _ => {
+                            let g = if st.cfg.policy == Policy::Srgf { r.gpus.max(1) as u64 } else { 1 };
+                            self.turns_at(shorter_turns_at(r.est_end, r.started, self.now, g, bound, longer));
+                        }
+                    }
+                }
+                if !longer {
                     continue;
                 }
                 PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
             } else {
                 continue;
             };
+            if young {
+                self.turns_at(r.started + cfg.min_run_time); // a candidate once old enough
+                continue;
+            }
             if self.preempted.contains(&r.id) {
                 continue;
             }
@@ -398,8 +422,9 @@ impl Pass<'_> {
             cand_nodes.push(r.node);
         }
         if cands.is_empty() {
-            return None;
+            return None; // whatever the budget
         }
+        self.turns_at(budget_grows_at);
         // A one-task job needs its GPUs on one node: unless some eligible node can have them free once at most
         // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
         // node and victims), so it is not made.
@@ -411,6 +436,9 @@ impl Pass<'_> {
             self.prechecked += 1;
             return None;
         }
+        // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
+        // order, and so what the search below finds, may change at any moment.
+        self.turns_at(self.now);
         // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
         let key = |i: &usize| {
             let c = &cands[*i];
@@ -519,6 +547,30 @@ impl Pass<'_> {
         }
         self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p.clone() });
         Some((victims, p, later))
+    }
+}
+
+/// When a running job's key under preemptive SRTF (`g` = 1) or SRGF (`g` = its GPUs) first moves across `bound` as
+/// time passes from `now`, where `longer` says whether it is at or above it now: the key is the remaining estimated
+/// time (times `g`), `est_end − t` before the estimated end and as long again as it has run (`t − started`, at least
+/// 1 ms) from then on ([`crate::ClusterState::expected_end`]). Falling before the end, it crosses below the bound
+/// once `(est_end − t)·g < bound`; it jumps at the end; rising after it, it reaches the bound at
+/// `started + ⌈bound / g⌉`. `Time::MAX`: never. The time returned may be earlier than the crossing, never later.
+pub(super) fn shorter_turns_at(est_end: Time, started: Time, now: Time, g: u64, bound: u64, longer: bool) -> Time {
+    let rising_at = || Time(started.0.saturating_add(bound.div_ceil(g.max(1)).max(1)));
+    if est_end > now {
+        if longer {
+            // (est_end − t)·g ≥ bound holds up to t = est_end − ⌈bound / g⌉; then, or at the end, it may turn.
+            let last = est_end.0.saturating_sub(bound.div_ceil(g.max(1)));
+            Time(last.saturating_add(1)).min(est_end)
+        } else {
+            // Below the bound while it falls; at the end it jumps, then rises.
+            est_end.max(rising_at())
+        }
+    } else if longer {
+        Time::MAX
+    } else {
+        rising_at()
     }
 }
 
@@ -1129,5 +1181,99 @@ mod tests {
             .unwrap();
         assert!(gave_up.get() >= 20, "the check gave up on {} searches", gave_up.get());
         assert!(preempted.get() >= 20, "{} evictions", preempted.get());
+    }
+
+    /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
+    /// clusters as above (running jobs past their estimates among them), preemptive SRTF, SRGF, SJF, priority and LAS
+    /// (thresholds 300 and 3,000 GPU-s), and FIFO; with and without backfill; minimum run time 60 s; a tight or loose
+    /// eviction budget; the cluster moved on by 30–900 s between rounds. Each idle pass with a bound is checked at
+    /// six times up to it (the last a millisecond before; a bound of `Time::MAX` up to 30 days), and at the bound
+    /// some passes do decide: the bounds are not only safe but reached.
+    #[test]
+    fn an_idle_pass_stays_idle_until_its_bound() {
+        use proptest::prelude::*;
+        let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las, Policy::Fifo];
+        let strategy = (
+            proptest::collection::vec((0usize..6, 100u64..100_000, 0i32..3), 1..24),
+            proptest::collection::vec((0usize..6, 10u64..20_000, 0i32..3), 1..40),
+            proptest::collection::vec(any::<bool>(), 1..5),
+            0usize..policies.len(),
+            any::<bool>(),
+            1u32..30,
+            30u64..900,
+        );
+        let mut runner = det_runner(1024);
+        let (checked, reached) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let shapes = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
+        let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
+        runner
+            .run(&strategy, |(running, queued, big, policy, backfill, budget, step)| {
+                let mut c = preemptive(policies[policy], 60);
+                c.backfill = backfill;
+                c.preemption.max_per_interval = budget;
+                c.las_thresholds_gpu_s = vec![300, 3000];
+                let ns =
+                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
+                let mut s = cluster(c, ns.collect(), &["a"]);
+                for (i, (k, secs, prio)) in running.iter().enumerate() {
+                    let (g, tasks) = shapes[*k];
+                    let spec = JobSpec::new(t0(), "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    submit(&mut s, i as u64 + 1, spec, 0);
+                }
+                s.step(Time::ZERO).unwrap();
+                for (i, (k, secs, prio)) in queued.iter().enumerate() {
+                    let (g, tasks) = shapes[*k];
+                    let spec = JobSpec::new(t0(), "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    submit(&mut s, 1000 + i as u64, spec, 100 + i as u64);
+                }
+                let mut now = Time::from_secs(600);
+                for round in 0..4u64 {
+                    let (ds, stats) = crate::schedule::schedule_with_stats(&s, now);
+                    if idle(&ds) && stats.idle_until > now {
+                        checked.set(checked.get() + 1);
+                        let end = stats.idle_until.min(now + Dur::from_secs(30 * 86_400));
+                        let span = end.0 - now.0;
+                        for k in (1..=6u64).filter(|_| span >= 2) {
+                            let t = Time(now.0 + (span * k / 6).clamp(1, span - 1));
+                            let later = schedule(&s, t);
+                            prop_assert!(idle(&later), "{:?} at {} (bound {}): {:?}", policies[policy], t, end, later);
+                        }
+                        if stats.idle_until != Time::MAX && !idle(&schedule(&s, stats.idle_until)) {
+                            reached.set(reached.get() + 1);
+                        }
+                    }
+                    now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(step));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(checked.get() >= 100, "{} idle passes checked", checked.get());
+        assert!(reached.get() >= 10, "{} passes decide at their bound", reached.get());
+    }
+
+    /// By hand, the rate limit's window: at most one eviction per 10 minutes, two 1-GPU nodes running long jobs 1
+    /// and 2 (10,000 s). Job 3 (100 s) evicts one at t=100 and starts; job 4 (100 s) comes at t=110, and the
+    /// budget is spent: the pass decides nothing, and holds so until the eviction leaves the window, a millisecond
+    /// after t=700. Then it evicts.
+    #[test]
+    fn an_idle_pass_held_by_the_rate_limit_holds_until_the_window_frees() {
+        let mut c = preemptive(Policy::Srtf, 0);
+        c.preemption.max_per_interval = 1;
+        let mut s = cluster(c, vec![node("n0", GpuModel::T4, 1), node("n1", GpuModel::T4, 1)], &["a"]);
+        for id in [1, 2] {
+            submit(&mut s, id, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(10_000)), 0);
+        }
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(100)), 100);
+        let t = Time::from_secs(100);
+        assert_eq!(preempts(&s.step(t).unwrap()).len(), 1);
+        assert_eq!(started(&s.step(t).unwrap()), vec![3]);
+        submit(&mut s, 4, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(100)), 110);
+        let (ds, stats) = crate::schedule::schedule_with_stats(&s, Time::from_secs(110));
+        assert!(ds.is_empty(), "{ds:?}");
+        let bound = Time::from_secs(700) + Dur(1);
+        assert_eq!(stats.idle_until, bound);
+        assert!(schedule(&s, Time::from_secs(700)).is_empty());
+        assert_eq!(preempts(&schedule(&s, bound)).len(), 1);
     }
 }
