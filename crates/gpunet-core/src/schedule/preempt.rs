@@ -1132,41 +1132,57 @@ mod tests {
     /// on two nodes), queues of shorter and longer jobs of 1–8 GPUs, preemptive SRTF, SRGF, SJF, priority and LAS,
     /// with and without backfill, a tight or loose eviction budget; three passes each, some jobs ending between
     /// them. And the check does give up on some searches.
+    /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
+    type RandomJob = (usize, u64, i32);
+
+    /// (GPUs per task, tasks) of the random clusters' jobs: the sixth runs on two nodes.
+    const SHAPES: [(u32, u32); 6] = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
+
+    /// The random clusters' running jobs, queued jobs and nodes (8 GPUs or 4).
+    fn random_jobs_and_nodes() -> impl proptest::strategy::Strategy<Value = (Vec<RandomJob>, Vec<RandomJob>, Vec<bool>)>
+    {
+        use proptest::prelude::*;
+        (
+            proptest::collection::vec((0usize..6, 100u64..100_000, 0i32..3), 1..24),
+            proptest::collection::vec((0usize..6, 10u64..20_000, 0i32..3), 1..40),
+            proptest::collection::vec(any::<bool>(), 1..5),
+        )
+    }
+
+    /// A random cluster under `c`: its nodes, its running jobs started at 0, its queued jobs submitted at 100 s.
+    fn random_cluster(
+        c: SchedConfig,
+        (running, queued, big): &(Vec<RandomJob>, Vec<RandomJob>, Vec<bool>),
+    ) -> ClusterState {
+        let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
+        let mut s = cluster(c, ns.collect(), &["a"]);
+        for (i, (k, secs, prio)) in running.iter().enumerate() {
+            let (g, tasks) = SHAPES[*k];
+            let spec = JobSpec::new(t0(), "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+            submit(&mut s, i as u64 + 1, spec, 0);
+        }
+        s.step(Time::ZERO).unwrap();
+        for (i, (k, secs, prio)) in queued.iter().enumerate() {
+            let (g, tasks) = SHAPES[*k];
+            let spec = JobSpec::new(t0(), "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+            submit(&mut s, 1000 + i as u64, spec, 100);
+        }
+        s
+    }
+
     #[test]
     fn giving_up_on_a_victim_search_decides_the_same() {
         use proptest::prelude::*;
         let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las];
-        let strategy = (
-            proptest::collection::vec((0usize..6, 100u64..100_000, 0i32..3), 1..24),
-            proptest::collection::vec((0usize..6, 10u64..20_000, 0i32..3), 1..40),
-            proptest::collection::vec(any::<bool>(), 1..5),
-            0usize..policies.len(),
-            any::<bool>(),
-            1u32..30,
-        );
+        let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30);
         let mut runner = det_runner(256);
         let (gave_up, preempted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-        // (GPUs per task, tasks): the sixth runs on two nodes.
-        let shapes = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
         runner
-            .run(&strategy, |(running, queued, big, policy, backfill, budget)| {
+            .run(&strategy, |(jobs, policy, backfill, budget)| {
                 let mut c = preemptive(policies[policy], 60);
                 c.backfill = backfill;
                 c.preemption.max_per_interval = budget;
-                let ns =
-                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
-                let mut s = cluster(c, ns.collect(), &["a"]);
-                for (i, (k, secs, prio)) in running.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec = JobSpec::new(t0(), "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
-                    submit(&mut s, i as u64 + 1, spec, 0);
-                }
-                s.step(Time::ZERO).unwrap();
-                for (i, (k, secs, prio)) in queued.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec = JobSpec::new(t0(), "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
-                    submit(&mut s, 1000 + i as u64, spec, 100);
-                }
+                let mut s = random_cluster(c, &jobs);
                 let mut now = Time::from_secs(600);
                 for round in 0..3u64 {
                     let (fast, n) = pass_with(&s, now, true);
@@ -1193,39 +1209,17 @@ mod tests {
     fn an_idle_pass_stays_idle_until_its_bound() {
         use proptest::prelude::*;
         let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las, Policy::Fifo];
-        let strategy = (
-            proptest::collection::vec((0usize..6, 100u64..100_000, 0i32..3), 1..24),
-            proptest::collection::vec((0usize..6, 10u64..20_000, 0i32..3), 1..40),
-            proptest::collection::vec(any::<bool>(), 1..5),
-            0usize..policies.len(),
-            any::<bool>(),
-            1u32..30,
-            30u64..900,
-        );
+        let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 30u64..900);
         let mut runner = det_runner(1024);
         let (checked, reached) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-        let shapes = [(1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
         let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
         runner
-            .run(&strategy, |(running, queued, big, policy, backfill, budget, step)| {
+            .run(&strategy, |(jobs, policy, backfill, budget, step)| {
                 let mut c = preemptive(policies[policy], 60);
                 c.backfill = backfill;
                 c.preemption.max_per_interval = budget;
                 c.las_thresholds_gpu_s = vec![300, 3000];
-                let ns =
-                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
-                let mut s = cluster(c, ns.collect(), &["a"]);
-                for (i, (k, secs, prio)) in running.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec = JobSpec::new(t0(), "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
-                    submit(&mut s, i as u64 + 1, spec, 0);
-                }
-                s.step(Time::ZERO).unwrap();
-                for (i, (k, secs, prio)) in queued.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec = JobSpec::new(t0(), "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
-                    submit(&mut s, 1000 + i as u64, spec, 100 + i as u64);
-                }
+                let mut s = random_cluster(c, &jobs);
                 let mut now = Time::from_secs(600);
                 for round in 0..4u64 {
                     let (ds, stats) = crate::schedule::schedule_with_stats(&s, now);
