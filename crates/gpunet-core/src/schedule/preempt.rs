@@ -436,6 +436,9 @@ impl Pass<'_> {
             self.prechecked += 1;
             return None;
         }
+        // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
+        // order, and so what the search below finds, may change at any moment.
+        self.turns_at(self.now);
         // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
         let key = |i: &usize| {
             let c = &cands[*i];
@@ -446,10 +449,6 @@ impl Pass<'_> {
         // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
         // walk below gives up once it holds budget + 33 of them, so no more are worth ordering.
         let keep = if exact_mask { KEEP.min(budget as usize + 33) } else { KEEP };
-        // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
-        // order may change at any moment. What the search finds depends on it unless it gives every candidate and
-        // still finds no room, and then has no other way to try (below): `all_tried`.
-        let mut all_tried = ranked.len() <= keep;
         if ranked.len() > keep {
             ranked.select_nth_unstable_by_key(keep - 1, key);
             ranked.truncate(keep);
@@ -477,7 +476,6 @@ impl Pass<'_> {
             }
             chosen.push(i);
             if chosen.len() > budget as usize + 32 {
-                all_tried = false;
                 break; // pruning removes at most 32: the rate limit could not be met
             }
             let last = pos + 1 == ranked.len();
@@ -495,12 +493,8 @@ impl Pass<'_> {
             // A one-task job needs its GPUs on one node, and the cheapest victims anywhere may be spread over many:
             // the fewest victims on one node instead, if it has them.
             if tasks != 1 || spec.task.gpus < 2 || quota_blocked || pending_evictions {
-                if !all_tried {
-                    self.turns_at(self.now);
-                }
                 return None;
             }
-            self.turns_at(self.now);
             // The victims tried are taken back first: what one node has free is then the pass's again.
             self.free.rollback(&st.topo, walk);
             let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;
@@ -510,7 +504,6 @@ impl Pass<'_> {
             placed = Some(self.place_on(&self.free, spec, tasks, classes, None)?);
             chosen = picked;
         }
-        self.turns_at(self.now);
         // Drop victims that turn out not to be needed, most expensive first (at most 32 tries).
         let mut i = chosen.len();
         let floor = chosen.len().saturating_sub(32);
@@ -1276,32 +1269,5 @@ mod tests {
         assert_eq!(stats.idle_until, bound);
         assert!(schedule(&s, Time::from_secs(700)).is_empty());
         assert_eq!(preempts(&schedule(&s, bound)).len(), 1);
-    }
-
-    /// By hand, a search that gives every candidate and still finds no room holds until its candidates change:
-    /// preemptive SRTF (a victim's remaining time at least twice the waiting job's), two 8-GPU nodes; long jobs 1
-    /// and 2 (4 GPUs, 10,000 s) share one, short jobs 3 and 4 (4 GPUs, 150 s) the other. At t=10 a gang of three
-    /// 4-GPU tasks (100 s) waits: only the long jobs are candidates, and the 8 GPUs they free cannot hold 12. Their
-    /// order does not matter, so the pass holds until a short job, past its estimate at 150 s, is expected to run as
-    /// long again as it has: 200 s left at t=200, twice the gang's 100. Then three of the four make the 12 GPUs.
-    #[test]
-    fn a_search_that_tried_every_candidate_holds_until_the_candidates_change() {
-        let mut s = cluster(
-            preemptive(Policy::Srtf, 0),
-            vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)],
-            &["a"],
-        );
-        for (id, secs) in [(1, 10_000), (2, 10_000), (3, 150), (4, 150)] {
-            submit(&mut s, id, JobSpec::new(t0(), "run", 4, 1).estimate(Dur::from_secs(secs)), 0);
-            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![id]);
-        }
-        let on = |id: u64| s.job(JobId(id)).unwrap().run.as_ref().unwrap().placement.tasks[0].node;
-        assert_eq!((on(1) == on(2), on(3) == on(4)), (true, true));
-        submit(&mut s, 5, JobSpec::new(t0(), "gang", 4, 3).estimate(Dur::from_secs(100)), 5);
-        let (ds, stats) = crate::schedule::schedule_with_stats(&s, Time::from_secs(10));
-        assert!(ds.is_empty(), "{ds:?}");
-        assert_eq!(stats.idle_until, Time::from_secs(200));
-        assert!(schedule(&s, Time::from_secs(200) - Dur(1)).is_empty());
-        assert_eq!(preempts(&schedule(&s, Time::from_secs(200))).len(), 3);
     }
 }
