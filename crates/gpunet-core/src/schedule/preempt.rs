@@ -395,8 +395,10 @@ impl Pass<'_> {
                 let bound = my_key.saturating_mul(cfg.shorter_ratio as u64);
                 let longer = vk != u64::MAX && vk >= bound;
                 if st.cfg.policy != Policy::Sjf {
-                    // The victim's key moves with time (SJF's does not): when it first crosses the bound.
+                    // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
+                    // saturated (an SRGF key past u64::MAX) is not followed.
                     match r.learned {
+                        _ if vk == u64::MAX => self.turns_at(self.now),
                         Some(_) if gittins => self.turns_at(self.now),
                         _ => {
                             let g = if st.cfg.policy == Policy::Srgf { r.gpus.max(1) as u64 } else { 1 };
