@@ -881,7 +881,6 @@ impl ClusterState {
         Ok(())
     }
 
-    /// Takes a running job's resources and indexes it (the job is already in state Running).
     /// Takes a task's resources from the pool, and from the passes' copy of it ([`PassPool`]).
     fn take_task(&mut self, t: &crate::job::TaskPlacement) {
         self.free.take(&self.topo, t);
@@ -894,6 +893,7 @@ impl ClusterState {
         self.pass_pool.apply(|c| c.give(&self.topo, t));
     }
 
+    /// Takes a running job's resources and indexes it (the job is already in state Running).
     fn occupy(&mut self, id: JobId, run: RunInfo, now: Time) {
         let j = self.jobs.get(&id).expect("caller inserted the job");
         let tenant = j.spec.tenant;

@@ -272,9 +272,7 @@ impl<'a> Pass<'a> {
         let counted = g > 0 && spec.task.mig.is_none();
         // Each eligible class's position in `classes` (the order placement searches look at them); `u32::MAX`:
         // not eligible.
-        let mut class_pos = std::mem::take(&mut self.class_pos);
-        class_pos.clear();
-        class_pos.resize(topo.classes.len(), u32::MAX);
+        let mut class_pos = vec![u32::MAX; topo.classes.len()];
         for (i, &c) in classes.iter().enumerate() {
             class_pos[c as usize] = i as u32;
         }
@@ -289,8 +287,7 @@ impl<'a> Pass<'a> {
             // Nodes freed before the head starts to the back, the earliest freed last.
             let mut slot = std::mem::take(&mut self.node_slot);
             slot.resize(free.nodes.len(), u32::MAX);
-            let mut soon = std::mem::take(&mut self.soon);
-            soon.clear();
+            let mut soon: Vec<NodeId> = Vec::new();
             for (_, q) in &order[..hi] {
                 for t in q.iter() {
                     if slot[t.node.index()] == u32::MAX {
@@ -305,12 +302,10 @@ impl<'a> Pass<'a> {
                 slot[id.index()] = u32::MAX;
             }
             self.node_slot = slot;
-            self.soon = soon;
         }
         drop(order);
         self.free = free;
         self.started = started;
-        self.class_pos = class_pos;
         match result {
             None => Res {
                 head: job.id,

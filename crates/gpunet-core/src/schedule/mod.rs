@@ -42,7 +42,7 @@ pub use preempt::PreemptReason;
 
 use crate::alloc::Free;
 use crate::fxhash::{FxHashMap, FxHashSet};
-use crate::ids::{JobId, NodeId};
+use crate::ids::JobId;
 use crate::job::{JobState, Placement, TaskPlacement};
 use crate::quota::QuotaBook;
 use crate::state::ClusterState;
@@ -186,10 +186,6 @@ struct Pass<'a> {
     /// Per node, an index into a list the reservation keeps of nodes its releases touched (`u32::MAX`: none);
     /// all `u32::MAX` between uses (`backfill::reservation`).
     node_slot: Vec<u32>,
-    /// The reservation's scratch: each node class's position among the head's eligible classes, and the nodes
-    /// freed before the head starts (kept to spare an allocation per reservation).
-    class_pos: Vec<u32>,
-    soon: Vec<NodeId>,
     /// Queue entries the walk took.
     walked: usize,
     decisions: Vec<Decision>,
@@ -247,8 +243,6 @@ impl<'a> Pass<'a> {
             prechecked: 0,
             victim_scans: 0,
             node_slot: Vec::new(),
-            class_pos: Vec::new(),
-            soon: Vec::new(),
             one_node_res: true,
             narrow_res: true,
             walked: 0,
