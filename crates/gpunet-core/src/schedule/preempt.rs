@@ -315,8 +315,8 @@ impl Pass<'_> {
                     || (no_quota[i] && self.book.usage[i][crate::tenant::DIM_GPUS] > 0)
             })
             .collect();
-        let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::new();
-        let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::new();
+        let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::with_capacity(64);
+        let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::with_capacity(64);
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if demote_possible || prio_possible || shorter {
             &st.run_rows[..]
@@ -334,36 +334,47 @@ impl Pass<'_> {
         } else {
             return None;
         };
-        // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running jobs
-        // (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a scan of every
-        // running job. Candidates are ranked by a key unique to each below, so the order they are met in is not used.
-        let own = quota_blocked.then(|| {
-            let any_priority = demote_possible || shorter;
-            st.tenant_runs
-                .range((t, i32::MIN, Time(0), JobId(0))..)
-                .take_while(move |(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
-                .map(|(_, _, _, id)| {
-                    let (part, i) = st.run_row_of[id];
-                    &st.run_rows[part][i]
-                })
-        });
-        let all = (!quota_blocked).then(|| parts.iter().flatten());
+        // What a running job of each tenant may be evicted for, worked out once per tenant instead of once per row:
+        // lent (it is the waiting job's tenant's, or neither has a quota; a borrowed row is lent whatever its
+        // tenant), or reclaimable (its tenant is over its guarantee and the waiting job within its own: from
+        // borrowed rows, or from any row of a tenant without a quota).
+        const LENT: u8 = 1;
+        const RECLAIM_BORROWED: u8 = 2;
+        const RECLAIM_ANY: u8 = 4;
+        let tenant_flags: Vec<u8> = (0..st.tenants.len())
+            .map(|i| {
+                let mut f = 0;
+                if i == t.index() || (no_quota[i] && no_quota[t.index()]) {
+                    f |= LENT;
+                }
+                if !quota_blocked && within_guarantee && i != t.index() && over[i] {
+                    f |= RECLAIM_BORROWED | if no_quota[i] { RECLAIM_ANY } else { 0 };
+                }
+                f
+            })
+            .collect();
+        // The shorter-first bound, and the same divided by a victim's GPUs (rounded up) for the usual GPU counts:
+        // when a victim's key crosses it (`shorter_turns_at`) is worked out per row without a division.
+        let bound = my_key.saturating_mul(cfg.shorter_ratio as u64);
+        let per_gpus: [u64; 9] = std::array::from_fn(|g| bound.div_ceil(g.max(1) as u64));
+        let policy = st.cfg.policy;
+        let now = self.now;
         self.victim_scans += 1;
-        for r in own.into_iter().flatten().chain(all.into_iter().flatten()) {
+        // One row: its reason if it is a candidate now (old enough, not already a victim of this pass); otherwise
+        // none, with the time at which time alone may make it one (`turns_at`).
+        let classify = |r: &crate::state::RunRow| -> Option<PreemptReason> {
             if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
-                continue;
+                return None;
             }
-            // Too young to evict: left out below, once its reason (and when that may turn) is known.
-            let young = self.now.since(r.started) < cfg.min_run_time;
-            let lendable = r.tenant == t || r.borrowed || (no_quota[r.tenant.index()] && no_quota[t.index()]);
-            let reclaimable = r.borrowed || no_quota[r.tenant.index()];
-            let reason = if !quota_blocked && within_guarantee && r.tenant != t && reclaimable && over[r.tenant.index()]
-            {
+            let flags = tenant_flags[r.tenant.index()];
+            let lendable = r.borrowed || flags & LENT != 0;
+            let reclaimable = flags & if r.borrowed { RECLAIM_BORROWED } else { RECLAIM_ANY } != 0;
+            let reason = if reclaimable {
                 PreemptReason::QuotaReclaim { owner: t }
             } else if r.priority < spec.priority && lendable {
                 PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
             } else if las && lendable {
-                let attained = r.attained_before + self.now.since(r.started).0 * r.gpus as u64;
+                let attained = r.attained_before + now.since(r.started).0 * r.gpus as u64;
                 let vq = st.cfg.las_queue(attained);
                 if vq <= my_queue {
                     // Attained service only grows: the victim passes the waiting job's queue once it reaches the
@@ -372,7 +383,7 @@ impl Pass<'_> {
                         let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
                         self.turns_at(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
                     }
-                    continue;
+                    return None;
                 }
                 PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
             } else if shorter && lendable {
@@ -381,45 +392,71 @@ impl Pass<'_> {
                 // expected to run about as long again as this attempt has.
                 let left = || match r.learned {
                     Some(dist) if gittins => {
-                        let at = r.progress.saturating_add(self.now.since(r.started).0);
+                        let at = r.progress.saturating_add(now.since(r.started).0);
                         crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
                     }
-                    _ => crate::ClusterState::expected_end(r.est_end, r.started, self.now).since(self.now).0,
+                    _ => crate::ClusterState::expected_end(r.est_end, r.started, now).since(now).0,
                 };
-                let vk = match st.cfg.policy {
-                    Policy::Srtf if r.est_end != crate::units::Time::MAX => left(),
-                    Policy::Srgf if r.est_end != crate::units::Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
+                let vk = match policy {
+                    Policy::Srtf if r.est_end != Time::MAX => left(),
+                    Policy::Srgf if r.est_end != Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
                     Policy::Sjf => r.sjf_key,
-                    _ => continue,
+                    _ => return None,
                 };
-                let bound = my_key.saturating_mul(cfg.shorter_ratio as u64);
                 let longer = vk != u64::MAX && vk >= bound;
-                if st.cfg.policy != Policy::Sjf {
+                if policy != Policy::Sjf {
                     // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
                     // saturated (an SRGF key past u64::MAX) is not followed.
                     if vk == u64::MAX || (gittins && r.learned.is_some()) {
-                        self.turns_at(self.now);
+                        self.turns_at(now);
                     } else {
-                        let g = if st.cfg.policy == Policy::Srgf { r.gpus.max(1) as u64 } else { 1 };
-                        self.turns_at(shorter_turns_at(r.est_end, r.started, self.now, g, bound, longer));
+                        let g = if policy == Policy::Srgf { r.gpus.max(1) as usize } else { 1 };
+                        let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+                        self.turns_at(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
                     }
                 }
                 if !longer {
-                    continue;
+                    return None;
                 }
                 PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
             } else {
-                continue;
+                return None;
             };
-            if young {
-                self.turns_at(r.started + cfg.min_run_time); // a candidate once old enough
-                continue;
+            if now.since(r.started) < cfg.min_run_time {
+                self.turns_at(r.started + cfg.min_run_time); // too young: a candidate once old enough
+                return None;
             }
-            if self.preempted.contains(&r.id) {
-                continue;
+            if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
+                return None;
             }
-            cands.push((r.lost_work(self.now), r.gpus, r.id, reason));
-            cand_nodes.push(r.node);
+            Some(reason)
+        };
+        let mut push = |r: &crate::state::RunRow| {
+            if let Some(reason) = classify(r) {
+                cands.push((r.lost_work(now), r.gpus, r.id, reason));
+                cand_nodes.push(r.node);
+            }
+        };
+        if quota_blocked {
+            // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
+            // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
+            // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are
+            // met in is not used.
+            let any_priority = demote_possible || shorter;
+            for (_, _, _, id) in st
+                .tenant_runs
+                .range((t, i32::MIN, Time(0), JobId(0))..)
+                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
+            {
+                let (part, i) = st.run_row_of[id];
+                push(&st.run_rows[part][i]);
+            }
+        } else {
+            for part in parts {
+                for r in part {
+                    push(r);
+                }
+            }
         }
         if cands.is_empty() {
             return None; // whatever the budget
@@ -551,17 +588,19 @@ impl Pass<'_> {
 }
 
 /// When a running job's key under preemptive SRTF (`g` = 1) or SRGF (`g` = its GPUs) first moves across `bound` as
-/// time passes from `now`, where `longer` says whether it is at or above it now: the key is the remaining estimated
-/// time (times `g`), `est_end − t` before the estimated end and as long again as it has run (`t − started`, at least
-/// 1 ms) from then on ([`crate::ClusterState::expected_end`]). Falling before the end, it crosses below the bound
-/// once `(est_end − t)·g < bound`; it jumps at the end; rising after it, it reaches the bound at
-/// `started + ⌈bound / g⌉`. `Time::MAX`: never. The time returned may be earlier than the crossing, never later.
-pub(super) fn shorter_turns_at(est_end: Time, started: Time, now: Time, g: u64, bound: u64, longer: bool) -> Time {
-    let rising_at = || Time(started.0.saturating_add(bound.div_ceil(g.max(1)).max(1)));
+/// time passes from `now`, where `longer` says whether it is at or above it now and `per_g` is `⌈bound / g⌉`: the
+/// key is the remaining estimated time (times `g`), `est_end − t` before the estimated end and as long again as it has
+/// run (`t − started`, at least 1 ms) from then on ([`crate::ClusterState::expected_end`]). Falling before the end,
+/// it crosses below the bound once `(est_end − t)·g < bound`; it jumps at the end; rising after it, it reaches the
+/// bound at `started + ⌈bound / g⌉`. `Time::MAX`: never. The time returned may be earlier than the crossing, never
+/// later.
+#[inline]
+pub(super) fn shorter_turns_at(est_end: Time, started: Time, now: Time, per_g: u64, longer: bool) -> Time {
+    let rising_at = || Time(started.0.saturating_add(per_g.max(1)));
     if est_end > now {
         if longer {
             // (est_end − t)·g ≥ bound holds up to t = est_end − ⌈bound / g⌉; then, or at the end, it may turn.
-            let last = est_end.0.saturating_sub(bound.div_ceil(g.max(1)));
+            let last = est_end.0.saturating_sub(per_g);
             Time(last.saturating_add(1)).min(est_end)
         } else {
             // Below the bound while it falls; at the end it jumps, then rises.
