@@ -360,102 +360,97 @@ impl Pass<'_> {
         let policy = st.cfg.policy;
         let now = self.now;
         self.victim_scans += 1;
-        // One row: its reason if it is a candidate now (old enough, not already a victim of this pass); otherwise
-        // none, with the time at which time alone may make it one (`turns_at`).
-        let classify = |r: &crate::state::RunRow| -> Option<PreemptReason> {
-            if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
-                return None;
-            }
-            let flags = tenant_flags[r.tenant.index()];
-            let lendable = r.borrowed || flags & LENT != 0;
-            let reclaimable = flags & if r.borrowed { RECLAIM_BORROWED } else { RECLAIM_ANY } != 0;
-            let reason = if reclaimable {
-                PreemptReason::QuotaReclaim { owner: t }
-            } else if r.priority < spec.priority && lendable {
-                PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
-            } else if las && lendable {
-                let attained = r.attained_before + now.since(r.started).0 * r.gpus as u64;
-                let vq = st.cfg.las_queue(attained);
-                if vq <= my_queue {
-                    // Attained service only grows: the victim passes the waiting job's queue once it reaches the
-                    // threshold that ends that queue.
-                    if let (Some(&thr_s), true) = (st.cfg.las_thresholds_gpu_s.get(my_queue), r.gpus > 0) {
-                        let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
-                        self.turns_at(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
-                    }
-                    return None;
-                }
-                PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
-            } else if shorter && lendable {
-                // A victim without an estimate is not known to be longer: it is left alone. One with a learned
-                // estimate ranks by its Gittins rank at its attained time; past a given estimate's end a victim is
-                // expected to run about as long again as this attempt has.
-                let left = || match r.learned {
-                    Some(dist) if gittins => {
-                        let at = r.progress.saturating_add(now.since(r.started).0);
-                        crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
-                    }
-                    _ => crate::ClusterState::expected_end(r.est_end, r.started, now).since(now).0,
-                };
-                let vk = match policy {
-                    Policy::Srtf if r.est_end != Time::MAX => left(),
-                    Policy::Srgf if r.est_end != Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
-                    Policy::Sjf => r.sjf_key,
-                    _ => return None,
-                };
-                let longer = vk != u64::MAX && vk >= bound;
-                if policy != Policy::Sjf {
-                    // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
-                    // saturated (an SRGF key past u64::MAX) is not followed.
-                    if vk == u64::MAX || (gittins && r.learned.is_some()) {
-                        self.turns_at(now);
-                    } else {
-                        let g = if policy == Policy::Srgf { r.gpus.max(1) as usize } else { 1 };
-                        let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
-                        self.turns_at(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
-                    }
-                }
-                if !longer {
-                    return None;
-                }
-                PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
-            } else {
-                return None;
-            };
-            if now.since(r.started) < cfg.min_run_time {
-                self.turns_at(r.started + cfg.min_run_time); // too young: a candidate once old enough
-                return None;
-            }
-            if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
-                return None;
-            }
-            Some(reason)
-        };
-        let mut push = |r: &crate::state::RunRow| {
-            if let Some(reason) = classify(r) {
-                cands.push((r.lost_work(now), r.gpus, r.id, reason));
-                cand_nodes.push(r.node);
-            }
-        };
-        if quota_blocked {
-            // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
-            // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
-            // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are
-            // met in is not used.
+        // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running jobs
+        // (by priority: below the job's, unless LAS or shorter-first may evict any of them), copied out, instead of a
+        // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are met
+        // in is not used.
+        let own: Vec<crate::state::RunRow> = if quota_blocked {
             let any_priority = demote_possible || shorter;
-            for (_, _, _, id) in st
-                .tenant_runs
+            st.tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
                 .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
-            {
-                let (part, i) = st.run_row_of[id];
-                push(&st.run_rows[part][i]);
-            }
+                .map(|(_, _, _, id)| {
+                    let (part, i) = st.run_row_of[id];
+                    st.run_rows[part][i]
+                })
+                .collect()
         } else {
-            for part in parts {
-                for r in part {
-                    push(r);
+            Vec::new()
+        };
+        let lists: [&[crate::state::RunRow]; 2] =
+            if quota_blocked { [&own, &[]] } else { [&parts[0], parts.get(1).map_or(&[], |p| &p[..])] };
+        // Each row: a candidate if it may be evicted now (old enough, not already a victim of this pass); otherwise
+        // the time at which time alone may make it one (`turns_at`).
+        for list in lists {
+            for r in list {
+                if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
+                    continue;
                 }
+                let flags = tenant_flags[r.tenant.index()];
+                let lendable = r.borrowed || flags & LENT != 0;
+                let reclaimable = flags & if r.borrowed { RECLAIM_BORROWED } else { RECLAIM_ANY } != 0;
+                let reason = if reclaimable {
+                    PreemptReason::QuotaReclaim { owner: t }
+                } else if r.priority < spec.priority && lendable {
+                    PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
+                } else if las && lendable {
+                    let attained = r.attained_before + now.since(r.started).0 * r.gpus as u64;
+                    let vq = st.cfg.las_queue(attained);
+                    if vq <= my_queue {
+                        // Attained service only grows: the victim passes the waiting job's queue once it reaches the
+                        // threshold that ends that queue.
+                        if let (Some(&thr_s), true) = (st.cfg.las_thresholds_gpu_s.get(my_queue), r.gpus > 0) {
+                            let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
+                            self.turns_at(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
+                        }
+                        continue;
+                    }
+                    PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
+                } else if shorter && lendable {
+                    // A victim without an estimate is not known to be longer: it is left alone. One with a learned
+                    // estimate ranks by its Gittins rank at its attained time; past a given estimate's end a victim is
+                    // expected to run about as long again as this attempt has.
+                    let left = || match r.learned {
+                        Some(dist) if gittins => {
+                            let at = r.progress.saturating_add(now.since(r.started).0);
+                            crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
+                        }
+                        _ => crate::ClusterState::expected_end(r.est_end, r.started, now).since(now).0,
+                    };
+                    let vk = match policy {
+                        Policy::Srtf if r.est_end != Time::MAX => left(),
+                        Policy::Srgf if r.est_end != Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
+                        Policy::Sjf => r.sjf_key,
+                        _ => continue,
+                    };
+                    let longer = vk != u64::MAX && vk >= bound;
+                    if policy != Policy::Sjf {
+                        // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
+                        // saturated (an SRGF key past u64::MAX) is not followed.
+                        if vk == u64::MAX || (gittins && r.learned.is_some()) {
+                            self.turns_at(now);
+                        } else {
+                            let g = if policy == Policy::Srgf { r.gpus.max(1) as usize } else { 1 };
+                            let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+                            self.turns_at(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
+                        }
+                    }
+                    if !longer {
+                        continue;
+                    }
+                    PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
+                } else {
+                    continue;
+                };
+                if now.since(r.started) < cfg.min_run_time {
+                    self.turns_at(r.started + cfg.min_run_time); // too young: a candidate once old enough
+                    continue;
+                }
+                if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
+                    continue;
+                }
+                cands.push((r.lost_work(now), r.gpus, r.id, reason));
+                cand_nodes.push(r.node);
             }
         }
         if cands.is_empty() {
