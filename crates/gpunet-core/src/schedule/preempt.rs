@@ -360,29 +360,12 @@ impl Pass<'_> {
         let policy = st.cfg.policy;
         let now = self.now;
         self.victim_scans += 1;
-        // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running jobs
-        // (by priority: below the job's, unless LAS or shorter-first may evict any of them), copied out, instead of a
-        // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are met
-        // in is not used.
-        let own: Vec<crate::state::RunRow> = if quota_blocked {
-            let any_priority = demote_possible || shorter;
-            st.tenant_runs
-                .range((t, i32::MIN, Time(0), JobId(0))..)
-                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
-                .map(|(_, _, _, id)| {
-                    let (part, i) = st.run_row_of[id];
-                    st.run_rows[part][i]
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let lists: [&[crate::state::RunRow]; 2] =
-            if quota_blocked { [&own, &[]] } else { [&parts[0], parts.get(1).map_or(&[], |p| &p[..])] };
         // Each row: a candidate if it may be evicted now (old enough, not already a victim of this pass); otherwise
-        // the time at which time alone may make it one (`turns_at`).
-        for list in lists {
-            for r in list {
+        // the time at which time alone may make it one (`turns_at`). A macro, not a closure, so that both loops below
+        // have it inline.
+        macro_rules! visit {
+            ($r:expr) => {{
+                let r: &crate::state::RunRow = $r;
                 if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
                     continue;
                 }
@@ -451,6 +434,27 @@ impl Pass<'_> {
                 }
                 cands.push((r.lost_work(now), r.gpus, r.id, reason));
                 cand_nodes.push(r.node);
+            }};
+        }
+        if quota_blocked {
+            // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
+            // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
+            // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are
+            // met in is not used.
+            let any_priority = demote_possible || shorter;
+            for (_, _, _, id) in st
+                .tenant_runs
+                .range((t, i32::MIN, Time(0), JobId(0))..)
+                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
+            {
+                let (part, i) = st.run_row_of[id];
+                visit!(&st.run_rows[part][i]);
+            }
+        } else {
+            for part in parts {
+                for r in part {
+                    visit!(r);
+                }
             }
         }
         if cands.is_empty() {
