@@ -548,10 +548,18 @@ impl ClusterState {
     }
 
     pub(crate) fn decayed_usage(&self, t: TenantId, now: Time) -> f64 {
+        self.decayed_usage_by(t, self.decay_over(now.since(self.tenants[t.index()].usage_as_of).0))
+    }
+
+    /// The factor fair share's usage decays by over `dt_ms`: `2^(−dt/h)` for the half-life `h`.
+    fn decay_over(&self, dt_ms: u64) -> f64 {
+        (-(dt_ms as f64) / self.cfg.fairshare_half_life.0 as f64).exp2()
+    }
+
+    /// A tenant's decayed usage once its record has decayed by `decay` (`decay_over` the time since it was made).
+    fn decayed_usage_by(&self, t: TenantId, decay: f64) -> f64 {
         let e = &self.tenants[t.index()];
         let h = self.cfg.fairshare_half_life.0 as f64;
-        let dt = now.since(e.usage_as_of).0 as f64;
-        let decay = (-dt / h).exp2();
         let a = self.book.usage[t.index()][DIM_GPUS] as f64;
         // Integral of a constant allocation `a` over dt with decay: a·h/ln2·(1 − 2^(−dt/h)).
         e.decayed_gpu_ms * decay + a * h / std::f64::consts::LN_2 * (1.0 - decay)
@@ -568,8 +576,19 @@ impl ClusterState {
 
     /// Brings the decayed usage of every tenant up to `now` (call periodically; fair share reads it).
     pub fn accrue_usage(&mut self, now: Time) {
+        // Tenants brought up to the same time decay by the same factor: it is worked out once for them.
+        let mut last: Option<(u64, f64)> = None;
         for i in 0..self.tenants.len() {
-            let u = self.decayed_usage(TenantId(i as u32), now);
+            let dt = now.since(self.tenants[i].usage_as_of).0;
+            let decay = match last {
+                Some((d, f)) if d == dt => f,
+                _ => {
+                    let f = self.decay_over(dt);
+                    last = Some((dt, f));
+                    f
+                }
+            };
+            let u = self.decayed_usage_by(TenantId(i as u32), decay);
             let e = &mut self.tenants[i];
             if now > e.usage_as_of {
                 e.decayed_gpu_ms = u;
