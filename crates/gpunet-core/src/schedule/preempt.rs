@@ -317,6 +317,7 @@ impl Pass<'_> {
             .collect();
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::with_capacity(64);
         let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::with_capacity(64);
+        let mut cand_rows: Vec<&crate::state::RunRow> = Vec::with_capacity(64);
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if demote_possible || prio_possible || shorter {
             &st.run_rows[..]
@@ -432,8 +433,9 @@ impl Pass<'_> {
                 if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
                     continue;
                 }
-                cands.push((r.lost_work(now), r.gpus, r.id, reason));
+                cands.push((0, r.gpus, r.id, reason)); // the work it would lose: below, once it counts
                 cand_nodes.push(r.node);
+                cand_rows.push(r);
             }};
         }
         if quota_blocked {
@@ -471,6 +473,9 @@ impl Pass<'_> {
         {
             self.prechecked += 1;
             return None;
+        }
+        for (c, r) in cands.iter_mut().zip(&cand_rows) {
+            c.0 = r.lost_work(now);
         }
         // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
         // order, and so what the search below finds, may change at any moment.
