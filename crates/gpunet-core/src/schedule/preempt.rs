@@ -337,8 +337,8 @@ impl Pass<'_> {
         };
         // What a running job of each tenant may be evicted for, worked out once per tenant instead of once per row:
         // lent (it is the waiting job's tenant's, or neither has a quota; a borrowed row is lent whatever its
-        // tenant), or reclaimable (its tenant is over its guarantee and the waiting job within its own: from
-        // borrowed rows, or from any row of a tenant without a quota).
+        // tenant), or reclaimable (another tenant's, over its guarantee, while the waiting job is within its own
+        // and not held by its own quota: from borrowed rows, or from any row of a tenant without a quota).
         const LENT: u8 = 1;
         const RECLAIM_BORROWED: u8 = 2;
         const RECLAIM_ANY: u8 = 4;
@@ -591,9 +591,9 @@ impl Pass<'_> {
     }
 }
 
-/// When a running job's key under preemptive SRTF (`g` = 1) or SRGF (`g` = its GPUs) first moves across `bound` as
-/// time passes from `now`, where `longer` says whether it is at or above it now and `per_g` is `⌈bound / g⌉`: the
-/// key is the remaining estimated time (times `g`), `est_end − t` before the estimated end and as long again as it has
+/// When a running job's key under preemptive SRTF (`g` = 1) or SRGF (`g` = its GPUs) first moves across the caller's
+/// shorter-first `bound` as time passes from `now`, where `longer` says whether it is at or above it now and `per_g`
+/// is `⌈bound / g⌉` (the caller divides, once per GPU count): the key is the remaining estimated time (times `g`), `est_end − t` before the estimated end and as long again as it has
 /// run (`t − started`, at least 1 ms) from then on ([`crate::ClusterState::expected_end`]). Falling before the end,
 /// it crosses below the bound once `(est_end − t)·g < bound`; it jumps at the end; rising after it, it reaches the
 /// bound at `started + ⌈bound / g⌉`. `Time::MAX`: never. The time returned may be earlier than the crossing, never
