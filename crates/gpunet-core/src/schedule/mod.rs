@@ -192,6 +192,9 @@ struct Pass<'a> {
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
     preempted: FxHashSet<JobId>,
+    /// The jobs being evicted (`ClusterState::evicting`, in its order), looked up once per pass on the first
+    /// victim search that needs them.
+    evicting_jobs: Option<Vec<&'a crate::job::Job>>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,
     stats: PassStats,
@@ -250,6 +253,7 @@ impl<'a> Pass<'a> {
             decisions: Vec::new(),
             started: Vec::new(),
             preempted: FxHashSet::default(),
+            evicting_jobs: None,
             quota_searches: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),

@@ -274,8 +274,8 @@ impl Pass<'_> {
         // book are copied only when an eviction under way is there to count.)
         let mut fut_book: Option<QuotaBook> = None;
         let mut pending_evictions = false;
-        for id in &st.evicting {
-            let j = &st.jobs[id];
+        let evicting = self.evicting_jobs.get_or_insert_with(|| st.evicting.iter().map(|id| &*st.jobs[id]).collect());
+        for &j in evicting.iter() {
             if on_eligible(j) || (quota_blocked && j.spec.tenant == t) {
                 let run = j.run.as_ref().expect("evicting job runs");
                 for tp in &run.placement.tasks {
