@@ -33,6 +33,17 @@ fn stat3(pid: i32) -> Option<(i32, i32, char)> {
     Some((f[1].parse().ok()?, f[2].parse().ok()?, f[0].chars().next()?))
 }
 
+/// Whether some process has `pid` as its parent.
+fn has_child(pid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(stat3)
+            .is_some_and(|(parent, _, _)| parent == pid)
+    })
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
@@ -121,6 +132,9 @@ fn a_wrapper_outlives_its_spawner_which_is_started_again() {
     assert!(
         String::from_utf8_lossy(&std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap()).contains("task-spawner")
     );
+    // The spawner tells the agent a pid before it tells the child to go: killed in between, the child ends without
+    // running anything (by design). The wrapper is past that once it has started its task.
+    wait_until("the wrapper has started its task", || has_child(pid));
     let _ = std::process::Command::new("kill").args(["-9", &spawner.to_string()]).status();
     // Its end will never be told: the agent watches it as an adopted task.
     assert_eq!(exit.blocking_recv().unwrap(), Exit::Lost);
