@@ -195,6 +195,9 @@ struct Pass<'a> {
     /// The jobs being evicted (`ClusterState::evicting`, in its order), looked up once per pass on the first
     /// victim search that needs them.
     evicting_jobs: Option<Vec<&'a crate::job::Job>>,
+    /// Room that evictions will free and that a job of this pass already waits for: taken again after evictions
+    /// under way are given back in a later victim search of the pass, so that two jobs do not wait for the same room.
+    promised: Vec<TaskPlacement>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,
     stats: PassStats,
@@ -254,6 +257,7 @@ impl<'a> Pass<'a> {
             started: Vec::new(),
             preempted: FxHashSet::default(),
             evicting_jobs: None,
+            promised: Vec::new(),
             quota_searches: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),

@@ -1,7 +1,7 @@
 //! Victim search: which running jobs to evict so that a job can start (quota reclaim from borrowers, priority, LAS
 //! demotion, a much shorter job under preemptive SJF/SRTF; fewest lost GPU-time, then fewest jobs, within the preemption rate limit), evictions already under way
-//! counted first; and the jobs that evictions were made for, which go first in the next passes so that the
-//! victims do not take their room back.
+//! counted first, each freed GPU for one waiting job only (`Pass::promised`); and the jobs that evictions were made
+//! for, which go first in the next passes so that the victims do not take their room back.
 
 use super::{Decision, Pass, Res};
 use crate::config::Policy;
@@ -207,6 +207,22 @@ impl Pass<'_> {
         self.free.rollback(&self.st.topo, mark);
         let (victims, placement, later) = found?;
         let hold = self.hold_from(&placement, &later);
+        // What of the placement is not free now comes from evictions: promised to this job for the rest of the pass.
+        for tp in &placement.tasks {
+            let f = &self.free.nodes[tp.node.index()];
+            let gpus = tp.gpu_mask & !f.mask;
+            let cpu = tp.cpu - f.cpu;
+            let mem = tp.mem - f.mem;
+            if gpus != 0 || cpu.0 > 0 || mem.0 > 0 {
+                self.promised.push(crate::job::TaskPlacement {
+                    node: tp.node,
+                    gpu_mask: gpus,
+                    mig_slot: None,
+                    cpu,
+                    mem,
+                });
+            }
+        }
         Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
     }
 
@@ -290,6 +306,21 @@ impl Pass<'_> {
                     );
                 }
                 pending_evictions = true;
+            }
+        }
+        // Room already promised to a job of this pass that waits for evictions is not free for this one.
+        if pending_evictions {
+            for k in 0..self.promised.len() {
+                let p = &self.promised[k];
+                let f = &self.free.nodes[p.node.index()];
+                let tp = crate::job::TaskPlacement {
+                    node: p.node,
+                    gpu_mask: p.gpu_mask & f.mask,
+                    mig_slot: None,
+                    cpu: p.cpu.min(f.cpu),
+                    mem: p.mem.min(f.mem),
+                };
+                self.free.take(&st.topo, &tp);
             }
         }
         // Held by its own quota: the evictions must free that quota too.
@@ -1136,6 +1167,48 @@ mod tests {
     fn pass_with(s: &ClusterState, now: Time, precheck: bool) -> (Vec<Decision>, usize) {
         let mut p = run_pass(s, now, |p| p.room_precheck = precheck);
         (std::mem::take(&mut p.decisions), p.prechecked)
+    }
+
+    /// Evictions under way are counted once: the room they free goes to the job they were made for, then what is
+    /// left to the others. Preemptive SRTF, two 8-GPU nodes, each running a long 8-GPU job (1,000 s) from 0. At 10 s
+    /// a short 8-GPU job (10 s) evicts one of them; the eviction is still under way when another short 8-GPU job
+    /// waits at 12 s. Its room cannot be the room being freed (all 8 GPUs go to the first short job): it evicts the
+    /// other long job. With 4-GPU short jobs instead, the second fits in what the first leaves of the freed node: it
+    /// waits for that, and nothing more is evicted.
+    #[test]
+    fn two_jobs_do_not_wait_for_the_same_room_being_freed() {
+        use crate::lifecycle::StopCause;
+        let run = |short_gpus: u32| {
+            let mut c = preemptive(Policy::Srtf, 0);
+            c.preemption.max_per_interval = 100;
+            let mut s =
+                cluster(c, vec![node("n0", GpuModel::A100_80GB, 8), node("n1", GpuModel::A100_80GB, 8)], &["a"]);
+            submit(&mut s, 1, JobSpec::new(t0(), "long", 8, 1).estimate(Dur::from_secs(1000)), 0);
+            submit(&mut s, 2, JobSpec::new(t0(), "long", 8, 1).estimate(Dur::from_secs(1000)), 0);
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
+            submit(&mut s, 3, JobSpec::new(t0(), "short", short_gpus, 1).estimate(Dur::from_secs(10)), 10);
+            let ds = schedule(&s, Time::from_secs(10));
+            let first = preempts(&ds);
+            assert_eq!(first.len(), 1, "{ds:?}");
+            // The eviction begins; its job has not stopped yet.
+            let victim = JobId(first[0].0);
+            s.request_stop(victim, StopCause::Preempted { for_job: Some(JobId(3)) }, Time::from_secs(10)).unwrap();
+            s.note_preemption_for(JobId(3));
+            submit(&mut s, 4, JobSpec::new(t0(), "short", short_gpus, 1).estimate(Dur::from_secs(10)), 11);
+            let ds = schedule(&s, Time::from_secs(12));
+            s.check_invariants().unwrap();
+            (victim, ds)
+        };
+        let (victim, ds) = run(8);
+        let other = if victim == JobId(1) { 2 } else { 1 };
+        assert_eq!(
+            preempts(&ds),
+            vec![(other, PreemptReason::ShorterJob { victim_s: 988, waiting_s: 10 })],
+            "the second short job evicts the other long job: {ds:?}"
+        );
+        assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { for_job: JobId(4), .. })), "{ds:?}");
+        let (_, ds) = run(4);
+        assert!(preempts(&ds).is_empty(), "the second 4-GPU job waits for the rest of the freed node: {ds:?}");
     }
 
     /// By hand: two 4-GPU nodes, each running a long 2-GPU job (a candidate: 10,000 s left) and a short one (100 s
