@@ -392,6 +392,13 @@ impl Pass<'_> {
         let policy = st.cfg.policy;
         let now = self.now;
         self.victim_scans += 1;
+        // Every tenant's rows lent and none reclaimable (no quotas, as in most replays): no lookup per row. No running
+        // job of lower priority: no comparison per row.
+        let all_lent = tenant_flags.iter().all(|f| *f == LENT);
+        let lower_priority_runs = st.prio_counts.range(..spec.priority).next().is_some();
+        // The earliest time at which time alone makes a row a candidate (or changes its reason), over the rows: one
+        // `turns_at` for the scan.
+        let mut turn = Time::MAX;
         // Each row: a candidate if it may be evicted now (old enough, not already a victim of this pass); otherwise
         // the time at which time alone may make it one (`turns_at`). A macro, not a closure, so that both loops below
         // have it inline.
@@ -401,12 +408,18 @@ impl Pass<'_> {
                 if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
                     continue;
                 }
-                let flags = tenant_flags[r.tenant.index()];
-                let lendable = r.borrowed || flags & LENT != 0;
-                let reclaimable = flags & if r.borrowed { RECLAIM_BORROWED } else { RECLAIM_ANY } != 0;
+                let (lendable, reclaimable) = if all_lent {
+                    (true, false)
+                } else {
+                    let flags = tenant_flags[r.tenant.index()];
+                    (
+                        r.borrowed || flags & LENT != 0,
+                        flags & if r.borrowed { RECLAIM_BORROWED } else { RECLAIM_ANY } != 0,
+                    )
+                };
                 let reason = if reclaimable {
                     PreemptReason::QuotaReclaim { owner: t }
-                } else if r.priority < spec.priority && lendable {
+                } else if lower_priority_runs && r.priority < spec.priority && lendable {
                     PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
                 } else if las && lendable {
                     let attained = r.attained_before + now.since(r.started).0 * r.gpus as u64;
@@ -416,7 +429,7 @@ impl Pass<'_> {
                         // threshold that ends that queue.
                         if let (Some(&thr_s), true) = (st.cfg.las_thresholds_gpu_s.get(my_queue), r.gpus > 0) {
                             let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
-                            self.turns_at(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
+                            turn = turn.min(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
                         }
                         continue;
                     }
@@ -443,11 +456,11 @@ impl Pass<'_> {
                         // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
                         // saturated (an SRGF key past u64::MAX) is not followed.
                         if vk == u64::MAX || (gittins && r.learned.is_some()) {
-                            self.turns_at(now);
+                            turn = now;
                         } else {
                             let g = if policy == Policy::Srgf { r.gpus.max(1) as usize } else { 1 };
                             let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
-                            self.turns_at(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
+                            turn = turn.min(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
                         }
                     }
                     if !longer {
@@ -458,7 +471,7 @@ impl Pass<'_> {
                     continue;
                 };
                 if now.since(r.started) < cfg.min_run_time {
-                    self.turns_at(r.started + cfg.min_run_time); // too young: a candidate once old enough
+                    turn = turn.min(r.started + cfg.min_run_time); // too young: a candidate once old enough
                     continue;
                 }
                 if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
@@ -490,6 +503,7 @@ impl Pass<'_> {
                 }
             }
         }
+        self.turns_at(turn);
         if cands.is_empty() {
             return None; // whatever the budget
         }
