@@ -195,8 +195,9 @@ struct Pass<'a> {
     /// The jobs being evicted (`ClusterState::evicting`, in its order), looked up once per pass on the first
     /// victim search that needs them.
     evicting_jobs: Option<Vec<&'a crate::job::Job>>,
-    /// Room that evictions will free and that a job of this pass already waits for: taken again after evictions
-    /// under way are given back in a later victim search of the pass, so that two jobs do not wait for the same room.
+    /// GPUs and MIG slots that evictions will free and that a job of this pass already waits for (CPU and memory
+    /// zero): taken again after evictions under way are given back in a later victim search of the pass, so that two
+    /// jobs do not wait for the same GPUs (`preempt::find_victims`).
     promised: Vec<TaskPlacement>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,

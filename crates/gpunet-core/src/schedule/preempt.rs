@@ -207,20 +207,20 @@ impl Pass<'_> {
         self.free.rollback(&self.st.topo, mark);
         let (victims, placement, later) = found?;
         let hold = self.hold_from(&placement, &later);
-        // What of the placement is not free now comes from evictions: promised to this job for the rest of the pass.
-        for tp in &placement.tasks {
-            let f = &self.free.nodes[tp.node.index()];
-            let gpus = tp.gpu_mask & !f.mask;
-            let cpu = tp.cpu - f.cpu;
-            let mem = tp.mem - f.mem;
-            if gpus != 0 || cpu.0 > 0 || mem.0 > 0 {
-                self.promised.push(crate::job::TaskPlacement {
-                    node: tp.node,
-                    gpu_mask: gpus,
-                    mig_slot: None,
-                    cpu,
-                    mem,
-                });
+        // The GPUs and MIG slots of the placement that are not free now come from evictions: promised to this job for
+        // the rest of the pass (not for a job its own quota holds: its wait is for its quota as much as for room, and
+        // it neither makes nor counts promises). CPU and memory are not promised: what of them comes from evictions
+        // under way rather than from victims chosen in this pass is not known per task, and promising too much would
+        // make later searches evict for nothing.
+        if !quota_blocked {
+            for tp in &placement.tasks {
+                let f = &self.free.nodes[tp.node.index()];
+                let gpu_mask = tp.gpu_mask & !f.mask;
+                let mig_slot = tp.mig_slot.filter(|s| f.mig & (1 << s) == 0);
+                if gpu_mask != 0 || mig_slot.is_some() {
+                    let (cpu, mem) = (crate::units::MilliCpu(0), crate::units::MiB(0));
+                    self.promised.push(crate::job::TaskPlacement { node: tp.node, gpu_mask, mig_slot, cpu, mem });
+                }
             }
         }
         Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
@@ -308,19 +308,19 @@ impl Pass<'_> {
                 pending_evictions = true;
             }
         }
-        // Room already promised to a job of this pass that waits for evictions is not free for this one.
-        if pending_evictions {
+        // Room already promised to a job of this pass that waits for evictions is not free for this one. (What is not
+        // free here, as GPUs of victims chosen in this pass, which are not given back, is not taken; nor is a node
+        // touched where nothing is to be taken: a take moves the node within its bucket.)
+        if pending_evictions && !quota_blocked {
             for k in 0..self.promised.len() {
                 let p = &self.promised[k];
                 let f = &self.free.nodes[p.node.index()];
-                let tp = crate::job::TaskPlacement {
-                    node: p.node,
-                    gpu_mask: p.gpu_mask & f.mask,
-                    mig_slot: None,
-                    cpu: p.cpu.min(f.cpu),
-                    mem: p.mem.min(f.mem),
-                };
-                self.free.take(&st.topo, &tp);
+                let gpu_mask = p.gpu_mask & f.mask;
+                let mig_slot = p.mig_slot.filter(|s| f.mig & (1 << s) != 0);
+                if gpu_mask != 0 || mig_slot.is_some() {
+                    let tp = crate::job::TaskPlacement { node: p.node, gpu_mask, mig_slot, cpu: p.cpu, mem: p.mem };
+                    self.free.take(&st.topo, &tp);
+                }
             }
         }
         // Held by its own quota: the evictions must free that quota too.
@@ -1223,6 +1223,38 @@ mod tests {
         assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { for_job: JobId(4), .. })), "{ds:?}");
         let (_, ds) = run(4);
         assert!(preempts(&ds).is_empty(), "the second 4-GPU job waits for the rest of the freed node: {ds:?}");
+    }
+
+    /// A job its own quota holds neither makes nor counts promises: its wait is for its quota as much as for room.
+    /// Two 8-GPU nodes; tenant a may hold 4 GPUs, b 16. Job 1 (a, 4 GPUs) and job 2 (b, 4 GPUs, priority 9) run on
+    /// n0. Job 3 (a, priority 5) is held by a's quota and evicts job 1, whose stop is under way at 110 s when jobs 4
+    /// and 5 (a, priority 5, also quota-held) and job 6 (b, 8 GPUs) wait. Jobs 4 and 5 wait for job 1's room, as job
+    /// 3 does, and claim nothing: job 6 starts at once on n1. (Had job 5 counted a promise of job 1's room to job 4,
+    /// it would have found room on n1 and claimed half of it: job 6 would have waited.)
+    #[test]
+    fn a_quota_held_job_makes_and_counts_no_promise() {
+        use crate::lifecycle::StopCause;
+        let c = preempting(Policy::Priority, Dur::ZERO);
+        let mut s = cluster(c, vec![node("n0", GpuModel::A100_80GB, 8), node("n1", GpuModel::A100_80GB, 8)], &[]);
+        let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(4, 4))).unwrap();
+        let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(16, 16))).unwrap();
+        submit(&mut s, 1, JobSpec::new(a, "low", 4, 1), 0);
+        submit(&mut s, 2, JobSpec::new(b, "theirs", 4, 1).priority(9), 1);
+        s.step(Time::ZERO).unwrap();
+        s.step(Time::from_secs(1)).unwrap();
+        let on = |s: &ClusterState, id: u64| s.job(JobId(id)).unwrap().run.as_ref().unwrap().placement.tasks[0].node;
+        assert_eq!(on(&s, 1), on(&s, 2), "both on one node");
+        submit(&mut s, 3, JobSpec::new(a, "high", 4, 1).priority(5), 100);
+        let ds = schedule(&s, Time::from_secs(100));
+        assert_eq!(preempts(&ds).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{ds:?}");
+        s.request_stop(JobId(1), StopCause::Preempted { for_job: Some(JobId(3)) }, Time::from_secs(100)).unwrap();
+        s.note_preemption_for(JobId(3));
+        submit(&mut s, 4, JobSpec::new(a, "high", 4, 1).priority(5), 110);
+        submit(&mut s, 5, JobSpec::new(a, "high", 4, 1).priority(5), 110);
+        submit(&mut s, 6, JobSpec::new(b, "wide", 8, 1).priority(1), 110);
+        let ds = schedule(&s, Time::from_secs(110));
+        assert_eq!(started(&ds), vec![6], "{ds:?}");
+        assert!(preempts(&ds).is_empty(), "{ds:?}");
     }
 
     /// By hand: two 4-GPU nodes, each running a long 2-GPU job (a candidate: 10,000 s left) and a short one (100 s
