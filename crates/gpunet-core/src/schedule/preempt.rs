@@ -158,7 +158,7 @@ impl Pass<'_> {
     /// for a job on several nodes) are evicted, counting GPUs only: a necessary condition for
     /// [`Self::find_victims`] to succeed.
     fn one_node_room_possible(
-        &self,
+        &mut self,
         cands: &[(u64, u32, JobId, PreemptReason)],
         nodes: &[Option<crate::ids::NodeId>],
         gpus: u32,
@@ -172,7 +172,7 @@ impl Pass<'_> {
                 return true;
             }
         }
-        // GPUs each candidate frees per node, largest first within a node.
+        // GPUs each candidate frees per node.
         let mut per: Vec<(crate::ids::NodeId, std::cmp::Reverse<u32>)> = Vec::with_capacity(cands.len());
         for (c, n) in cands.iter().zip(nodes) {
             match n {
@@ -185,13 +185,41 @@ impl Pass<'_> {
                 }
             }
         }
+        let eligible = |n: crate::ids::NodeId| {
+            self.free.nodes[n.index()].schedulable && classes.contains(&st.topo.nodes[n.index()].class)
+        };
+        // Per node, how many candidates and the GPUs they free (`self.node_slot` indexes the nodes met): a node
+        // with at most `budget` of them may lose them all, and needs no sorting.
+        let mut slot = std::mem::take(&mut self.node_slot);
+        slot.resize(self.free.nodes.len(), u32::MAX);
+        let mut sums: Vec<(crate::ids::NodeId, u32, u32)> = Vec::new();
+        for &(n, g) in &per {
+            let i = n.index();
+            if slot[i] == u32::MAX {
+                slot[i] = sums.len() as u32;
+                sums.push((n, 0, 0));
+            }
+            let e = &mut sums[slot[i] as usize];
+            e.1 += 1;
+            e.2 += g.0;
+        }
+        for (n, ..) in &sums {
+            slot[n.index()] = u32::MAX;
+        }
+        self.node_slot = slot;
+        let room = |n: crate::ids::NodeId, freed: u32| self.free.nodes[n.index()].mask.count_ones() + freed >= gpus;
+        if sums.iter().any(|&(n, count, freed)| count <= budget && eligible(n) && room(n, freed)) {
+            return true;
+        }
+        if sums.iter().all(|&(_, count, _)| count <= budget) {
+            return false;
+        }
+        // Nodes with more candidates than the budget: their largest `budget`, largest first within a node.
+        per.retain(|(n, _)| sums.iter().any(|&(m, count, _)| m == *n && count > budget));
         per.sort_unstable();
         per.chunk_by(|a, b| a.0 == b.0).any(|group| {
             let n = group[0].0;
-            let f = &self.free.nodes[n.index()];
-            f.schedulable
-                && classes.contains(&st.topo.nodes[n.index()].class)
-                && f.mask.count_ones() + group.iter().take(budget as usize).map(|g| g.1 .0).sum::<u32>() >= gpus
+            eligible(n) && room(n, group.iter().take(budget as usize).map(|g| g.1 .0).sum::<u32>())
         })
     }
 
