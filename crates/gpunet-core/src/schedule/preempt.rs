@@ -1253,6 +1253,39 @@ mod tests {
         assert!(preempts(&ds).is_empty(), "the second 4-GPU job waits for the rest of the freed node: {ds:?}");
     }
 
+    /// MIG slots are promised as GPUs are. One A100 split into two MIG slices, each running a long MIG job (1,000 s)
+    /// from 0; a short MIG job (10 s) evicts one at 10 s, and while that eviction is under way a second short MIG
+    /// job waits at 12 s: the slice being freed is the first's, so the second evicts the other long job.
+    #[test]
+    fn a_mig_slice_being_freed_is_promised_too() {
+        use crate::lifecycle::StopCause;
+        let mig = |name: &str, secs: u64| {
+            let mut j = JobSpec::new(t0(), name, 0, 1).estimate(Dur::from_secs(secs));
+            j.task.mig = Some("3g.40gb".parse().unwrap());
+            j
+        };
+        let mut n = node("mig", GpuModel::A100_80GB, 1);
+        n.gpus[0].mig = vec!["3g.40gb".parse().unwrap(), "3g.40gb".parse().unwrap()];
+        let mut c = preemptive(Policy::Srtf, 0);
+        c.preemption.max_per_interval = 100;
+        let mut s = cluster(c, vec![n], &["a"]);
+        submit(&mut s, 1, mig("long", 1000), 0);
+        submit(&mut s, 2, mig("long", 1000), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
+        submit(&mut s, 3, mig("short", 10), 10);
+        let ds = schedule(&s, Time::from_secs(10));
+        let first = preempts(&ds);
+        assert_eq!(first.len(), 1, "{ds:?}");
+        let victim = JobId(first[0].0);
+        s.request_stop(victim, StopCause::Preempted { for_job: Some(JobId(3)) }, Time::from_secs(10)).unwrap();
+        s.note_preemption_for(JobId(3));
+        submit(&mut s, 4, mig("short", 10), 11);
+        let ds = schedule(&s, Time::from_secs(12));
+        let other = if victim == JobId(1) { 2 } else { 1 };
+        assert_eq!(preempts(&ds).iter().map(|p| p.0).collect::<Vec<_>>(), vec![other], "{ds:?}");
+        assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { for_job: JobId(4), .. })), "{ds:?}");
+    }
+
     /// A job its own quota holds neither makes nor counts promises: its wait is for its quota as much as for room.
     /// Two 8-GPU nodes; tenant a may hold 4 GPUs, b 16. Job 1 (a, 4 GPUs) and job 2 (b, 4 GPUs, priority 9) run on
     /// n0. Job 3 (a, priority 5) is held by a's quota and evicts job 1, whose stop is under way at 110 s when jobs 4
