@@ -1219,27 +1219,11 @@ mod tests {
     /// waits for that, and nothing more is evicted.
     #[test]
     fn two_jobs_do_not_wait_for_the_same_room_being_freed() {
-        use crate::lifecycle::StopCause;
         let run = |short_gpus: u32| {
-            let mut c = preemptive(Policy::Srtf, 0);
-            c.preemption.max_per_interval = 100;
-            let mut s =
-                cluster(c, vec![node("n0", GpuModel::A100_80GB, 8), node("n1", GpuModel::A100_80GB, 8)], &["a"]);
-            submit(&mut s, 1, JobSpec::new(t0(), "long", 8, 1).estimate(Dur::from_secs(1000)), 0);
-            submit(&mut s, 2, JobSpec::new(t0(), "long", 8, 1).estimate(Dur::from_secs(1000)), 0);
-            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
-            submit(&mut s, 3, JobSpec::new(t0(), "short", short_gpus, 1).estimate(Dur::from_secs(10)), 10);
-            let ds = schedule(&s, Time::from_secs(10));
-            let first = preempts(&ds);
-            assert_eq!(first.len(), 1, "{ds:?}");
-            // The eviction begins; its job has not stopped yet.
-            let victim = JobId(first[0].0);
-            s.request_stop(victim, StopCause::Preempted { for_job: Some(JobId(3)) }, Time::from_secs(10)).unwrap();
-            s.note_preemption_for(JobId(3));
-            submit(&mut s, 4, JobSpec::new(t0(), "short", short_gpus, 1).estimate(Dur::from_secs(10)), 11);
-            let ds = schedule(&s, Time::from_secs(12));
-            s.check_invariants().unwrap();
-            (victim, ds)
+            let nodes = vec![node("n0", GpuModel::A100_80GB, 8), node("n1", GpuModel::A100_80GB, 8)];
+            second_short_job_while_the_first_evicts(nodes, |name, secs| {
+                JobSpec::new(t0(), name, if name == "long" { 8 } else { short_gpus }, 1).estimate(Dur::from_secs(secs))
+            })
         };
         let (victim, ds) = run(8);
         let other = if victim == JobId(1) { 2 } else { 1 };
@@ -1253,34 +1237,45 @@ mod tests {
         assert!(preempts(&ds).is_empty(), "the second 4-GPU job waits for the rest of the freed node: {ds:?}");
     }
 
-    /// MIG slots are promised as GPUs are. One A100 split into two MIG slices, each running a long MIG job (1,000 s)
-    /// from 0; a short MIG job (10 s) evicts one at 10 s, and while that eviction is under way a second short MIG
-    /// job waits at 12 s: the slice being freed is the first's, so the second evicts the other long job.
-    #[test]
-    fn a_mig_slice_being_freed_is_promised_too() {
+    /// Preemptive SRTF on `nodes`: long jobs 1 and 2 (1,000 s, `spec("long", 1000)`) start at 0; short job 3
+    /// (`spec("short", 10)`) evicts one of them at 10 s, and that eviction begins (its job has not stopped yet);
+    /// short job 4 comes at 11 s. Returns the victim and the decisions of the pass at 12 s.
+    fn second_short_job_while_the_first_evicts(
+        nodes: Vec<NodeSpec>,
+        spec: impl Fn(&str, u64) -> JobSpec,
+    ) -> (JobId, Vec<Decision>) {
         use crate::lifecycle::StopCause;
-        let mig = |name: &str, secs: u64| {
-            let mut j = JobSpec::new(t0(), name, 0, 1).estimate(Dur::from_secs(secs));
-            j.task.mig = Some("3g.40gb".parse().unwrap());
-            j
-        };
-        let mut n = node("mig", GpuModel::A100_80GB, 1);
-        n.gpus[0].mig = vec!["3g.40gb".parse().unwrap(), "3g.40gb".parse().unwrap()];
         let mut c = preemptive(Policy::Srtf, 0);
         c.preemption.max_per_interval = 100;
-        let mut s = cluster(c, vec![n], &["a"]);
-        submit(&mut s, 1, mig("long", 1000), 0);
-        submit(&mut s, 2, mig("long", 1000), 0);
+        let mut s = cluster(c, nodes, &["a"]);
+        submit(&mut s, 1, spec("long", 1000), 0);
+        submit(&mut s, 2, spec("long", 1000), 0);
         assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
-        submit(&mut s, 3, mig("short", 10), 10);
+        submit(&mut s, 3, spec("short", 10), 10);
         let ds = schedule(&s, Time::from_secs(10));
         let first = preempts(&ds);
         assert_eq!(first.len(), 1, "{ds:?}");
         let victim = JobId(first[0].0);
         s.request_stop(victim, StopCause::Preempted { for_job: Some(JobId(3)) }, Time::from_secs(10)).unwrap();
         s.note_preemption_for(JobId(3));
-        submit(&mut s, 4, mig("short", 10), 11);
+        submit(&mut s, 4, spec("short", 10), 11);
         let ds = schedule(&s, Time::from_secs(12));
+        s.check_invariants().unwrap();
+        (victim, ds)
+    }
+
+    /// MIG slots are promised as GPUs are. One A100 split into two MIG slices, each running a long MIG job (1,000 s)
+    /// from 0; a short MIG job (10 s) evicts one at 10 s, and while that eviction is under way a second short MIG
+    /// job waits at 12 s: the slice being freed is the first's, so the second evicts the other long job.
+    #[test]
+    fn a_mig_slice_being_freed_is_promised_too() {
+        let mut n = node("mig", GpuModel::A100_80GB, 1);
+        n.gpus[0].mig = vec!["3g.40gb".parse().unwrap(), "3g.40gb".parse().unwrap()];
+        let (victim, ds) = second_short_job_while_the_first_evicts(vec![n], |name, secs| {
+            let mut j = JobSpec::new(t0(), name, 0, 1).estimate(Dur::from_secs(secs));
+            j.task.mig = Some("3g.40gb".parse().unwrap());
+            j
+        });
         let other = if victim == JobId(1) { 2 } else { 1 };
         assert_eq!(preempts(&ds).iter().map(|p| p.0).collect::<Vec<_>>(), vec![other], "{ds:?}");
         assert!(ds.iter().any(|d| matches!(d, Decision::Preempt { for_job: JobId(4), .. })), "{ds:?}");
