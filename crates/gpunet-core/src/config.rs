@@ -136,10 +136,20 @@ pub struct PreemptionConfig {
     /// How much shorter the waiting job must be (≥ 1; 2 = half the victim's key or less).
     #[serde(default = "default_shorter_ratio")]
     pub shorter_ratio: u32,
+    /// Most running jobs one victim search looks at (≥ 1). Past it the search looks at a window of this many, from
+    /// a place drawn from the waiting job and the time, so that successive searches cover the cluster (Kubernetes'
+    /// preemption likewise looks at a sample of nodes); a job held by its own quota looks at its tenant's
+    /// lowest-priority, oldest jobs first.
+    #[serde(default = "default_victim_scan_limit")]
+    pub victim_scan_limit: u32,
 }
 
 fn default_shorter_ratio() -> u32 {
     2
+}
+
+fn default_victim_scan_limit() -> u32 {
+    512
 }
 
 impl Default for PreemptionConfig {
@@ -151,6 +161,7 @@ impl Default for PreemptionConfig {
             interval: Dur::from_mins(10),
             shorter_first: false,
             shorter_ratio: default_shorter_ratio(),
+            victim_scan_limit: default_victim_scan_limit(),
         }
     }
 }
@@ -325,6 +336,13 @@ impl SchedConfig {
                 allowed: "a ratio of at least 1".into(),
             });
         }
+        if self.preemption.victim_scan_limit == 0 {
+            return Err(CoreError::InvalidField {
+                field: "preemption.victim_scan_limit",
+                value: "0".into(),
+                allowed: "at least 1 running job".into(),
+            });
+        }
         if self.fairshare_half_life == Dur::ZERO {
             return Err(CoreError::InvalidField {
                 field: "fairshare_half_life",
@@ -409,6 +427,8 @@ pub struct SchedKnobs {
     pub max_evictions: Option<u32>,
     /// … in any window of this length.
     pub eviction_window: Option<HumanDur>,
+    /// [`PreemptionConfig::victim_scan_limit`].
+    pub victim_scan_limit: Option<u32>,
     /// Backoff before a restart (doubling, capped at 32×).
     pub restart_backoff: Option<HumanDur>,
     /// How SRTF/SRGF rank jobs with learned estimates: `median` (default) or `gittins`.
@@ -477,6 +497,9 @@ impl SchedKnobs {
         }
         if let Some(v) = self.max_evictions {
             pre.max_per_interval = v;
+        }
+        if let Some(v) = self.victim_scan_limit {
+            pre.victim_scan_limit = v;
         }
         if let Some(v) = self.eviction_window {
             if v.0 == Dur::ZERO {
@@ -559,7 +582,7 @@ mod tests {
         let k = SchedKnobs::from_toml(
             "version = 1\n[scheduler]\npolicy = \"las\"\nlas_thresholds_gpu_s = [100, 1000, 10000]\nmin_run_time = \"90s\"\n\
              max_evictions = 3\neviction_window = \"1h\"\ntick = 5\ncheckpoint_interval = \"10m\"\nstop_time = \"500ms\"\n\
-             learned_rank = \"gittins\"\n",
+             learned_rank = \"gittins\"\nvictim_scan_limit = 512\n",
         )
         .unwrap();
         let mut c = SchedConfig::default();
@@ -570,6 +593,7 @@ mod tests {
         assert_eq!(c.las_queue(10_000_000), 3, "three thresholds make four queues");
         assert_eq!(c.preemption.min_run_time, Dur::from_secs(90));
         assert_eq!((c.preemption.max_per_interval, c.preemption.interval), (3, Dur::from_hours(1)));
+        assert_eq!(c.preemption.victim_scan_limit, 512);
         assert_eq!(c.backfill, SchedConfig::default().backfill, "absent knobs keep their value");
         assert_eq!(k.tick, Some(HumanDur(Dur::from_secs(5))));
         assert_eq!(k.checkpoint_interval, Some(HumanDur(Dur::from_mins(10))));
@@ -591,5 +615,8 @@ mod tests {
         assert_eq!(c, SchedConfig::default(), "a refused file changes nothing");
         let e = SchedKnobs::from_toml("[scheduler]\neviction_window = \"0s\"\n").unwrap().apply(&mut c).unwrap_err();
         assert!(e.to_string().contains("eviction_window"));
+        let e = SchedKnobs::from_toml("[scheduler]\nvictim_scan_limit = 0\n").unwrap().apply(&mut c).unwrap_err();
+        assert!(e.to_string().contains("victim_scan_limit"), "{e}");
+        assert_eq!(c, SchedConfig::default(), "a refused file changes nothing");
     }
 }

@@ -188,8 +188,11 @@ proptest! {
         quotas in prop::collection::vec((0u8..12, 0u8..8), 0..3),
         cohort in any::<bool>(),
         (policy, backfill, preempt) in policies(),
+        scan_limit in prop_oneof![Just(1u32), Just(4), Just(u32::MAX)],
     ) {
-        let mut s = build(cfg_of(policy, backfill, preempt), &nodes, &quotas, cohort);
+        let mut cfg = cfg_of(policy, backfill, preempt);
+        cfg.preemption.victim_scan_limit = scan_limit;
+        let mut s = build(cfg, &nodes, &quotas, cohort);
         let mut failure = None;
         drive(&mut s, &jobs, &mut |s, ds| {
             if failure.is_some() { return; }

@@ -510,26 +510,49 @@ impl Pass<'_> {
                 cand_rows.push(r);
             }};
         }
+        // At most `limit` running jobs are looked at (`PreemptionConfig::victim_scan_limit`): what lies beyond may be a
+        // candidate now, so whether a later pass finds victims is not bounded by time alone.
+        let limit = cfg.victim_scan_limit.max(1) as usize;
+        let mut truncated = false;
         if quota_blocked {
             // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
             // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
-            // scan of every running job. Candidates are ranked by a key unique to each below, so the order they are
-            // met in is not used.
+            // scan of every running job, lowest priority and oldest first. Candidates are ranked by a key unique to
+            // each below, so the order they are met in is not used.
             let any_priority = demote_possible || shorter;
-            for (_, _, _, id) in st
+            let mut rows = st
                 .tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
-                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority))
-            {
+                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority));
+            for (_, _, _, id) in rows.by_ref().take(limit) {
                 let (part, i) = st.run_row_of[id];
                 visit!(&st.run_rows[part][i]);
             }
+            truncated = rows.next().is_some();
         } else {
-            for part in parts {
-                for r in part {
+            let total: usize = parts.iter().map(Vec::len).sum();
+            // Over the limit, a window of `limit` rows in a row, wrapping, from a place drawn from the job and the
+            // time: each search of a long-blocked job looks at another part of the cluster (as Kubernetes' preemption
+            // looks at a sample of nodes from a rotating offset).
+            let (mut pos, mut left) = if total > limit {
+                truncated = true;
+                (scan_start(job.id, now, total), limit)
+            } else {
+                (0, total)
+            };
+            while left > 0 {
+                let (part, at) = if pos < parts[0].len() { (0, pos) } else { (1, pos - parts[0].len()) };
+                let rows = &parts[part][at..];
+                let n = rows.len().min(left);
+                for r in &rows[..n] {
                     visit!(r);
                 }
+                left -= n;
+                pos = (pos + n) % total;
             }
+        }
+        if truncated {
+            turn = now;
         }
         self.turns_at(turn);
         if cands.is_empty() {
@@ -662,6 +685,17 @@ impl Pass<'_> {
         self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p.clone() });
         Some((victims, p, later))
     }
+}
+
+/// Where a victim search that looks at only part of the `total` running rows starts: a mix of the waiting job and the
+/// pass's time, so that the same state searched again gives the same window and a search at another time another.
+fn scan_start(job: JobId, now: Time, total: usize) -> usize {
+    use std::hash::Hasher;
+    let mut h = crate::fxhash::FxHasher::default();
+    h.write_u64(job.0);
+    h.write_u64(now.0);
+    // The high bits of an Fx hash are the mixed ones.
+    ((h.finish() >> 32) % total as u64) as usize
 }
 
 /// When a running job's key under preemptive SRTF (`g` = 1) or SRGF (`g` = its GPUs) first moves across the caller's
@@ -1346,6 +1380,68 @@ mod tests {
         assert!(victims == [1] || victims == [2], "{fast:?}");
     }
 
+    /// Over `victim_scan_limit`, a search looks at a window of that many running jobs, from a place drawn from the
+    /// waiting job and the time. Four 1-GPU nodes run four jobs; only job 3 has a lower priority than the waiting job
+    /// 9. With a limit of 1 the window is one job: a pass evicts job 3 when its window holds it and decides nothing
+    /// otherwise, and such a pass is idle only at its own time (a later pass looks elsewhere). Over 40 passes, one a
+    /// second, both happen; with a limit of 4 every pass evicts job 3.
+    #[test]
+    fn a_victim_search_over_its_limit_looks_at_a_window_that_moves() {
+        let build = |limit: u32| {
+            let mut c = preempting(Policy::Priority, Dur::ZERO);
+            c.preemption.victim_scan_limit = limit;
+            let ns = (0..4).map(|i| node(&format!("n{i}"), GpuModel::T4, 1)).collect();
+            let mut s = cluster(c, ns, &["a"]);
+            for id in 1..=4u64 {
+                submit(&mut s, id, JobSpec::new(t0(), "run", 1, 1).priority(if id == 3 { 0 } else { 1 }), 0);
+            }
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 4);
+            submit(&mut s, 9, JobSpec::new(t0(), "urgent", 1, 1).priority(1), 5);
+            s
+        };
+        let (narrow, wide) = (build(1), build(4));
+        let (mut evicted, mut idle) = (0, 0);
+        for k in 10..50u64 {
+            let now = Time::from_secs(k);
+            assert_eq!(preempts(&schedule(&wide, now)), vec![(3, PreemptReason::Priority { victim: 0, preemptor: 1 })]);
+            let (ds, stats) = schedule_with_stats(&narrow, now);
+            match preempts(&ds).as_slice() {
+                [] => {
+                    assert!(ds.is_empty(), "{ds:?}");
+                    assert_eq!(stats.idle_until, now, "what the window left out may be a victim at any time");
+                    idle += 1;
+                }
+                [(3, _)] => evicted += 1,
+                other => panic!("at {now}: {other:?}"),
+            }
+        }
+        assert!(evicted >= 3 && idle >= 3, "{evicted} passes evicted, {idle} found nothing");
+    }
+
+    /// Held by its own quota, a job looks at its tenant's jobs lowest priority and oldest first, up to the limit:
+    /// the tenant (2 GPUs) runs job 1 (from 0 s) and job 2 (from 900 s), both of priority 0 and never checkpointed.
+    /// Job 2 loses less work (100 s against 1,000 s at 1,000 s), and a search of both evicts it; with a limit of 1
+    /// only the oldest, job 1, is looked at and evicted.
+    #[test]
+    fn a_quota_held_search_over_its_limit_looks_at_the_oldest_lowest_priority_jobs() {
+        let build = |limit: u32| {
+            let mut c = preempting(Policy::Priority, Dur::ZERO);
+            c.preemption.victim_scan_limit = limit;
+            let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
+            let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
+            submit(&mut s, 1, JobSpec::new(t, "old", 1, 1), 0);
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+            submit(&mut s, 2, JobSpec::new(t, "young", 1, 1), 900);
+            assert_eq!(started(&s.step(Time::from_secs(900)).unwrap()), vec![2]);
+            submit(&mut s, 3, JobSpec::new(t, "urgent", 1, 1).priority(1), 950);
+            s
+        };
+        let victims = |s: &ClusterState| preempts(&schedule(s, Time::from_secs(1000)));
+        let reason = PreemptReason::Priority { victim: 0, preemptor: 1 };
+        assert_eq!(victims(&build(2)), vec![(2, reason.clone())]);
+        assert_eq!(victims(&build(1)), vec![(1, reason)]);
+    }
+
     /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
     type RandomJob = (usize, u64, i32);
 
@@ -1420,22 +1516,25 @@ mod tests {
     /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
     /// clusters as above (running jobs past their estimates among them), preemptive SRTF, SRGF, SJF, priority and LAS
     /// (thresholds 300 and 3,000 GPU-s), and FIFO; with and without backfill; minimum run time 60 s; a tight or loose
-    /// eviction budget; the cluster moved on by 30–900 s between rounds. Each idle pass with a bound is checked at
+    /// eviction budget; victim searches looking at 3, 10 or all running jobs (`victim_scan_limit`); the cluster moved
+    /// on by 30–900 s between rounds. Each idle pass with a bound is checked at
     /// six times up to it (the last a millisecond before; a bound of `Time::MAX` up to 30 days), and at the bound
     /// some passes do decide: the bounds are not only safe but reached.
     #[test]
     fn an_idle_pass_stays_idle_until_its_bound() {
         use proptest::prelude::*;
         let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las, Policy::Fifo];
-        let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 30u64..900);
+        let strategy =
+            (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 30u64..900, 0usize..3);
         let mut runner = det_runner(1024);
         let (checked, reached) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
         runner
-            .run(&strategy, |(jobs, policy, backfill, budget, step)| {
+            .run(&strategy, |(jobs, policy, backfill, budget, step, limit)| {
                 let mut c = preemptive(policies[policy], 60);
                 c.backfill = backfill;
                 c.preemption.max_per_interval = budget;
+                c.preemption.victim_scan_limit = [3, 10, u32::MAX][limit];
                 c.las_thresholds_gpu_s = vec![300, 3000];
                 let mut s = random_cluster(c, &jobs);
                 let mut now = Time::from_secs(600);

@@ -39,6 +39,9 @@ pub(crate) struct SchedArgs {
     /// Turn preemption off (it is on by default, as in `SchedConfig`).
     #[arg(long)]
     pub(crate) no_preemption: bool,
+    /// Most running jobs one victim search looks at (`victim_scan_limit`; default the scheduler's).
+    #[arg(long)]
+    pub(crate) victim_scan_limit: Option<u32>,
     /// Job arrays queued among the pending jobs (each one queue entry, see `gpunet_core::array`).
     #[arg(long, default_value_t = 0)]
     pub(crate) arrays: u32,
@@ -175,6 +178,10 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     let policy: Policy = args.policy.parse().context("--policy")?;
     let mut cfg = SchedConfig { backfill: args.backfill, ..SchedConfig::with_policy(policy) };
     cfg.preemption.enabled = !args.no_preemption;
+    if let Some(n) = args.victim_scan_limit {
+        cfg.preemption.victim_scan_limit = n;
+    }
+    cfg.validate().context("--victim-scan-limit")?;
     let mut s = build_cluster(cfg, args.nodes, args.gpus_per_node, args.seed)?;
     let tenants = s.tenant_count() as u32;
     let mut r = Rng::new(args.seed.wrapping_add(1));
