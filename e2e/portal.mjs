@@ -50,6 +50,13 @@ page.setDefaultTimeout(T);
 const consoleErrors = [];
 page.on("console", (m) => { if (m.type() === "error") consoleErrors.push({ step: stepName, text: m.text() }); });
 page.on("pageerror", (e) => consoleErrors.push({ step: stepName, text: "uncaught: " + e.message }));
+// A request from a logged-out page (a refresh that outlived its session) carries no token: none may be sent.
+page.on("request", (r) => {
+  const auth = r.headers()["authorization"];
+  if (auth !== undefined && /^Bearer\s*(null|undefined)?$/.test(auth)) {
+    consoleErrors.push({ step: stepName, text: `request without a token: ${r.method()} ${r.url()} (${auth})` });
+  }
+});
 page.on("dialog", (d) => d.accept());
 
 async function step(name, f) {

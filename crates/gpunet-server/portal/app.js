@@ -48,6 +48,8 @@ class ApiError extends Error {
 
 async function api(path, opts = {}) {
   const sent = S.token;
+  // Logged out (a refresh or a page's draw that outlived its session): nothing is sent, and nothing is shown.
+  if (!sent) throw new ApiError(401, { error: { code: "logged_out", message: "Not logged in." } });
   const headers = { authorization: "Bearer " + sent };
   if (opts.body !== undefined) headers["content-type"] = opts.type || "application/json";
   const r = await fetch(path, { method: opts.method || "GET", headers, body: opts.body, signal: opts.signal });
@@ -168,6 +170,10 @@ function logout(msg) {
   S.me = null;
   stopStream();
   stopLogs();
+  // A refresh the event stream asked for belongs to the session that ended.
+  clearTimeout(pending);
+  pending = null;
+  S.refresh = null;
   document.getElementById("app").hidden = true;
   document.getElementById("login").hidden = false;
   document.getElementById("login-error").textContent = msg || "";
