@@ -136,10 +136,10 @@ pub struct PreemptionConfig {
     /// How much shorter the waiting job must be (≥ 1; 2 = half the victim's key or less).
     #[serde(default = "default_shorter_ratio")]
     pub shorter_ratio: u32,
-    /// Most running jobs one victim search looks at (≥ 1). Past it the search looks at a window of this many, from
-    /// a place drawn from the waiting job and the time, so that successive searches cover the cluster (Kubernetes'
-    /// preemption likewise looks at a sample of nodes); a job held by its own quota looks at its tenant's
-    /// lowest-priority, oldest jobs first.
+    /// Bounds one victim search (≥ 1): with more running jobs than this, the search looks at a window of this many
+    /// rows of the running-job table, wrapping, from a place drawn from the waiting job and the time, so that
+    /// successive searches cover the cluster; a job held by its own quota looks at its tenant's jobs, lowest priority
+    /// and oldest first, until it has found this many candidates.
     #[serde(default = "default_victim_scan_limit")]
     pub victim_scan_limit: u32,
 }

@@ -114,7 +114,8 @@ pub struct PassStats {
     /// time at which time alone could turn one of the pass's outcomes (a restart backoff's end, a running job
     /// reaching its minimum run time, crossing a LAS threshold or the waiting job's shorter-first bound, an eviction
     /// leaving the rate limit's window); the pass's own time, or earlier, where it cannot tell (fair share, whose
-    /// order decays with time; a victim search that ranked candidates; a job held by its own quota; Gittins ranks).
+    /// order decays with time; a victim search that ranked candidates or left running jobs out
+    /// (`victim_scan_limit`); a job held by its own quota; Gittins ranks).
     /// Drivers may skip such passes (the simulator's ticks: `idle_tick_passes`).
     pub idle_until: Time,
 }
@@ -169,8 +170,9 @@ struct Pass<'a> {
     /// Whether the walk behind the head may stop once the rest of the queue would be skipped (off only in tests
     /// that check it decides the same either way).
     stop_early: bool,
-    /// Whether a victim search gives up at once when no node could hold a one-task job even with its candidates
-    /// gone (`preempt::one_node_room_possible`; off only in tests that check it decides the same either way).
+    /// Whether a victim search gives up at once when the candidates its budget allows could not free the GPUs the job
+    /// lacks (`preempt::most_gpus_freed`), or no node could hold a one-task job even with its candidates gone
+    /// (`preempt::one_node_room_possible`); off only in tests that check it decides the same either way.
     room_precheck: bool,
     /// Victim searches that check gave up on.
     prechecked: usize,

@@ -510,25 +510,29 @@ impl Pass<'_> {
                 cand_rows.push(r);
             }};
         }
-        // At most `limit` running jobs are looked at (`PreemptionConfig::victim_scan_limit`): what lies beyond may be a
-        // candidate now, so whether a later pass finds victims is not bounded by time alone.
+        // The search is bounded by `PreemptionConfig::victim_scan_limit`; what it leaves out may be a candidate now,
+        // so whether a later pass finds victims is not bounded by time alone.
         let limit = cfg.victim_scan_limit.max(1) as usize;
         let mut truncated = false;
         if quota_blocked {
             // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
             // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
-            // scan of every running job, lowest priority and oldest first. Candidates are ranked by a key unique to
-            // each below, so the order they are met in is not used.
+            // scan of every running job, lowest priority and oldest first, until `limit` candidates are found (rows
+            // that are no candidate do not count: a job is not kept from the victim behind them). Candidates are
+            // ranked by a key unique to each below, so the order they are met in is not used.
             let any_priority = demote_possible || shorter;
-            let mut rows = st
+            let rows = st
                 .tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
                 .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority));
-            for (_, _, _, id) in rows.by_ref().take(limit) {
+            for (_, _, _, id) in rows {
+                if cands.len() >= limit {
+                    truncated = true;
+                    break;
+                }
                 let (part, i) = st.run_row_of[id];
                 visit!(&st.run_rows[part][i]);
             }
-            truncated = rows.next().is_some();
         } else {
             let total: usize = parts.iter().map(Vec::len).sum();
             // Over the limit, a window of `limit` rows in a row, wrapping, from a place drawn from the job and the
@@ -559,6 +563,15 @@ impl Pass<'_> {
             return None; // whatever the budget
         }
         self.turns_at(budget_grows_at);
+        // Whichever victims the budget allows, they free at most the GPUs of the `budget` candidates holding the most:
+        // when that is less than the job lacks on its classes, no placement can follow, so the search is not made.
+        if self.room_precheck {
+            let lacking = need.saturating_sub(self.free.free_in(classes));
+            if lacking > 0 && most_gpus_freed(&cands, budget) < lacking {
+                self.prechecked += 1;
+                return None;
+            }
+        }
         // A one-task job needs its GPUs on one node: unless some eligible node can have them free once at most
         // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
         // node and victims), so it is not made.
@@ -685,6 +698,18 @@ impl Pass<'_> {
         self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p.clone() });
         Some((victims, p, later))
     }
+}
+
+/// The most whole GPUs that evicting at most `budget` of the candidates can free: the sum of the largest GPU counts.
+/// (A candidate frees no more whole GPUs than its placement holds; a MIG slice holds none.)
+fn most_gpus_freed(cands: &[(u64, u32, JobId, PreemptReason)], budget: u32) -> u64 {
+    let budget = budget as usize;
+    if cands.len() <= budget {
+        return cands.iter().map(|c| c.1 as u64).sum();
+    }
+    let mut gpus: Vec<u32> = cands.iter().map(|c| c.1).collect();
+    gpus.select_nth_unstable_by(budget - 1, |a, b| b.cmp(a));
+    gpus[..budget].iter().map(|&g| g as u64).sum()
 }
 
 /// Where a victim search that looks at only part of the `total` running rows starts: a mix of the waiting job and the
@@ -1418,28 +1443,59 @@ mod tests {
         assert!(evicted >= 3 && idle >= 3, "{evicted} passes evicted, {idle} found nothing");
     }
 
-    /// Held by its own quota, a job looks at its tenant's jobs lowest priority and oldest first, up to the limit:
-    /// the tenant (2 GPUs) runs job 1 (from 0 s) and job 2 (from 900 s), both of priority 0 and never checkpointed.
-    /// Job 2 loses less work (100 s against 1,000 s at 1,000 s), and a search of both evicts it; with a limit of 1
-    /// only the oldest, job 1, is looked at and evicted.
+    /// Held by its own quota, a job looks at its tenant's jobs lowest priority and oldest first until it has found
+    /// `victim_scan_limit` candidates; jobs that are none do not count. The tenant (3 GPUs) runs job 1 (from 0 s, not
+    /// preemptible), job 2 (from 100 s) and job 3 (from 900 s), all of priority 0 and never checkpointed. Job 3
+    /// loses less work (100 s against 900 s at 1,000 s), and a search of all evicts it; with a limit of 1 the search
+    /// passes job 1, which is no candidate, and stops at job 2, the oldest candidate, which it evicts.
     #[test]
-    fn a_quota_held_search_over_its_limit_looks_at_the_oldest_lowest_priority_jobs() {
+    fn a_quota_held_search_over_its_limit_looks_at_the_oldest_lowest_priority_candidates() {
         let build = |limit: u32| {
             let mut c = preempting(Policy::Priority, Dur::ZERO);
             c.preemption.victim_scan_limit = limit;
             let mut s = cluster(c, vec![node("n", GpuModel::T4, 8)], &[]);
-            let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(2, 2))).unwrap();
-            submit(&mut s, 1, JobSpec::new(t, "old", 1, 1), 0);
-            assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
-            submit(&mut s, 2, JobSpec::new(t, "young", 1, 1), 900);
-            assert_eq!(started(&s.step(Time::from_secs(900)).unwrap()), vec![2]);
-            submit(&mut s, 3, JobSpec::new(t, "urgent", 1, 1).priority(1), 950);
+            let t = s.add_tenant(TenantSpec::new("vc").quota(Quota::gpus(3, 3))).unwrap();
+            let mut pinned = JobSpec::new(t, "pinned", 1, 1);
+            pinned.preemptible = false;
+            for (id, spec, at) in
+                [(1, pinned, 0), (2, JobSpec::new(t, "old", 1, 1), 100), (3, JobSpec::new(t, "young", 1, 1), 900)]
+            {
+                submit(&mut s, id, spec, at);
+                assert_eq!(started(&s.step(Time::from_secs(at)).unwrap()), vec![id]);
+            }
+            submit(&mut s, 4, JobSpec::new(t, "urgent", 1, 1).priority(1), 950);
             s
         };
         let victims = |s: &ClusterState| preempts(&schedule(s, Time::from_secs(1000)));
         let reason = PreemptReason::Priority { victim: 0, preemptor: 1 };
-        assert_eq!(victims(&build(2)), vec![(2, reason.clone())]);
-        assert_eq!(victims(&build(1)), vec![(1, reason)]);
+        assert_eq!(victims(&build(3)), vec![(3, reason.clone())]);
+        assert_eq!(victims(&build(1)), vec![(2, reason)]);
+    }
+
+    /// A gang of two 4-GPU tasks waits on two 4-GPU nodes, each running four 1-GPU jobs far longer than it: it lacks
+    /// 8 GPUs. With a budget of 7 evictions no choice of victims frees them, and the search gives up before ranking
+    /// any (deciding as the full search does: nothing); with a budget of 8 it evicts all eight.
+    #[test]
+    fn a_victim_search_gives_up_when_its_budget_cannot_free_the_gpus_the_job_lacks() {
+        let build = |budget: u32| {
+            let mut c = preemptive(Policy::Srtf, 60);
+            c.preemption.max_per_interval = budget;
+            let mut s = cluster(c, vec![node("n0", GpuModel::T4, 4), node("n1", GpuModel::T4, 4)], &["a"]);
+            for id in 1..=8 {
+                submit(&mut s, id, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(100_000)), 0);
+            }
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 8);
+            submit(&mut s, 9, JobSpec::new(t0(), "gang", 4, 2).estimate(Dur::from_secs(600)), 100);
+            s
+        };
+        let now = Time::from_secs(200);
+        let s = build(7);
+        let (fast, gave_up) = pass_with(&s, now, true);
+        assert_eq!((fast.clone(), gave_up), (pass_with(&s, now, false).0, 1));
+        assert!(preempts(&fast).is_empty(), "{fast:?}");
+        let s = build(8);
+        let (fast, gave_up) = pass_with(&s, now, true);
+        assert_eq!((preempts(&fast).len(), gave_up), (8, 0), "{fast:?}");
     }
 
     /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
