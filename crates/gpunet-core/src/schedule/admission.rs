@@ -7,7 +7,6 @@ use crate::gpu::GpuModel;
 use crate::ids::TenantId;
 use crate::job::{Job, JobSpec};
 use crate::quota::{job_qvec, Deny};
-use crate::state::QueueKey;
 use std::collections::BTreeMap;
 
 /// What quota admission decided for a job.
@@ -21,14 +20,9 @@ pub(super) enum Admission {
 }
 
 impl Pass<'_> {
-    /// Admits `job` of tenant `t` (queue key `key`) at its smallest size. A held job of a tenant with a quota may look
-    /// for victims among its tenant's own jobs (at most 4 such searches per pass, never while explaining it).
-    ///
-    /// A search that failed fails again for a job of the same tenant, priority, shape and policy key later in the
-    /// pass: within a pass free resources and candidates only shrink, the quota book only fills and the eviction
-    /// budget only drops. Such a search is not made again, but counts among the 4 as if it were. (Not for the shapes
-    /// whose placement search may fail and then succeed in one pass: `backfill::memoizable`.)
-    pub(super) fn admit(&mut self, t: TenantId, job: &Job, key: &QueueKey, traced: bool) -> Admission {
+    /// Admits `job` of tenant `t` at its smallest size. A held job of a tenant with a quota may look for victims
+    /// among its tenant's own jobs (at most 4 such searches per pass, never while explaining it).
+    pub(super) fn admit(&mut self, t: TenantId, job: &Job, sig: u64, traced: bool) -> Admission {
         let st = self.st;
         let spec = &job.spec;
         let min_tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
@@ -38,17 +32,9 @@ impl Pass<'_> {
         if st.cfg.preemption.enabled && self.quota_searches < 4 && !traced && st.tenants[t.index()].spec.quota.is_some()
         {
             self.quota_searches += 1;
-            let like = (t, spec.priority, key.shape(), key.major);
-            if self.quota_memo && self.quota_failed.contains(&like) {
-                self.quota_memo_hits += 1;
-            } else {
-                let base = self.eligible_sig(spec, key.sig);
-                if self.make_room_in_quota(job, &base) {
-                    return Admission::MakingRoom;
-                }
-                if super::backfill::memoizable(spec) {
-                    self.quota_failed.push(like);
-                }
+            let base = self.eligible_sig(spec, sig);
+            if self.make_room_in_quota(job, &base) {
+                return Admission::MakingRoom;
             }
         }
         self.note(job.id, |p| p.quota_reason(t, block));
@@ -94,77 +80,6 @@ impl Pass<'_> {
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
-
-    /// Skipping a quota-held search like one that failed earlier in the pass decides the same: random clusters of
-    /// three tenants with quotas in one cohort (4- and 8-GPU nodes), running jobs of 1–8 GPUs (some on two nodes) at
-    /// three priorities, queues of a few shapes and estimates so that held jobs look alike; priority, LAS (thresholds
-    /// 300 and 3,000 GPU-s), preemptive SRTF and FIFO, with and without backfill, a tight or loose eviction budget;
-    /// three passes each, some jobs ending between them. And the memo does skip searches.
-    #[test]
-    fn skipping_a_quota_held_search_like_a_failed_one_decides_the_same() {
-        use proptest::prelude::*;
-        let policies = [Policy::Priority, Policy::Las, Policy::Srtf, Policy::Fifo];
-        let shapes: [(u32, u32); 5] = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2)];
-        let strategy = (
-            proptest::collection::vec((0usize..5, 0u32..3, 0i32..3), 1..24),
-            proptest::collection::vec((0usize..5, 0u32..3, 0i32..3, 0u64..3), 1..40),
-            proptest::collection::vec(any::<bool>(), 1..5),
-            proptest::collection::vec((1u64..8, 0u64..8), 3),
-            (0usize..policies.len(), any::<bool>(), 1u32..30),
-        );
-        let mut runner = det_runner(256);
-        let (hits, evicted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-        runner
-            .run(&strategy, |(running, queued, big, quotas, (policy, backfill, budget))| {
-                let mut c = preempting(policies[policy], Dur::from_secs(60));
-                c.backfill = backfill;
-                c.preemption.max_per_interval = budget;
-                c.preemption.shorter_first = policies[policy] == Policy::Srtf;
-                c.las_thresholds_gpu_s = vec![300, 3000];
-                let ns =
-                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
-                let mut s = cluster(c, ns.collect(), &[]);
-                let ts: Vec<TenantId> = quotas
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (g, extra))| {
-                        let q = Quota::gpus(*g, g + extra);
-                        s.add_tenant(TenantSpec::new(format!("t{i}")).quota(q).cohort("c")).unwrap()
-                    })
-                    .collect();
-                for (i, (k, t, prio)) in running.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec =
-                        JobSpec::new(ts[*t as usize], "run", g, tasks).estimate(Dur::from_secs(50_000)).priority(*prio);
-                    submit(&mut s, i as u64 + 1, spec, 0);
-                }
-                s.step(Time::ZERO).unwrap();
-                for (i, (k, t, prio, e)) in queued.iter().enumerate() {
-                    let (g, tasks) = shapes[*k];
-                    let spec = JobSpec::new(ts[*t as usize], "wait", g, tasks)
-                        .estimate(Dur::from_secs([600, 6_000, 60_000][*e as usize]))
-                        .priority(*prio);
-                    submit(&mut s, 1000 + i as u64, spec, 100);
-                }
-                let mut now = Time::from_secs(3_600);
-                for round in 0..3u64 {
-                    let mut with = run_pass(&s, now, |_| {});
-                    let (ds, n) = (std::mem::take(&mut with.decisions), with.quota_memo_hits);
-                    drop(with);
-                    let mut without = run_pass(&s, now, |p| p.quota_memo = false);
-                    let plain = std::mem::take(&mut without.decisions);
-                    drop(without);
-                    prop_assert_eq!(&ds, &plain);
-                    hits.set(hits.get() + n);
-                    evicted.set(evicted.get() + ds.iter().filter(|d| matches!(d, Decision::Preempt { .. })).count());
-                    now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(300));
-                }
-                Ok(())
-            })
-            .unwrap();
-        assert!(hits.get() >= 50, "{} searches skipped", hits.get());
-        assert!(evicted.get() >= 20, "{} evictions", evicted.get());
-    }
 
     #[test]
     fn quota_guarantee_limit_and_borrowing() {

@@ -53,7 +53,7 @@ pub(super) enum Behind {
 /// resources only shrink): not for an elastic job (tried at several sizes), nor for a gang within one rack, whose
 /// search looks only at the 64 racks with the fewest sufficient free GPUs, so that it may fail now and fit once other
 /// starts have moved racks out of those 64.
-pub(super) fn memoizable(spec: &crate::job::JobSpec) -> bool {
+fn memoizable(spec: &crate::job::JobSpec) -> bool {
     spec.elastic.is_none() && !(spec.topology == crate::job::TopologyScope::Rack && spec.tasks > 1)
 }
 

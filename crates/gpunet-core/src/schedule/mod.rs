@@ -203,13 +203,6 @@ struct Pass<'a> {
     promised: Vec<TaskPlacement>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,
-    /// Quota-held searches of this pass that failed: (tenant, priority, queue-key shape, queue-key major), see
-    /// `admission::admit`.
-    quota_failed: Vec<(crate::ids::TenantId, i32, u64, u64)>,
-    /// Whether a quota-held search like one that failed is skipped (off only in tests that check it decides the same
-    /// either way), and how many were.
-    quota_memo: bool,
-    quota_memo_hits: usize,
     stats: PassStats,
     attempts: std::cell::Cell<usize>,
     trace: Option<JobId>,
@@ -269,9 +262,6 @@ impl<'a> Pass<'a> {
             evicting_jobs: None,
             promised: Vec::new(),
             quota_searches: 0,
-            quota_failed: Vec::new(),
-            quota_memo: true,
-            quota_memo_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),
             trace,
@@ -367,7 +357,7 @@ impl<'a> Pass<'a> {
             self.stats.considered += 1;
             let spec = &job.spec;
             // 1. Quota.
-            match self.admit(t, job, &key, traced) {
+            match self.admit(t, job, sig, traced) {
                 Admission::Admitted => streak[t.index()] = 0,
                 Admission::MakingRoom => continue,
                 Admission::Held => {
