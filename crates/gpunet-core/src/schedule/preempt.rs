@@ -203,19 +203,24 @@ impl Pass<'_> {
             e.1 += 1;
             e.2 += g.0;
         }
+        let room = |n: crate::ids::NodeId, freed: u32| self.free.nodes[n.index()].mask.count_ones() + freed >= gpus;
+        let possible = if sums.iter().any(|&(n, count, freed)| count <= budget && eligible(n) && room(n, freed)) {
+            Some(true)
+        } else if sums.iter().all(|&(_, count, _)| count <= budget) {
+            Some(false)
+        } else {
+            // Nodes with more candidates than the budget are left: looked at below.
+            per.retain(|(n, _)| sums[slot[n.index()] as usize].1 > budget);
+            None
+        };
         for (n, ..) in &sums {
             slot[n.index()] = u32::MAX;
         }
         self.node_slot = slot;
-        let room = |n: crate::ids::NodeId, freed: u32| self.free.nodes[n.index()].mask.count_ones() + freed >= gpus;
-        if sums.iter().any(|&(n, count, freed)| count <= budget && eligible(n) && room(n, freed)) {
-            return true;
-        }
-        if sums.iter().all(|&(_, count, _)| count <= budget) {
-            return false;
+        if let Some(p) = possible {
+            return p;
         }
         // Nodes with more candidates than the budget: their largest `budget`, largest first within a node.
-        per.retain(|(n, _)| sums.iter().any(|&(m, count, _)| m == *n && count > budget));
         per.sort_unstable();
         per.chunk_by(|a, b| a.0 == b.0).any(|group| {
             let n = group[0].0;
@@ -536,8 +541,7 @@ impl Pass<'_> {
         } else {
             let total: usize = parts.iter().map(Vec::len).sum();
             // Over the limit, a window of `limit` rows in a row, wrapping, from a place drawn from the job and the
-            // time: each search of a long-blocked job looks at another part of the cluster (as Kubernetes' preemption
-            // looks at a sample of nodes from a rotating offset).
+            // time: each search of a long-blocked job looks at another part of the cluster.
             let (mut pos, mut left) = if total > limit {
                 truncated = true;
                 (scan_start(job.id, now, total), limit)
