@@ -203,6 +203,12 @@ struct Pass<'a> {
     promised: Vec<TaskPlacement>,
     /// Victim searches for quota-held jobs run in this pass (at most 4).
     quota_searches: u32,
+    /// The candidates quota-held victim searches of this pass met, for later searches that would meet the same
+    /// (`preempt::HeldCands`); off only in tests that check it decides the same either way.
+    held_cands: Vec<preempt::HeldCands<'a>>,
+    held_memo: bool,
+    /// Quota-held victim searches that took their candidates from `held_cands`.
+    held_hits: usize,
     stats: PassStats,
     attempts: std::cell::Cell<usize>,
     trace: Option<JobId>,
@@ -262,6 +268,9 @@ impl<'a> Pass<'a> {
             evicting_jobs: None,
             promised: Vec::new(),
             quota_searches: 0,
+            held_cands: Vec::new(),
+            held_memo: true,
+            held_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),
             trace,

@@ -519,7 +519,26 @@ impl Pass<'_> {
         // so whether a later pass finds victims is not bounded by time alone.
         let limit = cfg.victim_scan_limit.max(1) as usize;
         let mut truncated = false;
-        if quota_blocked {
+        // What the rows a quota-held search meets make of them depends on the tenant, the job's priority, LAS queue,
+        // eligible classes and shorter-first key, and the victims chosen in the pass so far: a search that shares
+        // the first with an earlier one of the pass, no victim chosen since, takes its candidates as that one found
+        // them. (Only with every class below 64, where the class mask stands for the classes.)
+        let memo_key = (quota_blocked && exact_mask && self.held_memo).then_some(HeldKey {
+            tenant: t,
+            priority: spec.priority,
+            queue: if demote_possible { my_queue } else { usize::MAX },
+            class_mask,
+            shorter: if shorter { my_key } else { u64::MAX },
+        });
+        let hit =
+            memo_key.and_then(|k| self.held_cands.iter().find(|h| h.key == k && h.preempted == self.preempted.len()));
+        if let Some(h) = hit {
+            cands.extend_from_slice(&h.cands);
+            cand_nodes.extend_from_slice(&h.nodes);
+            cand_rows.extend_from_slice(&h.rows);
+            (turn, truncated) = (h.turn, h.truncated);
+            self.held_hits += 1;
+        } else if quota_blocked {
             // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
             // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
             // scan of every running job, lowest priority and oldest first, until `limit` candidates are found (rows
@@ -537,6 +556,21 @@ impl Pass<'_> {
                 }
                 let (part, i) = st.run_row_of[id];
                 visit!(&st.run_rows[part][i]);
+            }
+            if let Some(key) = memo_key {
+                let h = HeldCands {
+                    key,
+                    preempted: self.preempted.len(),
+                    cands: cands.clone(),
+                    nodes: cand_nodes.clone(),
+                    rows: cand_rows.clone(),
+                    turn,
+                    truncated,
+                };
+                match self.held_cands.iter_mut().find(|h| h.key == key) {
+                    Some(old) => *old = h,
+                    None => self.held_cands.push(h),
+                }
             }
         } else {
             let total: usize = parts.iter().map(Vec::len).sum();
@@ -571,7 +605,7 @@ impl Pass<'_> {
         // when that is less than the job lacks on its classes, no placement can follow, so the search is not made.
         if self.room_precheck {
             let lacking = need.saturating_sub(self.free.free_in(classes));
-            if lacking > 0 && most_gpus_freed(&cands, budget) < lacking {
+            if lacking > 0 && most_gpus_freed(cands.iter().map(|c| c.1), budget) < lacking {
                 self.prechecked += 1;
                 return None;
             }
@@ -608,6 +642,19 @@ impl Pass<'_> {
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
+        // The walk below chooses from the first `budget + 33` ranked candidates only (every one is on an eligible
+        // class where the mask is exact), and keeps at most `budget` of them: when the `budget` of those holding the
+        // most GPUs could not free what the job lacks on its classes, and no search per node follows a failed walk,
+        // the walk cannot place the job, so it is not made.
+        let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
+        if self.room_precheck && exact_mask && !per_node_follows {
+            let lacking = need.saturating_sub(self.free.free_in(classes));
+            let reach = ranked.iter().take(budget as usize + 33).map(|&i| cands[i].1);
+            if lacking > 0 && most_gpus_freed(reach, budget) < lacking {
+                self.prechecked += 1;
+                return None;
+            }
+        }
         if quota_blocked && fut_book.is_none() {
             fut_book = Some(self.book.clone());
         }
@@ -643,6 +690,7 @@ impl Pass<'_> {
             // Probe placement at doubling victim counts: each attempt can cost a scan of racks.
             next_try = chosen.len() * 2;
         }
+
         if placed.is_none() {
             // A one-task job needs its GPUs on one node, and the cheapest victims anywhere may be spread over many:
             // the fewest victims on one node instead, if it has them.
@@ -704,14 +752,39 @@ impl Pass<'_> {
     }
 }
 
+/// What a quota-held victim search's candidates depend on besides the pass's victims (`Pass::search_victims`): the
+/// tenant, the job's priority, its LAS queue (`usize::MAX` where no job can be demoted past it), the class mask of its
+/// eligible classes (all below 64) and its shorter-first key (`u64::MAX` without).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HeldKey {
+    tenant: TenantId,
+    priority: i32,
+    queue: usize,
+    class_mask: u64,
+    shorter: u64,
+}
+
+/// The candidates a quota-held victim search found (kept by the pass, `Pass::held_cands`), with the count of victims
+/// chosen in the pass when it was made, the time from which time alone may change what it finds, and whether it
+/// left rows out (`victim_scan_limit`).
+pub(super) struct HeldCands<'a> {
+    key: HeldKey,
+    preempted: usize,
+    cands: Vec<(u64, u32, JobId, PreemptReason)>,
+    nodes: Vec<Option<crate::ids::NodeId>>,
+    rows: Vec<&'a crate::state::RunRow>,
+    turn: Time,
+    truncated: bool,
+}
+
 /// The most whole GPUs that evicting at most `budget` of the candidates can free: the sum of the largest GPU counts.
 /// (A candidate frees no more whole GPUs than its placement holds; a MIG slice holds none.)
-fn most_gpus_freed(cands: &[(u64, u32, JobId, PreemptReason)], budget: u32) -> u64 {
+fn most_gpus_freed(cands: impl ExactSizeIterator<Item = u32>, budget: u32) -> u64 {
     let budget = budget as usize;
     if cands.len() <= budget {
-        return cands.iter().map(|c| c.1 as u64).sum();
+        return cands.map(|g| g as u64).sum();
     }
-    let mut gpus: Vec<u32> = cands.iter().map(|c| c.1).collect();
+    let mut gpus: Vec<u32> = cands.collect();
     gpus.select_nth_unstable_by(budget - 1, |a, b| b.cmp(a));
     gpus[..budget].iter().map(|&g| g as u64).sum()
 }
@@ -1502,6 +1575,30 @@ mod tests {
         assert_eq!((preempts(&fast).len(), gave_up), (8, 0), "{fast:?}");
     }
 
+    /// The give-up after ranking looks at every candidate the walk can reach (the first `budget + 33`), not fewer.
+    /// One 8-GPU node runs a long 8-GPU job; six 2-GPU nodes run twelve long 1-GPU jobs, all from 0 (preemptive
+    /// SRTF, one eviction allowed). A short gang of two 4-GPU tasks fits only where the 8-GPU job runs, and that job
+    /// ranks last of the 13 candidates (it would lose the most work): the walk reaches it and evicts it alone, with
+    /// the check as without it.
+    #[test]
+    fn the_give_up_after_ranking_counts_every_candidate_the_walk_reaches() {
+        let mut c = preemptive(Policy::Srtf, 0);
+        c.preemption.max_per_interval = 1;
+        let mut ns = vec![node("big", GpuModel::T4, 8)];
+        ns.extend((0..6).map(|i| node(&format!("small{i}"), GpuModel::T4, 2)));
+        let mut s = cluster(c, ns, &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "wide", 8, 1).estimate(Dur::from_secs(10_000)), 0);
+        for id in 2..14 {
+            submit(&mut s, id, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(10_000)), 0);
+        }
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 13);
+        submit(&mut s, 20, JobSpec::new(t0(), "gang", 4, 2).estimate(Dur::from_secs(100)), 100);
+        let now = Time::from_secs(200);
+        let (fast, _) = pass_with(&s, now, true);
+        assert_eq!(fast, pass_with(&s, now, false).0);
+        assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
+    }
+
     /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
     type RandomJob = (usize, u64, i32);
 
@@ -1571,6 +1668,80 @@ mod tests {
             .unwrap();
         assert!(gave_up.get() >= 20, "the check gave up on {} searches", gave_up.get());
         assert!(preempted.get() >= 20, "{} evictions", preempted.get());
+    }
+
+    /// A quota-held victim search that takes its candidates from an earlier one of the pass (`HeldCands`), and one
+    /// that gives up because the candidates its walk can reach could not free the GPUs the job lacks, decide as the
+    /// full searches: random clusters as above shared by tenant a, whose quota (4–24 GPUs, half guaranteed) holds
+    /// many of its queued jobs, and tenant b (8 GPUs guaranteed, 64 at most); preemptive LAS (thresholds 300 and
+    /// 3,000 GPU-s), priority, SRTF and SJF; with and without backfill; a tight or loose eviction budget; three
+    /// passes each, some jobs ending between them. Searches do take earlier ones' candidates, and quota-held jobs do
+    /// evict.
+    #[test]
+    fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
+        use proptest::prelude::*;
+        let policies = [Policy::Las, Policy::Priority, Policy::Srtf, Policy::Sjf];
+        let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 2u64..12);
+        let mut runner = det_runner(256);
+        let (hits, held_evictions) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        runner
+            .run(&strategy, |((running, queued, big), policy, backfill, budget, half)| {
+                let mut c = preemptive(policies[policy], 60);
+                c.backfill = backfill;
+                c.preemption.max_per_interval = budget;
+                c.las_thresholds_gpu_s = vec![300, 3000];
+                let ns =
+                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
+                let mut s = cluster(c, ns.collect(), &[]);
+                let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
+                let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
+                // Running jobs of a come first (a may run up to its limit), then b's; two queued jobs in three are a's.
+                for (i, (k, secs, prio)) in running.iter().enumerate() {
+                    let (g, tasks) = SHAPES[*k];
+                    let t = if i % 2 == 0 { a } else { b };
+                    submit(
+                        &mut s,
+                        i as u64 + 1,
+                        JobSpec::new(t, "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio),
+                        0,
+                    );
+                }
+                s.step(Time::ZERO).unwrap();
+                for (i, (k, secs, prio)) in queued.iter().enumerate() {
+                    let (g, tasks) = SHAPES[*k];
+                    let t = if i % 3 == 2 { b } else { a };
+                    let spec = JobSpec::new(t, "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    submit(&mut s, 1000 + i as u64, spec, 100);
+                }
+                let mut now = Time::from_secs(600);
+                for round in 0..3u64 {
+                    let mut fast = run_pass(&s, now, |_| {});
+                    let mut slow_pass = run_pass(&s, now, |p| {
+                        p.held_memo = false;
+                        p.room_precheck = false;
+                    });
+                    let slow = std::mem::take(&mut slow_pass.decisions);
+                    drop(slow_pass);
+                    prop_assert_eq!(&fast.decisions, &slow);
+                    hits.set(hits.get() + fast.held_hits);
+                    let ds = std::mem::take(&mut fast.decisions);
+                    drop(fast);
+                    // Evictions for a job of a that a's quota holds (it would pass a's limit).
+                    let held = |id: &JobId| {
+                        let j = s.job(*id).expect("queued");
+                        let gpus = j.spec.task.gpus as u64 * j.spec.tasks as u64;
+                        j.spec.tenant == a && s.tenant_usage(a).gpus as u64 + gpus > 2 * half
+                    };
+                    let n =
+                        ds.iter().filter(|d| matches!(d, Decision::Preempt { for_job, .. } if held(for_job))).count();
+                    held_evictions.set(held_evictions.get() + n);
+                    now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(300));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(hits.get() >= 20, "{} searches took an earlier one's candidates", hits.get());
+        assert!(held_evictions.get() >= 10, "{} evictions for quota-held jobs", held_evictions.get());
     }
 
     /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
