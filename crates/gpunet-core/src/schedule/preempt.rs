@@ -634,18 +634,21 @@ impl Pass<'_> {
         };
         let mut ranked: Vec<usize> = (0..cands.len()).collect();
         const KEEP: usize = 512;
-        // With every class below 64 the class mask above is exact: every candidate is on an eligible class, and the
-        // walk below gives up once it holds budget + 33 of them, so no more are worth ordering.
+        // With every eligible class below 64 the class mask above is exact for jobs on classes below 64, and the walk
+        // below gives up once it holds budget + 33 candidates, so no more are worth ordering. (A job on a class of
+        // 64 or more matches every mask: where such a job is among them and on no eligible class, the walk skips it
+        // and sees fewer. Known, on clusters of more than 64 node classes only; see docs/scheduler.md.)
         let keep = if exact_mask { KEEP.min(budget as usize + 33) } else { KEEP };
         if ranked.len() > keep {
             ranked.select_nth_unstable_by_key(keep - 1, key);
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
-        // The walk below chooses from the first `budget + 33` ranked candidates only (every one is on an eligible
-        // class where the mask is exact), and keeps at most `budget` of them: when the `budget` of those holding the
-        // most GPUs could not free what the job lacks on its classes, and no search per node follows a failed walk,
-        // the walk cannot place the job, so it is not made.
+        // The walk below chooses from the first `budget + 33` ranked candidates only (fewer where some are on no
+        // eligible class, as a job on a class of 64 or more can be: it matches every mask), and keeps at most `budget`
+        // of them: when the `budget` of those holding the most GPUs could not free what the job lacks on its classes,
+        // and no search per node (which takes from every candidate) follows a failed walk, the walk cannot place the
+        // job, so it is not made.
         let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
         if self.room_precheck && exact_mask && !per_node_follows {
             let lacking = need.saturating_sub(self.free.free_in(classes));
@@ -1599,6 +1602,30 @@ mod tests {
         assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
     }
 
+    /// The give-up after ranking is not made for a one-task job of 2 GPUs or more that no eviction under way or quota
+    /// holds: a search per node follows its failed walk, and that one takes from every candidate, not only those the
+    /// walk reaches. One eviction allowed (preemptive SRTF); seventeen 2-GPU nodes run 34 long 1-GPU jobs, one 4-GPU
+    /// node a long 4-GPU job, all from 0. A short 4-GPU job waits: the walk reaches the 34 cheapest candidates (the
+    /// 1-GPU jobs), which free no node, and the search per node evicts the 4-GPU job alone.
+    #[test]
+    fn a_search_per_node_after_the_walk_keeps_the_give_up_after_ranking_away() {
+        let mut c = preemptive(Policy::Srtf, 0);
+        c.preemption.max_per_interval = 1;
+        let mut ns = vec![node("four", GpuModel::T4, 4)];
+        ns.extend((0..17).map(|i| node(&format!("two{i}"), GpuModel::T4, 2)));
+        let mut s = cluster(c, ns, &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(10_000)), 0);
+        for id in 2..36 {
+            submit(&mut s, id, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(10_000)), 0);
+        }
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 35);
+        submit(&mut s, 40, JobSpec::new(t0(), "short", 4, 1).estimate(Dur::from_secs(100)), 100);
+        let now = Time::from_secs(200);
+        let (fast, _) = pass_with(&s, now, true);
+        assert_eq!(fast, pass_with(&s, now, false).0);
+        assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
+    }
+
     /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
     type RandomJob = (usize, u64, i32);
 
@@ -1672,7 +1699,8 @@ mod tests {
 
     /// A quota-held victim search that takes its candidates from an earlier one of the pass (`HeldCands`), and one
     /// that gives up because the candidates its walk can reach could not free the GPUs the job lacks, decide as the
-    /// full searches: random clusters as above shared by tenant a, whose quota (4–24 GPUs, half guaranteed) holds
+    /// full searches: random clusters as above (T4 and A100 nodes in turn, queued jobs asking for either model or
+    /// taking both) shared by tenant a, whose quota (4–24 GPUs, half guaranteed) holds
     /// many of its queued jobs, and tenant b (8 GPUs guaranteed, 64 at most); preemptive LAS (thresholds 300 and
     /// 3,000 GPU-s), priority, SRTF and SJF; with and without backfill; a tight or loose eviction budget; three
     /// passes each, some jobs ending between them. Searches do take earlier ones' candidates, and quota-held jobs do
@@ -1690,8 +1718,10 @@ mod tests {
                 c.backfill = backfill;
                 c.preemption.max_per_interval = budget;
                 c.las_thresholds_gpu_s = vec![300, 3000];
+                // Two node classes (T4 and A100 in turn), and queued jobs that ask for one of them or take either.
+                let models = [GpuModel::T4, GpuModel::A100_80GB];
                 let ns =
-                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
+                    big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), models[i % 2], [4, 8][*b as usize]));
                 let mut s = cluster(c, ns.collect(), &[]);
                 let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
                 let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
@@ -1710,7 +1740,10 @@ mod tests {
                 for (i, (k, secs, prio)) in queued.iter().enumerate() {
                     let (g, tasks) = SHAPES[*k];
                     let t = if i % 3 == 2 { b } else { a };
-                    let spec = JobSpec::new(t, "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    let mut spec = JobSpec::new(t, "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                    if secs % 3 > 0 {
+                        spec.gpu_models.push(models[(secs % 3 - 1) as usize]);
+                    }
                     submit(&mut s, 1000 + i as u64, spec, 100);
                 }
                 let mut now = Time::from_secs(600);
