@@ -441,6 +441,11 @@ impl Pass<'_> {
                 if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
                     continue;
                 }
+                // A job on a node class of 64 or more matches every mask: with an exact mask, it is a candidate only
+                // when it runs on an eligible class too (else ranking it would crowd out one the walk could take).
+                if exact_mask && r.classes == u64::MAX && !on_eligible(&st.jobs[&r.id]) {
+                    continue;
+                }
                 let (lendable, reclaimable) = if all_lent {
                     (true, false)
                 } else {
@@ -634,19 +639,17 @@ impl Pass<'_> {
         };
         let mut ranked: Vec<usize> = (0..cands.len()).collect();
         const KEEP: usize = 512;
-        // With every eligible class below 64 the class mask above is exact for jobs on classes below 64, and the walk
-        // below gives up once it holds budget + 33 candidates, so no more are worth ordering. (A job on a class of
-        // 64 or more matches every mask: where such a job is among them and on no eligible class, the walk skips it
-        // and sees fewer. Known, on clusters of more than 64 node classes only; see docs/scheduler.md.)
+        // With every eligible class below 64 every candidate is on an eligible class (a job on a class of 64 or more,
+        // which matches every mask, was checked above), and the walk below gives up once it holds budget + 33 of
+        // them, so no more are worth ordering.
         let keep = if exact_mask { KEEP.min(budget as usize + 33) } else { KEEP };
         if ranked.len() > keep {
             ranked.select_nth_unstable_by_key(keep - 1, key);
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
-        // The walk below chooses from the first `budget + 33` ranked candidates only (fewer where some are on no
-        // eligible class, as a job on a class of 64 or more can be: it matches every mask), and keeps at most `budget`
-        // of them: when the `budget` of those holding the most GPUs could not free what the job lacks on its classes,
+        // The walk below chooses from the first `budget + 33` ranked candidates only, and keeps at most `budget` of
+        // them: when the `budget` of those holding the most GPUs could not free what the job lacks on its classes,
         // and no search per node (which takes from every candidate) follows a failed walk, the walk cannot place the
         // job, so it is not made.
         let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
@@ -1624,6 +1627,37 @@ mod tests {
         let (fast, _) = pass_with(&s, now, true);
         assert_eq!(fast, pass_with(&s, now, false).0);
         assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
+    }
+
+    /// A running job on a node class of 64 or more matches every class mask, but is a candidate only where it runs on
+    /// one of the waiting job's classes. 100 one-GPU nodes, each its own class (a label per node): nodes 0–63 in pool
+    /// x, nodes 64–99 in pool y. A long job runs on each, pool x's from 0 and pool y's from 50 s (they would lose less
+    /// work). One eviction allowed (preemptive SRTF); at 100 s a short job that may run in pool x only waits. The
+    /// search ranks the 34 cheapest candidates: were pool y's jobs among them, none would be on the job's classes and
+    /// nothing would be evicted. It evicts one job of pool x.
+    #[test]
+    fn a_job_on_a_class_past_64_is_no_candidate_off_the_waiting_jobs_classes() {
+        use crate::job::SelectorTerm;
+        let mut c = preemptive(Policy::Srtf, 0);
+        c.preemption.max_per_interval = 1;
+        let pool = |k: usize| if k < 64 { "x" } else { "y" };
+        let ns = (0..100)
+            .map(|k| node(&format!("n{k}"), GpuModel::T4, 1).label("slot", &k.to_string()).label("pool", pool(k)));
+        let mut s = cluster(c, ns.collect(), &["a"]);
+        for k in 0..100usize {
+            let mut spec = JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(10_000));
+            spec.selector = crate::job::thin_vec![SelectorTerm::eq("slot", &k.to_string())];
+            let at = if k < 64 { 0 } else { 50 };
+            submit(&mut s, k as u64 + 1, spec, at);
+            assert_eq!(started(&s.step(Time::from_secs(at)).unwrap()), vec![k as u64 + 1]);
+        }
+        let mut short = JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(100));
+        short.selector = crate::job::thin_vec![SelectorTerm::eq("pool", "x")];
+        submit(&mut s, 200, short, 100);
+        let ds = schedule(&s, Time::from_secs(100));
+        let victims = preempts(&ds).iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(victims.len(), 1, "{ds:?}");
+        assert!(victims[0] <= 64, "a job of pool x: {ds:?}");
     }
 
     /// A job of the random clusters: a shape of [`SHAPES`], an estimate in seconds, a priority.
