@@ -176,7 +176,8 @@ struct Pass<'a> {
     room_precheck: bool,
     /// Victim searches that check gave up on.
     prechecked: usize,
-    /// Scans of the running jobs that victim searches made.
+    /// Scans of the running jobs that victim searches made (not counting searches that took an earlier one's
+    /// candidates, `held_hits`).
     victim_scans: usize,
     /// Whether the reservation of a one-task head walks releases node by node (`backfill::reservation`; off only
     /// in tests that check it decides as the search by placement does).

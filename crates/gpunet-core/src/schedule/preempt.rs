@@ -424,7 +424,6 @@ impl Pass<'_> {
         let per_gpus: [u64; 9] = std::array::from_fn(|g| bound.div_ceil(g.max(1) as u64));
         let policy = st.cfg.policy;
         let now = self.now;
-        self.victim_scans += 1;
         // Every tenant's rows lent and none reclaimable (no quotas, as in most replays): no lookup per row. No running
         // job of lower priority: no comparison per row.
         let all_lent = tenant_flags.iter().all(|f| *f == LENT);
@@ -544,6 +543,7 @@ impl Pass<'_> {
             (turn, truncated) = (h.turn, h.truncated);
             self.held_hits += 1;
         } else if quota_blocked {
+            self.victim_scans += 1;
             // Held by its own quota, only the tenant's own jobs are candidates: its rows through its index of running
             // jobs (by priority: below the job's, unless LAS or shorter-first may evict any of them) instead of a
             // scan of every running job, lowest priority and oldest first, until `limit` candidates are found (rows
@@ -578,6 +578,7 @@ impl Pass<'_> {
                 }
             }
         } else {
+            self.victim_scans += 1;
             let total: usize = parts.iter().map(Vec::len).sum();
             // Over the limit, a window of `limit` rows in a row, wrapping, from a place drawn from the job and the
             // time: each search of a long-blocked job looks at another part of the cluster.
@@ -1737,8 +1738,8 @@ mod tests {
     /// taking both) shared by tenant a, whose quota (4–24 GPUs, half guaranteed) holds
     /// many of its queued jobs, and tenant b (8 GPUs guaranteed, 64 at most); preemptive LAS (thresholds 300 and
     /// 3,000 GPU-s), priority, SRTF and SJF; with and without backfill; a tight or loose eviction budget; three
-    /// passes each, some jobs ending between them. Searches do take earlier ones' candidates, and quota-held jobs do
-    /// evict.
+    /// passes each, some jobs ending between them. Each search that takes an earlier one's candidates is one scan
+    /// fewer. Searches do take earlier ones' candidates, and quota-held jobs do evict.
     #[test]
     fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
         use proptest::prelude::*;
@@ -1788,8 +1789,11 @@ mod tests {
                         p.room_precheck = false;
                     });
                     let slow = std::mem::take(&mut slow_pass.decisions);
+                    let slow_scans = slow_pass.victim_scans;
                     drop(slow_pass);
                     prop_assert_eq!(&fast.decisions, &slow);
+                    // Each search that took an earlier one's candidates is a scan the pass did not make.
+                    prop_assert_eq!(fast.victim_scans + fast.held_hits, slow_scans);
                     hits.set(hits.get() + fast.held_hits);
                     let ds = std::mem::take(&mut fast.decisions);
                     drop(fast);
