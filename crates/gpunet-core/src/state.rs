@@ -165,7 +165,9 @@ pub struct ClusterState {
     pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
     /// Running jobs by tenant, priority and start: a job its own quota holds can only evict its tenant's
     /// lower-priority jobs past their minimum run time, which this tells without a scan of every running job.
-    pub(crate) tenant_runs: BTreeSet<(TenantId, i32, Time, JobId)>,
+    /// Each with its row's place in `run_rows` (as `run_row_of` has it), so that a search over a tenant's jobs reads
+    /// no other index.
+    pub(crate) tenant_runs: BTreeMap<(TenantId, i32, Time, JobId), (usize, usize)>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Running elastic jobs.
@@ -304,7 +306,7 @@ impl ClusterState {
             run_rows: [Vec::new(), Vec::new()],
             run_row_of: FxHashMap::default(),
             prio_counts: std::collections::BTreeMap::new(),
-            tenant_runs: BTreeSet::new(),
+            tenant_runs: BTreeMap::new(),
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
@@ -775,7 +777,7 @@ impl ClusterState {
     /// victim for its own quota-held job): one range step per priority level, not a scan.
     pub(crate) fn runs_older_lower_priority(&self, t: TenantId, below: i32, cutoff: Time) -> bool {
         let mut from = (t, i32::MIN, Time(0), JobId(0));
-        while let Some(&(tt, p, started, _)) = self.tenant_runs.range(from..).next() {
+        while let Some((&(tt, p, started, _), _)) = self.tenant_runs.range(from..).next() {
             if tt != t || p >= below {
                 return false;
             }
@@ -966,10 +968,11 @@ impl ClusterState {
             node,
         };
         let part = borrowed as usize;
-        self.run_row_of.insert(id, (part, self.run_rows[part].len()));
+        let place = (part, self.run_rows[part].len());
+        self.run_row_of.insert(id, place);
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
-        self.tenant_runs.insert((row.tenant, row.priority, row.started, id));
+        self.tenant_runs.insert((row.tenant, row.priority, row.started, id), place);
     }
 
     /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
@@ -1146,6 +1149,10 @@ impl ClusterState {
             let row = self.run_rows[part].swap_remove(i);
             if let Some(moved) = self.run_rows[part].get(i) {
                 self.run_row_of.insert(moved.id, (part, i));
+                if let Some(place) = self.tenant_runs.get_mut(&(moved.tenant, moved.priority, moved.started, moved.id))
+                {
+                    *place = (part, i);
+                }
             }
             if let Some(c) = self.prio_counts.get_mut(&row.priority) {
                 *c -= 1;
@@ -1454,8 +1461,11 @@ impl ClusterState {
         let rows_ok = (0..2)
             .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
         let counted: u32 = self.prio_counts.values().sum();
-        let by_tenant: BTreeSet<(TenantId, i32, Time, JobId)> =
-            self.run_rows.iter().flatten().map(|r| (r.tenant, r.priority, r.started, r.id)).collect();
+        let by_tenant: BTreeMap<(TenantId, i32, Time, JobId), (usize, usize)> = (0..2)
+            .flat_map(|p| {
+                self.run_rows[p].iter().enumerate().map(move |(i, r)| ((r.tenant, r.priority, r.started, r.id), (p, i)))
+            })
+            .collect();
         if running != self.run_rows[0].len() + self.run_rows[1].len()
             || !rows_ok
             || counted as usize != running

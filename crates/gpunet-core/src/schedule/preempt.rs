@@ -553,13 +553,12 @@ impl Pass<'_> {
             let rows = st
                 .tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
-                .take_while(|(tt, p, _, _)| *tt == t && (any_priority || *p < spec.priority));
-            for (_, _, _, id) in rows {
+                .take_while(|((tt, p, _, _), _)| *tt == t && (any_priority || *p < spec.priority));
+            for (_, &(part, i)) in rows {
                 if cands.len() >= limit {
                     truncated = true;
                     break;
                 }
-                let (part, i) = st.run_row_of[id];
                 visit!(&st.run_rows[part][i]);
             }
             if let Some(key) = memo_key {
