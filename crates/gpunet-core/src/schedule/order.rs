@@ -100,7 +100,8 @@ pub(super) enum Order<'a> {
         iter: std::collections::btree_set::Iter<'a, (QueueKey, TenantId)>,
         dropped: Vec<bool>,
     },
-    /// The same with the parked jobs in their places (as the queue is shown): the tenants' queues merged by a heap.
+    /// The tenants' queues merged by a heap: with the parked jobs in their places (as the queue is shown), or the
+    /// merged walk's rest once it has left dropped tenants behind (`Order::leave_merged`).
     Jobs { heap: BinaryHeap<Reverse<(u64, u64, JobId, u32)>>, iters: Vec<Peekable<TenantJobs<'a>>>, dropped: Vec<bool> },
     Tenants {
         iters: Vec<Peekable<TenantJobs<'a>>>,
@@ -424,9 +425,9 @@ mod tests {
 
     /// The merged walk skips a dropped tenant's keys, and after [`super::MERGED_SKIP`] of them in a row goes on as a
     /// heap merge of the other tenants' queues (`Order::leave_merged`): on random queues (most of each tenant's jobs
-    /// in a block of the SJF order, two with a third of the jobs each, so that long runs of one tenant occur) and tenants dropped at random points, it
-    /// gives exactly the merged queue's keys of the tenants not dropped when each is reached, in order, and ends once
-    /// every tenant with keys left is dropped. Fails if the heap merge starts before the last key the walk gave
+    /// in a block of the SJF order, two tenants with a third of the jobs each, so that long runs of one tenant
+    /// occur) and tenants dropped at random points, it gives exactly the merged queue's keys of the tenants not
+    /// dropped when each is reached, in order, and ends once every tenant with keys left is dropped. Fails if the heap merge starts before the last key the walk gave
     /// (a start within the run skipped gives the same keys, which are all dropped tenants'); the cases that left the
     /// merged walk are counted, so that the test cannot pass without them.
     #[test]

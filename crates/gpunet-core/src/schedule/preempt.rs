@@ -608,12 +608,11 @@ impl Pass<'_> {
         self.turns_at(budget_grows_at);
         // Whichever victims the budget allows, they free at most the GPUs of the `budget` candidates holding the most:
         // when that is less than the job lacks on its classes, no placement can follow, so the search is not made.
-        if self.room_precheck {
-            let lacking = need.saturating_sub(self.free.free_in(classes));
-            if lacking > 0 && most_gpus_freed(cands.iter().map(|c| c.1), budget) < lacking {
-                self.prechecked += 1;
-                return None;
-            }
+        // What the job lacks on its classes (the pool does not change before the walk below).
+        let lacking = need.saturating_sub(self.free.free_in(classes));
+        if self.room_precheck && lacking > 0 && most_gpus_freed(cands.iter().map(|c| c.1), budget) < lacking {
+            self.prechecked += 1;
+            return None;
         }
         // A one-task job needs its GPUs on one node: unless some eligible node can have them free once at most
         // `budget` of the candidates on it are gone, the search below cannot succeed (its every result is such a
@@ -654,7 +653,6 @@ impl Pass<'_> {
         // job, so it is not made.
         let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
         if self.room_precheck && exact_mask && !per_node_follows {
-            let lacking = need.saturating_sub(self.free.free_in(classes));
             let reach = ranked.iter().take(budget as usize + 33).map(|&i| cands[i].1);
             if lacking > 0 && most_gpus_freed(reach, budget) < lacking {
                 self.prechecked += 1;
@@ -696,7 +694,6 @@ impl Pass<'_> {
             // Probe placement at doubling victim counts: each attempt can cost a scan of racks.
             next_try = chosen.len() * 2;
         }
-
         if placed.is_none() {
             // A one-task job needs its GPUs on one node, and the cheapest victims anywhere may be spread over many:
             // the fewest victims on one node instead, if it has them.
@@ -1581,52 +1578,45 @@ mod tests {
         assert_eq!((preempts(&fast).len(), gave_up), (8, 0), "{fast:?}");
     }
 
-    /// The give-up after ranking looks at every candidate the walk can reach (the first `budget + 33`), not fewer.
-    /// One 8-GPU node runs a long 8-GPU job; six 2-GPU nodes run twelve long 1-GPU jobs, all from 0 (preemptive
-    /// SRTF, one eviction allowed). A short gang of two 4-GPU tasks fits only where the 8-GPU job runs, and that job
-    /// ranks last of the 13 candidates (it would lose the most work): the walk reaches it and evicts it alone, with
-    /// the check as without it.
-    #[test]
-    fn the_give_up_after_ranking_counts_every_candidate_the_walk_reaches() {
+    /// Preemptive SRTF with one eviction allowed: a node of `wide` GPUs runs a long job of as many (job 1), and
+    /// `small_nodes` nodes of `small` GPUs run long 1-GPU jobs, all from 0; `waiting` (short) comes at 100 s. The
+    /// pass at 200 s decides the same with the checks as without them, and evicts job 1 alone.
+    fn only_the_wide_job_is_evicted(wide: usize, small_nodes: usize, small: usize, waiting: JobSpec) {
         let mut c = preemptive(Policy::Srtf, 0);
         c.preemption.max_per_interval = 1;
-        let mut ns = vec![node("big", GpuModel::T4, 8)];
-        ns.extend((0..6).map(|i| node(&format!("small{i}"), GpuModel::T4, 2)));
+        let mut ns = vec![node("wide", GpuModel::T4, wide)];
+        ns.extend((0..small_nodes).map(|i| node(&format!("small{i}"), GpuModel::T4, small)));
         let mut s = cluster(c, ns, &["a"]);
-        submit(&mut s, 1, JobSpec::new(t0(), "wide", 8, 1).estimate(Dur::from_secs(10_000)), 0);
-        for id in 2..14 {
+        submit(&mut s, 1, JobSpec::new(t0(), "wide", wide as u32, 1).estimate(Dur::from_secs(10_000)), 0);
+        let narrow = small_nodes * small;
+        for id in 2..2 + narrow as u64 {
             submit(&mut s, id, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(10_000)), 0);
         }
-        assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 13);
-        submit(&mut s, 20, JobSpec::new(t0(), "gang", 4, 2).estimate(Dur::from_secs(100)), 100);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 1 + narrow);
+        submit(&mut s, 100, waiting.estimate(Dur::from_secs(100)), 100);
         let now = Time::from_secs(200);
         let (fast, _) = pass_with(&s, now, true);
         assert_eq!(fast, pass_with(&s, now, false).0);
         assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
     }
 
+    /// The give-up after ranking looks at every candidate the walk can reach (the first `budget + 33`), not fewer.
+    /// One 8-GPU node runs a long 8-GPU job; six 2-GPU nodes run twelve long 1-GPU jobs. A short gang of two 4-GPU
+    /// tasks fits only where the 8-GPU job runs, and that job ranks last of the 13 candidates (it would lose the most
+    /// work): the walk reaches it and evicts it alone, with the check as without it.
+    #[test]
+    fn the_give_up_after_ranking_counts_every_candidate_the_walk_reaches() {
+        only_the_wide_job_is_evicted(8, 6, 2, JobSpec::new(t0(), "gang", 4, 2));
+    }
+
     /// The give-up after ranking is not made for a one-task job of 2 GPUs or more that no eviction under way or quota
     /// holds: a search per node follows its failed walk, and that one takes from every candidate, not only those the
-    /// walk reaches. One eviction allowed (preemptive SRTF); seventeen 2-GPU nodes run 34 long 1-GPU jobs, one 4-GPU
-    /// node a long 4-GPU job, all from 0. A short 4-GPU job waits: the walk reaches the 34 cheapest candidates (the
-    /// 1-GPU jobs), which free no node, and the search per node evicts the 4-GPU job alone.
+    /// walk reaches. Seventeen 2-GPU nodes run 34 long 1-GPU jobs, one 4-GPU node a long 4-GPU job. A short 4-GPU job
+    /// waits: the walk reaches the 34 cheapest candidates (the 1-GPU jobs), which free no node, and the search per
+    /// node evicts the 4-GPU job alone.
     #[test]
     fn a_search_per_node_after_the_walk_keeps_the_give_up_after_ranking_away() {
-        let mut c = preemptive(Policy::Srtf, 0);
-        c.preemption.max_per_interval = 1;
-        let mut ns = vec![node("four", GpuModel::T4, 4)];
-        ns.extend((0..17).map(|i| node(&format!("two{i}"), GpuModel::T4, 2)));
-        let mut s = cluster(c, ns, &["a"]);
-        submit(&mut s, 1, JobSpec::new(t0(), "wide", 4, 1).estimate(Dur::from_secs(10_000)), 0);
-        for id in 2..36 {
-            submit(&mut s, id, JobSpec::new(t0(), "narrow", 1, 1).estimate(Dur::from_secs(10_000)), 0);
-        }
-        assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 35);
-        submit(&mut s, 40, JobSpec::new(t0(), "short", 4, 1).estimate(Dur::from_secs(100)), 100);
-        let now = Time::from_secs(200);
-        let (fast, _) = pass_with(&s, now, true);
-        assert_eq!(fast, pass_with(&s, now, false).0);
-        assert_eq!(preempts(&fast).iter().map(|p| p.0).collect::<Vec<_>>(), vec![1], "{fast:?}");
+        only_the_wide_job_is_evicted(4, 17, 2, JobSpec::new(t0(), "short", 4, 1));
     }
 
     /// A running job on a node class of 64 or more matches every class mask, but is a candidate only where it runs on
