@@ -135,6 +135,44 @@ impl QuotaBook {
         Ok(borrowed)
     }
 
+    /// The fewest GPUs tenant `t` must give back (its own running jobs evicted) before its GPU dimension admits `req`
+    /// (`u64::MAX`: no number will do; 0 for a tenant whose quota sets no GPU limit). Only that dimension is looked
+    /// at, so it is a lower bound on what any eviction that lets [`QuotaBook::admit`] take `req` gives back.
+    pub(crate) fn gpu_shortfall(&self, shape: &QuotaShape, t: TenantId, req: &QVec) -> u64 {
+        let (quota, cohort) = &shape.tenants[t.index()];
+        let Some(lim) = quota.as_ref().and_then(|q| q.dims[DIM_GPUS]) else { return 0 };
+        let (d, r) = (DIM_GPUS, req[DIM_GPUS]);
+        if r == 0 {
+            return 0;
+        }
+        let used = self.usage[t.index()][d];
+        if r > lim.limit {
+            return u64::MAX;
+        }
+        // Within the limit: `used − x + r ≤ limit`.
+        let for_limit = (used + r).saturating_sub(lim.limit);
+        // Then within the guarantee (nothing borrowed) …
+        let within = (used + r).saturating_sub(lim.guarantee);
+        // … or borrowing what the root pool can lend once the group's excess over its guarantee shrinks by what is
+        // given back: `excess(u − x + r) ≤ unguaranteed − (what other groups borrow)`, `u` the group's usage.
+        let (u, g) = match cohort {
+            Some(c) => (self.cohort_usage[*c as usize][d], shape.cohorts[*c as usize].1[d]),
+            None => (used, lim.guarantee),
+        };
+        let others = self.root_borrowed[d].saturating_sub(Self::excess(u, g));
+        let for_root = match shape.unguaranteed[d].checked_sub(others) {
+            Some(room) => (u + r).saturating_sub(g.saturating_add(room)),
+            None => u64::MAX,
+        };
+        let x = for_limit.max(within.min(for_root));
+        // What the tenant holds is all it can give back.
+        if x > used {
+            u64::MAX
+        } else {
+            x
+        }
+    }
+
     /// The numbers and names behind a refusal.
     pub(crate) fn explain_deny(&self, shape: &QuotaShape, t: TenantId, deny: Deny) -> QuotaBlock {
         let (quota, cohort) = &shape.tenants[t.index()];
@@ -196,5 +234,81 @@ impl QuotaBook {
             Some(q) => q.dims[DIM_GPUS].is_some_and(|l| self.usage[t.index()][DIM_GPUS] > l.guarantee),
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::QLimit;
+    use proptest::prelude::*;
+
+    /// `gpu_shortfall` is the least number of GPUs a tenant gives back (as its evicted jobs would, through
+    /// [`QuotaBook::charge`]) after which [`QuotaBook::admit`] takes the request: on random books of three tenants with
+    /// GPU quotas (two in a cohort, one alone), giving back that many admits it and one fewer does not.
+    #[test]
+    fn the_gpu_shortfall_is_the_least_given_back_that_admits() {
+        let strategy = (proptest::collection::vec((0u64..8, 0u64..8, 0u64..12), 3), 0u64..10, 0usize..3, 1u64..9);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 2_000,
+            rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+            ..Default::default()
+        });
+        let (admitted_after, never) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        runner
+            .run(&strategy, |(tenants, spare, who, r)| {
+                let gpus = |n: u64| {
+                    let mut v = [0u64; QDIMS];
+                    v[DIM_GPUS] = n;
+                    v
+                };
+                let quota = |g: u64, extra: u64| {
+                    let mut q = Quota::default();
+                    q.dims[DIM_GPUS] = Some(QLimit { guarantee: g, limit: g + extra });
+                    q
+                };
+                let cohort_g: u64 = tenants[..2].iter().map(|t| t.0).sum();
+                let shape = QuotaShape {
+                    tenants: tenants
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| (Some(quota(t.0, t.1)), (i < 2).then_some(0)))
+                        .collect(),
+                    cohorts: vec![("c".into(), gpus(cohort_g))],
+                    unguaranteed: gpus(spare),
+                };
+                let mut book =
+                    QuotaBook { usage: vec![[0; QDIMS]; 3], cohort_usage: vec![[0; QDIMS]], ..Default::default() };
+                // Usage as admissions made it: each tenant takes GPUs one at a time while admitted, up to its wish.
+                for (i, t) in tenants.iter().enumerate() {
+                    for _ in 0..t.2 {
+                        if book.admit(&shape, TenantId(i as u32), &gpus(1)).is_err() {
+                            break;
+                        }
+                        book.charge(&shape, TenantId(i as u32), &gpus(1), false);
+                    }
+                }
+                let t = TenantId(who as u32);
+                let x = book.gpu_shortfall(&shape, t, &gpus(r));
+                let after = |x: u64| {
+                    let mut b = book.clone();
+                    b.charge(&shape, t, &gpus(x), true);
+                    b.admit(&shape, t, &gpus(r)).is_ok()
+                };
+                let used = book.usage[who][DIM_GPUS];
+                if x == u64::MAX {
+                    prop_assert!(!after(used), "giving back all {used} admits {r}");
+                    never.set(never.get() + 1);
+                } else {
+                    prop_assert!(x <= used);
+                    prop_assert!(after(x), "giving back {x} of {used} does not admit {r}");
+                    prop_assert!(x == 0 || !after(x - 1), "giving back {} admits {r} already", x - 1);
+                    admitted_after.set(admitted_after.get() + usize::from(x > 0));
+                }
+                Ok(())
+            })
+            .unwrap();
+        let (admitted_after, never) = (admitted_after.get(), never.get());
+        assert!(admitted_after >= 200 && never >= 50, "{admitted_after} admitted after giving back, {never} never");
     }
 }

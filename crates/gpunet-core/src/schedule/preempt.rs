@@ -607,9 +607,16 @@ impl Pass<'_> {
         }
         self.turns_at(budget_grows_at);
         // Whichever victims the budget allows, they free at most the GPUs of the `budget` candidates holding the most:
-        // when that is less than the job lacks on its classes, no placement can follow, so the search is not made.
-        // What the job lacks on its classes (the pool does not change before the walk below).
+        // when that is less than the job lacks, no placement can follow, so the search is not made. What it lacks:
+        // GPUs free on its classes (the pool does not change before the walk below), and, held by its own quota,
+        // what its tenant must give back before that quota admits it (`QuotaBook::gpu_shortfall`: the victims are
+        // all the tenant's own, evictions under way counted), whichever is more.
         let lacking = need.saturating_sub(self.free.free_in(classes));
+        let lacking = if quota_blocked {
+            lacking.max(fut_book.as_ref().unwrap_or(&self.book).gpu_shortfall(shape, t, &req))
+        } else {
+            lacking
+        };
         if self.room_precheck && lacking > 0 && most_gpus_freed(cands.iter().map(|c| c.1), budget) < lacking {
             self.prechecked += 1;
             return None;
@@ -648,7 +655,7 @@ impl Pass<'_> {
         }
         ranked.sort_unstable_by_key(key);
         // The walk below chooses from the first `budget + 33` ranked candidates only, and keeps at most `budget` of
-        // them: when the `budget` of those holding the most GPUs could not free what the job lacks on its classes,
+        // them: when the `budget` of those holding the most GPUs could not free what the job lacks (as above),
         // and no search per node (which takes from every candidate) follows a failed walk, the walk cannot place the
         // job, so it is not made.
         let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
@@ -1576,6 +1583,35 @@ mod tests {
         let s = build(8);
         let (fast, gave_up) = pass_with(&s, now, true);
         assert_eq!((preempts(&fast).len(), gave_up), (8, 0), "{fast:?}");
+    }
+
+    /// A job its own quota holds must have its victims give back what its GPU quota lacks, not only the room. Tenant a
+    /// (guarantee 4, limit 8 GPUs) runs eight 1-GPU jobs; its 4-GPU job of higher priority waits, with room for it
+    /// free on the second node: a's quota lacks 4 GPUs. With a budget of 3 evictions no choice of its jobs gives them
+    /// back, and the search gives up before ranking any (deciding as the full search does: nothing); with a budget
+    /// of 4 it evicts four.
+    #[test]
+    fn a_quota_held_search_gives_up_when_its_budget_cannot_give_back_what_the_quota_lacks() {
+        let build = |budget: u32| {
+            let mut c = preempting(Policy::Priority, Dur::from_secs(60));
+            c.preemption.max_per_interval = budget;
+            let mut s = cluster(c, vec![node("n0", GpuModel::T4, 8), node("n1", GpuModel::T4, 8)], &[]);
+            let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(4, 8))).unwrap();
+            for id in 1..=8 {
+                submit(&mut s, id, JobSpec::new(a, "low", 1, 1), 0);
+            }
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 8);
+            submit(&mut s, 9, JobSpec::new(a, "high", 4, 1).priority(1), 100);
+            s
+        };
+        let now = Time::from_secs(200);
+        let s = build(3);
+        let (fast, gave_up) = pass_with(&s, now, true);
+        assert_eq!((fast.clone(), gave_up), (pass_with(&s, now, false).0, 1));
+        assert!(preempts(&fast).is_empty(), "{fast:?}");
+        let s = build(4);
+        let (fast, gave_up) = pass_with(&s, now, true);
+        assert_eq!((preempts(&fast).len(), gave_up), (4, 0), "{fast:?}");
     }
 
     /// Preemptive SRTF with one eviction allowed: a node of `wide` GPUs runs a long job of as many (job 1), and
