@@ -113,6 +113,44 @@ impl RunRow {
     }
 }
 
+/// What a quota-held victim search (`schedule::preempt`) reads of a running job in `tenant_runs`, next to its key,
+/// before (and mostly instead of) its row: its row's place in `run_rows`, and copies of the row's fields that say
+/// whether it is no candidate at all, or not yet one under LAS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunBrief {
+    /// The row's place: part and index (`u32`s, to keep the brief small; see [`RunBrief::place`]).
+    part: u32,
+    index: u32,
+    pub(crate) classes: u64,
+    pub(crate) attained_before: u64,
+    pub(crate) gpus: u32,
+    pub(crate) preemptible: bool,
+    pub(crate) evicting: bool,
+}
+
+impl RunBrief {
+    fn of(r: &RunRow, place: (usize, usize)) -> RunBrief {
+        RunBrief {
+            part: place.0 as u32,
+            index: place.1 as u32,
+            classes: r.classes,
+            attained_before: r.attained_before,
+            gpus: r.gpus,
+            preemptible: r.preemptible,
+            evicting: r.evicting,
+        }
+    }
+
+    /// The row's place in `run_rows`.
+    pub(crate) fn place(&self) -> (usize, usize) {
+        (self.part as usize, self.index as usize)
+    }
+
+    fn set_place(&mut self, (part, index): (usize, usize)) {
+        (self.part, self.index) = (part as u32, index as u32);
+    }
+}
+
 /// A read-only view of a node.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeView<'a> {
@@ -165,9 +203,10 @@ pub struct ClusterState {
     pub(crate) prio_counts: std::collections::BTreeMap<i32, u32>,
     /// Running jobs by tenant, priority and start: a job its own quota holds can only evict its tenant's
     /// lower-priority jobs past their minimum run time, which this tells without a scan of every running job.
-    /// Each with its row's place in `run_rows` (as `run_row_of` has it), so that a search over a tenant's jobs reads
-    /// no other index.
-    pub(crate) tenant_runs: BTreeMap<(TenantId, i32, Time, JobId), (usize, usize)>,
+    /// Each with its row's place in `run_rows` (as `run_row_of` has it) and what of the row a quota-held search
+    /// looks at first ([`RunBrief`]), so that it reads no other index, and the row itself only when the brief does
+    /// not settle it.
+    pub(crate) tenant_runs: BTreeMap<(TenantId, i32, Time, JobId), RunBrief>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Running elastic jobs.
@@ -972,7 +1011,7 @@ impl ClusterState {
         self.run_row_of.insert(id, place);
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
-        self.tenant_runs.insert((row.tenant, row.priority, row.started, id), place);
+        self.tenant_runs.insert((row.tenant, row.priority, row.started, id), RunBrief::of(&row, place));
     }
 
     /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
@@ -1149,9 +1188,8 @@ impl ClusterState {
             let row = self.run_rows[part].swap_remove(i);
             if let Some(moved) = self.run_rows[part].get(i) {
                 self.run_row_of.insert(moved.id, (part, i));
-                if let Some(place) = self.tenant_runs.get_mut(&(moved.tenant, moved.priority, moved.started, moved.id))
-                {
-                    *place = (part, i);
+                if let Some(b) = self.tenant_runs.get_mut(&(moved.tenant, moved.priority, moved.started, moved.id)) {
+                    b.set_place((part, i));
                 }
             }
             if let Some(c) = self.prio_counts.get_mut(&row.priority) {
@@ -1264,8 +1302,12 @@ impl ClusterState {
             Some(r) => {
                 r.evicting = true;
                 self.evicting.insert(id);
-                if let Some((p, i)) = self.run_row_of.get(&id) {
-                    self.run_rows[*p][*i].evicting = true;
+                if let Some(&(p, i)) = self.run_row_of.get(&id) {
+                    let row = &mut self.run_rows[p][i];
+                    row.evicting = true;
+                    if let Some(b) = self.tenant_runs.get_mut(&(row.tenant, row.priority, row.started, id)) {
+                        b.evicting = true;
+                    }
                 }
                 Ok(())
             }
@@ -1461,9 +1503,12 @@ impl ClusterState {
         let rows_ok = (0..2)
             .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
         let counted: u32 = self.prio_counts.values().sum();
-        let by_tenant: BTreeMap<(TenantId, i32, Time, JobId), (usize, usize)> = (0..2)
+        let by_tenant: BTreeMap<(TenantId, i32, Time, JobId), RunBrief> = (0..2)
             .flat_map(|p| {
-                self.run_rows[p].iter().enumerate().map(move |(i, r)| ((r.tenant, r.priority, r.started, r.id), (p, i)))
+                self.run_rows[p]
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, r)| ((r.tenant, r.priority, r.started, r.id), RunBrief::of(r, (p, i))))
             })
             .collect();
         if running != self.run_rows[0].len() + self.run_rows[1].len()

@@ -208,6 +208,11 @@ struct Pass<'a> {
     /// (`preempt::HeldCands`); off only in tests that check it decides the same either way.
     held_cands: Vec<preempt::HeldCands<'a>>,
     held_memo: bool,
+    /// Whether a quota-held search takes what a running job's brief in `tenant_runs` settles without reading its row
+    /// (`state::RunBrief`); off only in tests that check it decides the same either way.
+    held_brief: bool,
+    /// Rows a quota-held search left unread, their brief having settled them.
+    brief_settled: usize,
     /// Quota-held victim searches that took their candidates from `held_cands`.
     held_hits: usize,
     stats: PassStats,
@@ -271,6 +276,8 @@ impl<'a> Pass<'a> {
             quota_searches: 0,
             held_cands: Vec::new(),
             held_memo: true,
+            held_brief: true,
+            brief_settled: 0,
             held_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),

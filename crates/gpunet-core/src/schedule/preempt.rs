@@ -459,18 +459,13 @@ impl Pass<'_> {
                 } else if lower_priority_runs && r.priority < spec.priority && lendable {
                     PreemptReason::Priority { victim: r.priority, preemptor: spec.priority }
                 } else if las && lendable {
-                    let attained = r.attained_before + now.since(r.started).0 * r.gpus as u64;
-                    let vq = st.cfg.las_queue(attained);
-                    if vq <= my_queue {
-                        // Attained service only grows: the victim passes the waiting job's queue once it reaches the
-                        // threshold that ends that queue.
-                        if let (Some(&thr_s), true) = (st.cfg.las_thresholds_gpu_s.get(my_queue), r.gpus > 0) {
-                            let short = (thr_s.saturating_mul(1000)).saturating_sub(r.attained_before);
-                            turn = turn.min(r.started + crate::units::Dur(short.div_ceil(r.gpus as u64)));
+                    match las_past(&st.cfg, r.attained_before, r.started, r.gpus, now, my_queue) {
+                        Ok(vq) => PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue },
+                        Err(at) => {
+                            turn = turn.min(at);
+                            continue;
                         }
-                        continue;
                     }
-                    PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
                 } else if shorter && lendable {
                     // A victim without an estimate is not known to be longer: it is left alone. One with a learned
                     // estimate ranks by its Gittins rank at its attained time; past a given estimate's end a victim is
@@ -554,11 +549,28 @@ impl Pass<'_> {
                 .tenant_runs
                 .range((t, i32::MIN, Time(0), JobId(0))..)
                 .take_while(|((tt, p, _, _), _)| *tt == t && (any_priority || *p < spec.priority));
-            for (_, &(part, i)) in rows {
+            for (&(_, priority, started, id), b) in rows {
                 if cands.len() >= limit {
                     truncated = true;
                     break;
                 }
+                // What the row's brief settles, as `visit!` would, without reading the row: no candidate at all, or
+                // (the row not one by priority) under LAS not past the job's queue yet, and when it will be.
+                if self.held_brief {
+                    if !b.preemptible || b.evicting || b.classes & class_mask == 0 || id == job.id {
+                        self.brief_settled += 1;
+                        continue;
+                    }
+                    let by_priority = lower_priority_runs && priority < spec.priority;
+                    if las && !by_priority && !(exact_mask && b.classes == u64::MAX) {
+                        if let Err(at) = las_past(&st.cfg, b.attained_before, started, b.gpus, now, my_queue) {
+                            turn = turn.min(at);
+                            self.brief_settled += 1;
+                            continue;
+                        }
+                    }
+                }
+                let (part, i) = b.place();
                 visit!(&st.run_rows[part][i]);
             }
             if let Some(key) = memo_key {
@@ -797,6 +809,31 @@ fn most_gpus_freed(cands: impl ExactSizeIterator<Item = u32>, budget: u32) -> u6
     let mut gpus: Vec<u32> = cands.collect();
     gpus.select_nth_unstable_by(budget - 1, |a, b| b.cmp(a));
     gpus[..budget].iter().map(|&g| g as u64).sum()
+}
+
+/// Under LAS, a running job that had attained `before` GPU-ms when it started at `started`, on `gpus` GPUs, at `now`:
+/// `Ok` with its queue when that is past `my_queue` (the waiting job's), else `Err` with the time at which it will be
+/// (attained service only grows: once it reaches the threshold that ends `my_queue`; `Time::MAX`: never).
+#[inline(always)]
+fn las_past(
+    cfg: &crate::config::SchedConfig,
+    before: u64,
+    started: Time,
+    gpus: u32,
+    now: Time,
+    my_queue: usize,
+) -> Result<usize, Time> {
+    let vq = cfg.las_queue(before + now.since(started).0 * gpus as u64);
+    if vq > my_queue {
+        return Ok(vq);
+    }
+    match (cfg.las_thresholds_gpu_s.get(my_queue), gpus > 0) {
+        (Some(&thr_s), true) => {
+            let short = thr_s.saturating_mul(1000).saturating_sub(before);
+            Err(started + crate::units::Dur(short.div_ceil(gpus as u64)))
+        }
+        _ => Err(Time::MAX),
+    }
 }
 
 /// Where a victim search that looks at only part of the `total` running rows starts: a mix of the waiting job and the
@@ -1764,7 +1801,9 @@ mod tests {
     /// many of its queued jobs, and tenant b (8 GPUs guaranteed, 64 at most); preemptive LAS (thresholds 300 and
     /// 3,000 GPU-s), priority, SRTF and SJF; with and without backfill; a tight or loose eviction budget; three
     /// passes each, some jobs ending between them. Each search that takes an earlier one's candidates is one scan
-    /// fewer. Searches do take earlier ones' candidates, and quota-held jobs do evict.
+    /// fewer. Searches do take earlier ones' candidates, and quota-held jobs do evict. A pass that reads every row
+    /// a quota-held search meets (`held_brief` off) decides the same and turns at the same time as one that leaves
+    /// the rows its briefs settle unread (`state::RunBrief`), and the briefs do settle rows.
     #[test]
     fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
         use proptest::prelude::*;
@@ -1772,6 +1811,7 @@ mod tests {
         let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 2u64..12);
         let mut runner = det_runner(256);
         let (hits, held_evictions) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let settled = std::cell::Cell::new(0);
         runner
             .run(&strategy, |((running, queued, big), policy, backfill, budget, half)| {
                 let mut c = preemptive(policies[policy], 60);
@@ -1820,6 +1860,15 @@ mod tests {
                     // Each search that took an earlier one's candidates is a scan the pass did not make.
                     prop_assert_eq!(fast.victim_scans + fast.held_hits, slow_scans);
                     hits.set(hits.get() + fast.held_hits);
+                    // What the rows' briefs settle is what reading the rows settles, to the time at which the pass's
+                    // outcome may change.
+                    let mut unbriefed = run_pass(&s, now, |p| p.held_brief = false);
+                    prop_assert_eq!(&fast.decisions, &unbriefed.decisions);
+                    prop_assert_eq!(fast.idle_until.get(), unbriefed.idle_until.get());
+                    prop_assert_eq!(unbriefed.brief_settled, 0);
+                    unbriefed.decisions.clear();
+                    drop(unbriefed);
+                    settled.set(settled.get() + fast.brief_settled);
                     let ds = std::mem::take(&mut fast.decisions);
                     drop(fast);
                     // Evictions for a job of a that a's quota holds (it would pass a's limit).
@@ -1837,6 +1886,7 @@ mod tests {
             })
             .unwrap();
         assert!(hits.get() >= 20, "{} searches took an earlier one's candidates", hits.get());
+        assert!(settled.get() >= 200, "the briefs settled {} rows", settled.get());
         assert!(held_evictions.get() >= 10, "{} evictions for quota-held jobs", held_evictions.get());
     }
 
