@@ -427,9 +427,10 @@ mod tests {
     /// heap merge of the other tenants' queues (`Order::leave_merged`): on random queues (most of each tenant's jobs
     /// in a block of the SJF order, two tenants with a third of the jobs each, so that long runs of one tenant
     /// occur) and tenants dropped at random points, it gives exactly the merged queue's keys of the tenants not
-    /// dropped when each is reached, in order, and ends once every tenant with keys left is dropped. Fails if the heap merge starts before the last key the walk gave
-    /// (a start within the run skipped gives the same keys, which are all dropped tenants'); the cases that left the
-    /// merged walk are counted, so that the test cannot pass without them.
+    /// dropped when each is reached, in order, and ends once every tenant with keys left is dropped. Fails if the
+    /// heap merge starts before the last key the walk gave (a start within the run skipped gives the same keys,
+    /// which are all dropped tenants'); the cases that left the merged walk are counted, so that the test cannot
+    /// pass without them.
     #[test]
     fn the_merged_walk_with_dropped_tenants_gives_the_queue_in_order() {
         use super::{Order, MERGED_SKIP};

@@ -437,7 +437,7 @@ impl Pass<'_> {
         macro_rules! visit {
             ($r:expr) => {{
                 let r: &crate::state::RunRow = $r;
-                if !r.preemptible || r.evicting || r.classes & class_mask == 0 || r.id == job.id {
+                if no_candidate(r.preemptible, r.evicting, r.classes, class_mask, r.id == job.id) {
                     continue;
                 }
                 // A job on a node class of 64 or more matches every mask: with an exact mask, it is a candidate only
@@ -557,7 +557,7 @@ impl Pass<'_> {
                 // What the row's brief settles, as `visit!` would, without reading the row: no candidate at all, or
                 // (the row not one by priority) under LAS not past the job's queue yet, and when it will be.
                 if self.held_brief {
-                    if !b.preemptible || b.evicting || b.classes & class_mask == 0 || id == job.id {
+                    if no_candidate(b.preemptible, b.evicting, b.classes, class_mask, id == job.id) {
                         self.brief_settled += 1;
                         continue;
                     }
@@ -809,6 +809,13 @@ fn most_gpus_freed(cands: impl ExactSizeIterator<Item = u32>, budget: u32) -> u6
     let mut gpus: Vec<u32> = cands.collect();
     gpus.select_nth_unstable_by(budget - 1, |a, b| b.cmp(a));
     gpus[..budget].iter().map(|&g| g as u64).sum()
+}
+
+/// Whether a running job is no victim for any job (not preemptible, being evicted already), for this one (on none of
+/// its classes, `class_mask`), or is the job itself: what a victim search checks first, on a row or on its brief.
+#[inline(always)]
+fn no_candidate(preemptible: bool, evicting: bool, classes: u64, class_mask: u64, itself: bool) -> bool {
+    !preemptible || evicting || classes & class_mask == 0 || itself
 }
 
 /// Under LAS, a running job that had attained `before` GPU-ms when it started at `started`, on `gpus` GPUs, at `now`:
@@ -1612,14 +1619,20 @@ mod tests {
             submit(&mut s, 9, JobSpec::new(t0(), "gang", 4, 2).estimate(Dur::from_secs(600)), 100);
             s
         };
+        gives_up_only_below(build, 7, 8);
+    }
+
+    /// The pass at 200 s on `build(budget)`: with a budget of `short` evictions its one victim search gives up and
+    /// decides as the full search (nothing); with `enough` it gives up on none and evicts that many.
+    fn gives_up_only_below(build: impl Fn(u32) -> ClusterState, short: u32, enough: u32) {
         let now = Time::from_secs(200);
-        let s = build(7);
+        let s = build(short);
         let (fast, gave_up) = pass_with(&s, now, true);
         assert_eq!((fast.clone(), gave_up), (pass_with(&s, now, false).0, 1));
         assert!(preempts(&fast).is_empty(), "{fast:?}");
-        let s = build(8);
+        let s = build(enough);
         let (fast, gave_up) = pass_with(&s, now, true);
-        assert_eq!((preempts(&fast).len(), gave_up), (8, 0), "{fast:?}");
+        assert_eq!((preempts(&fast).len(), gave_up), (enough as usize, 0), "{fast:?}");
     }
 
     /// A job its own quota holds must have its victims give back what its GPU quota lacks, not only the room. Tenant a
@@ -1641,14 +1654,7 @@ mod tests {
             submit(&mut s, 9, JobSpec::new(a, "high", 4, 1).priority(1), 100);
             s
         };
-        let now = Time::from_secs(200);
-        let s = build(3);
-        let (fast, gave_up) = pass_with(&s, now, true);
-        assert_eq!((fast.clone(), gave_up), (pass_with(&s, now, false).0, 1));
-        assert!(preempts(&fast).is_empty(), "{fast:?}");
-        let s = build(4);
-        let (fast, gave_up) = pass_with(&s, now, true);
-        assert_eq!((preempts(&fast).len(), gave_up), (4, 0), "{fast:?}");
+        gives_up_only_below(build, 3, 4);
     }
 
     /// Preemptive SRTF with one eviction allowed: a node of `wide` GPUs runs a long job of as many (job 1), and
