@@ -102,6 +102,11 @@ pub(crate) struct RunRow {
 }
 
 impl RunRow {
+    /// The row's key in `ClusterState::tenant_runs`: tenant, priority, start, job.
+    fn tenant_key(&self) -> (TenantId, i32, Time, JobId) {
+        (self.tenant, self.priority, self.started, self.id)
+    }
+
     /// GPU-ms lost if evicted at `now` (same rule as [`Job::lost_work_if_evicted`]).
     pub(crate) fn lost_work(&self, now: Time) -> u64 {
         let ck = match (self.last_ckpt, self.ckpt_interval) {
@@ -1011,7 +1016,7 @@ impl ClusterState {
         self.run_row_of.insert(id, place);
         self.run_rows[part].push(row);
         *self.prio_counts.entry(row.priority).or_default() += 1;
-        self.tenant_runs.insert((row.tenant, row.priority, row.started, id), RunBrief::of(&row, place));
+        self.tenant_runs.insert(row.tenant_key(), RunBrief::of(&row, place));
     }
 
     /// Restores a job exactly as it was, for recovery after a restart: a queued job goes back to its queue, a
@@ -1188,7 +1193,7 @@ impl ClusterState {
             let row = self.run_rows[part].swap_remove(i);
             if let Some(moved) = self.run_rows[part].get(i) {
                 self.run_row_of.insert(moved.id, (part, i));
-                if let Some(b) = self.tenant_runs.get_mut(&(moved.tenant, moved.priority, moved.started, moved.id)) {
+                if let Some(b) = self.tenant_runs.get_mut(&moved.tenant_key()) {
                     b.set_place((part, i));
                 }
             }
@@ -1198,7 +1203,7 @@ impl ClusterState {
                     self.prio_counts.remove(&row.priority);
                 }
             }
-            self.tenant_runs.remove(&(row.tenant, row.priority, row.started, row.id));
+            self.tenant_runs.remove(&row.tenant_key());
         }
         self.evicting.remove(&id);
         self.running_elastic.remove(&id);
@@ -1305,7 +1310,7 @@ impl ClusterState {
                 if let Some(&(p, i)) = self.run_row_of.get(&id) {
                     let row = &mut self.run_rows[p][i];
                     row.evicting = true;
-                    if let Some(b) = self.tenant_runs.get_mut(&(row.tenant, row.priority, row.started, id)) {
+                    if let Some(b) = self.tenant_runs.get_mut(&row.tenant_key()) {
                         b.evicting = true;
                     }
                 }
@@ -1505,10 +1510,7 @@ impl ClusterState {
         let counted: u32 = self.prio_counts.values().sum();
         let by_tenant: BTreeMap<(TenantId, i32, Time, JobId), RunBrief> = (0..2)
             .flat_map(|p| {
-                self.run_rows[p]
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, r)| ((r.tenant, r.priority, r.started, r.id), RunBrief::of(r, (p, i))))
+                self.run_rows[p].iter().enumerate().map(move |(i, r)| (r.tenant_key(), RunBrief::of(r, (p, i))))
             })
             .collect();
         if running != self.run_rows[0].len() + self.run_rows[1].len()
