@@ -29,6 +29,7 @@
 pub mod alloc;
 pub mod array;
 pub mod autoscale;
+pub mod chunked;
 pub mod config;
 pub mod depend;
 pub mod error;

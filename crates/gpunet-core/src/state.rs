@@ -107,20 +107,23 @@ impl RunRow {
         (self.tenant, self.priority, self.started, self.id)
     }
 
-    /// GPU-ms lost if evicted at `now` (same rule as [`Job::lost_work_if_evicted`]).
-    pub(crate) fn lost_work(&self, now: Time) -> u64 {
-        let ck = match (self.last_ckpt, self.ckpt_interval) {
-            (t, _) if t != Time::MAX => t,
-            (_, iv) if iv > 0 => self.started + crate::units::Dur(now.since(self.started).0 / iv * iv),
-            _ => self.started,
-        };
-        now.since(ck).0.saturating_mul(self.gpus.max(1) as u64)
+    /// What it would lose if evicted.
+    pub(crate) fn lost(&self) -> LostWork {
+        LostWork {
+            started: self.started,
+            last_ckpt: self.last_ckpt,
+            ckpt_interval: self.ckpt_interval,
+            gpus: self.gpus,
+        }
     }
 }
 
 /// What a quota-held victim search (`schedule::preempt`) reads of a running job in `tenant_runs`, next to its key,
 /// before (and mostly instead of) its row: its row's place in `run_rows`, and copies of the row's fields that say
-/// whether it is no candidate at all, or not yet one under LAS.
+/// whether it is no candidate at all, or not yet one under LAS, and, for a candidate, where it runs and what work it
+/// would lose ([`LostWork`]). A search that needs nothing else of the row (by priority or LAS, not shorter-first)
+/// makes its candidates from briefs alone, reading no row: the tenant's rows, spread over `run_rows`, were most of a
+/// cold search's time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RunBrief {
     /// The row's place: part and index (`u32`s, to keep the brief small; see [`RunBrief::place`]).
@@ -131,6 +134,9 @@ pub(crate) struct RunBrief {
     pub(crate) gpus: u32,
     pub(crate) preemptible: bool,
     pub(crate) evicting: bool,
+    pub(crate) node: Option<NodeId>,
+    pub(crate) last_ckpt: Time,
+    pub(crate) ckpt_interval: u64,
 }
 
 impl RunBrief {
@@ -143,6 +149,9 @@ impl RunBrief {
             gpus: r.gpus,
             preemptible: r.preemptible,
             evicting: r.evicting,
+            node: r.node,
+            last_ckpt: r.last_ckpt,
+            ckpt_interval: r.ckpt_interval,
         }
     }
 
@@ -153,6 +162,28 @@ impl RunBrief {
 
     fn set_place(&mut self, (part, index): (usize, usize)) {
         (self.part, self.index) = (part as u32, index as u32);
+    }
+}
+
+/// What a running job would lose if evicted, as a victim search ranks it: its start, last checkpoint, checkpoint
+/// interval and GPUs, from its row or its brief.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LostWork {
+    pub(crate) started: Time,
+    pub(crate) last_ckpt: Time,
+    pub(crate) ckpt_interval: u64,
+    pub(crate) gpus: u32,
+}
+
+impl LostWork {
+    /// GPU-ms lost if evicted at `now` (same rule as [`Job::lost_work_if_evicted`]).
+    pub(crate) fn at(&self, now: Time) -> u64 {
+        let ck = match (self.last_ckpt, self.ckpt_interval) {
+            (t, _) if t != Time::MAX => t,
+            (_, iv) if iv > 0 => self.started + crate::units::Dur(now.since(self.started).0 / iv * iv),
+            _ => self.started,
+        };
+        now.since(ck).0.saturating_mul(self.gpus.max(1) as u64)
     }
 }
 
@@ -211,7 +242,7 @@ pub struct ClusterState {
     /// Each with its row's place in `run_rows` (as `run_row_of` has it) and what of the row a quota-held search
     /// looks at first ([`RunBrief`]), so that it reads no other index, and the row itself only when the brief does
     /// not settle it.
-    pub(crate) tenant_runs: BTreeMap<(TenantId, i32, Time, JobId), RunBrief>,
+    pub(crate) tenant_runs: crate::chunked::ChunkedMap<(TenantId, i32, Time, JobId), RunBrief>,
     /// Running jobs whose eviction is under way.
     pub(crate) evicting: BTreeSet<JobId>,
     /// Running elastic jobs.
@@ -350,7 +381,7 @@ impl ClusterState {
             run_rows: [Vec::new(), Vec::new()],
             run_row_of: FxHashMap::default(),
             prio_counts: std::collections::BTreeMap::new(),
-            tenant_runs: BTreeMap::new(),
+            tenant_runs: Default::default(),
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
@@ -821,7 +852,7 @@ impl ClusterState {
     /// victim for its own quota-held job): one range step per priority level, not a scan.
     pub(crate) fn runs_older_lower_priority(&self, t: TenantId, below: i32, cutoff: Time) -> bool {
         let mut from = (t, i32::MIN, Time(0), JobId(0));
-        while let Some((&(tt, p, started, _), _)) = self.tenant_runs.range(from..).next() {
+        while let Some((&(tt, p, started, _), _)) = self.tenant_runs.range_from(&from).next() {
             if tt != t || p >= below {
                 return false;
             }
@@ -1359,8 +1390,12 @@ impl ClusterState {
         match j.run.as_mut() {
             Some(r) => {
                 r.last_checkpoint = Some(at.max(r.started));
-                if let Some((p, i)) = self.run_row_of.get(&id) {
-                    self.run_rows[*p][*i].last_ckpt = r.last_checkpoint.unwrap_or(Time::MAX);
+                if let Some(&(p, i)) = self.run_row_of.get(&id) {
+                    let row = &mut self.run_rows[p][i];
+                    row.last_ckpt = r.last_checkpoint.unwrap_or(Time::MAX);
+                    if let Some(b) = self.tenant_runs.get_mut(&row.tenant_key()) {
+                        b.last_ckpt = row.last_ckpt;
+                    }
                 }
                 Ok(())
             }
@@ -1508,7 +1543,7 @@ impl ClusterState {
         let rows_ok = (0..2)
             .all(|p| self.run_rows[p].iter().enumerate().all(|(i, r)| self.run_row_of.get(&r.id) == Some(&(p, i))));
         let counted: u32 = self.prio_counts.values().sum();
-        let by_tenant: BTreeMap<(TenantId, i32, Time, JobId), RunBrief> = (0..2)
+        let by_tenant: crate::chunked::ChunkedMap<(TenantId, i32, Time, JobId), RunBrief> = (0..2)
             .flat_map(|p| {
                 self.run_rows[p].iter().enumerate().map(move |(i, r)| (r.tenant_key(), RunBrief::of(r, (p, i))))
             })

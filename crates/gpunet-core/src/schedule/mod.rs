@@ -206,13 +206,15 @@ struct Pass<'a> {
     quota_searches: u32,
     /// The candidates quota-held victim searches of this pass met, for later searches that would meet the same
     /// (`preempt::HeldCands`); off only in tests that check it decides the same either way.
-    held_cands: Vec<preempt::HeldCands<'a>>,
+    held_cands: Vec<preempt::HeldCands>,
     held_memo: bool,
     /// Whether a quota-held search takes what a running job's brief in `tenant_runs` settles without reading its row
     /// (`state::RunBrief`); off only in tests that check it decides the same either way.
     held_brief: bool,
     /// Rows a quota-held search left unread, their brief having settled them.
     brief_settled: usize,
+    /// Of those, the candidates made from their briefs.
+    brief_cands: usize,
     /// Quota-held victim searches that took their candidates from `held_cands`.
     held_hits: usize,
     stats: PassStats,
@@ -278,6 +280,7 @@ impl<'a> Pass<'a> {
             held_memo: true,
             held_brief: true,
             brief_settled: 0,
+            brief_cands: 0,
             held_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),

@@ -381,7 +381,7 @@ impl Pass<'_> {
             .collect();
         let mut cands: Vec<(u64, u32, JobId, PreemptReason)> = Vec::with_capacity(64);
         let mut cand_nodes: Vec<Option<crate::ids::NodeId>> = Vec::with_capacity(64);
-        let mut cand_rows: Vec<&crate::state::RunRow> = Vec::with_capacity(64);
+        let mut cand_lost: Vec<crate::state::LostWork> = Vec::with_capacity(64);
         let reclaim_possible = within_guarantee && over.iter().enumerate().any(|(i, o)| *o && i != t.index());
         let parts: &[Vec<crate::state::RunRow>] = if demote_possible || prio_possible || shorter {
             &st.run_rows[..]
@@ -511,7 +511,7 @@ impl Pass<'_> {
                 }
                 cands.push((0, r.gpus, r.id, reason)); // the work it would lose: below, once it counts
                 cand_nodes.push(r.node);
-                cand_rows.push(r);
+                cand_lost.push(r.lost());
             }};
         }
         // The search is bounded by `PreemptionConfig::victim_scan_limit`; what it leaves out may be a candidate now,
@@ -534,7 +534,7 @@ impl Pass<'_> {
         if let Some(h) = hit {
             cands.extend_from_slice(&h.cands);
             cand_nodes.extend_from_slice(&h.nodes);
-            cand_rows.extend_from_slice(&h.rows);
+            cand_lost.extend_from_slice(&h.lost);
             (turn, truncated) = (h.turn, h.truncated);
             self.held_hits += 1;
         } else if quota_blocked {
@@ -547,7 +547,7 @@ impl Pass<'_> {
             let any_priority = demote_possible || shorter;
             let rows = st
                 .tenant_runs
-                .range((t, i32::MIN, Time(0), JobId(0))..)
+                .range_from(&(t, i32::MIN, Time(0), JobId(0)))
                 .take_while(|((tt, p, _, _), _)| *tt == t && (any_priority || *p < spec.priority));
             for (&(_, priority, started, id), b) in rows {
                 if cands.len() >= limit {
@@ -562,12 +562,48 @@ impl Pass<'_> {
                         continue;
                     }
                     let by_priority = lower_priority_runs && priority < spec.priority;
-                    if las && !by_priority && !(exact_mask && b.classes == u64::MAX) {
-                        if let Err(at) = las_past(&st.cfg, b.attained_before, started, b.gpus, now, my_queue) {
-                            turn = turn.min(at);
+                    let briefed = !(exact_mask && b.classes == u64::MAX);
+                    let mut queue = None;
+                    if las && !by_priority && briefed {
+                        match las_past(&st.cfg, b.attained_before, started, b.gpus, now, my_queue) {
+                            Ok(vq) => queue = Some(vq),
+                            Err(at) => {
+                                turn = turn.min(at);
+                                self.brief_settled += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    // Not shorter-first (whose keys are in the row only): the brief settles the rest as `visit!`
+                    // would (every row here is the tenant's own: lent, not reclaimable), and the candidate is made
+                    // from it.
+                    if briefed && !shorter {
+                        let reason = if by_priority {
+                            PreemptReason::Priority { victim: priority, preemptor: spec.priority }
+                        } else if let Some(vq) = queue {
+                            PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
+                        } else {
                             self.brief_settled += 1;
                             continue;
+                        };
+                        self.brief_settled += 1;
+                        if now.since(started) < cfg.min_run_time {
+                            turn = turn.min(started + cfg.min_run_time); // too young: a candidate once old enough
+                            continue;
                         }
+                        if !self.preempted.is_empty() && self.preempted.contains(&id) {
+                            continue;
+                        }
+                        self.brief_cands += 1;
+                        cands.push((0, b.gpus, id, reason));
+                        cand_nodes.push(b.node);
+                        cand_lost.push(crate::state::LostWork {
+                            started,
+                            last_ckpt: b.last_ckpt,
+                            ckpt_interval: b.ckpt_interval,
+                            gpus: b.gpus,
+                        });
+                        continue;
                     }
                 }
                 let (part, i) = b.place();
@@ -579,7 +615,7 @@ impl Pass<'_> {
                     preempted: self.preempted.len(),
                     cands: cands.clone(),
                     nodes: cand_nodes.clone(),
-                    rows: cand_rows.clone(),
+                    lost: cand_lost.clone(),
                     turn,
                     truncated,
                 };
@@ -644,8 +680,8 @@ impl Pass<'_> {
             self.prechecked += 1;
             return None;
         }
-        for (c, r) in cands.iter_mut().zip(&cand_rows) {
-            c.0 = r.lost_work(now);
+        for (c, l) in cands.iter_mut().zip(&cand_lost) {
+            c.0 = l.at(now);
         }
         // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
         // order, and so what the search below finds, may change at any moment.
@@ -789,12 +825,12 @@ pub(super) struct HeldKey {
 /// The candidates a quota-held victim search found (kept by the pass, `Pass::held_cands`), with the count of victims
 /// chosen in the pass when it was made, the time from which time alone may change what it finds, and whether it
 /// left rows out (`victim_scan_limit`).
-pub(super) struct HeldCands<'a> {
+pub(super) struct HeldCands {
     key: HeldKey,
     preempted: usize,
     cands: Vec<(u64, u32, JobId, PreemptReason)>,
     nodes: Vec<Option<crate::ids::NodeId>>,
-    rows: Vec<&'a crate::state::RunRow>,
+    lost: Vec<crate::state::LostWork>,
     turn: Time,
     truncated: bool,
 }
@@ -1809,7 +1845,7 @@ mod tests {
     /// passes each, some jobs ending between them. Each search that takes an earlier one's candidates is one scan
     /// fewer. Searches do take earlier ones' candidates, and quota-held jobs do evict. A pass that reads every row
     /// a quota-held search meets (`held_brief` off) decides the same and turns at the same time as one that leaves
-    /// the rows its briefs settle unread (`state::RunBrief`), and the briefs do settle rows.
+    /// the rows its briefs settle unread (`state::RunBrief`), and the briefs do settle rows and make candidates.
     #[test]
     fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
         use proptest::prelude::*;
@@ -1817,7 +1853,7 @@ mod tests {
         let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 2u64..12);
         let mut runner = det_runner(256);
         let (hits, held_evictions) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-        let settled = std::cell::Cell::new(0);
+        let (settled, made) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         runner
             .run(&strategy, |((running, queued, big), policy, backfill, budget, half)| {
                 let mut c = preemptive(policies[policy], 60);
@@ -1875,6 +1911,7 @@ mod tests {
                     unbriefed.decisions.clear();
                     drop(unbriefed);
                     settled.set(settled.get() + fast.brief_settled);
+                    made.set(made.get() + fast.brief_cands);
                     let ds = std::mem::take(&mut fast.decisions);
                     drop(fast);
                     // Evictions for a job of a that a's quota holds (it would pass a's limit).
@@ -1893,6 +1930,7 @@ mod tests {
             .unwrap();
         assert!(hits.get() >= 20, "{} searches took an earlier one's candidates", hits.get());
         assert!(settled.get() >= 200, "the briefs settled {} rows", settled.get());
+        assert!(made.get() >= 50, "{} candidates made from briefs", made.get());
         assert!(held_evictions.get() >= 10, "{} evictions for quota-held jobs", held_evictions.get());
     }
 
