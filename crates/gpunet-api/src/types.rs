@@ -442,6 +442,9 @@ pub struct PoolView {
     pub forecast_gpus: f64,
     /// Forecast ÷ capacity (a very large number when it has none and there is demand).
     pub load: f64,
+    /// Sizing decisions made since the server started: one per `interval_s` at most, each on a new demand sample.
+    #[serde(default)]
+    pub decisions: u64,
     /// Its nodes.
     pub nodes: Vec<PoolNodeView>,
     /// Its latest events, oldest first (scale-outs and -ins with their numbers, hook results, boot timeouts,

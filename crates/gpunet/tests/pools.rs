@@ -16,6 +16,18 @@ fn pools(s: &Server) -> serde_json::Value {
     serde_json::from_str(&s.get("/v1/pools")).unwrap_or(serde_json::Value::Null)
 }
 
+/// The sizing decisions the first pool has made.
+fn decisions(s: &Server) -> u64 {
+    pools(s)[0]["decisions"].as_u64().unwrap_or(0)
+}
+
+/// Waits until the first pool has made `n` more sizing decisions than now: each after anything this test asked of
+/// the server before the call, whose answer came back first (the owner handles requests and decisions in turn).
+fn wait_decisions(s: &Server, n: u64) {
+    let from = decisions(s);
+    wait_for(Duration::from_secs(60), || decisions(s) >= from + n);
+}
+
 fn pool_events(s: &Server, kind: &str) -> Vec<serde_json::Value> {
     pools(s)[0]["events"].as_array().cloned().unwrap_or_default().into_iter().filter(|e| e["kind"] == kind).collect()
 }
@@ -140,7 +152,7 @@ fn a_reclaimed_job_checkpoints_and_resumes_on_another_node_billed_at_the_spot_pr
     // snapshot the reclaim takes.
     let script = r#"d="$GPUNET_CHECKPOINT_DIR"; s=$(cat "$d/step" 2>/dev/null || echo 0); echo "resumed at $s"
 trap 'echo $s > "$d/step"; echo "checkpointed at $s"; rm -f "$GPUNET_CHECKPOINT_NOW"' USR1
-while true; do s=$((s+1)); sleep 0.1; done"#;
+while true; do s=$((s+1)); [ $s = 10 ] && echo "step 10"; sleep 0.1; done"#;
     let yaml = format!(
         "name: steps\ntenant: t\ngpus: 1\nspot: allowed\ncheckpoint_tiers: [{{name: shared, every: 1h, url: \
          \"file://{}/t/steps\"}}]\ncommand: [\"sh\", \"-c\", {}]\n",
@@ -153,7 +165,7 @@ while true; do s=$((s+1)); sleep 0.1; done"#;
     // The server's copy of each attempt's log (a deleted node's own goes with it).
     let log0 = data.join(format!("logs/job-{id}/rank-0-attempt-0.log"));
     wait_for(Duration::from_secs(30), || read(&log0).contains("resumed at 0"));
-    std::thread::sleep(Duration::from_secs(2)); // some steps
+    wait_for(Duration::from_secs(60), || read(&log0).contains("step 10")); // some steps
     let notice = Instant::now();
     let notice_ms = gpunet_now();
     let o = std::process::Command::new("curl")
@@ -388,7 +400,7 @@ fn a_job_that_ignores_the_notice_is_stopped_at_the_deadline_and_resumes_from_its
     // It writes its step every tenth of a second (copied to the tier every second) and ignores SIGUSR1.
     let script = r#"d="$GPUNET_CHECKPOINT_DIR"; s=$(cat "$d/step" 2>/dev/null || echo 0); echo "resumed at $s"
 trap '' USR1
-while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
+while true; do s=$((s+1)); echo $s > "$d/step"; [ $s = 40 ] && echo "step 40"; sleep 0.1; done"#;
     let yaml = format!(
         "name: stubborn\ntenant: t\ngpus: 1\nspot: allowed\ncheckpoint_tiers: [{{name: shared, every: 1s, url: \
          \"file://{}/t/stubborn\"}}]\ncommand: [\"sh\", \"-c\", {}]\n",
@@ -398,7 +410,10 @@ while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
     let id = submit_yaml(&s, dir.path(), &yaml);
     wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
     let first = show(&s, id)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
-    std::thread::sleep(Duration::from_secs(3));
+    // Past step 40, the tier (copied every second) holds step 20 or later: its copy made at least a second of steps
+    // after step 20.
+    let log0 = data.join(format!("logs/job-{id}/rank-0-attempt-0.log"));
+    wait_for(Duration::from_secs(60), || read(&log0).contains("step 40"));
     let notice_ms = gpunet_now();
     let o = std::process::Command::new("curl")
         .args(["-sf", "-XPOST", "-H", "Authorization: Bearer admin-secret", "-d", r#"{"deadline_s": 3}"#])
@@ -415,7 +430,7 @@ while true; do s=$((s+1)); echo $s > "$d/step"; sleep 0.1; done"#;
     let log1 = data.join(format!("logs/job-{id}/rank-0-attempt-1.log"));
     wait_for(Duration::from_secs(30), || read(&log1).contains("resumed at"));
     let resumed: u64 = read(&log1).lines().find_map(|l| l.strip_prefix("resumed at ")).unwrap().parse().unwrap();
-    assert!(resumed >= 20, "it resumed from a tier copy of its progress (3 s and more of steps): {resumed}");
+    assert!(resumed >= 20, "it resumed from a tier copy of its progress (40 steps and more): {resumed}");
     // The plain job's node is reclaimed too: SIGUSR1 ends it, and it runs again elsewhere, not failed (it has no
     // restart left to spend).
     let plain_node = show(&s, plain)["attempts"][0]["placement"][0]["node"].as_str().unwrap().to_string();
@@ -922,12 +937,11 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
     assert!(ok, "{o}{e}");
     wait_for(Duration::from_secs(30), || !pool_events(&s, "suspend_failed").is_empty());
     assert!(pool_events(&s, "suspend_failed")[0]["message"].as_str().unwrap().contains("api down"));
-    // Another job: the node being deleted still fills max_nodes (1), so no second machine is asked for (the pool
-    // decides after each scheduling pass, at least once a second when idle: 4 s is four decisions or more), and an
-    // event says why, once.
+    // Another job: the node being deleted still fills max_nodes (1), so no second machine is asked for (in four
+    // more decisions), and an event says why, once.
     let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "true"]);
     wait_for(Duration::from_secs(30), || !pool_events(&s, "scale_out_held").is_empty());
-    std::thread::sleep(Duration::from_secs(4));
+    wait_decisions(&s, 4);
     assert!(!read(&calls).contains("cloud-00002"), "{}", read(&calls));
     let held = pool_events(&s, "scale_out_held");
     assert_eq!(held.len(), 1, "{held:?}");
@@ -935,8 +949,8 @@ fn pool_nodes_being_deleted_stay_so_across_a_restart_count_against_max_and_their
     // Once nothing is wanted, a later held-back scale-out is news again.
     let (ok, o, e) = s.cli("admin-secret", &["cancel", &b.to_string()]);
     assert!(ok, "{o}{e}");
-    // (the forecast window of 5 samples, at most one a second here, empties of it: 7 s)
-    std::thread::sleep(Duration::from_secs(7));
+    // (the forecast window of 5 samples empties of it: six decisions)
+    wait_decisions(&s, 6);
     let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--", "true"]);
     wait_for(Duration::from_secs(30), || pool_events(&s, "scale_out_held").len() == 2);
     assert_eq!(s.job_state(b), "pending");
@@ -996,9 +1010,9 @@ fn a_pool_counts_jobs_against_its_real_machines_and_never_reuses_a_name() {
     wait_for(Duration::from_secs(30), || s.job_state(a) == "running");
     let shape = pool_events(&s, "shape");
     assert!(shape.first().is_some_and(|e| e["numbers"]["cpu_millicores"] == 2000), "{shape:?}");
-    // A job needing 3 cores: no machine of this pool holds it, so it grows none (4 s: four decisions or more).
+    // A job needing 3 cores: no machine of this pool holds it, so it grows none (in four decisions).
     let b = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--cpu", "3", "--", "true"]);
-    std::thread::sleep(Duration::from_secs(4));
+    wait_decisions(&s, 4);
     assert!(!read(&calls).contains("cloud-00002"), "{}", read(&calls));
     assert_eq!(s.job_state(b), "pending");
     // A job that fits grows a node; it never registers (boot timeout 3 s) and is deleted. A restart before the next
@@ -1024,7 +1038,7 @@ fn a_pool_counts_jobs_against_its_real_machines_and_never_reuses_a_name() {
     // The restarted server still counts jobs against its smallest machine: a 3-core job grows nothing.
     let asked = read(&calls).matches("resume ").count();
     let d = s.submit(&["--gpus", "1", "--gpu-model", "T4", "--cpu", "3", "--", "true"]);
-    std::thread::sleep(Duration::from_secs(4));
+    wait_decisions(&s, 4);
     assert_eq!(read(&calls).matches("resume ").count(), asked, "{}", read(&calls));
     assert_eq!(s.job_state(d), "pending");
 }

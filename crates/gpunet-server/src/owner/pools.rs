@@ -70,6 +70,8 @@ pub(crate) struct Pool {
     load: f64,
     /// A scale-out is held back entirely by nodes being deleted (its event is sent once, as it begins).
     blocked: bool,
+    /// Sizing decisions made since the server started (`PoolView::decisions`).
+    decisions: u64,
 }
 
 /// A reclaim in progress.
@@ -120,6 +122,7 @@ impl Pools {
                 forecast: 0.0,
                 load: 0.0,
                 blocked: false,
+                decisions: 0,
             })
             .collect();
         let mut shadow = gpunet_core::ClusterState::new(gpunet_core::SchedConfig::default()).ok();
@@ -596,6 +599,7 @@ impl Owner {
         idle.extend(busy.into_iter().map(|(_, id)| id));
         let p = &mut self.pools.list[i];
         p.last_sample = Some(Instant::now());
+        p.decisions += 1;
         p.samples.push(demand);
         let keep = p.auto.window.max(1);
         if p.samples.len() > keep {
@@ -897,6 +901,7 @@ impl Owner {
                 target_nodes: p.nodes.values().filter(|ph| !matches!(ph, Phase::Leaving { .. })).count() as u32,
                 forecast_gpus: p.forecast,
                 load: finite(p.load),
+                decisions: p.decisions,
                 nodes: p
                     .nodes
                     .iter()
