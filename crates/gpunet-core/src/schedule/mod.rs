@@ -217,6 +217,8 @@ struct Pass<'a> {
     brief_cands: usize,
     /// Quota-held victim searches that took their candidates from `held_cands`.
     held_hits: usize,
+    /// Of those, the searches that gave up on the earlier search's ranking (`preempt::HeldCands::reach`).
+    reach_hits: usize,
     stats: PassStats,
     attempts: std::cell::Cell<usize>,
     trace: Option<JobId>,
@@ -282,6 +284,7 @@ impl<'a> Pass<'a> {
             brief_settled: 0,
             brief_cands: 0,
             held_hits: 0,
+            reach_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),
             trace,

@@ -532,6 +532,24 @@ impl Pass<'_> {
         let hit =
             memo_key.and_then(|k| self.held_cands.iter().find(|h| h.key == k && h.preempted == self.preempted.len()));
         if let Some(h) = hit {
+            // The candidates are ranked as the earlier search ranked them (the same time, the same budget): when
+            // those its walk can reach could not free what this job lacks, it gives up at once, as its ranking
+            // would have it (every check before that one gives up too, or passes), without copying or ranking them.
+            if let Some((b, reach)) = h.reach.filter(|(b, _)| self.room_precheck && *b == budget) {
+                let lacking = need
+                    .saturating_sub(self.free.free_in(classes))
+                    .max(fut_book.as_ref().unwrap_or(&self.book).gpu_shortfall(shape, t, &req));
+                if lacking > 0 && reach < lacking && !h.cands.is_empty() {
+                    debug_assert_eq!(b, budget);
+                    self.held_hits += 1;
+                    self.reach_hits += 1;
+                    self.prechecked += 1;
+                    self.turns_at(if h.truncated { now } else { h.turn });
+                    self.turns_at(budget_grows_at);
+                    self.turns_at(now);
+                    return None;
+                }
+            }
             cands.extend_from_slice(&h.cands);
             cand_nodes.extend_from_slice(&h.nodes);
             cand_lost.extend_from_slice(&h.lost);
@@ -618,6 +636,7 @@ impl Pass<'_> {
                     lost: cand_lost.clone(),
                     turn,
                     truncated,
+                    reach: None,
                 };
                 match self.held_cands.iter_mut().find(|h| h.key == key) {
                     Some(old) => *old = h,
@@ -707,9 +726,15 @@ impl Pass<'_> {
         // and no search per node (which takes from every candidate) follows a failed walk, the walk cannot place the
         // job, so it is not made.
         let per_node_follows = tasks == 1 && spec.task.gpus >= 2 && !quota_blocked && !pending_evictions;
-        if self.room_precheck && exact_mask && !per_node_follows {
-            let reach = ranked.iter().take(budget as usize + 33).map(|&i| cands[i].1);
-            if lacking > 0 && most_gpus_freed(reach, budget) < lacking {
+        if self.room_precheck && exact_mask && !per_node_follows && (lacking > 0 || memo_key.is_some()) {
+            let reach = most_gpus_freed(ranked.iter().take(budget as usize + 33).map(|&i| cands[i].1), budget);
+            if let Some(key) = memo_key {
+                let n = self.preempted.len();
+                if let Some(h) = self.held_cands.iter_mut().find(|h| h.key == key && h.preempted == n) {
+                    h.reach = Some((budget, reach));
+                }
+            }
+            if lacking > 0 && reach < lacking {
                 self.prechecked += 1;
                 return None;
             }
@@ -833,6 +858,9 @@ pub(super) struct HeldCands {
     lost: Vec<crate::state::LostWork>,
     turn: Time,
     truncated: bool,
+    /// Once a search with these candidates has ranked them: the eviction budget then, and the most GPUs that budget
+    /// of them frees among the candidates its walk can reach (`budget + 33` cheapest).
+    reach: Option<(u32, u64)>,
 }
 
 /// The most whole GPUs that evicting at most `budget` of the candidates can free: the sum of the largest GPU counts.
@@ -1691,6 +1719,51 @@ mod tests {
             s
         };
         gives_up_only_below(build, 3, 4);
+    }
+
+    /// A quota-held search that takes an earlier one's candidates gives up on that one's ranking when the candidates
+    /// its walk can reach could not free what it lacks, and only then. Priority, two evictions allowed; seven 8-GPU
+    /// nodes; tenant a (limit 52 GPUs) runs two 8-GPU jobs from 0 and 36 one-GPU jobs from 100 s, all of priority 0,
+    /// and is at its limit. At 200 s two jobs of priority 1 wait, both held by a's quota, with the same candidates
+    /// (the 38 running jobs): first a gang of two 8-GPU tasks (a's quota lacks 16 GPUs; the two 8-GPU jobs could
+    /// free them, but the 35 cheapest candidates, which its walk can reach, are 1-GPU jobs: it gives up after
+    /// ranking), then `second`. A second gang gives up on the first one's ranking, without ranking again; a 2-GPU job
+    /// does not (two 1-GPU jobs among those 35 give back its quota) and evicts two. Each pass decides as with neither
+    /// the shared candidates nor the checks.
+    #[test]
+    fn a_search_with_an_earlier_ones_candidates_gives_up_on_its_ranking_only_when_it_must() {
+        let run = |second: JobSpec| {
+            let mut c = preempting(Policy::Priority, Dur::from_secs(60));
+            c.preemption.max_per_interval = 2;
+            let ns = (0..7).map(|i| node(&format!("n{i}"), GpuModel::T4, 8)).collect();
+            let mut s = cluster(c, ns, &[]);
+            let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(8, 52))).unwrap();
+            for id in 1..=2 {
+                submit(&mut s, id, JobSpec::new(a, "wide", 8, 1), 0);
+            }
+            assert_eq!(started(&s.step(Time::ZERO).unwrap()).len(), 2);
+            for id in 3..=38 {
+                submit(&mut s, id, JobSpec::new(a, "narrow", 1, 1), 100);
+            }
+            assert_eq!(started(&s.step(Time::from_secs(100)).unwrap()).len(), 36);
+            submit(&mut s, 100, JobSpec::new(a, "gang", 8, 2).priority(1), 150);
+            let mut second = second;
+            second.tenant = a;
+            submit(&mut s, 101, second.priority(1), 151);
+            let now = Time::from_secs(200);
+            let mut fast = run_pass(&s, now, |_| {});
+            let slow = run_pass(&s, now, |p| {
+                p.held_memo = false;
+                p.room_precheck = false;
+            });
+            assert_eq!(fast.decisions, slow.decisions);
+            assert_eq!(fast.held_hits, 1, "the second search takes the first one's candidates");
+            (std::mem::take(&mut fast.decisions), fast.reach_hits)
+        };
+        let (ds, reach_hits) = run(JobSpec::new(t0(), "gang", 8, 2));
+        assert_eq!((preempts(&ds).len(), reach_hits), (0, 1), "{ds:?}");
+        let (ds, reach_hits) = run(JobSpec::new(t0(), "pair", 2, 1));
+        assert_eq!((preempts(&ds).len(), reach_hits), (2, 0), "{ds:?}");
     }
 
     /// Preemptive SRTF with one eviction allowed: a node of `wide` GPUs runs a long job of as many (job 1), and
