@@ -431,6 +431,23 @@ impl Pass<'_> {
         // The earliest time at which time alone makes a row a candidate (or changes its reason), over the rows: one
         // `turns_at` for the scan.
         let mut turn = Time::MAX;
+        // A job with a reason to be evicted, from its row or its brief: a candidate once old enough (else the time at
+        // which it will be), unless already a victim of this pass; skipped (`continue`) otherwise.
+        macro_rules! candidate {
+            ($started:expr, $id:expr, $gpus:expr, $node:expr, $lost:expr, $reason:expr) => {{
+                let (started, id): (Time, JobId) = ($started, $id);
+                if now.since(started) < cfg.min_run_time {
+                    turn = turn.min(started + cfg.min_run_time); // too young: a candidate once old enough
+                    continue;
+                }
+                if !self.preempted.is_empty() && self.preempted.contains(&id) {
+                    continue;
+                }
+                cands.push((0, $gpus, id, $reason)); // the work it would lose: below, once it counts
+                cand_nodes.push($node);
+                cand_lost.push($lost);
+            }};
+        }
         // Each row: a candidate if it may be evicted now (old enough, not already a victim of this pass); otherwise
         // the time at which time alone may make it one (`turns_at`). A macro, not a closure, so that both loops below
         // have it inline.
@@ -502,16 +519,7 @@ impl Pass<'_> {
                 } else {
                     continue;
                 };
-                if now.since(r.started) < cfg.min_run_time {
-                    turn = turn.min(r.started + cfg.min_run_time); // too young: a candidate once old enough
-                    continue;
-                }
-                if !self.preempted.is_empty() && self.preempted.contains(&r.id) {
-                    continue;
-                }
-                cands.push((0, r.gpus, r.id, reason)); // the work it would lose: below, once it counts
-                cand_nodes.push(r.node);
-                cand_lost.push(r.lost());
+                candidate!(r.started, r.id, r.gpus, r.node, r.lost(), reason);
             }};
         }
         // The search is bounded by `PreemptionConfig::victim_scan_limit`; what it leaves out may be a candidate now,
@@ -529,25 +537,28 @@ impl Pass<'_> {
             class_mask,
             shorter: if shorter { my_key } else { u64::MAX },
         });
+        // What the job lacks: GPUs free on its classes (the pool does not change before the walk below), and, held
+        // by its own quota, what its tenant must give back before that quota admits it (`QuotaBook::gpu_shortfall`:
+        // the victims are all the tenant's own, evictions under way counted), whichever is more.
+        let lacking = need.saturating_sub(self.free.free_in(classes));
+        let lacking = if quota_blocked {
+            lacking.max(fut_book.as_ref().unwrap_or(&self.book).gpu_shortfall(shape, t, &req))
+        } else {
+            lacking
+        };
         let hit =
             memo_key.and_then(|k| self.held_cands.iter().find(|h| h.key == k && h.preempted == self.preempted.len()));
         if let Some(h) = hit {
             // The candidates are ranked as the earlier search ranked them (the same time, the same budget): when
             // those its walk can reach could not free what this job lacks, it gives up at once, as its ranking
             // would have it (every check before that one gives up too, or passes), without copying or ranking them.
-            if let Some((_, reach)) = h.reach.filter(|(b, _)| self.room_precheck && *b == budget) {
-                let lacking = need
-                    .saturating_sub(self.free.free_in(classes))
-                    .max(fut_book.as_ref().unwrap_or(&self.book).gpu_shortfall(shape, t, &req));
-                if lacking > 0 && reach < lacking && !h.cands.is_empty() {
-                    self.held_hits += 1;
-                    self.reach_hits += 1;
-                    self.prechecked += 1;
-                    self.turns_at(if h.truncated { now } else { h.turn });
-                    self.turns_at(budget_grows_at);
-                    self.turns_at(now);
-                    return None;
-                }
+            // (A quota-held search has turned the pass at its own time already: no time to note.)
+            let gives_up = h.reach.is_some_and(|(b, reach)| self.room_precheck && b == budget && reach < lacking);
+            if gives_up && lacking > 0 && !h.cands.is_empty() {
+                self.held_hits += 1;
+                self.reach_hits += 1;
+                self.prechecked += 1;
+                return None;
             }
             cands.extend_from_slice(&h.cands);
             cand_nodes.extend_from_slice(&h.nodes);
@@ -595,31 +606,22 @@ impl Pass<'_> {
                     // would (every row here is the tenant's own: lent, not reclaimable), and the candidate is made
                     // from it.
                     if briefed && !shorter {
+                        self.brief_settled += 1;
                         let reason = if by_priority {
                             PreemptReason::Priority { victim: priority, preemptor: spec.priority }
                         } else if let Some(vq) = queue {
                             PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
                         } else {
-                            self.brief_settled += 1;
                             continue;
                         };
-                        self.brief_settled += 1;
-                        if now.since(started) < cfg.min_run_time {
-                            turn = turn.min(started + cfg.min_run_time); // too young: a candidate once old enough
-                            continue;
-                        }
-                        if !self.preempted.is_empty() && self.preempted.contains(&id) {
-                            continue;
-                        }
-                        self.brief_cands += 1;
-                        cands.push((0, b.gpus, id, reason));
-                        cand_nodes.push(b.node);
-                        cand_lost.push(crate::state::LostWork {
+                        let lost = crate::state::LostWork {
                             started,
                             last_ckpt: b.last_ckpt,
                             ckpt_interval: b.ckpt_interval,
                             gpus: b.gpus,
-                        });
+                        };
+                        candidate!(started, id, b.gpus, b.node, lost, reason);
+                        self.brief_cands += 1;
                         continue;
                     }
                 }
@@ -673,16 +675,7 @@ impl Pass<'_> {
         }
         self.turns_at(budget_grows_at);
         // Whichever victims the budget allows, they free at most the GPUs of the `budget` candidates holding the most:
-        // when that is less than the job lacks, no placement can follow, so the search is not made. What it lacks:
-        // GPUs free on its classes (the pool does not change before the walk below), and, held by its own quota,
-        // what its tenant must give back before that quota admits it (`QuotaBook::gpu_shortfall`: the victims are
-        // all the tenant's own, evictions under way counted), whichever is more.
-        let lacking = need.saturating_sub(self.free.free_in(classes));
-        let lacking = if quota_blocked {
-            lacking.max(fut_book.as_ref().unwrap_or(&self.book).gpu_shortfall(shape, t, &req))
-        } else {
-            lacking
-        };
+        // when that is less than the job lacks (`lacking`, above), no placement can follow, so the search is not made.
         if self.room_precheck && lacking > 0 && most_gpus_freed(cands.iter().map(|c| c.1), budget) < lacking {
             self.prechecked += 1;
             return None;
