@@ -1,0 +1,127 @@
+//! The running jobs as a victim search reads them: a compact row per running job ([`RunRow`], in
+//! `ClusterState::run_rows`), a brief of it beside its key in each tenant's index ([`RunBrief`], in
+//! `ClusterState::tenant_runs`), and what it would lose if evicted ([`LostWork`]). `ClusterState` keeps them as jobs
+//! start, checkpoint, begin an eviction and end (`occupy`, `release`, `record_checkpoint`, `begin_eviction`).
+
+use crate::ids::{JobId, NodeId, TenantId};
+use crate::units::Time;
+
+/// A running job's task placements as the running index keeps them (one task inline).
+pub(crate) type RunningTasks = smallvec::SmallVec<[crate::job::TaskPlacement; 1]>;
+
+/// What victim selection needs of a running job, kept compact for a linear scan.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunRow {
+    pub(crate) id: JobId,
+    pub(crate) tenant: TenantId,
+    pub(crate) priority: i32,
+    pub(crate) started: Time,
+    pub(crate) borrowed: bool,
+    pub(crate) preemptible: bool,
+    pub(crate) evicting: bool,
+    pub(crate) gpus: u32,
+    pub(crate) ckpt_interval: u64,
+    /// Last reported checkpoint; `Time::MAX` when none.
+    pub(crate) last_ckpt: Time,
+    pub(crate) attained_before: u64,
+    /// Estimated end (`Time::MAX` without estimate), for preemptive SRTF.
+    pub(crate) est_end: Time,
+    /// The job's SJF key (estimate ÷ GPUs in ms; `u64::MAX` without estimate), for preemptive SJF.
+    pub(crate) sjf_key: u64,
+    /// A learned estimate's run time (`None` for an estimate given as exact, or none) and the progress kept when
+    /// the attempt started (ms): the job's Gittins rank as a victim under preemptive SRTF/SRGF.
+    pub(crate) learned: Option<crate::gittins::LogNormal>,
+    pub(crate) progress: u64,
+    /// How far the job is known to run ([`Job::known`], ms).
+    pub(crate) known: u64,
+    /// Bit per node class the job's tasks touch (all bits for class indexes >= 64).
+    pub(crate) classes: u64,
+    /// The node, when every task of the job is on one (victims for a one-node job are also looked for per node).
+    pub(crate) node: Option<NodeId>,
+}
+
+impl RunRow {
+    /// The row's key in `ClusterState::tenant_runs`: tenant, priority, start, job.
+    pub(super) fn tenant_key(&self) -> (TenantId, i32, Time, JobId) {
+        (self.tenant, self.priority, self.started, self.id)
+    }
+
+    /// What it would lose if evicted.
+    pub(crate) fn lost(&self) -> LostWork {
+        LostWork {
+            started: self.started,
+            last_ckpt: self.last_ckpt,
+            ckpt_interval: self.ckpt_interval,
+            gpus: self.gpus,
+        }
+    }
+}
+
+/// What a quota-held victim search (`schedule::preempt`) reads of a running job in `tenant_runs`, next to its key,
+/// before (and mostly instead of) its row: its row's place in `run_rows`, and copies of the row's fields that say
+/// whether it is no candidate at all, or not yet one under LAS, and, for a candidate, where it runs and what work it
+/// would lose ([`LostWork`]). A search that needs nothing else of the row (by priority or LAS, not shorter-first)
+/// makes its candidates from briefs alone, reading no row: the tenant's rows, spread over `run_rows`, were most of a
+/// cold search's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunBrief {
+    /// The row's place: part and index (`u32`s, to keep the brief small; see [`RunBrief::place`]).
+    part: u32,
+    index: u32,
+    pub(crate) classes: u64,
+    pub(crate) attained_before: u64,
+    pub(crate) gpus: u32,
+    pub(crate) preemptible: bool,
+    pub(crate) evicting: bool,
+    pub(crate) node: Option<NodeId>,
+    pub(crate) last_ckpt: Time,
+    pub(crate) ckpt_interval: u64,
+}
+
+impl RunBrief {
+    pub(super) fn of(r: &RunRow, place: (usize, usize)) -> RunBrief {
+        RunBrief {
+            part: place.0 as u32,
+            index: place.1 as u32,
+            classes: r.classes,
+            attained_before: r.attained_before,
+            gpus: r.gpus,
+            preemptible: r.preemptible,
+            evicting: r.evicting,
+            node: r.node,
+            last_ckpt: r.last_ckpt,
+            ckpt_interval: r.ckpt_interval,
+        }
+    }
+
+    /// The row's place in `run_rows`.
+    pub(crate) fn place(&self) -> (usize, usize) {
+        (self.part as usize, self.index as usize)
+    }
+
+    pub(super) fn set_place(&mut self, (part, index): (usize, usize)) {
+        (self.part, self.index) = (part as u32, index as u32);
+    }
+}
+
+/// What a running job would lose if evicted, as a victim search ranks it: its start, last checkpoint, checkpoint
+/// interval and GPUs, from its row or its brief.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LostWork {
+    pub(crate) started: Time,
+    pub(crate) last_ckpt: Time,
+    pub(crate) ckpt_interval: u64,
+    pub(crate) gpus: u32,
+}
+
+impl LostWork {
+    /// GPU-ms lost if evicted at `now` (same rule as [`Job::lost_work_if_evicted`]).
+    pub(crate) fn at(&self, now: Time) -> u64 {
+        let ck = match (self.last_ckpt, self.ckpt_interval) {
+            (t, _) if t != Time::MAX => t,
+            (_, iv) if iv > 0 => self.started + crate::units::Dur(now.since(self.started).0 / iv * iv),
+            _ => self.started,
+        };
+        now.since(ck).0.saturating_mul(self.gpus.max(1) as u64)
+    }
+}
