@@ -7,7 +7,11 @@ use crate::gpu::GpuModel;
 use crate::ids::TenantId;
 use crate::job::{Job, JobSpec};
 use crate::quota::{job_qvec, Deny};
+use crate::tenant::DIM_GPUS;
 use std::collections::BTreeMap;
+
+/// Victim searches a pass makes for jobs their own quota holds, at most.
+const MAX_QUOTA_SEARCHES: u32 = 4;
 
 /// What quota admission decided for a job.
 pub(super) enum Admission {
@@ -29,7 +33,13 @@ impl Pass<'_> {
         let Err(block) = self.book.admit(&st.shape, t, &job_qvec(spec, min_tasks, None)) else {
             return Admission::Admitted;
         };
-        if st.cfg.preemption.enabled && self.quota_searches < 4 && !traced && st.tenants[t.index()].spec.quota.is_some()
+        if block.dim == DIM_GPUS {
+            self.note_held_gpus(t, block.requested);
+        }
+        if st.cfg.preemption.enabled
+            && self.quota_searches < MAX_QUOTA_SEARCHES
+            && !traced
+            && st.tenants[t.index()].spec.quota.is_some()
         {
             self.quota_searches += 1;
             let base = self.eligible_sig(spec, sig);
@@ -39,6 +49,24 @@ impl Pass<'_> {
         }
         self.note(job.id, |p| p.quota_reason(t, block));
         Admission::Held
+    }
+
+    /// Notes that tenant `t`'s GPU quota refused a job asking for `gpus` GPUs.
+    fn note_held_gpus(&mut self, t: TenantId, gpus: u64) {
+        if self.held_gpus.is_empty() {
+            self.held_gpus = vec![u64::MAX; self.st.tenants.len()];
+        }
+        let least = &mut self.held_gpus[t.index()];
+        *least = (*least).min(gpus);
+    }
+
+    /// Whether [`Pass::admit`] would hold a job of tenant `t` asking for `gpus` GPUs, known without the job: its
+    /// tenant's GPU quota refused a job asking for no more earlier in the pass (the book has only taken since), and
+    /// no quota-held victim search is left to make (after which `admit` only asks the book).
+    pub(super) fn held_by_gpus(&self, t: TenantId, gpus: u64) -> bool {
+        self.held_fast
+            && !(self.st.cfg.preemption.enabled && self.quota_searches < MAX_QUOTA_SEARCHES)
+            && self.held_gpus.get(t.index()).is_some_and(|&least| gpus >= least)
     }
 
     /// Classes whose model the tenant's per-model quota admits.
@@ -80,6 +108,51 @@ impl Pass<'_> {
 #[cfg(test)]
 mod tests {
     use crate::schedule::testkit::*;
+
+    /// Tenant `a` may hold 4 GPUs and holds 3 (job 1). Its GPU quota refuses job 2 (2 GPUs); jobs 3 (4 GPUs) and
+    /// 4 (2) ask for no fewer and are counted held from their keys, without a look at them. Job 5 (1 GPU) asks for
+    /// fewer: it is looked at, admitted and started. Job 6 (2 GPUs) is counted held from its key (the book has only
+    /// taken since job 2 was refused); job 7 (1 GPU) is looked at and refused (`a` now holds 4), and job 8 (3 GPUs)
+    /// is counted held from its key. The pass decides as one that looks at every job.
+    #[test]
+    fn a_job_asking_for_no_fewer_gpus_than_one_the_quota_held_is_held_unseen() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n0", GpuModel::T4, 8)], &[]);
+        let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(4, 4))).unwrap();
+        submit(&mut s, 1, JobSpec::new(a, "run", 3, 1), 0);
+        assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()), vec![1]);
+        for (id, gpus) in [(2, 2), (3, 4), (4, 2), (5, 1), (6, 2), (7, 1), (8, 3)] {
+            submit(&mut s, id, JobSpec::new(a, "wait", gpus, 1), id);
+        }
+        let now = Time::from_secs(10);
+        let mut fast = run_pass(&s, now, |_| {});
+        let mut slow = run_pass(&s, now, |p| p.held_fast = false);
+        assert_eq!(started(&fast.decisions), vec![5]);
+        assert_eq!(fast.decisions, slow.decisions);
+        assert_eq!((fast.stats.considered, slow.stats.considered), (7, 7));
+        assert_eq!((fast.held_fast_hits, slow.held_fast_hits), (4, 0));
+        fast.decisions.clear();
+        slow.decisions.clear();
+    }
+
+    /// With preemption on, the first four jobs a pass finds held by their own quota each look for victims among
+    /// their tenant's jobs: none of them is counted held from its key, however many GPUs it asks for.
+    #[test]
+    fn jobs_held_by_their_quota_look_for_victims_before_any_is_held_unseen() {
+        let mut s = cluster(preempting(Policy::Fifo, Dur::from_secs(60)), vec![node("n0", GpuModel::T4, 8)], &[]);
+        let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(4, 4))).unwrap();
+        submit(&mut s, 1, JobSpec::new(a, "run", 4, 1), 0);
+        assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()), vec![1]);
+        for id in 2..=7 {
+            submit(&mut s, id, JobSpec::new(a, "wait", 2, 1), id);
+        }
+        let now = Time::from_secs(10);
+        let fast = run_pass(&s, now, |_| {});
+        let slow = run_pass(&s, now, |p| p.held_fast = false);
+        assert_eq!(fast.decisions, slow.decisions);
+        assert!(fast.decisions.is_empty(), "job 1 is of the same priority and not demoted: no victim");
+        // Jobs 2-5 looked for victims; 6 and 7 were counted held from their keys.
+        assert_eq!((fast.quota_searches, fast.held_fast_hits), (4, 2));
+    }
 
     #[test]
     fn quota_guarantee_limit_and_borrowing() {

@@ -219,6 +219,16 @@ struct Pass<'a> {
     held_hits: usize,
     /// Of those, the searches that gave up on the earlier search's ranking (`preempt::HeldCands::reach`).
     reach_hits: usize,
+    /// Per tenant, the fewest GPUs a job of it asked for that its GPU quota refused in this pass (`u64::MAX`: none;
+    /// empty until one is refused). A job of the tenant asking for at least as many is refused too: `QuotaBook::admit`
+    /// refuses more GPUs where it refused fewer, and more usage where it refused less, and a pass's book only takes
+    /// (its starts and growth), never gives back. Once no quota-held search is left to make, the walk counts such a
+    /// job held from its queue key, without looking it up (`admission.rs`, `Pass::held_by_gpus`).
+    held_gpus: Vec<u64>,
+    /// Whether the walk may do so (off only in tests that check it decides the same either way).
+    held_fast: bool,
+    /// Jobs the walk counted held from their queue keys.
+    held_fast_hits: usize,
     stats: PassStats,
     attempts: std::cell::Cell<usize>,
     trace: Option<JobId>,
@@ -285,6 +295,9 @@ impl<'a> Pass<'a> {
             brief_cands: 0,
             held_hits: 0,
             reach_hits: 0,
+            held_gpus: Vec::new(),
+            held_fast: true,
+            held_fast_hits: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),
             trace,
@@ -365,6 +378,18 @@ impl<'a> Pass<'a> {
                 }
             }
             if served.contains(&jid) || (!traced && self.never_shapes.contains(&key.shape())) {
+                continue;
+            }
+            // Held by its GPU quota as a job of its tenant asking for no more GPUs was (and not in a restart's
+            // backoff, which its key would say): counted held as `admit` would, the job not looked up.
+            if !traced && !noted && key.not_before <= self.now && self.held_by_gpus(t, key.gpus) {
+                position += 1;
+                self.stats.considered += 1;
+                self.held_fast_hits += 1;
+                streak[t.index()] += 1;
+                if streak[t.index()] >= cfg.quota_lookahead {
+                    order.drop_tenant(t);
+                }
                 continue;
             }
             let job = &st.jobs[&jid];

@@ -1054,6 +1054,68 @@ fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
     assert!(held_evictions.get() >= 10, "{} evictions for quota-held jobs", held_evictions.get());
 }
 
+/// A job its GPU quota holds as it held a job of the same tenant asking for no more GPUs, under the same book, is
+/// counted held from its queue key (`Pass::held_by_gpus`): random clusters of two tenants with GPU quotas (a tight
+/// one for `a`, whose queued jobs are most of the queue), LAS, priority, SRTF, SJF and FIFO, with preemption (the
+/// first four quota-held jobs of a pass still look for victims) and without, with and without backfill, three passes
+/// each. The passes decide the same with the shortcut on and off, turn at the same time and consider as many jobs;
+/// and the shortcut is taken.
+#[test]
+fn a_job_held_by_its_gpu_quota_as_a_smaller_one_was_is_counted_held_from_its_key() {
+    use proptest::prelude::*;
+    let policies = [Policy::Las, Policy::Priority, Policy::Srtf, Policy::Sjf, Policy::Fifo];
+    let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), any::<bool>(), 1u64..10);
+    let mut runner = det_runner(256);
+    let (fast_hits, considered) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    runner
+        .run(&strategy, |((running, queued, big), policy, backfill, preempt, half)| {
+            let mut c = if preempt { preemptive(policies[policy], 60) } else { cfg(policies[policy]) };
+            c.backfill = backfill;
+            c.las_thresholds_gpu_s = vec![300, 3000];
+            let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, [4, 8][*b as usize]));
+            let mut s = cluster(c, ns.collect(), &[]);
+            let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
+            let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
+            for (i, (k, secs, prio)) in running.iter().enumerate() {
+                let (g, tasks) = SHAPES[*k];
+                let t = if i % 2 == 0 { a } else { b };
+                let spec = JobSpec::new(t, "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                submit(&mut s, i as u64 + 1, spec, 0);
+            }
+            s.step(Time::ZERO).unwrap();
+            for (i, (k, secs, prio)) in queued.iter().enumerate() {
+                let (g, tasks) = SHAPES[*k];
+                let t = if i % 4 == 3 { b } else { a };
+                let spec = JobSpec::new(t, "wait", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+                submit(&mut s, 1000 + i as u64, spec, 100 + i as u64);
+            }
+            let mut now = Time::from_secs(600);
+            for round in 0..3u64 {
+                let mut fast = run_pass(&s, now, |_| {});
+                let mut slow = run_pass(&s, now, |p| p.held_fast = false);
+                prop_assert_eq!(&fast.decisions, &slow.decisions);
+                prop_assert_eq!(fast.idle_until.get(), slow.idle_until.get());
+                prop_assert_eq!(fast.stats.considered, slow.stats.considered);
+                prop_assert_eq!(slow.held_fast_hits, 0);
+                fast_hits.set(fast_hits.get() + fast.held_fast_hits);
+                considered.set(considered.get() + fast.stats.considered);
+                slow.decisions.clear();
+                drop(slow);
+                let ds = std::mem::take(&mut fast.decisions);
+                drop(fast);
+                now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(300));
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        fast_hits.get() >= 500,
+        "{} of {} jobs considered were counted held from their keys",
+        fast_hits.get(),
+        considered.get()
+    );
+}
+
 /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
 /// clusters as above (running jobs past their estimates among them), preemptive SRTF, SRGF, SJF, priority and LAS
 /// (thresholds 300 and 3,000 GPU-s), and FIFO; with and without backfill; minimum run time 60 s; a tight or loose
