@@ -958,6 +958,30 @@ fn giving_up_on_a_victim_search_decides_the_same() {
     assert!(preempted.get() >= 20, "{} evictions", preempted.get());
 }
 
+/// A random cluster under `c` shared by tenant a (a GPU quota of `half` guaranteed, twice that at most) and tenant b
+/// (8 GPUs guaranteed, 64 at most): its nodes of 8 GPUs or 4 (`big`), of `models` in turn, and its running jobs,
+/// a's and b's in turn (a may run up to its limit), submitted and started at 0.
+fn two_quota_tenants(
+    c: SchedConfig,
+    running: &[RandomJob],
+    big: &[bool],
+    models: &[GpuModel],
+    half: u64,
+) -> (ClusterState, TenantId, TenantId) {
+    let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), models[i % models.len()], [4, 8][*b as usize]));
+    let mut s = cluster(c, ns.collect(), &[]);
+    let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
+    let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
+    for (i, (k, secs, prio)) in running.iter().enumerate() {
+        let (g, tasks) = SHAPES[*k];
+        let t = if i % 2 == 0 { a } else { b };
+        let spec = JobSpec::new(t, "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
+        submit(&mut s, i as u64 + 1, spec, 0);
+    }
+    s.step(Time::ZERO).unwrap();
+    (s, a, b)
+}
+
 /// A quota-held victim search that takes its candidates from an earlier one of the pass (`HeldCands`), and one
 /// that gives up because the candidates its walk can reach could not free the GPUs the job lacks, decide as the
 /// full searches: random clusters as above (T4 and A100 nodes in turn, queued jobs asking for either model or
@@ -982,24 +1006,10 @@ fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
             c.backfill = backfill;
             c.preemption.max_per_interval = budget;
             c.las_thresholds_gpu_s = vec![300, 3000];
-            // Two node classes (T4 and A100 in turn), and queued jobs that ask for one of them or take either.
+            // Two node classes (T4 and A100 in turn), and queued jobs that ask for one of them or take either; two
+            // queued jobs in three are a's.
             let models = [GpuModel::T4, GpuModel::A100_80GB];
-            let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), models[i % 2], [4, 8][*b as usize]));
-            let mut s = cluster(c, ns.collect(), &[]);
-            let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
-            let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
-            // Running jobs of a come first (a may run up to its limit), then b's; two queued jobs in three are a's.
-            for (i, (k, secs, prio)) in running.iter().enumerate() {
-                let (g, tasks) = SHAPES[*k];
-                let t = if i % 2 == 0 { a } else { b };
-                submit(
-                    &mut s,
-                    i as u64 + 1,
-                    JobSpec::new(t, "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio),
-                    0,
-                );
-            }
-            s.step(Time::ZERO).unwrap();
+            let (mut s, a, b) = two_quota_tenants(c, &running, &big, &models, half);
             for (i, (k, secs, prio)) in queued.iter().enumerate() {
                 let (g, tasks) = SHAPES[*k];
                 let t = if i % 3 == 2 { b } else { a };
@@ -1072,17 +1082,7 @@ fn a_job_held_by_its_gpu_quota_as_a_smaller_one_was_is_counted_held_from_its_key
             let mut c = if preempt { preemptive(policies[policy], 60) } else { cfg(policies[policy]) };
             c.backfill = backfill;
             c.las_thresholds_gpu_s = vec![300, 3000];
-            let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, [4, 8][*b as usize]));
-            let mut s = cluster(c, ns.collect(), &[]);
-            let a = s.add_tenant(TenantSpec::new("a").quota(Quota::gpus(half, 2 * half))).unwrap();
-            let b = s.add_tenant(TenantSpec::new("b").quota(Quota::gpus(8, 64))).unwrap();
-            for (i, (k, secs, prio)) in running.iter().enumerate() {
-                let (g, tasks) = SHAPES[*k];
-                let t = if i % 2 == 0 { a } else { b };
-                let spec = JobSpec::new(t, "run", g, tasks).estimate(Dur::from_secs(*secs)).priority(*prio);
-                submit(&mut s, i as u64 + 1, spec, 0);
-            }
-            s.step(Time::ZERO).unwrap();
+            let (mut s, a, b) = two_quota_tenants(c, &running, &big, &[GpuModel::T4], half);
             for (i, (k, secs, prio)) in queued.iter().enumerate() {
                 let (g, tasks) = SHAPES[*k];
                 let t = if i % 4 == 3 { b } else { a };
