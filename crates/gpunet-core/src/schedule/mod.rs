@@ -42,7 +42,7 @@ pub use preempt::PreemptReason;
 
 use crate::alloc::Free;
 use crate::fxhash::{FxHashMap, FxHashSet};
-use crate::ids::JobId;
+use crate::ids::{JobId, TenantId};
 use crate::job::{JobState, Placement, TaskPlacement};
 use crate::quota::QuotaBook;
 use crate::state::ClusterState;
@@ -255,6 +255,15 @@ impl Drop for Pass<'_> {
     }
 }
 
+/// A job of tenant `t` its quota holds, in the walk: one more of the tenant's in a row (`streak`, reset by a job
+/// admitted); at `lookahead` in a row the tenant leaves the walk for the rest of the pass.
+fn held_in_a_row(streak: &mut [u32], order: &mut Order<'_>, t: TenantId, lookahead: u32) {
+    streak[t.index()] += 1;
+    if streak[t.index()] >= lookahead {
+        order.drop_tenant(t);
+    }
+}
+
 impl<'a> Pass<'a> {
     fn new(st: &'a ClusterState, now: Time, trace: Option<JobId>) -> Pass<'a> {
         Pass {
@@ -386,10 +395,7 @@ impl<'a> Pass<'a> {
                 position += 1;
                 self.stats.considered += 1;
                 self.held_fast_hits += 1;
-                streak[t.index()] += 1;
-                if streak[t.index()] >= cfg.quota_lookahead {
-                    order.drop_tenant(t);
-                }
+                held_in_a_row(&mut streak, &mut order, t, cfg.quota_lookahead);
                 continue;
             }
             let job = &st.jobs[&jid];
@@ -409,10 +415,7 @@ impl<'a> Pass<'a> {
                 Admission::Admitted => streak[t.index()] = 0,
                 Admission::MakingRoom => continue,
                 Admission::Held => {
-                    streak[t.index()] += 1;
-                    if streak[t.index()] >= cfg.quota_lookahead {
-                        order.drop_tenant(t);
-                    }
+                    held_in_a_row(&mut streak, &mut order, t, cfg.quota_lookahead);
                     continue;
                 }
             }

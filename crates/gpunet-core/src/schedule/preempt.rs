@@ -437,7 +437,7 @@ impl Pass<'_> {
             // would have it (every check before that one gives up too, or passes), without copying or ranking them.
             // (A quota-held search has turned the pass at its own time already: no time to note.)
             let gives_up = h.reach.is_some_and(|(b, reach)| self.room_precheck && b == budget && reach < lacking);
-            if gives_up && lacking > 0 && !h.cands.is_empty() {
+            if gives_up && !h.cands.is_empty() {
                 self.held_hits += 1;
                 self.reach_hits += 1;
                 self.prechecked += 1;
@@ -497,13 +497,7 @@ impl Pass<'_> {
                         } else {
                             continue;
                         };
-                        let lost = crate::state::LostWork {
-                            started,
-                            last_ckpt: b.last_ckpt,
-                            ckpt_interval: b.ckpt_interval,
-                            gpus: b.gpus,
-                        };
-                        candidate!(started, id, b.gpus, b.node, lost, reason);
+                        candidate!(started, id, b.gpus, b.node, b.lost(started), reason);
                         self.brief_cands += 1;
                         continue;
                     }
@@ -609,7 +603,7 @@ impl Pass<'_> {
                     h.reach = Some((budget, reach));
                 }
             }
-            if lacking > 0 && reach < lacking {
+            if reach < lacking {
                 self.prechecked += 1;
                 return None;
             }

@@ -94,6 +94,11 @@ impl RunBrief {
         }
     }
 
+    /// What the job would lose if evicted, its start being `started` (the brief's key holds it; as [`RunRow::lost`]).
+    pub(crate) fn lost(&self, started: Time) -> LostWork {
+        LostWork { started, last_ckpt: self.last_ckpt, ckpt_interval: self.ckpt_interval, gpus: self.gpus }
+    }
+
     /// The row's place in `run_rows`.
     pub(crate) fn place(&self) -> (usize, usize) {
         (self.part as usize, self.index as usize)
