@@ -142,6 +142,11 @@ pub struct PreemptionConfig {
     /// and oldest first, until it has found this many candidates.
     #[serde(default = "default_victim_scan_limit")]
     pub victim_scan_limit: u32,
+    /// Defragmentation: a blocked head that needs GPUs on one node (or whole nodes) while enough are free in pieces
+    /// has the jobs of the cheapest nodes moved to those pieces (evicted, each only when it can start elsewhere at
+    /// once; same minimum run time and rate limit as every preemption). Off by default.
+    #[serde(default)]
+    pub defragment: bool,
 }
 
 fn default_shorter_ratio() -> u32 {
@@ -162,6 +167,7 @@ impl Default for PreemptionConfig {
             shorter_first: false,
             shorter_ratio: default_shorter_ratio(),
             victim_scan_limit: default_victim_scan_limit(),
+            defragment: false,
         }
     }
 }
@@ -290,6 +296,7 @@ impl SchedConfig {
         self.policy = policy;
         self.preemption.shorter_first = false;
         self.preemption.shorter_ratio = default_shorter_ratio();
+        self.preemption.defragment = false;
     }
 
     /// How learned run times are ranked: with [`LearnedRank::Gittins`], by their Gittins rank under SRTF/SRGF when
@@ -429,6 +436,8 @@ pub struct SchedKnobs {
     pub eviction_window: Option<HumanDur>,
     /// [`PreemptionConfig::victim_scan_limit`].
     pub victim_scan_limit: Option<u32>,
+    /// [`PreemptionConfig::defragment`].
+    pub defragment: Option<bool>,
     /// Backoff before a restart (doubling, capped at 32×).
     pub restart_backoff: Option<HumanDur>,
     /// How SRTF/SRGF rank jobs with learned estimates: `median` (default) or `gittins`.
@@ -500,6 +509,9 @@ impl SchedKnobs {
         }
         if let Some(v) = self.victim_scan_limit {
             pre.victim_scan_limit = v;
+        }
+        if let Some(v) = self.defragment {
+            pre.defragment = v;
         }
         if let Some(v) = self.eviction_window {
             if v.0 == Dur::ZERO {

@@ -122,12 +122,21 @@ impl ClusterState {
     /// confirmed, and the job the room is made for gets the first claim on them.
     pub fn apply_decision(&mut self, d: &Decision, now: Time) -> Result<(), CoreError> {
         match d {
-            Decision::Preempt { job, for_job, .. } => {
+            Decision::Preempt { job, for_job, reason } => {
                 self.request_stop(*job, StopCause::Preempted { for_job: Some(*for_job) }, now)?;
+                self.note_moving(*job, reason);
                 self.note_preemption_for(*for_job);
                 Ok(())
             }
             _ => self.apply(d, now),
+        }
+    }
+
+    /// A job evicted to be moved (defragmentation) is noted, so that it gets the first claim on what is free once
+    /// its attempt ends (`ClusterState::moving`).
+    pub(crate) fn note_moving(&mut self, job: JobId, reason: &crate::PreemptReason) {
+        if matches!(reason, crate::PreemptReason::Defragment { .. }) {
+            self.moving.insert(job);
         }
     }
 
@@ -241,6 +250,9 @@ impl ClusterState {
                 JobState::Cancelled
             }
         };
+        if self.moving.remove(&id) {
+            self.note_preemption_for(id);
+        }
         Ok(AttemptEnded { job: id, attempt, cause, state })
     }
 

@@ -109,6 +109,7 @@ impl ClusterState {
             evicting: self.evicting.clone(),
             running_elastic: self.running_elastic.clone(),
             preempting_for,
+            moving: self.moving.clone(),
             preemption_log: self.preemption_log.clone(),
             capacity: self.capacity,
             queued: prefix.len(),

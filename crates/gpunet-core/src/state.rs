@@ -113,6 +113,10 @@ pub struct ClusterState {
     pub(crate) running_elastic: BTreeSet<JobId>,
     /// Queued jobs that evictions were made for: they get the first claim on what is freed.
     pub(crate) preempting_for: BTreeSet<JobId>,
+    /// Running jobs being moved off a node for defragmentation (`PreemptReason::Defragment`): once their attempt
+    /// ends they are queued with the first claim on what is free (`preempting_for`), so that they start again at
+    /// once, as the search that moved them found they could.
+    pub(crate) moving: BTreeSet<JobId>,
     pub(crate) preemption_log: VecDeque<Time>,
     /// Capacity of schedulable nodes, per quota dimension.
     pub(crate) capacity: QVec,
@@ -194,6 +198,7 @@ impl ClusterState {
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
+            moving: BTreeSet::new(),
             preemption_log: VecDeque::new(),
             capacity: [0; QDIMS],
             queued: 0,
@@ -702,8 +707,9 @@ impl ClusterState {
     pub fn apply(&mut self, d: &Decision, now: Time) -> Result<(), CoreError> {
         match d {
             Decision::Start { job, placement, borrowed } => self.start(*job, placement.clone(), *borrowed, now),
-            Decision::Preempt { job, for_job, .. } => {
+            Decision::Preempt { job, for_job, reason } => {
                 self.request_stop(*job, StopCause::Preempted { for_job: Some(*for_job) }, now)?;
+                self.note_moving(*job, reason);
                 self.end_attempt(*job, now)?;
                 self.note_preemption_for(*for_job);
                 Ok(())

@@ -8,7 +8,8 @@
 //! 4. places it (best fit, gang all-or-nothing, topology, one GPU model per gang).
 //!
 //! The first job that does not fit for capacity is the *head*: the scheduler may preempt for it (quota reclaim,
-//! priority, LAS demotion); without backfill it blocks every job behind it. With backfill (EASY) the head gets a
+//! priority, LAS demotion, a much shorter job; or, with defragmentation, move the jobs of a node to GPUs free
+//! elsewhere); without backfill it blocks every job behind it. With backfill (EASY) the head gets a
 //! reservation: the earliest estimated time its placement becomes free (from running jobs' estimated ends) and the
 //! GPUs it will take; later jobs start only if they end before that time or keep off the reserved resources.
 //! When every queued job has been placed, elastic jobs grow towards their maximum.
@@ -20,11 +21,13 @@
 //! - `placement`: eligible node classes, "can never fit", placement searches and committing a start;
 //! - `backfill`: the head's EASY reservation, what it holds back, and the jobs tried behind it;
 //! - `preempt`: victim search ([`PreemptReason`]) and the jobs that evictions were made for;
+//! - `defrag`: defragmentation, room made for a blocked job by moving the jobs of a few nodes to GPUs free elsewhere;
 //! - `elastic`: growing running elastic jobs when nothing is left waiting;
 //! - `explain`: why a queued job waits ([`explain`], [`PendingReason`]) and its sentence.
 
 mod admission;
 mod backfill;
+mod defrag;
 mod elastic;
 mod explain;
 mod order;
@@ -229,6 +232,8 @@ struct Pass<'a> {
     held_fast: bool,
     /// Jobs the walk counted held from their queue keys.
     held_fast_hits: usize,
+    /// Defragmentation searches made in this pass (`defrag.rs`).
+    defrag_searches: u32,
     stats: PassStats,
     attempts: std::cell::Cell<usize>,
     trace: Option<JobId>,
@@ -307,6 +312,7 @@ impl<'a> Pass<'a> {
             held_gpus: Vec::new(),
             held_fast: true,
             held_fast_hits: 0,
+            defrag_searches: 0,
             stats: PassStats::default(),
             attempts: std::cell::Cell::new(0),
             trace,
@@ -453,7 +459,8 @@ impl<'a> Pass<'a> {
                     }
                     // The head: blocked for capacity.
                     self.blocked_by = Some(jid);
-                    if cfg.preemption.enabled && self.make_room(job, &classes) {
+                    if cfg.preemption.enabled && (self.make_room(job, &classes) || self.defragment(job, &classes, None))
+                    {
                         // Room is being made: the job no longer blocks; what it will use is claimed.
                         self.blocked_by = None;
                         continue;

@@ -45,11 +45,18 @@ pub enum PreemptReason {
         /// Waiting job's key, seconds.
         waiting_s: u64,
     },
+    /// Defragmentation: the victim is moved off a node that the waiting job needs whole, to GPUs free elsewhere
+    /// (`PreemptionConfig::defragment`).
+    Defragment {
+        /// GPUs the waiting job needs.
+        waiting_gpus: u32,
+    },
 }
 
 /// What a victim search found: the victims, the head's placement once they are gone, and the free CPU and memory
 /// then on its nodes.
-type Found = (Vec<JobId>, crate::job::Placement, Vec<(crate::ids::NodeId, crate::units::MilliCpu, crate::units::MiB)>);
+pub(super) type Found =
+    (Vec<JobId>, crate::job::Placement, Vec<(crate::ids::NodeId, crate::units::MilliCpu, crate::units::MiB)>);
 
 impl Pass<'_> {
     /// Jobs that evictions were made for go first, so the victims do not take their resources back. Each starts if
@@ -80,6 +87,8 @@ impl Pass<'_> {
                     // Still waiting for its victims to exit: keep what it will use off-limits for the others.
                     if let Some((_, r)) = self.find_victims(job, &classes, false) {
                         self.claim(&r.hold);
+                    } else if self.defragment(job, &classes, None) {
+                        continue; // room is being made again, elsewhere
                     }
                     self.note(jid, |p| {
                         p.capacity_reason(spec, &classes, Some(p.now), st.evicting.iter().copied().collect())
@@ -122,7 +131,20 @@ impl Pass<'_> {
         let found = self.search_victims(job, classes, quota_blocked);
         self.free.rollback(&self.st.topo, mark);
         let (victims, placement, later) = found?;
-        let hold = self.hold_from(&placement, &later);
+        let res = self.room_made(job, &placement, &later, quota_blocked);
+        Some((victims, res))
+    }
+
+    /// Room is being made for `job` on `placement` (by victims chosen or evictions under way; `later`: the free CPU
+    /// and memory on its nodes once they are gone): the reservation that keeps it for the job.
+    pub(super) fn room_made(
+        &mut self,
+        job: &Job,
+        placement: &crate::job::Placement,
+        later: &[(crate::ids::NodeId, crate::units::MilliCpu, crate::units::MiB)],
+        quota_blocked: bool,
+    ) -> Res {
+        let hold = self.hold_from(placement, later);
         // The GPUs and MIG slots of the placement that are not free now come from evictions: promised to this job for
         // the rest of the pass (not for a job its own quota holds: its wait is for its quota as much as for room, and
         // it neither makes nor counts promises). CPU and memory are not promised: what of them comes from evictions
@@ -139,7 +161,7 @@ impl Pass<'_> {
                 }
             }
         }
-        Some((victims, Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }))
+        Res { head: job.id, at: self.now, hold, forbid: Vec::new(), placement: None }
     }
 
     /// [`Self::find_victims`], working on the pass's pool (`self.free`), which the caller rolls back: the victims,

@@ -1119,22 +1119,31 @@ fn a_job_held_by_its_gpu_quota_as_a_smaller_one_was_is_counted_held_from_its_key
 /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
 /// clusters as above (running jobs past their estimates among them), preemptive SRTF, SRGF, SJF, priority and LAS
 /// (thresholds 300 and 3,000 GPU-s), and FIFO; with and without backfill; minimum run time 60 s; a tight or loose
-/// eviction budget; victim searches looking at 3, 10 or all running jobs (`victim_scan_limit`); the cluster moved
-/// on by 30–900 s between rounds. Each idle pass with a bound is checked at
+/// eviction budget; victim searches looking at 3, 10 or all running jobs (`victim_scan_limit`); defragmentation on
+/// or off; the cluster moved on by 30–900 s between rounds. Each idle pass with a bound is checked at
 /// six times up to it (the last a millisecond before; a bound of `Time::MAX` up to 30 days), and at the bound
 /// some passes do decide: the bounds are not only safe but reached.
 #[test]
 fn an_idle_pass_stays_idle_until_its_bound() {
     use proptest::prelude::*;
     let policies = [Policy::Srtf, Policy::Srgf, Policy::Sjf, Policy::Priority, Policy::Las, Policy::Fifo];
-    let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 30u64..900, 0usize..3);
+    let strategy = (
+        random_jobs_and_nodes(),
+        0usize..policies.len(),
+        any::<bool>(),
+        1u32..30,
+        30u64..900,
+        0usize..3,
+        any::<bool>(),
+    );
     let mut runner = det_runner(1024);
     let (checked, reached) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
     runner
-        .run(&strategy, |(jobs, policy, backfill, budget, step, limit)| {
+        .run(&strategy, |(jobs, policy, backfill, budget, step, limit, defragment)| {
             let mut c = preemptive(policies[policy], 60);
             c.backfill = backfill;
+            c.preemption.defragment = defragment;
             c.preemption.max_per_interval = budget;
             c.preemption.victim_scan_limit = [3, 10, u32::MAX][limit];
             c.las_thresholds_gpu_s = vec![300, 3000];
