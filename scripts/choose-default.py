@@ -24,7 +24,8 @@ A family of several workloads (Pollux, Sia) counts as the mean of its workloads'
 weighs the same. Last it names the setting with the lowest score among those that lose at most 5% of GPU-hours to
 evictions on every workload: that is the default, `auto` (`SchedConfig::recommended`). The settings are every
 policy with backfill but `priority` (the traces carry no priorities: it is FIFO on them), SJF/SRTF/SRGF also
-preemptive for shorter jobs at the default ratio of 2, and preemptive SRTF/SRGF at ratios of 8 and 16 (a `[scheduler]` table appended to a copy of the cluster file). The JSON written
+preemptive for shorter jobs at the default ratio of 2, preemptive SRTF/SRGF at ratios of 8 and 16 (a `[scheduler]` table appended to a copy of the cluster file), and with
+defragmentation (`--defragment`) LAS, SRGF, and preemptive SRTF/SRGF at ratios 2 and 8. The JSON written
 with --out holds every run's figures. The PAI pool's size is a choice: see docs/scheduler.md.
 """
 import argparse
@@ -69,12 +70,20 @@ SETTINGS = {
     "srtf preemptive ratio 16": ["--policy", "srtf", "--preemptive"],
     "srgf preemptive ratio 8": ["--policy", "srgf", "--preemptive"],
     "srgf preemptive ratio 16": ["--policy", "srgf", "--preemptive"],
+    "las defragment": ["--policy", "las", "--defragment"],
+    "srgf defragment": ["--policy", "srgf", "--defragment"],
+    "srtf preemptive defragment": ["--policy", "srtf", "--preemptive", "--defragment"],
+    "srgf preemptive defragment": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srtf preemptive ratio 8 defragment": ["--policy", "srtf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 8 defragment": ["--policy", "srgf", "--preemptive", "--defragment"],
 }
 KNOBS = {
     "srtf preemptive ratio 8": "shorter_ratio = 8\n",
     "srtf preemptive ratio 16": "shorter_ratio = 16\n",
     "srgf preemptive ratio 8": "shorter_ratio = 8\n",
     "srgf preemptive ratio 16": "shorter_ratio = 16\n",
+    "srtf preemptive ratio 8 defragment": "shorter_ratio = 8\n",
+    "srgf preemptive ratio 8 defragment": "shorter_ratio = 8\n",
 }
 
 

@@ -269,11 +269,12 @@ impl SchedConfig {
 
     /// The recommended setting, `auto`: SRGF (shortest remaining estimated GPU-work first; estimates learned from
     /// the submitter's earlier jobs when a job gives none) with EASY backfill, where a waiting job evicts a running one
-    /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, with every other
-    /// knob at its default. Chosen by `scripts/choose-default.py` over seven workload families built from the shipped traces
-    /// (Philly at 82% and 90% load, PAI 2023, the Pollux and Sia workloads) with learned estimates: the lowest
-    /// average wait of the settings that lose at most 5% of GPU-hours to evictions on every workload (0.22 of FIFO's
-    /// wait, geometric mean over the families); docs/scheduler.md has the table.
+    /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, and with
+    /// defragmentation ([`PreemptionConfig::defragment`]), every other knob at its default. Chosen by
+    /// `scripts/choose-default.py` over seven workload families built from the shipped traces (Philly at 82% and 90%
+    /// load, PAI 2023, the Pollux and Sia workloads) with learned estimates: the lowest average wait of the settings
+    /// that lose at most 5% of GPU-hours to evictions on every workload (0.19 of FIFO's wait, geometric mean over the
+    /// families); docs/scheduler.md has the table.
     pub fn recommended() -> SchedConfig {
         let mut c = SchedConfig { backfill: true, ..SchedConfig::default() };
         c.use_recommended_policy();
@@ -288,6 +289,7 @@ impl SchedConfig {
         self.policy = Self::RECOMMENDED_POLICY;
         self.preemption.shorter_first = true;
         self.preemption.shorter_ratio = RECOMMENDED_SHORTER_RATIO;
+        self.preemption.defragment = true;
     }
 
     /// Sets a policy as named, without preemption for shorter jobs (the knobs `preemptive` and `shorter_ratio` turn

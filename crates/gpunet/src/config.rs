@@ -164,13 +164,14 @@ listen = "{listen}"
 # admin_token = "…"
 # join_token = "…"
 
-# Scheduling: policy (auto — SRGF with eviction for jobs 8x shorter, see docs/scheduler.md — or fifo, priority, sjf,
-# srtf, srgf, drf, fairshare, las; default: the sched_config file's, else auto) and EASY backfill.
+# Scheduling: policy (auto — SRGF with eviction for jobs 8x shorter and defragmentation, see docs/scheduler.md —
+# or fifo, priority, sjf, srtf, srgf, drf, fairshare, las; default: the sched_config file's, else auto) and EASY
+# backfill.
 # policy = "auto"
 backfill = {backfill}
-# Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, LAS thresholds, minimum run
-# time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false here win
-# over the file; its minimum run time and restart backoff win over preempt_min_run_s and restart_backoff_s.
+# Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, defragment, LAS thresholds,
+# minimum run time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false
+# here win over the file; its minimum run time and restart backoff win over preempt_min_run_s and restart_backoff_s.
 # sched_config = "/etc/gpunet/scheduler.toml"
 # Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
 node_lost_after_s = {node_lost_after_s:?}

@@ -371,8 +371,9 @@ mod tests {
         assert!(n >= 20, "only {n} flags found");
     }
 
-    /// The scheduler a server starts with: `auto` (SRGF, backfill, eviction for jobs 8× shorter) unless a policy is
-    /// named; a named policy is plain (not preemptive for shorter jobs) unless the `--sched-config` file says so;
+    /// The scheduler a server starts with: `auto` (SRGF, backfill, eviction for jobs 8× shorter, defragmentation)
+    /// unless a policy is named; a named policy is plain (not preemptive for shorter jobs, no defragmentation) unless
+    /// the `--sched-config` file says so;
     /// `--policy auto` wins over the file's policy, and the file's other knobs tune it; a bad name lists `auto` with
     /// the others.
     #[test]
@@ -412,6 +413,12 @@ mod tests {
         );
         assert_eq!(shape(&sched(&[], Some("preemptive = false\n")).unwrap()), (Policy::Srgf, true, false, 8));
         assert_eq!(shape(&sched(&["--no-backfill"], None).unwrap()), (Policy::Srgf, false, true, 8));
+        // Defragmentation: on in auto (and off by the file), off for a named policy (and on by the file).
+        let defrag = |c: SchedConfig| c.preemption.defragment;
+        assert!(defrag(SchedConfig::recommended()) && defrag(sched(&[], None).unwrap()));
+        assert!(!defrag(sched(&[], Some("defragment = false\n")).unwrap()));
+        assert!(!defrag(sched(&["--policy", "srgf"], None).unwrap()));
+        assert!(defrag(sched(&[], Some("policy = \"las\"\ndefragment = true\n")).unwrap()));
         let e = sched(&["--policy", "shortest"], None).unwrap_err().to_string();
         assert!(e.contains("--policy") && e.contains("auto, fifo"), "{e}");
     }

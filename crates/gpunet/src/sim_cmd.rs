@@ -83,6 +83,10 @@ pub(crate) struct SimOpts {
     /// running one, with the same victim choice, minimum run time and rate limit as other preemption.
     #[arg(long)]
     pub(crate) preemptive: bool,
+    /// Defragmentation: a blocked job that needs GPUs on one node (or whole nodes) while enough are free in pieces
+    /// has the jobs of the cheapest nodes moved to those pieces (on in `auto`; docs/scheduler.md).
+    #[arg(long)]
+    pub(crate) defragment: bool,
     /// Write one CSV row per job (times, wait, evictions) to this file (`sim compare`: one file per policy, the
     /// policy's name inserted before the extension).
     #[arg(long)]
@@ -115,7 +119,8 @@ pub(crate) struct SimCmd {
     #[command(subcommand)]
     pub(crate) sub: Option<SimSub>,
     /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
-    /// else fifo); or auto, the live default (SRGF with backfill and eviction for jobs 8× shorter; docs/scheduler.md).
+    /// else fifo); or auto, the live default (SRGF with backfill, eviction for jobs 8× shorter and defragmentation;
+    /// docs/scheduler.md).
     #[arg(long)]
     pub(crate) policy: Option<String>,
     #[command(flatten)]
@@ -134,7 +139,7 @@ pub(crate) enum SimSub {
     },
 }
 
-fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfig> {
+fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec) -> Result<SimConfig> {
     let borrowing = match o.borrowing.as_str() {
         "on" => true,
         "off" => false,
@@ -166,8 +171,13 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
             })
         }
     };
-    // The cluster's [scheduler] table first, then the flags given.
+    // `auto`'s setting first, then the cluster's [scheduler] table (which tunes it, as the server's file does), then
+    // the flags given.
     let mut base = SimConfig::default();
+    if recommended {
+        base.sched.use_recommended_policy();
+        base.sched.backfill = true;
+    }
     if let Some(k) = &cluster.scheduler {
         base.apply_knobs(k).context("the cluster's [scheduler]")?;
     }
@@ -181,6 +191,9 @@ fn config(o: &SimOpts, policy: Policy, cluster: &ClusterSpec) -> Result<SimConfi
     }
     if o.preemptive {
         sched.preemption.shorter_first = true;
+    }
+    if o.defragment {
+        sched.preemption.defragment = true;
     }
     if let Some(t) = &o.las_thresholds {
         sched.las_thresholds_gpu_s =
@@ -337,20 +350,15 @@ fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
 }
 
 /// The simulation's configuration for a policy named on the command line (`None`: the cluster file's, else FIFO):
-/// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter), tuned by
-/// the cluster file's `[scheduler]` knobs as the server's file tunes it.
+/// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter,
+/// defragmentation), tuned by the cluster file's `[scheduler]` knobs as the server's file tunes it.
 fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -> Result<SimConfig> {
     let policy = match named {
         Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,
         Some(PolicyName::Plain(p)) => p,
         None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
     };
-    let mut cfg = config(o, policy, cluster)?;
-    if named == Some(PolicyName::Recommended) {
-        cfg.sched.use_recommended_policy();
-        cfg.sched.backfill = true;
-    }
-    Ok(cfg)
+    config(o, policy, named == Some(PolicyName::Recommended), cluster)
 }
 
 /// Runs `gpunet sim …`.

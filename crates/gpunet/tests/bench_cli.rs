@@ -61,6 +61,26 @@ fn bench_sched_is_deterministic_in_what_it_places() {
     assert_eq!(run(), run());
 }
 
+/// `--policy auto` measures the live default (named so in the report), and `--defragment` turns defragmentation on
+/// for a named policy: both run and report the same keys.
+#[test]
+fn bench_sched_measures_auto_and_defragmentation() {
+    let run = |args: &[&str]| {
+        let mut all = vec!["bench", "sched", "--nodes", "32", "--pending", "800", "--events", "50", "--output", "json"];
+        all.extend_from_slice(args);
+        let out = gpunet(&all);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let auto = run(&["--policy", "auto"]);
+    assert_eq!(auto["policy"], "auto");
+    let srgf = run(&["--policy", "srgf", "--backfill", "--defragment"]);
+    assert_eq!(srgf["policy"], "srgf");
+    for v in [&auto, &srgf] {
+        assert!(v["placed"].as_u64().unwrap() > 0 && v["event_p99_us"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}
+
 #[test]
 fn bad_policy_is_a_clear_error() {
     let out = gpunet(&["bench", "sched", "--policy", "lottery"]);

@@ -226,8 +226,10 @@ fn jobs_out_and_scheduler_tables_reach_the_simulator_and_the_server() {
     assert!(!out.status.success() && err.contains("--sched-config") && err.contains("max_evictions"), "{err}");
 }
 
-/// `--policy auto` replays the live default (SRGF, backfill, eviction for jobs 8× shorter): the same figures as the
-/// explicit setting, a cluster file with `shorter_ratio = 8`.
+/// `--policy auto` replays the live default (SRGF, backfill, eviction for jobs 8× shorter, defragmentation): the same
+/// figures as the explicit setting, a cluster file with `shorter_ratio = 8`. The cluster file's `[scheduler]` tunes
+/// `auto` as the server's `--sched-config` does: with `shorter_ratio = 2` and `defragment = false` it replays as plain
+/// preemptive SRGF.
 #[test]
 fn sim_policy_auto_is_the_recommended_setting() {
     let trace = data("pollux/workloads/workload-1.csv");
@@ -247,11 +249,32 @@ fn sim_policy_auto_is_the_recommended_setting() {
     )
     .unwrap();
     let auto = run(&["--policy", "auto", "--cluster", "pollux"]);
-    let explicit = run(&["--policy", "srgf", "--preemptive", "--backfill", "--cluster", cluster.to_str().unwrap()]);
+    let explicit = run(&[
+        "--policy",
+        "srgf",
+        "--preemptive",
+        "--backfill",
+        "--defragment",
+        "--cluster",
+        cluster.to_str().unwrap(),
+    ]);
     assert_eq!((&auto["policy"], &auto["preemptive"], &auto["backfill"]), (&"srgf".into(), &true.into(), &true.into()));
     for k in ["avg_wait_s", "preemptions", "completed", "eviction_lost_gpu_hours"] {
         assert_eq!(auto[k], explicit[k], "{k}");
     }
+    let tuned = dir.path().join("pollux-tuned.toml");
+    std::fs::write(
+        &tuned,
+        "version = 1\n[[node_group]]\ncount = 16\ngpus_per_node = 4\ngpu_model = \"T4\"\ncpu_milli = 48000\n\
+         memory_mib = 196608\nrack_size = 16\n[scheduler]\nshorter_ratio = 2\ndefragment = false\n",
+    )
+    .unwrap();
+    let auto_tuned = run(&["--policy", "auto", "--cluster", tuned.to_str().unwrap()]);
+    let plain_preemptive = run(&["--policy", "srgf", "--preemptive", "--backfill", "--cluster", "pollux"]);
+    for k in ["avg_wait_s", "preemptions", "completed", "eviction_lost_gpu_hours"] {
+        assert_eq!(auto_tuned[k], plain_preemptive[k], "{k}");
+    }
+    assert_ne!(auto_tuned["preemptions"], auto["preemptions"], "the file's knobs changed the replay");
     assert!(auto["preemptions"].as_u64().unwrap() > 0);
     // `sim compare` takes `auto` too, beside the plain policy it runs; files are named by policy, `auto` apart.
     let jobs = dir.path().join("jobs.csv");

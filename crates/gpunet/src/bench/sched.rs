@@ -30,7 +30,8 @@ pub(crate) struct SchedArgs {
     /// Pending jobs before the full pass.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) pending: u32,
-    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare, las.
+    /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare, las; or auto, the live default (SRGF with
+    /// backfill, eviction for jobs 8× shorter and defragmentation).
     #[arg(long, default_value = "fifo")]
     pub(crate) policy: String,
     /// Turn EASY backfill on.
@@ -39,6 +40,10 @@ pub(crate) struct SchedArgs {
     /// Turn preemption off (it is on by default, as in `SchedConfig`).
     #[arg(long)]
     pub(crate) no_preemption: bool,
+    /// Turn defragmentation on (a blocked job that needs GPUs on one node has the jobs of a node moved to GPUs free
+    /// elsewhere; on in `auto`).
+    #[arg(long)]
+    pub(crate) defragment: bool,
     /// Most running jobs one victim search looks at (`victim_scan_limit`; default the scheduler's).
     #[arg(long)]
     pub(crate) victim_scan_limit: Option<u32>,
@@ -175,8 +180,13 @@ pub(crate) fn synth_job(r: &mut Rng, tenants: u32) -> JobSpec {
 
 /// Runs the benchmark.
 pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
-    let policy: Policy = args.policy.parse().context("--policy")?;
-    let mut cfg = SchedConfig { backfill: args.backfill, ..SchedConfig::with_policy(policy) };
+    let named: gpunet_core::config::PolicyName = args.policy.parse().context("--policy")?;
+    let mut cfg = match named {
+        gpunet_core::config::PolicyName::Recommended => SchedConfig::recommended(),
+        gpunet_core::config::PolicyName::Plain(policy) => SchedConfig::with_policy(policy),
+    };
+    cfg.backfill |= args.backfill;
+    cfg.preemption.defragment |= args.defragment;
     cfg.preemption.enabled = !args.no_preemption;
     if let Some(n) = args.victim_scan_limit {
         cfg.preemption.victim_scan_limit = n;
@@ -290,7 +300,10 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     samples.sort_by(|a, b| a.total_cmp(b));
     debug_assert!(s.check_invariants().is_ok());
     Ok(SchedReport {
-        policy: policy.name().to_string(),
+        policy: match named {
+            gpunet_core::config::PolicyName::Recommended => "auto".to_string(),
+            gpunet_core::config::PolicyName::Plain(p) => p.name().to_string(),
+        },
         full_pass_ms,
         placed,
         placeable,
