@@ -125,6 +125,76 @@ fn a_frozen_agent_s_old_copy_is_killed_on_its_return_and_the_job_runs_once_more(
     a.kill9();
 }
 
+/// Defragmentation, live, under the default policy (`auto`): two nodes of 2 GPUs with one long job each leave 2 GPUs
+/// free in pieces; a 2-GPU job then gets a node whole. One of the two long jobs is moved: its first attempt ends
+/// (its SIGTERM handler writes the mark) before the 2-GPU job's process starts, and it runs again on the other node,
+/// beside the job that stayed. Both nodes end full.
+#[test]
+fn a_job_that_needs_a_whole_node_gets_one_by_moving_a_job_to_free_gpus_elsewhere() {
+    let (dir, s) = setup(&["--preempt-min-run-s", "0"]);
+    let _a1 = s.agent("a1", "2xA100-80GB", dir.path(), "127.0.0.1");
+    let _a2 = s.agent("a2", "2xA100-80GB", dir.path(), "127.0.0.2");
+    let nodes_ready = || {
+        let (_, o, _) = s.cli("admin-secret", &["nodes", "--output", "json"]);
+        common::json(&o).as_array().is_some_and(|n| n.iter().filter(|n| n["state"] == "ready").count() == 2)
+    };
+    wait_for(Duration::from_secs(30), nodes_ready);
+    let log = dir.path().join("marks");
+    let long = |name: &str| {
+        format!(
+            "L={0}; a=$GPUNET_ATTEMPT; echo \"start {name} $a $(date +%s%N)\" >> $L; \
+             trap 'echo \"end {name} $a $(date +%s%N)\" >> $L; exit 0' TERM; sleep 300 & wait",
+            log.display()
+        )
+    };
+    let ids: Vec<u64> = ["x", "y", "z"]
+        .iter()
+        .map(|n| {
+            let id = s.submit(&["--gpus", "1", "--", "sh", "-c", &long(n)]);
+            wait_for(Duration::from_secs(30), || s.job_state(id) == "running");
+            id
+        })
+        .collect();
+    let node_of = |id: u64| view(&s, id)["placement"][0]["node"].as_str().unwrap_or("").to_string();
+    // Of the two jobs that share a node, one is cancelled: each node then runs one job and has one GPU free.
+    let nodes: Vec<String> = ids.iter().map(|&id| node_of(id)).collect();
+    let (i, j) = [(0, 1), (0, 2), (1, 2)].into_iter().find(|&(i, j)| nodes[i] == nodes[j]).expect("best fit");
+    let (ok, _, err) = s.cli("admin-secret", &["cancel", &ids[j].to_string()]);
+    assert!(ok, "{err}");
+    wait_for(Duration::from_secs(30), || s.job_state(ids[j]) == "cancelled");
+    let k = 3 - i - j;
+    let stay_or_move = [ids[i], ids[k]];
+    assert_ne!(node_of(ids[i]), node_of(ids[k]));
+    let wide = format!(
+        "L={0}; echo \"start wide $GPUNET_ATTEMPT $(date +%s%N)\" >> $L; trap 'exit 0' TERM; sleep 300 & wait",
+        log.display()
+    );
+    let w = s.submit(&["--gpus", "2", "--", "sh", "-c", &wide]);
+    wait_for(Duration::from_secs(60), || {
+        s.job_state(w) == "running" && stay_or_move.iter().all(|&id| s.job_state(id) == "running")
+    });
+    let moved: Vec<u64> = stay_or_move.iter().copied().filter(|&id| view(&s, id)["preemptions"] == 1).collect();
+    assert_eq!(moved.len(), 1, "exactly one job moved: {:?}", stay_or_move.map(|id| view(&s, id)));
+    let m = moved[0];
+    let stayed = stay_or_move.into_iter().find(|&id| id != m).unwrap();
+    assert_eq!(view(&s, stayed)["preemptions"], 0);
+    assert_eq!(node_of(m), node_of(stayed), "the moved job runs beside the one that stayed");
+    assert_ne!(node_of(w), node_of(m));
+    let name = ["x", "y", "z"][ids.iter().position(|&id| id == m).unwrap()];
+    wait_for(Duration::from_secs(30), || mark(&marks(&log), "start", name, 1).is_some());
+    let mk = marks(&log);
+    let end0 = mark(&mk, "end", name, 0).expect("the moved job's first attempt ended");
+    let wide_start = mark(&mk, "start", "wide", 0).expect("the wide job started");
+    assert!(wide_start > end0, "the wide job started before the moved job's first attempt ended");
+    for id in [w, stayed, m] {
+        let (ok, _, err) = s.cli("admin-secret", &["cancel", &id.to_string()]);
+        assert!(ok, "{err}");
+    }
+    for id in [w, stayed, m] {
+        wait_for(Duration::from_secs(30), || s.job_state(id) == "cancelled");
+    }
+}
+
 /// Unmounts a test file system when dropped.
 struct Mounted(std::path::PathBuf);
 
