@@ -218,6 +218,8 @@ struct Pass<'a> {
     brief_settled: usize,
     /// Of those, the candidates made from their briefs.
     brief_cands: usize,
+    /// Of those, the candidates for a much shorter job, their keys worked out from the briefs.
+    brief_keyed: usize,
     /// Quota-held victim searches that took their candidates from `held_cands`.
     held_hits: usize,
     /// Of those, the searches that gave up on the earlier search's ranking (`preempt::HeldCands::reach`).
@@ -307,6 +309,7 @@ impl<'a> Pass<'a> {
             held_brief: true,
             brief_settled: 0,
             brief_cands: 0,
+            brief_keyed: 0,
             held_hits: 0,
             reach_hits: 0,
             held_gpus: Vec::new(),

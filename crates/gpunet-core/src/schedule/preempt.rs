@@ -478,6 +478,9 @@ impl Pass<'_> {
             // that are no candidate do not count: a job is not kept from the victim behind them). Candidates are
             // ranked by a key unique to each below, so the order they are met in is not used.
             let any_priority = demote_possible || shorter;
+            // Shorter-first keys a brief can work out: SRTF's and SRGF's, with learned estimates ranked by their
+            // median (as if exact).
+            let brief_keys = shorter && !gittins && matches!(policy, Policy::Srtf | Policy::Srgf);
             let rows = st
                 .tenant_runs
                 .range_from(&(t, i32::MIN, Time(0), JobId(0)))
@@ -507,15 +510,33 @@ impl Pass<'_> {
                             }
                         }
                     }
-                    // Not shorter-first (whose keys are in the row only): the brief settles the rest as `visit!`
-                    // would (every row here is the tenant's own: lent, not reclaimable), and the candidate is made
-                    // from it.
-                    if briefed && !shorter {
+                    // The brief settles the rest as `visit!` would (every row here is the tenant's own: lent, not
+                    // reclaimable), and the candidate is made from it: by priority, LAS, or shorter-first under
+                    // SRTF or SRGF ranking by medians, whose key it works out from the row's estimated end (SJF's
+                    // key and Gittins ranks are in the row only).
+                    if briefed && (!shorter || by_priority || brief_keys) {
                         self.brief_settled += 1;
                         let reason = if by_priority {
                             PreemptReason::Priority { victim: priority, preemptor: spec.priority }
                         } else if let Some(vq) = queue {
                             PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
+                        } else if shorter && b.est_end != Time::MAX {
+                            let left = crate::ClusterState::expected_end(b.est_end, started, now).since(now).0;
+                            let g = if policy == Policy::Srgf { b.gpus.max(1) } else { 1 };
+                            let vk = left.saturating_mul(g as u64);
+                            let longer = vk != u64::MAX && vk >= bound;
+                            if vk == u64::MAX {
+                                turn = now;
+                            } else {
+                                let per_g =
+                                    per_gpus.get(g as usize).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+                                turn = turn.min(shorter_turns_at(b.est_end, started, now, per_g, longer));
+                            }
+                            if !longer {
+                                continue;
+                            }
+                            self.brief_keyed += 1;
+                            PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
                         } else {
                             continue;
                         };

@@ -59,10 +59,10 @@ impl RunRow {
 
 /// What a quota-held victim search (`schedule::preempt`) reads of a running job in `tenant_runs`, next to its key,
 /// before (and mostly instead of) its row: its row's place in `run_rows`, and copies of the row's fields that say
-/// whether it is no candidate at all, or not yet one under LAS, and, for a candidate, where it runs and what work it
-/// would lose ([`LostWork`]). A search that needs nothing else of the row (by priority or LAS, not shorter-first)
-/// makes its candidates from briefs alone, reading no row: the tenant's rows, spread over `run_rows`, were most of a
-/// cold search's time.
+/// whether it is no candidate at all, or not yet one under LAS, and, for a candidate, where it runs, what work it
+/// would lose ([`LostWork`]) and its estimated end. A search that needs nothing else of the row (by priority or LAS,
+/// or shorter-first under SRTF or SRGF ranking by medians) makes its candidates from briefs alone, reading no row:
+/// the tenant's rows, spread over `run_rows`, were most of a cold search's time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RunBrief {
     /// The row's place: part and index (`u32`s, to keep the brief small; see [`RunBrief::place`]).
@@ -76,6 +76,9 @@ pub(crate) struct RunBrief {
     pub(crate) node: Option<NodeId>,
     pub(crate) last_ckpt: Time,
     pub(crate) ckpt_interval: u64,
+    /// The row's estimated end (`Time::MAX` without estimate): a search under preemptive SRTF or SRGF that ranks
+    /// learned estimates by their median works out the row's key from it.
+    pub(crate) est_end: Time,
 }
 
 impl RunBrief {
@@ -91,6 +94,7 @@ impl RunBrief {
             node: r.node,
             last_ckpt: r.last_ckpt,
             ckpt_interval: r.ckpt_interval,
+            est_end: r.est_end,
         }
     }
 

@@ -987,19 +987,21 @@ fn two_quota_tenants(
 /// full searches: random clusters as above (T4 and A100 nodes in turn, queued jobs asking for either model or
 /// taking both) shared by tenant a, whose quota (4–24 GPUs, half guaranteed) holds
 /// many of its queued jobs, and tenant b (8 GPUs guaranteed, 64 at most); preemptive LAS (thresholds 300 and
-/// 3,000 GPU-s), priority, SRTF and SJF; with and without backfill; a tight or loose eviction budget; three
+/// 3,000 GPU-s), priority, SRTF, SJF and SRGF; with and without backfill; a tight or loose eviction budget; three
 /// passes each, some jobs ending between them. Each search that takes an earlier one's candidates is one scan
 /// fewer. Searches do take earlier ones' candidates, and quota-held jobs do evict. A pass that reads every row
 /// a quota-held search meets (`held_brief` off) decides the same and turns at the same time as one that leaves
-/// the rows its briefs settle unread (`state::RunBrief`), and the briefs do settle rows and make candidates.
+/// the rows its briefs settle unread (`state::RunBrief`), and the briefs do settle rows and make candidates, shorter-
+/// first ones under SRTF and SRGF among them (their keys worked out from the briefs' estimated ends).
 #[test]
 fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
     use proptest::prelude::*;
-    let policies = [Policy::Las, Policy::Priority, Policy::Srtf, Policy::Sjf];
+    let policies = [Policy::Las, Policy::Priority, Policy::Srtf, Policy::Sjf, Policy::Srgf];
     let strategy = (random_jobs_and_nodes(), 0usize..policies.len(), any::<bool>(), 1u32..30, 2u64..12);
     let mut runner = det_runner(256);
     let (hits, held_evictions) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     let (settled, made) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let keyed = std::cell::Cell::new(0);
     runner
         .run(&strategy, |((running, queued, big), policy, backfill, budget, half)| {
             let mut c = preemptive(policies[policy], 60);
@@ -1038,11 +1040,12 @@ fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
                 let mut unbriefed = run_pass(&s, now, |p| p.held_brief = false);
                 prop_assert_eq!(&fast.decisions, &unbriefed.decisions);
                 prop_assert_eq!(fast.idle_until.get(), unbriefed.idle_until.get());
-                prop_assert_eq!(unbriefed.brief_settled, 0);
+                prop_assert_eq!((unbriefed.brief_settled, unbriefed.brief_keyed), (0, 0));
                 unbriefed.decisions.clear();
                 drop(unbriefed);
                 settled.set(settled.get() + fast.brief_settled);
                 made.set(made.get() + fast.brief_cands);
+                keyed.set(keyed.get() + fast.brief_keyed);
                 let ds = std::mem::take(&mut fast.decisions);
                 drop(fast);
                 // Evictions for a job of a that a's quota holds (it would pass a's limit).
@@ -1061,6 +1064,7 @@ fn a_quota_held_search_with_an_earlier_ones_candidates_decides_the_same() {
     assert!(hits.get() >= 20, "{} searches took an earlier one's candidates", hits.get());
     assert!(settled.get() >= 200, "the briefs settled {} rows", settled.get());
     assert!(made.get() >= 50, "{} candidates made from briefs", made.get());
+    assert!(keyed.get() >= 50, "{} shorter-first candidates keyed from briefs", keyed.get());
     assert!(held_evictions.get() >= 10, "{} evictions for quota-held jobs", held_evictions.get());
 }
 
