@@ -102,6 +102,8 @@ impl ClusterState {
             self.dequeue(&j);
         }
         self.preempting_for.remove(&id);
+        self.moving.remove(&id);
+        self.moving_for.remove(&id);
         self.jobs.get_mut(&id).expect("looked up above").held = true;
         self.hold_insert(id);
         Ok(())

@@ -124,7 +124,7 @@ impl ClusterState {
         match d {
             Decision::Preempt { job, for_job, reason } => {
                 self.request_stop(*job, StopCause::Preempted { for_job: Some(*for_job) }, now)?;
-                self.note_moving(*job, reason);
+                self.note_moving(*job, *for_job, reason);
                 self.note_preemption_for(*for_job);
                 Ok(())
             }
@@ -132,11 +132,14 @@ impl ClusterState {
         }
     }
 
-    /// A job evicted to be moved (defragmentation) is noted, so that it gets the first claim on what is free once
-    /// its attempt ends (`ClusterState::moving`).
-    pub(crate) fn note_moving(&mut self, job: JobId, reason: &crate::PreemptReason) {
-        if matches!(reason, crate::PreemptReason::Defragment { .. }) {
-            self.moving.insert(job);
+    /// A job evicted to be moved (defragmentation) is noted with where it goes, so that its room is kept while it
+    /// stops and it gets the first claim on it once its attempt ends (`ClusterState::moving`).
+    pub(crate) fn note_moving(&mut self, job: JobId, for_job: JobId, reason: &crate::PreemptReason) {
+        if let crate::PreemptReason::Defragment { to, room, .. } = reason {
+            self.moving.insert(job, to.clone());
+            if self.jobs.get(&for_job).is_some_and(|j| j.state.is_queued()) {
+                self.moving_for.insert(for_job, room.clone());
+            }
         }
     }
 
@@ -250,8 +253,12 @@ impl ClusterState {
                 JobState::Cancelled
             }
         };
-        if self.moving.remove(&id) {
-            self.note_preemption_for(id);
+        if self.moving.contains_key(&id) {
+            if state.is_queued() {
+                self.note_preemption_for(id);
+            } else {
+                self.moving.remove(&id);
+            }
         }
         Ok(AttemptEnded { job: id, attempt, cause, state })
     }

@@ -110,6 +110,7 @@ impl ClusterState {
             running_elastic: self.running_elastic.clone(),
             preempting_for,
             moving: self.moving.clone(),
+            moving_for: self.moving_for.clone(),
             preemption_log: self.preemption_log.clone(),
             capacity: self.capacity,
             queued: prefix.len(),

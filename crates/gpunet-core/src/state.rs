@@ -113,10 +113,14 @@ pub struct ClusterState {
     pub(crate) running_elastic: BTreeSet<JobId>,
     /// Queued jobs that evictions were made for: they get the first claim on what is freed.
     pub(crate) preempting_for: BTreeSet<JobId>,
-    /// Running jobs being moved off a node for defragmentation (`PreemptReason::Defragment`): once their attempt
-    /// ends they are queued with the first claim on what is free (`preempting_for`), so that they start again at
-    /// once, as the search that moved them found they could.
-    pub(crate) moving: BTreeSet<JobId>,
+    /// Jobs being moved off a node for defragmentation (`PreemptReason::Defragment`), with where they go: while
+    /// they stop, each pass keeps that room for them; once their attempt ends they are queued with the first claim
+    /// (`preempting_for`) and start there if it is still free (`schedule::preempt::serve_preemptors`). A job leaves
+    /// the map when it starts, ends, is cancelled or held.
+    pub(crate) moving: BTreeMap<JobId, Placement>,
+    /// The jobs those were moved for, with the room they were moved for: kept for them while the moved jobs stop,
+    /// and where they start if it is all free. A job leaves the map when it starts, ends, is cancelled or held.
+    pub(crate) moving_for: BTreeMap<JobId, Placement>,
     pub(crate) preemption_log: VecDeque<Time>,
     /// Capacity of schedulable nodes, per quota dimension.
     pub(crate) capacity: QVec,
@@ -198,7 +202,8 @@ impl ClusterState {
             evicting: BTreeSet::new(),
             running_elastic: BTreeSet::new(),
             preempting_for: BTreeSet::new(),
-            moving: BTreeSet::new(),
+            moving: BTreeMap::new(),
+            moving_for: BTreeMap::new(),
             preemption_log: VecDeque::new(),
             capacity: [0; QDIMS],
             queued: 0,
@@ -709,7 +714,7 @@ impl ClusterState {
             Decision::Start { job, placement, borrowed } => self.start(*job, placement.clone(), *borrowed, now),
             Decision::Preempt { job, for_job, reason } => {
                 self.request_stop(*job, StopCause::Preempted { for_job: Some(*for_job) }, now)?;
-                self.note_moving(*job, reason);
+                self.note_moving(*job, *for_job, reason);
                 self.end_attempt(*job, now)?;
                 self.note_preemption_for(*for_job);
                 Ok(())
@@ -768,6 +773,8 @@ impl ClusterState {
         let (tenant, no_gpu) = (job.spec.tenant, job.spec.task.gpus == 0);
         self.dequeue_key(tenant, key, no_gpu);
         self.preempting_for.remove(&id);
+        self.moving.remove(&id);
+        self.moving_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
         let array = j.array_of.map(|(a, _)| a);
@@ -1190,6 +1197,8 @@ impl ClusterState {
             self.dequeue(&job);
         }
         self.preempting_for.remove(&id);
+        self.moving.remove(&id);
+        self.moving_for.remove(&id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Cancelled)?;
         j.run = None;

@@ -210,9 +210,6 @@ impl<'a> Pass<'a> {
             self.commit_start(job, p, true);
             return true;
         }
-        if self.st.cfg.preemption.enabled && self.defragment(job, classes, Some(&r.hold)) {
-            return false; // room is being made for it
-        }
         if memo && !traced {
             self.failed.insert((shape, !short));
         }

@@ -462,8 +462,7 @@ impl<'a> Pass<'a> {
                     }
                     // The head: blocked for capacity.
                     self.blocked_by = Some(jid);
-                    if cfg.preemption.enabled && (self.make_room(job, &classes) || self.defragment(job, &classes, None))
-                    {
+                    if cfg.preemption.enabled && (self.make_room(job, &classes) || self.defragment(job, &classes)) {
                         // Room is being made: the job no longer blocks; what it will use is claimed.
                         self.blocked_by = None;
                         continue;

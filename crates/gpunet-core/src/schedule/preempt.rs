@@ -6,7 +6,7 @@
 use super::{Decision, Pass, Res};
 use crate::config::Policy;
 use crate::ids::{JobId, TenantId};
-use crate::job::Job;
+use crate::job::{Job, JobState};
 use crate::quota::{job_qvec, QuotaBook};
 use crate::units::Time;
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,10 @@ pub enum PreemptReason {
     Defragment {
         /// GPUs the waiting job needs.
         waiting_gpus: u32,
+        /// Where the victim starts again (free when it was chosen, and kept for it until then).
+        to: crate::job::Placement,
+        /// Where the waiting job starts once the victims are gone (kept for it until then).
+        room: crate::job::Placement,
     },
 }
 
@@ -60,11 +64,48 @@ pub(super) type Found =
 
 impl Pass<'_> {
     /// Jobs that evictions were made for go first, so the victims do not take their resources back. Each starts if
-    /// its room is free; otherwise what it will use is kept off-limits for the others. Returns the jobs served.
+    /// its room is free; otherwise what it will use is kept off-limits for the others. Jobs moved by defragmentation
+    /// (`ClusterState::moving`) and the jobs they were moved for (`moving_for`) go before them, each where it was
+    /// moved to, or where its room was cleared, if that is all free; and where the moved jobs still stopping go is
+    /// kept for them. Returns the jobs served.
     pub(super) fn serve_preemptors(&mut self) -> HashSet<JobId> {
         let st = self.st;
         let mut served: HashSet<JobId> = HashSet::new();
-        for &jid in &st.preempting_for {
+        let mut moved_left: Vec<JobId> = Vec::new();
+        for (&jid, to) in st.moving.iter().chain(&st.moving_for) {
+            let Some(job) = st.jobs.get(&jid) else {
+                continue;
+            };
+            if !job.state.is_queued() || !st.preempting_for.contains(&jid) {
+                continue;
+            }
+            served.insert(jid);
+            if self.free_exactly(job, to) {
+                self.commit_start(job, to.clone(), false);
+            } else {
+                moved_left.push(jid);
+            }
+        }
+        // Kept for their jobs: where the moved jobs still stopping go, and the rooms of the jobs they were moved for
+        // that did not start above.
+        let stopping = st.moving.iter().filter(|(j, _)| st.jobs.get(j).is_some_and(|j| j.state == JobState::Running));
+        let rooms = st.moving_for.iter().filter(|(j, _)| moved_left.contains(j));
+        for tp in stopping.chain(rooms).flat_map(|(_, to)| &to.tasks) {
+            let f = &self.free.nodes[tp.node.index()];
+            let part = crate::job::TaskPlacement {
+                node: tp.node,
+                gpu_mask: tp.gpu_mask & f.mask,
+                mig_slot: None,
+                cpu: tp.cpu.min(f.cpu),
+                mem: tp.mem.min(f.mem),
+            };
+            if part.gpu_mask != 0 || part.cpu.0 > 0 || part.mem.0 > 0 {
+                self.free.take(&st.topo, &part);
+            }
+        }
+        let mut order: Vec<JobId> = st.preempting_for.iter().copied().filter(|j| !served.contains(j)).collect();
+        order.extend(moved_left);
+        for jid in order {
             let Some(job) = st.jobs.get(&jid) else {
                 continue;
             };
@@ -87,7 +128,7 @@ impl Pass<'_> {
                     // Still waiting for its victims to exit: keep what it will use off-limits for the others.
                     if let Some((_, r)) = self.find_victims(job, &classes, false) {
                         self.claim(&r.hold);
-                    } else if self.defragment(job, &classes, None) {
+                    } else if self.defragment(job, &classes) {
                         continue; // room is being made again, elsewhere
                     }
                     self.note(jid, |p| {
@@ -97,6 +138,26 @@ impl Pass<'_> {
             }
         }
         served
+    }
+
+    /// Whether a moved job can start exactly where it was moved to: every task's node schedulable and one the job
+    /// may use, its resources free (tasks on one node counted together), and its tenant's quota admitting it.
+    fn free_exactly(&mut self, job: &Job, to: &crate::job::Placement) -> bool {
+        let st = self.st;
+        let mark = self.free.mark();
+        let mut fits = !to.tasks.is_empty();
+        for tp in &to.tasks {
+            let ok = self.free.nodes[tp.node.index()].schedulable
+                && job.spec.node_eligible(&st.node_specs[tp.node.index()])
+                && self.free.can_take(&st.topo, tp).is_ok();
+            if !ok {
+                fits = false;
+                break;
+            }
+            self.free.take(&st.topo, tp);
+        }
+        self.free.rollback(&st.topo, mark);
+        fits && self.book.admit(&st.shape, job.spec.tenant, &st.placement_qvec(&job.spec, to)).is_ok()
     }
 
     /// Makes room for the blocked head by evicting victims; what it will use is claimed. Returns whether room is

@@ -11,6 +11,21 @@ impl ClusterState {
         if !self.pass_pool.agrees_with(&self.free) {
             return Err("the passes' copy of the free pool differs from the pool".into());
         }
+        // A job being moved (defragmentation) is stopping, or queued with the first claim.
+        for id in self.moving.keys() {
+            let j = self.jobs.get(id).ok_or_else(|| format!("moving {id} is no job"))?;
+            let stopping = j.state == JobState::Running && self.evicting.contains(id);
+            let claiming = j.state.is_queued() && !j.held && self.preempting_for.contains(id);
+            if !stopping && !claiming {
+                return Err(format!("moving {id} is {} and neither stopping nor first in line", j.state));
+            }
+        }
+        for id in self.moving_for.keys() {
+            let j = self.jobs.get(id).ok_or_else(|| format!("moved for {id}, no job"))?;
+            if !j.state.is_queued() || j.held || !self.preempting_for.contains(id) {
+                return Err(format!("jobs were moved for {id}, which is {} and not first in line", j.state));
+            }
+        }
         let n = self.node_specs.len();
         let mut used_mask = vec![0u64; n];
         let mut used_cpu = vec![0u64; n];
