@@ -747,6 +747,17 @@ impl ClusterState {
                 j.run.as_mut().expect("running job has a run").placement.tasks.extend(add.iter().cloned());
                 let index = self.running_by_end.get_mut(&key).expect("a running job is in the running index");
                 index.extend(add.iter().cloned());
+                // Its row and brief take its GPUs, classes and node again (victim searches read them).
+                let summary =
+                    placement_summary(&self.topo, &self.jobs[job].run.as_ref().expect("running").placement.tasks);
+                if let Some(&(part, i)) = self.run_row_of.get(job) {
+                    let row = &mut self.run_rows[part][i];
+                    (row.gpus, row.classes, row.node) = summary;
+                    let row = *row;
+                    if let Some(b) = self.tenant_runs.get_mut(&row.tenant_key()) {
+                        *b = RunBrief::of(&row, (part, i));
+                    }
+                }
                 Ok(())
             }
         }
@@ -833,13 +844,7 @@ impl ClusterState {
         if j.spec.elastic.is_some() {
             self.running_elastic.insert(id);
         }
-        let mut classes = 0u64;
-        let tasks = &j.run.as_ref().expect("just set").placement.tasks;
-        for t in tasks {
-            let c = self.topo.nodes[t.node.index()].class;
-            classes |= if c < 64 { 1u64 << c } else { u64::MAX };
-        }
-        let node = tasks.first().map(|t| t.node).filter(|n| tasks.iter().all(|t| t.node == *n));
+        let (gpus, classes, node) = placement_summary(&self.topo, &j.run.as_ref().expect("just set").placement.tasks);
         let row = RunRow {
             id,
             tenant: j.spec.tenant,
@@ -848,7 +853,7 @@ impl ClusterState {
             borrowed,
             preemptible: j.spec.preemptible,
             evicting: false,
-            gpus: j.run.as_ref().expect("just set").placement.gpus(),
+            gpus,
             ckpt_interval: j.spec.checkpoint_interval.map_or(0, |d| d.0),
             last_ckpt,
             attained_before: j.attained_gpu_ms,
@@ -1264,4 +1269,16 @@ impl ClusterState {
     pub fn running_ends(&self) -> impl Iterator<Item = (Time, JobId)> + '_ {
         self.running_by_end.keys().copied()
     }
+}
+
+/// What a running job's row keeps of its placement: its whole GPUs, a bit per node class its tasks touch (all bits
+/// for a class index of 64 or more), and its node when every task is on one.
+pub(crate) fn placement_summary(topo: &Topology, tasks: &[crate::job::TaskPlacement]) -> (u32, u64, Option<NodeId>) {
+    let mut classes = 0u64;
+    for t in tasks {
+        let c = topo.nodes[t.node.index()].class;
+        classes |= if c < 64 { 1u64 << c } else { u64::MAX };
+    }
+    let node = tasks.first().map(|t| t.node).filter(|n| tasks.iter().all(|t| t.node == *n));
+    (tasks.iter().map(|t| t.gpu_mask.count_ones()).sum(), classes, node)
 }

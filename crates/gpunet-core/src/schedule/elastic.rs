@@ -72,6 +72,26 @@ impl Pass<'_> {
 mod tests {
     use crate::schedule::testkit::*;
 
+    /// An elastic job that grows onto another node keeps its running row (what victim searches and defragmentation
+    /// read) in step with its placement: 3 GPUs on two nodes, no longer 1 GPU on one (found by a review: the row
+    /// kept its size at start). `check_invariants` now compares every row with its job's placement.
+    #[test]
+    fn an_elastic_job_that_grows_keeps_its_running_row_in_step() {
+        let mut s = cluster(cfg(Policy::Fifo), vec![node("n0", GpuModel::T4, 1), node("n1", GpuModel::T4, 2)], &["a"]);
+        let mut e = JobSpec::new(t0(), "e", 1, 4);
+        e.elastic = Some(Elastic { min_tasks: 1, max_tasks: 4 });
+        e.topology = TopologyScope::Any;
+        let (cpu, mem) = (e.task.cpu, e.task.mem);
+        submit(&mut s, 1, e, 0);
+        let tp = |n: u32, mask: u64| TaskPlacement { node: NodeId(n), gpu_mask: mask, mig_slot: None, cpu, mem };
+        s.start(JobId(1), Placement { tasks: vec![tp(0, 0b1)] }, false, Time::from_secs(1)).unwrap();
+        s.apply(&Decision::Scale { job: JobId(1), add: vec![tp(1, 0b1), tp(1, 0b10)] }, Time::from_secs(2)).unwrap();
+        s.check_invariants().unwrap();
+        let &(p, i) = s.run_row_of.get(&JobId(1)).unwrap();
+        let r = &s.run_rows[p][i];
+        assert_eq!((r.gpus, r.node), (3, None));
+    }
+
     #[test]
     fn elastic_jobs_start_small_and_grow_when_the_queue_is_empty() {
         let mut s = cluster(cfg(Policy::Fifo), vec![node("n", GpuModel::T4, 4)], &["a"]);

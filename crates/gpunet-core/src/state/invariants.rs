@@ -143,6 +143,14 @@ impl ClusterState {
         {
             return Err("running rows out of sync".into());
         }
+        // A row's GPUs, classes and node are its job's placement's (an elastic job that grew included).
+        for r in self.run_rows.iter().flatten() {
+            let tasks =
+                &self.jobs[&r.id].run.as_ref().ok_or_else(|| format!("{} has a row and no run", r.id))?.placement.tasks;
+            if (r.gpus, r.classes, r.node) != placement_summary(&self.topo, tasks) {
+                return Err(format!("{}'s running row does not match its placement", r.id));
+            }
+        }
         if running != self.running_by_end.len() {
             return Err(format!("{running} running jobs but {} in the running index", self.running_by_end.len()));
         }
