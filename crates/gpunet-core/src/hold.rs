@@ -101,9 +101,7 @@ impl ClusterState {
         if !self.dep_wait_remove(id) {
             self.dequeue(&j);
         }
-        self.preempting_for.remove(&id);
-        self.moving.remove(&id);
-        self.moving_for.remove(&id);
+        self.forget_claims(id);
         self.jobs.get_mut(&id).expect("looked up above").held = true;
         self.hold_insert(id);
         Ok(())

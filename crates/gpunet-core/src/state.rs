@@ -783,9 +783,7 @@ impl ClusterState {
         let key = queue_key(&self.cfg, job);
         let (tenant, no_gpu) = (job.spec.tenant, job.spec.task.gpus == 0);
         self.dequeue_key(tenant, key, no_gpu);
-        self.preempting_for.remove(&id);
-        self.moving.remove(&id);
-        self.moving_for.remove(&id);
+        self.forget_claims(id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Running)?;
         let array = j.array_of.map(|(a, _)| a);
@@ -1151,6 +1149,14 @@ impl ClusterState {
         }
     }
 
+    /// A queued job starts, is cancelled or held: it has no claim left on room being made (`preempting_for`), nor a
+    /// room or a destination kept for it (`moving_for`, `moving`).
+    pub(crate) fn forget_claims(&mut self, id: JobId) {
+        self.preempting_for.remove(&id);
+        self.moving.remove(&id);
+        self.moving_for.remove(&id);
+    }
+
     /// Records that evictions are made for a queued job, so that it has the first claim on what they free.
     pub fn note_preemption_for(&mut self, job: JobId) {
         if self.jobs.get(&job).is_some_and(|j| j.state.is_queued()) {
@@ -1201,9 +1207,7 @@ impl ClusterState {
         if !self.dep_wait_remove(id) && !self.held_remove(id) {
             self.dequeue(&job);
         }
-        self.preempting_for.remove(&id);
-        self.moving.remove(&id);
-        self.moving_for.remove(&id);
+        self.forget_claims(id);
         let j = self.jobs.get_mut(&id).expect("looked up above");
         j.transition(JobState::Cancelled)?;
         j.run = None;

@@ -603,16 +603,15 @@ impl<'a> Pass<'a> {
         let mut holds: Vec<_> = hold.iter().collect();
         holds.sort_by_key(|(n, _)| **n);
         for (n, h) in holds {
-            let f = self.free.nodes[n.index()];
-            let tp = TaskPlacement {
-                node: *n,
-                gpu_mask: h.gpus & f.mask,
-                mig_slot: None,
-                cpu: h.cpu.min(f.cpu),
-                mem: h.mem.min(f.mem),
-            };
+            let tp = self.free_part(*n, h.gpus, h.cpu, h.mem);
             self.free.take(&st.topo, &tp);
         }
+    }
+
+    /// The part of `gpus`, `cpu` and `mem` on node `n` that is free in this pass's pool.
+    pub(super) fn free_part(&self, n: NodeId, gpus: u64, cpu: MilliCpu, mem: MiB) -> TaskPlacement {
+        let f = &self.free.nodes[n.index()];
+        TaskPlacement { node: n, gpu_mask: gpus & f.mask, mig_slot: None, cpu: cpu.min(f.cpu), mem: mem.min(f.mem) }
     }
 }
 

@@ -339,14 +339,7 @@ mod tests {
         submit(&mut s, 20, JobSpec::new(t0(), "four", 4, 1), 3);
         let ds = schedule(&s, Time::from_secs(120));
         let n1: Vec<JobId> = s.node_jobs[1].iter().copied().collect();
-        let moved: Vec<JobId> = ds
-            .iter()
-            .filter_map(|d| match d {
-                Decision::Preempt { job, .. } => Some(*job),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(moved, n1, "{ds:?}");
+        assert_eq!(preempted(&ds), n1, "{ds:?}");
 
         // The rate limit: one eviction left in the window, two needed.
         let mut s = fragmented(true);

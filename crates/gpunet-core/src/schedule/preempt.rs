@@ -91,14 +91,7 @@ impl Pass<'_> {
         let stopping = st.moving.iter().filter(|(j, _)| st.jobs.get(j).is_some_and(|j| j.state == JobState::Running));
         let rooms = st.moving_for.iter().filter(|(j, _)| moved_left.contains(j));
         for tp in stopping.chain(rooms).flat_map(|(_, to)| &to.tasks) {
-            let f = &self.free.nodes[tp.node.index()];
-            let part = crate::job::TaskPlacement {
-                node: tp.node,
-                gpu_mask: tp.gpu_mask & f.mask,
-                mig_slot: None,
-                cpu: tp.cpu.min(f.cpu),
-                mem: tp.mem.min(f.mem),
-            };
+            let part = self.free_part(tp.node, tp.gpu_mask, tp.cpu, tp.mem);
             if part.gpu_mask != 0 || part.cpu.0 > 0 || part.mem.0 > 0 {
                 self.free.take(&st.topo, &part);
             }
@@ -390,6 +383,17 @@ impl Pass<'_> {
         let per_gpus: [u64; 9] = std::array::from_fn(|g| bound.div_ceil(g.max(1) as u64));
         let policy = st.cfg.policy;
         let now = self.now;
+        // Under SRTF and SRGF a victim's key (ranked by its median) moves with time, SJF's does not: when it first
+        // crosses the bound, from its estimated end, start and GPUs, whether it is at or above it now, and its key. A
+        // key that saturated (an SRGF key past u64::MAX) is not followed.
+        let key_turns_at = |vk: u64, gpus: u32, est_end: Time, started: Time, longer: bool| {
+            if vk == u64::MAX {
+                return now;
+            }
+            let g = if policy == Policy::Srgf { gpus.max(1) as usize } else { 1 };
+            let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+            shorter_turns_at(est_end, started, now, per_g, longer)
+        };
         // Every tenant's rows lent and none reclaimable (no quotas, as in most replays): no lookup per row. No running
         // job of lower priority: no comparison per row.
         let all_lent = tenant_flags.iter().all(|f| *f == LENT);
@@ -468,15 +472,12 @@ impl Pass<'_> {
                     };
                     let longer = vk != u64::MAX && vk >= bound;
                     if policy != Policy::Sjf {
-                        // The victim's key moves with time (SJF's does not): when it first crosses the bound. A key that
-                        // saturated (an SRGF key past u64::MAX) is not followed.
-                        if vk == u64::MAX || (gittins && r.learned.is_some()) {
-                            turn = now;
+                        // A Gittins rank is not followed: it may change at any moment.
+                        turn = if gittins && r.learned.is_some() {
+                            now
                         } else {
-                            let g = if policy == Policy::Srgf { r.gpus.max(1) as usize } else { 1 };
-                            let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
-                            turn = turn.min(shorter_turns_at(r.est_end, r.started, now, per_g, longer));
-                        }
+                            turn.min(key_turns_at(vk, r.gpus, r.est_end, r.started, longer))
+                        };
                     }
                     if !longer {
                         continue;
@@ -586,13 +587,7 @@ impl Pass<'_> {
                             let g = if policy == Policy::Srgf { b.gpus.max(1) } else { 1 };
                             let vk = left.saturating_mul(g as u64);
                             let longer = vk != u64::MAX && vk >= bound;
-                            if vk == u64::MAX {
-                                turn = now;
-                            } else {
-                                let per_g =
-                                    per_gpus.get(g as usize).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
-                                turn = turn.min(shorter_turns_at(b.est_end, started, now, per_g, longer));
-                            }
+                            turn = turn.min(key_turns_at(vk, b.gpus, b.est_end, started, longer));
                             if !longer {
                                 continue;
                             }

@@ -55,6 +55,16 @@ pub(crate) fn started(ds: &[Decision]) -> Vec<u64> {
         .collect()
 }
 
+/// The jobs a pass evicts, in its order.
+pub(crate) fn preempted(ds: &[Decision]) -> Vec<JobId> {
+    ds.iter()
+        .filter_map(|d| match d {
+            Decision::Preempt { job, .. } => Some(*job),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(crate) fn t0() -> TenantId {
     TenantId(0)
 }

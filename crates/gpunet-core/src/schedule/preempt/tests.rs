@@ -151,11 +151,7 @@ fn evictions_under_way_are_waited_for_not_repeated() {
     s.step(Time::ZERO).unwrap();
     submit(&mut s, 3, JobSpec::new(t0(), "hi", 1, 1).priority(9), 1);
     let ds = crate::schedule::schedule(&s, Time::from_secs(2));
-    let victim = ds.iter().find_map(|d| match d {
-        Decision::Preempt { job, .. } => Some(*job),
-        _ => None,
-    });
-    s.begin_eviction(victim.unwrap()).unwrap();
+    s.begin_eviction(preempted(&ds)[0]).unwrap();
     let ds = crate::schedule::schedule(&s, Time::from_secs(3));
     assert!(ds.iter().all(|d| !matches!(d, Decision::Preempt { .. })), "{ds:?}");
 }
@@ -260,13 +256,7 @@ fn a_one_node_job_reclaims_its_guarantee_from_victims_on_one_node() {
     assert_eq!(s.tenant_usage(b).gpus, 76);
     submit(&mut s, 100, JobSpec::new(own, "mine", 4, 1), 100);
     let ds = schedule(&s, Time::from_secs(100));
-    let victims: Vec<JobId> = ds
-        .iter()
-        .filter_map(|d| match d {
-            Decision::Preempt { job, .. } => Some(*job),
-            _ => None,
-        })
-        .collect();
+    let victims = preempted(&ds);
     assert_eq!(victims.len(), 3, "three victims free the node with one GPU left: {ds:?}");
     let on: std::collections::BTreeSet<_> =
         victims.iter().map(|v| s.job(*v).unwrap().run.as_ref().unwrap().placement.tasks[0].node).collect();
@@ -311,16 +301,7 @@ fn a_tenant_at_its_quota_preempts_its_own_lower_priority_or_demoted_jobs() {
     s.step(Time::ZERO).unwrap();
     submit(&mut s, 3, JobSpec::new(t, "high", 2, 1).priority(5), 20);
     let ds = schedule(&s, Time::from_secs(30));
-    assert_eq!(
-        ds.iter()
-            .filter_map(|d| match d {
-                Decision::Preempt { job, .. } => Some(*job),
-                _ => None,
-            })
-            .collect::<Vec<_>>(),
-        vec![JobId(1)],
-        "only the tenant's own lower-priority job: {ds:?}"
-    );
+    assert_eq!(preempted(&ds), vec![JobId(1)], "only the tenant's own lower-priority job: {ds:?}");
     for d in &ds {
         s.apply(d, Time::from_secs(30)).unwrap();
     }
