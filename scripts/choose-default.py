@@ -4,7 +4,7 @@ built from the shipped traces (by default the same workloads choose the setting 
 with --held-out on separate parts), with learned estimates (`--estimates history`) and the simulator's realistic
 eviction costs (checkpoints every 30 minutes, measured stop times, minimum run time, eviction rate limit).
 
-    scripts/choose-default.py [BINARY] [--jobs N] [--out FILE.json] [--held-out]
+    scripts/choose-default.py [BINARY] [--jobs N] [--out FILE.json] [--held-out] [--only SETTING ...]
 
 With --held-out the workloads are split in two: the setting is chosen on one part and its figures are reported on
 the other, which played no part in the choice. Choice: the first half of the Philly trace (by submission time) at
@@ -22,10 +22,13 @@ after an eviction, restart backoff), Jain's index over tenants' slowdowns, and t
 used); then the settings ranked by the geometric mean over families of their average wait relative to FIFO's.
 A family of several workloads (Pollux, Sia) counts as the mean of its workloads' ratios, so that each family
 weighs the same. Last it names the setting with the lowest score among those that lose at most 5% of GPU-hours to
-evictions on every workload: that is the default, `auto` (`SchedConfig::recommended`). The settings are every
+evictions on every workload: with --held-out, on the choosing part, that is the default, `auto`
+(`SchedConfig::recommended`). The settings are every
 policy with backfill but `priority` (the traces carry no priorities: it is FIFO on them), SJF/SRTF/SRGF also
 preemptive for shorter jobs at the default ratio of 2, preemptive SRTF/SRGF at ratios of 8 and 16 (a `[scheduler]` table appended to a copy of the cluster file), and with
-defragmentation (`--defragment`) LAS, SRGF, and preemptive SRTF/SRGF at ratios 2 and 8. The JSON written
+defragmentation (`--defragment`) LAS, SRGF, and preemptive SRTF/SRGF at ratios 2 and 8, and of those SRTF/SRGF at
+ratio 8 and SRGF at ratio 12 with Gittins ranks (`learned_rank = "gittins"`). --only SETTING (repeatable) replays
+only the settings named, and FIFO for the ratios. The JSON written
 with --out holds every run's figures. The PAI pool's size is a choice: see docs/scheduler.md.
 """
 import argparse
@@ -76,6 +79,9 @@ SETTINGS = {
     "srgf preemptive defragment": ["--policy", "srgf", "--preemptive", "--defragment"],
     "srtf preemptive ratio 8 defragment": ["--policy", "srtf", "--preemptive", "--defragment"],
     "srgf preemptive ratio 8 defragment": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srtf preemptive ratio 8 defragment gittins": ["--policy", "srtf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 8 defragment gittins": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 12 defragment gittins": ["--policy", "srgf", "--preemptive", "--defragment"],
 }
 KNOBS = {
     "srtf preemptive ratio 8": "shorter_ratio = 8\n",
@@ -84,6 +90,9 @@ KNOBS = {
     "srgf preemptive ratio 16": "shorter_ratio = 16\n",
     "srtf preemptive ratio 8 defragment": "shorter_ratio = 8\n",
     "srgf preemptive ratio 8 defragment": "shorter_ratio = 8\n",
+    "srtf preemptive ratio 8 defragment gittins": "shorter_ratio = 8\nlearned_rank = \"gittins\"\n",
+    "srgf preemptive ratio 8 defragment gittins": "shorter_ratio = 8\nlearned_rank = \"gittins\"\n",
+    "srgf preemptive ratio 12 defragment gittins": "shorter_ratio = 12\nlearned_rank = \"gittins\"\n",
 }
 
 
@@ -166,7 +175,16 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="replays run at once")
     ap.add_argument("--out", help="write every run's figures here (JSON)")
     ap.add_argument("--held-out", action="store_true", help="choose on one part of the workloads, report on the rest")
+    ap.add_argument("--only", action="append", metavar="SETTING",
+                    help="replay only this setting (repeatable; FIFO, the baseline, always runs)")
     a = ap.parse_args()
+    if a.only:
+        unknown = [s for s in a.only if s not in SETTINGS]
+        if unknown:
+            raise SystemExit(f"--only: unknown setting(s) {unknown}; known: {list(SETTINGS)}")
+        for s in list(SETTINGS):
+            if s != "fifo" and s not in a.only:
+                del SETTINGS[s]
     tmp = tempfile.mkdtemp(prefix="gpunet-choose-default.")
     pai_pool = os.path.join(tmp, "pai-48.toml")
     with open(pai_pool, "w") as f:

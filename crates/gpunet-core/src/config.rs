@@ -272,9 +272,9 @@ impl SchedConfig {
     /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, and with
     /// defragmentation ([`PreemptionConfig::defragment`]), every other knob at its default. Chosen by
     /// `scripts/choose-default.py` over seven workload families built from the shipped traces (Philly at 82% and 90%
-    /// load, PAI 2023, the Pollux and Sia workloads) with learned estimates: the lowest average wait of the settings
-    /// that lose at most 5% of GPU-hours to evictions on every workload (0.19 of FIFO's wait, geometric mean over the
-    /// families); docs/scheduler.md has the table.
+    /// load, PAI 2023, the Pollux and Sia workloads) with learned estimates: chosen on half of them (`--held-out`) as
+    /// the lowest average wait of the settings that lose at most 5% of GPU-hours to evictions on every workload, it
+    /// waits 0.22 of FIFO's on the other half (geometric mean over the families); docs/scheduler.md has the tables.
     pub fn recommended() -> SchedConfig {
         let mut c = SchedConfig { backfill: true, ..SchedConfig::default() };
         c.use_recommended_policy();
