@@ -76,7 +76,7 @@ impl Pass<'_> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
         let spec = &job.spec;
-        if !cfg.enabled || !cfg.defragment || spec.task.gpus == 0 || spec.task.mig.is_some() {
+        if !cfg.enabled || spec.task.gpus == 0 || spec.task.mig.is_some() {
             return None;
         }
         let tasks = spec.elastic.map_or(spec.tasks, |e| e.min_tasks);
@@ -199,9 +199,9 @@ impl Pass<'_> {
     }
 
     /// Node `n`'s residents, when each may be moved for `job`: preemptible, not being evicted or already a victim,
-    /// every task on this node (as its placement has it: an elastic job may have grown), fewer GPUs than the job's
-    /// task, no MIG slice, of no higher priority, and past the minimum run time (the earliest time a too-young one
-    /// will be is noted in `turn`).
+    /// every task on this node (its row's node, kept in step with its placement when an elastic job grows), fewer
+    /// GPUs than the job's task, no MIG slice, of no higher priority, and past the minimum run time (the earliest
+    /// time a too-young one will be is noted in `turn`).
     fn clearable(&self, job: &Job, n: NodeId, turn: &mut Time) -> Option<Clearable> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
@@ -212,17 +212,18 @@ impl Pass<'_> {
             if !r.preemptible || r.evicting || r.priority > job.spec.priority || self.preempted.contains(&id) {
                 return None;
             }
-            let tasks = &st.jobs[&id].run.as_ref()?.placement.tasks;
-            let gpus: u32 = tasks.iter().map(|t| t.gpu_mask.count_ones()).sum();
-            if tasks.iter().any(|t| t.node != n || t.mig_slot.is_some()) || gpus >= job.spec.task.gpus {
+            if r.node != Some(n) || r.gpus >= job.spec.task.gpus {
+                return None;
+            }
+            if st.jobs[&id].run.as_ref()?.placement.tasks.iter().any(|t| t.mig_slot.is_some()) {
                 return None;
             }
             if self.now.since(r.started) < cfg.min_run_time {
                 *turn = (*turn).min(r.started + cfg.min_run_time);
                 return None;
             }
-            cl.lost += crate::state::LostWork { gpus, ..r.lost() }.at(self.now);
-            cl.moved_gpus += gpus;
+            cl.lost += r.lost().at(self.now);
+            cl.moved_gpus += r.gpus;
             cl.jobs.push(id);
         }
         (!cl.jobs.is_empty()).then_some(cl)

@@ -386,6 +386,13 @@ impl Pass<'_> {
         // Under SRTF and SRGF a victim's key (ranked by its median) moves with time, SJF's does not: when it first
         // crosses the bound, from its estimated end, start and GPUs, whether it is at or above it now, and its key. A
         // key that saturated (an SRGF key past u64::MAX) is not followed.
+        // A victim's key by its median (or a given estimate): what is left of it, times its GPUs under SRGF; past
+        // its estimated end a job is expected to run about as long again as this attempt has.
+        let scale =
+            |left: u64, gpus: u32| if policy == Policy::Srgf { left.saturating_mul(gpus.max(1) as u64) } else { left };
+        let median_key = |est_end: Time, started: Time, gpus: u32| {
+            scale(crate::ClusterState::expected_end(est_end, started, now).since(now).0, gpus)
+        };
         let key_turns_at = |vk: u64, gpus: u32, est_end: Time, started: Time, longer: bool| {
             if vk == u64::MAX {
                 return now;
@@ -455,18 +462,19 @@ impl Pass<'_> {
                     }
                 } else if shorter && lendable {
                     // A victim without an estimate is not known to be longer: it is left alone. One with a learned
-                    // estimate ranks by its Gittins rank at its attained time; past a given estimate's end a victim is
-                    // expected to run about as long again as this attempt has.
-                    let left = || match r.learned {
-                        Some(dist) if gittins => {
-                            let at = r.progress.saturating_add(now.since(r.started).0);
-                            crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
-                        }
-                        _ => crate::ClusterState::expected_end(r.est_end, r.started, now).since(now).0,
-                    };
+                    // estimate ranks by its Gittins rank at its attained time (when so configured), else by its
+                    // median.
                     let vk = match policy {
-                        Policy::Srtf if r.est_end != Time::MAX => left(),
-                        Policy::Srgf if r.est_end != Time::MAX => left().saturating_mul(r.gpus.max(1) as u64),
+                        Policy::Srtf | Policy::Srgf if r.est_end != Time::MAX => match r.learned {
+                            Some(dist) if gittins => {
+                                let at = r.progress.saturating_add(now.since(r.started).0);
+                                scale(
+                                    crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0),
+                                    r.gpus,
+                                )
+                            }
+                            _ => median_key(r.est_end, r.started, r.gpus),
+                        },
                         Policy::Sjf => r.sjf_key,
                         _ => continue,
                     };
@@ -583,9 +591,7 @@ impl Pass<'_> {
                         } else if let Some(vq) = queue {
                             PreemptReason::LasDemotion { victim_queue: vq, waiting_queue: my_queue }
                         } else if shorter && b.est_end != Time::MAX {
-                            let left = crate::ClusterState::expected_end(b.est_end, started, now).since(now).0;
-                            let g = if policy == Policy::Srgf { b.gpus.max(1) } else { 1 };
-                            let vk = left.saturating_mul(g as u64);
+                            let vk = median_key(b.est_end, started, b.gpus);
                             let longer = vk != u64::MAX && vk >= bound;
                             turn = turn.min(key_turns_at(vk, b.gpus, b.est_end, started, longer));
                             if !longer {

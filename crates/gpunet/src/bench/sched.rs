@@ -300,10 +300,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
     samples.sort_by(|a, b| a.total_cmp(b));
     debug_assert!(s.check_invariants().is_ok());
     Ok(SchedReport {
-        policy: match named {
-            gpunet_core::config::PolicyName::Recommended => "auto".to_string(),
-            gpunet_core::config::PolicyName::Plain(p) => p.name().to_string(),
-        },
+        policy: named.name().to_string(),
         full_pass_ms,
         placed,
         placeable,
