@@ -214,6 +214,12 @@ struct Pass<'a> {
     /// Whether a quota-held search takes what a running job's brief in `tenant_runs` settles without reading its row
     /// (`state::RunBrief`); off only in tests that check it decides the same either way.
     held_brief: bool,
+    /// Whether a victim search settles a running job ranked by its Gittins rank from bounds on that rank
+    /// (`LogNormal::quick_bounds`) when they put it under the search's bound; off only in tests that check it decides
+    /// the same either way.
+    quick_ranks: bool,
+    /// Rows so settled.
+    quick_settled: usize,
     /// Rows a quota-held search left unread, their brief having settled them.
     brief_settled: usize,
     /// Of those, the candidates made from their briefs.
@@ -307,6 +313,8 @@ impl<'a> Pass<'a> {
             held_cands: Vec::new(),
             held_memo: true,
             held_brief: true,
+            quick_ranks: true,
+            quick_settled: 0,
             brief_settled: 0,
             brief_cands: 0,
             brief_keyed: 0,

@@ -401,6 +401,32 @@ impl Pass<'_> {
             let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
             shorter_turns_at(est_end, started, now, per_g, longer)
         };
+        // A Gittins rank moves with the service a running job gets, and not along a line. From `rank` (the rank now,
+        // or a bound over it when the key is under the bound) and `slope` (how fast it can move,
+        // `LogNormal::quick_bounds`; ranked from how far a job is known to run, it first falls at one ms per ms), the
+        // earliest time at which the key may cross the bound (fall below it when at or above it now, reach it when
+        // below), and no later than the attained time at which a job's service passes its median (`known.max(at)`),
+        // where its rank may jump up to the time it has run (`LogNormal::rank`).
+        // Given the earliest such time over the rows so far (`turn`), the earlier of the two: a row whose gap is at
+        // least its slope times what is left until then needs no division.
+        let gittins_turn =
+            |turn: Time, rank: u64, slope: f64, median: u64, known: u64, at: u64, gpus: u32, longer: bool| {
+                let g = if policy == Policy::Srgf { gpus.max(1) as usize } else { 1 };
+                let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+                // Below `per_g` the key is under the bound; at or above it, at or above.
+                let gap =
+                    if longer { rank.saturating_sub(per_g).saturating_add(1) } else { per_g.saturating_sub(rank) };
+                let mut turn = turn;
+                if known.max(at) <= median {
+                    turn = turn.min(now + crate::units::Dur(median - at));
+                }
+                // Two ms of the gap are left for the rank's rounding to whole milliseconds.
+                let (gap, slope) = (gap.saturating_sub(2) as f64, slope * (1.0 + 1e-9));
+                if gap < slope * turn.since(now).0 as f64 {
+                    turn = turn.min(now + crate::units::Dur((gap / slope) as u64));
+                }
+                turn
+            };
         // Every tenant's rows lent and none reclaimable (no quotas, as in most replays): no lookup per row. No running
         // job of lower priority: no comparison per row.
         let all_lent = tenant_flags.iter().all(|f| *f == LENT);
@@ -464,14 +490,26 @@ impl Pass<'_> {
                     // A victim without an estimate is not known to be longer: it is left alone. One with a learned
                     // estimate ranks by its Gittins rank at its attained time (when so configured), else by its
                     // median.
+                    let mut ranked = None;
                     let vk = match policy {
                         Policy::Srtf | Policy::Srgf if r.est_end != Time::MAX => match r.learned {
                             Some(dist) if gittins => {
                                 let at = r.progress.saturating_add(now.since(r.started).0);
-                                scale(
-                                    crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0),
-                                    r.gpus,
-                                )
+                                // Ranked from how far it is known to run, plus the work up to there
+                                // (`rank_from_known`). Most rows are under the bound: a bound over the rank, which
+                                // takes no logarithm, settles them, and when they may first reach it.
+                                let pos = r.known.max(at);
+                                let (up, slope) = dist.quick_bounds(crate::units::Dur(pos));
+                                let (up, median) = (up.saturating_add(pos - at), dist.median().0);
+                                if self.quick_ranks && scale(up, r.gpus) < bound {
+                                    self.quick_settled += 1;
+                                    turn = gittins_turn(turn, up, slope, median, r.known, at, r.gpus, false);
+                                    continue;
+                                }
+                                let rank =
+                                    crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0);
+                                ranked = Some((rank, slope, median, at));
+                                scale(rank, r.gpus)
                             }
                             _ => median_key(r.est_end, r.started, r.gpus),
                         },
@@ -480,11 +518,12 @@ impl Pass<'_> {
                     };
                     let longer = vk != u64::MAX && vk >= bound;
                     if policy != Policy::Sjf {
-                        // A Gittins rank is not followed: it may change at any moment.
-                        turn = if gittins && r.learned.is_some() {
-                            now
-                        } else {
-                            turn.min(key_turns_at(vk, r.gpus, r.est_end, r.started, longer))
+                        turn = match ranked {
+                            Some(_) if vk == u64::MAX => now, // a saturated key is not followed
+                            Some((rank, slope, median, at)) => {
+                                gittins_turn(turn, rank, slope, median, r.known, at, r.gpus, longer)
+                            }
+                            None => turn.min(key_turns_at(vk, r.gpus, r.est_end, r.started, longer)),
                         };
                     }
                     if !longer {
