@@ -420,8 +420,10 @@ impl Pass<'_> {
                 if known.max(at) <= median {
                     turn = turn.min(now + crate::units::Dur(median - at));
                 }
-                // Two ms of the gap are left for the rank's rounding to whole milliseconds.
-                let (gap, slope) = (gap.saturating_sub(2) as f64, slope * (1.0 + 1e-9));
+                // Two ms of the gap are left for the rank's rounding to whole milliseconds, and more for the rounding
+                // of its logarithm at huge ranks (steps of about 10^-14 of the rank: 7 ms at 4·10^14 ms).
+                let slack = 2 + (rank >> 40);
+                let (gap, slope) = (gap.saturating_sub(slack) as f64, slope * (1.0 + 1e-9));
                 if gap < slope * turn.since(now).0 as f64 {
                     turn = turn.min(now + crate::units::Dur((gap / slope) as u64));
                 }
