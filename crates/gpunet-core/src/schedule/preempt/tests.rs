@@ -1101,6 +1101,21 @@ fn a_job_held_by_its_gpu_quota_as_a_smaller_one_was_is_counted_held_from_its_key
     );
 }
 
+/// That passes on `s` decide nothing (reservations aside) at six times from `now` up to a millisecond before `bound`
+/// (a bound of `Time::MAX`: up to 30 days): an idle pass's `idle_until` checked.
+fn stays_idle_until(s: &ClusterState, now: Time, bound: Time) -> Result<(), String> {
+    let end = bound.min(now + Dur::from_secs(30 * 86_400));
+    let span = end.0 - now.0;
+    for k in (1..=6u64).filter(|_| span >= 2) {
+        let t = Time(now.0 + (span * k / 6).clamp(1, span - 1));
+        let later = schedule(s, t);
+        if !later.iter().all(|d| matches!(d, Decision::Reserve { .. })) {
+            return Err(format!("at {t} (bound {end}): {later:?}"));
+        }
+    }
+    Ok(())
+}
+
 /// A pass that decides nothing decides nothing at any time before its `idle_until` on the same state: random
 /// clusters as above (running jobs past their estimates among them), preemptive SRTF, SRGF, SJF, priority and LAS
 /// (thresholds 300 and 3,000 GPU-s), and FIFO; with and without backfill; minimum run time 60 s; a tight or loose
@@ -1138,13 +1153,9 @@ fn an_idle_pass_stays_idle_until_its_bound() {
                 let (ds, stats) = crate::schedule::schedule_with_stats(&s, now);
                 if idle(&ds) && stats.idle_until > now {
                     checked.set(checked.get() + 1);
-                    let end = stats.idle_until.min(now + Dur::from_secs(30 * 86_400));
-                    let span = end.0 - now.0;
-                    for k in (1..=6u64).filter(|_| span >= 2) {
-                        let t = Time(now.0 + (span * k / 6).clamp(1, span - 1));
-                        let later = schedule(&s, t);
-                        prop_assert!(idle(&later), "{:?} at {} (bound {}): {:?}", policies[policy], t, end, later);
-                    }
+                    stays_idle_until(&s, now, stats.idle_until).map_err(|e| {
+                        proptest::test_runner::TestCaseError::fail(format!("{:?}: {e}", policies[policy]))
+                    })?;
                     if stats.idle_until != Time::MAX && !idle(&schedule(&s, stats.idle_until)) {
                         reached.set(reached.get() + 1);
                     }
@@ -1220,13 +1231,9 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
                     if stats.idle_until != Time::MAX {
                         later.set(later.get() + 1);
                     }
-                    let end = stats.idle_until.min(now + Dur::from_secs(30 * 86_400));
-                    let span = end.0 - now.0;
-                    for k in (1..=6u64).filter(|_| span >= 2) {
-                        let t = Time(now.0 + (span * k / 6).clamp(1, span - 1));
-                        let after = schedule(&s, t);
-                        prop_assert!(idle(&after), "{:?} at {} (bound {}): {:?}", policies[policy], t, end, after);
-                    }
+                    stays_idle_until(&s, now, stats.idle_until).map_err(|e| {
+                        proptest::test_runner::TestCaseError::fail(format!("{:?}: {e}", policies[policy]))
+                    })?;
                 }
                 now = apply_and_end_some(&mut s, &ds, now, round, Dur::from_secs(step));
             }
