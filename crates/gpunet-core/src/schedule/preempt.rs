@@ -383,9 +383,6 @@ impl Pass<'_> {
         let per_gpus: [u64; 9] = std::array::from_fn(|g| bound.div_ceil(g.max(1) as u64));
         let policy = st.cfg.policy;
         let now = self.now;
-        // Under SRTF and SRGF a victim's key (ranked by its median) moves with time, SJF's does not: when it first
-        // crosses the bound, from its estimated end, start and GPUs, whether it is at or above it now, and its key. A
-        // key that saturated (an SRGF key past u64::MAX) is not followed.
         // A victim's key by its median (or a given estimate): what is left of it, times its GPUs under SRGF; past
         // its estimated end a job is expected to run about as long again as this attempt has.
         let scale =
@@ -393,26 +390,30 @@ impl Pass<'_> {
         let median_key = |est_end: Time, started: Time, gpus: u32| {
             scale(crate::ClusterState::expected_end(est_end, started, now).since(now).0, gpus)
         };
+        // What a victim's time-based key (before `scale`) must reach to be at or above the bound.
+        let per_g = |gpus: u32| {
+            let g = if policy == Policy::Srgf { gpus.max(1) as usize } else { 1 };
+            per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64))
+        };
+        // Under SRTF and SRGF a victim's key moves with time, SJF's does not. By its median: when it first crosses
+        // the bound, from its estimated end, start and GPUs, whether it is at or above it now, and its key. A key that
+        // saturated (an SRGF key past u64::MAX) is not followed.
         let key_turns_at = |vk: u64, gpus: u32, est_end: Time, started: Time, longer: bool| {
             if vk == u64::MAX {
                 return now;
             }
-            let g = if policy == Policy::Srgf { gpus.max(1) as usize } else { 1 };
-            let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
-            shorter_turns_at(est_end, started, now, per_g, longer)
+            shorter_turns_at(est_end, started, now, per_g(gpus), longer)
         };
-        // A Gittins rank moves with the service a running job gets, and not along a line. From `rank` (the rank now,
+        // By a Gittins rank it moves with the service the job gets, and not along a line. From `rank` (the rank now,
         // or a bound over it when the key is under the bound) and `slope` (how fast it can move,
-        // `LogNormal::quick_bounds`; ranked from how far a job is known to run, it first falls at one ms per ms), the
-        // earliest time at which the key may cross the bound (fall below it when at or above it now, reach it when
-        // below), and no later than the attained time at which a job's service passes its median (`known.max(at)`),
-        // where its rank may jump up to the time it has run (`LogNormal::rank`).
-        // Given the earliest such time over the rows so far (`turn`), the earlier of the two: a row whose gap is at
-        // least its slope times what is left until then needs no division.
+        // `LogNormal::quick_bounds`; ranked from how far a job is known to run, it first falls at one ms per ms): the
+        // earliest time the key may cross the bound (fall below it when at or above it now, reach it when below), and
+        // no later than when the job's service passes its median (`known.max(at)`), where its rank may jump up to
+        // the time it has run (`LogNormal::rank`). Given the earliest such time over the rows so far (`turn`), the
+        // earlier of the two: a row whose gap is at least its slope times what is left until then needs no division.
         let gittins_turn =
             |turn: Time, rank: u64, slope: f64, median: u64, known: u64, at: u64, gpus: u32, longer: bool| {
-                let g = if policy == Policy::Srgf { gpus.max(1) as usize } else { 1 };
-                let per_g = per_gpus.get(g).copied().unwrap_or_else(|| bound.div_ceil(g as u64));
+                let per_g = per_g(gpus);
                 // Below `per_g` the key is under the bound; at or above it, at or above.
                 let gap =
                     if longer { rank.saturating_sub(per_g).saturating_add(1) } else { per_g.saturating_sub(rank) };

@@ -1101,6 +1101,11 @@ fn a_job_held_by_its_gpu_quota_as_a_smaller_one_was_is_counted_held_from_its_key
     );
 }
 
+/// Whether a pass decided nothing but reservations.
+fn idle(ds: &[Decision]) -> bool {
+    ds.iter().all(|d| matches!(d, Decision::Reserve { .. }))
+}
+
 /// That passes on `s` decide nothing (reservations aside) at six times from `now` up to a millisecond before `bound`
 /// (a bound of `Time::MAX`: up to 30 days): an idle pass's `idle_until` checked.
 fn stays_idle_until(s: &ClusterState, now: Time, bound: Time) -> Result<(), String> {
@@ -1109,7 +1114,7 @@ fn stays_idle_until(s: &ClusterState, now: Time, bound: Time) -> Result<(), Stri
     for k in (1..=6u64).filter(|_| span >= 2) {
         let t = Time(now.0 + (span * k / 6).clamp(1, span - 1));
         let later = schedule(s, t);
-        if !later.iter().all(|d| matches!(d, Decision::Reserve { .. })) {
+        if !idle(&later) {
             return Err(format!("at {t} (bound {end}): {later:?}"));
         }
     }
@@ -1138,7 +1143,6 @@ fn an_idle_pass_stays_idle_until_its_bound() {
     );
     let mut runner = det_runner(1024);
     let (checked, reached) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-    let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
     runner
         .run(&strategy, |(jobs, policy, backfill, budget, step, limit, defragment)| {
             let mut c = preemptive(policies[policy], 60);
@@ -1193,14 +1197,12 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     );
     let mut runner = det_runner(512);
     let (checked, later, settled) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
-    let idle = |ds: &[Decision]| ds.iter().all(|d| matches!(d, Decision::Reserve { .. }));
     runner
         .run(&strategy, |((running, queued, big), spreads, policy, backfill, step, defragment)| {
             let mut c = preemptive(policies[policy], 60);
             c.learned_rank = crate::LearnedRank::Gittins;
             c.backfill = backfill;
             c.preemption.defragment = defragment;
-            c.preemption.shorter_ratio = 2;
             let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
             let mut s = cluster(c, ns.collect(), &["a"]);
             let spec = |i: usize, (k, secs, _): &RandomJob, name: &str| {
