@@ -215,11 +215,15 @@ struct Pass<'a> {
     /// (`state::RunBrief`); off only in tests that check it decides the same either way.
     held_brief: bool,
     /// Whether a victim search settles a running job ranked by its Gittins rank from bounds on that rank
-    /// (`LogNormal::quick_bounds`) when they put it under the search's bound; off only in tests that check it decides
-    /// the same either way.
+    /// (`LogNormal::quick_bounds`) when they put it under the search's bound, or over it (its rank then worked out
+    /// only if it is chosen); off only in tests that check it decides the same either way.
     quick_ranks: bool,
     /// Rows so settled.
     quick_settled: usize,
+    /// Rows a search made shorter-first candidates by a bound under their Gittins rank, without it, and of them
+    /// victims chosen (their rank then worked out for their reason).
+    quick_longer: usize,
+    unranked_chosen: usize,
     /// Rows a quota-held search left unread, their brief having settled them.
     brief_settled: usize,
     /// Of those, the candidates made from their briefs.
@@ -315,6 +319,8 @@ impl<'a> Pass<'a> {
             held_brief: true,
             quick_ranks: true,
             quick_settled: 0,
+            quick_longer: 0,
+            unranked_chosen: 0,
             brief_settled: 0,
             brief_cands: 0,
             brief_keyed: 0,

@@ -493,7 +493,7 @@ impl Pass<'_> {
                     // A victim without an estimate is not known to be longer: it is left alone. One with a learned
                     // estimate ranks by its Gittins rank at its attained time (when so configured), else by its
                     // median.
-                    let mut ranked = None;
+                    let (mut ranked, mut unranked) = (None, false);
                     let vk = match policy {
                         Policy::Srtf | Policy::Srgf if r.est_end != Time::MAX => match r.learned {
                             Some(dist) if gittins => {
@@ -509,10 +509,31 @@ impl Pass<'_> {
                                     turn = gittins_turn(turn, up, slope, median, r.known, at, r.gpus, false);
                                     continue;
                                 }
-                                let rank =
-                                    crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0);
-                                ranked = Some((rank, slope, median, at));
-                                scale(rank, r.gpus)
+                                // Most of the others are surely at or over it, by a bound under the rank (and one
+                                // over it that does not saturate): a candidate without its rank, unless its fall
+                                // below the bound, counted from that bound, could come before the turn so far (the
+                                // rank is then worked out, and the turn is the same either way). A victim chosen
+                                // gets its rank for its reason (`UNRANKED`).
+                                let low = dist.quick_low(crate::units::Dur(pos)).saturating_add(pos - at);
+                                if self.quick_ranks && scale(low, r.gpus) >= bound && scale(up, r.gpus) != u64::MAX {
+                                    let kept = if pos <= median {
+                                        turn.min(now + crate::units::Dur(median - at))
+                                    } else {
+                                        turn
+                                    };
+                                    if gittins_turn(turn, low, slope, median, r.known, at, r.gpus, true) == kept {
+                                        self.quick_longer += 1;
+                                        turn = kept;
+                                        unranked = true;
+                                    }
+                                }
+                                if unranked {
+                                    scale(low, r.gpus)
+                                } else {
+                                    let rank = gittins_rank(r, dist, at);
+                                    ranked = Some((rank, slope, median, at));
+                                    scale(rank, r.gpus)
+                                }
                             }
                             _ => median_key(r.est_end, r.started, r.gpus),
                         },
@@ -520,7 +541,7 @@ impl Pass<'_> {
                         _ => continue,
                     };
                     let longer = vk != u64::MAX && vk >= bound;
-                    if policy != Policy::Sjf {
+                    if policy != Policy::Sjf && !unranked {
                         turn = match ranked {
                             Some(_) if vk == u64::MAX => now, // a saturated key is not followed
                             Some((rank, slope, median, at)) => {
@@ -532,7 +553,8 @@ impl Pass<'_> {
                     if !longer {
                         continue;
                     }
-                    PreemptReason::ShorterJob { victim_s: vk / 1000, waiting_s: my_key / 1000 }
+                    let victim_s = if unranked { UNRANKED } else { vk / 1000 };
+                    PreemptReason::ShorterJob { victim_s, waiting_s: my_key / 1000 }
                 } else {
                     continue;
                 };
@@ -840,7 +862,18 @@ impl Pass<'_> {
         let later = Self::later_on(&self.free, &p);
         let mut victims = Vec::new();
         for i in chosen {
-            let (_, _, id, reason) = cands[i].clone();
+            let (_, _, id, mut reason) = cands[i].clone();
+            if let PreemptReason::ShorterJob { victim_s, .. } = &mut reason {
+                if *victim_s == UNRANKED {
+                    // Made a candidate by a bound under its rank (`visit!`): its key as a search that ranked it has it.
+                    let &(part, at) = st.run_row_of.get(&id).expect("a candidate runs");
+                    let r = &st.run_rows[part][at];
+                    let dist = r.learned.expect("ranked by a Gittins rank");
+                    let at = r.progress.saturating_add(now.since(r.started).0);
+                    *victim_s = scale(gittins_rank(r, dist, at), r.gpus) / 1000;
+                    self.unranked_chosen += 1;
+                }
+            }
             self.preempted.insert(id);
             self.stats.preempted += 1;
             victims.push(id);
@@ -849,6 +882,18 @@ impl Pass<'_> {
         self.decisions.push(Decision::Reserve { job: job.id, at: self.now, placement: p.clone() });
         Some((victims, p, later))
     }
+}
+
+/// A shorter-first candidate's `victim_s` before its rank is worked out: made a candidate by a bound under its
+/// Gittins rank, it gets it once chosen (`Pass::search_victims`). No key in seconds reaches it (`u64::MAX / 1000`
+/// at most).
+const UNRANKED: u64 = u64::MAX;
+
+/// A running job's Gittins rank (ms) at `at` of service (its kept progress and this attempt's run), ranked from how
+/// far it is known to run (`Job::rank_from`), as a victim search ranks it.
+#[inline]
+fn gittins_rank(r: &crate::state::RunRow, dist: crate::gittins::LogNormal, at: u64) -> u64 {
+    crate::job::rank_from_known(r.known, at, |k| dist.rank(crate::units::Dur(k)).0)
 }
 
 /// What a quota-held victim search's candidates depend on besides the pass's victims (`Pass::search_victims`): the

@@ -1181,7 +1181,9 @@ fn an_idle_pass_stays_idle_until_its_bound() {
 /// `LogNormal::quick_bounds`, not taken to change at any moment). The bounds are cautious (few passes decide right
 /// at them), but not idle: with the time the slope allows taken three times over, or the median's jump ten times
 /// later, this test fails (checked by hand). And each pass decides the same as one that works out every row's exact
-/// rank (`Pass::quick_ranks` off), at a bound no later.
+/// rank (`Pass::quick_ranks` off), at a bound no later: rows settled under the search's bound, and candidates made
+/// by a bound under their rank, their reason's key worked out once chosen (with that key left unscaled under SRGF,
+/// or the turn's check skipped, it fails; checked by hand).
 #[test]
 fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     use proptest::prelude::*;
@@ -1197,6 +1199,7 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     );
     let mut runner = det_runner(512);
     let (checked, later, settled) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let (longer, chosen) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     runner
         .run(&strategy, |((running, queued, big), spreads, policy, backfill, step, defragment)| {
             let mut c = preemptive(policies[policy], 60);
@@ -1226,6 +1229,8 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
                 prop_assert_eq!(&quick.decisions, &exact.decisions);
                 prop_assert!(quick.idle_until.get() <= exact.idle_until.get());
                 settled.set(settled.get() + quick.quick_settled);
+                longer.set(longer.get() + quick.quick_longer);
+                chosen.set(chosen.get() + quick.unranked_chosen);
                 drop((quick, exact));
                 let (ds, stats) = crate::schedule::schedule_with_stats(&s, now);
                 if idle(&ds) && stats.idle_until > now {
@@ -1245,6 +1250,8 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     assert!(checked.get() >= 100, "{} idle passes checked", checked.get());
     assert!(later.get() * 2 >= checked.get(), "{} of {} idle passes bounded", later.get(), checked.get());
     assert!(settled.get() >= 1000, "{} rows settled by bounds on their ranks", settled.get());
+    assert!(longer.get() >= 1000, "{} candidates made by bounds under their ranks", longer.get());
+    assert!(chosen.get() >= 20, "{} victims chosen without a rank", chosen.get());
 }
 
 /// By hand, the rate limit's window: at most one eviction per 10 minutes, two 1-GPU nodes running long jobs 1
