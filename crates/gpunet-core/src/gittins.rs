@@ -288,7 +288,13 @@ impl LogNormal {
         }
         let o = table(self.k as usize).octaves[self.octave(attained)];
         // A little under, and one less for the rank's rounding to whole milliseconds (truncated: no call to `floor`).
-        ((o.least * self.median.0 as f64 * (1.0 - 1e-9)).min(1e15) as u64).saturating_sub(1).max(1)
+        let low = ((o.least * self.median.0 as f64 * (1.0 - 1e-9)).min(1e15) as u64).saturating_sub(1).max(1);
+        // Past the median the rank is at least the time run (up to its cap): closer than the octave's least.
+        if attained > self.median {
+            low.max(attained.0.min(1_000_000_000_000_000))
+        } else {
+            low
+        }
     }
 
     /// The slot in `Row::octaves` of `attained` over the median.
