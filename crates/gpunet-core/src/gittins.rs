@@ -180,11 +180,9 @@ fn octaves(sigma: f64, ranks: &[f64]) -> Box<[Octave]> {
         if zhi >= Z_MAX - Z_STEP {
             least = least.min(ranks[Z_POINTS - 1]);
         }
-        if d + 1 > 0 {
-            // Past the median a job ranks at no less than the time it has run: under 2^(d+1) medians; in an octave
-            // from d = 1 on (over 2^(d−1) medians: past it) at least that.
-            most = most.max(2f64.powi(d + 1));
-        }
+        // Past the median a job ranks at no less than the time it has run (`LogNormal::rank`): `quick_bounds`
+        // takes the time itself over `most`; in an octave from d = 1 on (over 2^(d−1) medians: past it) the rank is
+        // at least 2^(d−1) medians.
         if slot > 0 && d >= 1 {
             least = least.max(2f64.powi(d - 1));
         }
@@ -274,8 +272,9 @@ impl LogNormal {
         }
         let o = table(self.k as usize).octaves[self.octave(attained)];
         // A little over, against rounding in `rank`'s arithmetic, and for its own to whole milliseconds (truncated,
-        // then two more: no call to `ceil`).
+        // then two more: no call to `ceil`); past the median, the time run when that is more (up to the rank's cap).
         let up = (o.most * self.median.0 as f64 * (1.0 + 1e-9)).min(1e15) as u64 + 2;
+        let up = if attained > self.median { up.max(attained.0.min(1_000_000_000_000_000)) } else { up };
         (up, o.slope)
     }
 
