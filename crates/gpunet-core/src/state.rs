@@ -24,7 +24,7 @@ mod runs;
 
 pub(crate) use keys::{queue_key, sjf_key, srgf_key, srtf_key, QueueKey};
 pub(crate) use pass_pool::PassPool;
-pub(crate) use runs::{LostWork, RunBrief, RunRow, RunningTasks};
+pub(crate) use runs::{order_turns_at, LostWork, RunBrief, RunRow, RunningTasks};
 
 /// A tenant and what the scheduler tracks for it.
 #[derive(Debug, Clone)]

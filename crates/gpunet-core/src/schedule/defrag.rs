@@ -23,7 +23,11 @@ const MAX_SEARCHES: u32 = 4;
 /// One node's residents as a search weighs them: the node, the work they would lose, their GPUs and ids.
 struct Clearable {
     node: NodeId,
+    /// The work its residents would lose now, how fast that grows (GPU-ms per ms) and when time alone first drops
+    /// one's to nothing (`LostWork`).
     lost: u64,
+    rate: u64,
+    reset: Time,
     moved_gpus: u32,
     jobs: Vec<JobId>,
 }
@@ -121,9 +125,15 @@ impl Pass<'_> {
             self.turns_at(turn);
             return None;
         }
-        // Cheapest first: least work lost, then fewest GPUs moved (work lost grows with time: the order may change).
-        self.turns_at(now);
+        // Cheapest first: least work lost, then fewest GPUs moved. Work lost grows with time: what the search below
+        // finds may change when the order does (`order_turns_at`: two neighbours in it meet, or a resident
+        // checkpoints).
         nodes.sort_by_key(|c| (c.lost, c.moved_gpus, c.node));
+        self.turns_at(crate::state::order_turns_at(now, nodes.iter().map(|c| (c.lost, c.rate, c.reset))));
+        // And when the eviction budget grows (a node's residents may not all fit in it now), or a node's residents
+        // may all be moved (`turn`: one old enough; every node looked at).
+        self.turns_at(st.preemption_window_turns(now).unwrap_or(Time::MAX));
+        self.turns_at(turn);
         // The nodes cleared so far, each with the end of its jobs in `moves`.
         let mut cleared: Vec<(NodeId, usize)> = Vec::new();
         let mut moves: Vec<(JobId, Placement)> = Vec::new();
@@ -205,7 +215,7 @@ impl Pass<'_> {
     fn clearable(&self, job: &Job, n: NodeId, turn: &mut Time) -> Option<Clearable> {
         let st = self.st;
         let cfg = &st.cfg.preemption;
-        let mut cl = Clearable { node: n, lost: 0, moved_gpus: 0, jobs: Vec::new() };
+        let mut cl = Clearable { node: n, lost: 0, rate: 0, reset: Time::MAX, moved_gpus: 0, jobs: Vec::new() };
         for &id in &st.node_jobs[n.index()] {
             let &(part, i) = st.run_row_of.get(&id)?;
             let r = &st.run_rows[part][i];
@@ -222,7 +232,10 @@ impl Pass<'_> {
                 *turn = (*turn).min(r.started + cfg.min_run_time);
                 return None;
             }
-            cl.lost += r.lost().at(self.now);
+            let l = r.lost();
+            cl.lost += l.at(self.now);
+            cl.rate += l.rate();
+            cl.reset = cl.reset.min(l.resets_after(self.now));
             cl.moved_gpus += r.gpus;
             cl.jobs.push(id);
         }
@@ -349,6 +362,51 @@ mod tests {
         }
         submit(&mut s, 20, JobSpec::new(t0(), "four", 4, 1), 3);
         assert!(schedule(&s, Time::from_secs(120)).is_empty());
+    }
+
+    /// By hand, a failed search that still has nodes to clear notes when a young node may be cleared: three nodes
+    /// of 4 GPUs, one eviction a window. Node 0 holds two old one-GPU jobs (2 free), node 1 one young job (started
+    /// at 40 s, 3 free), node 2 four old ones. At 70 s a 4-GPU job finds nodes 0 and 2 clearable but each needs more
+    /// evictions than the budget, and node 1's job too young: the pass decides nothing and holds until 100 s (its
+    /// minimum run time over; the work the nodes' jobs would lose does not reorder them: node 0 loses the least and
+    /// more slowly). At 100 s the young job is moved to node 0 and the job gets node 1.
+    #[test]
+    fn a_failed_search_holds_until_a_young_node_may_be_cleared() {
+        let mut c = preempting(Policy::Fifo, Dur::from_secs(60));
+        c.preemption.defragment = true;
+        c.preemption.max_per_interval = 1;
+        let ns = (0..3).map(|i| node(&format!("n{i}"), GpuModel::T4, 4)).collect();
+        let mut s = cluster(c, ns, &["a"]);
+        for id in 1..=12 {
+            submit(&mut s, id, JobSpec::new(t0(), "one", 1, 1), 0);
+        }
+        assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()).len(), 12);
+        let on = |s: &ClusterState, n: usize| {
+            let mut v: Vec<JobId> = s.node_jobs[n].iter().copied().collect();
+            v.sort();
+            v
+        };
+        for id in on(&s, 1) {
+            s.finish(id, Time::from_secs(40), true).unwrap();
+        }
+        submit(&mut s, 13, JobSpec::new(t0(), "young", 1, 1), 40);
+        assert_eq!(started(&s.step(Time::from_secs(40)).unwrap()), vec![13]);
+        assert_eq!(on(&s, 1), vec![JobId(13)]);
+        for id in &on(&s, 0)[..2] {
+            s.finish(*id, Time::from_secs(41), true).unwrap();
+        }
+        submit(&mut s, 20, JobSpec::new(t0(), "four", 4, 1), 42);
+        let (ds, stats) = schedule_with_stats(&s, Time::from_secs(70));
+        assert!(ds.is_empty(), "{ds:?}");
+        assert_eq!(stats.idle_until, Time::from_secs(100));
+        assert!(schedule(&s, Time::from_secs(99)).is_empty());
+        let ds = schedule(&s, Time::from_secs(100));
+        assert_eq!(preempted(&ds), vec![JobId(13)], "{ds:?}");
+        assert!(
+            ds.iter().any(|d| matches!(d, Decision::Reserve { job: JobId(20), placement, .. }
+                if placement.tasks[0].node == NodeId(1))),
+            "{ds:?}"
+        );
     }
 
     /// Random clusters of 4- and 8-GPU nodes under FIFO and SRTF, with backfill and without, jobs of 1, 2, 4 and 8

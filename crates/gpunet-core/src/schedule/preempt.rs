@@ -740,9 +740,6 @@ impl Pass<'_> {
         for (c, l) in cands.iter_mut().zip(&cand_lost) {
             c.0 = l.at(now);
         }
-        // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: their
-        // order, and so what the search below finds, may change at any moment.
-        self.turns_at(self.now);
         // The candidates in cost order; `cands` itself keeps every one, for the search per node below.
         let key = |i: &usize| {
             let c = &cands[*i];
@@ -759,6 +756,15 @@ impl Pass<'_> {
             ranked.truncate(keep);
         }
         ranked.sort_unstable_by_key(key);
+        // Candidates are ranked by the work they would lose, which grows with time at a rate of their GPUs: what
+        // the search below finds may change when their order does (`order_turns_at`: two neighbours in it meet, or
+        // one checkpoints). With some left unsorted (over `keep`), at any moment.
+        self.turns_at(if ranked.len() == cands.len() {
+            let line = |i: usize| (cands[i].0, cand_lost[i].rate(), cand_lost[i].resets_after(now));
+            crate::state::order_turns_at(now, ranked.iter().map(|&i| line(i)))
+        } else {
+            now
+        });
         // The walk below chooses from the first `budget + 33` ranked candidates only, and keeps at most `budget` of
         // them: when the `budget` of those holding the most GPUs could not free what the job lacks (as above),
         // and no search per node (which takes from every candidate) follows a failed walk, the walk cannot place the

@@ -133,4 +133,81 @@ impl LostWork {
         };
         now.since(ck).0.saturating_mul(self.gpus.max(1) as u64)
     }
+
+    /// How fast the loss grows between checkpoints: GPU-ms per ms, its GPUs (at least 1).
+    pub(crate) fn rate(&self) -> u64 {
+        self.gpus.max(1) as u64
+    }
+
+    /// The first time after `now` at which time alone drops the loss to nothing: the next checkpoint of its interval
+    /// (none with a reported checkpoint, whose next report is an event of its own, or without an interval).
+    pub(crate) fn resets_after(&self, now: Time) -> Time {
+        if self.last_ckpt != Time::MAX || self.ckpt_interval == 0 {
+            return Time::MAX;
+        }
+        let iv = self.ckpt_interval;
+        let next = (now.since(self.started).0 / iv).saturating_add(1).saturating_mul(iv);
+        Time(self.started.0.saturating_add(next))
+    }
+}
+
+/// When time alone may first change an order of items by a loss that grows as a line, `(loss now, rate, next reset)`
+/// in that order (ascending by loss, ties by anything fixed): the earliest time two neighbours in it meet (the first
+/// change of an order of lines is between neighbours), or one's loss drops to nothing at a checkpoint. `now` when two
+/// meet already.
+pub(crate) fn order_turns_at(now: Time, items: impl Iterator<Item = (u64, u64, Time)>) -> Time {
+    let mut turn = Time::MAX;
+    let mut prev: Option<(u64, u64)> = None;
+    for (lost, rate, reset) in items {
+        turn = turn.min(reset);
+        if let Some((pl, pr)) = prev {
+            debug_assert!(pl <= lost, "in ascending order of loss");
+            if pr > rate {
+                turn = turn.min(Time(now.0.saturating_add((lost - pl) / (pr - rate))));
+            }
+        }
+        prev = Some((lost, rate));
+    }
+    turn.max(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// By hand: two lines 200 GPU-ms apart, the first growing 3 GPU-ms per ms faster, meet 66 ms on (rounded down);
+    /// lines that grow alike, or the later one faster, never do; a checkpoint due earlier comes first; lines that
+    /// meet already turn at once.
+    #[test]
+    fn an_order_of_losses_turns_when_neighbours_meet_or_one_checkpoints() {
+        let now = Time(1_000);
+        assert_eq!(order_turns_at(now, [(100, 4, Time::MAX), (300, 1, Time::MAX)].into_iter()), Time(1_066));
+        assert_eq!(
+            order_turns_at(now, [(100, 2, Time::MAX), (300, 2, Time::MAX), (900, 8, Time::MAX)].into_iter()),
+            Time::MAX
+        );
+        assert_eq!(order_turns_at(now, [(100, 4, Time(1_050)), (300, 1, Time::MAX)].into_iter()), Time(1_050));
+        assert_eq!(order_turns_at(now, [(300, 4, Time::MAX), (300, 1, Time::MAX)].into_iter()), now);
+        // Neighbours: the first meets the second 62 ms on, before the second meets the third (100) or the first the
+        // third (66).
+        assert_eq!(
+            order_turns_at(now, [(0, 9, Time::MAX), (500, 1, Time::MAX), (600, 0, Time::MAX)].into_iter()),
+            Time(1_062)
+        );
+    }
+
+    /// A loss with an interval drops to nothing at the next multiple of it from the start; one with a reported
+    /// checkpoint, or no interval, by time alone never.
+    #[test]
+    fn a_loss_resets_at_its_next_interval_checkpoint() {
+        let l = LostWork { started: Time(1_000), last_ckpt: Time::MAX, ckpt_interval: 600, gpus: 2 };
+        assert_eq!(l.resets_after(Time(1_000)), Time(1_600));
+        assert_eq!(l.resets_after(Time(1_599)), Time(1_600));
+        assert_eq!(l.resets_after(Time(1_600)), Time(2_200));
+        assert_eq!(l.at(Time(1_599)), 599 * 2);
+        assert_eq!(l.at(Time(1_600)), 0);
+        assert_eq!(l.rate(), 2);
+        assert_eq!(LostWork { last_ckpt: Time(1_200), ..l }.resets_after(Time(1_300)), Time::MAX);
+        assert_eq!(LostWork { ckpt_interval: 0, ..l }.resets_after(Time(1_300)), Time::MAX);
+    }
 }
