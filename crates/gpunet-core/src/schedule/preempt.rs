@@ -824,6 +824,9 @@ impl Pass<'_> {
             if tasks != 1 || spec.task.gpus < 2 || quota_blocked || pending_evictions {
                 return None;
             }
+            // The node is chosen by the sum of its victims' lost work, and two nodes' sums may cross where no two
+            // candidates do (a review found it): what it finds may change at any moment.
+            self.turns_at(self.now);
             // The victims tried are taken back first: what one node has free is then the pass's again.
             self.free.rollback(&st.topo, walk);
             let picked = self.one_node_victims(&cands, &cand_nodes, spec.task.gpus, classes, budget)?;

@@ -139,9 +139,14 @@ impl LostWork {
         self.gpus.max(1) as u64
     }
 
-    /// The first time after `now` at which time alone drops the loss to nothing: the next checkpoint of its interval
-    /// (none with a reported checkpoint, whose next report is an event of its own, or without an interval).
+    /// The first time after `now` at which the loss stops growing as one line by time alone: the next checkpoint of
+    /// its interval (none with a reported checkpoint, whose next report is an event of its own, or without an
+    /// interval), or, counted from a checkpoint or start later than `now` (nothing lost until then), that time.
     pub(crate) fn resets_after(&self, now: Time) -> Time {
+        let from = if self.last_ckpt != Time::MAX { self.last_ckpt } else { self.started };
+        if from > now {
+            return from;
+        }
         if self.last_ckpt != Time::MAX || self.ckpt_interval == 0 {
             return Time::MAX;
         }
@@ -197,7 +202,7 @@ mod tests {
     }
 
     /// A loss with an interval drops to nothing at the next multiple of it from the start; one with a reported
-    /// checkpoint, or no interval, by time alone never.
+    /// checkpoint, or no interval, by time alone never; one counted from a checkpoint after `now` starts there.
     #[test]
     fn a_loss_resets_at_its_next_interval_checkpoint() {
         let l = LostWork { started: Time(1_000), last_ckpt: Time::MAX, ckpt_interval: 600, gpus: 2 };
@@ -209,5 +214,8 @@ mod tests {
         assert_eq!(l.rate(), 2);
         assert_eq!(LostWork { last_ckpt: Time(1_200), ..l }.resets_after(Time(1_300)), Time::MAX);
         assert_eq!(LostWork { ckpt_interval: 0, ..l }.resets_after(Time(1_300)), Time::MAX);
+        // A checkpoint dated after `now`: nothing lost until then, and the line starts there.
+        assert_eq!(LostWork { last_ckpt: Time(1_500), ..l }.resets_after(Time(1_300)), Time(1_500));
+        assert_eq!(LostWork { last_ckpt: Time(1_500), ..l }.at(Time(1_300)), 0);
     }
 }
