@@ -1279,3 +1279,25 @@ fn an_idle_pass_held_by_the_rate_limit_holds_until_the_window_frees() {
     assert!(schedule(&s, Time::from_secs(700)).is_empty());
     assert_eq!(preempts(&schedule(&s, bound)).len(), 1);
 }
+
+/// By hand, the one-node fallback keeps the pass's own time: one node of 4 GPUs and 64 cores, a job that may not be
+/// evicted holding 60 cores, two one-GPU jobs of priority 0 (two GPUs free). A 4-GPU job of priority 10 needing 8
+/// cores: the walk gives both candidates and finds no room (4 cores left), the fallback picks the same node and
+/// fails too. Which node the fallback picks goes by its victims' summed lost work, and two nodes' sums may cross
+/// when no two candidates do (a review's scenario, 51ff8fd): the idle pass holds only until its own time.
+#[test]
+fn a_search_that_falls_back_to_one_node_holds_only_until_now() {
+    let mut s = cluster(preempting(Policy::Priority, Dur::from_secs(60)), vec![node("n0", GpuModel::T4, 4)], &["a"]);
+    let mut pinned = JobSpec::new(t0(), "cpu", 0, 1).cpu_mem(MilliCpu::cores(60), MiB::gib(1));
+    pinned.preemptible = false;
+    submit(&mut s, 1, pinned, 0);
+    for id in [2, 3] {
+        submit(&mut s, id, JobSpec::new(t0(), "one", 1, 1).cpu_mem(MilliCpu::cores(1), MiB::gib(1)), 0);
+    }
+    assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()), vec![1, 2, 3]);
+    submit(&mut s, 10, JobSpec::new(t0(), "four", 4, 1).cpu_mem(MilliCpu::cores(8), MiB::gib(1)).priority(10), 100);
+    let now = Time::from_secs(200);
+    let (ds, stats) = crate::schedule::schedule_with_stats(&s, now);
+    assert!(idle(&ds), "{ds:?}");
+    assert_eq!(stats.idle_until, now);
+}
