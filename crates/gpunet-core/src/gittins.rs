@@ -41,6 +41,8 @@ const Z_MIN: f64 = -8.0;
 const Z_MAX: f64 = 8.0;
 const Z_STEP: f64 = 0.025;
 const Z_POINTS: usize = ((Z_MAX - Z_MIN) / Z_STEP) as usize + 1;
+/// The most a rank is (ms; about 31,700 years): below 2^52, where `r + 0.5` truncated rounds an `f64` rank.
+const RANK_CAP: u64 = 1_000_000_000_000_000;
 /// How far above `a` (in units of `σ` on the log scale) the search for `b` looks, besides `b = ∞`.
 const B_REACH: f64 = 12.0;
 const B_POINTS: usize = (B_REACH / Z_STEP) as usize;
@@ -145,7 +147,7 @@ fn slopes(sigma: f64, ranks: &[f64]) -> Vec<f64> {
 /// the most and the least at the grid points of the cells it touches (one more each side, against rounding in
 /// `rank`'s `z`); each of the three pieces (before, on and past the grid) counts where the octave touches it, give or
 /// take a grid step.
-fn octaves(sigma: f64, ranks: &[f64]) -> Box<[Octave]> {
+fn octaves(sigma: f64, ranks: &[f64], grid_start: f64) -> Box<[Octave]> {
     let slopes = slopes(sigma, ranks);
     let index = |z: f64| ((z - Z_MIN) / Z_STEP).floor();
     let at = |z: f64| index(z).clamp(0.0, (Z_POINTS - 1) as f64) as usize;
@@ -159,19 +161,19 @@ fn octaves(sigma: f64, ranks: &[f64]) -> Box<[Octave]> {
         // Before the grid the rank falls from `row[0] + e^{σ Z_MIN}` as time is served (a in medians), to about
         // `row[0]` where the grid starts.
         if zlo < Z_MIN {
-            most = most.max(ranks[0] + (sigma * Z_MIN).exp());
+            most = most.max(ranks[0] + grid_start);
         }
         if zlo < Z_MIN + Z_STEP {
             let a_hi = if slot == 0 { 0.0 } else { (sigma * zhi.min(Z_MIN)).exp() };
-            least = least.min(ranks[0] + ((sigma * Z_MIN).exp() - a_hi));
+            least = least.min(ranks[0] + (grid_start - a_hi));
         }
+        // On the grid: the cells the octave touches.
+        let cells = &ranks[at(zlo).saturating_sub(1)..=(at(zhi) + 2).min(Z_POINTS - 1)];
         if zhi >= Z_MIN && zlo < Z_MAX {
-            let (i0, i1) = (at(zlo).saturating_sub(1), (at(zhi) + 2).min(Z_POINTS - 1));
-            most = ranks[i0..=i1].iter().fold(most, |m, r| m.max(*r));
+            most = cells.iter().fold(most, |m, r| m.max(*r));
         }
         if zhi >= Z_MIN - Z_STEP && zlo < Z_MAX + Z_STEP {
-            let (i0, i1) = (at(zlo).saturating_sub(1), (at(zhi) + 2).min(Z_POINTS - 1));
-            least = ranks[i0..=i1].iter().fold(least, |m, r| m.min(*r));
+            least = cells.iter().fold(least, |m, r| m.min(*r));
         }
         // Past the grid the rank grows from the row's last point in proportion to the attained time.
         if zhi >= Z_MAX {
@@ -197,8 +199,9 @@ fn table(k: usize) -> &'static Row {
     TABLE[k].get_or_init(|| {
         let sigma = k as f64 * SIGMA_STEP;
         let ranks = row(sigma);
-        let octaves = octaves(sigma, &ranks);
-        Row { ranks, octaves, inv_sigma: 1.0 / sigma, grid_start: (sigma * Z_MIN).exp() }
+        let grid_start = (sigma * Z_MIN).exp();
+        let octaves = octaves(sigma, &ranks, grid_start);
+        Row { ranks, octaves, inv_sigma: 1.0 / sigma, grid_start }
     })
 }
 
@@ -251,7 +254,7 @@ impl LogNormal {
         let r = if attained > self.median { (r * median_ms).max(attained.0 as f64) } else { r * median_ms };
         // Rounded to the nearest ms, at least 1 and at most 10^15: `r` is not negative, and below 2^52 `r + 0.5`
         // truncated is `r.round()` (no call to `round`).
-        Dur(((r.min(1e15) + 0.5) as u64).max(1))
+        Dur(((r.min(RANK_CAP as f64) + 0.5) as u64).max(1))
     }
 
     /// The median, as ranked (at least a millisecond): past it a job ranks at no less than the time it has run, so
@@ -273,8 +276,8 @@ impl LogNormal {
         let o = table(self.k as usize).octaves[self.octave(attained)];
         // A little over, against rounding in `rank`'s arithmetic, and for its own to whole milliseconds (truncated,
         // then two more: no call to `ceil`); past the median, the time run when that is more (up to the rank's cap).
-        let up = (o.most * self.median.0 as f64 * (1.0 + 1e-9)).min(1e15) as u64 + 2;
-        let up = if attained > self.median { up.max(attained.0.min(1_000_000_000_000_000)) } else { up };
+        let up = (o.most * self.median.0 as f64 * (1.0 + 1e-9)).min(RANK_CAP as f64) as u64 + 2;
+        let up = if attained > self.median { up.max(attained.0.min(RANK_CAP)) } else { up };
         (up, o.slope)
     }
 
@@ -287,10 +290,11 @@ impl LogNormal {
         }
         let o = table(self.k as usize).octaves[self.octave(attained)];
         // A little under, and one less for the rank's rounding to whole milliseconds (truncated: no call to `floor`).
-        let low = ((o.least * self.median.0 as f64 * (1.0 - 1e-9)).min(1e15) as u64).saturating_sub(1).max(1);
+        let low =
+            ((o.least * self.median.0 as f64 * (1.0 - 1e-9)).min(RANK_CAP as f64) as u64).saturating_sub(1).max(1);
         // Past the median the rank is at least the time run (up to its cap): closer than the octave's least.
         if attained > self.median {
-            low.max(attained.0.min(1_000_000_000_000_000))
+            low.max(attained.0.min(RANK_CAP))
         } else {
             low
         }
@@ -467,6 +471,6 @@ mod tests {
         let b = rank(med, 0.5, Dur::from_hours(2_000));
         assert!(b.0.abs_diff(2 * a.0) < a.0 / 100 && a > Dur::from_hours(10), "{a:?} {b:?}");
         assert!(rank(med, f64::NAN, Dur::ZERO) == med);
-        assert!(rank(med, 1e9, Dur(u64::MAX / 2)).0 <= 1_000_000_000_000_000);
+        assert!(rank(med, 1e9, Dur(u64::MAX / 2)).0 <= RANK_CAP);
     }
 }

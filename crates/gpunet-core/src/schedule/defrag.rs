@@ -263,14 +263,19 @@ mod tests {
         }
         assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()).len(), 12);
         // On each node, the two jobs of the lowest ids end.
-        for n in 0..3u32 {
-            let mut on: Vec<JobId> = s.node_jobs[n as usize].iter().copied().collect();
-            on.sort();
-            for id in &on[..2] {
+        for n in 0..3 {
+            for id in &jobs_on(&s, n)[..2] {
                 s.finish(*id, Time::from_secs(2), true).unwrap();
             }
         }
         s
+    }
+
+    /// The jobs on node `n`, by id.
+    fn jobs_on(s: &ClusterState, n: usize) -> Vec<JobId> {
+        let mut on: Vec<JobId> = s.node_jobs[n].iter().copied().collect();
+        on.sort();
+        on
     }
 
     fn node_of(s: &ClusterState, id: u64) -> NodeId {
@@ -381,18 +386,13 @@ mod tests {
             submit(&mut s, id, JobSpec::new(t0(), "one", 1, 1), 0);
         }
         assert_eq!(started(&s.step(Time::from_secs(1)).unwrap()).len(), 12);
-        let on = |s: &ClusterState, n: usize| {
-            let mut v: Vec<JobId> = s.node_jobs[n].iter().copied().collect();
-            v.sort();
-            v
-        };
-        for id in on(&s, 1) {
+        for id in jobs_on(&s, 1) {
             s.finish(id, Time::from_secs(40), true).unwrap();
         }
         submit(&mut s, 13, JobSpec::new(t0(), "young", 1, 1), 40);
         assert_eq!(started(&s.step(Time::from_secs(40)).unwrap()), vec![13]);
-        assert_eq!(on(&s, 1), vec![JobId(13)]);
-        for id in &on(&s, 0)[..2] {
+        assert_eq!(jobs_on(&s, 1), vec![JobId(13)]);
+        for id in &jobs_on(&s, 0)[..2] {
             s.finish(*id, Time::from_secs(41), true).unwrap();
         }
         submit(&mut s, 20, JobSpec::new(t0(), "four", 4, 1), 42);

@@ -404,32 +404,36 @@ impl Pass<'_> {
             }
             shorter_turns_at(est_end, started, now, per_g(gpus), longer)
         };
-        // By a Gittins rank it moves with the service the job gets, and not along a line. From `rank` (the rank now,
-        // or a bound over it when the key is under the bound) and `slope` (how fast it can move,
-        // `LogNormal::quick_bounds`; ranked from how far a job is known to run, it first falls at one ms per ms): the
-        // earliest time the key may cross the bound (fall below it when at or above it now, reach it when below), and
-        // no later than when the job's service passes its median (`known.max(at)`), where its rank may jump up to
-        // the time it has run (`LogNormal::rank`). Given the earliest such time over the rows so far (`turn`), the
-        // earlier of the two: a row whose gap is at least its slope times what is left until then needs no division.
-        let gittins_turn =
-            |turn: Time, rank: u64, slope: f64, median: u64, known: u64, at: u64, gpus: u32, longer: bool| {
-                let per_g = per_g(gpus);
-                // Below `per_g` the key is under the bound; at or above it, at or above.
-                let gap =
-                    if longer { rank.saturating_sub(per_g).saturating_add(1) } else { per_g.saturating_sub(rank) };
-                let mut turn = turn;
-                if known.max(at) <= median {
-                    turn = turn.min(now + crate::units::Dur(median - at));
-                }
-                // Two ms of the gap are left for the rank's rounding to whole milliseconds, and more for the rounding
-                // of its logarithm at huge ranks (steps of about 10^-14 of the rank: 7 ms at 4·10^14 ms).
-                let slack = 2 + (rank >> 40);
-                let (gap, slope) = (gap.saturating_sub(slack) as f64, slope * (1.0 + 1e-9));
-                if gap < slope * turn.since(now).0 as f64 {
-                    turn = turn.min(now + crate::units::Dur((gap / slope) as u64));
-                }
+        // By a Gittins rank it moves with the service the job gets, and not along a line. Its service passing its
+        // median (`pos`: how far it is known to run, `at`: its service now), its rank may jump up to the time it has
+        // run (`LogNormal::rank`): the turn so far (`turn`), no later than then.
+        let median_turn = |turn: Time, pos: u64, at: u64, median: u64| {
+            if pos <= median {
+                turn.min(now + crate::units::Dur(median - at))
+            } else {
                 turn
-            };
+            }
+        };
+        // And from `rank` (the rank now, or a bound over it when the key is under the bound, or under it when over)
+        // and `slope` (how fast it can move, `LogNormal::quick_bounds`; ranked from how far a job is known to run, it
+        // first falls at one ms per ms): the earliest time the key may cross the bound (fall below it when at or above
+        // it now, reach it when below). Given the earliest such time over the rows so far and the median's
+        // (`turn`, from `median_turn`), the earlier of the two: a row whose gap is at least its slope times what is
+        // left until then needs no division.
+        let gittins_turn = |turn: Time, rank: u64, slope: f64, gpus: u32, longer: bool| {
+            let per_g = per_g(gpus);
+            // Below `per_g` the key is under the bound; at or above it, at or above.
+            let gap = if longer { rank.saturating_sub(per_g).saturating_add(1) } else { per_g.saturating_sub(rank) };
+            // Two ms of the gap are left for the rank's rounding to whole milliseconds, and more for the rounding of
+            // its logarithm at huge ranks (steps of about 10^-14 of the rank: 7 ms at 4·10^14 ms).
+            let slack = 2 + (rank >> 40);
+            let (gap, slope) = (gap.saturating_sub(slack) as f64, slope * (1.0 + 1e-9));
+            if gap < slope * turn.since(now).0 as f64 {
+                turn.min(now + crate::units::Dur((gap / slope) as u64))
+            } else {
+                turn
+            }
+        };
         // Every tenant's rows lent and none reclaimable (no quotas, as in most replays): no lookup per row. No running
         // job of lower priority: no comparison per row.
         let all_lent = tenant_flags.iter().all(|f| *f == LENT);
@@ -497,16 +501,17 @@ impl Pass<'_> {
                     let vk = match policy {
                         Policy::Srtf | Policy::Srgf if r.est_end != Time::MAX => match r.learned {
                             Some(dist) if gittins => {
-                                let at = r.progress.saturating_add(now.since(r.started).0);
+                                let at = attained(r, now);
                                 // Ranked from how far it is known to run, plus the work up to there
                                 // (`rank_from_known`). Most rows are under the bound: a bound over the rank, which
                                 // takes no logarithm, settles them, and when they may first reach it.
                                 let pos = r.known.max(at);
                                 let (up, slope) = dist.quick_bounds(crate::units::Dur(pos));
-                                let (up, median) = (up.saturating_add(pos - at), dist.median().0);
+                                let up = up.saturating_add(pos - at);
+                                let kept = median_turn(turn, pos, at, dist.median().0);
                                 if self.quick_ranks && scale(up, r.gpus) < bound {
                                     self.quick_settled += 1;
-                                    turn = gittins_turn(turn, up, slope, median, r.known, at, r.gpus, false);
+                                    turn = gittins_turn(kept, up, slope, r.gpus, false);
                                     continue;
                                 }
                                 // Most of the others are surely at or over it, by a bound under the rank (and one
@@ -515,23 +520,18 @@ impl Pass<'_> {
                                 // rank is then worked out, and the turn is the same either way). A victim chosen
                                 // gets its rank for its reason (`UNRANKED`).
                                 let low = dist.quick_low(crate::units::Dur(pos)).saturating_add(pos - at);
-                                if self.quick_ranks && scale(low, r.gpus) >= bound && scale(up, r.gpus) != u64::MAX {
-                                    let kept = if pos <= median {
-                                        turn.min(now + crate::units::Dur(median - at))
-                                    } else {
-                                        turn
-                                    };
-                                    if gittins_turn(turn, low, slope, median, r.known, at, r.gpus, true) == kept {
-                                        self.quick_longer += 1;
-                                        turn = kept;
-                                        unranked = true;
-                                    }
-                                }
-                                if unranked {
+                                if self.quick_ranks
+                                    && scale(low, r.gpus) >= bound
+                                    && scale(up, r.gpus) != u64::MAX
+                                    && gittins_turn(kept, low, slope, r.gpus, true) == kept
+                                {
+                                    self.quick_longer += 1;
+                                    turn = kept;
+                                    unranked = true;
                                     scale(low, r.gpus)
                                 } else {
                                     let rank = gittins_rank(r, dist, at);
-                                    ranked = Some((rank, slope, median, at));
+                                    ranked = Some((rank, slope, kept));
                                     scale(rank, r.gpus)
                                 }
                             }
@@ -544,9 +544,7 @@ impl Pass<'_> {
                     if policy != Policy::Sjf && !unranked {
                         turn = match ranked {
                             Some(_) if vk == u64::MAX => now, // a saturated key is not followed
-                            Some((rank, slope, median, at)) => {
-                                gittins_turn(turn, rank, slope, median, r.known, at, r.gpus, longer)
-                            }
+                            Some((rank, slope, kept)) => gittins_turn(kept, rank, slope, r.gpus, longer),
                             None => turn.min(key_turns_at(vk, r.gpus, r.est_end, r.started, longer)),
                         };
                     }
@@ -878,8 +876,7 @@ impl Pass<'_> {
                     let &(part, at) = st.run_row_of.get(&id).expect("a candidate runs");
                     let r = &st.run_rows[part][at];
                     let dist = r.learned.expect("ranked by a Gittins rank");
-                    let at = r.progress.saturating_add(now.since(r.started).0);
-                    *victim_s = scale(gittins_rank(r, dist, at), r.gpus) / 1000;
+                    *victim_s = scale(gittins_rank(r, dist, attained(r, now)), r.gpus) / 1000;
                     self.unranked_chosen += 1;
                 }
             }
@@ -897,6 +894,12 @@ impl Pass<'_> {
 /// Gittins rank, it gets it once chosen (`Pass::search_victims`). No key in seconds reaches it (`u64::MAX / 1000`
 /// at most).
 const UNRANKED: u64 = u64::MAX;
+
+/// A running job's service (ms): the progress it kept and this attempt's run.
+#[inline]
+fn attained(r: &crate::state::RunRow, now: Time) -> u64 {
+    r.progress.saturating_add(now.since(r.started).0)
+}
 
 /// A running job's Gittins rank (ms) at `at` of service (its kept progress and this attempt's run), ranked from how
 /// far it is known to run (`Job::rank_from`), as a victim search ranks it.
