@@ -52,8 +52,11 @@ pub(crate) fn never_runs(state: &ClusterState, spec: &JobSpec) -> Option<String>
 
 /// What a tenant's queued keys (its queue and its parked set together) add up to, kept as keys enter and leave so
 /// that `/metrics` reads each tenant's waiting jobs, GPUs and oldest submission (the first key of a map) instead of
-/// walking a queue that may hold a million jobs. The submissions are counted per millisecond (a key's `minor` is its
-/// submission time under every policy), so a burst of submissions costs one entry per millisecond.
+/// walking a queue that may hold a million jobs. The submissions are counted per whole second (a key's `minor` is its
+/// submission time in ms under every policy; the oldest is reported rounded down to its second), so a burst of
+/// submissions (a sweep, a pipeline's stage) costs one entry per second. Every job that starts takes its count out
+/// of this map: counted per millisecond, a burst of 100,000 submissions made it as large as the queue, and each
+/// start a walk down a cold tree (`docs/scheduler.md`, "Submissions counted per second").
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Waiting {
     gpus: u64,
@@ -63,12 +66,12 @@ pub(crate) struct Waiting {
 impl Waiting {
     pub(crate) fn add(&mut self, k: &QueueKey) {
         self.gpus += k.gpus;
-        *self.submitted.entry(k.minor).or_default() += 1;
+        *self.submitted.entry(k.minor / 1000).or_default() += 1;
     }
 
     fn remove(&mut self, k: &QueueKey) {
         self.gpus -= k.gpus;
-        if let std::collections::btree_map::Entry::Occupied(mut e) = self.submitted.entry(k.minor) {
+        if let std::collections::btree_map::Entry::Occupied(mut e) = self.submitted.entry(k.minor / 1000) {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();
@@ -81,7 +84,7 @@ impl Waiting {
     }
 
     pub(crate) fn oldest(&self) -> Option<crate::units::Time> {
-        self.submitted.keys().next().map(|t| crate::units::Time(*t))
+        self.submitted.keys().next().map(|s| crate::units::Time(s * 1000))
     }
 }
 
@@ -342,6 +345,39 @@ mod tests {
         assert_eq!((s.parked_count(), w(&s, 0)), (1, (3, 11, Some(10))));
         s.add_node(node("large", GpuModel::T4, 8)).unwrap();
         assert_eq!((s.parked_count(), w(&s, 0)), (0, (3, 11, Some(10))));
+        s.check_invariants().unwrap();
+    }
+
+    /// Submissions are counted per whole second: a burst of a thousand jobs within one second is one entry of the
+    /// map, the oldest submission is its second (rounded down), and it stays until the last job of that second
+    /// leaves the queue.
+    #[test]
+    fn a_burst_within_a_second_is_one_entry_and_the_oldest_submission_is_its_second() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        for i in 0..1000u64 {
+            // Job 1 at 10.000 s, the longest (SJF starts it last); job 1000 at 10.999 s.
+            let spec = JobSpec::new(t0(), "burst", 1, 1).estimate(Dur::from_secs(10_000 - i));
+            s.submit(JobId(i + 1), spec, Time(10_000 + i)).unwrap();
+        }
+        submit(&mut s, 1001, JobSpec::new(t0(), "late", 1, 1).estimate(Dur::from_secs(1)), 12);
+        assert_eq!(s.tenants[0].waiting.submitted.len(), 2);
+        let oldest = |s: &ClusterState| s.tenant_waiting(t0()).oldest_submitted;
+        assert_eq!(oldest(&s), Some(Time::from_secs(10)));
+        // The shortest (the late one, then the burst's last) start one by one on the one GPU; the burst's second
+        // stays the oldest while any of its jobs waits.
+        let mut now = Time::from_secs(20);
+        for expect in [1001u64, 1000, 999] {
+            assert_eq!(started(&s.step(now).unwrap()), vec![expect]);
+            assert_eq!(oldest(&s), Some(Time::from_secs(10)));
+            s.finish(JobId(expect), now, true).unwrap();
+            now = now + Dur::from_secs(1);
+        }
+        assert_eq!(s.tenants[0].waiting.submitted.len(), 1);
+        for id in 1..=998 {
+            s.cancel(JobId(id), now).unwrap();
+        }
+        assert_eq!((s.tenant_waiting(t0()).jobs, oldest(&s)), (0, None));
+        assert!(s.tenants[0].waiting.submitted.is_empty());
         s.check_invariants().unwrap();
     }
 

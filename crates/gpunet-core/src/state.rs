@@ -47,7 +47,7 @@ pub struct TenantWaiting {
     pub jobs: usize,
     /// Whole GPUs those jobs ask for, each at its minimum size.
     pub gpus: u64,
-    /// The earliest submission among them.
+    /// The earliest submission among them, to the whole second (rounded down).
     pub oldest_submitted: Option<Time>,
 }
 
