@@ -213,19 +213,20 @@ impl ClusterState {
         }
     }
 
-    /// Takes a queued job's key out of its tenant's queue or the parked; whether it was in either.
+    /// Takes a queued job's key out of its tenant's queue or the parked; whether it was in either. `k` may be a
+    /// [`crate::state::queue_probe`]: what is taken out of the rest is the key found.
     pub(crate) fn queue_remove(&mut self, tenant: TenantId, k: &QueueKey) -> bool {
         let t = &mut self.tenants[tenant.index()];
-        if t.queue.remove(k) {
-            t.waiting.remove(k);
-            self.merged.remove(&(*k, tenant));
-            self.queue_shapes.remove(k);
+        if let Some(k) = t.queue.take(k) {
+            t.waiting.remove(&k);
+            self.merged.remove(&(k, tenant));
+            self.queue_shapes.remove(&k);
             return true;
         }
-        if !t.parked.remove(k) {
+        let Some(k) = t.parked.take(k) else {
             return false;
-        }
-        t.waiting.remove(k);
+        };
+        t.waiting.remove(&k);
         let shape = k.shape();
         if let Some(s) = self.parking.by_shape.get_mut(&shape) {
             s.remove(&k.job);

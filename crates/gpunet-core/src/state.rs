@@ -22,7 +22,7 @@ mod keys;
 mod pass_pool;
 mod runs;
 
-pub(crate) use keys::{queue_key, sjf_key, srgf_key, srtf_key, QueueKey};
+pub(crate) use keys::{queue_key, queue_probe, sjf_key, srgf_key, srtf_key, QueueKey};
 pub(crate) use pass_pool::PassPool;
 pub(crate) use runs::{order_turns_at, LostWork, RunBrief, RunRow, RunningTasks};
 
@@ -577,7 +577,7 @@ impl ClusterState {
     }
 
     pub(crate) fn dequeue(&mut self, job: &Job) {
-        let k = queue_key(&self.cfg, job);
+        let k = queue_probe(&self.cfg, job);
         self.dequeue_key(job.spec.tenant, k, job.spec.task.gpus == 0);
     }
 
@@ -780,7 +780,7 @@ impl ClusterState {
             return Err(CoreError::InvalidTransition { job: id, from: job.state, to: JobState::Running });
         }
         self.validate_placement(job, &placement)?;
-        let key = queue_key(&self.cfg, job);
+        let key = queue_probe(&self.cfg, job);
         let (tenant, no_gpu) = (job.spec.tenant, job.spec.task.gpus == 0);
         self.dequeue_key(tenant, key, no_gpu);
         self.forget_claims(id);

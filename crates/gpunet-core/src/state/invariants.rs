@@ -36,6 +36,11 @@ impl ClusterState {
         for (i, t) in self.tenants.iter().enumerate() {
             for k in t.queue.iter().chain(&t.parked) {
                 *in_queue.entry(k.job).or_default() += 1;
+                // Found by its order's fields alone (`queue_probe`), a key must carry the rest as the job has them.
+                let j = self.jobs.get(&k.job).ok_or_else(|| format!("a queued key names {}, no job", k.job))?;
+                if !k.same_fields(&queue_key(&self.cfg, j)) {
+                    return Err(format!("the queued key of {} is not the one its job makes now: {k:?}", k.job));
+                }
             }
             if t.queue.iter().any(|k| !self.merged.contains(&(*k, TenantId(i as u32)))) {
                 return Err(format!("a queued job of tenant {i} is missing from the merged queue"));

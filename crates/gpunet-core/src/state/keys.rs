@@ -7,7 +7,12 @@ use crate::job::{Job, JobState};
 use crate::units::Time;
 
 /// Order of a queued job within its tenant's queue (and across tenants for job-ordering policies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// A key's order and identity are its `(major, minor, job)` alone (`job` is unique): the other fields ride along
+/// with it, so that a queued job's key is found in the queues from those three ([`queue_probe`], which skips the
+/// hashing of the job's placement constraints that [`queue_key`] does), and the key found carries the rest.
+/// `check_invariants` checks that every key in the queues has all its fields as [`queue_key`] makes them now.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueKey {
     pub(crate) major: u64,
     pub(crate) minor: u64,
@@ -28,6 +33,38 @@ impl QueueKey {
     /// memory. Filled at enqueue time into `shape_hash`.
     pub(crate) fn shape(&self) -> u64 {
         self.shape_hash
+    }
+
+    /// Whether every field is the same (`==` compares the order's fields only).
+    pub(crate) fn same_fields(&self, o: &QueueKey) -> bool {
+        (self.major, self.minor, self.job, self.sig, self.gpus, self.est, self.not_before, self.shape_hash)
+            == (o.major, o.minor, o.job, o.sig, o.gpus, o.est, o.not_before, o.shape_hash)
+    }
+}
+
+impl PartialEq for QueueKey {
+    fn eq(&self, o: &QueueKey) -> bool {
+        (self.major, self.minor, self.job) == (o.major, o.minor, o.job)
+    }
+}
+
+impl Eq for QueueKey {}
+
+impl PartialOrd for QueueKey {
+    fn partial_cmp(&self, o: &QueueKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for QueueKey {
+    fn cmp(&self, o: &QueueKey) -> std::cmp::Ordering {
+        (self.major, self.minor, self.job).cmp(&(o.major, o.minor, o.job))
+    }
+}
+
+impl std::hash::Hash for QueueKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.major, self.minor, self.job).hash(h);
     }
 }
 
@@ -58,17 +95,36 @@ pub(crate) fn srgf_key(cfg: &SchedConfig, j: &Job) -> u64 {
     }
 }
 
-/// The queue key of a job under the configured policy.
-pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
-    let prio = (i32::MAX as i64 - j.spec.priority as i64) as u64;
-    let major = match cfg.policy {
+/// A queued job's place in the order under the configured policy: the key's `major`.
+fn queue_major(cfg: &SchedConfig, j: &Job) -> u64 {
+    match cfg.policy {
         Policy::Fifo => 0,
-        Policy::Priority | Policy::Drf | Policy::FairShare => prio,
+        Policy::Priority | Policy::Drf | Policy::FairShare => (i32::MAX as i64 - j.spec.priority as i64) as u64,
         Policy::Sjf => sjf_key(j),
         Policy::Srtf => srtf_key(cfg, j),
         Policy::Srgf => srgf_key(cfg, j),
         Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
-    };
+    }
+}
+
+/// A key equal to the job's [`queue_key`] (the same order and identity) with nothing else filled in: what finds the
+/// job's key in the queues, whose fields are then the ones to use.
+pub(crate) fn queue_probe(cfg: &SchedConfig, j: &Job) -> QueueKey {
+    QueueKey {
+        major: queue_major(cfg, j),
+        minor: j.submitted.0,
+        job: j.id,
+        sig: 0,
+        gpus: 0,
+        est: 0,
+        not_before: Time::ZERO,
+        shape_hash: 0,
+    }
+}
+
+/// The queue key of a job under the configured policy.
+pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
+    let major = queue_major(cfg, j);
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
     let sig = crate::schedule::spec_sig(&j.spec);
     QueueKey {
