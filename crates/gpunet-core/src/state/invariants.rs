@@ -42,8 +42,16 @@ impl ClusterState {
                     return Err(format!("the queued key of {} is not the one its job makes now: {k:?}", k.job));
                 }
             }
-            if t.queue.iter().any(|k| !self.merged.contains(&(*k, TenantId(i as u32)))) {
-                return Err(format!("a queued job of tenant {i} is missing from the merged queue"));
+            // The merged queue's copy of each key is the one the pass reads (its GPUs, estimate, backoff, shape):
+            // all its fields, not only those it is found by.
+            for k in &t.queue {
+                match self.merged.get(&(*k, TenantId(i as u32))) {
+                    None => return Err(format!("a queued job of tenant {i} is missing from the merged queue")),
+                    Some((m, _)) if !m.same_fields(k) => {
+                        return Err(format!("the merged queue's key of {} differs from its tenant's: {m:?}", k.job))
+                    }
+                    Some(_) => {}
+                }
             }
         }
         let in_queues: usize = self.tenants.iter().map(|t| t.queue.len()).sum();

@@ -35,9 +35,11 @@ impl QueueKey {
         self.shape_hash
     }
 
-    /// Whether every field is the same (`==` compares the order's fields only).
+    /// Whether every field is the same (`==` compares the order's fields only). Every field is named, so that one
+    /// added to the key is compared here too.
     pub(crate) fn same_fields(&self, o: &QueueKey) -> bool {
-        (self.major, self.minor, self.job, self.sig, self.gpus, self.est, self.not_before, self.shape_hash)
+        let QueueKey { major, minor, job, sig, gpus, est, not_before, shape_hash } = *self;
+        (major, minor, job, sig, gpus, est, not_before, shape_hash)
             == (o.major, o.minor, o.job, o.sig, o.gpus, o.est, o.not_before, o.shape_hash)
     }
 }
@@ -153,5 +155,41 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
                 .hash(&mut h);
             h.finish()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::testkit::*;
+
+    /// A key is found by its order's fields alone, and the invariants hold every other field of it, in the tenant's
+    /// queue and in the merged queue, to what the job makes now.
+    #[test]
+    fn a_key_is_found_by_its_order_and_a_stale_field_breaks_the_invariants() {
+        let mut s = cluster(cfg(Policy::Sjf), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        let spec = |e| JobSpec::new(t0(), "j", 1, 1).estimate(Dur::from_secs(e));
+        submit(&mut s, 1, spec(10), 1);
+        submit(&mut s, 2, spec(20), 2);
+        let j2 = s.job(JobId(2)).unwrap().clone();
+        let (probe, key) = (queue_probe(&s.cfg, &j2), queue_key(&s.cfg, &j2));
+        assert!(probe == key && !probe.same_fields(&key) && key.sig == 1 && probe.sig == 0);
+        assert!(s.tenants[0].queue.get(&probe).is_some_and(|k| k.same_fields(&key)));
+        s.check_invariants().unwrap();
+        // A stale copy in the merged queue, which the pass reads.
+        let mut bad = s.clone();
+        let stale = QueueKey { gpus: 99, not_before: Time::MAX, ..key };
+        assert!(bad.merged.remove(&(key, t0())) && bad.merged.insert((stale, t0())));
+        assert!(bad.check_invariants().unwrap_err().contains("merged queue's key of job-2"));
+        // A stale key in the tenant's queue.
+        let mut bad = s.clone();
+        assert!(bad.tenants[0].queue.remove(&key) && bad.tenants[0].queue.insert(stale));
+        assert!(bad.check_invariants().unwrap_err().contains("queued key of job-2 is not the one its job makes"));
+        // Started and dequeued through the probe: every copy of its key is gone.
+        s.step(Time::from_secs(3)).unwrap();
+        s.finish(JobId(1), Time::from_secs(4), true).unwrap();
+        assert_eq!(started(&s.step(Time::from_secs(5)).unwrap()), vec![2]);
+        assert!(s.tenants[0].queue.is_empty() && s.merged.is_empty());
+        s.check_invariants().unwrap();
     }
 }
