@@ -277,8 +277,7 @@ impl LogNormal {
         // A little over, against rounding in `rank`'s arithmetic, and for its own to whole milliseconds (truncated,
         // then two more: no call to `ceil`); past the median, the time run when that is more (up to the rank's cap).
         let up = (o.most * self.median.0 as f64 * (1.0 + 1e-9)).min(RANK_CAP as f64) as u64 + 2;
-        let up = if attained > self.median { up.max(attained.0.min(RANK_CAP)) } else { up };
-        (up, o.slope)
+        (self.at_least_time_run(up, attained), o.slope)
     }
 
     /// Without a logarithm: a lower bound on [`LogNormal::rank`] at `attained` (ms, its rounding included; at least
@@ -292,11 +291,18 @@ impl LogNormal {
         // A little under, and one less for the rank's rounding to whole milliseconds (truncated: no call to `floor`).
         let low =
             ((o.least * self.median.0 as f64 * (1.0 - 1e-9)).min(RANK_CAP as f64) as u64).saturating_sub(1).max(1);
-        // Past the median the rank is at least the time run (up to its cap): closer than the octave's least.
+        // Past the median the rank is at least the time run: closer than the octave's least.
+        self.at_least_time_run(low, attained)
+    }
+
+    /// `bound`, or past the median the time run when that is more (up to the rank's cap): the rank is never less
+    /// there (`LogNormal::rank`).
+    #[inline(always)]
+    fn at_least_time_run(&self, bound: u64, attained: Dur) -> u64 {
         if attained > self.median {
-            low.max(attained.0.min(RANK_CAP))
+            bound.max(attained.0.min(RANK_CAP))
         } else {
-            low
+            bound
         }
     }
 

@@ -66,12 +66,17 @@ pub(crate) struct Waiting {
 impl Waiting {
     pub(crate) fn add(&mut self, k: &QueueKey) {
         self.gpus += k.gpus;
-        *self.submitted.entry(k.minor / 1000).or_default() += 1;
+        *self.submitted.entry(Self::second(k)).or_default() += 1;
+    }
+
+    /// The whole second of a key's submission (its `minor`, ms), which the map counts by.
+    fn second(k: &QueueKey) -> u64 {
+        k.minor / 1000
     }
 
     fn remove(&mut self, k: &QueueKey) {
         self.gpus -= k.gpus;
-        if let std::collections::btree_map::Entry::Occupied(mut e) = self.submitted.entry(k.minor / 1000) {
+        if let std::collections::btree_map::Entry::Occupied(mut e) = self.submitted.entry(Self::second(k)) {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();

@@ -271,11 +271,9 @@ mod tests {
         s
     }
 
-    /// The jobs on node `n`, by id.
+    /// The jobs on node `n`, by id (the node's set is ordered).
     fn jobs_on(s: &ClusterState, n: usize) -> Vec<JobId> {
-        let mut on: Vec<JobId> = s.node_jobs[n].iter().copied().collect();
-        on.sort();
-        on
+        s.node_jobs[n].iter().copied().collect()
     }
 
     fn node_of(s: &ClusterState, id: u64) -> NodeId {

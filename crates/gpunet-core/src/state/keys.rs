@@ -97,23 +97,18 @@ pub(crate) fn srgf_key(cfg: &SchedConfig, j: &Job) -> u64 {
     }
 }
 
-/// A queued job's place in the order under the configured policy: the key's `major`.
-fn queue_major(cfg: &SchedConfig, j: &Job) -> u64 {
-    match cfg.policy {
-        Policy::Fifo => 0,
-        Policy::Priority | Policy::Drf | Policy::FairShare => (i32::MAX as i64 - j.spec.priority as i64) as u64,
-        Policy::Sjf => sjf_key(j),
-        Policy::Srtf => srtf_key(cfg, j),
-        Policy::Srgf => srgf_key(cfg, j),
-        Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
-    }
-}
-
 /// A key equal to the job's [`queue_key`] (the same order and identity) with nothing else filled in: what finds the
 /// job's key in the queues, whose fields are then the ones to use.
 pub(crate) fn queue_probe(cfg: &SchedConfig, j: &Job) -> QueueKey {
     QueueKey {
-        major: queue_major(cfg, j),
+        major: match cfg.policy {
+            Policy::Fifo => 0,
+            Policy::Priority | Policy::Drf | Policy::FairShare => (i32::MAX as i64 - j.spec.priority as i64) as u64,
+            Policy::Sjf => sjf_key(j),
+            Policy::Srtf => srtf_key(cfg, j),
+            Policy::Srgf => srgf_key(cfg, j),
+            Policy::Las => cfg.las_queue(j.attained_gpu_ms) as u64,
+        },
         minor: j.submitted.0,
         job: j.id,
         sig: 0,
@@ -124,15 +119,11 @@ pub(crate) fn queue_probe(cfg: &SchedConfig, j: &Job) -> QueueKey {
     }
 }
 
-/// The queue key of a job under the configured policy.
+/// The queue key of a job under the configured policy: its [`queue_probe`] (its order and identity) with the rest.
 pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
-    let major = queue_major(cfg, j);
     let min_tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
     let sig = crate::schedule::spec_sig(&j.spec);
     QueueKey {
-        major,
-        minor: j.submitted.0,
-        job: j.id,
         sig,
         gpus: j.spec.task.gpus as u64 * min_tasks as u64,
         est: j.spec.estimated_duration.map_or(u64::MAX, |_| j.remaining_estimate().0),
@@ -155,6 +146,7 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
                 .hash(&mut h);
             h.finish()
         },
+        ..queue_probe(cfg, j)
     }
 }
 
