@@ -82,6 +82,10 @@ SETTINGS = {
     "srtf preemptive ratio 8 defragment gittins": ["--policy", "srtf", "--preemptive", "--defragment"],
     "srgf preemptive ratio 8 defragment gittins": ["--policy", "srgf", "--preemptive", "--defragment"],
     "srgf preemptive ratio 12 defragment gittins": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 8 defragment probe 10m": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 8 defragment probe 15m": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srgf preemptive ratio 8 defragment probe 30m": ["--policy", "srgf", "--preemptive", "--defragment"],
+    "srtf preemptive ratio 8 defragment probe 15m": ["--policy", "srtf", "--preemptive", "--defragment"],
 }
 KNOBS = {
     "srtf preemptive ratio 8": "shorter_ratio = 8\n",
@@ -93,6 +97,10 @@ KNOBS = {
     "srtf preemptive ratio 8 defragment gittins": "shorter_ratio = 8\nlearned_rank = \"gittins\"\n",
     "srgf preemptive ratio 8 defragment gittins": "shorter_ratio = 8\nlearned_rank = \"gittins\"\n",
     "srgf preemptive ratio 12 defragment gittins": "shorter_ratio = 12\nlearned_rank = \"gittins\"\n",
+    "srgf preemptive ratio 8 defragment probe 10m": "shorter_ratio = 8\nprobe = \"10m\"\n",
+    "srgf preemptive ratio 8 defragment probe 15m": "shorter_ratio = 8\nprobe = \"15m\"\n",
+    "srgf preemptive ratio 8 defragment probe 30m": "shorter_ratio = 8\nprobe = \"30m\"\n",
+    "srtf preemptive ratio 8 defragment probe 15m": "shorter_ratio = 8\nprobe = \"15m\"\n",
 }
 
 

@@ -147,6 +147,12 @@ pub struct EstimateView {
     /// spread and rank the job by its Gittins rank (docs/scheduler.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
+    /// For a learned estimate longer than the scheduler's probe when the job was submitted, while the job has not
+    /// ended nor yet run that long: the probe, seconds. Until then SRTF and SRGF rank it (and backfill counts it) as a
+    /// job that ends this long after it starts, so that a short job among runs learned as long is found out
+    /// (docs/scheduler.md, "Probes").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_s: Option<u64>,
 }
 
 /// A job array's progress. Element `k` (the `k`-th index, ascending) has job id `array id + 1 + k`.

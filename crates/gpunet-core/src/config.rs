@@ -198,6 +198,14 @@ pub struct SchedConfig {
     /// How SRTF and SRGF rank jobs with learned estimates.
     #[serde(default)]
     pub learned_rank: LearnedRank,
+    /// A first stint for jobs whose run time is learned: a job submitted with a learned estimate longer than this
+    /// is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends) as one that ends this long after it
+    /// starts until it is known to have run this long ([`crate::JobSpec::probe_ms`]), then by its estimate. A learned estimate is a class's
+    /// (a user's jobs of one GPU count, where names repeat little): a short job in a class learned as long would
+    /// otherwise wait behind every shorter estimate; its first stint finds it out. Off (`None`) by default; a job
+    /// keeps what it was submitted under.
+    #[serde(default)]
+    pub probe: Option<Dur>,
 }
 
 impl Default for SchedConfig {
@@ -213,6 +221,7 @@ impl Default for SchedConfig {
             quota_lookahead: 16,
             restart_backoff: Dur::from_secs(10),
             learned_rank: LearnedRank::default(),
+            probe: None,
         }
     }
 }
@@ -224,6 +233,9 @@ pub const RECOMMENDED_POLICY: &str = "auto";
 /// How much shorter (in remaining estimated GPU-work) a waiting job must be to evict a running one under the
 /// recommended setting.
 pub const RECOMMENDED_SHORTER_RATIO: u32 = 8;
+
+/// The first stint of jobs with learned estimates under the recommended setting ([`SchedConfig::probe`]).
+pub const RECOMMENDED_PROBE: Dur = Dur::from_mins(15);
 
 /// A policy as `--policy` names it: the recommended setting ([`RECOMMENDED_POLICY`]) or a policy used as named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,12 +281,13 @@ impl SchedConfig {
 
     /// The recommended setting, `auto`: SRGF (shortest remaining estimated GPU-work first; estimates learned from
     /// the submitter's earlier jobs when a job gives none) with EASY backfill, where a waiting job evicts a running one
-    /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, and with
-    /// defragmentation ([`PreemptionConfig::defragment`]), every other knob at its default. Chosen by
+    /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, with
+    /// defragmentation ([`PreemptionConfig::defragment`]) and a first stint of [`RECOMMENDED_PROBE`] for jobs with
+    /// learned estimates ([`SchedConfig::probe`]), every other knob at its default. Chosen by
     /// `scripts/choose-default.py` over seven workload families built from the shipped traces (Philly at 82% and 90%
     /// load, PAI 2023, the Pollux and Sia workloads) with learned estimates: chosen on half of them (`--held-out`) as
     /// the lowest average wait of the settings that lose at most 5% of GPU-hours to evictions on every workload, it
-    /// waits 0.22 of FIFO's on the other half (geometric mean over the families); docs/scheduler.md has the tables.
+    /// waits 0.20 of FIFO's on the other half (geometric mean over the families); docs/scheduler.md has the tables.
     pub fn recommended() -> SchedConfig {
         let mut c = SchedConfig { backfill: true, ..SchedConfig::default() };
         c.use_recommended_policy();
@@ -290,6 +303,7 @@ impl SchedConfig {
         self.preemption.shorter_first = true;
         self.preemption.shorter_ratio = RECOMMENDED_SHORTER_RATIO;
         self.preemption.defragment = true;
+        self.probe = Some(RECOMMENDED_PROBE);
     }
 
     /// Sets a policy as named, without preemption for shorter jobs (the knobs `preemptive` and `shorter_ratio` turn
@@ -299,6 +313,7 @@ impl SchedConfig {
         self.preemption.shorter_first = false;
         self.preemption.shorter_ratio = default_shorter_ratio();
         self.preemption.defragment = false;
+        self.probe = None;
     }
 
     /// How learned run times are ranked: with [`LearnedRank::Gittins`], by their Gittins rank under SRTF/SRGF when
@@ -316,6 +331,18 @@ impl SchedConfig {
             }
             _ => crate::gittins::Rule::Median,
         }
+    }
+
+    /// The probe ([`SchedConfig::probe`]) a job submitted now with `spec` gets: the configured one, for a learned
+    /// estimate (one with a spread) longer than it.
+    pub fn probe_for(&self, spec: &crate::JobSpec) -> Option<Dur> {
+        self.probe.filter(|p| spec.estimate_spread.is_some() && spec.estimated_duration.is_some_and(|e| e > *p))
+    }
+
+    /// [`SchedConfig::probe_for`] as a job keeps it ([`crate::JobSpec::probe_ms`]); `validate` keeps the probe
+    /// within its 32 bits.
+    pub fn probe_ms_for(&self, spec: &crate::JobSpec) -> Option<std::num::NonZeroU32> {
+        self.probe_for(spec).and_then(|p| u32::try_from(p.0).ok()).and_then(std::num::NonZeroU32::new)
     }
 
     /// The LAS queue of an attained service.
@@ -350,6 +377,13 @@ impl SchedConfig {
                 field: "preemption.victim_scan_limit",
                 value: "0".into(),
                 allowed: "at least 1 running job".into(),
+            });
+        }
+        if let Some(p) = self.probe.filter(|p| p.0 > u32::MAX as u64) {
+            return Err(CoreError::InvalidField {
+                field: "probe",
+                value: format!("{}ms", p.0),
+                allowed: "at most 49 days (4294967295ms)".into(),
             });
         }
         if self.fairshare_half_life == Dur::ZERO {
@@ -444,6 +478,8 @@ pub struct SchedKnobs {
     pub restart_backoff: Option<HumanDur>,
     /// How SRTF/SRGF rank jobs with learned estimates: `median` (default) or `gittins`.
     pub learned_rank: Option<LearnedRank>,
+    /// [`SchedConfig::probe`]; `"0s"` turns it off.
+    pub probe: Option<HumanDur>,
     /// Scheduling tick (how often a pass runs while jobs wait).
     pub tick: Option<HumanDur>,
     /// How often jobs checkpoint (simulator).
@@ -534,6 +570,9 @@ impl SchedKnobs {
         if let Some(v) = self.learned_rank {
             cfg.learned_rank = v;
         }
+        if let Some(v) = self.probe {
+            cfg.probe = (v.0 != Dur::ZERO).then_some(v.0);
+        }
 
         if self.tick.is_some_and(|t| t.0 == Dur::ZERO) {
             return Err(CoreError::InvalidField {
@@ -612,6 +651,32 @@ mod tests {
         assert_eq!(k.tick, Some(HumanDur(Dur::from_secs(5))));
         assert_eq!(k.checkpoint_interval, Some(HumanDur(Dur::from_mins(10))));
         assert_eq!(k.stop_time, Some(HumanDur(Dur(500))));
+    }
+
+    #[test]
+    fn the_probe_knob_sets_a_length_or_turns_it_off_and_auto_has_one() {
+        let mut c = SchedConfig::recommended();
+        assert_eq!(c.probe, Some(RECOMMENDED_PROBE));
+        SchedKnobs::from_toml("[scheduler]\nprobe = \"0s\"\n").unwrap().apply(&mut c).unwrap();
+        assert_eq!(c.probe, None);
+        SchedKnobs::from_toml("[scheduler]\nprobe = \"10m\"\n").unwrap().apply(&mut c).unwrap();
+        assert_eq!(c.probe, Some(Dur::from_mins(10)));
+        c.use_plain_policy(Policy::Srtf);
+        assert_eq!(c.probe, None, "a policy named is used as named");
+        let e = SchedKnobs::from_toml("[scheduler]\nprobe = \"10 minutes\"\n").unwrap_err().to_string();
+        assert!(e.contains("unknown unit"), "{e}");
+        let mut d = SchedConfig::default();
+        let e = SchedKnobs::from_toml("[scheduler]\nprobe = \"50d\"\n").unwrap().apply(&mut d).unwrap_err();
+        assert!(e.to_string().contains("probe") && e.to_string().contains("49 days"), "{e}");
+        assert_eq!(d, SchedConfig::default(), "a refused knob changes nothing");
+        // Only a learned estimate longer than the probe gets it.
+        let c = SchedConfig { probe: Some(Dur::from_mins(15)), ..SchedConfig::default() };
+        let mut spec = crate::JobSpec::new(crate::TenantId(0), "x", 1, 1).estimate(Dur::from_mins(16));
+        assert_eq!(c.probe_for(&spec), None, "a given estimate is taken as exact");
+        spec.estimate_spread = Some(0.5);
+        assert_eq!(c.probe_for(&spec), Some(Dur::from_mins(15)));
+        spec.estimated_duration = Some(Dur::from_mins(15));
+        assert_eq!(c.probe_for(&spec), None);
     }
 
     #[test]

@@ -163,6 +163,12 @@ pub struct JobSpec {
     /// ([`crate::gittins`]) rather than the point estimate. `None` for an estimate given as such (taken as exact).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_spread: Option<f32>,
+    /// A first stint in ms ([`crate::SchedConfig::probe`], [`JobSpec::probe`]): until the job is known to have run
+    /// this long it is ranked as one that ends then. The core sets it at submission (for a learned estimate longer
+    /// than the configured probe; whatever a caller put here is replaced), so that a job keeps what it was submitted
+    /// under. (32 bits of milliseconds, at most 49 days: a queued job stays small.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_ms: Option<std::num::NonZeroU32>,
     /// May be evicted (and resumed from its checkpoint).
     pub preemptible: bool,
     /// How often the job checkpoints.
@@ -280,6 +286,7 @@ impl JobSpec {
             tolerations: ThinVec::new(),
             estimated_duration: None,
             estimate_spread: None,
+            probe_ms: None,
             preemptible: true,
             checkpoint_interval: None,
             max_restarts: 3,
@@ -308,6 +315,11 @@ impl JobSpec {
         self.task.cpu = cpu;
         self.task.mem = mem;
         self
+    }
+
+    /// The job's probe ([`JobSpec::probe_ms`]).
+    pub fn probe(&self) -> Option<Dur> {
+        self.probe_ms.map(|p| Dur(p.get() as u64))
     }
 
     /// Whole GPUs over all tasks.
@@ -654,7 +666,9 @@ impl Job {
 
     /// Remaining estimated time given kept progress (`Dur::MAX` without estimate). A job that has run past its
     /// estimate is expected to run about as long again as it has (run times are heavy-tailed: the longer a job has
-    /// run, the longer it is likely to run), not to end at once.
+    /// run, the longer it is likely to run), not to end at once. A job not yet known to have run its probe
+    /// ([`JobSpec::probe_ms`]) is estimated to end at the probe's end: an attempt it starts then counts as one that
+    /// ends there (its estimated end, its rank as a victim), and past it as one that overran its estimate.
     pub fn remaining_estimate(&self) -> Dur {
         Dur(self.rank_from(self.progress, crate::gittins::Rule::Median))
     }
@@ -668,6 +682,19 @@ impl Job {
         rank_from_known(self.known.0, position.0, |k| self.rank_at(Dur(k), rule))
     }
 
+    /// Whether the job is not yet known to have run its probe ([`JobSpec::probe_ms`]): an attempt it starts now is
+    /// its probe.
+    pub fn probing(&self) -> bool {
+        self.spec.probe().is_some_and(|p| self.known.max(self.progress) < p)
+    }
+
+    /// Whether the job is within its probe at `now`: not ended, and not yet run its probe counting the current
+    /// attempt (what `show` and `why` say while it is so).
+    pub fn in_probe(&self, now: Time) -> bool {
+        let run = self.run.as_ref().map_or(Dur::ZERO, |r| now.since(r.started));
+        !self.state.is_terminal() && self.spec.probe().is_some_and(|p| self.known.max(self.progress + run) < p)
+    }
+
     /// Records that the attempt started at `started` ran until `now` (it ended without the job finishing): how far
     /// the job is known to run. Call before `progress` takes the attempt's kept work.
     pub fn note_run(&mut self, started: Time, now: Time) {
@@ -675,9 +702,25 @@ impl Job {
     }
 
     /// The job's rank under SRTF after `attained` of service (kept progress plus the current attempt's run), in ms:
-    /// for a learned estimate (one with a spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining
-    /// estimated time as [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate.
+    /// within its probe ([`JobSpec::probe_ms`]) the time left to the probe's end; else for a learned estimate (one with
+    /// a spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining estimated time as
+    /// [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate.
     pub fn rank_at(&self, attained: Dur, rule: crate::gittins::Rule) -> u64 {
+        if let Some(p) = self.spec.probe().filter(|p| attained < *p) {
+            return p.0 - attained.0; // within its probe: as a job that ends at the probe's end
+        }
+        self.estimate_rank(attained, rule)
+    }
+
+    /// The remaining estimated time from kept progress as if the job's probe were run (its estimate alone): what an
+    /// attempt started within its probe is expected to run ([`Job::probing`]; the ETA replay expects it).
+    pub fn remaining_past_probe(&self) -> Dur {
+        let rank = |k: u64| self.estimate_rank(Dur(k), crate::gittins::Rule::Median);
+        Dur(rank_from_known(self.known.0, self.progress.0, rank))
+    }
+
+    /// [`Job::rank_at`] without the probe.
+    fn estimate_rank(&self, attained: Dur, rule: crate::gittins::Rule) -> u64 {
         use crate::gittins::{exact_rank, LogNormal, Rule};
         match (self.spec.estimated_duration, self.spec.estimate_spread) {
             (None, _) => u64::MAX,

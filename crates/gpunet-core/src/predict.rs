@@ -188,12 +188,22 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
     // A running job already past its estimated end is expected to run as long again as it has
     // (`ClusterState::expected_end`, as preemptive SRTF expects), not to end now: what waits for it does not "start
     // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
+    // So is an attempt started within its probe (`Job::probing`: indexed to end with its probe): it is expected to
+    // run to its estimate (`Job::remaining_past_probe`), and so is one the replay starts within its probe.
+    // `expect` holds each such job's expected end; `late`, the same ordered by time.
+    let probing = |s: &ClusterState, j: JobId| s.job(j).filter(|j| j.probing()).map(|j| j.remaining_past_probe());
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
-        .take_while(|(e, _)| *e <= now)
-        .filter_map(|(e, j)| Some((ClusterState::expected_end(e, s.job(j)?.run.as_ref()?.started, now), j)))
+        .filter_map(|(e, j)| {
+            let started = s.job(j)?.run.as_ref()?.started;
+            match probing(&s, j) {
+                _ if e <= now => Some((ClusterState::expected_end(e, started, now), j)),
+                Some(left) => Some(((started + left).max(now), j)),
+                None => None,
+            }
+        })
         .collect();
-    let is_late: HashSet<JobId> = late.iter().map(|(_, j)| *j).collect();
+    let mut expect: HashMap<JobId, Time> = late.iter().map(|(e, j)| (*j, *e)).collect();
     for _ in 0..max_steps {
         let ds = schedule(&s, t);
         for d in &ds {
@@ -205,9 +215,21 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             if s.apply(d, t).is_err() {
                 return;
             }
+            if let Decision::Start { job, .. } = d {
+                match probing(&s, *job) {
+                    Some(left) => {
+                        late.insert((t + left, *job));
+                        expect.insert(*job, t + left);
+                    }
+                    None => {
+                        expect.remove(job); // a job evicted in the replay and started again ends at its estimate
+                    }
+                }
+            }
         }
         // Advance to the next estimated completion (or restart backoff), finishing everything due then.
-        let on_time = |s: &ClusterState| s.running_ends().filter(|(_, j)| !is_late.contains(j)).map(|(e, _)| e).next();
+        let on_time =
+            |s: &ClusterState| s.running_ends().filter(|(_, j)| !expect.contains_key(j)).map(|(e, _)| e).next();
         let next_end = match (on_time(&s), late.first().map(|(e, _)| *e)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -226,12 +248,20 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
         t = t.max(next);
         let mut due: Vec<JobId> = s
             .running_ends()
-            .filter(|(_, j)| !is_late.contains(j))
+            .filter(|(_, j)| !expect.contains_key(j))
             .take_while(|(e, _)| *e <= t)
             .map(|(_, j)| j)
             .collect();
-        while late.first().is_some_and(|(e, _)| *e <= t) {
-            due.extend(late.pop_first().map(|(_, j)| j));
+        while let Some((e, j)) = late.pop_first() {
+            if e > t {
+                late.insert((e, j));
+                break;
+            }
+            // Unless the job was evicted in the replay (then started again with a later end, or still queued).
+            if expect.get(&j) == Some(&e) && s.job(j).is_some_and(|x| x.state == JobState::Running) {
+                expect.remove(&j);
+                due.push(j);
+            }
         }
         for j in due {
             if s.finish(j, t, true).is_err() {
@@ -324,6 +354,33 @@ mod tests {
         // A job beyond the cap gets no prediction rather than a replay of the whole queue.
         assert!(predict_start(&s, JobId(REPLAY_QUEUE_CAP as u64 + 10), Time::from_secs(2), 100).is_none());
         assert_eq!(s.probe_copy(Time::from_secs(2)).queued_count(), REPLAY_QUEUE_CAP);
+    }
+
+    /// A job within its probe is indexed to end with it, but the replay expects it to run to its estimate. By hand,
+    /// SRTF without preemption, a probe of 900 s, one GPU: job 1, learned as 36,000 s, runs from 0; job 3, learned
+    /// as 36,000 s too, waits ranked at its probe (900 s), ahead of job 4 (given 1,000 s). Job 3 starts when job 1
+    /// ends at 36,000 s and is expected to run until 72,000 s: job 4's ETA (36,900 s if the probes were taken as
+    /// the jobs' ends).
+    #[test]
+    fn eta_expects_a_job_within_its_probe_to_run_to_its_estimate() {
+        let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };
+        cfg.preemption.enabled = false;
+        let mut s = ClusterState::new(cfg).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        let learned = |name: &str| {
+            let mut j = JobSpec::new(t, name, 1, 1).estimate(Dur::from_secs(36_000));
+            j.estimate_spread = Some(1.0);
+            j
+        };
+        s.submit(JobId(1), learned("a"), Time::ZERO).unwrap();
+        s.step(Time::ZERO).unwrap();
+        assert!(s.job(JobId(1)).unwrap().probing());
+        s.submit(JobId(3), learned("b"), Time::from_secs(10)).unwrap();
+        s.submit(JobId(4), JobSpec::new(t, "c", 1, 1).estimate(Dur::from_secs(1_000)), Time::from_secs(10)).unwrap();
+        let now = Time::from_secs(100);
+        assert_eq!(predict_start(&s, JobId(3), now, 100).unwrap().0, Time::from_secs(36_000));
+        assert_eq!(predict_start(&s, JobId(4), now, 100).unwrap().0, Time::from_secs(72_000));
     }
 
     #[test]

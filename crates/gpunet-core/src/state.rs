@@ -558,6 +558,7 @@ impl ClusterState {
             return Err(CoreError::DuplicateJob(id));
         }
         self.resolve_new_deps(id, &mut spec)?;
+        spec.probe_ms = self.cfg.probe_ms_for(&spec);
         if spec.array.is_some() {
             return self.submit_array(id, spec, now);
         }
@@ -857,10 +858,13 @@ impl ClusterState {
             attained_before: j.attained_gpu_ms,
             est_end: end,
             sjf_key: sjf_key(j),
+            // An attempt started within the job's probe is ranked as one that ends at the probe's end (its
+            // estimated end), not by the learned distribution.
             learned: j
                 .spec
                 .estimated_duration
                 .zip(j.spec.estimate_spread)
+                .filter(|_| !j.probing())
                 .map(|(e, sigma)| crate::gittins::LogNormal::new(e, sigma as f64)),
             progress: j.progress.0,
             known: j.known.0,

@@ -499,6 +499,8 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         backfill = sched.backfill,
         preemptive = sched.preemption.enabled && sched.preemption.shorter_first,
         shorter_ratio = sched.preemption.shorter_ratio,
+        defragment = sched.preemption.defragment,
+        probe_s = sched.probe.map_or(0, |p| p.0 / 1000),
         "gpunet server listening"
     );
     Ok(Running {

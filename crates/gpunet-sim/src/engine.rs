@@ -1166,6 +1166,7 @@ pub fn simulate(
             gpunet_core::gittins::Rule::Median => "median",
         }
         .to_string(),
+        probe_s: cfg.sched.probe.map(|p| p.0 as f64 / 1000.0),
         gpu_counting: cfg.gpu_counting,
         jobs: total,
         completed,

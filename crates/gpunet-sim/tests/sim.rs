@@ -251,6 +251,23 @@ fn knob_learned_rank_decides_how_a_learned_victim_and_a_learned_newcomer_compare
     }
 }
 
+/// `probe`, on the same trace as the test above, ranking by the median: L and G are learned as 100 s (median),
+/// longer than a probe of 30 s, so each is ranked as a job of 30 s until it has run that long. L started at 1,100 s
+/// and has run 150 s when G arrives: past its probe it counts as long again as it has run (150 s ≥ 2 × 30 s), so G
+/// evicts it at once and ends at 1,270 s (JCT 20 s, against 70 s without a probe). w2 was learned from w1 alone
+/// (10 s, shorter than the probe): no probe.
+#[test]
+fn knob_probe_gives_a_learned_newcomer_a_first_stint() {
+    let t = "w1,0,10,1,t\nw2,20,1000,1,t\nL,1100,10000,1,t\nG,1250,20,1,t\n";
+    for (knob, g_jct) in [("probe = \"30s\"\n", 20.0), ("", 70.0)] {
+        let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\n{knob}"));
+        c.estimates = EstimateMode::History;
+        let r = jcts_by_id(&csv(t), &cluster, &c);
+        assert_eq!(r.probe_s, (!knob.is_empty()).then_some(30.0));
+        assert_eq!((r.preemptions, r.jcts.clone()), (1, vec![10.0, g_jct, 1000.0, 10020.0]), "{knob}");
+    }
+}
+
 #[test]
 fn knob_tick_paces_las_demotion() {
     assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "tick = \"10s\"\n").preemptions, 2);

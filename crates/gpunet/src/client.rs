@@ -348,9 +348,41 @@ pub(crate) fn estimate_line(e: &gpunet_api::types::EstimateView) -> String {
         ("learned", Some(c), Some(b), Some(n)) => {
             let runs = if n == 1 { "run" } else { "runs" };
             let spread = e.spread.map(|s| format!(", spread ×{:.1}", s.exp())).unwrap_or_default();
-            format!("estimated run time {}s, learned from {b} ({n} {runs}, confidence {c:.2}{spread})\n", e.seconds)
+            let probe = e
+                .probe_s
+                .map(|p| format!("; ranked as a {p}s first stint (probe) until it has run that long"))
+                .unwrap_or_default();
+            format!(
+                "estimated run time {}s, learned from {b} ({n} {runs}, confidence {c:.2}{spread}){probe}\n",
+                e.seconds
+            )
         }
         _ => format!("estimated run time {}s ({})\n", e.seconds, e.source),
+    }
+}
+
+#[cfg(test)]
+mod estimate_tests {
+    #[test]
+    fn a_learned_estimate_says_where_it_came_from_and_its_probe() {
+        let mut e = gpunet_api::types::EstimateView {
+            seconds: 3600,
+            source: "learned".into(),
+            confidence: Some(0.5),
+            basis: Some("the user's runs".into()),
+            samples: Some(4),
+            spread: Some(1.0),
+            probe_s: None,
+        };
+        let line = super::estimate_line(&e);
+        assert_eq!(
+            line,
+            "estimated run time 3600s, learned from the user's runs (4 runs, confidence 0.50, spread ×2.7)\n"
+        );
+        e.probe_s = Some(900);
+        assert!(
+            super::estimate_line(&e).ends_with("; ranked as a 900s first stint (probe) until it has run that long\n")
+        );
     }
 }
 

@@ -371,8 +371,9 @@ mod tests {
         assert!(n >= 20, "only {n} flags found");
     }
 
-    /// The scheduler a server starts with: `auto` (SRGF, backfill, eviction for jobs 8× shorter, defragmentation)
-    /// unless a policy is named; a named policy is plain (not preemptive for shorter jobs, no defragmentation) unless
+    /// The scheduler a server starts with: `auto` (SRGF, backfill, eviction for jobs 8× shorter, defragmentation, a
+    /// probe of 15 minutes) unless a policy is named; a named policy is plain (not preemptive for shorter jobs, no
+    /// defragmentation, no probe) unless
     /// the `--sched-config` file says so;
     /// `--policy auto` wins over the file's policy, and the file's other knobs tune it; a bad name lists `auto` with
     /// the others.
@@ -419,6 +420,13 @@ mod tests {
         assert!(!defrag(sched(&[], Some("defragment = false\n")).unwrap()));
         assert!(!defrag(sched(&["--policy", "srgf"], None).unwrap()));
         assert!(defrag(sched(&[], Some("policy = \"las\"\ndefragment = true\n")).unwrap()));
+        // The probe likewise: 15 minutes in auto (another length or off by the file), none for a named policy.
+        let probe = |c: SchedConfig| c.probe.map(|p| p.0 / 60_000);
+        assert_eq!((probe(SchedConfig::recommended()), probe(sched(&[], None).unwrap())), (Some(15), Some(15)));
+        assert_eq!(probe(sched(&[], Some("probe = \"0s\"\n")).unwrap()), None);
+        assert_eq!(probe(sched(&[], Some("probe = \"30m\"\n")).unwrap()), Some(30));
+        assert_eq!(probe(sched(&["--policy", "srgf"], None).unwrap()), None);
+        assert_eq!(probe(sched(&[], Some("policy = \"srtf\"\nprobe = \"10m\"\n")).unwrap()), Some(10));
         let e = sched(&["--policy", "shortest"], None).unwrap_err().to_string();
         assert!(e.contains("--policy") && e.contains("auto, fifo"), "{e}");
     }

@@ -87,6 +87,10 @@ pub(crate) struct SimOpts {
     /// has the jobs of the cheapest nodes moved to those pieces (on in `auto`; docs/scheduler.md).
     #[arg(long)]
     pub(crate) defragment: bool,
+    /// A first stint, in seconds, for jobs with learned estimates longer than it: ranked as jobs that end then until
+    /// they have run it, so that short jobs in classes learned as long are found out (0: off; docs/scheduler.md).
+    #[arg(long)]
+    pub(crate) probe_s: Option<u64>,
     /// Write one CSV row per job (times, wait, evictions) to this file (`sim compare`: one file per policy, the
     /// policy's name inserted before the extension).
     #[arg(long)]
@@ -194,6 +198,9 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
     }
     if o.defragment {
         sched.preemption.defragment = true;
+    }
+    if let Some(s) = o.probe_s {
+        sched.probe = (s > 0).then(|| Dur::from_secs(s));
     }
     if let Some(t) = &o.las_thresholds {
         sched.las_thresholds_gpu_s =

@@ -128,11 +128,20 @@ fn logs_follow_show_and_why_tell_how_a_job_ended() {
 }
 
 /// A job submitted without an estimate gets one learned from the runs of jobs like it (same user, name and GPUs),
-/// with their spread (which preemptive SRTF/SRGF rank it by with `learned_rank = "gittins"`); `show` and `why` say so.
+/// with their spread (which preemptive SRTF/SRGF rank it by with `learned_rank = "gittins"`); `show` and `why` say so,
+/// and, with `auto` tuned to a probe of 100 ms (shorter than the learned estimate), that it is ranked by its probe.
 #[test]
 fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_spread() {
     let dir = tempfile::tempdir().unwrap();
-    let s = server_with_tenant(dir.path());
+    let knobs = dir.path().join("sched.toml");
+    std::fs::write(&knobs, "[scheduler]\nprobe = \"100ms\"\n").unwrap();
+    let s = Server::start(
+        &dir.path().join("server"),
+        free_port(),
+        &["--restart-backoff-s", "0.2", "--sched-config", knobs.to_str().unwrap()],
+    );
+    let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
+    assert!(ok, "{err}");
     let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
     for secs in ["0.2", "1.5", "4"] {
         let id = s.submit(&["--name", "etl", "--gpus", "1", "--", "sleep", secs]);
@@ -149,8 +158,10 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     // the start and report latency, 0.76 with half a second of it).
     let spread = e["spread"].as_f64().unwrap_or(0.0);
     assert!(spread > 0.3 && spread < 2.0, "{j}");
+    assert_eq!(e["probe_s"].as_u64(), Some(1), "a probe of 100 ms, in whole seconds: {j}");
     let (_, why, _) = cli(&s, &["why", &id.to_string()]);
     assert!(why.contains("learned from") && why.contains("spread ×"), "{why}");
+    assert!(why.contains("ranked as a 1s first stint (probe)"), "{why}");
     // An array of such jobs gets it too, and so do its elements (under SRTF/SRGF, and `auto`, an array without an
     // estimate would queue behind every job with one).
     let array = s.submit(&["--name", "etl", "--gpus", "1", "--array", "0-1", "--", "true"]);

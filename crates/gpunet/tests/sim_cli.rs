@@ -226,9 +226,10 @@ fn jobs_out_and_scheduler_tables_reach_the_simulator_and_the_server() {
     assert!(!out.status.success() && err.contains("--sched-config") && err.contains("max_evictions"), "{err}");
 }
 
-/// `--policy auto` replays the live default (SRGF, backfill, eviction for jobs 8× shorter, defragmentation): the same
-/// figures as the explicit setting, a cluster file with `shorter_ratio = 8`. The cluster file's `[scheduler]` tunes
-/// `auto` as the server's `--sched-config` does: with `shorter_ratio = 2` and `defragment = false` it replays as plain
+/// `--policy auto` replays the live default (SRGF, backfill, eviction for jobs 8× shorter, defragmentation, a probe of
+/// 15 minutes): the same figures as the explicit setting, a cluster file with `shorter_ratio = 8` and `--probe-s 900`
+/// (without the probe this workload replays otherwise). The cluster file's `[scheduler]` tunes `auto` as the server's
+/// `--sched-config` does: with `shorter_ratio = 2`, `defragment = false` and `probe = "0s"` it replays as plain
 /// preemptive SRGF.
 #[test]
 fn sim_policy_auto_is_the_recommended_setting() {
@@ -249,24 +250,23 @@ fn sim_policy_auto_is_the_recommended_setting() {
     )
     .unwrap();
     let auto = run(&["--policy", "auto", "--cluster", "pollux"]);
-    let explicit = run(&[
-        "--policy",
-        "srgf",
-        "--preemptive",
-        "--backfill",
-        "--defragment",
-        "--cluster",
-        cluster.to_str().unwrap(),
-    ]);
+    let explicit = |probe: &str| {
+        let c = cluster.to_str().unwrap();
+        run(&["--policy", "srgf", "--preemptive", "--backfill", "--defragment", "--probe-s", probe, "--cluster", c])
+    };
     assert_eq!((&auto["policy"], &auto["preemptive"], &auto["backfill"]), (&"srgf".into(), &true.into(), &true.into()));
+    assert_eq!(auto["probe_s"], 900.0);
+    let (with_probe, without) = (explicit("900"), explicit("0"));
     for k in ["avg_wait_s", "preemptions", "completed", "eviction_lost_gpu_hours"] {
-        assert_eq!(auto[k], explicit[k], "{k}");
+        assert_eq!(auto[k], with_probe[k], "{k}");
     }
+    assert!(without.get("probe_s").is_none());
+    assert_ne!(auto["avg_wait_s"], without["avg_wait_s"], "the probe changes this replay");
     let tuned = dir.path().join("pollux-tuned.toml");
     std::fs::write(
         &tuned,
         "version = 1\n[[node_group]]\ncount = 16\ngpus_per_node = 4\ngpu_model = \"T4\"\ncpu_milli = 48000\n\
-         memory_mib = 196608\nrack_size = 16\n[scheduler]\nshorter_ratio = 2\ndefragment = false\n",
+         memory_mib = 196608\nrack_size = 16\n[scheduler]\nshorter_ratio = 2\ndefragment = false\nprobe = \"0s\"\n",
     )
     .unwrap();
     let auto_tuned = run(&["--policy", "auto", "--cluster", tuned.to_str().unwrap()]);

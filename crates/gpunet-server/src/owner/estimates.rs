@@ -5,7 +5,7 @@
 
 use super::{JobDoc, Owner};
 use gpunet_api::types::EstimateView;
-use gpunet_core::{Dur, Job, JobKey, JobSpec, Prediction, Predictor};
+use gpunet_core::{Dur, Job, JobKey, JobSpec, Prediction, Predictor, Time};
 
 /// Who a job belongs to for learning: its submitting user, else its tenant.
 fn user_of<'a>(submitted_by: Option<&'a str>, tenant: &'a str) -> &'a str {
@@ -80,6 +80,7 @@ impl Owner {
                 basis: Some(p.basis.describe().into()),
                 samples: Some(p.samples),
                 spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
+                probe_s: job.spec.probe().filter(|_| job.in_probe(Time(crate::now_ms()))).map(|p| p.0.div_ceil(1000)),
             },
             None => EstimateView {
                 seconds: d.0.div_ceil(1000),
@@ -88,6 +89,7 @@ impl Owner {
                 basis: None,
                 samples: None,
                 spread: None,
+                probe_s: None,
             },
         })
     }

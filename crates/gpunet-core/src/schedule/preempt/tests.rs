@@ -446,6 +446,65 @@ fn preemptive_srtf_ranks_a_learned_victim_by_its_gittins_rank() {
     }
 }
 
+/// A probe (`SchedConfig::probe`), by hand: SRGF, eviction for jobs 8 times shorter, a 300 s minimum run time, one
+/// GPU, a probe of 900 s. Job 1, learned as 36,000 s, starts at 0 within its probe: its attempt counts as one that
+/// ends at 900 s, and past that as one that overran its estimate (as long again as it has run). Job 2, learned as
+/// 18,000 s, arrives at 1,000 s ranked at 900 s (its probe): it evicts job 1 once job 1 has run 8 × 900 = 7,200 s.
+/// Evicted, job 1 is known to have run its probe and ranks by its estimate again (36,000 s: 28,800 s left from
+/// 7,200 s, plus the 7,200 s it lost, no checkpoint); job 2's attempt is its probe (its row has no learned
+/// distribution), expected to end at 8,100 s. Without a probe job 2 counts 18,000 s and job 1 28,800 s left at
+/// 7,200 s: nothing is evicted. A given estimate, a learned one no longer than the probe, and a probe set by the
+/// caller get none.
+#[test]
+fn a_probe_ranks_a_learned_job_as_ending_at_its_probe_until_it_has_run_it() {
+    let learned = |name: &str, secs: u64| {
+        let mut j = JobSpec::new(t0(), name, 1, 1).estimate(Dur::from_secs(secs));
+        j.estimate_spread = Some(1.0);
+        j
+    };
+    for probe in [Some(Dur::from_secs(900)), None] {
+        let mut c = SchedConfig { probe, ..preemptive(Policy::Srgf, 300) };
+        c.preemption.shorter_ratio = 8;
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, learned("long", 36_000), 0);
+        assert_eq!(s.job(JobId(1)).unwrap().spec.probe(), probe);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        submit(&mut s, 2, learned("newcomer", 18_000), 1_000);
+        let j2 = s.job(JobId(2)).unwrap();
+        assert_eq!(j2.remaining_estimate(), Dur::from_secs(if probe.is_some() { 900 } else { 18_000 }));
+        assert!(preempts(&schedule(&s, Time::from_secs(7_199))).is_empty(), "7,199 s < 8 × 900 s");
+        let at = Time::from_secs(7_200);
+        let ds = s.step(at).unwrap();
+        if probe.is_none() {
+            assert!(preempts(&ds).is_empty(), "28,800 s left < 8 × 18,000 s: {ds:?}");
+            continue;
+        }
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 7_200, waiting_s: 900 })]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.known, j1.probing()), (Dur::from_secs(7_200), false));
+        assert_eq!(j1.remaining_estimate(), Dur::from_secs(36_000));
+        assert_eq!(started(&s.step(at).unwrap()), vec![2]);
+        let j2 = s.job(JobId(2)).unwrap();
+        assert!(j2.probing());
+        assert_eq!(ClusterState::est_end(j2, at), Time::from_secs(8_100));
+        let (part, i) = s.run_row_of[&JobId(2)];
+        assert!(s.run_rows[part][i].learned.is_none(), "a probe's attempt is ranked by its probe");
+        // At 9,000 s job 2 has run 1,800 s, past its probe: ranked 1,800 s, far from 36,000 s × 8.
+        assert!(preempts(&schedule(&s, Time::from_secs(9_000))).is_empty());
+        s.check_invariants().unwrap();
+    }
+    let mut c = SchedConfig { probe: Some(Dur::from_secs(900)), ..preemptive(Policy::Srgf, 300) };
+    c.preemption.shorter_ratio = 8;
+    let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+    let mut given = JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(36_000));
+    given.probe_ms = std::num::NonZeroU32::new(60_000); // not the caller's to set
+    submit(&mut s, 1, given, 0);
+    submit(&mut s, 2, learned("short", 900), 0);
+    submit(&mut s, 3, learned("longer", 901), 0);
+    let probes: Vec<_> = (1..=3).map(|i| s.job(JobId(i)).unwrap().spec.probe()).collect();
+    assert_eq!(probes, vec![None, None, Some(Dur::from_secs(900))]);
+}
+
 /// Preemptive SJF compares the SJF key (estimate ÷ GPUs): a running 2-GPU job of 1,000 s has key 500 s; a
 /// 2-GPU job of 600 s (key 300 > 500 ÷ 2) does not evict it, one of 500 s (key 250) does. A running job without estimate
 /// is never a victim for being long.
@@ -1196,14 +1255,17 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
         any::<bool>(),
         30u64..900,
         any::<bool>(),
+        proptest::option::weighted(0.3, 60u64..1_200),
     );
     let mut runner = det_runner(512);
     let (checked, later, settled) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
-    let (longer, chosen) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let (longer, chosen, probed) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
     runner
-        .run(&strategy, |((running, queued, big), spreads, policy, backfill, step, defragment)| {
+        .run(&strategy, |((running, queued, big), spreads, policy, backfill, step, defragment, probe)| {
             let mut c = preemptive(policies[policy], 60);
             c.learned_rank = crate::LearnedRank::Gittins;
+            // Some passes with a probe: rows of attempts started within it are ranked by their estimated end.
+            c.probe = probe.map(Dur::from_secs);
             c.backfill = backfill;
             c.preemption.defragment = defragment;
             let ns = big.iter().enumerate().map(|(i, b)| node(&format!("n{i}"), GpuModel::T4, if *b { 8 } else { 4 }));
@@ -1221,6 +1283,7 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
             for (i, r) in queued.iter().enumerate() {
                 submit(&mut s, 1000 + i as u64, spec(i + 7, r, "wait"), 100);
             }
+            probed.set(probed.get() + s.run_rows.iter().flatten().filter(|r| s.jobs[&r.id].probing()).count());
             let mut now = Time::from_secs(600);
             for round in 0..4u64 {
                 // Rows settled by bounds on their ranks decide as their exact ranks do.
@@ -1252,6 +1315,7 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     assert!(settled.get() >= 1000, "{} rows settled by bounds on their ranks", settled.get());
     assert!(longer.get() >= 1000, "{} candidates made by bounds under their ranks", longer.get());
     assert!(chosen.get() >= 20, "{} victims chosen without a rank", chosen.get());
+    assert!(probed.get() >= 100, "{} rows of attempts started within their probe", probed.get());
 }
 
 /// By hand, the rate limit's window: at most one eviction per 10 minutes, two 1-GPU nodes running long jobs 1
