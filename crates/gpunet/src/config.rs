@@ -164,12 +164,13 @@ listen = "{listen}"
 # admin_token = "…"
 # join_token = "…"
 
-# Scheduling: policy (auto — SRGF with eviction for jobs 8x shorter and defragmentation, see docs/scheduler.md —
+# Scheduling: policy (auto — SRGF with eviction for jobs 8x shorter, defragmentation and a 15-minute probe, see
+# docs/scheduler.md —
 # or fifo, priority, sjf, srtf, srgf, drf, fairshare, las; default: the sched_config file's, else auto) and EASY
 # backfill.
 # policy = "auto"
 backfill = {backfill}
-# Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, defragment, LAS thresholds,
+# Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, defragment, probe, LAS thresholds,
 # minimum run time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false
 # here win over the file; its minimum run time and restart backoff win over preempt_min_run_s and restart_backoff_s.
 # sched_config = "/etc/gpunet/scheduler.toml"

@@ -123,8 +123,8 @@ pub(crate) struct SimCmd {
     #[command(subcommand)]
     pub(crate) sub: Option<SimSub>,
     /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare or las (default: the cluster's `[scheduler] policy`,
-    /// else fifo); or auto, the live default (SRGF with backfill, eviction for jobs 8× shorter and defragmentation;
-    /// docs/scheduler.md).
+    /// else fifo); or auto, the live default (SRGF with backfill, eviction for jobs 8× shorter, defragmentation and a
+    /// probe of 15 minutes; docs/scheduler.md).
     #[arg(long)]
     pub(crate) policy: Option<String>,
     #[command(flatten)]

@@ -31,7 +31,8 @@ pub(crate) struct SchedArgs {
     #[arg(long, default_value_t = 100_000)]
     pub(crate) pending: u32,
     /// Queue policy: fifo, priority, sjf, srtf, srgf, drf, fairshare, las; or auto, the live default (SRGF with
-    /// backfill, eviction for jobs 8× shorter and defragmentation).
+    /// backfill, eviction for jobs 8× shorter, defragmentation and a probe of 15 minutes for learned estimates, which
+    /// this bench's jobs do not have).
     #[arg(long, default_value = "fifo")]
     pub(crate) policy: String,
     /// Turn EASY backfill on.
