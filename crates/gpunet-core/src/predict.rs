@@ -359,8 +359,8 @@ mod tests {
     /// A job within its probe is indexed to end with it, but the replay expects it to run to its estimate. By hand,
     /// SRTF without preemption, a probe of 900 s, one GPU: job 1, learned as 36,000 s, runs from 0; job 3, learned
     /// as 36,000 s too, waits ranked at its probe (900 s), ahead of job 4 (given 1,000 s). Job 3 starts when job 1
-    /// ends at 36,000 s and is expected to run until 72,000 s: job 4's ETA (36,900 s if the probes were taken as
-    /// the jobs' ends).
+    /// ends at 36,000 s and is expected to run until 72,000 s: job 4's ETA (36,900 s if the replay took the probe of
+    /// the job it starts as its end, 1,800 s if it took both).
     #[test]
     fn eta_expects_a_job_within_its_probe_to_run_to_its_estimate() {
         let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };

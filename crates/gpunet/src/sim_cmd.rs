@@ -358,7 +358,7 @@ fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
 
 /// The simulation's configuration for a policy named on the command line (`None`: the cluster file's, else FIFO):
 /// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter,
-/// defragmentation), tuned by the cluster file's `[scheduler]` knobs as the server's file tunes it.
+/// defragmentation, a probe of 15 minutes), tuned by the cluster file's `[scheduler]` knobs as the server's file tunes it.
 fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -> Result<SimConfig> {
     let policy = match named {
         Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,

@@ -106,9 +106,9 @@ impl Owner {
         let mut docs = Vec::with_capacity(prepared.len());
         for ((tenant, sub, warnings, mut spec), size) in prepared.into_iter().zip(sizes) {
             let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
-            // Its probe as the core gives it at submission, so that the stored job (and an array's record, which
-            // its elements are made from after a restart) keeps it. (Should the configuration change before the
-            // write is applied, the live job takes the new one and the store keeps this one.)
+            // Its probe as the core gives it at submission (the same configuration: the server does not change it
+            // while running), so that the stored job (and an array's record, which its elements are made from
+            // after a restart) keeps it.
             spec.probe_ms = self.st.config().probe_ms_for(&spec);
             if let Err(e) = spec.validate() {
                 let _ = reply.send(Err(e.into()));
