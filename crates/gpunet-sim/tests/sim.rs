@@ -226,6 +226,14 @@ fn knob_eviction_rate_limit_caps_evictions() {
     assert_eq!(r.preemptions, 1, "b2 waits for b1 instead of evicting a second job");
 }
 
+/// The trace of the two tests below, replayed under preemptive SRTF on one GPU with learned estimates and `knobs`.
+fn learned_newcomer(knobs: &str) -> SimResult {
+    let t = "w1,0,10,1,t\nw2,20,1000,1,t\nL,1100,10000,1,t\nG,1250,20,1,t\n";
+    let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\n{knobs}"));
+    c.estimates = EstimateMode::History;
+    jcts_by_id(&csv(t), &cluster, &c)
+}
+
 /// `learned_rank` with learned estimates, preemptive SRTF on one GPU, by hand. w1 (10 s) and w2 (1,000 s) teach the
 /// predictor tenant t's one-GPU jobs: a median of 100 s and a log-spread of 2.30 (ln 100 apart). L (10,000 s) starts
 /// at 1,100 s; G (20 s) arrives at 1,250 s. Both are learned as median 100 s, spread 2.30.
@@ -236,11 +244,8 @@ fn knob_eviction_rate_limit_caps_evictions() {
 ///   the tick at 1,300 s, when L's 200 s reach twice G's: JCT 70 s.
 #[test]
 fn knob_learned_rank_decides_how_a_learned_victim_and_a_learned_newcomer_compare() {
-    let t = "w1,0,10,1,t\nw2,20,1000,1,t\nL,1100,10000,1,t\nG,1250,20,1,t\n";
     for (rank, g_jct) in [("gittins", 20.0), ("median", 70.0)] {
-        let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\nlearned_rank = \"{rank}\"\n"));
-        c.estimates = EstimateMode::History;
-        let r = jcts_by_id(&csv(t), &cluster, &c);
+        let r = learned_newcomer(&format!("learned_rank = \"{rank}\"\n"));
         // JCTs in ascending order: w1 10, G, w2 1,000, and L 10,020 either way (it loses nothing: checkpoints every
         // 10 s, stops at once; it ends at 11,120 s).
         assert_eq!(
@@ -258,11 +263,8 @@ fn knob_learned_rank_decides_how_a_learned_victim_and_a_learned_newcomer_compare
 /// (10 s, shorter than the probe): no probe.
 #[test]
 fn knob_probe_gives_a_learned_newcomer_a_first_stint() {
-    let t = "w1,0,10,1,t\nw2,20,1000,1,t\nL,1100,10000,1,t\nG,1250,20,1,t\n";
     for (knob, g_jct) in [("probe = \"30s\"\n", 20.0), ("", 70.0)] {
-        let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\n{knob}"));
-        c.estimates = EstimateMode::History;
-        let r = jcts_by_id(&csv(t), &cluster, &c);
+        let r = learned_newcomer(knob);
         assert_eq!(r.probe_s, (!knob.is_empty()).then_some(30.0));
         assert_eq!((r.preemptions, r.jcts.clone()), (1, vec![10.0, g_jct, 1000.0, 10020.0]), "{knob}");
     }
