@@ -290,7 +290,7 @@ fn progress_bar(enabled: bool) -> impl FnMut(usize, usize) {
 /// A table row: its label and how to print it.
 type Row = (&'static str, fn(&SimResult) -> String);
 
-const ROWS: [Row; 22] = [
+const ROWS: [Row; 23] = [
     ("jobs", |r| r.jobs.to_string()),
     ("completed / unfinished", |r| format!("{} / {}", r.completed, r.unfinished)),
     ("avg JCT (s)", |r| format!("{:.0}", r.avg_jct_s)),
@@ -316,6 +316,7 @@ const ROWS: [Row; 22] = [
         format!("{:.1} ({:.2}%)", r.eviction_lost_gpu_hours, r.eviction_lost_fraction * 100.0)
     }),
     ("estimates", |r| r.estimates.clone()),
+    ("probe (s)", |r| r.probe_s.map_or_else(|| "off".into(), |p| format!("{p:.0}"))),
     ("wall (ms)", |r| format!("{:.0}", r.wall_ms)),
 ];
 

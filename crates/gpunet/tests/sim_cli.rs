@@ -98,6 +98,7 @@ fn sim_compare_runs_each_policy_and_writes_reports() {
         text.lines().next().unwrap().contains("fifo") && text.contains("drf") && text.contains("avg JCT"),
         "{text}"
     );
+    assert!(text.lines().any(|l| l.starts_with("probe (s)") && l.matches("off").count() == 2), "{text}");
 }
 
 #[test]
