@@ -333,16 +333,14 @@ impl SchedConfig {
         }
     }
 
-    /// The probe ([`SchedConfig::probe`]) a job submitted now with `spec` gets: the configured one, for a learned
-    /// estimate (one with a spread) longer than it.
-    pub fn probe_for(&self, spec: &crate::JobSpec) -> Option<Dur> {
-        self.probe.filter(|p| spec.estimate_spread.is_some() && spec.estimated_duration.is_some_and(|e| e > *p))
-    }
-
-    /// [`SchedConfig::probe_for`] as a job keeps it ([`crate::JobSpec::probe_ms`]); `validate` keeps the probe
-    /// within its 32 bits.
-    pub fn probe_ms_for(&self, spec: &crate::JobSpec) -> Option<std::num::NonZeroU32> {
-        self.probe_for(spec).and_then(|p| u32::try_from(p.0).ok()).and_then(std::num::NonZeroU32::new)
+    /// The probe ([`SchedConfig::probe`]) a job submitted now with `spec` gets, as the job keeps it
+    /// ([`crate::JobSpec::probe_ms`]; `validate` keeps the probe within its 32 bits): the configured one, for a
+    /// learned estimate (one with a spread) longer than it.
+    pub fn probe_for(&self, spec: &crate::JobSpec) -> Option<std::num::NonZeroU32> {
+        self.probe
+            .filter(|p| spec.estimate_spread.is_some() && spec.estimated_duration.is_some_and(|e| e > *p))
+            .and_then(|p| u32::try_from(p.0).ok())
+            .and_then(std::num::NonZeroU32::new)
     }
 
     /// The LAS queue of an attained service.
@@ -674,7 +672,7 @@ mod tests {
         let mut spec = crate::JobSpec::new(crate::TenantId(0), "x", 1, 1).estimate(Dur::from_mins(16));
         assert_eq!(c.probe_for(&spec), None, "a given estimate is taken as exact");
         spec.estimate_spread = Some(0.5);
-        assert_eq!(c.probe_for(&spec), Some(Dur::from_mins(15)));
+        assert_eq!(c.probe_for(&spec), std::num::NonZeroU32::new(900_000));
         spec.estimated_duration = Some(Dur::from_mins(15));
         assert_eq!(c.probe_for(&spec), None);
     }

@@ -685,14 +685,19 @@ impl Job {
     /// Whether the job is not yet known to have run its probe ([`JobSpec::probe_ms`]): an attempt it starts now is
     /// its probe.
     pub fn probing(&self) -> bool {
-        self.spec.probe().is_some_and(|p| self.known.max(self.progress) < p)
+        self.within_probe(self.progress)
     }
 
     /// Whether the job is within its probe at `now`: not ended, and not yet run its probe counting the current
     /// attempt (what `show` and `why` say while it is so).
     pub fn in_probe(&self, now: Time) -> bool {
         let run = self.run.as_ref().map_or(Dur::ZERO, |r| now.since(r.started));
-        !self.state.is_terminal() && self.spec.probe().is_some_and(|p| self.known.max(self.progress + run) < p)
+        !self.state.is_terminal() && self.within_probe(self.progress + run)
+    }
+
+    /// Whether neither `position` nor how far the job is known to run reaches its probe.
+    fn within_probe(&self, position: Dur) -> bool {
+        self.spec.probe().is_some_and(|p| self.known.max(position) < p)
     }
 
     /// Records that the attempt started at `started` ran until `now` (it ended without the job finishing): how far

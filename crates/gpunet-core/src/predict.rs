@@ -190,7 +190,8 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
     // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
     // So is an attempt started within its probe (`Job::probing`: indexed to end with its probe): it is expected to
     // run to its estimate (`Job::remaining_past_probe`), and so is one the replay starts within its probe.
-    // `expect` holds each such job's expected end; `late`, the same ordered by time.
+    // `expect` holds each such running job's expected end; `late`, the same ordered by time (an entry leaves both
+    // when its job is evicted or started again in the replay).
     let probing = |s: &ClusterState, j: JobId| s.job(j).filter(|j| j.probing()).map(|j| j.remaining_past_probe());
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
@@ -215,15 +216,14 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             if s.apply(d, t).is_err() {
                 return;
             }
-            if let Decision::Start { job, .. } = d {
-                match probing(&s, *job) {
-                    Some(left) => {
-                        late.insert((t + left, *job));
-                        expect.insert(*job, t + left);
-                    }
-                    None => {
-                        expect.remove(job); // a job evicted in the replay and started again ends at its estimate
-                    }
+            if let Decision::Start { job, .. } | Decision::Preempt { job, .. } = d {
+                if let Some(e) = expect.remove(job) {
+                    late.remove(&(e, *job));
+                }
+                let started = matches!(d, Decision::Start { .. });
+                if let Some(left) = started.then(|| probing(&s, *job)).flatten() {
+                    late.insert((t + left, *job));
+                    expect.insert(*job, t + left);
                 }
             }
         }
@@ -252,16 +252,10 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
             .take_while(|(e, _)| *e <= t)
             .map(|(_, j)| j)
             .collect();
-        while let Some((e, j)) = late.pop_first() {
-            if e > t {
-                late.insert((e, j));
-                break;
-            }
-            // Unless the job was evicted in the replay (then started again with a later end, or still queued).
-            if expect.get(&j) == Some(&e) && s.job(j).is_some_and(|x| x.state == JobState::Running) {
-                expect.remove(&j);
-                due.push(j);
-            }
+        while late.first().is_some_and(|(e, _)| *e <= t) {
+            let (_, j) = late.pop_first().expect("a first entry");
+            expect.remove(&j);
+            due.push(j);
         }
         for j in due {
             if s.finish(j, t, true).is_err() {

@@ -558,7 +558,7 @@ impl ClusterState {
             return Err(CoreError::DuplicateJob(id));
         }
         self.resolve_new_deps(id, &mut spec)?;
-        spec.probe_ms = self.cfg.probe_ms_for(&spec);
+        spec.probe_ms = self.cfg.probe_for(&spec);
         if spec.array.is_some() {
             return self.submit_array(id, spec, now);
         }

@@ -109,7 +109,7 @@ impl Owner {
             // Its probe as the core gives it at submission (the same configuration: the server does not change it
             // while running), so that the stored job (and an array's record, which its elements are made from
             // after a restart) keeps it.
-            spec.probe_ms = self.st.config().probe_ms_for(&spec);
+            spec.probe_ms = self.st.config().probe_for(&spec);
             if let Err(e) = spec.validate() {
                 let _ = reply.send(Err(e.into()));
                 return;
