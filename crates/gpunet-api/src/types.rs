@@ -131,7 +131,9 @@ pub struct AttemptView {
 pub struct EstimateView {
     /// Estimated run time, seconds.
     pub seconds: u64,
-    /// `given` (in the job's spec) or `learned` (predicted from the history of jobs like it).
+    /// `given` (in the job's spec), `learned` (predicted from the history of jobs like it) or `probe` (neither: the
+    /// job was submitted under the scheduler's probe, and `seconds` is that probe; SRTF and SRGF rank it as a job that
+    /// ends when it has run that long, and past it as one that runs as long again as it has run).
     pub source: String,
     /// For a learned estimate: confidence in [0, 1].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,8 +149,8 @@ pub struct EstimateView {
     /// spread and rank the job by its Gittins rank (docs/scheduler.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
-    /// For a learned estimate longer than the scheduler's probe when the job was submitted, while the job has not
-    /// ended nor yet run that long: the probe, seconds. Until then SRTF and SRGF rank it (and backfill counts it) as a
+    /// For a learned estimate longer than the scheduler's probe when the job was submitted, or none (`source`
+    /// `probe`), while the job has not ended nor yet run that long: the probe, seconds. Until then SRTF and SRGF rank it (and backfill counts it) as a
     /// job that ends this long after it starts, so that a short job among runs learned as long is found out
     /// (docs/scheduler.md, "Probes").
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -198,12 +198,14 @@ pub struct SchedConfig {
     /// How SRTF and SRGF rank jobs with learned estimates.
     #[serde(default)]
     pub learned_rank: LearnedRank,
-    /// A first stint for jobs whose run time is learned: a job submitted with a learned estimate longer than this
-    /// is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends) as one that ends this long after it
-    /// starts until it is known to have run this long ([`crate::JobSpec::probe_ms`]), then by its estimate. A learned estimate is a class's
-    /// (a user's jobs of one GPU count, where names repeat little): a short job in a class learned as long would
-    /// otherwise wait behind every shorter estimate; its first stint finds it out. Off (`None`) by default; a job
-    /// keeps what it was submitted under.
+    /// A first stint for jobs whose run time is learned or unknown: a job submitted with a learned estimate longer
+    /// than this, or with no estimate at all, is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends)
+    /// as one that ends this long after it starts until it is known to have run this long
+    /// ([`crate::JobSpec::probe_ms`]), then by its estimate, or without one as a job that runs as long again as it has
+    /// run. A learned estimate is a class's (a user's jobs of one GPU count, where names repeat little): a short job in
+    /// a class learned as long would otherwise wait behind every shorter estimate; its first stint finds it out. A job
+    /// without estimate would otherwise wait behind every job with one, and once started never be evicted for a
+    /// shorter one, however long it ran. Off (`None`) by default; a job keeps what it was submitted under.
     #[serde(default)]
     pub probe: Option<Dur>,
 }
@@ -335,10 +337,13 @@ impl SchedConfig {
 
     /// The probe ([`SchedConfig::probe`]) a job submitted now with `spec` gets, as the job keeps it
     /// ([`crate::JobSpec::probe_ms`]; `validate` keeps the probe within its 32 bits): the configured one, for a
-    /// learned estimate (one with a spread) longer than it.
+    /// learned estimate (one with a spread) longer than it, or for no estimate.
     pub fn probe_for(&self, spec: &crate::JobSpec) -> Option<std::num::NonZeroU32> {
         self.probe
-            .filter(|p| spec.estimate_spread.is_some() && spec.estimated_duration.is_some_and(|e| e > *p))
+            .filter(|p| match spec.estimated_duration {
+                None => true,
+                Some(e) => spec.estimate_spread.is_some() && e > *p,
+            })
             .and_then(|p| u32::try_from(p.0).ok())
             .and_then(std::num::NonZeroU32::new)
     }
@@ -667,7 +672,7 @@ mod tests {
         let e = SchedKnobs::from_toml("[scheduler]\nprobe = \"50d\"\n").unwrap().apply(&mut d).unwrap_err();
         assert!(e.to_string().contains("probe") && e.to_string().contains("49 days"), "{e}");
         assert_eq!(d, SchedConfig::default(), "a refused knob changes nothing");
-        // Only a learned estimate longer than the probe gets it.
+        // A learned estimate longer than the probe gets it, a given one or a shorter one does not.
         let c = SchedConfig { probe: Some(Dur::from_mins(15)), ..SchedConfig::default() };
         let mut spec = crate::JobSpec::new(crate::TenantId(0), "x", 1, 1).estimate(Dur::from_mins(16));
         assert_eq!(c.probe_for(&spec), None, "a given estimate is taken as exact");
@@ -675,6 +680,11 @@ mod tests {
         assert_eq!(c.probe_for(&spec), std::num::NonZeroU32::new(900_000));
         spec.estimated_duration = Some(Dur::from_mins(15));
         assert_eq!(c.probe_for(&spec), None);
+        // A job without estimate gets it too: it is ranked by it, then as running as long again as it has run.
+        spec.estimated_duration = None;
+        spec.estimate_spread = None;
+        assert_eq!(c.probe_for(&spec), std::num::NonZeroU32::new(900_000));
+        assert_eq!(SchedConfig::default().probe_for(&spec), None, "no probe configured: none");
     }
 
     #[test]

@@ -165,7 +165,7 @@ pub struct JobSpec {
     pub estimate_spread: Option<f32>,
     /// A first stint in ms ([`crate::SchedConfig::probe`], [`JobSpec::probe`]): until the job is known to have run
     /// this long it is ranked as one that ends then. The core sets it at submission (for a learned estimate longer
-    /// than the configured probe; whatever a caller put here is replaced), so that a job keeps what it was submitted
+    /// than the configured probe, or no estimate; whatever a caller put here is replaced), so that a job keeps what it was submitted
     /// under. (32 bits of milliseconds, at most 49 days: a queued job stays small.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_ms: Option<std::num::NonZeroU32>,
@@ -320,6 +320,12 @@ impl JobSpec {
     /// The job's probe ([`JobSpec::probe_ms`]).
     pub fn probe(&self) -> Option<Dur> {
         self.probe_ms.map(|p| Dur(p.get() as u64))
+    }
+
+    /// Whether the job has a rank under SRTF/SRGF: an estimate, or a probe (a job without estimate gets one when a
+    /// probe is configured, [`crate::SchedConfig::probe_for`]).
+    pub fn ranked(&self) -> bool {
+        self.estimated_duration.is_some() || self.probe_ms.is_some()
     }
 
     /// Whole GPUs over all tasks.
@@ -707,12 +713,16 @@ impl Job {
     }
 
     /// The job's rank under SRTF after `attained` of service (kept progress plus the current attempt's run), in ms:
-    /// within its probe ([`JobSpec::probe_ms`]) the time left to the probe's end; else for a learned estimate (one with
-    /// a spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining estimated time as
-    /// [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate.
+    /// within its probe ([`JobSpec::probe_ms`]) the time left to the probe's end; else without estimate (past its
+    /// probe) `attained`, as a job that runs as long again as it has; else for a learned estimate (one with a
+    /// spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining estimated time as
+    /// [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate nor probe.
     pub fn rank_at(&self, attained: Dur, rule: crate::gittins::Rule) -> u64 {
         if let Some(p) = self.spec.probe().filter(|p| attained < *p) {
             return p.0 - attained.0; // within its probe: as a job that ends at the probe's end
+        }
+        if let (None, Some(p)) = (self.spec.estimated_duration, self.spec.probe()) {
+            return crate::gittins::exact_rank(p, attained).0; // no estimate, past its probe: as long again as it ran
         }
         self.estimate_rank(attained, rule)
     }

@@ -4,7 +4,7 @@
 
 use crate::fxhash::FxHashMap;
 use crate::state::TenantEntry;
-use crate::{schedule, ClusterState, Decision, JobId, JobState, Placement, Time};
+use crate::{schedule, ClusterState, Decision, Dur, JobId, JobState, Placement, Time};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The most queued jobs a replay carries: a job further back in the queue gets no prediction. It bounds the cost of
@@ -190,14 +190,19 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
     // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
     // So is an attempt started within its probe (`Job::probing`: indexed to end with its probe): it is expected to
     // run to its estimate (`Job::remaining_past_probe`), and so is one the replay starts within its probe.
+    // A job without an estimate (ranked by its probe, `Job::ranked`) is not expected to end at all: the replay makes
+    // no guess of when what waits for it starts.
     // `expect` holds each such running job's expected end; `late`, the same ordered by time (an entry leaves both
     // when its job is evicted or started again in the replay).
-    let probing = |s: &ClusterState, j: JobId| s.job(j).filter(|j| j.probing()).map(|j| j.remaining_past_probe());
+    let probing = |s: &ClusterState, j: JobId| {
+        s.job(j).filter(|j| j.probing() || j.spec.estimated_duration.is_none()).map(|j| j.remaining_past_probe())
+    };
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
         .filter_map(|(e, j)| {
             let started = s.job(j)?.run.as_ref()?.started;
             match probing(&s, j) {
+                Some(left) if left == Dur::MAX => Some((Time::MAX, j)),
                 _ if e <= now => Some((ClusterState::expected_end(e, started, now), j)),
                 Some(left) => Some(((started + left).max(now), j)),
                 None => None,
@@ -375,6 +380,54 @@ mod tests {
         let now = Time::from_secs(100);
         assert_eq!(predict_start(&s, JobId(3), now, 100).unwrap().0, Time::from_secs(36_000));
         assert_eq!(predict_start(&s, JobId(4), now, 100).unwrap().0, Time::from_secs(72_000));
+    }
+
+    /// A job without an estimate is ranked by its probe (`Job::ranked`), and indexed to end with it, but the replay
+    /// makes no guess of when it ends. By hand, SRTF without preemption, a probe of 900 s, one GPU: job 1, without
+    /// estimate, runs from 0 (indexed to end at 900 s); job 2 (given 100 s) has no ETA, nor has job 3 without estimate,
+    /// which waits ranked at its probe; job 4 (given 100 s) has none either (it would have 1,000 s if the replay took
+    /// the probes as ends). With a second GPU, job 2 starts on it at once, job 4 once job 2 ends and job 3 (ranked at
+    /// 900 s, after 100 s) once job 4 ends.
+    #[test]
+    fn eta_does_not_expect_a_job_without_estimate_to_end_with_its_probe() {
+        let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };
+        cfg.preemption.enabled = false;
+        let mut s = ClusterState::new(cfg).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        s.submit(JobId(1), JobSpec::new(t, "a", 1, 1), Time::ZERO).unwrap();
+        s.step(Time::ZERO).unwrap();
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.spec.probe(), j1.probing()), (Some(Dur::from_secs(900)), true));
+        assert_eq!(ClusterState::est_end(j1, Time::ZERO), Time::from_secs(900));
+        s.submit(JobId(2), JobSpec::new(t, "b", 1, 1).estimate(Dur::from_secs(100)), Time::from_secs(10)).unwrap();
+        s.submit(JobId(3), JobSpec::new(t, "c", 1, 1), Time::from_secs(10)).unwrap();
+        s.submit(JobId(4), JobSpec::new(t, "d", 1, 1).estimate(Dur::from_secs(100)), Time::from_secs(20)).unwrap();
+        // Within its probe (at 100 s), and past it (at 1,000 s: as an overrun it would end at 2,000 s).
+        for now in [Time::from_secs(100), Time::from_secs(1_000)] {
+            for j in 2..=4 {
+                assert_eq!(predict_start(&s, JobId(j), now, 100), None, "job {j} at {now:?}");
+            }
+        }
+        let now = Time::from_secs(100);
+        s.add_node(NodeSpec::with_gpus("m", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        assert_eq!(predict_start(&s, JobId(2), now, 100).unwrap().0, now);
+        assert_eq!(predict_start(&s, JobId(4), now, 100).unwrap().0, Time::from_secs(200));
+        assert_eq!(predict_start(&s, JobId(3), now, 100).unwrap().0, Time::from_secs(300), "ranked after job 4");
+        // Evicted at 1,000 s and started again, job 1 is past its probe (no longer probing), indexed to end at
+        // 3,000 s (as long again as the 1,000 s it is known to run, plus those lost): still no ETA behind it.
+        let mut s = ClusterState::new(s.config().clone()).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        s.submit(JobId(1), JobSpec::new(t, "a", 1, 1), Time::ZERO).unwrap();
+        s.step(Time::ZERO).unwrap();
+        s.evict(JobId(1), Time::from_secs(1_000)).unwrap();
+        s.step(Time::from_secs(1_000)).unwrap();
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.state, j1.probing()), (JobState::Running, false));
+        assert_eq!(ClusterState::est_end(j1, Time::from_secs(1_000)), Time::from_secs(3_000));
+        s.submit(JobId(2), JobSpec::new(t, "b", 1, 1).estimate(Dur::from_secs(100)), Time::from_secs(1_010)).unwrap();
+        assert_eq!(predict_start(&s, JobId(2), Time::from_secs(1_100), 100), None);
     }
 
     #[test]

@@ -688,7 +688,6 @@ impl ClusterState {
         false
     }
 
-    /// Estimated end of a job started at `start`.
     /// When a running attempt is expected to end, seen at `now`: its estimated end `est_end`, or, once past it, as
     /// long again as it has run since `started` (at least a millisecond more). Victim choice under preemptive
     /// SRTF/SRGF and the ETA replay both expect this of an overrun.
@@ -700,10 +699,13 @@ impl ClusterState {
         }
     }
 
+    /// Estimated end of a job started at `start`. Without an estimate a job is expected to end only when it has a
+    /// probe (`JobSpec::ranked`): at the probe's end, and past it as long again as it is known to run.
     pub(crate) fn est_end(job: &Job, start: Time) -> Time {
-        match job.spec.estimated_duration {
-            Some(_) => start + job.remaining_estimate(),
-            None => Time::MAX,
+        if job.spec.ranked() {
+            start + job.remaining_estimate()
+        } else {
+            Time::MAX
         }
     }
 

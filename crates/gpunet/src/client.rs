@@ -357,6 +357,10 @@ pub(crate) fn estimate_line(e: &gpunet_api::types::EstimateView) -> String {
                 e.seconds
             )
         }
+        ("probe", ..) => format!(
+            "no estimate: ranked as a {}s first stint (probe), then as running as long again as it has run\n",
+            e.seconds
+        ),
         _ => format!("estimated run time {}s ({})\n", e.seconds, e.source),
     }
 }
@@ -382,6 +386,11 @@ mod estimate_tests {
         e.probe_s = Some(900);
         assert!(
             super::estimate_line(&e).ends_with("; ranked as a 900s first stint (probe) until it has run that long\n")
+        );
+        let none = gpunet_api::types::EstimateView { seconds: 900, source: "probe".into(), ..e };
+        assert_eq!(
+            super::estimate_line(&none),
+            "no estimate: ranked as a 900s first stint (probe), then as running as long again as it has run\n"
         );
     }
 }

@@ -129,7 +129,8 @@ fn logs_follow_show_and_why_tell_how_a_job_ended() {
 
 /// A job submitted without an estimate gets one learned from the runs of jobs like it (same user, name and GPUs),
 /// with their spread (which preemptive SRTF/SRGF rank it by with `learned_rank = "gittins"`); `show` and `why` say so,
-/// and, with `auto` tuned to a probe of 100 ms (shorter than the learned estimate), that it is ranked by its probe.
+/// and, with `auto` tuned to a probe of 100 ms (shorter than the learned estimate), that it is ranked by its probe;
+/// the first job, with nothing to learn from, is ranked by the probe too.
 #[test]
 fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_spread() {
     let dir = tempfile::tempdir().unwrap();
@@ -143,6 +144,19 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
     assert!(ok, "{err}");
     let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
+    // Before any job has ended there is nothing to learn from: the first job has no estimate and is ranked by the
+    // probe (`source` `probe`), and `show` says so.
+    let first = s.submit(&["--name", "first", "--gpus", "1", "--", "true"]);
+    wait_for(Duration::from_secs(60), || s.job_state(first) == "succeeded");
+    let (_, j, err) = cli(&s, &["show", &first.to_string(), "-o", "json"]);
+    let e = &json(&j)["estimate"];
+    assert_eq!((e["source"].as_str(), e["seconds"].as_u64()), (Some("probe"), Some(1)), "{j}{err}");
+    assert!(e.get("probe_s").is_none(), "ended: no longer within its probe: {j}");
+    let (_, shown, _) = cli(&s, &["show", &first.to_string()]);
+    assert!(
+        shown.contains("no estimate: ranked as a 1s first stint (probe), then as running as long again"),
+        "{shown}"
+    );
     for secs in ["0.2", "1.5", "4"] {
         let id = s.submit(&["--name", "etl", "--gpus", "1", "--", "sleep", secs]);
         wait_for(Duration::from_secs(60), || s.job_state(id) == "succeeded");

@@ -80,21 +80,20 @@ pub(crate) fn sjf_key(j: &Job) -> u64 {
 
 /// A queued job's key under SRTF: its rank from its kept progress ([`Job::rank_from`] under
 /// [`SchedConfig::learned_rule`]: the remaining estimated time, or for a learned estimate its rank under the
-/// learned distribution, counting how far it is known to run and the lost work up to there), `u64::MAX` without
-/// estimate.
+/// learned distribution, counting how far it is known to run and the lost work up to there; without estimate, by its
+/// probe), `u64::MAX` without estimate nor probe.
 pub(crate) fn srtf_key(cfg: &SchedConfig, j: &Job) -> u64 {
     j.rank_from(j.progress, cfg.learned_rule())
 }
 
-/// A job's key under SRGF: its SRTF key × GPUs at its minimum size (ms), `u64::MAX` without estimate.
+/// A job's key under SRGF: its SRTF key × GPUs at its minimum size (ms), `u64::MAX` without estimate nor probe
+/// ([`crate::JobSpec::ranked`]).
 pub(crate) fn srgf_key(cfg: &SchedConfig, j: &Job) -> u64 {
-    match j.spec.estimated_duration {
-        Some(_) => {
-            let tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
-            srtf_key(cfg, j).saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
-        }
-        None => u64::MAX,
+    if !j.spec.ranked() {
+        return u64::MAX;
     }
+    let tasks = j.spec.elastic.map_or(j.spec.tasks, |e| e.min_tasks);
+    srtf_key(cfg, j).saturating_mul((j.spec.task.gpus as u64 * tasks as u64).max(1))
 }
 
 /// A key equal to the job's [`queue_key`] (the same order and identity) with nothing else filled in: what finds the
@@ -126,7 +125,7 @@ pub(crate) fn queue_key(cfg: &SchedConfig, j: &Job) -> QueueKey {
     QueueKey {
         sig,
         gpus: j.spec.task.gpus as u64 * min_tasks as u64,
-        est: j.spec.estimated_duration.map_or(u64::MAX, |_| j.remaining_estimate().0),
+        est: if j.spec.ranked() { j.remaining_estimate().0 } else { u64::MAX },
         not_before: if j.state == JobState::Restarting { j.not_before } else { Time::ZERO },
         shape_hash: {
             use std::hash::{Hash, Hasher};

@@ -505,6 +505,50 @@ fn a_probe_ranks_a_learned_job_as_ending_at_its_probe_until_it_has_run_it() {
     assert_eq!(probes, vec![None, None, Some(Dur::from_secs(900))]);
 }
 
+/// A job without estimate gets the probe too (`SchedConfig::probe_for`): ranked as ending at the probe's end until
+/// it has run it, then as one that runs as long again as it has run. By hand, preemptive SRGF, ratio 8, minimum run
+/// 300 s, a probe of 900 s, one GPU: job 1 (no estimate) runs from 0, indexed to end at 900 s; job 2 (learned as
+/// 18,000 s) queues at 1,000 s ranked at its probe, 900 s. Job 1 counts 7,199 s left at 7,199 s (< 8 × 900 s) and
+/// 7,200 s at 7,200 s: evicted then, it queues again at 14,400 s (the 7,200 s it is known to run, plus those 7,200 s
+/// lost without a checkpoint), behind a job given 10,000 s. Without a probe job 1 has no rank, so it is never
+/// evicted, and queued it would rank after every job with an estimate.
+#[test]
+fn a_job_without_estimate_is_ranked_by_its_probe_then_as_running_as_long_again_as_it_ran() {
+    let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(18_000));
+    learned.estimate_spread = Some(1.0);
+    for probe in [Some(Dur::from_secs(900)), None] {
+        let mut c = SchedConfig { probe, ..preemptive(Policy::Srgf, 300) };
+        c.preemption.shorter_ratio = 8;
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "unknown", 1, 1), 0);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.spec.probe(), j1.spec.ranked()), (probe, probe.is_some()));
+        let key = |s: &ClusterState, j: u64| crate::state::srgf_key(&s.cfg, s.job(JobId(j)).unwrap()) / 1000;
+        assert_eq!(key(&s, 1), if probe.is_some() { 900 } else { u64::MAX / 1000 });
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        let end = ClusterState::est_end(s.job(JobId(1)).unwrap(), Time::ZERO);
+        assert_eq!(end, if probe.is_some() { Time::from_secs(900) } else { Time::MAX });
+        submit(&mut s, 2, learned.clone(), 1_000);
+        assert_eq!(key(&s, 2), if probe.is_some() { 900 } else { 18_000 });
+        assert!(preempts(&schedule(&s, Time::from_secs(7_199))).is_empty(), "7,199 s < 8 × 900 s");
+        let at = Time::from_secs(7_200);
+        let ds = s.step(at).unwrap();
+        if probe.is_none() {
+            assert!(preempts(&ds).is_empty(), "a job without estimate nor probe is not known to be longer: {ds:?}");
+            assert!(preempts(&schedule(&s, Time::from_secs(1_000_000))).is_empty());
+            continue;
+        }
+        assert_eq!(preempts(&ds), vec![(1, PreemptReason::ShorterJob { victim_s: 7_200, waiting_s: 900 })]);
+        let j1 = s.job(JobId(1)).unwrap();
+        assert_eq!((j1.known, j1.probing()), (Dur::from_secs(7_200), false));
+        assert_eq!(key(&s, 1), 14_400);
+        submit(&mut s, 3, JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(10_000)), 7_200);
+        assert!(key(&s, 3) < key(&s, 1));
+        assert_eq!(started(&s.step(at).unwrap()), vec![2]);
+        s.check_invariants().unwrap();
+    }
+}
+
 /// Preemptive SJF compares the SJF key (estimate ÷ GPUs): a running 2-GPU job of 1,000 s has key 500 s; a
 /// 2-GPU job of 600 s (key 300 > 500 ÷ 2) does not evict it, one of 500 s (key 250) does. A running job without estimate
 /// is never a victim for being long.
