@@ -270,6 +270,22 @@ fn knob_probe_gives_a_learned_newcomer_a_first_stint() {
     }
 }
 
+/// `probe` for jobs without estimate, preemptive SRTF on one GPU with learned estimates, by hand: nothing has ended
+/// when `first` (10,000 s) starts at 0 or when `short` (20 s) arrives at 100 s, so neither has an estimate. With a
+/// probe of 30 s each is ranked as a 30-s job until it has run that long, then as one that runs as long again as it
+/// has: `first`, 100 s in, counts 100 s ≥ 2 × 30 s, so `short` evicts it at once (JCT 20 s) and `first` ends at
+/// 10,020 s (it loses nothing: checkpoints every 10 s). Without a probe neither has a rank and `first` is never
+/// evicted: `short` waits for it (JCT 9,920 s).
+#[test]
+fn knob_probe_ranks_jobs_without_estimate_and_lets_them_evict_a_long_one() {
+    for (knob, jcts, evictions) in [("probe = \"30s\"\n", vec![20.0, 10020.0], 1), ("", vec![9920.0, 10000.0], 0)] {
+        let (cluster, mut c) = knobbed(Policy::Srtf, 1, &format!("preemptive = true\n{knob}"));
+        c.estimates = EstimateMode::History;
+        let r = jcts_by_id(&csv("first,0,10000,1,t\nshort,100,20,1,t\n"), &cluster, &c);
+        assert_eq!((r.preemptions, r.jcts.clone()), (evictions, jcts), "{knob}");
+    }
+}
+
 #[test]
 fn knob_tick_paces_las_demotion() {
     assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "tick = \"10s\"\n").preemptions, 2);
