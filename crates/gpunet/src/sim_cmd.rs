@@ -87,8 +87,9 @@ pub(crate) struct SimOpts {
     /// has the jobs of the cheapest nodes moved to those pieces (on in `auto`; docs/scheduler.md).
     #[arg(long)]
     pub(crate) defragment: bool,
-    /// A first stint, in seconds, for jobs with learned estimates longer than it: ranked as jobs that end then until
-    /// they have run it, so that short jobs in classes learned as long are found out (0: off; docs/scheduler.md).
+    /// A first stint, in seconds, for jobs with learned estimates longer than it, or none: ranked as jobs that end
+    /// then until they have run it, so that short jobs in classes learned as long are found out (0: off;
+    /// docs/scheduler.md).
     #[arg(long)]
     pub(crate) probe_s: Option<u64>,
     /// Write one CSV row per job (times, wait, evictions) to this file (`sim compare`: one file per policy, the
