@@ -199,7 +199,7 @@ pub struct SchedConfig {
     #[serde(default)]
     pub learned_rank: LearnedRank,
     /// A first stint for jobs whose run time is learned or unknown: a job submitted with a learned estimate longer
-    /// than this, or with no estimate at all, is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends)
+    /// than this, or (under SRTF and SRGF) with no estimate at all, is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends)
     /// as one that ends this long after it starts until it is known to have run this long
     /// ([`crate::JobSpec::probe_ms`]), then by its estimate, or without one as a job that runs as long again as it has
     /// run. A learned estimate is a class's (a user's jobs of one GPU count, where names repeat little): a short job in
@@ -337,11 +337,11 @@ impl SchedConfig {
 
     /// The probe ([`SchedConfig::probe`]) a job submitted now with `spec` gets, as the job keeps it
     /// ([`crate::JobSpec::probe_ms`]; `validate` keeps the probe within its 32 bits): the configured one, for a
-    /// learned estimate (one with a spread) longer than it, or for no estimate.
+    /// learned estimate (one with a spread) longer than it, or under SRTF and SRGF (which rank by it) for no estimate.
     pub fn probe_for(&self, spec: &crate::JobSpec) -> Option<std::num::NonZeroU32> {
         self.probe
             .filter(|p| match spec.estimated_duration {
-                None => true,
+                None => matches!(self.policy, Policy::Srtf | Policy::Srgf),
                 Some(e) => spec.estimate_spread.is_some() && e > *p,
             })
             .and_then(|p| u32::try_from(p.0).ok())
@@ -680,11 +680,18 @@ mod tests {
         assert_eq!(c.probe_for(&spec), std::num::NonZeroU32::new(900_000));
         spec.estimated_duration = Some(Dur::from_mins(15));
         assert_eq!(c.probe_for(&spec), None);
-        // A job without estimate gets it too: it is ranked by it, then as running as long again as it has run.
+        // A job without estimate gets it too under SRTF and SRGF: it is ranked by it, then as running as long again
+        // as it has run. Other policies do not rank by it (and backfill would take it for the job's length).
         spec.estimated_duration = None;
         spec.estimate_spread = None;
-        assert_eq!(c.probe_for(&spec), std::num::NonZeroU32::new(900_000));
-        assert_eq!(SchedConfig::default().probe_for(&spec), None, "no probe configured: none");
+        for (policy, probe) in [(Policy::Srgf, Some(900_000)), (Policy::Srtf, Some(900_000)), (Policy::Sjf, None)] {
+            let c = SchedConfig { policy, ..c.clone() };
+            assert_eq!(c.probe_for(&spec), probe.and_then(std::num::NonZeroU32::new), "{policy:?}");
+        }
+        assert_eq!(c.probe_for(&spec), None, "FIFO (the default policy)");
+        assert_eq!(SchedConfig::recommended().probe_for(&spec), std::num::NonZeroU32::new(900_000), "auto");
+        let off = SchedConfig { probe: None, ..SchedConfig::recommended() };
+        assert_eq!(off.probe_for(&spec), None, "no probe configured: none");
     }
 
     #[test]

@@ -417,13 +417,16 @@ async fn submit_batch(State(st): State<AppState>, h: HeaderMap, body: Bytes) -> 
 
 #[utoipa::path(post, path = "/v1/jobs/dry-run", tag = "jobs", summary = "Where and when a job would start, without queuing it", params(("tenant" = Option<String>, Query, description = "The tenant to submit to (admin tokens; a tenant token submits to its own)")), request_body(description = "A gpunet job spec (JSON or YAML) or a Kubernetes batch/v1 Job (YAML or JSON)", content((gpunet_api::spec::JobSubmission = "application/json"), (gpunet_api::spec::JobSubmission = "application/yaml"))), responses((status = 200, description = "Placement and predicted start", body = DryRun)))]
 async fn dry_run(State(st): State<AppState>, h: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> R<Response> {
-    let p = user(&st, &h)?;
+    let c = user_cred(&st, &h)?;
+    let (p, by) = (c.who.clone(), c.submitter());
     let mut parsed = parse_off_thread(&st, body, parse_job).await?;
     parsed.job = with_tenant(parsed.job, &q)?;
     // Two at a time: the others wait their turn before the owner copies the state for them.
     let _slot =
         st.dry_run_slots.acquire().await.map_err(|_| ApiError::new("internal", "the server is shutting down"))?;
-    let work = ask(&st, |reply| Cmd::DryRun { who: p, sub: parsed.job, warnings: parsed.warnings, reply }).await?;
+    let work =
+        ask(&st, |reply| Cmd::DryRun { who: p, by, sub: Box::new(parsed.job), warnings: parsed.warnings, reply })
+            .await?;
     // The pass and the replay run on the blocking pool, not on the owner.
     let r = tokio::task::spawn_blocking(move || work.answer())
         .await
@@ -606,7 +609,7 @@ async fn set_quota(State(st): State<AppState>, h: HeaderMap, Path(name): Path<St
         })?;
         Some((quota_from_request(&req)?, req))
     };
-    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetQuota { tenant: name, quota, reply }).await?))
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::SetQuota { tenant: name, quota: quota.map(Box::new), reply }).await?))
 }
 
 #[utoipa::path(post, path = "/v1/tenants/{name}/tokens", tag = "tenants", summary = "Issue another token for a tenant (admin)", params(("name" = String, Path, description = "Tenant")), responses((status = 201, description = "The token, shown once", body = TokenIssued)))]

@@ -122,8 +122,8 @@ pub struct SimResult {
     /// How learned estimates were ranked: `gittins` (their Gittins rank, under preemptive SRTF/SRGF) or `median`
     /// ([`gpunet_core::SchedConfig::learned_rule`]).
     pub learned_rank: String,
-    /// The first stint of jobs with learned estimates ([`gpunet_core::SchedConfig::probe`]), seconds; absent from
-    /// JSON when off.
+    /// The first stint of jobs with learned estimates, or (under SRTF and SRGF) none
+    /// ([`gpunet_core::SchedConfig::probe`]), seconds; absent from JSON when off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe_s: Option<f64>,
     /// Placement was idealised to counting GPUs ([`crate::SimConfig::gpu_counting`]); absent from JSON when not.

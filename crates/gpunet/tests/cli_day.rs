@@ -144,9 +144,18 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     let (ok, _, err) = s.cli("admin-secret", &["tenants", "--create", "t"]);
     assert!(ok, "{err}");
     let _agent = s.agent("a1", "1xT4", dir.path(), "127.0.0.1");
-    // Before any job has ended there is nothing to learn from: the first job has no estimate and is ranked by the
-    // probe (`source` `probe`), and `show` says so.
-    let first = s.submit(&["--name", "first", "--gpus", "1", "--", "true"]);
+    // Before any job has succeeded there is nothing to learn from: the first job has no estimate and is ranked by
+    // the probe (`source` `probe`, and `probe_s` until it has run that long: held, it has not), and `why` and
+    // `show` say so.
+    let first = s.submit(&["--name", "first", "--gpus", "1", "--hold", "--", "true"]);
+    let (_, j, err) = cli(&s, &["show", &first.to_string(), "-o", "json"]);
+    let e = &json(&j)["estimate"];
+    let view = (e["source"].as_str(), e["seconds"].as_u64(), e["probe_s"].as_u64());
+    assert_eq!(view, (Some("probe"), Some(1), Some(1)), "{j}{err}");
+    let (_, why, _) = cli(&s, &["why", &first.to_string()]);
+    assert!(why.contains("no estimate: ranked as a 1s first stint (probe), then as running as long again"), "{why}");
+    let (code, _, err) = cli(&s, &["release", &first.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
     wait_for(Duration::from_secs(60), || s.job_state(first) == "succeeded");
     let (_, j, err) = cli(&s, &["show", &first.to_string(), "-o", "json"]);
     let e = &json(&j)["estimate"];

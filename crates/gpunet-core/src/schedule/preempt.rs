@@ -494,7 +494,8 @@ impl Pass<'_> {
                         }
                     }
                 } else if shorter && lendable {
-                    // A victim without an estimate is not known to be longer: it is left alone. One with a learned
+                    // A victim with neither an estimate nor a probe (`JobSpec::ranked`; its estimated end is
+                    // `Time::MAX`) is not known to be longer: it is left alone. One with a learned
                     // estimate ranks by its Gittins rank at its attained time (when so configured), else by its
                     // median.
                     let (mut ranked, mut unranked) = (None, false);

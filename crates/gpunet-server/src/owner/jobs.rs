@@ -240,6 +240,7 @@ impl Owner {
     pub(super) fn dry_run(
         &mut self,
         who: Principal,
+        by: String,
         mut sub: JobSubmission,
         mut warnings: Vec<String>,
         reply: Reply<DryRunWork>,
@@ -261,7 +262,9 @@ impl Owner {
             if sub.spot.is_none() {
                 sub.spot = self.spot_default(&tenant, &sub);
             }
-            let spec = sub.to_core(tid)?;
+            let mut spec = sub.to_core(tid)?;
+            // The estimate a submission would get, learned when none is given (and so the probe, or none).
+            Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
             // No node could hold it (none registered yet, or none of its shape), but a pool at its largest could.
             let no_node = self.st.nodes().next().is_none() || gpunet_core::never_fits(&self.st, &spec).is_some();

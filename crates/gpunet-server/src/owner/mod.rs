@@ -61,7 +61,9 @@ pub(crate) enum Cmd {
     /// A dry run's copy of the state (answered off the owner: `DryRunWork::answer`).
     DryRun {
         who: Principal,
-        sub: JobSubmission,
+        /// The token's user (or role), as a submission records it: whose runs its estimate is learned from.
+        by: String,
+        sub: Box<JobSubmission>,
         warnings: Vec<String>,
         reply: Reply<jobs::DryRunWork>,
     },
@@ -101,7 +103,7 @@ pub(crate) enum Cmd {
     },
     SetQuota {
         tenant: String,
-        quota: Option<(Quota, QuotaRequest)>,
+        quota: Option<Box<(Quota, QuotaRequest)>>,
         reply: Reply<TenantView>,
     },
     IssueToken {
@@ -906,7 +908,7 @@ impl Owner {
         match cmd {
             // Jobs (`jobs`).
             Cmd::Submit { who, by, subs, key, reply } => self.submit(who, by, subs, key, reply),
-            Cmd::DryRun { who, sub, warnings, reply } => self.dry_run(who, sub, warnings, reply),
+            Cmd::DryRun { who, by, sub, warnings, reply } => self.dry_run(who, by, *sub, warnings, reply),
             Cmd::Get { who, id, reply } => self.get_job(who, id, reply),
             Cmd::List { who, filter, reply } => self.list_jobs(who, filter, reply),
             Cmd::Cancel { who, id, reply } => self.cancel(who, id, reply),
@@ -914,7 +916,7 @@ impl Owner {
             Cmd::Explain { who, id, reply } => self.explain_job(who, id, reply),
             // Tenants, quotas and tokens (`tenants`).
             Cmd::CreateTenant { req, reply } => self.create_tenant(req, reply),
-            Cmd::SetQuota { tenant, quota, reply } => self.set_quota(tenant, quota, reply),
+            Cmd::SetQuota { tenant, quota, reply } => self.set_quota(tenant, quota.map(|q| *q), reply),
             Cmd::IssueToken { tenant, reply } => self.issue_token(tenant, reply),
             Cmd::CreateToken { doc, reply } => self.create_token(doc, reply),
             Cmd::Tokens { tenant, reply } => self.list_tokens(tenant, reply),

@@ -510,8 +510,9 @@ fn a_probe_ranks_a_learned_job_as_ending_at_its_probe_until_it_has_run_it() {
 /// 300 s, a probe of 900 s, one GPU: job 1 (no estimate) runs from 0, indexed to end at 900 s; job 2 (learned as
 /// 18,000 s) queues at 1,000 s ranked at its probe, 900 s. Job 1 counts 7,199 s left at 7,199 s (< 8 × 900 s) and
 /// 7,200 s at 7,200 s: evicted then, it queues again at 14,400 s (the 7,200 s it is known to run, plus those 7,200 s
-/// lost without a checkpoint), behind a job given 10,000 s. Without a probe job 1 has no rank, so it is never
-/// evicted, and queued it would rank after every job with an estimate.
+/// lost without a checkpoint), behind a job given 10,000 s, and so when restored. An array without estimate gets the
+/// probe too. Without a probe job 1 has no rank, so it is never evicted, and queued it would rank after every job
+/// with an estimate.
 #[test]
 fn a_job_without_estimate_is_ranked_by_its_probe_then_as_running_as_long_again_as_it_ran() {
     let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(18_000));
@@ -545,6 +546,17 @@ fn a_job_without_estimate_is_ranked_by_its_probe_then_as_running_as_long_again_a
         submit(&mut s, 3, JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(10_000)), 7_200);
         assert!(key(&s, 3) < key(&s, 1));
         assert_eq!(started(&s.step(at).unwrap()), vec![2]);
+        // An array without estimate: its record, and so each element made from it, gets the probe.
+        let mut array = JobSpec::new(t0(), "array", 1, 1);
+        array.array = Some(Box::new(crate::job::ArraySpec { indices: vec![0, 1], limit: None }));
+        submit(&mut s, 10, array, 7_200);
+        assert_eq!(s.array_spec(JobId(10)).unwrap().probe(), probe);
+        // Restored (as a server does after a restart), the evicted job keeps its probe, rank and key.
+        let before = s.job(JobId(1)).unwrap().clone();
+        let mut r = cluster(s.config().clone(), vec![node("n", GpuModel::T4, 1)], &["a"]);
+        r.restore(before.clone(), at).unwrap();
+        assert_eq!((r.job(JobId(1)).unwrap().spec.probe(), key(&r, 1)), (probe, 14_400));
+        r.check_invariants().unwrap();
         s.check_invariants().unwrap();
     }
 }
@@ -1277,7 +1289,8 @@ fn an_idle_pass_stays_idle_until_its_bound() {
 }
 
 /// As above with learned estimates ranked by their Gittins ranks (`learned_rank = "gittins"`): random clusters whose
-/// every job has a spread of 0 to 3 (0 ranks as exact: its rank jumps at its median), preemptive SRTF and SRGF, with
+/// jobs have a spread of 0 to 3 (0 ranks as exact: its rank jumps at its median) or, one in seven, no estimate (ranked
+/// by the probe when the case has one, else never a victim for being long), preemptive SRTF and SRGF, with
 /// and without backfill and defragmentation, the cluster moved on by 30–900 s between rounds (jobs pass their
 /// medians, evicted ones are known to run further). An idle pass stays idle until its bound, and the rows' ranks do
 /// not hold every bound at the pass's own time: most bounds are later (a rank is followed by how fast it can move,
@@ -1290,7 +1303,8 @@ fn an_idle_pass_stays_idle_until_its_bound() {
 #[test]
 fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     use proptest::prelude::*;
-    const SPREADS: [f32; 6] = [0.0, 0.3, 0.8, 1.5, 2.2, 3.0];
+    // A learned estimate's spread, or (`None`) no estimate at all: ranked by the probe when there is one.
+    const SPREADS: [Option<f32>; 7] = [Some(0.0), Some(0.3), Some(0.8), Some(1.5), Some(2.2), Some(3.0), None];
     let policies = [Policy::Srtf, Policy::Srgf];
     let strategy = (
         random_jobs_and_nodes(),
@@ -1304,6 +1318,7 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     let mut runner = det_runner(512);
     let (checked, later, settled) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
     let (longer, chosen, probed) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let unestimated = std::cell::Cell::new(0);
     runner
         .run(&strategy, |((running, queued, big), spreads, policy, backfill, step, defragment, probe)| {
             let mut c = preemptive(policies[policy], 60);
@@ -1316,8 +1331,11 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
             let mut s = cluster(c, ns.collect(), &["a"]);
             let spec = |i: usize, (k, secs, _): &RandomJob, name: &str| {
                 let (g, tasks) = SHAPES[*k];
-                let mut j = JobSpec::new(t0(), name, g, tasks).estimate(Dur::from_secs(*secs));
-                j.estimate_spread = Some(SPREADS[spreads[i % spreads.len()]]);
+                let mut j = JobSpec::new(t0(), name, g, tasks);
+                if let Some(spread) = SPREADS[spreads[i % spreads.len()]] {
+                    j = j.estimate(Dur::from_secs(*secs));
+                    j.estimate_spread = Some(spread);
+                }
                 j
             };
             for (i, r) in running.iter().enumerate() {
@@ -1328,6 +1346,9 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
                 submit(&mut s, 1000 + i as u64, spec(i + 7, r, "wait"), 100);
             }
             probed.set(probed.get() + s.run_rows.iter().flatten().filter(|r| s.jobs[&r.id].probing()).count());
+            let no_estimate = |r: &&crate::state::RunRow| s.jobs[&r.id].spec.estimated_duration.is_none();
+            let ranked = s.run_rows.iter().flatten().filter(no_estimate).filter(|r| s.jobs[&r.id].spec.ranked());
+            unestimated.set(unestimated.get() + ranked.count());
             let mut now = Time::from_secs(600);
             for round in 0..4u64 {
                 // Rows settled by bounds on their ranks decide as their exact ranks do.
@@ -1360,6 +1381,7 @@ fn an_idle_pass_under_gittins_ranks_stays_idle_until_its_bound() {
     assert!(longer.get() >= 1000, "{} candidates made by bounds under their ranks", longer.get());
     assert!(chosen.get() >= 20, "{} victims chosen without a rank", chosen.get());
     assert!(probed.get() >= 100, "{} rows of attempts started within their probe", probed.get());
+    assert!(unestimated.get() >= 100, "{} rows of jobs without estimate ranked by a probe", unestimated.get());
 }
 
 /// By hand, the rate limit's window: at most one eviction per 10 minutes, two 1-GPU nodes running long jobs 1
