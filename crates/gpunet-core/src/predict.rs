@@ -355,6 +355,16 @@ mod tests {
         assert_eq!(s.probe_copy(Time::from_secs(2)).queued_count(), REPLAY_QUEUE_CAP);
     }
 
+    /// SRTF without preemption, a probe of 900 s, one node of one GPU and one tenant (the probe tests below).
+    fn one_gpu_srtf_with_a_probe() -> (ClusterState, TenantId) {
+        let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };
+        cfg.preemption.enabled = false;
+        let mut s = ClusterState::new(cfg).unwrap();
+        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
+        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        (s, t)
+    }
+
     /// A job within its probe is indexed to end with it, but the replay expects it to run to its estimate. By hand,
     /// SRTF without preemption, a probe of 900 s, one GPU: job 1, learned as 36,000 s, runs from 0; job 3, learned
     /// as 36,000 s too, waits ranked at its probe (900 s), ahead of job 4 (given 1,000 s). Job 3 starts when job 1
@@ -362,11 +372,7 @@ mod tests {
     /// the job it starts as its end, 1,800 s if it took both).
     #[test]
     fn eta_expects_a_job_within_its_probe_to_run_to_its_estimate() {
-        let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };
-        cfg.preemption.enabled = false;
-        let mut s = ClusterState::new(cfg).unwrap();
-        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
-        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        let (mut s, t) = one_gpu_srtf_with_a_probe();
         let learned = |name: &str| {
             let mut j = JobSpec::new(t, name, 1, 1).estimate(Dur::from_secs(36_000));
             j.estimate_spread = Some(1.0);
@@ -390,11 +396,7 @@ mod tests {
     /// 900 s, after 100 s) once job 4 ends.
     #[test]
     fn eta_does_not_expect_a_job_without_estimate_to_end_with_its_probe() {
-        let mut cfg = SchedConfig { probe: Some(Dur::from_secs(900)), ..SchedConfig::with_policy(Policy::Srtf) };
-        cfg.preemption.enabled = false;
-        let mut s = ClusterState::new(cfg).unwrap();
-        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
-        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        let (mut s, t) = one_gpu_srtf_with_a_probe();
         s.submit(JobId(1), JobSpec::new(t, "a", 1, 1), Time::ZERO).unwrap();
         s.step(Time::ZERO).unwrap();
         let j1 = s.job(JobId(1)).unwrap();
@@ -416,9 +418,7 @@ mod tests {
         assert_eq!(predict_start(&s, JobId(3), now, 100).unwrap().0, Time::from_secs(300), "ranked after job 4");
         // Evicted at 1,000 s and started again, job 1 is past its probe (no longer probing), indexed to end at
         // 3,000 s (as long again as the 1,000 s it is known to run, plus those lost): still no ETA behind it.
-        let mut s = ClusterState::new(s.config().clone()).unwrap();
-        s.add_node(NodeSpec::with_gpus("n", GpuModel::T4, 1, MilliCpu::cores(8), MiB::gib(64))).unwrap();
-        let t = s.add_tenant(TenantSpec::new("t")).unwrap();
+        let (mut s, t) = one_gpu_srtf_with_a_probe();
         s.submit(JobId(1), JobSpec::new(t, "a", 1, 1), Time::ZERO).unwrap();
         s.step(Time::ZERO).unwrap();
         s.evict(JobId(1), Time::from_secs(1_000)).unwrap();
