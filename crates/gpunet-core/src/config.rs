@@ -199,8 +199,8 @@ pub struct SchedConfig {
     #[serde(default)]
     pub learned_rank: LearnedRank,
     /// A first stint for jobs whose run time is learned or unknown: a job submitted with a learned estimate longer
-    /// than this, or (under SRTF and SRGF) with no estimate at all, is ranked (SRTF and SRGF keys, victim ranks, backfill's estimated ends)
-    /// as one that ends this long after it starts until it is known to have run this long
+    /// than this, or (under SRTF and SRGF) with no estimate at all, is ranked (SRTF and SRGF keys, victim ranks,
+    /// backfill's estimated ends) as one that ends this long after it starts until it is known to have run this long
     /// ([`crate::JobSpec::probe_ms`]), then by its estimate, or without one as a job that runs as long again as it has
     /// run. A learned estimate is a class's (a user's jobs of one GPU count, where names repeat little): a short job in
     /// a class learned as long would otherwise wait behind every shorter estimate; its first stint finds it out. A job
@@ -236,7 +236,7 @@ pub const RECOMMENDED_POLICY: &str = "auto";
 /// recommended setting.
 pub const RECOMMENDED_SHORTER_RATIO: u32 = 8;
 
-/// The first stint of jobs with learned estimates under the recommended setting ([`SchedConfig::probe`]).
+/// The first stint of jobs with learned estimates, or none, under the recommended setting ([`SchedConfig::probe`]).
 pub const RECOMMENDED_PROBE: Dur = Dur::from_mins(15);
 
 /// A policy as `--policy` names it: the recommended setting ([`RECOMMENDED_POLICY`]) or a policy used as named.
@@ -285,7 +285,7 @@ impl SchedConfig {
     /// the submitter's earlier jobs when a job gives none) with EASY backfill, where a waiting job evicts a running one
     /// whose remaining estimated GPU-work is at least [`RECOMMENDED_SHORTER_RATIO`] times its own, with
     /// defragmentation ([`PreemptionConfig::defragment`]) and a first stint of [`RECOMMENDED_PROBE`] for jobs with
-    /// learned estimates ([`SchedConfig::probe`]), every other knob at its default. Chosen by
+    /// learned estimates or none ([`SchedConfig::probe`]), every other knob at its default. Chosen by
     /// `scripts/choose-default.py` over seven workload families built from the shipped traces (Philly at 82% and 90%
     /// load, PAI 2023, the Pollux and Sia workloads) with learned estimates: chosen on half of them (`--held-out`) as
     /// the lowest average wait of the settings that lose at most 5% of GPU-hours to evictions on every workload, it

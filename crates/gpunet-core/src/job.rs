@@ -164,9 +164,10 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_spread: Option<f32>,
     /// A first stint in ms ([`crate::SchedConfig::probe`], [`JobSpec::probe`]): until the job is known to have run
-    /// this long it is ranked as one that ends then. The core sets it at submission (for a learned estimate longer
-    /// than the configured probe, or no estimate; whatever a caller put here is replaced), so that a job keeps what it was submitted
-    /// under. (32 bits of milliseconds, at most 49 days: a queued job stays small.)
+    /// this long it is ranked as one that ends then. The core sets it at submission
+    /// ([`crate::SchedConfig::probe_for`]: for a learned estimate longer than the configured probe, or under SRTF and
+    /// SRGF no estimate; whatever a caller put here is replaced), so that a job keeps what it was submitted under.
+    /// (32 bits of milliseconds, at most 49 days: a queued job stays small.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_ms: Option<std::num::NonZeroU32>,
     /// May be evicted (and resumed from its checkpoint).
@@ -718,13 +719,13 @@ impl Job {
     /// spread), as `rule` says ([`crate::gittins::Rule`]); else the remaining estimated time as
     /// [`Job::remaining_estimate`] counts it. `u64::MAX` without estimate nor probe.
     pub fn rank_at(&self, attained: Dur, rule: crate::gittins::Rule) -> u64 {
-        if let Some(p) = self.spec.probe().filter(|p| attained < *p) {
-            return p.0 - attained.0; // within its probe: as a job that ends at the probe's end
+        match (self.spec.probe(), self.spec.estimated_duration) {
+            // Within its probe: as a job that ends at the probe's end.
+            (Some(p), _) if attained < p => p.0 - attained.0,
+            // Past it without an estimate: as a job that runs as long again as it has run.
+            (Some(p), None) => crate::gittins::exact_rank(p, attained).0,
+            _ => self.estimate_rank(attained, rule),
         }
-        if let (None, Some(p)) = (self.spec.estimated_duration, self.spec.probe()) {
-            return crate::gittins::exact_rank(p, attained).0; // no estimate, past its probe: as long again as it ran
-        }
-        self.estimate_rank(attained, rule)
     }
 
     /// The remaining estimated time from kept progress as if the job's probe were run (its estimate alone): what an

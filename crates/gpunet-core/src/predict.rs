@@ -190,18 +190,19 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
     // now". Such jobs lead the index of estimated ends; their expected ends are kept here instead.
     // So is an attempt started within its probe (`Job::probing`: indexed to end with its probe): it is expected to
     // run to its estimate (`Job::remaining_past_probe`), and so is one the replay starts within its probe.
-    // A job without an estimate (ranked by its probe, `Job::ranked`) is not expected to end at all: the replay makes
-    // no guess of when what waits for it starts.
+    // A job without an estimate (ranked by its probe, `JobSpec::ranked`) is not expected to end at all: the replay
+    // makes no guess of when what waits for it starts. `expected_left`: what such an attempt is expected to run from
+    // its start (`Dur::MAX`: no end), `None` for the others.
     // `expect` holds each such running job's expected end; `late`, the same ordered by time (an entry leaves both
     // when its job is evicted or started again in the replay).
-    let probing = |s: &ClusterState, j: JobId| {
+    let expected_left = |s: &ClusterState, j: JobId| {
         s.job(j).filter(|j| j.probing() || j.spec.estimated_duration.is_none()).map(|j| j.remaining_past_probe())
     };
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
         .filter_map(|(e, j)| {
             let started = s.job(j)?.run.as_ref()?.started;
-            match probing(&s, j) {
+            match expected_left(&s, j) {
                 Some(left) if left == Dur::MAX => Some((Time::MAX, j)),
                 _ if e <= now => Some((ClusterState::expected_end(e, started, now), j)),
                 Some(left) => Some(((started + left).max(now), j)),
@@ -226,7 +227,7 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
                     late.remove(&(e, *job));
                 }
                 let started = matches!(d, Decision::Start { .. });
-                if let Some(left) = started.then(|| probing(&s, *job)).flatten() {
+                if let Some(left) = started.then(|| expected_left(&s, *job)).flatten() {
                     late.insert((t + left, *job));
                     expect.insert(*job, t + left);
                 }
@@ -388,7 +389,7 @@ mod tests {
         assert_eq!(predict_start(&s, JobId(4), now, 100).unwrap().0, Time::from_secs(72_000));
     }
 
-    /// A job without an estimate is ranked by its probe (`Job::ranked`), and indexed to end with it, but the replay
+    /// A job without an estimate is ranked by its probe (`JobSpec::ranked`), and indexed to end with it, but the replay
     /// makes no guess of when it ends. By hand, SRTF without preemption, a probe of 900 s, one GPU: job 1, without
     /// estimate, runs from 0 (indexed to end at 900 s); job 2 (given 100 s) has no ETA, nor has job 3 without estimate,
     /// which waits ranked at its probe; job 4 (given 100 s) has none either (it would have 1,000 s if the replay took
