@@ -28,7 +28,10 @@ policy with backfill but `priority` (the traces carry no priorities: it is FIFO 
 preemptive for shorter jobs at the default ratio of 2, preemptive SRTF/SRGF at ratios of 8 and 16 (a `[scheduler]` table appended to a copy of the cluster file), and with
 defragmentation (`--defragment`) LAS, SRGF, and preemptive SRTF/SRGF at ratios 2 and 8, and of those SRTF/SRGF at
 ratio 8 and SRGF at ratio 12 with Gittins ranks (`learned_rank = "gittins"`). --only SETTING (repeatable) replays
-only the settings named, and FIFO for the ratios. The JSON written
+only the settings named, and FIFO for the ratios. With --held-out it also replays, on the held-out workloads only
+and as no candidate, Tiresias's DLAS-GPU as its own simulator runs it (three queues split at 3,250 and 7,200
+GPU-seconds, eviction free: no stop time, checkpoints every minute, no minimum run time or rate limit) and with the
+realistic costs, next to `auto` with each (`TIRESIAS`). The JSON written
 with --out holds every run's figures. The PAI pool's size is a choice: see docs/scheduler.md.
 """
 import argparse
@@ -86,6 +89,19 @@ SETTINGS = {
     "srgf preemptive ratio 8 defragment probe 15m": ["--policy", "srgf", "--preemptive", "--defragment"],
     "srgf preemptive ratio 8 defragment probe 30m": ["--policy", "srgf", "--preemptive", "--defragment"],
     "srtf preemptive ratio 8 defragment probe 15m": ["--policy", "srtf", "--preemptive", "--defragment"],
+}
+# Tiresias's eviction costs as its simulator models them: an evicted job stops at once and loses nothing (here:
+# checkpoints every minute, no stop time, no minimum run time, no eviction rate limit).
+TIRESIAS_COSTS = ["--stop-time-s", "0", "--min-run-time-s", "0", "--max-evictions", "100000000", "--checkpoint-mins", "1"]
+# Side by side with Tiresias (--held-out, on the held-out workloads; no part in the choice): Tiresias's DLAS-GPU as
+# its simulator runs it (`SymbioticLab/Tiresias` `simulator/`, `--schedule dlas-gpu`: three queues split at 3,250
+# and 7,200 GPU-seconds of attained service, no starvation promotion), with its costs and with the realistic ones,
+# and `auto` with both.
+TIRESIAS = {
+    "tiresias dlas-gpu, its costs": ["--policy", "las", "--las-thresholds", "3250,7200", *TIRESIAS_COSTS],
+    "tiresias dlas-gpu, realistic costs": ["--policy", "las", "--las-thresholds", "3250,7200"],
+    "auto, tiresias's costs": ["--policy", "auto", *TIRESIAS_COSTS],
+    "auto, realistic costs": ["--policy", "auto"],
 }
 KNOBS = {
     "srtf preemptive ratio 8": "shorter_ratio = 8\n",
@@ -167,7 +183,7 @@ def with_knobs(cluster, knobs, tmp):
 
 
 def run(binary, setting, trace, cluster):
-    cmd = [binary, "sim", *SETTINGS[setting], "--backfill", "--estimates", "history", "--trace", trace,
+    cmd = [binary, "sim", *(SETTINGS.get(setting) or TIRESIAS[setting]), "--backfill", "--estimates", "history", "--trace", trace,
            "--cluster", cluster, "--output", "json"]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if p.returncode != 0:
@@ -204,6 +220,7 @@ def main():
             wl, held = split(wl, tmp)
         # The longest replays (Philly) first, so that the pool stays busy.
         jobs = [(s, w) for w in wl + held for s in SETTINGS]
+        jobs += [(s, w) for w in held for s in TIRESIAS]
         results = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
             # Each cluster file with knobs is written once, before any replay reads it.
@@ -216,7 +233,7 @@ def main():
     finally:
         shutil.rmtree(tmp)
 
-    def table(wl, title):
+    def table(wl, title, settings=SETTINGS):
         """Prints the settings' figures over the workloads `wl`; returns their scores."""
         families = []
         for fam, _, _, _ in wl:
@@ -236,11 +253,11 @@ def main():
                 rs.append((results[(s, l)]["avg_wait_s"] + 1.0) / (base + 1.0))
             return sum(rs) / len(rs)
 
-        score = {s: math.exp(sum(math.log(fam_ratio(s, f)) for f in families) / len(families)) for s in SETTINGS}
+        score = {s: math.exp(sum(math.log(fam_ratio(s, f)) for f in families) / len(families)) for s in settings}
         print(f"\n{title}")
         print("\n| setting | " + " | ".join(families) + " | wait ÷ FIFO (geo. mean) | worst Jain | max GPU-h lost |")
         print("|---|" + "---:|" * (len(families) + 3))
-        for s in sorted(SETTINGS, key=lambda s: score[s]):
+        for s in sorted(settings, key=lambda s: score[s]):
             cells = []
             for f in families:
                 cells.append(f"{fam_stat(s, f, 'avg_wait_s'):,.0f} s / {fam_stat(s, f, 'jain_fairness'):.2f} / "
@@ -263,6 +280,8 @@ def main():
         lost = max(results[(best, w[1])]["eviction_lost_fraction"] for w in held)
         print(f"\nOn the held-out workloads {best} scores {held_score[best]:.3f}, rank {rank} of {len(SETTINGS)}, "
               f"at most {100 * lost:.2f}% of GPU-hours lost to evictions")
+        tiresias_score, _ = table(held, "Side by side with Tiresias, held-out workloads (not candidates):", TIRESIAS)
+        held_score = {**held_score, **tiresias_score}
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"families": members,
