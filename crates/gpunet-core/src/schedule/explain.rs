@@ -329,6 +329,17 @@ impl Pass<'_> {
         }
     }
 
+    /// A head's reservation at `at` as the start it is expected at: none when a release it may count on before then is
+    /// of a job without an estimate (ranked by its probe, its estimated end is the probe's, not a prediction), as the
+    /// ETA replay expects no end of such a job (`predict.rs`), so that `why` does not name a time the ETA does not.
+    pub(super) fn expected_start(&self, at: Time) -> Option<Time> {
+        let st = self.st;
+        let estimated = |j: &JobId| st.jobs.get(j).is_none_or(|j| j.spec.estimated_duration.is_some());
+        let running = st.running_by_end.keys().take_while(|(end, _)| *end <= at).all(|(_, j)| estimated(j));
+        let started = self.started.iter().filter(|(end, _, _)| *end <= at).all(|(_, j, _)| estimated(j));
+        (running && started).then_some(at)
+    }
+
     /// Whether the pass notes what it finds about `job` ([`explain_queue`]).
     pub(super) fn noted(&self, job: JobId) -> bool {
         self.noting.as_ref().is_some_and(|n| n.contains(&job))
@@ -413,6 +424,41 @@ mod tests {
 
     fn reason_of(es: &[Explanation], id: u64) -> PendingReason {
         es.iter().find(|e| e.job == JobId(id)).unwrap().reason.clone()
+    }
+
+    /// A head's expected start is its reservation's time, unless a job it may count on ending by then has no estimate
+    /// (ranked by its probe, whose end is no prediction): then none, as the ETA replay gives none.
+    #[test]
+    fn a_reservation_counting_on_a_job_without_estimate_names_no_start() {
+        let mut c = cfg(Policy::Srtf);
+        c.backfill = true;
+        c.probe = Some(Dur::from_secs(900));
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "unknown", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        s.step(Time::ZERO).unwrap();
+        assert!(s.job(JobId(1)).unwrap().spec.probe().is_some(), "ranked by its probe");
+        // A head of two GPUs needs both nodes: its reservation counts on the job without estimate ending at its
+        // probe's end (900 s) and on the other at 2,000 s.
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+        assert!(!e.message.contains("expected to start"), "{}", e.message);
+        // A head of one GPU counts on the first release only; by then only the job without estimate may end.
+        submit(&mut s, 4, JobSpec::new(t0(), "one", 1, 1).estimate(Dur::from_secs(5)), 2);
+        let e = explain(&s, JobId(4), Time::from_secs(10)).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+        // Once it has ended, the two-GPU head's reservation counts on the estimated job alone, and names its end.
+        s.finish(JobId(1), Time::from_secs(20), true).unwrap();
+        s.hold(JobId(4)).unwrap();
+        assert!(started(&s.step(Time::from_secs(20)).unwrap()).is_empty());
+        let e = explain(&s, JobId(3), Time::from_secs(30)).unwrap();
+        assert!(
+            matches!(e.reason, PendingReason::Capacity { eta: Some(t), .. } if t == Time::from_secs(2000)),
+            "{:?}",
+            e.reason
+        );
+        assert!(e.message.contains("expected to start in 32m50s"), "{}", e.message);
     }
 
     #[test]

@@ -482,7 +482,10 @@ impl<'a> Pass<'a> {
                         continue;
                     }
                     let r = if cfg.backfill { Some(self.reserve(job, &classes)) } else { None };
-                    self.note(jid, |p| p.capacity_reason(spec, &classes, r.as_ref().map(|r| r.at), Vec::new()));
+                    let at = r.as_ref().map(|r| r.at);
+                    self.note(jid, |p| {
+                        p.capacity_reason(spec, &classes, at.and_then(|t| p.expected_start(t)), Vec::new())
+                    });
                     match r {
                         Some(r) => res = Some(r),
                         None => {
