@@ -135,6 +135,7 @@ try {
     await page.click("#dry-run");
     await page.locator("#dry-run-result").filter({ hasText: "Would wait" }).waitFor();
     await page.locator("#dry-run-result").filter({ hasText: "capacity" }).waitFor();
+    await page.locator("#dry-run-estimate").filter({ hasText: "Run-time estimate: 1m 0s (given)" }).waitFor();
     await shot("05-submit-dry-run");
   });
 
@@ -144,6 +145,7 @@ try {
     formJob = Number(page.url().split("/").pop());
     await badge().filter({ hasText: "pending" }).waitFor();
     await page.locator("#why").filter({ hasText: "capacity" }).waitFor();
+    await page.locator("dl.facts").filter({ hasText: "1m 0s (given)" }).waitFor();
     await shot("06-job-pending");
   });
 

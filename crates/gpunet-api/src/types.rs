@@ -232,6 +232,10 @@ pub struct DryRun {
     /// Conversion warnings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The run-time estimate it would be scheduled by: given, learned from jobs like it as a submission would be, or
+    /// the scheduler's probe when there is neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<EstimateView>,
 }
 
 /// What a token may do.

@@ -615,6 +615,7 @@ async function job(id) {
       fact("Finished", fmtTime(j.finished_ms)),
       fact("Run time", j.started_ms ? fmtDur((j.finished_ms || Date.now()) - j.started_ms) : "—"),
       fact("Restarts", `${j.restarts} of ${j.spec.max_restarts ?? 3}`), fact("Preemptions", j.preemptions),
+      j.estimate ? fact("Run-time estimate", estimateText(j.estimate)) : null,
       j.array ? fact("Array", `${j.spec.array}: ${j.array.total} elements (ids ${j.id + 1}–${j.id + j.array.total}), ` +
         `${j.array.expanded} expanded, ${j.array.live} live, ${j.array.succeeded} succeeded, ${j.array.failed} failed, ` +
         `${j.array.cancelled} cancelled`) : null,
@@ -674,6 +675,20 @@ function jobName(j) {
 }
 
 function fact(k, v) { return [h("dt", {}, k), h("dd", {}, String(v))]; }
+
+/** The run-time estimate a job is scheduled by (`EstimateView`), as the CLI's `show` says it. */
+function estimateText(e) {
+  const probe = (p) => `ranked as a ${fmtDur(p * 1000)} first stint (probe)`;
+  if (e.source === "probe") return `none: ${probe(e.seconds)}, then as running as long again as it has run`;
+  if (e.source === "learned") {
+    const runs = e.samples === 1 ? "run" : "runs";
+    const spread = e.spread != null ? `, spread ×${Math.exp(e.spread).toFixed(1)}` : "";
+    const first = e.probe_s != null ? `; ${probe(e.probe_s)} until it has run that long` : "";
+    return `${fmtDur(e.seconds * 1000)}, learned from ${e.basis} (${e.samples} ${runs}, confidence ` +
+      `${Number(e.confidence).toFixed(2)}${spread})${first}`;
+  }
+  return `${fmtDur(e.seconds * 1000)} (${e.source})`;
+}
 
 /** A command line as a shell would need it typed: words with spaces or quotes are single-quoted. */
 function shellJoin(words) {
@@ -873,6 +888,7 @@ async function submit() {
           r.placement.length ? h("ul", {}, r.placement.map((t, i) =>
             h("li", {}, `rank ${i}: ${t.node} GPUs ${t.gpus.join(", ") || "none"}`))) : null,
           h("p", {}, "Expected start: ", r.eta_ms ? `${eta(r.eta_ms)} (${fmtTime(r.eta_ms)})` : "unknown"),
+          r.estimate ? h("p", { id: "dry-run-estimate" }, "Run-time estimate: " + estimateText(r.estimate)) : null,
           r.warnings && r.warnings.length ? h("p", { class: "muted" }, "Warnings: " + r.warnings.join("; ")) : null));
       } else {
         toast(`job-${r.id} submitted`);

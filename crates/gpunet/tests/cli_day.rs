@@ -185,6 +185,33 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     let (_, why, _) = cli(&s, &["why", &id.to_string()]);
     assert!(why.contains("learned from") && why.contains("spread ×"), "{why}");
     assert!(why.contains("ranked as a 1s first stint (probe)"), "{why}");
+    // A dry run is scheduled by the estimate a submission would get (learned under the submitting user), and says
+    // which; one with an estimate given keeps it.
+    let dry = |more: &[&str], json_out: bool| {
+        let mut a = vec!["submit", "--dry-run", "--tenant", "t", "--name", "etl", "--gpus", "1"];
+        if json_out {
+            a.extend_from_slice(&["--output", "json"]);
+        }
+        a.extend_from_slice(more);
+        a.extend_from_slice(&["--", "true"]);
+        let (code, out, err) = cli(&s, &a);
+        assert_eq!(code, Some(0), "{out}{err}");
+        out
+    };
+    let d = json(&dry(&[], true));
+    let e = &d["estimate"];
+    let view = (e["source"].as_str(), e["samples"].as_u64(), e["probe_s"].as_u64());
+    assert_eq!(view, (Some("learned"), Some(3), Some(1)), "{d}");
+    let text = dry(&[], false);
+    assert!(text.contains("learned from") && text.contains("ranked as a 1s first stint (probe)"), "{text}");
+    let d = json(&dry(&["--estimate", "1h"], true));
+    assert_eq!(
+        (d["estimate"]["source"].as_str(), d["estimate"]["seconds"].as_u64()),
+        (Some("given"), Some(3600)),
+        "{d}"
+    );
+    let (_, page, _) = cli(&s, &["jobs", "--tenant", "t", "--output", "json"]);
+    assert_eq!(json(&page)["total"].as_u64(), Some(6), "the dry runs queued nothing: {page}");
     // An array of such jobs gets it too, and so do its elements (under SRTF/SRGF, and `auto`, an array without an
     // estimate would queue behind every job with one).
     let array = s.submit(&["--name", "etl", "--gpus", "1", "--array", "0-1", "--", "true"]);

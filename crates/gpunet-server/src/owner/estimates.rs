@@ -71,41 +71,47 @@ impl Owner {
 
     /// The estimate the scheduler uses for a job, given or learned.
     pub(crate) fn estimate_view(&self, job: &Job, doc: &JobDoc) -> Option<EstimateView> {
-        let in_probe = |p: Dur| job.in_probe(Time(crate::now_ms())).then_some(p.0.div_ceil(1000));
-        let Some(d) = job.spec.estimated_duration else {
-            // No estimate, given or learned: ranked by its probe, when it was submitted under one.
-            let p = job.spec.probe()?;
-            return Some(EstimateView {
-                seconds: p.0.div_ceil(1000),
-                source: "probe".into(),
-                confidence: None,
-                basis: None,
-                samples: None,
-                spread: None,
-                probe_s: in_probe(p),
-            });
-        };
-        Some(match &doc.more().learned_estimate {
-            Some(p) => EstimateView {
-                seconds: d.0.div_ceil(1000),
-                source: "learned".into(),
-                confidence: Some((p.confidence * 100.0).round() / 100.0),
-                basis: Some(p.basis.describe().into()),
-                samples: Some(p.samples),
-                spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
-                probe_s: job.spec.probe().and_then(in_probe),
-            },
-            None => EstimateView {
-                seconds: d.0.div_ceil(1000),
-                source: "given".into(),
-                confidence: None,
-                basis: None,
-                samples: None,
-                spread: None,
-                probe_s: None,
-            },
-        })
+        estimate_view(job, doc.more().learned_estimate.as_ref(), Time(crate::now_ms()))
     }
+}
+
+/// The estimate the scheduler uses for `job` at `now`: learned (`learned`, the prediction it was given), given, or
+/// its probe when it has neither.
+pub(crate) fn estimate_view(job: &Job, learned: Option<&Prediction>, now: Time) -> Option<EstimateView> {
+    let in_probe = |p: Dur| job.in_probe(now).then_some(p.0.div_ceil(1000));
+    let Some(d) = job.spec.estimated_duration else {
+        // No estimate, given or learned: ranked by its probe, when it was submitted under one.
+        let p = job.spec.probe()?;
+        return Some(EstimateView {
+            seconds: p.0.div_ceil(1000),
+            source: "probe".into(),
+            confidence: None,
+            basis: None,
+            samples: None,
+            spread: None,
+            probe_s: in_probe(p),
+        });
+    };
+    Some(match learned {
+        Some(p) => EstimateView {
+            seconds: d.0.div_ceil(1000),
+            source: "learned".into(),
+            confidence: Some((p.confidence * 100.0).round() / 100.0),
+            basis: Some(p.basis.describe().into()),
+            samples: Some(p.samples),
+            spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
+            probe_s: job.spec.probe().and_then(in_probe),
+        },
+        None => EstimateView {
+            seconds: d.0.div_ceil(1000),
+            source: "given".into(),
+            confidence: None,
+            basis: None,
+            samples: None,
+            spread: None,
+            probe_s: None,
+        },
+    })
 }
 
 #[cfg(test)]

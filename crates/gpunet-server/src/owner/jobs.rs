@@ -264,7 +264,7 @@ impl Owner {
             }
             let mut spec = sub.to_core(tid)?;
             // The estimate a submission would get, learned when none is given (and so the probe, or none).
-            Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
+            let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
             // No node could hold it (none registered yet, or none of its shape), but a pool at its largest could.
             let no_node = self.st.nodes().next().is_none() || gpunet_core::never_fits(&self.st, &spec).is_some();
@@ -283,7 +283,8 @@ impl Owner {
                 Principal::Admin => None,
                 _ => Some(tid),
             };
-            Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings })
+            let estimate = probe.job(id).and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
+            Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings, estimate })
         })();
         let _ = reply.send(r);
     }
@@ -592,12 +593,14 @@ pub(crate) struct DryRunWork {
     /// The tenant the answer is for (its own jobs are named, others' masked); `None` for an admin.
     masked_for: Option<gpunet_core::TenantId>,
     warnings: Vec<String>,
+    /// The estimate the job would be scheduled by (given, learned as a submission would learn it, or its probe).
+    estimate: Option<gpunet_api::types::EstimateView>,
 }
 
 impl DryRunWork {
     /// Why it would wait (one pass on the copy), and where and when it would start (a replay of the copy).
     pub(crate) fn answer(self) -> DryRun {
-        let DryRunWork { probe, id, now, masked_for, warnings } = self;
+        let DryRunWork { probe, id, now, masked_for, warnings, estimate } = self;
         let owns = |j: u64| {
             let tenant =
                 probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
@@ -611,7 +614,7 @@ impl DryRunWork {
             Some((t, p)) if *t == now => super::placement_view(&probe, p),
             _ => Vec::new(),
         };
-        DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings }
+        DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings, estimate }
     }
 }
 

@@ -270,6 +270,9 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
             if let Some(e) = r.eta_ms {
                 s += &format!("predicted start {}\n", when(e));
             }
+            if let Some(e) = &r.estimate {
+                s += &client::estimate_line(e);
+            }
             s
         });
     }
