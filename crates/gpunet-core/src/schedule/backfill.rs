@@ -199,7 +199,7 @@ impl<'a> Pass<'a> {
                 self.commit_start(job, p, true);
                 return true;
             }
-            self.note(job.id, |_| PendingReason::Reservation { holder: r.head, until: r.at });
+            self.note(job.id, |p| PendingReason::Reservation { holder: r.head, until: p.expected_start(r.at) });
             return false;
         }
         let end = ClusterState::est_end(job, self.now);
@@ -217,7 +217,7 @@ impl<'a> Pass<'a> {
             let reserved = !short && self.try_place(job, classes, None).is_some();
             self.note(job.id, |p| {
                 if reserved {
-                    PendingReason::Reservation { holder: r.head, until: r.at }
+                    PendingReason::Reservation { holder: r.head, until: p.expected_start(r.at) }
                 } else {
                     p.capacity_reason(spec, classes, None, Vec::new())
                 }
@@ -639,7 +639,7 @@ mod tests {
         match explain(&s, JobId(4), now).unwrap().reason {
             PendingReason::Reservation { holder, until } => {
                 assert_eq!(holder, JobId(2));
-                assert_eq!(until, Time::from_secs(100));
+                assert_eq!(until, Some(Time::from_secs(100)));
             }
             r => panic!("{r:?}"),
         }

@@ -54,8 +54,10 @@ pub enum PendingReason {
     Reservation {
         /// Holder of the reservation.
         holder: JobId,
-        /// When the holder is expected to start.
-        until: Time,
+        /// When the holder is expected to start: none when its reservation counts on a job without estimate ending
+        /// ([`Pass::expected_start`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        until: Option<Time>,
     },
     /// Jobs ahead of it in policy order are waiting and it may not pass them.
     Order {
@@ -273,11 +275,14 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> Stri
             }
             s
         }
-        PendingReason::Reservation { holder, until } => {
+        PendingReason::Reservation { holder, until: Some(t) } => {
             format!(
                 "waiting for the reservation of {holder} (expected to start in {}); this job would outlast it",
-                after(until)
+                after(t)
             )
+        }
+        PendingReason::Reservation { holder, until: None } => {
+            format!("waiting for the reservation of {holder}; this job would outlast it")
         }
         PendingReason::Order { ahead, policy, blocked_by } => match blocked_by {
             Some(b) => format!(
@@ -329,14 +334,19 @@ impl Pass<'_> {
         }
     }
 
-    /// A head's reservation at `at` as the start it is expected at: none when a release it may count on before then is
-    /// of a job without an estimate (ranked by its probe, its estimated end is the probe's, not a prediction), as the
-    /// ETA replay expects no end of such a job (`predict.rs`), so that `why` does not name a time the ETA does not.
+    /// A head's reservation at `at` as the start it is expected at: none when a release it may count on by then is
+    /// indexed to end where the ETA replay (`predict.rs`, `expected_left`) expects it not to: a job without an
+    /// estimate (ranked by its probe; the replay expects no end of it) or one within its probe (indexed to end with
+    /// it; the replay expects it to run to its estimate). So `why` names no time the ETA would not. (Conservative: a
+    /// release the reservation did not need counts too.)
     pub(super) fn expected_start(&self, at: Time) -> Option<Time> {
         let st = self.st;
-        let estimated = |j: &JobId| st.jobs.get(j).is_none_or(|j| j.spec.estimated_duration.is_some());
-        let running = st.running_by_end.keys().take_while(|(end, _)| *end <= at).all(|(_, j)| estimated(j));
-        let started = self.started.iter().filter(|(end, _, _)| *end <= at).all(|(_, j, _)| estimated(j));
+        let indexed_as_expected = |j: &JobId| {
+            self.preempted.contains(j)
+                || st.jobs.get(j).is_none_or(|j| j.spec.estimated_duration.is_some() && !j.probing())
+        };
+        let running = st.running_by_end.keys().take_while(|(end, _)| *end <= at).all(|(_, j)| indexed_as_expected(j));
+        let started = self.started.iter().filter(|(end, _, _)| *end <= at).all(|(_, j, _)| indexed_as_expected(j));
         (running && started).then_some(at)
     }
 
@@ -441,6 +451,13 @@ mod tests {
         // A head of two GPUs needs both nodes: its reservation counts on the job without estimate ending at its
         // probe's end (900 s) and on the other at 2,000 s.
         submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        let reserved = |s: &ClusterState, now| {
+            crate::schedule(s, now).into_iter().find_map(|d| match d {
+                crate::Decision::Reserve { job: JobId(3), at, .. } => Some(at),
+                _ => None,
+            })
+        };
+        assert_eq!(reserved(&s, Time::from_secs(10)), Some(Time::from_secs(2000)));
         let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
         assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
         assert!(!e.message.contains("expected to start"), "{}", e.message);
@@ -452,6 +469,7 @@ mod tests {
         s.finish(JobId(1), Time::from_secs(20), true).unwrap();
         s.hold(JobId(4)).unwrap();
         assert!(started(&s.step(Time::from_secs(20)).unwrap()).is_empty());
+        assert_eq!(reserved(&s, Time::from_secs(30)), Some(Time::from_secs(2000)));
         let e = explain(&s, JobId(3), Time::from_secs(30)).unwrap();
         assert!(
             matches!(e.reason, PendingReason::Capacity { eta: Some(t), .. } if t == Time::from_secs(2000)),
@@ -459,6 +477,51 @@ mod tests {
             e.reason
         );
         assert!(e.message.contains("expected to start in 32m50s"), "{}", e.message);
+    }
+
+    /// A running job with a learned estimate, within its probe, is indexed to end with its probe, but the ETA replay
+    /// expects it to run to its estimate: a reservation counting on it names no start either.
+    #[test]
+    fn a_reservation_counting_on_a_job_within_its_probe_names_no_start() {
+        let mut c = cfg(Policy::Srtf);
+        c.backfill = true;
+        c.probe = Some(Dur::from_secs(900));
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
+        let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(3000));
+        learned.estimate_spread = Some(0.5);
+        submit(&mut s, 1, learned, 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "given", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
+        assert!(s.job(JobId(1)).unwrap().probing(), "started within its probe");
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+    }
+
+    /// A job kept off a head's reservation names the head's start only when the reservation counts on no job without
+    /// estimate.
+    #[test]
+    fn a_job_kept_off_a_reservation_names_its_start_only_when_known() {
+        let mut c = cfg(Policy::Srtf);
+        c.backfill = true;
+        c.probe = Some(Dur::from_secs(900));
+        let ns = ["a", "b", "c"].iter().map(|n| node(n, GpuModel::T4, 1)).collect();
+        let mut s = cluster(c, ns, &["t"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "unknown", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
+        // The head needs the three nodes; a long job would fit on the free one but outlast the head's reservation,
+        // which counts on both running jobs ending.
+        submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 3).estimate(Dur::from_secs(10)), 1);
+        submit(&mut s, 4, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(5000)), 2);
+        let e = explain(&s, JobId(4), Time::from_secs(10)).unwrap();
+        assert_eq!(e.reason, PendingReason::Reservation { holder: JobId(3), until: None });
+        assert_eq!(e.message, "waiting for the reservation of job-3; this job would outlast it");
+        // The job without estimate gone, the reservation counts on the estimated one alone.
+        s.finish(JobId(1), Time::from_secs(20), true).unwrap();
+        let e = explain(&s, JobId(4), Time::from_secs(30)).unwrap();
+        assert_eq!(e.reason, PendingReason::Reservation { holder: JobId(3), until: Some(Time::from_secs(2000)) });
+        assert!(e.message.contains("(expected to start in 32m50s)"), "{}", e.message);
     }
 
     #[test]
