@@ -1,7 +1,11 @@
-//! Learned run-time estimates, live: the owner's [`Predictor`] learns from every job that succeeds (and, at start,
+//! Learned run-time estimates, live: the owner's [`Predictors`] learn from every job that succeeds (and, at start,
 //! from the succeeded jobs in the store), and a job submitted without an estimate gets the predicted one — the
 //! scheduler then uses it as it would a given one (SJF/SRTF order, backfill, ETAs) — recorded in the job's document
 //! so that `show` and `why` say it was learned, from what, and how sure it is.
+//!
+//! Each tenant has a predictor of its own, learning from its jobs only: an estimate (in `show`, or a dry run's, which
+//! anyone may ask for with any name and GPU count) says nothing of another tenant's runs — not how long they took,
+//! nor how many there were — and one tenant's many runs neither crowd out nor skew another's.
 
 use super::{JobDoc, Owner};
 use gpunet_api::types::EstimateView;
@@ -16,6 +20,25 @@ fn key<'a>(spec: &'a JobSpec, user: &'a str) -> JobKey<'a> {
     JobKey { user, name: &spec.name, gpus: spec.total_gpus() }
 }
 
+/// One [`Predictor`] per tenant, by the tenant's name.
+#[derive(Debug, Default)]
+pub(crate) struct Predictors(std::collections::HashMap<String, Predictor>);
+
+impl Predictors {
+    /// The estimate for a job like `key` of `tenant`, from that tenant's runs only.
+    fn predict(&self, tenant: &str, key: JobKey<'_>) -> Option<Prediction> {
+        self.0.get(tenant)?.predict(key)
+    }
+
+    /// Learns that a job like `key` of `tenant` ran for `ran`.
+    fn observe(&mut self, tenant: &str, key: JobKey<'_>, ran: Dur) {
+        match self.0.get_mut(tenant) {
+            Some(p) => p.observe(key, ran),
+            None => self.0.entry(tenant.to_string()).or_default().observe(key, ran),
+        }
+    }
+}
+
 /// The run time of a succeeded job: the work kept from earlier attempts plus its last attempt.
 fn ran(job: &Job, doc: &JobDoc, ended_ms: u64) -> Option<Dur> {
     let run = job.run.as_deref().or(doc.more().last_run.as_ref())?;
@@ -28,7 +51,7 @@ impl Owner {
     /// documents (`owner/arrays.rs`): without it, under SRTF/SRGF (and `auto`) an array would queue behind every job
     /// with an estimate.
     pub(crate) fn learned_estimate(
-        predictor: &Predictor,
+        predictors: &Predictors,
         spec: &mut JobSpec,
         user: Option<&str>,
         tenant: &str,
@@ -36,7 +59,7 @@ impl Owner {
         if spec.estimated_duration.is_some() {
             return None;
         }
-        let p = predictor.predict(key(spec, user_of(user, tenant)))?;
+        let p = predictors.predict(tenant, key(spec, user_of(user, tenant)))?;
         spec.estimated_duration = Some(p.duration);
         spec.estimate_spread = p.spread.map(|s| s as f32);
         Some(p)
@@ -46,7 +69,7 @@ impl Owner {
     pub(crate) fn learn_success(&mut self, job: &Job, before: &JobDoc, ended_ms: u64) {
         if let Some(d) = ran(job, before, ended_ms) {
             let user = user_of(before.submitted_by.as_deref().map(String::as_str), &before.tenant);
-            self.predictor.observe(key(&job.spec, user), d);
+            self.predictors.observe(&before.tenant, key(&job.spec, user), d);
         }
     }
 
@@ -60,13 +83,17 @@ impl Owner {
             .filter_map(|(j, d)| j.finished.map(|f| (f.0, j, d)))
             .collect();
         done.sort_by_key(|(f, j, _)| (*f, j.id));
-        let mut p = Predictor::new();
+        let mut p = Predictors::default();
         for (f, j, d) in done {
             if let Some(r) = ran(j, d, f) {
-                p.observe(key(&j.spec, user_of(d.submitted_by.as_deref().map(String::as_str), &d.tenant)), r);
+                p.observe(
+                    &d.tenant,
+                    key(&j.spec, user_of(d.submitted_by.as_deref().map(String::as_str), &d.tenant)),
+                    r,
+                );
             }
         }
-        self.predictor = p;
+        self.predictors = p;
     }
 
     /// The estimate the scheduler uses for a job, given or learned.
@@ -97,7 +124,11 @@ pub(crate) fn estimate_view(job: &Job, learned: Option<&Prediction>, now: Time) 
             seconds: d.0.div_ceil(1000),
             source: "learned".into(),
             confidence: Some((p.confidence * 100.0).round() / 100.0),
-            basis: Some(p.basis.describe().into()),
+            // The predictor's last level is every run of the job's tenant (one predictor per tenant).
+            basis: Some(match p.basis {
+                gpunet_core::Basis::All => "all the tenant's runs".into(),
+                b => b.describe().into(),
+            }),
             samples: Some(p.samples),
             spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
             probe_s: job.spec.probe().and_then(in_probe),
@@ -121,10 +152,10 @@ mod tests {
 
     #[test]
     fn a_job_without_estimate_gets_the_learned_one_and_a_given_one_is_kept() {
-        let mut p = Predictor::new();
+        let mut p = Predictors::default();
         assert!(Owner::learned_estimate(&p, &mut JobSpec::new(TenantId(0), "train", 2, 1), Some("ana"), "t").is_none());
         for s in [590, 600, 610] {
-            p.observe(JobKey { user: "ana", name: "train", gpus: 2 }, Dur::from_secs(s));
+            p.observe("t", JobKey { user: "ana", name: "train", gpus: 2 }, Dur::from_secs(s));
         }
         let mut spec = JobSpec::new(TenantId(0), "train", 2, 1);
         let got = Owner::learned_estimate(&p, &mut spec, Some("ana"), "t").unwrap();
@@ -141,5 +172,16 @@ mod tests {
         let mut given = JobSpec::new(TenantId(0), "train", 2, 1).estimate(Dur::from_secs(5));
         assert!(Owner::learned_estimate(&p, &mut given, Some("ana"), "t").is_none());
         assert_eq!(given.estimated_duration, Some(Dur::from_secs(5)));
+        // Another tenant learns nothing from these runs, not even from its user of the same name.
+        let mut elsewhere = JobSpec::new(TenantId(1), "train", 2, 1);
+        assert!(Owner::learned_estimate(&p, &mut elsewhere, Some("ana"), "u").is_none());
+        assert_eq!(elsewhere.estimated_duration, None);
+        // Its own runs are its own: the first tenant's estimate does not move.
+        p.observe("u", JobKey { user: "ana", name: "train", gpus: 2 }, Dur::from_secs(60_000));
+        let mut again = JobSpec::new(TenantId(0), "train", 2, 1);
+        assert_eq!(Owner::learned_estimate(&p, &mut again, Some("ana"), "t"), Some(got));
+        let mut there = JobSpec::new(TenantId(1), "train", 2, 1);
+        let theirs = Owner::learned_estimate(&p, &mut there, Some("ana"), "u").unwrap();
+        assert!((theirs.duration.0 as f64 / 60_000_000.0 - 1.0).abs() < 0.01, "{:?}", theirs.duration);
     }
 }

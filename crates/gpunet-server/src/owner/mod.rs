@@ -405,8 +405,8 @@ pub(crate) struct Owner {
     /// Jobs by the scoped idempotency key of the submission that made them (from the time it was accepted, before it
     /// is durable; rebuilt from the documents at start).
     pub(crate) idempotent: HashMap<String, Vec<u64>>,
-    /// Learned run-time estimates (`owner/estimates.rs`).
-    pub(crate) predictor: gpunet_core::Predictor,
+    /// Learned run-time estimates, one predictor per tenant (`owner/estimates.rs`).
+    pub(crate) predictors: estimates::Predictors,
     /// The queue view the API serves, published after changes (`owner/snapshot.rs`), and its readers' side.
     pub(crate) queue_pub: snapshot::Publisher,
     pub(crate) queue_reader: snapshot::Reader,
@@ -505,7 +505,7 @@ impl Owner {
             unfinished_spec_bytes: None,
             handed: HashMap::new(),
             idempotent: HashMap::new(),
-            predictor: gpunet_core::Predictor::new(),
+            predictors: estimates::Predictors::default(),
         }
     }
 
