@@ -679,8 +679,8 @@ function fact(k, v) { return [h("dt", {}, k), h("dd", {}, String(v))]; }
 /** The run-time estimate a job is scheduled by (`EstimateView`), as the CLI's `show` says it. */
 function estimateText(e) {
   const probe = (p) => `ranked as a ${fmtDur(p * 1000)} first stint (probe)`;
-  if (e.source === "probe") return `none: ${probe(e.seconds)}, then as running as long again as it has run`;
-  if (e.source === "learned") {
+  if (e.source === "probe") return `no estimate: ${probe(e.seconds)}, then as running as long again as it has run`;
+  if (e.source === "learned" && e.confidence != null && e.basis != null && e.samples != null) {
     const runs = e.samples === 1 ? "run" : "runs";
     const spread = e.spread != null ? `, spread ×${Math.exp(e.spread).toFixed(1)}` : "";
     const first = e.probe_s != null ? `; ${probe(e.probe_s)} until it has run that long` : "";

@@ -204,6 +204,13 @@ fn a_job_without_an_estimate_gets_one_learned_from_jobs_like_it_with_their_sprea
     assert_eq!(view, (Some("learned"), Some(3), Some(1)), "{d}");
     let text = dry(&[], false);
     assert!(text.contains("learned from") && text.contains("ranked as a 1s first stint (probe)"), "{text}");
+    // An array's dry run too (its parent is a record, not a job: the estimate is its spec's).
+    let d = json(&dry(&["--array", "0-1"], true));
+    assert_eq!(
+        (d["estimate"]["source"].as_str(), d["estimate"]["samples"].as_u64()),
+        (Some("learned"), Some(3)),
+        "{d}"
+    );
     let d = json(&dry(&["--estimate", "1h"], true));
     assert_eq!(
         (d["estimate"]["source"].as_str(), d["estimate"]["seconds"].as_u64()),

@@ -105,7 +105,7 @@ impl Owner {
         // has accepted them; a refused write leaves no trace (no job, no start, no event).
         let mut docs = Vec::with_capacity(prepared.len());
         for ((tenant, sub, warnings, mut spec), size) in prepared.into_iter().zip(sizes) {
-            let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
+            let learned = Owner::learned_estimate(&self.predictors, &mut spec, Some(by.as_str()), &tenant);
             // Its probe as the core gives it at submission (the same configuration: the server does not change it
             // while running), so that the stored job (and an array's record, which its elements are made from
             // after a restart) keeps it.
@@ -264,7 +264,7 @@ impl Owner {
             }
             let mut spec = sub.to_core(tid)?;
             // The estimate a submission would get, learned when none is given (and so the probe, or none).
-            let learned = Owner::learned_estimate(&self.predictor, &mut spec, Some(by.as_str()), &tenant);
+            let learned = Owner::learned_estimate(&self.predictors, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
             // No node could hold it (none registered yet, or none of its shape), but a pool at its largest could.
             let no_node = self.st.nodes().next().is_none() || gpunet_core::never_fits(&self.st, &spec).is_some();
@@ -277,13 +277,18 @@ impl Owner {
             }
             let now = Time(now_ms());
             let mut probe = self.st.probe_copy(now);
-            let id = JobId(u64::MAX - 1);
+            // The id a submission would get now: free, and so are the ids after it that an array's elements take
+            // (an id near the top of the range left an array no room for its elements: it was refused as a
+            // duplicate).
+            let id = JobId(self.next_id);
             probe.submit(id, spec, now)?;
             let masked_for = match who {
                 Principal::Admin => None,
                 _ => Some(tid),
             };
-            let estimate = probe.job(id).and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
+            // An array's parent is a record, not a job: its elements are scheduled by its spec's estimate.
+            let job = probe.job(id).cloned().or_else(|| probe.array_spec(id).map(|s| Job::new(id, s.clone(), now)));
+            let estimate = job.and_then(|j| super::estimates::estimate_view(&j, learned.as_ref(), now));
             Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings, estimate })
         })();
         let _ = reply.send(r);
