@@ -29,9 +29,9 @@ preemptive for shorter jobs at the default ratio of 2, preemptive SRTF/SRGF at r
 defragmentation (`--defragment`) LAS, SRGF, and preemptive SRTF/SRGF at ratios 2 and 8, and of those SRTF/SRGF at
 ratio 8 and SRGF at ratio 12 with Gittins ranks (`learned_rank = "gittins"`). --only SETTING (repeatable) replays
 only the settings named, and FIFO for the ratios. With --held-out it also replays, on the held-out workloads only
-and as no candidate, Tiresias's DLAS-GPU as its own simulator runs it (three queues split at 3,250 and 7,200
-GPU-seconds, eviction free: no stop time, checkpoints every minute, no minimum run time or rate limit) and with the
-realistic costs, next to `auto` with each (`TIRESIAS`). The JSON written
+and as no candidate, Tiresias's DLAS-GPU queues (three, split at 3,250 and 7,200 GPU-seconds) in Tiresias's
+simulator's model (GPUs counted, evictions free: no stop time, checkpoints every minute, no minimum run time or rate
+limit) and in the realistic one, next to `auto` in each (`TIRESIAS`; --only may name them). The JSON written
 with --out holds every run's figures. The PAI pool's size is a choice: see docs/scheduler.md.
 """
 import argparse
@@ -90,18 +90,21 @@ SETTINGS = {
     "srgf preemptive ratio 8 defragment probe 30m": ["--policy", "srgf", "--preemptive", "--defragment"],
     "srtf preemptive ratio 8 defragment probe 15m": ["--policy", "srtf", "--preemptive", "--defragment"],
 }
-# Tiresias's eviction costs as its simulator models them: an evicted job stops at once and loses nothing (here:
-# checkpoints every minute, no stop time, no minimum run time, no eviction rate limit).
-TIRESIAS_COSTS = ["--stop-time-s", "0", "--min-run-time-s", "0", "--max-evictions", "100000000", "--checkpoint-mins", "1"]
-# Side by side with Tiresias (--held-out, on the held-out workloads; no part in the choice): Tiresias's DLAS-GPU as
-# its simulator runs it (`SymbioticLab/Tiresias` `simulator/`, `--schedule dlas-gpu`: three queues split at 3,250
-# and 7,200 GPU-seconds of attained service, no starvation promotion), with its costs and with the realistic ones,
-# and `auto` with both.
+# Tiresias's simulator's model (`SymbioticLab/Tiresias` `simulator/run_sim.py`, `dlas_sim_jobs`): GPUs counted, not
+# placed on nodes (`--gpu-counting`), and an evicted job stops at once and loses nothing (here: checkpoints every
+# minute, no stop time, no minimum run time, no eviction rate limit).
+TIRESIAS_MODEL = ["--gpu-counting", "--stop-time-s", "0", "--min-run-time-s", "0", "--max-evictions", "100000000",
+                  "--checkpoint-mins", "1"]
+# Side by side with Tiresias (--held-out, on the held-out workloads; no part in the choice): Tiresias's DLAS-GPU
+# queues (`--schedule dlas-gpu`: `jobs.py`'s three queues split at 3,250 and 7,200 GPU-seconds of attained service,
+# no starvation promotion) in gpunet's `las`, in Tiresias's model and in the realistic one, and `auto` in both.
+# gpunet still differs from Tiresias's simulator: EASY backfill (Tiresias starts any job that fits, with no
+# reservation), a pass on events and a 60-second tick.
 TIRESIAS = {
-    "tiresias dlas-gpu, its costs": ["--policy", "las", "--las-thresholds", "3250,7200", *TIRESIAS_COSTS],
-    "tiresias dlas-gpu, realistic costs": ["--policy", "las", "--las-thresholds", "3250,7200"],
-    "auto, tiresias's costs": ["--policy", "auto", *TIRESIAS_COSTS],
-    "auto, realistic costs": ["--policy", "auto"],
+    "tiresias dlas-gpu, its model": ["--policy", "las", "--las-thresholds", "3250,7200", *TIRESIAS_MODEL],
+    "tiresias dlas-gpu, realistic": ["--policy", "las", "--las-thresholds", "3250,7200"],
+    "auto, tiresias's model": ["--policy", "auto", *TIRESIAS_MODEL],
+    "auto, realistic": ["--policy", "auto"],
 }
 KNOBS = {
     "srtf preemptive ratio 8": "shorter_ratio = 8\n",
@@ -203,12 +206,15 @@ def main():
                     help="replay only this setting (repeatable; FIFO, the baseline, always runs)")
     a = ap.parse_args()
     if a.only:
-        unknown = [s for s in a.only if s not in SETTINGS]
+        unknown = [s for s in a.only if s not in SETTINGS and s not in TIRESIAS]
         if unknown:
-            raise SystemExit(f"--only: unknown setting(s) {unknown}; known: {list(SETTINGS)}")
+            raise SystemExit(f"--only: unknown setting(s) {unknown}; known: {list(SETTINGS) + list(TIRESIAS)}")
         for s in list(SETTINGS):
             if s != "fifo" and s not in a.only:
                 del SETTINGS[s]
+        for s in list(TIRESIAS):
+            if s not in a.only:
+                del TIRESIAS[s]
     tmp = tempfile.mkdtemp(prefix="gpunet-choose-default.")
     pai_pool = os.path.join(tmp, "pai-48.toml")
     with open(pai_pool, "w") as f:
@@ -221,6 +227,7 @@ def main():
         # The longest replays (Philly) first, so that the pool stays busy.
         jobs = [(s, w) for w in wl + held for s in SETTINGS]
         jobs += [(s, w) for w in held for s in TIRESIAS]
+        jobs.sort(key=lambda sw: not sw[1][0].startswith("philly"))
         results = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
             # Each cluster file with knobs is written once, before any replay reads it.
@@ -272,7 +279,7 @@ def main():
     feasible = [s for s in SETTINGS if max(results[(s, l)]["eviction_lost_fraction"] for l in chosen_on) <= 0.05]
     best = min(feasible, key=lambda s: score[s])
     print(f"\nLowest wait with at most 5% of GPU-hours lost to evictions on every workload: {best} ({score[best]:.3f})")
-    held_score = None
+    held_score = tiresias_score = None
     if held:
         held_score, held_members = table(held, "Held-out workloads (no part in the choice):")
         members = {"chosen on": members, "held out": held_members}
@@ -280,13 +287,14 @@ def main():
         lost = max(results[(best, w[1])]["eviction_lost_fraction"] for w in held)
         print(f"\nOn the held-out workloads {best} scores {held_score[best]:.3f}, rank {rank} of {len(SETTINGS)}, "
               f"at most {100 * lost:.2f}% of GPU-hours lost to evictions")
-        tiresias_score, _ = table(held, "Side by side with Tiresias, held-out workloads (not candidates):", TIRESIAS)
-        held_score = {**held_score, **tiresias_score}
+        if TIRESIAS:
+            tiresias_score, _ = table(held, "Side by side with Tiresias, held-out workloads (not candidates):", TIRESIAS)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"families": members,
                        "runs": [{"setting": s, "workload": l, **v} for (s, l), v in sorted(results.items())],
-                       "score": score, "held_out_score": held_score, "chosen": best}, f, indent=1)
+                       "score": score, "held_out_score": held_score, "tiresias_score": tiresias_score,
+                       "chosen": best}, f, indent=1)
 
 
 if __name__ == "__main__":
