@@ -334,18 +334,36 @@ impl Pass<'_> {
         }
     }
 
-    /// A head's reservation at `at` as the start it is expected at: none when a release it may count on by then is
-    /// indexed to end where the ETA replay (`predict.rs`, `expected_left`) expects it not to: a job without an
-    /// estimate (ranked by its probe; the replay expects no end of it) or one within its probe (indexed to end with
-    /// it; the replay expects it to run to its estimate). So `why` names no time the ETA would not. (Conservative: a
-    /// release the reservation did not need counts too.)
+    /// A head's reservation at `at` as the start it is expected at: none when there is none (`Time::MAX`), or when a
+    /// release it may count on by then is indexed to end where the ETA replay (`predict.rs`, `expected_left`)
+    /// expects it not to: a job without an estimate (ranked by its probe; the replay expects no end of it), one within
+    /// its probe (indexed to end with it; the replay expects it to run to its estimate), or one past its indexed end
+    /// (the replay expects it to run as long again as it has). So `why` names no time the ETA would not.
+    /// (Conservative: a release the reservation did not need counts too.)
     pub(super) fn expected_start(&self, at: Time) -> Option<Time> {
+        if at == Time::MAX {
+            return None;
+        }
         let st = self.st;
         let indexed_as_expected = |j: &JobId| {
-            self.preempted.contains(j)
-                || st.jobs.get(j).is_none_or(|j| j.spec.estimated_duration.is_some() && !j.probing())
+            if self.preempted.contains(j) {
+                return true; // the reservation leaves it out
+            }
+            match st.jobs.get(j) {
+                Some(j) => j.spec.estimated_duration.is_some() && !j.probing(),
+                // An array's element started in this pass, not expanded yet: as its array's spec has it (an attempt
+                // started now is within its probe if it has one).
+                None => st
+                    .element_slot(*j)
+                    .and_then(|(a, _)| st.array_spec(a))
+                    .is_some_and(|s| s.estimated_duration.is_some() && s.probe().is_none()),
+            }
         };
-        let running = st.running_by_end.keys().take_while(|(end, _)| *end <= at).all(|(_, j)| indexed_as_expected(j));
+        let running = st
+            .running_by_end
+            .keys()
+            .take_while(|(end, _)| *end <= at)
+            .all(|(end, j)| *end > self.now && indexed_as_expected(j));
         let started = self.started.iter().filter(|(end, _, _)| *end <= at).all(|(_, j, _)| indexed_as_expected(j));
         (running && started).then_some(at)
     }
@@ -477,6 +495,23 @@ mod tests {
             e.reason
         );
         assert!(e.message.contains("expected to start in 32m50s"), "{}", e.message);
+    }
+
+    /// A running job past its estimated end is indexed to have ended (its reservation would be now), but the ETA replay
+    /// expects it to run as long again as it has: no start is named ("expected to start in 0s" before).
+    #[test]
+    fn a_reservation_counting_on_an_overrun_job_names_no_start() {
+        let mut c = cfg(Policy::Fifo);
+        c.backfill = true;
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "overruns", 1, 1).estimate(Dur::from_secs(100)), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 1).estimate(Dur::from_secs(10)), 1);
+        let e = explain(&s, JobId(2), Time::from_secs(50)).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: Some(t), .. } if t == Time::from_secs(100)));
+        let e = explain(&s, JobId(2), Time::from_secs(200)).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+        assert!(!e.message.contains("expected to start"), "{}", e.message);
     }
 
     /// A running job with a learned estimate, within its probe, is indexed to end with its probe, but the ETA replay
