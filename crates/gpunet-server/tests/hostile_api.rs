@@ -438,6 +438,17 @@ async fn explanations_never_name_another_tenants_job() {
     assert!(!d.to_string().contains(&named), "{d}");
     // It is named, as another tenant's (the dry run masks its own copy's answer, off the owner).
     assert!(d["message"].as_str().unwrap().contains("another tenant's job"), "{d}");
+    // A dry run's own ids say nothing of the jobs submitted (they were the next id once: a count of every tenant's
+    // submissions, free to read): a held job, an array and its next element are named as this job's.
+    let (_, d) =
+        app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(r#"{"name": "p", "gpus": 1, "hold": true}"#.into())).await;
+    let msg = d["message"].as_str().unwrap();
+    assert!(msg.contains("`gpunet release <id>`") && !msg.chars().any(|c| c.is_ascii_digit()), "{d}");
+    let (_, d) = app
+        .call("POST", "/v1/jobs/dry-run", Some(&a), Some(r#"{"name": "p", "gpus": 1, "array": "0-3"}"#.into()))
+        .await;
+    let msg = d["message"].as_str().unwrap();
+    assert!(msg.starts_with("next element 0: ") && !msg.contains("job-"), "{d}");
     // A dry run in another tenant's name is refused as a submission is (it was quietly tried as A's own).
     let (s, d) = app
         .call("POST", "/v1/jobs/dry-run", Some(&a), Some(r#"{"name": "p", "tenant": "team-b", "gpus": 1}"#.into()))

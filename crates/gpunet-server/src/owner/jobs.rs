@@ -277,10 +277,11 @@ impl Owner {
             }
             let now = Time(now_ms());
             let mut probe = self.st.probe_copy(now);
-            // The id a submission would get now: free, and so are the ids after it that an array's elements take
-            // (an id near the top of the range left an array no room for its elements: it was refused as a
-            // duplicate).
-            let id = JobId(self.next_id);
+            // An id no job has, far from the ones submissions get (the next of those would tell a tenant how many
+            // jobs others submitted), with room after it for an array's elements (one at the very top left an
+            // array none: it was refused as a duplicate). The answer names it and its elements as "this job".
+            let elements = spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
+            let id = JobId(DRY_RUN_ID - elements);
             probe.submit(id, spec, now)?;
             let masked_for = match who {
                 Principal::Admin => None,
@@ -589,6 +590,10 @@ pub(crate) enum Why {
     Queued { tenant: String },
 }
 
+/// The highest id a dry run's job takes (an array's parent takes that less its element count; `answer` names them
+/// "this job").
+const DRY_RUN_ID: u64 = u64::MAX - 1;
+
 /// A dry run's copy of the state with the job in it, answered off the owner.
 #[derive(Debug)]
 pub(crate) struct DryRunWork {
@@ -611,9 +616,8 @@ impl DryRunWork {
                 probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
             masked_for.is_none_or(|t| tenant == Some(t))
         };
-        let message = explain(&probe, id, now)
-            .map(|e| mask_with(owns, &e.message.replace(&id.to_string(), "this job"), None))
-            .unwrap_or_default();
+        let message =
+            explain(&probe, id, now).map(|e| mask_with(owns, &name_dry_run(&e.message, id), None)).unwrap_or_default();
         let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
         let placement = match &pred {
             Some((t, p)) if *t == now => super::placement_view(&probe, p),
@@ -621,6 +625,36 @@ impl DryRunWork {
         };
         DryRun { placement, eta_ms: pred.map(|(t, _)| t.0), message, warnings, estimate }
     }
+}
+
+/// A dry run's explanation with its job and its elements named as such: `job-<id>` is "this job", `job-<id+1+k>`
+/// "this job's element k" ("next element k" where the explanation says "next element job-…"), and the id in a command
+/// (`gpunet release <id>`) "<id>" (its ids mean nothing to a reader).
+fn name_dry_run(message: &str, id: JobId) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("job-") {
+        out.push_str(&rest[..at]);
+        let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
+        match digits.parse::<u64>().ok() {
+            Some(n) if n == id.0 => out.push_str("this job"),
+            Some(n) if n > id.0 && n <= DRY_RUN_ID => {
+                let k = n - id.0 - 1;
+                if out.ends_with("next element ") {
+                    out.push_str(&k.to_string());
+                } else {
+                    out.push_str(&format!("this job's element {k}"));
+                }
+            }
+            _ => {
+                out.push_str("job-");
+                out.push_str(&digits);
+            }
+        }
+        rest = &rest[at + 4 + digits.len()..];
+    }
+    out.push_str(rest);
+    out.replace(&format!("gpunet release {}", id.0), "gpunet release <id>")
 }
 
 /// [`Owner::mask`] with `owns` saying which job ids the reader may see named.
