@@ -124,11 +124,9 @@ pub(crate) fn estimate_view(job: &Job, learned: Option<&Prediction>, now: Time) 
             seconds: d.0.div_ceil(1000),
             source: "learned".into(),
             confidence: Some((p.confidence * 100.0).round() / 100.0),
-            // The predictor's last level is every run of the job's tenant (one predictor per tenant).
-            basis: Some(match p.basis {
-                gpunet_core::Basis::All => "all the tenant's runs".into(),
-                b => b.describe().into(),
-            }),
+            // "all runs": of the job's tenant (one predictor per tenant; before, of every tenant, as a prediction
+            // stored then still says).
+            basis: Some(p.basis.describe().into()),
             samples: Some(p.samples),
             spread: p.spread.map(|s| (s * 100.0).round() / 100.0),
             probe_s: job.spec.probe().and_then(in_probe),
