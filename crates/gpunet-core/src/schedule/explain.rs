@@ -454,13 +454,19 @@ mod tests {
         es.iter().find(|e| e.job == JobId(id)).unwrap().reason.clone()
     }
 
+    /// SRTF with backfill and a probe of 900 s.
+    fn srtf_with_a_probe() -> SchedConfig {
+        let mut c = cfg(Policy::Srtf);
+        c.backfill = true;
+        c.probe = Some(Dur::from_secs(900));
+        c
+    }
+
     /// A head's expected start is its reservation's time, unless a job it may count on ending by then has no estimate
     /// (ranked by its probe, whose end is no prediction): then none, as the ETA replay gives none.
     #[test]
     fn a_reservation_counting_on_a_job_without_estimate_names_no_start() {
-        let mut c = cfg(Policy::Srtf);
-        c.backfill = true;
-        c.probe = Some(Dur::from_secs(900));
+        let c = srtf_with_a_probe();
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
         submit(&mut s, 1, JobSpec::new(t0(), "unknown", 1, 1), 0);
         submit(&mut s, 2, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
@@ -518,9 +524,7 @@ mod tests {
     /// expects it to run to its estimate: a reservation counting on it names no start either.
     #[test]
     fn a_reservation_counting_on_a_job_within_its_probe_names_no_start() {
-        let mut c = cfg(Policy::Srtf);
-        c.backfill = true;
-        c.probe = Some(Dur::from_secs(900));
+        let c = srtf_with_a_probe();
         let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
         let mut learned = JobSpec::new(t0(), "learned", 1, 1).estimate(Dur::from_secs(3000));
         learned.estimate_spread = Some(0.5);
@@ -537,9 +541,7 @@ mod tests {
     /// estimate.
     #[test]
     fn a_job_kept_off_a_reservation_names_its_start_only_when_known() {
-        let mut c = cfg(Policy::Srtf);
-        c.backfill = true;
-        c.probe = Some(Dur::from_secs(900));
+        let c = srtf_with_a_probe();
         let ns = ["a", "b", "c"].iter().map(|n| node(n, GpuModel::T4, 1)).collect();
         let mut s = cluster(c, ns, &["t"]);
         submit(&mut s, 1, JobSpec::new(t0(), "unknown", 1, 1), 0);

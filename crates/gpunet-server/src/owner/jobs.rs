@@ -631,29 +631,18 @@ impl DryRunWork {
 /// "this job's element k" ("next element k" where the explanation says "next element job-…"), and the id in a command
 /// (`gpunet release <id>`) "<id>" (its ids mean nothing to a reader).
 fn name_dry_run(message: &str, id: JobId) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    while let Some(at) = rest.find("job-") {
-        out.push_str(&rest[..at]);
-        let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
-        match digits.parse::<u64>().ok() {
-            Some(n) if n == id.0 => out.push_str("this job"),
-            Some(n) if n > id.0 && n <= DRY_RUN_ID => {
-                let k = n - id.0 - 1;
-                if out.ends_with("next element ") {
-                    out.push_str(&k.to_string());
-                } else {
-                    out.push_str(&format!("this job's element {k}"));
-                }
-            }
-            _ => {
-                out.push_str("job-");
-                out.push_str(&digits);
+    let out = rewrite_job_ids(message, |out, n, token| match n {
+        n if n == id.0 => out.push_str("this job"),
+        n if n > id.0 && n <= DRY_RUN_ID => {
+            let k = n - id.0 - 1;
+            if out.ends_with("next element ") {
+                out.push_str(&k.to_string());
+            } else {
+                out.push_str(&format!("this job's element {k}"));
             }
         }
-        rest = &rest[at + 4 + digits.len()..];
-    }
-    out.push_str(rest);
+        _ => out.push_str(token),
+    });
     out.replace(&format!("gpunet release {}", id.0), "gpunet release <id>")
 }
 
@@ -669,15 +658,20 @@ fn mask_with(owns: impl Fn(u64) -> bool, message: &str, reason: Option<&mut serd
             list.retain(|v| v.as_u64().is_some_and(&owns));
         }
     }
-    // "job-<digits>" tokens in the text.
+    rewrite_job_ids(message, |out, id, token| out.push_str(if owns(id) { token } else { OTHER_JOB }))
+}
+
+/// The text with each `job-<digits>` token that names an id written by `write` (given the text so far, the id and the
+/// token); any other text, and `job-` followed by no id, as it is.
+fn rewrite_job_ids(message: &str, mut write: impl FnMut(&mut String, u64, &str)) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(at) = rest.find("job-") {
         out.push_str(&rest[..at]);
         let digits: String = rest[at + 4..].chars().take_while(char::is_ascii_digit).collect();
         match digits.parse::<u64>().ok() {
-            Some(id) if !owns(id) => out.push_str(OTHER_JOB),
-            _ => {
+            Some(id) => write(&mut out, id, &rest[at..at + 4 + digits.len()]),
+            None => {
                 out.push_str("job-");
                 out.push_str(&digits);
             }
