@@ -1082,6 +1082,12 @@ async fn a_dry_run_says_where_and_when_a_job_would_start_and_queues_nothing() {
     assert_eq!(s, StatusCode::OK, "{d}");
     assert_eq!(d["placement"][0]["node"], "n1", "{d}");
     assert_eq!(d["placement"][0]["gpus"].as_array().unwrap().len(), 2, "{d}");
+    // An array starts with its first element: where and when that one would (it said neither).
+    let array = r#"{"name": "sweep", "gpus": 2, "array": "0-3", "command": ["true"]}"#;
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(array.into())).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert_eq!(d["placement"][0]["node"], "n1", "{d}");
+    assert!(d["eta_ms"].as_u64().is_some(), "{d}");
     // team-b fills the node for an hour (its estimate).
     let big = r#"{"name": "big", "gpus": 4, "command": ["sleep", "3600"], "estimated_duration": "1h"}"#;
     let (s, v) = app.call("POST", "/v1/jobs", Some(&b), Some(big.into())).await;

@@ -287,9 +287,11 @@ impl Owner {
                 Principal::Admin => None,
                 _ => Some(tid),
             };
-            // An array's parent is a record, not a job: its elements are scheduled by its spec's estimate.
-            let job = probe.job(id).cloned().or_else(|| probe.array_spec(id).map(|s| Job::new(id, s.clone(), now)));
-            let estimate = job.and_then(|j| super::estimates::estimate_view(&j, learned.as_ref(), now));
+            // An array's parent is a record, not a job: it is scheduled as its first element, expanded at submission.
+            let estimate = probe
+                .job(id)
+                .or_else(|| probe.job(JobId(id.0 + 1)))
+                .and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
             Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings, estimate })
         })();
         let _ = reply.send(r);
@@ -618,7 +620,9 @@ impl DryRunWork {
         };
         let message =
             explain(&probe, id, now).map(|e| mask_with(owns, &name_dry_run(&e.message, id), None)).unwrap_or_default();
-        let pred = gpunet_core::predict::predict_start(&probe, id, now, 2000);
+        // An array starts with its first element (expanded at submission; the array's id is no job).
+        let first = if probe.job(id).is_some() { id } else { JobId(id.0 + 1) };
+        let pred = gpunet_core::predict::predict_start(&probe, first, now, 2000);
         let placement = match &pred {
             Some((t, p)) if *t == now => super::placement_view(&probe, p),
             _ => Vec::new(),
