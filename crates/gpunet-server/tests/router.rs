@@ -1105,3 +1105,38 @@ async fn a_dry_run_says_where_and_when_a_job_would_start_and_queues_nothing() {
     let (_, page) = app.call("GET", "/v1/jobs", Some(&a), None).await;
     assert_eq!(page["total"], 0, "a dry run queues nothing: {page}");
 }
+
+/// Learned estimates are per tenant: a job that succeeded in one tenant teaches that tenant's dry runs (and
+/// submissions) its run time, and nothing to another's, even for the same job name and GPU count.
+#[tokio::test]
+async fn a_tenant_learns_estimates_from_its_own_runs_only() {
+    let app = App::new().await;
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    let cred = app.node("n1", 1).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&b), Some(r#"{"name": "train", "gpus": 1}"#.into())).await;
+    let id = v["id"].as_u64().unwrap();
+    wait_state(&app, id, "running").await;
+    let task = json!({"job": id, "rank": 0, "attempt": 0});
+    let (s, v) = app
+        .sync(
+            "n1",
+            &cred,
+            json!({"known_version": 0, "running": [], "exited": [{"task": task, "code": 0, "signal": null}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_state(&app, id, "succeeded").await;
+    let job = r#"{"name": "train", "gpus": 1}"#;
+    let (_, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(job.into())).await;
+    assert_eq!(
+        (d["estimate"]["source"].as_str(), d["estimate"]["samples"].as_u64()),
+        (Some("learned"), Some(1)),
+        "{d}"
+    );
+    let (_, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(job.into())).await;
+    assert_ne!(d["estimate"]["source"].as_str(), Some("learned"), "team-b's run taught team-a: {d}");
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&a), Some(job.into())).await;
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{}", v["id"]), Some(&a), None).await;
+    assert_ne!(j["estimate"]["source"].as_str(), Some("learned"), "{j}");
+}
