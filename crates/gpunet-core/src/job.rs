@@ -695,6 +695,14 @@ impl Job {
         self.within_probe(self.progress)
     }
 
+    /// Whether an attempt started now (or running, from its kept progress) is indexed to end where it is expected to:
+    /// the job has an estimate and is not within its probe. A job without one is indexed to end with its probe but
+    /// not expected to end at all; one within its probe is expected to run to its estimate (the ETA replay,
+    /// `predict.rs`, and the start `why` names, `Pass::expected_start`).
+    pub fn end_as_indexed(&self) -> bool {
+        self.spec.estimated_duration.is_some() && !self.probing()
+    }
+
     /// Whether the job is within its probe at `now`: not ended, and not yet run its probe counting the current
     /// attempt (what `show` and `why` say while it is so).
     pub fn in_probe(&self, now: Time) -> bool {

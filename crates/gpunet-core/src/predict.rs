@@ -195,9 +195,8 @@ fn replay_on(mut s: ClusterState, now: Time, max_steps: usize, mut seen: impl Fn
     // its start (`Dur::MAX`: no end), `None` for the others.
     // `expect` holds each such running job's expected end; `late`, the same ordered by time (an entry leaves both
     // when its job is evicted or started again in the replay).
-    let expected_left = |s: &ClusterState, j: JobId| {
-        s.job(j).filter(|j| j.probing() || j.spec.estimated_duration.is_none()).map(|j| j.remaining_past_probe())
-    };
+    let expected_left =
+        |s: &ClusterState, j: JobId| s.job(j).filter(|j| !j.end_as_indexed()).map(|j| j.remaining_past_probe());
     let mut late: BTreeSet<(Time, JobId)> = s
         .running_ends()
         .filter_map(|(e, j)| {

@@ -350,9 +350,9 @@ impl Pass<'_> {
                 return true; // the reservation leaves it out
             }
             match st.jobs.get(j) {
-                Some(j) => j.spec.estimated_duration.is_some() && !j.probing(),
-                // An array's element started in this pass, not expanded yet: as its array's spec has it (an attempt
-                // started now is within its probe if it has one).
+                Some(j) => j.end_as_indexed(),
+                // An array's element started in this pass, not expanded yet: `Job::end_as_indexed` of a job with no
+                // progress (within its probe if it has one), from its array's spec.
                 None => st
                     .element_slot(*j)
                     .and_then(|(a, _)| st.array_spec(a))
@@ -454,6 +454,14 @@ mod tests {
         es.iter().find(|e| e.job == JobId(id)).unwrap().reason.clone()
     }
 
+    /// The time of job `job`'s reservation in a pass at `now`, if it gets one.
+    fn reserved(s: &ClusterState, job: u64, now: Time) -> Option<Time> {
+        crate::schedule(s, now).into_iter().find_map(|d| match d {
+            crate::Decision::Reserve { job: j, at, .. } if j == JobId(job) => Some(at),
+            _ => None,
+        })
+    }
+
     /// SRTF with backfill and a probe of 900 s.
     fn srtf_with_a_probe() -> SchedConfig {
         let mut c = cfg(Policy::Srtf);
@@ -475,13 +483,7 @@ mod tests {
         // A head of two GPUs needs both nodes: its reservation counts on the job without estimate ending at its
         // probe's end (900 s) and on the other at 2,000 s.
         submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
-        let reserved = |s: &ClusterState, now| {
-            crate::schedule(s, now).into_iter().find_map(|d| match d {
-                crate::Decision::Reserve { job: JobId(3), at, .. } => Some(at),
-                _ => None,
-            })
-        };
-        assert_eq!(reserved(&s, Time::from_secs(10)), Some(Time::from_secs(2000)));
+        assert_eq!(reserved(&s, 3, Time::from_secs(10)), Some(Time::from_secs(2000)));
         let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
         assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
         assert!(!e.message.contains("expected to start"), "{}", e.message);
@@ -493,7 +495,7 @@ mod tests {
         s.finish(JobId(1), Time::from_secs(20), true).unwrap();
         s.hold(JobId(4)).unwrap();
         assert!(started(&s.step(Time::from_secs(20)).unwrap()).is_empty());
-        assert_eq!(reserved(&s, Time::from_secs(30)), Some(Time::from_secs(2000)));
+        assert_eq!(reserved(&s, 3, Time::from_secs(30)), Some(Time::from_secs(2000)));
         let e = explain(&s, JobId(3), Time::from_secs(30)).unwrap();
         assert!(
             matches!(e.reason, PendingReason::Capacity { eta: Some(t), .. } if t == Time::from_secs(2000)),
@@ -533,6 +535,7 @@ mod tests {
         assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1, 2]);
         assert!(s.job(JobId(1)).unwrap().probing(), "started within its probe");
         submit(&mut s, 3, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        assert_eq!(reserved(&s, 3, Time::from_secs(10)), Some(Time::from_secs(2000)), "counting on job 1 at 900 s");
         let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
         assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
     }

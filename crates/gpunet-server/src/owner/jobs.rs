@@ -287,12 +287,10 @@ impl Owner {
                 Principal::Admin => None,
                 _ => Some(tid),
             };
-            // An array's parent is a record, not a job: it is scheduled as its first element, expanded at submission.
-            let estimate = probe
-                .job(id)
-                .or_else(|| probe.job(JobId(id.0 + 1)))
-                .and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
-            Ok(DryRunWork { probe: Box::new(probe), id, now, masked_for, warnings, estimate })
+            // An array's parent is a record, not a job: it starts as its first element, expanded at submission.
+            let first = if probe.job(id).is_some() { id } else { JobId(id.0 + 1) };
+            let estimate = probe.job(first).and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
+            Ok(DryRunWork { probe: Box::new(probe), id, first, now, masked_for, warnings, estimate })
         })();
         let _ = reply.send(r);
     }
@@ -601,6 +599,8 @@ const DRY_RUN_ID: u64 = u64::MAX - 1;
 pub(crate) struct DryRunWork {
     probe: Box<gpunet_core::ClusterState>,
     id: JobId,
+    /// The job that starts first: `id`, or an array's first element.
+    first: JobId,
     now: Time,
     /// The tenant the answer is for (its own jobs are named, others' masked); `None` for an admin.
     masked_for: Option<gpunet_core::TenantId>,
@@ -612,7 +612,7 @@ pub(crate) struct DryRunWork {
 impl DryRunWork {
     /// Why it would wait (one pass on the copy), and where and when it would start (a replay of the copy).
     pub(crate) fn answer(self) -> DryRun {
-        let DryRunWork { probe, id, now, masked_for, warnings, estimate } = self;
+        let DryRunWork { probe, id, first, now, masked_for, warnings, estimate } = self;
         let owns = |j: u64| {
             let tenant =
                 probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
@@ -620,8 +620,6 @@ impl DryRunWork {
         };
         let message =
             explain(&probe, id, now).map(|e| mask_with(owns, &name_dry_run(&e.message, id), None)).unwrap_or_default();
-        // An array starts with its first element (expanded at submission; the array's id is no job).
-        let first = if probe.job(id).is_some() { id } else { JobId(id.0 + 1) };
         let pred = gpunet_core::predict::predict_start(&probe, first, now, 2000);
         let placement = match &pred {
             Some((t, p)) if *t == now => super::placement_view(&probe, p),
