@@ -368,6 +368,27 @@ impl Pass<'_> {
         (running && started).then_some(at)
     }
 
+    /// The starts the pass noted, named again once it has ended: a job started behind a head after its start was
+    /// worked out may be one the head's reservation counts on ending (a job within its probe "ends before" it and
+    /// may use what it holds), and [`Pass::expected_start`] only takes a start away as the pass starts more jobs.
+    pub(super) fn settle_expected_starts(&mut self) {
+        let settle = |p: &Self, r: &mut PendingReason| {
+            if let PendingReason::Capacity { eta: at, .. } | PendingReason::Reservation { until: at, .. } = r {
+                *at = at.and_then(|t| p.expected_start(t));
+            }
+        };
+        let mut outcome = self.outcome.take();
+        if let Some(r) = &mut outcome {
+            settle(self, r);
+        }
+        self.outcome = outcome;
+        let mut notes = std::mem::take(&mut self.notes);
+        for r in notes.values_mut() {
+            settle(self, r);
+        }
+        self.notes = notes;
+    }
+
     /// Whether the pass notes what it finds about `job` ([`explain_queue`]).
     pub(super) fn noted(&self, job: JobId) -> bool {
         self.noting.as_ref().is_some_and(|n| n.contains(&job))
@@ -538,6 +559,32 @@ mod tests {
         assert_eq!(reserved(&s, 3, Time::from_secs(10)), Some(Time::from_secs(2000)), "counting on job 1 at 900 s");
         let e = explain(&s, JobId(3), Time::from_secs(10)).unwrap();
         assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+    }
+
+    /// A job that starts behind the head later in the same pass, on what the head's reservation holds, because its
+    /// probe ends before the reservation (a job within its probe "ends before" it), is one the reservation then counts
+    /// on ending: the head names no start, as if that job had been running already. (The head's start was worked out
+    /// when it blocked, before that job started, and named the reservation's time; a review found it.)
+    #[test]
+    fn a_job_backfilled_within_its_probe_after_the_head_blocked_takes_its_start_away() {
+        let c = srtf_with_a_probe();
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        assert_eq!(started(&s.step(Time::ZERO).unwrap()), vec![1]);
+        // The head needs both nodes: its reservation is the known job's end.
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        let now = Time::from_secs(10);
+        let e = explain(&s, JobId(2), now).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: Some(t), .. } if t == Time::from_secs(2000)));
+        // A job without estimate, ranked by its probe (900 s, before 2,000 s), starts on the free node behind it.
+        submit(&mut s, 3, JobSpec::new(t0(), "unknown", 1, 1), 2);
+        assert_eq!(reserved(&s, 2, now), Some(Time::from_secs(2000)));
+        let e = explain(&s, JobId(2), now).unwrap();
+        assert!(matches!(e.reason, PendingReason::Capacity { eta: None, .. }), "{:?}", e.reason);
+        assert!(!e.message.contains("expected to start"), "{}", e.message);
+        let queued = explain_queue(&s, &[(JobId(2), 0)], now);
+        assert!(matches!(queued[0].reason, PendingReason::Capacity { eta: None, .. }), "{:?}", queued[0].reason);
+        assert_eq!(started(&s.step(now).unwrap()), vec![3], "it does start behind the head");
     }
 
     /// A job kept off a head's reservation names the head's start only when the reservation counts on no job without

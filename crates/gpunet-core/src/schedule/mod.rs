@@ -514,6 +514,9 @@ impl<'a> Pass<'a> {
                 self.grow_elastic();
             }
         }
+        if self.trace.is_some() || self.noting.is_some() {
+            self.settle_expected_starts();
+        }
     }
 
     /// An array's head was placed: the array's next elements (the same shape) start right behind it while its
