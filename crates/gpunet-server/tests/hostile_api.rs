@@ -449,6 +449,18 @@ async fn explanations_never_name_another_tenants_job() {
         .await;
     let msg = d["message"].as_str().unwrap();
     assert!(msg.starts_with("next element 0: ") && !msg.contains("job-"), "{d}");
+    // An element is named by its index in the array, not by its place; a held array's command names "<id>" too.
+    for (body, held) in [(r#""array": "5,7,9""#, false), (r#""array": "5,7,9", "hold": true"#, true)] {
+        let body = format!(r#"{{"name": "p", "gpus": 1, {body}}}"#);
+        let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(body)).await;
+        assert_eq!(s, StatusCode::OK, "{d}");
+        let msg = d["message"].as_str().unwrap();
+        let rest = msg.strip_prefix("next element 5: ").unwrap_or_else(|| panic!("{d}"));
+        // No id (durations such as "9m59s" have digits, no id fewer than six: the dry run's are near 2^64).
+        let longest = rest.split(|c: char| !c.is_ascii_digit()).map(str::len).max().unwrap_or(0);
+        assert!(longest < 6 && !rest.contains("job-"), "{d}");
+        assert_eq!(rest.contains("`gpunet release <id>`"), held, "{d}");
+    }
     // A dry run in another tenant's name is refused as a submission is (it was quietly tried as A's own).
     let (s, d) = app
         .call("POST", "/v1/jobs/dry-run", Some(&a), Some(r#"{"name": "p", "tenant": "team-b", "gpus": 1}"#.into()))

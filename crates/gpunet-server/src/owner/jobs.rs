@@ -263,6 +263,8 @@ impl Owner {
                 sub.spot = self.spot_default(&tenant, &sub);
             }
             let mut spec = sub.to_core(tid)?;
+            // Its dependencies as a submission's: on the tenant's own jobs (it waits for them in the copy).
+            self.resolve_dependencies(&sub, &tenant, &mut spec)?;
             // The estimate a submission would get, learned when none is given (and so the probe, or none).
             let learned = Owner::learned_estimate(&self.predictors, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
@@ -618,8 +620,10 @@ impl DryRunWork {
                 probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
             masked_for.is_none_or(|t| tenant == Some(t))
         };
-        let message =
-            explain(&probe, id, now).map(|e| mask_with(owns, &name_dry_run(&e.message, id), None)).unwrap_or_default();
+        let indices = probe.array_spec(id).and_then(|s| s.array.as_ref()).map(|a| a.indices.as_slice());
+        let message = explain(&probe, id, now)
+            .map(|e| mask_with(owns, &name_dry_run(&e.message, id, indices.unwrap_or_default()), None))
+            .unwrap_or_default();
         let pred = gpunet_core::predict::predict_start(&probe, first, now, 2000);
         let placement = match &pred {
             Some((t, p)) if *t == now => super::placement_view(&probe, p),
@@ -630,15 +634,16 @@ impl DryRunWork {
 }
 
 /// A dry run's explanation with its job and its elements named as such: `job-<id>` is "this job", `job-<id+1+k>`
-/// "this job's element k" ("next element k" where the explanation says "next element job-…"), and the id in a command
+/// "this job's element i" ("next element i" where the explanation says "next element job-…"), `i` the index of the
+/// array's `k`-th element (`indices`: the array's, empty for a job that is none), and the id in a command
 /// (`gpunet release <id>`) "<id>" (its ids mean nothing to a reader).
-fn name_dry_run(message: &str, id: JobId) -> String {
+fn name_dry_run(message: &str, id: JobId, indices: &[u32]) -> String {
     let out = rewrite_job_ids(message, |out, n, token| match n {
         n if n == id.0 => out.push_str("this job"),
         n if n > id.0 && n <= DRY_RUN_ID => {
-            let k = n - id.0 - 1;
+            let k = indices.get((n - id.0 - 1) as usize).map_or_else(|| (n - id.0 - 1).to_string(), u32::to_string);
             if out.ends_with("next element ") {
-                out.push_str(&k.to_string());
+                out.push_str(&k);
             } else {
                 out.push_str(&format!("this job's element {k}"));
             }
