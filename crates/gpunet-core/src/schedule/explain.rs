@@ -368,13 +368,20 @@ impl Pass<'_> {
         (running && started).then_some(at)
     }
 
-    /// The starts the pass noted, named again once it has ended: a job started behind a head after its start was
-    /// worked out may be one the head's reservation counts on ending (a job within its probe "ends before" it and
-    /// may use what it holds), and [`Pass::expected_start`] only takes a start away as the pass starts more jobs.
+    /// The starts the pass noted, named again once its walk has ended (where a real pass's would; called there): a
+    /// job started behind a head after its start was worked out may be one the head's reservation counts on ending
+    /// (a job within its probe "ends before" it and may use what it holds), and [`Pass::expected_start`] only takes
+    /// a start away as the pass starts more jobs. A start now (a job its evictions are made for) is no reservation's
+    /// and stays. Nothing to do in a pass that explains nothing.
     pub(super) fn settle_expected_starts(&mut self) {
+        if self.trace.is_none() && self.noting.is_none() {
+            return;
+        }
         let settle = |p: &Self, r: &mut PendingReason| {
             if let PendingReason::Capacity { eta: at, .. } | PendingReason::Reservation { until: at, .. } = r {
-                *at = at.and_then(|t| p.expected_start(t));
+                if *at != Some(p.now) {
+                    *at = at.and_then(|t| p.expected_start(t));
+                }
             }
         };
         let mut outcome = self.outcome.take();
@@ -585,6 +592,23 @@ mod tests {
         let queued = explain_queue(&s, &[(JobId(2), 0)], now);
         assert!(matches!(queued[0].reason, PendingReason::Capacity { eta: None, .. }), "{:?}", queued[0].reason);
         assert_eq!(started(&s.step(now).unwrap()), vec![3], "it does start behind the head");
+        // Where the walk stops before it (`backfill_depth` 0), a real pass does not start it; the queue view's pass,
+        // which goes on to explain it, may, and the head keeps its start (the starts are settled where the walk ends).
+        let mut c = srtf_with_a_probe();
+        c.backfill_depth = 0;
+        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "unknown", 1, 1), 2);
+        let queued = explain_queue(&s, &[(JobId(2), 0), (JobId(3), 1)], now);
+        let eta = |e: &Explanation| match e.reason {
+            PendingReason::Capacity { eta, .. } => eta,
+            _ => None,
+        };
+        assert_eq!(eta(&queued[0]), Some(Time::from_secs(2000)), "{:?}", queued[0].reason);
+        assert_eq!(eta(&explain(&s, JobId(2), now).unwrap()), Some(Time::from_secs(2000)));
+        assert!(started(&s.step(now).unwrap()).is_empty());
     }
 
     /// A job kept off a head's reservation names the head's start only when the reservation counts on no job without

@@ -398,6 +398,9 @@ impl<'a> Pass<'a> {
                     Behind::Skip => continue,
                     Behind::Stop => {
                         exhausted = false;
+                        // The walk a real pass makes ends here: what it noted is settled with its starts only (the
+                        // jobs looked at past here, to explain them, may start in this pass alone).
+                        self.settle_expected_starts();
                         if !noted && unseen == 0 {
                             break;
                         }
@@ -514,7 +517,7 @@ impl<'a> Pass<'a> {
                 self.grow_elastic();
             }
         }
-        if self.trace.is_some() || self.noting.is_some() {
+        if !stopped {
             self.settle_expected_starts();
         }
     }

@@ -263,8 +263,6 @@ impl Owner {
                 sub.spot = self.spot_default(&tenant, &sub);
             }
             let mut spec = sub.to_core(tid)?;
-            // Its dependencies as a submission's: on the tenant's own jobs (it waits for them in the copy).
-            self.resolve_dependencies(&sub, &tenant, &mut spec)?;
             // The estimate a submission would get, learned when none is given (and so the probe, or none).
             let learned = Owner::learned_estimate(&self.predictors, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
