@@ -34,6 +34,17 @@ pub enum Cascade {
     ArrayEnded(JobId),
 }
 
+/// What a job's dependencies would come to were it submitted now ([`ClusterState::dependencies_if_submitted`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DependencyCheck {
+    /// All satisfied (or none): it would be queued.
+    Met,
+    /// It would wait for these jobs, in these states now.
+    Waits(Vec<crate::schedule::DepWait>),
+    /// It would fail at once: why.
+    Never(String),
+}
+
 /// What a job's dependencies come to now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum DepOutcome {
@@ -90,6 +101,28 @@ impl ClusterState {
         } else {
             DepOutcome::Wait(wait)
         }
+    }
+
+    /// What `spec`'s dependencies would come to were it submitted now as `id`, checked as [`ClusterState::submit`]
+    /// checks them (a job named that does not exist is an error; `singleton` names the earlier unfinished jobs of its
+    /// name and tenant): what a dry run answers from the whole state, whose copy for a replay lacks the jobs that
+    /// ended, the held ones and the queue past its first jobs.
+    pub fn dependencies_if_submitted(&self, id: JobId, spec: &JobSpec) -> Result<DependencyCheck, CoreError> {
+        let mut spec = spec.clone();
+        self.resolve_new_deps(id, &mut spec)?;
+        Ok(match self.deps_outcome(&spec) {
+            DepOutcome::Met => DependencyCheck::Met,
+            DepOutcome::Never(why) => DependencyCheck::Never(why),
+            DepOutcome::Wait(w) => DependencyCheck::Waits(
+                w.into_iter()
+                    .map(|(kind, job)| crate::schedule::DepWait {
+                        kind,
+                        job,
+                        state: self.dep_state(job).unwrap_or(JobState::Pending),
+                    })
+                    .collect(),
+            ),
+        })
     }
 
     /// Checks a new job's dependencies against what exists: each named job must exist (a job is never its own
@@ -336,6 +369,37 @@ mod tests {
         assert!(s.job(JobId(7)).is_none());
         spec.dependencies = after(DepKind::AfterOk, &[]);
         assert!(s.submit(JobId(8), spec, Time::ZERO).unwrap_err().to_string().contains("dependency"));
+        s.check_invariants().unwrap();
+    }
+
+    /// What a dry run asks: a job's dependencies, were it submitted now, as the submission would see them; the state
+    /// is not changed.
+    #[test]
+    fn dependencies_if_submitted_say_met_waits_or_never_as_a_submission_would() {
+        use crate::depend::DependencyCheck::{Met, Never, Waits};
+        use crate::schedule::DepWait;
+        let mut s = one_node();
+        submit(&mut s, 1, JobSpec::new(t0(), "done", 1, 1), 0);
+        submit(&mut s, 2, JobSpec::new(t0(), "running", 1, 1), 0);
+        submit(&mut s, 3, JobSpec::new(t0(), "nightly", 1, 1), 0);
+        s.step(Time::ZERO).unwrap();
+        s.finish(JobId(1), Time::from_secs(1), true).unwrap();
+        let check = |kind, ids: &[u64]| {
+            let mut spec = JobSpec::new(t0(), "nightly", 1, 1);
+            spec.dependencies = after(kind, ids);
+            s.dependencies_if_submitted(JobId(99), &spec)
+        };
+        assert_eq!(check(DepKind::AfterOk, &[1]).unwrap(), Met);
+        let running = DepWait { kind: DepKind::AfterOk, job: JobId(2), state: JobState::Running };
+        assert_eq!(check(DepKind::AfterOk, &[1, 2]).unwrap(), Waits(vec![running]));
+        assert_eq!(
+            check(DepKind::AfterNotOk, &[1]).unwrap(),
+            Never("dependency afternotok job-1 can never be satisfied: job-1 ended succeeded".into())
+        );
+        let single = DepWait { kind: DepKind::Singleton, job: JobId(3), state: JobState::Running };
+        assert_eq!(check(DepKind::Singleton, &[]).unwrap(), Waits(vec![single]));
+        assert_eq!(check(DepKind::AfterOk, &[7]).unwrap_err().to_string(), "find dependency job-7: no such job");
+        assert!(s.job(JobId(99)).is_none() && s.waiting_for(JobId(99)).is_empty());
         s.check_invariants().unwrap();
     }
 

@@ -53,7 +53,7 @@ pub mod units;
 
 pub use array::ArrayView;
 pub use config::{HumanDur, LearnedRank, Policy, PreemptionConfig, SchedConfig, SchedKnobs};
-pub use depend::Cascade;
+pub use depend::{Cascade, DependencyCheck};
 pub use error::CoreError;
 pub use estimate::{Basis, JobKey, Prediction, Predictor};
 pub use gpu::{GpuModel, MigProfile};
@@ -67,8 +67,9 @@ pub use node::{GpuDevice, Lifecycle, NodeSpec, NodeState, Taint};
 pub use pricing::{Cost, Held, NodeRates, PriceCatalogue, PriceError};
 pub use quota::QuotaBlock;
 pub use schedule::{
-    dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable, queue_order, queue_walk,
-    schedule, schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason, PreemptReason,
+    dependency_text, dry_run_placement, explain, explain_queue, explain_without_pass, never_fits, placeable,
+    queue_order, queue_walk, schedule, schedule_with_stats, Decision, DepWait, Explanation, PassStats, PendingReason,
+    PreemptReason,
 };
 pub use state::{ClusterState, NodeView, TenantWaiting};
 pub use tenant::{Quota, TenantSpec};

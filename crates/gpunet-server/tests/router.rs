@@ -980,6 +980,14 @@ async fn arrays_expand_within_their_limit_and_dependencies_wait_then_fail_with_a
     let (_, e) = app.call("GET", &format!("/v1/jobs/{red}/explain"), Some(&a), None).await;
     assert_eq!(e["reason"]["kind"], "dependency", "{e}");
     assert!(e["message"].as_str().unwrap().contains(&format!("afterok job-{arr} (running)")), "{e}");
+    // Its dry run waits for the array too (it was answered as if the job had no dependency: "fits now"); one naming
+    // another tenant's job is refused as the submission is.
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(dep.clone())).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert_eq!(d["message"], format!("dependency: waits for afterok job-{arr} (running)"), "{d}");
+    assert!(d["eta_ms"].is_null() && d.get("placement").is_none_or(|p| p == &json!([])), "{d}");
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(dep.clone())).await;
+    assert_eq!((s, err(&d)), (StatusCode::NOT_FOUND, ("not_found", Some("dependency"))), "{d}");
     let (s1, v1) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.clone())).await;
     let (s2, v2) =
         app.call("POST", "/v1/jobs", Some(&b), Some(dep.replace(&format!("afterok:{arr}"), "afterok:99999"))).await;
@@ -1127,6 +1135,21 @@ async fn a_tenant_learns_estimates_from_its_own_runs_only() {
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     wait_state(&app, id, "succeeded").await;
+    // A dry run depending on the job that succeeded answers as one without (the copy it replays has no ended job: a
+    // dependency on one was refused there); `afternotok` on it would fail at once.
+    let dep = |kind: &str| format!(r#"{{"name": "next", "gpus": 1, "dependency": "{kind}:{id}"}}"#);
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(dep("afterok"))).await;
+    assert_eq!(
+        (s, d["message"].as_str()),
+        (StatusCode::OK, Some("this job fits now and starts in the next scheduling pass")),
+        "{d}"
+    );
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(dep("afternotok"))).await;
+    let never = format!(
+        "it would fail at once: dependency afternotok job-{id} can never be satisfied: job-{id} ended succeeded"
+    );
+    assert_eq!((s, d["message"].as_str()), (StatusCode::OK, Some(never.as_str())), "{d}");
+    assert!(d["eta_ms"].is_null(), "{d}");
     let job = r#"{"name": "train", "gpus": 1}"#;
     let (_, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(job.into())).await;
     assert_eq!(

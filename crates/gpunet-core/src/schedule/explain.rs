@@ -146,6 +146,12 @@ pub fn explain_without_pass(state: &ClusterState, job: JobId, now: Time) -> Resu
     explain_outside(state, job, now)
 }
 
+/// The sentence of a job waiting for its dependencies: "dependency: waits for afterok job-4 (running), …".
+pub fn dependency_text(waiting_for: &[DepWait]) -> String {
+    let list: Vec<String> = waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
+    format!("dependency: waits for {}", list.join(", "))
+}
+
 /// Explains many queued jobs at once, each given with its place in the queue (as [`crate::queue_order`] lists
 /// them), from one scheduling pass that notes what it finds about each. A job the pass skips, or meets after its
 /// walk behind a reservation ended, is looked at as [`explain`] looks at a traced job; behind a head that blocks
@@ -295,10 +301,7 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> Stri
             let id = j.array_of.map_or(j.id, |(a, _)| a);
             format!("held: it waits in no queue until released (`gpunet release {}`)", id.0)
         }
-        PendingReason::Dependency { waiting_for } => {
-            let list: Vec<String> = waiting_for.iter().map(|w| format!("{} {} ({})", w.kind, w.job, w.state)).collect();
-            format!("dependency: waits for {}", list.join(", "))
-        }
+        PendingReason::Dependency { waiting_for } => dependency_text(waiting_for),
         PendingReason::ArrayLimit { live, limit } => format!("array at its limit: {live} of {limit} elements live"),
     }
 }

@@ -36,7 +36,7 @@ mod preempt;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-pub use explain::{explain, explain_queue, explain_without_pass, DepWait, Explanation, PendingReason};
+pub use explain::{dependency_text, explain, explain_queue, explain_without_pass, DepWait, Explanation, PendingReason};
 pub(crate) use order::queue_prefix;
 pub use order::{queue_order, queue_walk};
 pub(crate) use placement::spec_sig;

@@ -263,6 +263,20 @@ impl Owner {
                 sub.spot = self.spot_default(&tenant, &sub);
             }
             let mut spec = sub.to_core(tid)?;
+            // An id no job has, far from the ones submissions get (the next of those would tell a tenant how many
+            // jobs others submitted), with room after it for an array's elements (one at the very top left an
+            // array none: it was refused as a duplicate). The answer names it and its elements as "this job".
+            let elements = spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
+            let id = JobId(DRY_RUN_ID - elements);
+            // Its dependencies as a submission's (on the tenant's own jobs), looked at in the whole state: the copy
+            // below lacks ended and held jobs. Met, the copy needs none; else they are the answer.
+            self.resolve_dependencies(&sub, &tenant, &mut spec)?;
+            let deps = match self.st.dependencies_if_submitted(id, &spec)? {
+                gpunet_core::DependencyCheck::Met => None,
+                gpunet_core::DependencyCheck::Waits(w) => Some(gpunet_core::dependency_text(&w)),
+                gpunet_core::DependencyCheck::Never(why) => Some(format!("it would fail at once: {why}")),
+            };
+            spec.dependencies.clear();
             // The estimate a submission would get, learned when none is given (and so the probe, or none).
             let learned = Owner::learned_estimate(&self.predictors, &mut spec, Some(by.as_str()), &tenant);
             gpunet_api::spec::check_checkpoint_roots(&sub, &tenant, &self.checkpoint_roots)?;
@@ -277,11 +291,6 @@ impl Owner {
             }
             let now = Time(now_ms());
             let mut probe = self.st.probe_copy(now);
-            // An id no job has, far from the ones submissions get (the next of those would tell a tenant how many
-            // jobs others submitted), with room after it for an array's elements (one at the very top left an
-            // array none: it was refused as a duplicate). The answer names it and its elements as "this job".
-            let elements = spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
-            let id = JobId(DRY_RUN_ID - elements);
             probe.submit(id, spec, now)?;
             let masked_for = match who {
                 Principal::Admin => None,
@@ -290,7 +299,7 @@ impl Owner {
             // An array's parent is a record, not a job: it starts as its first element, expanded at submission.
             let first = if probe.job(id).is_some() { id } else { JobId(id.0 + 1) };
             let estimate = probe.job(first).and_then(|j| super::estimates::estimate_view(j, learned.as_ref(), now));
-            Ok(DryRunWork { probe: Box::new(probe), id, first, now, masked_for, warnings, estimate })
+            Ok(DryRunWork { probe: Box::new(probe), id, first, now, masked_for, warnings, estimate, deps })
         })();
         let _ = reply.send(r);
     }
@@ -607,12 +616,18 @@ pub(crate) struct DryRunWork {
     warnings: Vec<String>,
     /// The estimate the job would be scheduled by (given, learned as a submission would learn it, or its probe).
     estimate: Option<gpunet_api::types::EstimateView>,
+    /// What its dependencies say when they are not met (it would wait for them, or fail at once): the answer, with
+    /// no placement or start. Every job they name is its tenant's (`Owner::resolve_dependencies`).
+    deps: Option<String>,
 }
 
 impl DryRunWork {
     /// Why it would wait (one pass on the copy), and where and when it would start (a replay of the copy).
     pub(crate) fn answer(self) -> DryRun {
-        let DryRunWork { probe, id, first, now, masked_for, warnings, estimate } = self;
+        let DryRunWork { probe, id, first, now, masked_for, warnings, estimate, deps } = self;
+        if let Some(message) = deps {
+            return DryRun { placement: Vec::new(), eta_ms: None, message, warnings, estimate };
+        }
         let owns = |j: u64| {
             let tenant =
                 probe.job(JobId(j)).map(|x| x.spec.tenant).or_else(|| probe.array_spec(JobId(j)).map(|s| s.tenant));
