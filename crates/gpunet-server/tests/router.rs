@@ -1150,6 +1150,11 @@ async fn a_tenant_learns_estimates_from_its_own_runs_only() {
     );
     assert_eq!((s, d["message"].as_str()), (StatusCode::OK, Some(never.as_str())), "{d}");
     assert!(d["eta_ms"].is_null(), "{d}");
+    // Held, it would wait for its release first (its dependencies are looked at then), as a submission would.
+    let held = format!(r#"{{"name": "next", "gpus": 1, "hold": true, "dependency": "afternotok:{id}"}}"#);
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(held)).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert!(d["message"].as_str().unwrap().starts_with("held: "), "{d}");
     let job = r#"{"name": "train", "gpus": 1}"#;
     let (_, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(job.into())).await;
     assert_eq!(

@@ -367,7 +367,9 @@ impl Pass<'_> {
             .keys()
             .take_while(|(end, _)| *end <= at)
             .all(|(end, j)| *end > self.now && indexed_as_expected(j));
-        let started = self.started.iter().filter(|(end, _, _)| *end <= at).all(|(_, j, _)| indexed_as_expected(j));
+        let real = |j: &JobId| self.walk_starts.as_ref().is_none_or(|w| w.contains(j));
+        let started =
+            self.started.iter().filter(|(end, j, _)| *end <= at && real(j)).all(|(_, j, _)| indexed_as_expected(j));
         (running && started).then_some(at)
     }
 
@@ -596,20 +598,25 @@ mod tests {
         assert!(matches!(queued[0].reason, PendingReason::Capacity { eta: None, .. }), "{:?}", queued[0].reason);
         assert_eq!(started(&s.step(now).unwrap()), vec![3], "it does start behind the head");
         // Where the walk stops before it (`backfill_depth` 0), a real pass does not start it; the queue view's pass,
-        // which goes on to explain it, may, and the head keeps its start (the starts are settled where the walk ends).
+        // which goes on to explain it, may, and the starts it names count only what a real pass starts: the head
+        // (settled where the walk ends) and a long job kept off the reservation, looked at after it, name 2,000 s.
         let mut c = srtf_with_a_probe();
         c.backfill_depth = 0;
-        let mut s = cluster(c, vec![node("n", GpuModel::T4, 1), node("m", GpuModel::T4, 1)], &["a"]);
+        let ns = ["n", "m", "o"].iter().map(|n| node(n, GpuModel::T4, 1)).collect();
+        let mut s = cluster(c, ns, &["a"]);
         submit(&mut s, 1, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
         s.step(Time::ZERO).unwrap();
-        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 3).estimate(Dur::from_secs(10)), 1);
         submit(&mut s, 3, JobSpec::new(t0(), "unknown", 1, 1), 2);
-        let queued = explain_queue(&s, &[(JobId(2), 0), (JobId(3), 1)], now);
+        submit(&mut s, 4, JobSpec::new(t0(), "long", 1, 1).estimate(Dur::from_secs(5000)), 3);
+        let queued = explain_queue(&s, &[(JobId(2), 0), (JobId(3), 1), (JobId(4), 2)], now);
         let eta = |e: &Explanation| match e.reason {
             PendingReason::Capacity { eta, .. } => eta,
             _ => None,
         };
         assert_eq!(eta(&queued[0]), Some(Time::from_secs(2000)), "{:?}", queued[0].reason);
+        let kept_off = PendingReason::Reservation { holder: JobId(2), until: Some(Time::from_secs(2000)) };
+        assert_eq!(queued[2].reason, kept_off);
         assert_eq!(eta(&explain(&s, JobId(2), now).unwrap()), Some(Time::from_secs(2000)));
         assert!(started(&s.step(now).unwrap()).is_empty());
     }

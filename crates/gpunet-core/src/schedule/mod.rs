@@ -197,6 +197,9 @@ struct Pass<'a> {
     decisions: Vec<Decision>,
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
+    /// The jobs started before the walk a real pass makes stopped, once it has, in a pass that explains jobs (which
+    /// goes on past there and may start jobs only to explain them): what [`Pass::expected_start`] counts.
+    walk_starts: Option<FxHashSet<JobId>>,
     preempted: FxHashSet<JobId>,
     /// The jobs being evicted (`ClusterState::evicting`, in its order), looked up once per pass on the first
     /// victim search that needs them.
@@ -310,6 +313,7 @@ impl<'a> Pass<'a> {
             never_shapes: FxHashSet::default(),
             decisions: Vec::new(),
             started: Vec::new(),
+            walk_starts: None,
             preempted: FxHashSet::default(),
             evicting_jobs: None,
             promised: Vec::new(),
@@ -401,6 +405,9 @@ impl<'a> Pass<'a> {
                         // The walk a real pass makes ends here: what it noted is settled with its starts only (the
                         // jobs looked at past here, to explain them, may start in this pass alone).
                         self.settle_expected_starts();
+                        if self.trace.is_some() || self.noting.is_some() {
+                            self.walk_starts = Some(self.started.iter().map(|(_, j, _)| *j).collect());
+                        }
                         if !noted && unseen == 0 {
                             break;
                         }

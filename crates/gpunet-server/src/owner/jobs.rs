@@ -271,7 +271,9 @@ impl Owner {
             // Its dependencies as a submission's (on the tenant's own jobs), looked at in the whole state: the copy
             // below lacks ended and held jobs. Met, the copy needs none; else they are the answer.
             self.resolve_dependencies(&sub, &tenant, &mut spec)?;
+            // A held job goes to the held set first (they are looked at when it is released): the copy answers.
             let deps = match self.st.dependencies_if_submitted(id, &spec)? {
+                _ if spec.hold => None,
                 gpunet_core::DependencyCheck::Met => None,
                 gpunet_core::DependencyCheck::Waits(w) => Some(gpunet_core::dependency_text(&w)),
                 gpunet_core::DependencyCheck::Never(why) => Some(format!("it would fail at once: {why}")),
