@@ -354,12 +354,11 @@ impl Pass<'_> {
             }
             match st.jobs.get(j) {
                 Some(j) => j.end_as_indexed(),
-                // An array's element started in this pass, not expanded yet: `Job::end_as_indexed` of a job with no
-                // progress (within its probe if it has one), from its array's spec.
+                // An array's element started in this pass, not expanded yet: as a new job of its array's spec.
                 None => st
                     .element_slot(*j)
                     .and_then(|(a, _)| st.array_spec(a))
-                    .is_some_and(|s| s.estimated_duration.is_some() && s.probe().is_none()),
+                    .is_some_and(|s| Job::new(*j, s.clone(), self.now).end_as_indexed()),
             }
         };
         let running = st
@@ -373,15 +372,17 @@ impl Pass<'_> {
         (running && started).then_some(at)
     }
 
-    /// The starts the pass noted, named again once its walk has ended (where a real pass's would; called there): a
-    /// job started behind a head after its start was worked out may be one the head's reservation counts on ending
-    /// (a job within its probe "ends before" it and may use what it holds), and [`Pass::expected_start`] only takes
-    /// a start away as the pass starts more jobs. A start now (a job its evictions are made for) is no reservation's
-    /// and stays. Nothing to do in a pass that explains nothing.
-    pub(super) fn settle_expected_starts(&mut self) {
+    /// The walk a real pass makes has ended (an explaining pass may go on, starting jobs only to explain them): the
+    /// starts it has made are the ones [`Pass::expected_start`] counts from now on, and the starts noted so far are
+    /// named again with them: a job started behind a head after its start was worked out may be one the head's
+    /// reservation counts on ending (a job within its probe "ends before" it and may use what it holds), and
+    /// `expected_start` only takes a start away as the pass starts more jobs. A start now (a job its evictions are
+    /// made for) is no reservation's and stays. Nothing to do in a pass that explains nothing.
+    pub(super) fn walk_ended(&mut self) {
         if self.trace.is_none() && self.noting.is_none() {
             return;
         }
+        self.walk_starts = Some(self.started.iter().map(|(_, j, _)| *j).collect());
         let settle = |p: &Self, r: &mut PendingReason| {
             if let PendingReason::Capacity { eta: at, .. } | PendingReason::Reservation { until: at, .. } = r {
                 if *at != Some(p.now) {

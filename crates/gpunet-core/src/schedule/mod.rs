@@ -197,8 +197,9 @@ struct Pass<'a> {
     decisions: Vec<Decision>,
     /// Jobs started in this pass with their estimated ends (for the reservation).
     started: Vec<(Time, JobId, Placement)>,
-    /// The jobs started before the walk a real pass makes stopped, once it has, in a pass that explains jobs (which
-    /// goes on past there and may start jobs only to explain them): what [`Pass::expected_start`] counts.
+    /// The jobs started before the walk a real pass makes ended, once it has, in a pass that explains jobs (which
+    /// goes on past there and may start jobs only to explain them): what [`Pass::expected_start`] counts
+    /// ([`Pass::walk_ended`]).
     walk_starts: Option<FxHashSet<JobId>>,
     preempted: FxHashSet<JobId>,
     /// The jobs being evicted (`ClusterState::evicting`, in its order), looked up once per pass on the first
@@ -402,12 +403,7 @@ impl<'a> Pass<'a> {
                     Behind::Skip => continue,
                     Behind::Stop => {
                         exhausted = false;
-                        // The walk a real pass makes ends here: what it noted is settled with its starts only (the
-                        // jobs looked at past here, to explain them, may start in this pass alone).
-                        self.settle_expected_starts();
-                        if self.trace.is_some() || self.noting.is_some() {
-                            self.walk_starts = Some(self.started.iter().map(|(_, j, _)| *j).collect());
-                        }
+                        self.walk_ended();
                         if !noted && unseen == 0 {
                             break;
                         }
@@ -525,7 +521,7 @@ impl<'a> Pass<'a> {
             }
         }
         if !stopped {
-            self.settle_expected_starts();
+            self.walk_ended();
         }
     }
 

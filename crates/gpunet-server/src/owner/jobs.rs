@@ -655,14 +655,11 @@ impl DryRunWork {
 fn name_dry_run(message: &str, id: JobId, indices: &[u32]) -> String {
     let out = rewrite_job_ids(message, |out, n, token| match n {
         n if n == id.0 => out.push_str("this job"),
-        n if n > id.0 && n <= DRY_RUN_ID => {
-            let k = indices.get((n - id.0 - 1) as usize).map_or_else(|| (n - id.0 - 1).to_string(), u32::to_string);
-            if out.ends_with("next element ") {
-                out.push_str(&k);
-            } else {
-                out.push_str(&format!("this job's element {k}"));
-            }
-        }
+        n if n > id.0 => match indices.get((n - id.0 - 1) as usize) {
+            Some(i) if out.ends_with("next element ") => out.push_str(&i.to_string()),
+            Some(i) => out.push_str(&format!("this job's element {i}")),
+            None => out.push_str(token),
+        },
         _ => out.push_str(token),
     });
     out.replace(&format!("gpunet release {}", id.0), "gpunet release <id>")
