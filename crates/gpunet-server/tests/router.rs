@@ -988,6 +988,34 @@ async fn arrays_expand_within_their_limit_and_dependencies_wait_then_fail_with_a
     assert!(d["eta_ms"].is_null() && d.get("placement").is_none_or(|p| p == &json!([])), "{d}");
     let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(dep.clone())).await;
     assert_eq!((s, err(&d)), (StatusCode::NOT_FOUND, ("not_found", Some("dependency"))), "{d}");
+    // An array depending on one element (`ID[INDEX]`, index 9: job arr+4, not expanded yet) names its first element
+    // by index, as `why` names the submitted array's head; a singleton waits for the running array of its name.
+    let el_dep = format!(r#"{{"name": "post", "gpus": 1, "array": "4,8", "dependency": "afterok:{arr}[9]"}}"#);
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(el_dep.clone())).await;
+    let waits = format!("dependency: waits for afterok job-{} (pending)", arr + 4);
+    assert_eq!((s, d["message"].as_str()), (StatusCode::OK, Some(format!("next element 4: {waits}").as_str())), "{d}");
+    assert!(d["eta_ms"].is_null() && d.get("placement").is_none_or(|p| p == &json!([])), "{d}");
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(el_dep)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let post = v["id"].as_u64().unwrap();
+    let (_, e) = app.call("GET", &format!("/v1/jobs/{post}/explain"), Some(&a), None).await;
+    let m = e["message"].as_str().unwrap();
+    assert!(m.starts_with(&format!("next element job-{}: ", post + 1)) && m.ends_with(&waits), "{e}");
+    let single = r#"{"name": "sweep", "gpus": 1, "dependency": "singleton"}"#;
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&a), Some(single.into())).await;
+    let running = format!("singleton job-{} (running), singleton job-{} (running)", arr + 1, arr + 2);
+    assert_eq!(
+        (s, d["message"].as_str()),
+        (StatusCode::OK, Some(format!("dependency: waits for {running}").as_str())),
+        "{d}"
+    );
+    // Another tenant's jobs of that name are none of its singleton's.
+    let (s, d) = app.call("POST", "/v1/jobs/dry-run", Some(&b), Some(single.into())).await;
+    assert_eq!(
+        (s, d["message"].as_str()),
+        (StatusCode::OK, Some("this job fits now and starts in the next scheduling pass")),
+        "{d}"
+    );
     let (s1, v1) = app.call("POST", "/v1/jobs", Some(&b), Some(dep.clone())).await;
     let (s2, v2) =
         app.call("POST", "/v1/jobs", Some(&b), Some(dep.replace(&format!("afterok:{arr}"), "afterok:99999"))).await;

@@ -275,7 +275,13 @@ impl Owner {
             let deps = match self.st.dependencies_if_submitted(id, &spec)? {
                 _ if spec.hold => None,
                 gpunet_core::DependencyCheck::Met => None,
-                gpunet_core::DependencyCheck::Waits(w) => Some(gpunet_core::dependency_text(&w)),
+                // An array's dependencies are its first element's, and `why` names it so ("next element …").
+                gpunet_core::DependencyCheck::Waits(w) => {
+                    Some(match spec.array.as_ref().and_then(|a| a.indices.first()) {
+                        Some(i) => format!("next element {i}: {}", gpunet_core::dependency_text(&w)),
+                        None => gpunet_core::dependency_text(&w),
+                    })
+                }
                 gpunet_core::DependencyCheck::Never(why) => Some(format!("it would fail at once: {why}")),
             };
             spec.dependencies.clear();
@@ -522,7 +528,14 @@ impl Owner {
     fn owns(&self, who: &Principal, id: u64) -> bool {
         match who {
             Principal::Admin => true,
-            Principal::Tenant(t) => self.docs.get(&id).is_some_and(|d| *d.tenant == **t),
+            // An array's element not expanded yet has no document: it is its array's (a dependency names it).
+            Principal::Tenant(t) => {
+                let doc = self
+                    .docs
+                    .get(&id)
+                    .or_else(|| self.st.array_of_element(JobId(id)).and_then(|a| self.docs.get(&a.0)));
+                doc.is_some_and(|d| *d.tenant == **t)
+            }
             Principal::Agent | Principal::Node(_) => false,
         }
     }
