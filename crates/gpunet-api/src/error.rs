@@ -118,6 +118,7 @@ impl From<gpunet_core::CoreError> for ApiError {
                 ApiError::new("conflict", e.to_string())
             }
             C::InvalidPlacement { .. } => ApiError::new("internal", e.to_string()),
+            C::InvalidFile { .. } => ApiError::parse(e.to_string()),
         }
     }
 }

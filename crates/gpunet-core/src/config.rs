@@ -228,6 +228,15 @@ impl Default for SchedConfig {
     }
 }
 
+/// The largest `backfill_depth` and `reservation_horizon`: a pass may walk that many jobs.
+pub const MAX_WALK: usize = 1_000_000;
+
+/// The longest scheduling tick a file or flag may set: a pass runs at least this often while jobs wait.
+pub const MAX_TICK: Dur = Dur::from_hours(1);
+
+/// The longest stop time a file or flag may set (the simulator's: from asking an evicted job to stop until it is gone).
+pub const MAX_STOP_TIME: Dur = Dur::from_hours(24);
+
 /// The name of the recommended scheduler setting ([`SchedConfig::recommended`]), accepted by `--policy` and the
 /// default of `gpunet up` and `gpunet server`.
 pub const RECOMMENDED_POLICY: &str = "auto";
@@ -359,6 +368,34 @@ impl SchedConfig {
         Dur(self.restart_backoff.0.saturating_mul(1 << n.saturating_sub(1).min(5)))
     }
 
+    /// Knobs set to something that has no effect with the rest of the configuration, each said as a sentence (a
+    /// server logs them as warnings at start, the simulator prints them): the configuration is valid, but it is
+    /// probably not what was meant.
+    pub fn ignored_knobs(&self) -> Vec<String> {
+        let pre = &self.preemption;
+        let mut out = Vec::new();
+        if !pre.enabled {
+            for (on, knob) in [(pre.shorter_first, "preemptive"), (pre.defragment, "defragment")] {
+                if on {
+                    out.push(format!("{knob} = true does nothing with preemption = false (no job is evicted)"));
+                }
+            }
+        } else if pre.shorter_first && !matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf) {
+            out.push(format!(
+                "preemptive = true does nothing under {}: only sjf, srtf and srgf evict for shorter jobs",
+                self.policy
+            ));
+        }
+        if self.learned_rank == LearnedRank::Gittins && self.learned_rule() == crate::gittins::Rule::Median {
+            out.push(
+                "learned_rank = \"gittins\" does nothing here: Gittins ranks are used only under srtf or srgf with \
+                 preemption and preemptive = true"
+                    .into(),
+            );
+        }
+        out
+    }
+
     /// Checks the configuration.
     pub fn validate(&self) -> Result<(), CoreError> {
         if self.las_thresholds_gpu_s.windows(2).any(|w| w[0] >= w[1]) {
@@ -375,6 +412,18 @@ impl SchedConfig {
                 allowed: "a ratio of at least 1".into(),
             });
         }
+        // SJF's key never changes as a job runs: at a ratio of 1 two jobs of one key would evict each other in turn
+        // (each as long as the other), every minimum run time, and neither would reach a checkpoint.
+        if self.policy == Policy::Sjf && self.preemption.shorter_first && self.preemption.shorter_ratio < 2 {
+            return Err(CoreError::InvalidField {
+                field: "preemption.shorter_ratio",
+                value: self.preemption.shorter_ratio.to_string(),
+                allowed:
+                    "at least 2 under preemptive sjf (its keys never change: at 1, two jobs of one estimate would \
+                          evict each other forever)"
+                        .into(),
+            });
+        }
         if self.preemption.victim_scan_limit == 0 {
             return Err(CoreError::InvalidField {
                 field: "preemption.victim_scan_limit",
@@ -388,6 +437,15 @@ impl SchedConfig {
                 value: format!("{}ms", p.0),
                 allowed: "at most 49 days (4294967295ms)".into(),
             });
+        }
+        for (field, v) in [("backfill_depth", self.backfill_depth), ("reservation_horizon", self.reservation_horizon)] {
+            if v > MAX_WALK {
+                return Err(CoreError::InvalidField {
+                    field,
+                    value: v.to_string(),
+                    allowed: format!("at most {MAX_WALK} (each pass may look at that many jobs)"),
+                });
+            }
         }
         if self.fairshare_half_life == Dur::ZERO {
             return Err(CoreError::InvalidField {
@@ -418,6 +476,9 @@ impl FromStr for HumanDur {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
+        if unit.starts_with('.') && !num.is_empty() {
+            return Err(format!("{s:?} is not a whole number: write e.g. \"90m\" for \"1.5h\""));
+        }
         let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration such as \"90s\" or \"10m\""))?;
         let ms: u64 = match unit {
             "ms" => 1,
@@ -433,18 +494,36 @@ impl FromStr for HumanDur {
 
 impl<'de> Deserialize<'de> for HumanDur {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<HumanDur, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Secs(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Secs(n) => {
-                n.checked_mul(1000).map(|v| HumanDur(Dur(v))).ok_or_else(|| serde::de::Error::custom("too long"))
+        /// A text with its unit, or whole seconds; anything else is refused saying what was expected.
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = HumanDur;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a duration such as \"90s\" or \"10m\" (a whole number with ms, s, m, h or d), or whole seconds",
+                )
             }
-            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<HumanDur, E> {
+                n.checked_mul(1000)
+                    .map(|v| HumanDur(Dur(v)))
+                    .ok_or_else(|| E::custom(format!("{n} seconds is too long")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<HumanDur, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => {
+                        Err(E::custom(format!("{n} is negative: a duration is \"90s\", \"10m\" or whole seconds")))
+                    }
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<HumanDur, E> {
+                Err(E::custom(format!("{x} is not a whole number of seconds: write e.g. \"1500ms\" or \"90m\"")))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<HumanDur, E> {
+                s.parse().map_err(E::custom)
+            }
         }
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -479,6 +558,12 @@ pub struct SchedKnobs {
     pub defragment: Option<bool>,
     /// Backoff before a restart (doubling, capped at 32×).
     pub restart_backoff: Option<HumanDur>,
+    /// [`SchedConfig::backfill_depth`]: most jobs tried in vain behind a blocked head per pass.
+    pub backfill_depth: Option<usize>,
+    /// [`SchedConfig::reservation_horizon`]: most running jobs' ends a reservation looks ahead.
+    pub reservation_horizon: Option<usize>,
+    /// [`SchedConfig::fairshare_half_life`]: half-life of past usage under fair share.
+    pub fairshare_half_life: Option<HumanDur>,
     /// How SRTF/SRGF rank jobs with learned estimates: `median` (default) or `gittins`.
     pub learned_rank: Option<LearnedRank>,
     /// [`SchedConfig::probe`]; `"0s"` turns it off.
@@ -500,12 +585,10 @@ impl SchedKnobs {
             version: Option<u32>,
             scheduler: Option<SchedKnobs>,
         }
-        let bad = |e: String| CoreError::InvalidField {
-            field: "scheduler",
-            value: e,
-            allowed: "see docs/scheduler.md".into(),
-        };
-        let f: File = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let f: File = toml::from_str(text).map_err(|e| CoreError::InvalidFile {
+            what: "the [scheduler] table (docs/scheduler.md, \"Knobs\")",
+            message: e.to_string().trim_end().to_string(),
+        })?;
         if f.version.is_some_and(|v| v != 1) {
             return Err(CoreError::InvalidField {
                 field: "version",
@@ -573,15 +656,33 @@ impl SchedKnobs {
         if let Some(v) = self.learned_rank {
             cfg.learned_rank = v;
         }
+        if let Some(v) = self.backfill_depth {
+            cfg.backfill_depth = v;
+        }
+        if let Some(v) = self.reservation_horizon {
+            cfg.reservation_horizon = v;
+        }
+        if let Some(v) = self.fairshare_half_life {
+            cfg.fairshare_half_life = v.0;
+        }
         if let Some(v) = self.probe {
             cfg.probe = (v.0 != Dur::ZERO).then_some(v.0);
         }
 
-        if self.tick.is_some_and(|t| t.0 == Dur::ZERO) {
+        if let Some(t) = self.tick.filter(|t| t.0 == Dur::ZERO || t.0 > MAX_TICK) {
             return Err(CoreError::InvalidField {
                 field: "tick",
-                value: "0s".into(),
-                allowed: "a positive duration".into(),
+                value: format!("{}ms", t.0 .0),
+                allowed: "a positive duration of at most 1h (a pass runs at least this often while jobs wait: what \
+                          time alone changes, a backoff's end, a minimum run time, a LAS demotion, waits for it)"
+                    .into(),
+            });
+        }
+        if let Some(t) = self.stop_time.filter(|t| t.0 > MAX_STOP_TIME) {
+            return Err(CoreError::InvalidField {
+                field: "stop_time",
+                value: format!("{}ms", t.0 .0),
+                allowed: "at most 1d (86400s), as --stop-time-s".into(),
             });
         }
         if self.checkpoint_interval.is_some_and(|t| t.0 == Dur::ZERO) {
@@ -638,7 +739,9 @@ mod tests {
         let k = SchedKnobs::from_toml(
             "version = 1\n[scheduler]\npolicy = \"las\"\nlas_thresholds_gpu_s = [100, 1000, 10000]\nmin_run_time = \"90s\"\n\
              max_evictions = 3\neviction_window = \"1h\"\ntick = 5\ncheckpoint_interval = \"10m\"\nstop_time = \"500ms\"\n\
-             learned_rank = \"gittins\"\nvictim_scan_limit = 512\n",
+             learned_rank = \"gittins\"\nvictim_scan_limit = 7\nrestart_backoff = \"30s\"\nbackfill_depth = 50\n\
+             reservation_horizon = 9\nfairshare_half_life = \"2h\"\npreemptive = true\nshorter_ratio = 4\ndefragment = true\n\
+             preemption = false\n",
         )
         .unwrap();
         let mut c = SchedConfig::default();
@@ -649,7 +752,12 @@ mod tests {
         assert_eq!(c.las_queue(10_000_000), 3, "three thresholds make four queues");
         assert_eq!(c.preemption.min_run_time, Dur::from_secs(90));
         assert_eq!((c.preemption.max_per_interval, c.preemption.interval), (3, Dur::from_hours(1)));
-        assert_eq!(c.preemption.victim_scan_limit, 512);
+        assert_eq!(c.preemption.victim_scan_limit, 7);
+        assert_eq!(c.restart_backoff, Dur::from_secs(30));
+        assert_eq!((c.backfill_depth, c.reservation_horizon), (50, 9));
+        assert_eq!(c.fairshare_half_life, Dur::from_hours(2));
+        let p = &c.preemption;
+        assert_eq!((p.enabled, p.shorter_first, p.shorter_ratio, p.defragment), (false, true, 4, true));
         assert_eq!(c.backfill, SchedConfig::default().backfill, "absent knobs keep their value");
         assert_eq!(k.tick, Some(HumanDur(Dur::from_secs(5))));
         assert_eq!(k.checkpoint_interval, Some(HumanDur(Dur::from_mins(10))));
@@ -712,5 +820,66 @@ mod tests {
         let e = SchedKnobs::from_toml("[scheduler]\nvictim_scan_limit = 0\n").unwrap().apply(&mut c).unwrap_err();
         assert!(e.to_string().contains("victim_scan_limit"), "{e}");
         assert_eq!(c, SchedConfig::default(), "a refused file changes nothing");
+        let mut refused =
+            |text: &str| SchedKnobs::from_toml(text).and_then(|k| k.apply(&mut c)).unwrap_err().to_string();
+        // Bounds: a tick over an hour, a stop time over a day, a walk over a million jobs.
+        assert!(refused("[scheduler]\ntick = \"61m\"\n")
+            .starts_with("invalid tick \"3660000ms\": allowed is a positive duration of at most 1h"));
+        assert!(refused("[scheduler]\nstop_time = \"2d\"\n").contains("invalid stop_time"));
+        assert!(refused("[scheduler]\nreservation_horizon = 2000000\n").contains("invalid reservation_horizon"));
+        assert!(refused("[scheduler]\nfairshare_half_life = \"0s\"\n").contains("fairshare_half_life"));
+        let e = refused("[scheduler]\npolicy = \"sjf\"\npreemptive = true\nshorter_ratio = 1\n");
+        assert!(e.contains("preemption.shorter_ratio") && e.contains("at least 2 under preemptive sjf"), "{e}");
+        // At 1 under SRTF and SRGF a job's key falls as it runs: it is not evicted back.
+        for policy in ["srtf", "srgf"] {
+            let k = SchedKnobs::from_toml(&format!(
+                "[scheduler]\npolicy = \"{policy}\"\npreemptive = true\nshorter_ratio = 1\n"
+            ));
+            assert!(k.unwrap().apply(&mut SchedConfig::default()).is_ok(), "{policy}");
+        }
+        assert_eq!(c, SchedConfig::default(), "a refused file changes nothing");
+    }
+
+    /// A duration of the wrong kind says what a duration is, naming the key and the line (it said "data did not match
+    /// any variant of untagged enum Raw"); the file's syntax errors keep the parser's lines.
+    #[test]
+    fn a_duration_of_the_wrong_kind_says_what_is_expected() {
+        let e = |v: &str| SchedKnobs::from_toml(&format!("[scheduler]\ntick = {v}\n")).unwrap_err().to_string();
+        for (v, says) in [
+            ("-5", "-5 is negative: a duration is \"90s\", \"10m\" or whole seconds"),
+            ("1.5", "1.5 is not a whole number of seconds"),
+            ("nan", "NaN is not a whole number of seconds"),
+            ("\"1.5h\"", "\"1.5h\" is not a whole number: write e.g. \"90m\""),
+            ("true", "expected a duration such as \"90s\""),
+        ] {
+            let m = e(v);
+            assert!(m.contains(says) && m.contains("tick") && m.contains("line 2"), "{v}: {m}");
+            assert!(!m.contains("untagged"), "{m}");
+        }
+        assert_eq!(SchedKnobs::from_toml("[scheduler]\ntick = 90\n").unwrap().tick, Some(HumanDur(Dur::from_secs(90))));
+        let m = SchedKnobs::from_toml("[scheduler]\nmin_run_time = -1\n").unwrap_err();
+        assert!(matches!(m, CoreError::InvalidFile { .. }), "{m:?}");
+        assert!(m.to_string().starts_with("the [scheduler] table") && m.to_string().contains("\n"), "{m}");
+    }
+
+    /// Knobs that do nothing with the rest of the configuration are named (a server warns at start, `sim` prints
+    /// them); a configuration where each does something has none.
+    #[test]
+    fn knobs_that_do_nothing_are_named() {
+        let mut c = SchedConfig::recommended();
+        assert_eq!(c.ignored_knobs(), Vec::<String>::new(), "auto");
+        c.learned_rank = LearnedRank::Gittins;
+        assert_eq!(c.ignored_knobs(), Vec::<String>::new(), "Gittins ranks under auto are used");
+        c.preemption.enabled = false;
+        let w = c.ignored_knobs();
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].starts_with("preemptive = true does nothing with preemption = false"), "{w:?}");
+        assert!(w[1].starts_with("defragment = true does nothing with preemption = false"), "{w:?}");
+        assert!(w[2].starts_with("learned_rank = \"gittins\" does nothing here"), "{w:?}");
+        let c = SchedConfig { policy: Policy::Las, ..SchedConfig::recommended() };
+        assert_eq!(
+            c.ignored_knobs(),
+            vec!["preemptive = true does nothing under las: only sjf, srtf and srgf evict for shorter jobs".to_string()]
+        );
     }
 }

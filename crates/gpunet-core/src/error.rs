@@ -17,6 +17,15 @@ pub enum CoreError {
         /// What would have been accepted.
         allowed: String,
     },
+    /// A configuration file that is not what its reader expects (TOML syntax, an unknown key, a wrong type): the
+    /// parser's own message, which names the line and the key.
+    #[error("{what}: {message}")]
+    InvalidFile {
+        /// What was read (e.g. "the [scheduler] table").
+        what: &'static str,
+        /// The parser's message.
+        message: String,
+    },
     /// No job with this id exists.
     #[error("find {0}: no such job")]
     UnknownJob(JobId),

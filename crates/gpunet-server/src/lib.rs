@@ -497,12 +497,20 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         scheme,
         policy = %sched.policy,
         backfill = sched.backfill,
+        preemption = sched.preemption.enabled,
         preemptive = sched.preemption.enabled && sched.preemption.shorter_first,
         shorter_ratio = sched.preemption.shorter_ratio,
-        defragment = sched.preemption.defragment,
+        defragment = sched.preemption.enabled && sched.preemption.defragment,
         probe_s = sched.probe.map_or(0, |p| p.0 / 1000),
+        min_run_time_s = sched.preemption.min_run_time.0 / 1000,
+        max_evictions = sched.preemption.max_per_interval,
+        eviction_window_s = sched.preemption.interval.0 / 1000,
+        tick_ms = cfg.tick.as_millis() as u64,
         "gpunet server listening"
     );
+    for w in sched.ignored_knobs() {
+        tracing::warn!("scheduler: {w}");
+    }
     Ok(Running {
         addr,
         scheme,

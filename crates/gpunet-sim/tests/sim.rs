@@ -309,6 +309,70 @@ fn knob_stop_time_keeps_a_victims_gpu_while_it_stops() {
     assert_eq!(run_knobbed(THREE_JOBS, Policy::Las, 1, "stop_time = \"5s\"\n").makespan_s, 165.0);
 }
 
+/// On 2 GPUs under FIFO: x (1 GPU, 100 s) runs from 0; y (2 GPUs) arrives at 1 and blocks until x ends at 100;
+/// z (1 GPU, 50 s) arrives at 2. Backfilled, z runs 2–52, before y's reservation at 100 (JCT 50); else it waits
+/// for y (150–200: JCT 198).
+const BACKFILLABLE: &str = "x,0,100,1,t\ny,1,50,2,t\nz,2,50,1,t\n";
+
+#[test]
+fn knob_backfill_from_the_file_turns_backfill_on_and_off() {
+    assert_eq!(run_knobbed(BACKFILLABLE, Policy::Fifo, 2, "backfill = true\n").jcts, vec![50.0, 100.0, 149.0]);
+    assert_eq!(run_knobbed(BACKFILLABLE, Policy::Fifo, 2, "backfill = false\n").jcts, vec![100.0, 149.0, 198.0]);
+}
+
+/// `backfill_depth = 0`: no job behind the blocked head is tried, z waits as without backfill.
+#[test]
+fn knob_backfill_depth_bounds_the_jobs_tried_behind_a_blocked_head() {
+    let r = run_knobbed(BACKFILLABLE, Policy::Fifo, 2, "backfill = true\nbackfill_depth = 0\n");
+    assert_eq!(r.jcts, vec![100.0, 149.0, 198.0]);
+}
+
+/// `reservation_horizon = 0`: the head's reservation looks at no running job's end, so it has no time, and backfill
+/// keeps off the node it needs: z waits.
+#[test]
+fn knob_reservation_horizon_bounds_what_a_reservation_looks_ahead() {
+    let r = run_knobbed(BACKFILLABLE, Policy::Fifo, 2, "backfill = true\nreservation_horizon = 0\n");
+    assert_eq!(r.jcts, vec![100.0, 149.0, 198.0]);
+    let r = run_knobbed(BACKFILLABLE, Policy::Fifo, 2, "backfill = true\nreservation_horizon = 1\n");
+    assert_eq!(r.jcts, vec![50.0, 100.0, 149.0]);
+}
+
+/// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.
+#[test]
+fn knob_preemption_off_evicts_nothing() {
+    let t = "a,0,1000,1,t\nb,10,20,1,t\n";
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\n");
+    assert_eq!((r.preemptions, r.jcts), (1, vec![20.0, 1020.0]));
+    let r = run_knobbed(t, Policy::Srtf, 1, "preemptive = true\npreemption = false\n");
+    assert_eq!((r.preemptions, r.jcts), (0, vec![1000.0, 1010.0]));
+}
+
+/// `fairshare_half_life` on 1 GPU, two tenants of equal weight: A's a1 runs 0–1000 (1,000 GPU-s), B's b1 1000–1300
+/// (300 GPU-s); a2 (100 s) and b2 (200 s) arrive at 1,100 and are ordered at 1,300 by decayed usage. With a day's
+/// half-life A has used more: b2 runs first (1300–1500, JCT 400; a2 1500–1600, JCT 500). With a minute's, A's
+/// usage, 300 s older, has halved five more times than B's: a2 first (1300–1400, JCT 300; b2 JCT 500).
+#[test]
+fn knob_fairshare_half_life_decides_whose_old_usage_still_counts() {
+    let t = "a1,0,1000,1,A\nb1,0,300,1,B\na2,1100,100,1,A\nb2,1100,200,1,B\n";
+    let r = run_knobbed(t, Policy::FairShare, 1, "fairshare_half_life = \"1d\"\n");
+    assert_eq!(r.jcts, vec![400.0, 500.0, 1000.0, 1300.0]);
+    let r = run_knobbed(t, Policy::FairShare, 1, "fairshare_half_life = \"1m\"\n");
+    assert_eq!(r.jcts, vec![300.0, 500.0, 1000.0, 1300.0]);
+}
+
+/// The table's `policy` is the replay's when none is given otherwise (`gpunet sim` without `--policy` does the same:
+/// `sim_cmd::named_config`).
+#[test]
+fn knob_policy_from_the_file_orders_the_queue() {
+    // One GPU: a runs 0–100; at 100, b (50 s, submitted at 10) and c (10 s, at 20) wait. FIFO runs b first, SJF c.
+    let (cluster, _) = knobbed(Policy::Fifo, 1, "policy = \"sjf\"\n");
+    let policy = cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap();
+    let (_, c) = knobbed(policy, 1, "policy = \"sjf\"\n");
+    assert_eq!(c.sched.policy, Policy::Sjf);
+    assert_eq!(jcts_by_id(&csv(THREE_JOBS), &cluster, &c).jcts, vec![90.0, 100.0, 150.0]);
+    assert_eq!(run_knobbed(THREE_JOBS, Policy::Fifo, 1, "").jcts, vec![100.0, 140.0, 140.0]);
+}
+
 #[test]
 fn a_bad_scheduler_table_names_the_field() {
     let bad = |knobs: &str| {
@@ -322,6 +386,13 @@ fn a_bad_scheduler_table_names_the_field() {
     assert!(bad("min_run = 5\n").contains("min_run"));
     assert!(bad("las_thresholds_gpu_s = [5, 5]\n").contains("las_thresholds_gpu_s"));
     assert!(bad("tick = \"0s\"\n").contains("tick"));
+    assert!(bad("tick = \"2h\"\n").contains("invalid tick"));
+    // A stop time past a day replayed for ever while its victims stopped (the flag was bounded, the file not).
+    assert!(bad("stop_time = \"100000d\"\n").contains("invalid stop_time"));
+    assert!(bad("backfill_depth = 1000001\n").contains("invalid backfill_depth"));
+    // Preemptive SJF at a ratio of 1: two jobs of one estimate evicted each other for ever.
+    let e = bad("policy = \"sjf\"\npreemptive = true\nshorter_ratio = 1\n");
+    assert!(e.contains("shorter_ratio") && e.contains("at least 2"), "{e}");
 }
 
 fn synthetic(n: usize, seed: u64) -> Trace {

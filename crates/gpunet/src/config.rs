@@ -172,7 +172,8 @@ listen = "{listen}"
 backfill = {backfill}
 # Scheduler knobs (a TOML file with a [scheduler] table: policy, backfill, preemptive, defragment, probe, LAS thresholds,
 # minimum run time, eviction rate limit, restart backoff, tick; see docs/scheduler.md). policy and backfill = false
-# here win over the file; its minimum run time and restart backoff win over preempt_min_run_s and restart_backoff_s.
+# here win over the file; its minimum run time and restart backoff apply over the defaults of preempt_min_run_s and
+# restart_backoff_s (set to other values here too, the server refuses to start).
 # sched_config = "/etc/gpunet/scheduler.toml"
 # Seconds without a sync after which an agent's node is lost and its jobs restart elsewhere.
 node_lost_after_s = {node_lost_after_s:?}

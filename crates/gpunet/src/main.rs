@@ -311,6 +311,30 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
         cfg.sched.use_plain_policy(p);
     }
     if let Some((p, k)) = knobs {
+        // The file's minimum run time and restart backoff apply over the server's defaults; set to another value on
+        // the command line or in the server's file as well, the two disagree and neither is taken quietly.
+        let d = gpunet_core::SchedConfig::default();
+        let pairs = [
+            (
+                "min_run_time",
+                "--preempt-min-run-s",
+                k.min_run_time,
+                cfg.sched.preemption.min_run_time,
+                d.preemption.min_run_time,
+            ),
+            ("restart_backoff", "--restart-backoff-s", k.restart_backoff, cfg.sched.restart_backoff, d.restart_backoff),
+        ];
+        for (key, flag, file, server, default) in pairs {
+            if let Some(f) = file.filter(|f| server != default && f.0 != server) {
+                bail!(
+                    "invalid --sched-config {}: its {key} ({} ms) disagrees with {flag} ({} ms, from the command line \
+                     or the server's file); set it in one place",
+                    p.display(),
+                    f.0 .0,
+                    server.0
+                );
+            }
+        }
         k.apply(&mut cfg.sched).with_context(|| format!("load --sched-config {}", p.display()))?;
         if let Some(t) = k.tick {
             cfg.tick = std::time::Duration::from_millis(t.0 .0);

@@ -36,8 +36,8 @@ pub(crate) struct ServerArgs {
     policy: Option<String>,
     /// Scheduler knobs (TOML, a `[scheduler]` table: policy, backfill, preemptive, LAS thresholds, minimum run time,
     /// eviction rate limit, restart backoff, tick; see docs/scheduler.md). `--policy` and `--no-backfill` win over
-    /// it; its minimum run time and restart backoff, when it sets them, win over `--preempt-min-run-s` and
-    /// `--restart-backoff-s`.
+    /// it; its minimum run time and restart backoff, when it sets them, apply over the defaults of
+    /// `--preempt-min-run-s` and `--restart-backoff-s` (set to other values there too, the server refuses to start).
     #[arg(long, env = "GPUNET_SCHED_CONFIG")]
     sched_config: Option<PathBuf>,
     /// Turn EASY backfill off (file: `backfill = false`).
@@ -429,6 +429,22 @@ mod tests {
         assert_eq!(probe(sched(&[], Some("policy = \"srtf\"\nprobe = \"10m\"\n")).unwrap()), Some(10));
         let e = sched(&["--policy", "shortest"], None).unwrap_err().to_string();
         assert!(e.contains("--policy") && e.contains("auto, fifo"), "{e}");
+        // The file's minimum run time and restart backoff apply over the flags' defaults; a flag set to another
+        // value as well disagrees with it, and the server refuses to start rather than take one quietly.
+        let min_run = |c: SchedConfig| (c.preemption.min_run_time.0, c.restart_backoff.0);
+        assert_eq!(min_run(sched(&[], Some("min_run_time = \"10m\"\n")).unwrap()), (600_000, 10_000));
+        assert_eq!(min_run(sched(&["--preempt-min-run-s", "60"], None).unwrap()), (60_000, 10_000));
+        let both = ["--preempt-min-run-s", "600", "--restart-backoff-s", "30"];
+        let agreeing = "min_run_time = \"10m\"\nrestart_backoff = \"30s\"\n";
+        assert_eq!(min_run(sched(&both, Some(agreeing)).unwrap()), (600_000, 30_000));
+        let e = sched(&["--preempt-min-run-s", "60"], Some("min_run_time = \"10m\"\n")).unwrap_err().to_string();
+        assert!(e.contains("min_run_time (600000 ms) disagrees with --preempt-min-run-s (60000 ms"), "{e}");
+        let e = sched(&["--restart-backoff-s", "1"], Some("restart_backoff = \"20s\"\n")).unwrap_err().to_string();
+        assert!(e.contains("restart_backoff (20000 ms) disagrees with --restart-backoff-s"), "{e}");
+        // A file that is no TOML keeps the parser's lines (it was one escaped line).
+        let e = format!("{:#}", sched(&[], Some("min_run_time = -1\n")).unwrap_err());
+        assert!(e.contains("the [scheduler] table") && e.contains("-1 is negative") && e.contains('\n'), "{e}");
+        assert!(!e.contains("\\n"), "{e}");
     }
 
     #[test]

@@ -79,8 +79,9 @@ pub(crate) struct SimOpts {
     /// Turn preemption off.
     #[arg(long)]
     pub(crate) no_preemption: bool,
-    /// Preemptive SJF/SRTF: under sjf or srtf a waiting job with a much smaller key (half or less) evicts a
-    /// running one, with the same victim choice, minimum run time and rate limit as other preemption.
+    /// Preemptive SJF/SRTF/SRGF: under sjf, srtf or srgf a waiting job whose key is at most 1/`shorter_ratio` of a
+    /// running one's (default: half or less; the cluster's `[scheduler] shorter_ratio`) evicts it, with the same
+    /// victim choice, minimum run time and rate limit as other preemption.
     #[arg(long)]
     pub(crate) preemptive: bool,
     /// Defragmentation: a blocked job that needs GPUs on one node (or whole nodes) while enough are free in pieces
@@ -221,13 +222,18 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
         None => {}
     }
     sched.validate().context("invalid scheduler settings")?;
+    for w in sched.ignored_knobs() {
+        eprintln!("warning: {w}");
+    }
     match o.checkpoint_mins {
         Some(0) => bail!("invalid --checkpoint-mins 0: allowed is at least 1"),
         Some(m) => base.checkpoint_interval = Dur::from_mins(m),
         None => {}
     }
     match o.tick_s {
-        Some(0) => bail!("invalid --tick-s 0: allowed is at least 1"),
+        Some(t) if t == 0 || Dur::from_secs(t) > gpunet_core::config::MAX_TICK => {
+            bail!("invalid --tick-s {t}: allowed are 1 to 3600 seconds")
+        }
         Some(t) => base.tick = Dur::from_secs(t),
         None => {}
     }
