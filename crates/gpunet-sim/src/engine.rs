@@ -134,6 +134,9 @@ pub struct SimConfig {
     pub max_jobs: Option<usize>,
     /// Check the core's invariants after every pass (slow; for tests).
     pub check_invariants: bool,
+    /// The most evictions of one job before the replay stops as a loop of evictions, with an error (default
+    /// 100,000; Philly's most evicted job under `auto` is evicted 362 times).
+    pub eviction_loop_limit: u32,
     /// Grow and shrink a spot pool with the core's autoscaler decision.
     pub autoscale: Option<AutoscaleSim>,
     /// Which jobs may run on spot nodes (they tolerate the `lifecycle=spot` taint).
@@ -221,6 +224,7 @@ impl Default for SimConfig {
             samples: 400,
             max_jobs: None,
             check_invariants: false,
+            eviction_loop_limit: 100_000,
             autoscale: None,
             spot_jobs: SpotJobs::Preemptible,
             stop_time: crate::stop::StopTime::default(),
@@ -524,6 +528,18 @@ impl Engine<'_> {
                     self.preemptions += 1;
                     self.jobs[idx].evicting = true;
                     self.jobs[idx].evictions += 1;
+                    // A job evicted this often is in a loop of evictions that no schedule needs
+                    // (`SimConfig::eviction_loop_limit`): the replay stops and says so instead of running on.
+                    let limit = self.cfg.eviction_loop_limit;
+                    if self.jobs[idx].evictions > limit {
+                        return Err(SimError::invalid(
+                            format!("replay at t={} s", (now - self.t0) / 1000),
+                            format!(
+                                "{job} was evicted more than {limit} times: a loop of evictions (the scheduler's \
+                                 knobs let jobs evict each other for ever)"
+                            ),
+                        ));
+                    }
                     let stop = self.cfg.stop_time.draw(&mut self.stop_rng);
                     if stop.0 == 0 {
                         self.confirm_end(idx, now)?;

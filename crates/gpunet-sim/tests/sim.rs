@@ -337,6 +337,18 @@ fn knob_reservation_horizon_bounds_what_a_reservation_looks_ahead() {
     assert_eq!(r.jcts, vec![50.0, 100.0, 149.0]);
 }
 
+/// A replay whose jobs are evicted past `eviction_loop_limit` stops with an error naming the job (a loop of
+/// evictions ran for ever, its memory growing, before knobs that allow one were refused).
+#[test]
+fn a_loop_of_evictions_stops_the_replay_with_an_error() {
+    let (cluster, mut c) = knobbed(Policy::Srtf, 1, "preemptive = true\n");
+    c.eviction_loop_limit = 0;
+    let e = simulate(&csv("a,0,1000,1,t\nb,10,20,1,t\n"), &cluster, &c, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("replay at t=10 s") && e.contains("job-1 was evicted more than 0 times"), "{e}");
+    c.eviction_loop_limit = 1;
+    assert_eq!(jcts_by_id(&csv("a,0,1000,1,t\nb,10,20,1,t\n"), &cluster, &c).preemptions, 1);
+}
+
 /// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.
 #[test]
 fn knob_preemption_off_evicts_nothing() {
