@@ -107,9 +107,8 @@ impl From<gpunet_core::CoreError> for ApiError {
     fn from(e: gpunet_core::CoreError) -> ApiError {
         use gpunet_core::CoreError as C;
         match &e {
-            C::InvalidField { field, .. } => {
-                ApiError { code: "invalid_field".into(), message: e.to_string(), field: Some((*field).to_string()) }
-            }
+            // As `invalid` writes it: the value cut short (a refused 900 KB name was echoed whole).
+            C::InvalidField { field, value, allowed } => ApiError::invalid(field, value, allowed),
             C::UnknownJob(_) | C::UnknownNode(_) | C::UnknownTenant(_) => ApiError::new("not_found", e.to_string()),
             C::UnknownDependency(_) => {
                 ApiError { code: "not_found".into(), message: e.to_string(), field: Some("dependency".into()) }
@@ -138,5 +137,16 @@ mod tests {
         assert_eq!(ApiError::parse("x").status(), 400);
         let core: ApiError = gpunet_core::CoreError::UnknownJob(gpunet_core::JobId(3)).into();
         assert_eq!((core.code.as_str(), core.status()), ("not_found", 404));
+        // A core refusal of a huge value echoes a few hundred bytes of it, as `invalid` does.
+        let huge = "n".repeat(900_000);
+        let e =
+            gpunet_core::CoreError::InvalidField { field: "name", value: huge, allowed: "1 to 253 characters".into() };
+        let e: ApiError = e.into();
+        assert!(
+            e.message.len() < 400 && e.message.ends_with("…\": allowed is 1 to 253 characters"),
+            "{}",
+            e.message.len()
+        );
+        assert_eq!((e.code.as_str(), e.field.as_deref()), ("invalid_field", Some("name")));
     }
 }

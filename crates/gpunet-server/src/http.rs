@@ -1206,7 +1206,17 @@ async fn not_found_route() -> Fail {
 }
 
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let method = req.method().to_string();
+    // A metrics label: the standard methods by name, any other (a client may send any token as its method) as
+    // "other", so that requests cannot grow the metrics without bound.
+    let method = {
+        use axum::http::Method as M;
+        let m = req.method();
+        if [M::GET, M::HEAD, M::POST, M::PUT, M::PATCH, M::DELETE, M::OPTIONS].contains(m) {
+            m.as_str().to_string()
+        } else {
+            "other".to_string()
+        }
+    };
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
