@@ -58,6 +58,15 @@ const API: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 const COMMIT: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const EVICT: &[f64] = &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 
+/// A job's life when it ends, in ms: submitted and ended (since the Unix epoch), and how long its attempts held their
+/// resources in all (the job document's `held_ms`, stored: a restart of the server loses none of it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Life {
+    pub(crate) submitted: u64,
+    pub(crate) ended: u64,
+    pub(crate) held: u64,
+}
+
 /// Metrics the server updates as it works.
 #[derive(Debug)]
 pub(crate) struct ServerMetrics {
@@ -79,19 +88,12 @@ pub(crate) struct ServerMetrics {
     pub(crate) eviction_seconds: Histogram,
     /// Over a job's life (observed when it ends): time from submission to end not spent running.
     pub(crate) not_running_seconds: Histogram,
-    /// Per job: when the scheduler asked it to stop (until its attempt ends), and how long it has run in all.
-    jobs: Mutex<HashMap<u64, JobClock>>,
+    /// Per job: when the scheduler asked it to stop (until its attempt ends).
+    jobs: Mutex<HashMap<u64, std::time::Instant>>,
     /// Per tenant: GPU-seconds and cost of runs that ended (the ledger's sums at start, then each run as it ends).
     tenant_used: Mutex<BTreeMap<String, (f64, f64)>>,
     /// Per node: checkpoint copies that failed, as its agent last reported (a counter restarting with the agent).
     checkpoint_failures: Mutex<BTreeMap<String, u64>>,
-}
-
-/// What the metrics keep about one unfinished job.
-#[derive(Debug, Default)]
-struct JobClock {
-    stop_asked: Option<std::time::Instant>,
-    ran_ms: u64,
 }
 
 impl ServerMetrics {
@@ -134,40 +136,30 @@ impl ServerMetrics {
 
     /// `job` was asked to stop by a preemption or a drain: the eviction latency runs until its attempt ends.
     pub(crate) fn stop_asked(&self, job: u64) {
-        self.jobs.lock().expect("job clocks").entry(job).or_default().stop_asked = Some(std::time::Instant::now());
+        self.jobs.lock().expect("job clocks").insert(job, std::time::Instant::now());
     }
 
-    /// An attempt of `job` (of `tenant`) that ran `ran_ms` and used `used` (GPU-seconds, cost) ended; `life` is the
-    /// job's submission and end (ms) when it has ended for good.
-    pub(crate) fn attempt_ended(
-        &self,
-        job: u64,
-        tenant: &str,
-        ran_ms: u64,
-        used: (f64, f64),
-        life: Option<(u64, u64)>,
-    ) {
+    /// An attempt of `job` (of `tenant`) that used `used` (GPU-seconds, cost) ended; `life` is, when the job has
+    /// ended for good, its [`Life`].
+    pub(crate) fn attempt_ended(&self, job: u64, tenant: &str, used: (f64, f64), life: Option<Life>) {
         let mut u = self.tenant_used.lock().expect("tenant usage");
         let e = u.entry(tenant.to_string()).or_default();
         e.0 += used.0;
         e.1 += used.1;
         drop(u);
-        let mut jobs = self.jobs.lock().expect("job clocks");
-        let c = jobs.entry(job).or_default();
-        if let Some(t) = c.stop_asked.take() {
+        if let Some(t) = self.jobs.lock().expect("job clocks").remove(&job) {
             self.eviction_seconds.observe(t.elapsed().as_secs_f64());
         }
-        c.ran_ms += ran_ms;
-        if let Some((submitted, ended)) = life {
-            let ran = jobs.remove(&job).map_or(0, |c| c.ran_ms);
-            self.not_running_seconds.observe(ended.saturating_sub(submitted).saturating_sub(ran) as f64 / 1000.0);
+        if let Some(l) = life {
+            self.job_ended(l);
         }
     }
 
-    /// `job` ended without running again (cancelled while queued): its time not running is observed.
-    pub(crate) fn job_ended_queued(&self, job: u64, submitted: u64, ended: u64) {
-        let ran = self.jobs.lock().expect("job clocks").remove(&job).map_or(0, |c| c.ran_ms);
-        self.not_running_seconds.observe(ended.saturating_sub(submitted).saturating_sub(ran) as f64 / 1000.0);
+    /// A job ended for good (after its last attempt, or while it waited: cancelled, or failed because a dependency
+    /// can never be met): its time not running is observed.
+    pub(crate) fn job_ended(&self, life: Life) {
+        let Life { submitted, ended, held } = life;
+        self.not_running_seconds.observe(ended.saturating_sub(submitted).saturating_sub(held) as f64 / 1000.0);
     }
 
     /// A node's agent reported its count of failed checkpoint copies.
@@ -573,17 +565,18 @@ mod tests {
         let m = ServerMetrics::new();
         m.stop_asked(7);
         // First attempt: evicted after running 30 s; the job goes back to the queue.
-        m.attempt_ended(7, "ta", 30_000, (60.0, 1.5), None);
+        m.attempt_ended(7, "ta", (60.0, 1.5), None);
         assert_eq!(count(&m.eviction_seconds).0, 1);
         assert_eq!(count(&m.not_running_seconds).0, 0);
-        // Second attempt runs 50 s and ends the job 100 s after its submission: 20 s not running.
-        m.attempt_ended(7, "ta", 50_000, (100.0, 2.5), Some((1_000, 101_000)));
+        // Second attempt runs 50 s and ends the job 100 s after its submission, its attempts having held 80 s: 20 s
+        // not running.
+        m.attempt_ended(7, "ta", (100.0, 2.5), Some(Life { submitted: 1_000, ended: 101_000, held: 80_000 }));
         assert_eq!(count(&m.eviction_seconds).0, 1, "no stop was asked of the second attempt");
         assert_eq!(count(&m.not_running_seconds), (1, 20.0));
         assert_eq!(m.tenant_used.lock().unwrap()["ta"], (160.0, 4.0));
         assert!(m.jobs.lock().unwrap().is_empty(), "an ended job's clock is dropped");
         // A job cancelled while queued: its whole life was waiting.
-        m.job_ended_queued(8, 0, 5_000);
+        m.job_ended(Life { submitted: 0, ended: 5_000, held: 0 });
         assert_eq!(count(&m.not_running_seconds), (2, 25.0));
     }
 

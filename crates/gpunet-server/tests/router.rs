@@ -1200,3 +1200,55 @@ async fn a_tenant_learns_estimates_from_its_own_runs_only() {
     assert_eq!((s, j["name"].as_str()), (StatusCode::OK, Some("train")), "{j}");
     assert_ne!(j["estimate"]["source"].as_str(), Some("learned"), "{j}");
 }
+
+/// A job's time not running (`gpunet_job_not_running_duration_seconds`) is its life less what its attempts held,
+/// counted from what is stored: an attempt before a restart of the server counted as time not running (the time run
+/// was kept in memory only). Also observed: a job failed because its dependency never can be met (it waited too).
+#[tokio::test]
+async fn time_not_running_counts_attempts_from_before_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let fast = |c: &mut Config| c.sched.restart_backoff = gpunet_core::Dur(1);
+    let app = App::with_config(Path::new("/nonexistent"), store.clone(), "admin", "join", fast);
+    let a = app.tenant("team-a", None).await;
+    let cred = app.node("n1", 1).await;
+    let (_, v) =
+        app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "t", "gpus": 1, "max_restarts": 1}"#.into())).await;
+    let id = v["id"].as_u64().unwrap();
+    let exited = |attempt: u32, code: i32| {
+        let task = json!({"job": id, "rank": 0, "attempt": attempt});
+        json!({"known_version": 0, "running": [], "exited": [{"task": task, "code": code, "signal": null}]})
+    };
+    wait_state(&app, id, "running").await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let (s, v) = app.sync("n1", &cred, exited(0, 1)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // A restart of the server between the two attempts.
+    drop(app);
+    let app = App::with_config(Path::new("/nonexistent"), store.clone(), "admin", "join", fast);
+    let dep = format!(r#"{{"name": "d", "gpus": 1, "dependency": "afternotok:{id}"}}"#);
+    let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(dep)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let dependent = v["id"].as_u64().unwrap();
+    wait_state(&app, id, "running").await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let (s, v) = app.sync("n1", &cred, exited(1, 0)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_state(&app, id, "succeeded").await;
+    wait_state(&app, dependent, "failed").await;
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{id}"), Some(&a), None).await;
+    let (_, d) = app.call("GET", &format!("/v1/jobs/{dependent}"), Some(&a), None).await;
+    let ms = |v: &Value| v.as_u64().unwrap() as f64 / 1000.0;
+    let held: f64 = j["attempts"].as_array().unwrap().iter().map(|t| ms(&t["ended_ms"]) - ms(&t["started_ms"])).sum();
+    assert!(held >= 0.8, "two attempts of 400 ms or more: {j}");
+    let expected =
+        ms(&j["finished_ms"]) - ms(&j["submitted_ms"]) - held + ms(&d["finished_ms"]) - ms(&d["submitted_ms"]);
+    let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
+    let m = m.as_str().unwrap();
+    let value = |name: &str| -> f64 {
+        let line = m.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {m}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("gpunet_job_not_running_duration_seconds_count "), 2.0, "{m}");
+    let sum = value("gpunet_job_not_running_duration_seconds_sum ");
+    assert!((sum - expected).abs() < 0.01, "observed {sum} s, its attempts say {expected} s");
+}

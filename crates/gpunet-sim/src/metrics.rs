@@ -5,7 +5,7 @@
 //!   the queueing before its first start, every wait after an eviction or a node loss, and every restart backoff.
 //!   It is `JCT − time held`, where *time held* sums its attempts from start to confirmed end (a victim still
 //!   stopping holds its GPUs, so that time counts as running, as in the live server's
-//!   `gpunet_job_not_running_duration_seconds`).
+//!   `gpunet_job_not_running_duration_seconds`, which observes every job that ends, not only completed ones).
 //! - **first start** (`avg_first_start_s`): submission → first start only (the old `avg_queue_s`, kept as an alias
 //!   key for one release). A preemptive policy can keep it tiny while jobs wait long after evictions.
 //! - **JCT**: submission → successful end. **Bounded slowdown**: JCT ÷ max(trace duration, 10 s), at least 1.

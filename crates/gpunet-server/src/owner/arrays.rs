@@ -67,6 +67,11 @@ impl Owner {
                     writes.push(self.event(j.0, "released", format!("job-{} dependencies satisfied: queued", j.0)));
                 }
                 Cascade::DependencyFailed(j) => {
+                    // It waited from its submission until now, as a job cancelled while queued did.
+                    if let Some(x) = self.st.job(j) {
+                        let ended = x.finished.unwrap_or(x.submitted);
+                        self.metrics.job_ended(self.life(j.0, x.submitted, ended.0));
+                    }
                     self.sync_doc(j.0);
                     writes.extend(self.job_doc_write(j.0));
                     let why = self.st.job(j).and_then(|x| x.end_reason.clone()).unwrap_or_default();
@@ -93,6 +98,12 @@ impl Owner {
         }
     }
 
+    /// A job's life for the metrics, as it ends at `ended` (ms): its attempts' time held, from its document.
+    fn life(&self, id: u64, submitted: Time, ended: u64) -> crate::metrics::Life {
+        let held = self.docs.get(&id).map_or(0, |d| d.more().held_ms);
+        crate::metrics::Life { submitted: submitted.0, ended, held }
+    }
+
     /// Cancels one job: a queued one at once, a running one by asking it to stop (it is cancelled once its agents
     /// confirm its processes gone).
     pub(super) fn cancel_one(&mut self, jid: JobId, now: u64, writes: &mut Vec<Write>) -> Result<(), ApiError> {
@@ -110,7 +121,7 @@ impl Owner {
             self.st.cancel(jid, Time(now))?;
             self.sync_doc(id);
             if let Some(j) = self.st.job(jid) {
-                self.metrics.job_ended_queued(id, j.submitted.0, now);
+                self.metrics.job_ended(self.life(id, j.submitted, now));
             }
             writes.extend(self.job_doc_write(id));
             writes.push(self.event(id, "cancelled", format!("job-{id} cancelled")));

@@ -266,6 +266,10 @@ pub(crate) struct More {
     /// The running attempt's GPU utilisation so far, stored every `utilisation::FLUSH_EVERY` so that a restart goes on
     /// from it (see `owner/utilisation.rs`).
     pub(crate) util: Option<utilisation::Progress>,
+    /// Milliseconds its ended attempts held their resources, from start to confirmed end, summed over every attempt
+    /// (`attempts` keeps the newest only): what its time not running is counted from when it ends, after a restart of
+    /// the server too.
+    pub(crate) held_ms: u64,
 }
 
 static NO_MORE: More = More {
@@ -275,6 +279,7 @@ static NO_MORE: More = More {
     attempts: Vec::new(),
     learned_estimate: None,
     util: None,
+    held_ms: 0,
 };
 
 impl More {
@@ -285,6 +290,7 @@ impl More {
             && self.attempts.is_empty()
             && self.learned_estimate.is_none()
             && self.util.is_none()
+            && self.held_ms == 0
     }
 }
 
@@ -342,6 +348,7 @@ impl JobDoc {
             attempts: &m.attempts,
             learned_estimate: m.learned_estimate.as_ref(),
             util: m.util.as_ref(),
+            held_ms: m.held_ms,
         }
     }
 
@@ -377,6 +384,7 @@ impl JobDoc {
             attempts: s.attempts,
             learned_estimate: s.learned_estimate,
             util: s.util,
+            held_ms: s.held_ms,
         };
         let mut doc = JobDoc::new(s.tenant.into(), submission, s.submitted_by.map(Into::into), more);
         doc.state = s.job.state;
@@ -402,6 +410,12 @@ pub(crate) struct StoredRef<'a> {
     learned_estimate: Option<&'a Prediction>,
     #[serde(skip_serializing_if = "Option::is_none")]
     util: Option<&'a utilisation::Progress>,
+    #[serde(skip_serializing_if = "is_zero")]
+    held_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A document as stored, read.
@@ -424,6 +438,8 @@ struct Stored {
     learned_estimate: Option<Prediction>,
     #[serde(default)]
     util: Option<utilisation::Progress>,
+    #[serde(default)]
+    held_ms: u64,
 }
 
 /// A submission kept as its compact JSON text, without the fields that hold their default value (what
