@@ -630,9 +630,9 @@ pub struct ClusterSummary {
     pub gpus_total: u64,
     /// GPUs held by running jobs.
     pub gpus_allocated: u64,
-    /// Jobs by state.
+    /// Jobs by state (asked with a tenant token: the tenant's own).
     pub jobs: BTreeMap<String, usize>,
-    /// Jobs waiting.
+    /// Jobs waiting in the queue (asked with a tenant token: the tenant's own).
     pub queue_length: usize,
 }
 

@@ -816,10 +816,10 @@ async fn list_pools(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Pools { reply }).await?))
 }
 
-#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals", responses((status = 200, description = "Summary", body = ClusterSummary)))]
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals (a tenant token: its own jobs' counts)", responses((status = 200, description = "Summary", body = ClusterSummary)))]
 async fn cluster(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
-    user(&st, &h)?;
-    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Summary { reply }).await?))
+    let who = user(&st, &h)?;
+    Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Summary { who, reply }).await?))
 }
 
 #[utoipa::path(get, path = "/v1/usage", tag = "cluster", summary = "Usage and cost per tenant, user and GPU model over a period", params(("from_ms" = Option<u64>, Query, description = "Start, ms since the Unix epoch (default 30 days ago)"), ("to_ms" = Option<u64>, Query, description = "End (default now)"), ("tenant" = Option<String>, Query, description = "Only this tenant")), responses((status = 200, description = "The report", body = UsageReport)))]

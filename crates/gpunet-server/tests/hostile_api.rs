@@ -681,3 +681,31 @@ async fn made_up_methods_do_not_grow_the_metrics() {
     assert!(series("method=\"other\"") >= 1 && series("method=\"GET\"") >= 1, "{m}");
     assert!(m.len() < 100_000, "{}", m.len());
 }
+
+/// `GET /v1/cluster` told any tenant how many jobs the whole cluster had in each state (another tenant's five
+/// successes read as "succeeded": 5): a tenant now gets its own jobs' counts and queue, an admin the cluster's.
+#[tokio::test]
+async fn the_cluster_summary_counts_a_tenants_own_jobs_only() {
+    let app = App::new();
+    let a = app.tenant("team-a").await;
+    let b = app.tenant("team-b").await;
+    app.node("n1", 1).await;
+    let first = app.submit(&a, json!({"name": "x", "gpus": 1})).await;
+    app.wait_state(first, "running").await;
+    for _ in 0..2 {
+        app.submit(&a, json!({"name": "x", "gpus": 1})).await;
+    }
+    app.submit(&b, json!({"name": "y", "gpus": 1})).await;
+    let summary = |token: &str| {
+        let token = token.to_string();
+        let app = &app;
+        async move {
+            let (s, v) = app.call("GET", "/v1/cluster", Some(&token), None).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            (v["jobs"].clone(), v["queue_length"].as_u64().unwrap(), v["gpus_total"].as_u64().unwrap())
+        }
+    };
+    assert_eq!(summary(&a).await, (json!({"pending": 2, "running": 1}), 2, 1));
+    assert_eq!(summary(&b).await, (json!({"pending": 1}), 1, 1));
+    assert_eq!(summary("admin").await, (json!({"pending": 3, "running": 1}), 3, 1));
+}

@@ -263,9 +263,9 @@ impl Owner {
                 sub.spot = self.spot_default(&tenant, &sub);
             }
             let mut spec = sub.to_core(tid)?;
-            // An id no job has, far from the ones submissions get (the next of those would tell a tenant how many
-            // jobs others submitted), with room after it for an array's elements (one at the very top left an
-            // array none: it was refused as a duplicate). The answer names it and its elements as "this job".
+            // An id no job has, far from the ones submissions get (a dry run takes none of them: submitted ids stay
+            // one dense sequence), with room after it for an array's elements (one at the very top left an array
+            // none: it was refused as a duplicate). The answer names it and its elements as "this job".
             let elements = spec.array.as_ref().map_or(0, |a| a.indices.len() as u64);
             let id = JobId(DRY_RUN_ID - elements);
             // Its dependencies as a submission's (on the tenant's own jobs), looked at in the whole state: the copy

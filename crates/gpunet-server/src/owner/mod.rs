@@ -157,6 +157,7 @@ pub(crate) enum Cmd {
         reply: Reply<NodeView>,
     },
     Summary {
+        who: Principal,
         reply: Reply<ClusterSummary>,
     },
     LiveUsage {
@@ -936,7 +937,7 @@ impl Owner {
                 }
             },
             // Reads of the cluster (`queries`).
-            Cmd::Summary { reply } => self.summary(reply),
+            Cmd::Summary { who, reply } => self.summary(who, reply),
             Cmd::LiveUsage { who, reply } => self.live_usage(who, reply),
             Cmd::Gauges { reply } => {
                 let _ = reply.send(Ok(crate::metrics::gauges(self)));

@@ -9,8 +9,13 @@ use gpunet_store::UsageRow;
 use std::collections::BTreeMap;
 
 impl Owner {
-    /// Counts of nodes and jobs by state, and GPUs.
-    pub(super) fn summary(&mut self, reply: Reply<ClusterSummary>) {
+    /// Counts of nodes and jobs by state, and GPUs. A tenant is told its own jobs' counts (and queue), not the
+    /// cluster's: how many jobs others have, and in which states, is theirs.
+    pub(super) fn summary(&mut self, who: Principal, reply: Reply<ClusterSummary>) {
+        let tenant = match &who {
+            Principal::Tenant(t) => Some(t.as_str()),
+            _ => None,
+        };
         let mut nodes = BTreeMap::new();
         for n in self.st.nodes().filter(|n| !self.is_removed(&n.spec.name)) {
             *nodes.entry(n.state.to_string()).or_insert(0) += 1;
@@ -18,7 +23,7 @@ impl Owner {
         // From the documents' lists by state, not a walk of every job; states without jobs are left out.
         let jobs: BTreeMap<String, usize> = super::doc::STATES
             .iter()
-            .zip(self.docs.by_state(None))
+            .zip(self.docs.by_state(tenant))
             .filter(|(_, n)| *n > 0)
             .map(|(s, n)| (s.to_string(), n))
             .collect();
@@ -29,7 +34,10 @@ impl Owner {
             gpus_total: self.st.capacity_gpus(),
             gpus_allocated: self.st.allocated_gpus(),
             jobs,
-            queue_length: self.st.queued_count(),
+            queue_length: match tenant {
+                Some(t) => self.st.tenant_id(t).map_or(0, |id| self.st.tenant_waiting(id).jobs),
+                None => self.st.queued_count(),
+            },
         }));
     }
 
