@@ -632,7 +632,7 @@ pub struct ClusterSummary {
     pub gpus_allocated: u64,
     /// Jobs by state (asked with a tenant token: the tenant's own).
     pub jobs: BTreeMap<String, usize>,
-    /// Jobs waiting in the queue (asked with a tenant token: the tenant's own).
+    /// Jobs waiting in the queue, the cluster's (as `/v1/cluster/history` shows it).
     pub queue_length: usize,
 }
 

@@ -290,7 +290,7 @@ async function overview() {
     kpis.replaceChildren(
       kpi("GPUs allocated", `${c.gpus_allocated} / ${c.gpus_total}`, `${num(pct)}% of schedulable GPUs`),
       kpi("Queue", String(c.queue_length), "jobs waiting"),
-      kpi("Running", String(c.jobs.running || 0), "jobs"),
+      kpi("Running", String(c.jobs.running || 0), isAdmin() ? "jobs" : "of your jobs"),
       kpi("Nodes ready", `${ready} / ${nodeCount}`, nodeCount - ready ? `${nodeCount - ready} not ready` : "all ready"),
       kpi("Policy", c.policy, c.backfill ? "with backfill" : "no backfill"));
     heat.replaceChildren(heatmap(ns));

@@ -816,7 +816,7 @@ async fn list_pools(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Pools { reply }).await?))
 }
 
-#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals (a tenant token: its own jobs' counts)", responses((status = 200, description = "Summary", body = ClusterSummary)))]
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", summary = "Cluster totals (a tenant token: its own jobs' counts by state)", responses((status = 200, description = "Summary", body = ClusterSummary)))]
 async fn cluster(State(st): State<AppState>, h: HeaderMap) -> R<Response> {
     let who = user(&st, &h)?;
     Ok(json(StatusCode::OK, ask(&st, |reply| Cmd::Summary { who, reply }).await?))

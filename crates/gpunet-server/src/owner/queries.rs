@@ -9,8 +9,8 @@ use gpunet_store::UsageRow;
 use std::collections::BTreeMap;
 
 impl Owner {
-    /// Counts of nodes and jobs by state, and GPUs. A tenant is told its own jobs' counts (and queue), not the
-    /// cluster's: how many jobs others have, and in which states, is theirs.
+    /// Counts of nodes and jobs by state, GPUs and the queue's length. A tenant is told its own jobs' counts by state,
+    /// not the cluster's: how many jobs others have, and how they ended, is theirs.
     pub(super) fn summary(&mut self, who: Principal, reply: Reply<ClusterSummary>) {
         let tenant = match &who {
             Principal::Tenant(t) => Some(t.as_str()),
@@ -34,10 +34,8 @@ impl Owner {
             gpus_total: self.st.capacity_gpus(),
             gpus_allocated: self.st.allocated_gpus(),
             jobs,
-            queue_length: match tenant {
-                Some(t) => self.st.tenant_id(t).map_or(0, |id| self.st.tenant_waiting(id).jobs),
-                None => self.st.queued_count(),
-            },
+            // The cluster's, as `/v1/cluster/history` shows it over time to every reader: how busy the cluster is.
+            queue_length: self.st.queued_count(),
         }));
     }
 
