@@ -63,6 +63,11 @@ pub struct JobView {
     /// Attempts ended by the loss of a node (not counted as restarts).
     #[serde(default)]
     pub losses: u32,
+    /// Milliseconds its ended attempts held their resources (each from its start to its confirmed end), summed over
+    /// every one. Its time not running is `finished_ms − submitted_ms − held_ms` once it has ended, `started_ms −
+    /// submitted_ms − held_ms` while it runs, and up to now less `held_ms` while it waits.
+    #[serde(default)]
+    pub held_ms: u64,
     /// While the end of its current attempt is under way: why (`preempted`, `cancelled`, `failed`, `drained`,
     /// `node_lost`, `interrupted`). The job keeps its GPUs until its processes are confirmed gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]

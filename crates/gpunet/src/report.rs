@@ -107,8 +107,11 @@ pub(crate) struct ReportRow {
     pub(crate) preemptions: u64,
     /// Restarts of those jobs after failures.
     pub(crate) restarts: u64,
-    /// Waits from submission to start, in seconds, of those jobs that started once and only once (a later start's
-    /// wait is not known from the job alone): 50th, 90th and 99th percentile (nearest rank), `None` without any.
+    /// Time not running, in seconds, of those jobs (`wait_s`): queueing before the first start, every wait after an
+    /// eviction, a restart or a node loss, up to the job's end — or, for one that has not ended, up to its current
+    /// attempt's start or the period's end; as `gpunet sim`'s `avg_wait_s` and the server's
+    /// `gpunet_job_not_running_duration_seconds` count it (docs/scheduler.md). 50th, 90th and 99th percentile
+    /// (nearest rank), `None` without any.
     pub(crate) wait_p50_s: Option<f64>,
     pub(crate) wait_p90_s: Option<f64>,
     pub(crate) wait_p99_s: Option<f64>,
@@ -173,6 +176,17 @@ fn user_of(j: &JobView) -> &str {
     j.submitted_by.as_deref().filter(|u| !u.is_empty()).unwrap_or("-")
 }
 
+/// A job's time not running (seconds) from its view: its life so far (to its end, to its running attempt's start, or
+/// to `until` while it waits) less what its ended attempts held.
+fn wait_s(j: &JobView, until: u64) -> f64 {
+    let to = match (j.finished_ms, j.state.as_str(), j.started_ms) {
+        (Some(f), _, _) => f,
+        (None, "running", Some(s)) => s,
+        _ => until.max(j.submitted_ms),
+    };
+    to.saturating_sub(j.submitted_ms).saturating_sub(j.held_ms) as f64 / 1000.0
+}
+
 /// Builds the report from the ledger's usage and the jobs (pure: the CLI fetches, this computes).
 pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Report {
     let key = |j: &JobView| if by_user { format!("{}/{}", j.tenant, user_of(j)) } else { j.tenant.clone() };
@@ -195,9 +209,7 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
         r.cancelled += u64::from(j.state == "cancelled");
         r.preemptions += u64::from(j.preemptions);
         r.restarts += u64::from(j.restarts);
-        if let (Some(s), 0, 0, 0) = (j.started_ms, j.restarts, j.preemptions, j.losses) {
-            waits.push(s.saturating_sub(j.submitted_ms) as f64 / 1000.0);
-        }
+        waits.push(wait_s(j, usage.to_ms));
     }
     let totals = if by_user { &usage.by_user } else { &usage.tenants };
     for (k, u) in totals {
@@ -473,6 +485,33 @@ mod tests {
         let r = build(&usage, &jobs, false);
         let row = &r.rows[0];
         assert_eq!((row.jobs, row.failed, row.cancelled), (6, 1, 2), "{row:?}");
+    }
+
+    /// Waits count all time not running, of every job: a job evicted after its first start waited again (it was
+    /// left out, as were jobs not started yet), one still waiting has waited to the period's end, one running
+    /// waited up to its attempt's start.
+    #[test]
+    fn waits_count_every_job_and_all_its_time_not_running() {
+        let jobs = vec![
+            // Waited 1 s, held 5 s, then waited 4 s more after an eviction: 5 s.
+            view(
+                1,
+                "succeeded",
+                serde_json::json!({"started_ms": 6_000, "finished_ms": 11_000, "held_ms": 5_000, "preemptions": 1}),
+            ),
+            // Started at once and ran to its end: 0 s.
+            view(2, "succeeded", serde_json::json!({"started_ms": 1_000, "finished_ms": 3_000, "held_ms": 2_000})),
+            // Never started, still waiting at the period's end (10 s): 9 s.
+            view(3, "pending", serde_json::json!({})),
+            // Running its second attempt since 8 s, the first held 3 s: 4 s.
+            view(4, "running", serde_json::json!({"started_ms": 8_000, "held_ms": 3_000, "restarts": 1})),
+        ];
+        let usage: UsageReport = serde_json::from_value(serde_json::json!({
+            "currency": "USD", "from_ms": 0, "to_ms": 10_000, "tenants": {}, "by_user": {}, "jobs": {}
+        }))
+        .unwrap();
+        let row = &build(&usage, &jobs, false).rows[0];
+        assert_eq!((row.wait_p50_s, row.wait_p90_s, row.wait_p99_s), (Some(4.0), Some(9.0), Some(9.0)), "{row:?}");
     }
 
     #[test]
