@@ -368,25 +368,28 @@ impl SchedConfig {
         Dur(self.restart_backoff.0.saturating_mul(1 << n.saturating_sub(1).min(5)))
     }
 
-    /// Knobs set to something that has no effect with the rest of the configuration, each said as a sentence (a
-    /// server logs them as warnings at start, the simulator prints them): the configuration is valid, but it is
-    /// probably not what was meant.
-    pub fn ignored_knobs(&self) -> Vec<String> {
+    /// Knobs `given` sets (a file's, with the flags given laid over them) to something that has no effect with the
+    /// rest of this configuration, each said as a sentence (a server logs them as warnings at start, the simulator
+    /// prints them): the configuration is valid, but it is probably not what was meant. What a policy sets by itself
+    /// (`auto`'s preemption for shorter jobs and defragmentation) is not named.
+    pub fn ignored_knobs(&self, given: &SchedKnobs) -> Vec<String> {
         let pre = &self.preemption;
         let mut out = Vec::new();
+        let preemptive = given.preemptive == Some(true) && pre.shorter_first;
+        let defragment = given.defragment == Some(true) && pre.defragment;
         if !pre.enabled {
-            for (on, knob) in [(pre.shorter_first, "preemptive"), (pre.defragment, "defragment")] {
+            for (on, knob) in [(preemptive, "preemptive"), (defragment, "defragment")] {
                 if on {
                     out.push(format!("{knob} = true does nothing with preemption = false (no job is evicted)"));
                 }
             }
-        } else if pre.shorter_first && !matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf) {
+        } else if preemptive && !matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf) {
             out.push(format!(
                 "preemptive = true does nothing under {}: only sjf, srtf and srgf evict for shorter jobs",
                 self.policy
             ));
         }
-        if self.learned_rank == LearnedRank::Gittins && self.learned_rule() == crate::gittins::Rule::Median {
+        if given.learned_rank == Some(LearnedRank::Gittins) && self.learned_rule() == crate::gittins::Rule::Median {
             out.push(
                 "learned_rank = \"gittins\" does nothing here: Gittins ranks are used only under srtf or srgf with \
                  preemption and preemptive = true"
@@ -862,24 +865,29 @@ mod tests {
         assert!(m.to_string().starts_with("the [scheduler] table") && m.to_string().contains("\n"), "{m}");
     }
 
-    /// Knobs that do nothing with the rest of the configuration are named (a server warns at start, `sim` prints
-    /// them); a configuration where each does something has none.
+    /// Knobs given that do nothing with the rest of the configuration are named (a server warns at start, `sim`
+    /// prints them); a configuration where each does something has none, and what a policy sets by itself is not
+    /// named (`auto` with `preemption = false` alone warned of `preemptive` and `defragment`, which it set).
     #[test]
     fn knobs_that_do_nothing_are_named() {
+        let knobs = |text: &str| SchedKnobs::from_toml(&format!("[scheduler]\n{text}")).unwrap();
+        let all = knobs("preemptive = true\ndefragment = true\nlearned_rank = \"gittins\"\n");
         let mut c = SchedConfig::recommended();
-        assert_eq!(c.ignored_knobs(), Vec::<String>::new(), "auto");
-        c.learned_rank = LearnedRank::Gittins;
-        assert_eq!(c.ignored_knobs(), Vec::<String>::new(), "Gittins ranks under auto are used");
+        all.apply(&mut c).unwrap();
+        assert_eq!(c.ignored_knobs(&all), Vec::<String>::new(), "auto, its Gittins ranks used");
         c.preemption.enabled = false;
-        let w = c.ignored_knobs();
+        assert_eq!(c.ignored_knobs(&knobs("preemption = false\n")), Vec::<String>::new(), "auto's own are not named");
+        let w = c.ignored_knobs(&all);
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(w[0].starts_with("preemptive = true does nothing with preemption = false"), "{w:?}");
         assert!(w[1].starts_with("defragment = true does nothing with preemption = false"), "{w:?}");
         assert!(w[2].starts_with("learned_rank = \"gittins\" does nothing here"), "{w:?}");
         let c = SchedConfig { policy: Policy::Las, ..SchedConfig::recommended() };
+        assert_eq!(c.ignored_knobs(&knobs("")), Vec::<String>::new());
         assert_eq!(
-            c.ignored_knobs(),
+            c.ignored_knobs(&knobs("preemptive = true\n")),
             vec!["preemptive = true does nothing under las: only sjf, srtf and srgf evict for shorter jobs".to_string()]
         );
+        assert_eq!(c.ignored_knobs(&all).len(), 2, "and Gittins ranks are not used under las");
     }
 }

@@ -333,6 +333,9 @@ pub fn build(
     // read a page at a time in two passes, each parsed and dropped at once, so that neither their text nor a second
     // copy of their jobs is ever held all together: the first pass looks only at each job's state and kind.
     let mut totals = RestoredTotals::default();
+    // Running jobs requeued (their GPUs could not be taken back): stored once both passes are over (a document
+    // written now would be read again by the second pass).
+    let mut requeued = Vec::new();
     for first in [true, false] {
         let mut after = None;
         loop {
@@ -345,9 +348,12 @@ pub fn build(
                     continue;
                 }
                 let (job, d) = owner::JobDoc::load(&text).map_err(err)?;
-                restore_job(&mut o, job, d, &mut totals)?;
+                requeued.extend(restore_job(&mut o, job, d, &mut totals)?);
             }
         }
+    }
+    for (id, attempt, started, why) in requeued {
+        o.requeued_at_start(id, attempt, started, &why);
     }
     let RestoredTotals { preemptions, restarts, submitted } = totals;
     // Cumulative counters continue where the last run left them (a counter that starts again at 0 reads as a reset to
@@ -506,11 +512,15 @@ pub async fn start(cfg: Config, store: Arc<dyn Store>) -> Result<Running, Server
         max_evictions = sched.preemption.max_per_interval,
         eviction_window_s = sched.preemption.interval.0 / 1000,
         tick_ms = cfg.tick.as_millis() as u64,
+        victim_scan_limit = sched.preemption.victim_scan_limit,
+        restart_backoff_ms = sched.restart_backoff.0,
+        learned_rank = sched.learned_rank.name(),
+        backfill_depth = sched.backfill_depth,
+        reservation_horizon = sched.reservation_horizon,
+        fairshare_half_life_s = sched.fairshare_half_life.0 / 1000,
+        las_thresholds_gpu_s = ?sched.las_thresholds_gpu_s,
         "gpunet server listening"
     );
-    for w in sched.ignored_knobs() {
-        tracing::warn!("scheduler: {w}");
-    }
     Ok(Running {
         addr,
         scheme,
@@ -531,25 +541,36 @@ struct RestoredTotals {
     submitted: u64,
 }
 
-/// Restores one stored job into the core and its document into the owner.
+/// Restores one stored job into the core and its document into the owner; a running job that could not keep its
+/// placement is requeued, and returned (its id, attempt, start and why) for `Owner::requeued_at_start`.
 fn restore_job(
     o: &mut owner::Owner,
     job: gpunet_core::Job,
     mut d: owner::JobDoc,
     totals: &mut RestoredTotals,
-) -> Result<(), ServerError> {
+) -> Result<Option<(u64, u32, Time, String)>, ServerError> {
     let id = job.id.0;
     let recover = |reason: String| ServerError::Recover { what: format!("job {id}"), reason };
     o.names.share(&mut d);
+    // Stored by a version that kept no `held_ms`: seeded from its attempts' records (the newest of them).
+    if d.more().held_ms == 0 {
+        let held: u64 =
+            d.more().attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum();
+        if held > 0 {
+            d.more_mut().held_ms = held;
+        }
+    }
     o.next_id = o.next_id.max(id + 1 + job.spec.array.as_ref().map_or(0, |a| a.indices.len() as u64));
     totals.preemptions += u64::from(job.preemptions);
     totals.restarts += u64::from(job.restarts);
     totals.submitted += u64::from(job.array_of.is_none());
     let array = job.spec.array.is_some().then(|| Box::new(job.clone()));
+    let mut requeued = None;
     if let Err(e) = o.st.restore(job.clone(), Time(now_ms())) {
         // A running job whose GPUs cannot be taken back (its node is gone): it waits again, as after a failure.
         tracing::warn!(job = id, error = %e, "running job could not keep its placement; requeued");
         let mut j = job;
+        requeued = j.run.as_ref().map(|r| (j.attempt(), r.started, e.to_string()));
         j.state = gpunet_core::JobState::Restarting;
         j.run = None;
         o.st.restore(j, Time(now_ms())).map_err(|e| recover(e.to_string()))?;
@@ -571,7 +592,7 @@ fn restore_job(
         o.idempotent.entry(k.clone()).or_default().push(id);
     }
     o.add_doc(id, d);
-    Ok(())
+    Ok(requeued.map(|(attempt, started, why)| (id, attempt, started, why)))
 }
 
 #[cfg(test)]

@@ -1240,6 +1240,13 @@ async fn time_not_running_counts_attempts_from_before_a_restart() {
     let ms = |v: &Value| v.as_u64().unwrap() as f64 / 1000.0;
     let held: f64 = j["attempts"].as_array().unwrap().iter().map(|t| ms(&t["ended_ms"]) - ms(&t["started_ms"])).sum();
     assert!(held >= 0.8, "two attempts of 400 ms or more: {j}");
+    let sum: u64 = j["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ended_ms"].as_u64().unwrap() - t["started_ms"].as_u64().unwrap())
+        .sum();
+    assert_eq!(j["held_ms"].as_u64(), Some(sum), "the view's held_ms is its attempts' sum: {j}");
     let expected =
         ms(&j["finished_ms"]) - ms(&j["submitted_ms"]) - held + ms(&d["finished_ms"]) - ms(&d["submitted_ms"]);
     let (_, m) = app.call("GET", "/metrics", Some("admin"), None).await;
@@ -1251,4 +1258,38 @@ async fn time_not_running_counts_attempts_from_before_a_restart() {
     assert_eq!(value("gpunet_job_not_running_duration_seconds_count "), 2.0, "{m}");
     let sum = value("gpunet_job_not_running_duration_seconds_sum ");
     assert!((sum - expected).abs() < 0.01, "observed {sum} s, its attempts say {expected} s");
+}
+
+/// A running job whose node does not come back at a restart of the server (here its stored document now says it is
+/// still booting, a pool's node not registered) is requeued: its attempt is closed as `interrupted`, counted as held
+/// until the restart, and the job stored so — a second restart neither requeues it again nor counts it twice.
+#[tokio::test]
+async fn a_job_requeued_at_start_closes_its_attempt_once() {
+    use gpunet_store::Store;
+    let store = Arc::new(MemoryStore::new());
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let a = app.tenant("team-a", None).await;
+    app.node("n1", 1).await;
+    let (_, v) = app.call("POST", "/v1/jobs", Some(&a), Some(r#"{"name": "t", "gpus": 1}"#.into())).await;
+    let id = v["id"].as_u64().unwrap();
+    wait_state(&app, id, "running").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    drop(app);
+    let (name, mut doc) = store.load().unwrap().nodes.into_iter().find(|(n, _)| n == "n1").unwrap();
+    doc["booting"] = json!(true);
+    store.commit(vec![gpunet_store::Write::Node { name, doc }]).unwrap();
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let (_, j) = app.call("GET", &format!("/v1/jobs/{id}"), Some(&a), None).await;
+    let t = &j["attempts"][0];
+    assert_eq!((j["state"].as_str(), t["outcome"].as_str()), (Some("restarting"), Some("interrupted")), "{j}");
+    let held = t["ended_ms"].as_u64().unwrap() - t["started_ms"].as_u64().unwrap();
+    assert!(held >= 300 && j["held_ms"].as_u64() == Some(held), "{j}");
+    assert!(t["message"].as_str().unwrap().contains("requeued at the server's start"), "{j}");
+    drop(app);
+    let app = App::on(Path::new("/nonexistent"), store.clone());
+    let (_, again) = app.call("GET", &format!("/v1/jobs/{id}"), Some(&a), None).await;
+    assert_eq!((&again["held_ms"], &again["attempts"]), (&j["held_ms"], &j["attempts"]), "{again}");
+    let (_, ev) = app.call("GET", &format!("/v1/jobs/{id}/events"), Some(&a), None).await;
+    let requeued = ev.as_array().unwrap().iter().filter(|e| e["kind"] == "requeued").count();
+    assert_eq!(requeued, 1, "{ev}");
 }

@@ -310,6 +310,7 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
         let p = cfg.sched.policy;
         cfg.sched.use_plain_policy(p);
     }
+    let given = knobs.as_ref().map(|(_, k)| k.clone()).unwrap_or_default();
     if let Some((p, k)) = knobs {
         // The file's minimum run time and restart backoff apply over the server's defaults; set to another value on
         // the command line or in the server's file as well, the two disagree and neither is taken quietly.
@@ -352,6 +353,12 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
         Some(PolicyName::Recommended) => cfg.sched.policy = gpunet_core::SchedConfig::RECOMMENDED_POLICY,
         Some(PolicyName::Plain(p)) => cfg.sched.policy = p,
         None => {}
+    }
+    // Checked again as the server will run it: the file was checked under its own policy (preemptive SJF at a ratio
+    // of 1 passed as SRGF, then ran as SJF under `--policy sjf`).
+    cfg.sched.validate().context("invalid scheduler settings (--policy with the --sched-config file)")?;
+    for w in cfg.sched.ignored_knobs(&given) {
+        tracing::warn!("scheduler: {w}");
     }
     Ok(())
 }

@@ -177,14 +177,16 @@ fn user_of(j: &JobView) -> &str {
 }
 
 /// A job's time not running (seconds) from its view: its life so far (to its end, to its running attempt's start, or
-/// to `until` while it waits) less what its ended attempts held.
+/// to `until` while it waits) less what its ended attempts held (`held_ms`; from a server that does not send it,
+/// what its attempts' records say).
 fn wait_s(j: &JobView, until: u64) -> f64 {
     let to = match (j.finished_ms, j.state.as_str(), j.started_ms) {
         (Some(f), _, _) => f,
         (None, "running", Some(s)) => s,
         _ => until.max(j.submitted_ms),
     };
-    to.saturating_sub(j.submitted_ms).saturating_sub(j.held_ms) as f64 / 1000.0
+    let recorded: u64 = j.attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum();
+    to.saturating_sub(j.submitted_ms).saturating_sub(j.held_ms.max(recorded)) as f64 / 1000.0
 }
 
 /// Builds the report from the ledger's usage and the jobs (pure: the CLI fetches, this computes).
@@ -202,6 +204,9 @@ pub(crate) fn build(usage: &UsageReport, jobs: &[JobView], by_user: bool) -> Rep
             if j.state == "cancelled" {
                 r.cancelled += unmade;
             }
+            // Those never made waited from the array's submission to its end, or to the period's end.
+            let to = j.finished_ms.unwrap_or(usage.to_ms).max(j.submitted_ms);
+            waits.extend(std::iter::repeat_n(to.saturating_sub(j.submitted_ms) as f64 / 1000.0, unmade as usize));
             continue;
         }
         r.jobs += 1;
@@ -493,11 +498,11 @@ mod tests {
     #[test]
     fn waits_count_every_job_and_all_its_time_not_running() {
         let jobs = vec![
-            // Waited 1 s, held 5 s, then waited 4 s more after an eviction: 5 s.
+            // Waited 1 s, held 7 s, then waited 2 s more after an eviction: 3 s (it was left out).
             view(
                 1,
                 "succeeded",
-                serde_json::json!({"started_ms": 6_000, "finished_ms": 11_000, "held_ms": 5_000, "preemptions": 1}),
+                serde_json::json!({"started_ms": 9_000, "finished_ms": 11_000, "held_ms": 7_000, "preemptions": 1}),
             ),
             // Started at once and ran to its end: 0 s.
             view(2, "succeeded", serde_json::json!({"started_ms": 1_000, "finished_ms": 3_000, "held_ms": 2_000})),
@@ -510,8 +515,26 @@ mod tests {
             "currency": "USD", "from_ms": 0, "to_ms": 10_000, "tenants": {}, "by_user": {}, "jobs": {}
         }))
         .unwrap();
+        let waits: Vec<f64> = jobs.iter().map(|j| wait_s(j, usage.to_ms)).collect();
+        assert_eq!(waits, [3.0, 0.0, 9.0, 4.0]);
         let row = &build(&usage, &jobs, false).rows[0];
-        assert_eq!((row.wait_p50_s, row.wait_p90_s, row.wait_p99_s), (Some(4.0), Some(9.0), Some(9.0)), "{row:?}");
+        assert_eq!((row.wait_p50_s, row.wait_p90_s, row.wait_p99_s), (Some(3.0), Some(9.0), Some(9.0)), "{row:?}");
+        // An older server sends no `held_ms`: the attempts' records say what was held.
+        let old = view(
+            5,
+            "succeeded",
+            serde_json::json!({"finished_ms": 11_000, "attempts": [
+            {"attempt": 0, "placement": [], "started_ms": 2_000, "ended_ms": 4_000},
+            {"attempt": 1, "placement": [], "started_ms": 6_000, "ended_ms": 11_000}]}),
+        );
+        assert_eq!(wait_s(&old, 10_000), 3.0);
+        // An array of 4 with 2 elements never made, still waiting at the period's end: 9 s each.
+        let progress =
+            serde_json::json!({"total": 4, "expanded": 2, "live": 0, "succeeded": 0, "failed": 0, "cancelled": 0});
+        let mut with_array = jobs.clone();
+        with_array.push(view(6, "pending", serde_json::json!({"array": progress})));
+        let row = &build(&usage, &with_array, false).rows[0];
+        assert_eq!((row.jobs, row.wait_p50_s, row.wait_p90_s), (6, Some(4.0), Some(9.0)), "{row:?}");
     }
 
     #[test]

@@ -441,6 +441,9 @@ mod tests {
         assert!(e.contains("min_run_time (600000 ms) disagrees with --preempt-min-run-s (60000 ms"), "{e}");
         let e = sched(&["--restart-backoff-s", "1"], Some("restart_backoff = \"20s\"\n")).unwrap_err().to_string();
         assert!(e.contains("restart_backoff (20000 ms) disagrees with --restart-backoff-s"), "{e}");
+        // The file and `--policy` together are checked as the server runs them.
+        let e = sched(&["--policy", "sjf"], Some("preemptive = true\nshorter_ratio = 1\n")).unwrap_err();
+        assert!(format!("{e:#}").contains("at least 2 under preemptive sjf"), "{e:#}");
         // A file that is no TOML keeps the parser's lines (it was one escaped line).
         let e = format!("{:#}", sched(&[], Some("min_run_time = -1\n")).unwrap_err());
         assert!(e.contains("the [scheduler] table") && e.contains("-1 is negative") && e.contains('\n'), "{e}");

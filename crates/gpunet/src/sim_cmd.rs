@@ -222,7 +222,11 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
         None => {}
     }
     sched.validate().context("invalid scheduler settings")?;
-    for w in sched.ignored_knobs() {
+    // The file's knobs with the flags given laid over them: what a policy sets by itself is not warned about.
+    let mut given = cluster.scheduler.clone().unwrap_or_default();
+    given.preemptive = given.preemptive.filter(|_| !o.preemptive).or(o.preemptive.then_some(true));
+    given.defragment = given.defragment.filter(|_| !o.defragment).or(o.defragment.then_some(true));
+    for w in sched.ignored_knobs(&given) {
         eprintln!("warning: {w}");
     }
     match o.checkpoint_mins {

@@ -120,7 +120,7 @@ fn report_figures_equal_sums_from_the_ledger() {
                 (Some(n), Some(failed), Some(cancelled)),
                 "{k}: {r}"
             );
-            // Every job that ran started once: its wait is known.
+            // Every job submitted has a wait (its time not running), ended or not.
             assert!(r["wait_p50_s"].as_f64().is_some_and(|w| w >= 0.0), "{k}: {r}");
         }
     }

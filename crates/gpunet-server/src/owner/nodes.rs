@@ -715,6 +715,26 @@ impl Owner {
         self.bump_job(nodes);
     }
 
+    /// At start, a running job whose GPUs could not be taken back (its node is gone) was requeued: its attempt is
+    /// taken to have held them until now (when it ended while the server was down is not known), its record closed
+    /// as `interrupted`, and the job stored so (else the next start would requeue, and count, it again).
+    pub(crate) fn requeued_at_start(&mut self, id: u64, attempt: u32, started: Time, why: &str) {
+        let now = now_ms();
+        let Some(d) = self.docs.get_mut(&id) else { return };
+        let m = d.more_mut();
+        m.held_ms = m.held_ms.saturating_add(now.saturating_sub(started.0));
+        let message =
+            format!("job-{id} requeued at the server's start: attempt {attempt} could not keep its GPUs ({why})");
+        if let Some(a) = m.attempts.iter_mut().rev().find(|a| a.attempt == attempt && a.ended_ms.is_none()) {
+            a.ended_ms = Some(now);
+            a.outcome = Some("interrupted".into());
+            a.message = Some(message.clone());
+        }
+        let mut writes: Vec<Write> = self.job_doc_write(id).into_iter().collect();
+        writes.push(self.event(id, "requeued", message));
+        self.persist(writes, "a running job requeued at start");
+    }
+
     /// Confirms at once the stops of attempts whose tasks are all on nodes without an agent (no process runs there).
     pub(super) fn confirm_unmanaged(&mut self, id: JobId, now: u64, writes: &mut Vec<Write>) {
         let Some(j) = self.st.job(id) else { return };
