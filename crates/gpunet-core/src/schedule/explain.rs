@@ -337,6 +337,15 @@ impl Pass<'_> {
         }
     }
 
+    /// Forgets what was noted of `job`: it is explained as a job no pass noted (in order behind the head).
+    pub(super) fn unnote(&mut self, job: JobId) {
+        if self.trace == Some(job) {
+            self.outcome = None;
+        } else {
+            self.notes.remove(&job);
+        }
+    }
+
     /// A head's reservation at `at` as the start it is expected at: none when there is none (`Time::MAX`), or when a
     /// release it may count on by then is indexed to end where the ETA replay (`predict.rs`, `expected_left`)
     /// expects it not to: a job without an estimate (ranked by its probe; the replay expects no end of it), one within
@@ -620,6 +629,37 @@ mod tests {
         assert_eq!(queued[2].reason, kept_off);
         assert_eq!(eta(&explain(&s, JobId(2), now).unwrap()), Some(Time::from_secs(2000)));
         assert!(started(&s.step(now).unwrap()).is_empty());
+        // The job the walk does not reach would fit, but no pass starts it: it waits in order behind the head (it
+        // said "fits now and starts in the next scheduling pass"), the same alone and in the queue view.
+        let order = PendingReason::Order { ahead: 1, policy: Policy::Srtf, blocked_by: Some(JobId(2)) };
+        let alone = explain(&s, JobId(3), now).unwrap();
+        assert_eq!((&queued[1].reason, &alone.reason), (&order, &order));
+        assert_eq!(alone.message, queued[1].message);
+        assert!(alone.message.starts_with("order: 1 jobs ahead under srtf; job-2 does not fit"), "{}", alone.message);
+    }
+
+    /// Past the walk's end a queue view's pass looks at jobs only to explain them: what one of them would take is not
+    /// taken from the next. Two short jobs behind a head that blocks, each fitting the one free GPU: each is told
+    /// what it is told alone (the second was told there was no room: the first had "started" on it).
+    #[test]
+    fn jobs_explained_past_the_walks_end_take_no_room_from_each_other() {
+        let mut c = srtf_with_a_probe();
+        c.backfill_depth = 0;
+        let ns = ["n", "m"].iter().map(|n| node(n, GpuModel::T4, 1)).collect();
+        let mut s = cluster(c, ns, &["a"]);
+        submit(&mut s, 1, JobSpec::new(t0(), "known", 1, 1).estimate(Dur::from_secs(2000)), 0);
+        s.step(Time::ZERO).unwrap();
+        submit(&mut s, 2, JobSpec::new(t0(), "head", 1, 2).estimate(Dur::from_secs(10)), 1);
+        submit(&mut s, 3, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(10)), 2);
+        submit(&mut s, 4, JobSpec::new(t0(), "short", 1, 1).estimate(Dur::from_secs(10)), 3);
+        let now = Time::from_secs(10);
+        let queued = explain_queue(&s, &[(JobId(2), 0), (JobId(3), 1), (JobId(4), 2)], now);
+        for (q, id) in queued[1..].iter().zip([3, 4]) {
+            let alone = explain(&s, JobId(id), now).unwrap();
+            assert_eq!((&q.reason, &q.message), (&alone.reason, &alone.message), "job {id}");
+            assert!(matches!(q.reason, PendingReason::Order { blocked_by: Some(JobId(2)), .. }), "{:?}", q.reason);
+        }
+        assert!(started(&s.step(now).unwrap()).is_empty(), "no pass starts them");
     }
 
     /// A job kept off a head's reservation names the head's start only when the reservation counts on no job without

@@ -501,7 +501,19 @@ impl<'a> Pass<'a> {
                     }
                 }
                 Some(r) => {
+                    // Past the walk's end: stopped there, or (a traced job, which the walk always tries) as far behind
+                    // the head as the walk goes.
+                    let mark = (stopped || after_block > cfg.backfill_depth).then(|| self.free.mark());
                     if self.backfill(job, r, &classes, classes.len() != base.len(), shape) {
+                        if let Some(mark) = mark {
+                            // Past the walk's end a real pass does not reach it: it would fit, but waits in order
+                            // behind the head (the explanation a job no pass notes gets), and its start is undone, so
+                            // that it takes no room from the jobs explained after it. It said "fits now and starts in
+                            // the next scheduling pass", which no pass did.
+                            self.undo_start(mark);
+                            self.unnote(jid);
+                            continue;
+                        }
                         order.touch(t);
                         // A job that starts is no look in vain: the depth bounds only those (a pass behind a head
                         // that blocks early still starts everything that fits).

@@ -174,6 +174,24 @@ impl Pass<'_> {
         self.note(job.id, |_| PendingReason::Starting);
         self.decisions.push(Decision::Start { job: job.id, placement, borrowed });
     }
+
+    /// Undoes the start [`Pass::commit_start`] has just made (`mark`: the pass's pool before it), for a job a queue
+    /// view's pass looks at past the walk's end only to explain it.
+    pub(super) fn undo_start(&mut self, mark: usize) {
+        let st = self.st;
+        let Some(Decision::Start { job, placement, .. }) = self.decisions.last() else { return };
+        if let Some(j) = st.jobs.get(job) {
+            let q = st.placement_qvec(&j.spec, placement);
+            self.book.charge(&st.shape, j.spec.tenant, &q, true);
+        }
+        self.decisions.pop();
+        self.free.rollback(&st.topo, mark);
+        if st.cfg.backfill {
+            self.started.pop();
+        }
+        self.stats.started = self.stats.started.saturating_sub(1);
+        self.stats.backfilled = self.stats.backfilled.saturating_sub(1);
+    }
 }
 
 /// Why no node of the given classes could ever hold the job (whatever runs now), if so.
