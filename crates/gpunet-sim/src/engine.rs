@@ -1120,7 +1120,8 @@ pub fn simulate(
     let end = e.last_t;
     let sec = |t: u64| t.saturating_sub(t0) as f64 / 1000.0;
     let mut rows = Vec::with_capacity(order.len());
-    let (mut completed, mut failed, mut unfinished) = (0, 0, 0);
+    let (mut completed, mut failed, mut unfinished, mut never_fit) = (0, 0, 0, 0);
+    let mut never_fit_example = None;
     let mut last_finish = t0;
     for (k, &i) in order.iter().enumerate() {
         let j = &e.jobs[k];
@@ -1139,6 +1140,10 @@ pub fn simulate(
             }
             (None, _) => {
                 unfinished += 1;
+                if let Some(why) = e.st.job(JobId(k as u64 + 1)).and_then(|x| gpunet_core::never_fits(&e.st, &x.spec)) {
+                    never_fit += 1;
+                    never_fit_example.get_or_insert_with(|| format!("{}: {why}", tj.id));
+                }
                 JobEnd::Unfinished
             }
         };
@@ -1163,7 +1168,8 @@ pub fn simulate(
     let waiting: Vec<f64> = e.series.iter().filter(|s| s.queued > 0).map(|s| s.fragmentation).collect();
     let fragmentation = if waiting.is_empty() { 0.0 } else { waiting.iter().sum::<f64>() / waiting.len() as f64 };
     let ratio = |a: f64, c: f64| if c > 0.0 { (a / c).min(1.0) } else { 0.0 };
-    let (span_alloc, span_cap) = e.span_area.unwrap_or((e.alloc_area, e.cap_area));
+    // Every job submitted at one instant leaves no span: the whole run's figure is given instead.
+    let (span_alloc, span_cap) = e.span_area.filter(|(_, c)| *c > 0.0).unwrap_or((e.alloc_area, e.cap_area));
     let gpu_hours_used = e.alloc_area / 3_600_000.0;
     let eviction_lost_gpu_hours = e.evict_lost_gpu_ms / 3_600_000.0;
     let latency = crate::metrics::latency(&rows, &names);
@@ -1171,6 +1177,10 @@ pub fn simulate(
         policy: cfg.sched.policy.name().to_string(),
         backfill: cfg.sched.backfill,
         preemptive: cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first,
+        shorter_ratio: (cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first)
+            .then_some(cfg.sched.preemption.shorter_ratio),
+        defragment: cfg.sched.preemption.enabled && cfg.sched.preemption.defragment,
+        setting: None,
         estimates: match cfg.estimates {
             EstimateMode::Oracle => "oracle",
             EstimateMode::Noisy { .. } => "noisy",
@@ -1188,6 +1198,8 @@ pub fn simulate(
         completed,
         failed,
         unfinished,
+        never_fit,
+        never_fit_example,
         avg_jct_s: 0.0,
         median_jct_s: 0.0,
         p95_jct_s: 0.0,

@@ -5,14 +5,16 @@ use std::path::PathBuf;
 /// Everything the simulator can refuse.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// A file could not be read.
-    #[error("read {path}: {source}")]
+    /// A file could not be read or written (the cause is in the message, once: it is not also the error's source,
+    /// which a printed chain repeated).
+    #[error("{action} {}: {cause}", path.display())]
     Io {
+        /// "read" or "write".
+        action: &'static str,
         /// The file.
         path: PathBuf,
         /// The cause.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A row of a trace is malformed.
     #[error("read {file}:{line}: invalid {field} {value:?}: {reason}")]
@@ -83,8 +85,12 @@ pub enum SimError {
 }
 
 impl SimError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> SimError {
-        SimError::Io { path: path.into(), source }
+    pub(crate) fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> SimError {
+        SimError::Io { action: "read", path: path.into(), cause }
+    }
+
+    pub(crate) fn io_write(path: impl Into<PathBuf>, cause: std::io::Error) -> SimError {
+        SimError::Io { action: "write", path: path.into(), cause }
     }
 
     pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> SimError {

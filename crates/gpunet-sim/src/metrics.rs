@@ -17,6 +17,10 @@
 //!   submission (the window in which the trace offers its load); `utilization` runs to the last completion.
 
 use crate::error::SimError;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
 use serde::Serialize;
 use std::io::Write as _;
 use std::path::Path;
@@ -117,6 +121,15 @@ pub struct SimResult {
     pub backfill: bool,
     /// Preemption by shorter estimated jobs (preemptive SJF/SRTF) on.
     pub preemptive: bool,
+    /// With `preemptive`: how much shorter a job must be to evict another ([`gpunet_core::PreemptionConfig::shorter_ratio`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shorter_ratio: Option<u32>,
+    /// Defragmentation on (absent from JSON when off).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub defragment: bool,
+    /// The setting as named, when it is not the policy alone: `auto` (SRGF with its knobs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
     /// Where estimates came from (`oracle`, `noisy`, `history`).
     pub estimates: String,
     /// How learned estimates were ranked: `gittins` (their Gittins rank, under preemptive SRTF/SRGF) or `median`
@@ -137,6 +150,12 @@ pub struct SimResult {
     pub failed: usize,
     /// Jobs still waiting when nothing more could happen (e.g. larger than a quota or any node group).
     pub unfinished: usize,
+    /// Of those, jobs no node of the cluster could ever hold (more GPUs than any node group has, or no node of
+    /// their model), and the first of them with why: `gpunet sim` warns of them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub never_fit: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub never_fit_example: Option<String>,
     /// Mean job completion time (submit → finish) of completed jobs.
     pub avg_jct_s: f64,
     /// Median JCT.
@@ -165,7 +184,8 @@ pub struct SimResult {
     pub avg_bounded_slowdown: f64,
     /// Allocated GPU-time ÷ schedulable GPU-time between the first submission and the last completion.
     pub utilization: f64,
-    /// Allocated GPU-time ÷ schedulable GPU-time between the first and the last submission.
+    /// Allocated GPU-time ÷ schedulable GPU-time between the first and the last submission (when every job is
+    /// submitted at one instant, that span is empty: then as `utilization`).
     pub utilization_span: f64,
     /// Mean fragmentation over the samples taken while jobs waited.
     pub fragmentation: f64,
@@ -386,9 +406,9 @@ fn opt(v: Option<f64>) -> String {
 /// Writes one CSV row per job: `id,tenant,gpus,size_class,submit_s,duration_s,estimate_s,first_start_s,end_s,end,
 /// held_s,wait_s,jct_s,evictions` (times in seconds since the first submission; empty cells where a job has none).
 pub fn write_jobs_csv(path: &Path, rows: &[JobOutcome]) -> Result<(), SimError> {
-    let f = std::fs::File::create(path).map_err(|e| SimError::io(path, e))?;
+    let f = std::fs::File::create(path).map_err(|e| SimError::io_write(path, e))?;
     let mut w = std::io::BufWriter::new(f);
-    let mut out = |s: String| w.write_all(s.as_bytes()).map_err(|e| SimError::io(path, e));
+    let mut out = |s: String| w.write_all(s.as_bytes()).map_err(|e| SimError::io_write(path, e));
     out("id,tenant,gpus,size_class,submit_s,duration_s,estimate_s,first_start_s,end_s,end,held_s,wait_s,jct_s,\
          evictions\n"
         .into())?;
@@ -416,7 +436,7 @@ pub fn write_jobs_csv(path: &Path, rows: &[JobOutcome]) -> Result<(), SimError> 
             r.evictions
         ))?;
     }
-    w.flush().map_err(|e| SimError::io(path, e))
+    w.flush().map_err(|e| SimError::io_write(path, e))
 }
 
 /// Quotes a CSV field when it holds a separator, a quote or a line break.

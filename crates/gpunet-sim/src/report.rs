@@ -67,7 +67,7 @@ fn fmt_num(v: f64) -> String {
 
 /// Writes `report.md`, `utilization.svg`, `queue.svg` and `jct_cdf.svg` into `dir`; `title` names the run.
 pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimError> {
-    std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| SimError::io_write(dir, e))?;
     let hours: Vec<f64> = r.series.iter().map(|s| s.t_s / 3600.0).collect();
     let util: Vec<(f64, f64)> = hours.iter().zip(&r.series).map(|(h, s)| (*h, s.utilization)).collect();
     let queue: Vec<(f64, f64)> = hours.iter().zip(&r.series).map(|(h, s)| (*h, s.queued as f64)).collect();
@@ -85,7 +85,7 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     ];
     for (name, body) in &files {
         let p = dir.join(name);
-        std::fs::write(&p, body).map_err(|e| SimError::io(&p, e))?;
+        std::fs::write(&p, body).map_err(|e| SimError::io_write(&p, e))?;
     }
     let mut md = String::new();
     let _ = writeln!(md, "# gpunet simulation: {title}\n");
@@ -166,7 +166,7 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         );
     }
     let p = dir.join("report.md");
-    std::fs::write(&p, md).map_err(|e| SimError::io(&p, e))
+    std::fs::write(&p, md).map_err(|e| SimError::io_write(&p, e))
 }
 
 #[cfg(test)]

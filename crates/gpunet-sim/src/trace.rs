@@ -147,6 +147,9 @@ pub struct ReadOptions {
     pub skip_bad_rows: bool,
 }
 
+/// The largest time a trace may give, in seconds (about 317 years).
+pub const MAX_SECONDS: f64 = 1e10;
+
 const GPUNET_REQUIRED: [&str; 5] = ["id", "submit_s", "duration_s", "gpus", "tenant"];
 const GPUNET_OPTIONAL: [&str; 8] =
     ["gpu_model", "priority", "est_duration_s", "tasks", "cpu_milli", "memory_mib", "preemptible", "dependency"];
@@ -210,11 +213,13 @@ impl Row<'_> {
         }
     }
 
+    /// A time in seconds, at least `min` and at most [`MAX_SECONDS`] (a larger one saturated the replay's clock in
+    /// milliseconds and the replay never ended).
     fn f64(&self, col: &str, min: f64) -> Result<f64, SimError> {
         let v = self.raw(col);
         match v.parse::<f64>() {
-            Ok(x) if x.is_finite() && x >= min => Ok(x),
-            _ => Err(self.bad(col, v, &format!("a number >= {min}"))),
+            Ok(x) if x.is_finite() && x >= min && x <= MAX_SECONDS => Ok(x),
+            _ => Err(self.bad(col, v, &format!("a number from {min} to {MAX_SECONDS:.0} (seconds)"))),
         }
     }
 
@@ -554,7 +559,12 @@ mod tests {
         let e = read("id,submit_s,duration_s,gpus,tenant\na,0,100,2,t\nb,zero,1,1,t\n", ReadOptions::default())
             .unwrap_err()
             .to_string();
-        assert_eq!(e, "read t.csv:3: invalid submit_s \"zero\": a number >= 0");
+        assert_eq!(e, "read t.csv:3: invalid submit_s \"zero\": a number from 0 to 10000000000 (seconds)");
+        // A time past the bound saturated the replay's clock and the replay never ended (4-5 GB in 10 s).
+        for row in ["a,0,1e17,8,t", "a,1e17,100,8,t", "a,0,1e10,1,t\nb,1e10,0.5,1,t\nc,0,10000000001,1,t"] {
+            let e = read(&format!("id,submit_s,duration_s,gpus,tenant\n{row}\n"), ReadOptions::default()).unwrap_err();
+            assert!(e.to_string().contains("a number from"), "{row}: {e}");
+        }
         let t = read(
             "id,submit_s,duration_s,gpus,tenant\na,0,100,2,t\nb,zero,1,1,t\nc,1,-5,1,t\n",
             ReadOptions { skip_bad_rows: true, ..Default::default() },

@@ -253,6 +253,9 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
         }
         (None, None) => base.stop_time.clone(),
     };
+    if o.max_jobs == Some(0) {
+        bail!("invalid --max-jobs 0: allowed is at least 1 (leave it out for the whole trace)");
+    }
     Ok(SimConfig {
         quotas: o.quotas.parse()?,
         borrowing,
@@ -335,7 +338,8 @@ fn table(results: &[SimResult]) -> String {
     let heads: Vec<String> = results
         .iter()
         .map(|r| {
-            format!("{}{}{}", r.policy, if r.preemptive { "+pre" } else { "" }, if r.backfill { "+bf" } else { "" })
+            let name = r.setting.as_deref().unwrap_or(&r.policy);
+            format!("{name}{}{}", if r.preemptive { "+pre" } else { "" }, if r.backfill { "+bf" } else { "" })
         })
         .collect();
     let w0 = ROWS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
@@ -356,6 +360,55 @@ fn table(results: &[SimResult]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Writes to standard output; a reader that went away (`| head`) ends it quietly, as other tools do, instead of a
+/// panic.
+fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("write the results to standard output"),
+    }
+}
+
+/// Checks before a simulation that its files can be written where asked (`--jobs-out`'s folder exists, `--report`
+/// is a folder or nothing yet): they were written after it, and a wrong path lost the whole run. `names`: `sim
+/// compare`'s policies, whose files are named after them.
+fn check_outputs(o: &SimOpts, names: &[&str]) -> Result<()> {
+    if let Some(p) = &o.jobs_out {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            bail!("invalid --jobs-out {}: the folder {} does not exist", p.display(), dir.display());
+        }
+        let paths: Vec<PathBuf> =
+            if names.is_empty() { vec![p.clone()] } else { names.iter().map(|n| per_policy_path(p, n)).collect() };
+        if let Some(d) = paths.iter().find(|p| p.is_dir()) {
+            bail!("invalid --jobs-out {}: {} is a folder", p.display(), d.display());
+        }
+    }
+    if let Some(d) = &o.report {
+        if d.exists() && !d.is_dir() {
+            bail!("invalid --report {}: it exists and is not a folder", d.display());
+        }
+    }
+    Ok(())
+}
+
+/// Warns of jobs no node of the cluster could ever hold: they are left unfinished, and the averages (over completed
+/// jobs) leave them out.
+fn warn_never_fit(r: &SimResult) {
+    if r.never_fit > 0 {
+        eprintln!(
+            "warning: {}: {} of {} jobs can never run on this cluster and are left unfinished (first: {}); the \
+             averages are over completed jobs",
+            r.setting.as_deref().unwrap_or(&r.policy),
+            r.never_fit,
+            r.jobs,
+            r.never_fit_example.as_deref().unwrap_or("?")
+        );
+    }
 }
 
 /// `jobs.csv` for policy `las` → `jobs.las.csv` (beside the given path).
@@ -389,24 +442,31 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             let named: Option<PolicyName> =
                 cmd.policy.as_deref().map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
             let cfg = named_config(&o, named, &cluster)?;
+            check_outputs(&o, &[])?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
-            let r = simulate(&trace, &cluster, &cfg, &mut bar)?;
+            let mut r = simulate(&trace, &cluster, &cfg, &mut bar)?;
+            if named == Some(PolicyName::Recommended) {
+                r.setting = Some(PolicyName::Recommended.name().to_string());
+            }
+            warn_never_fit(&r);
+            // The results first: a file that cannot be written then loses none of them.
+            if o.output == "json" {
+                print_out(&format!("{}\n", serde_json::to_string(&r)?))?;
+            } else {
+                let mut out = table(std::slice::from_ref(&r));
+                if trace.skipped_bad_rows + trace.skipped_never_ran > 0 {
+                    out += &format!(
+                        "skipped rows: {} malformed, {} that never ran\n",
+                        trace.skipped_bad_rows, trace.skipped_never_ran
+                    );
+                }
+                print_out(&out)?;
+            }
             if let Some(dir) = &o.report {
                 report::write_report(dir, &format!("{} on {}", o.trace.display(), o.cluster), &r)?;
             }
             if let Some(p) = &o.jobs_out {
                 gpunet_sim::write_jobs_csv(p, &r.job_rows)?;
-            }
-            if o.output == "json" {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", table(std::slice::from_ref(&r)));
-                if trace.skipped_bad_rows + trace.skipped_never_ran > 0 {
-                    println!(
-                        "skipped rows: {} malformed, {} that never ran",
-                        trace.skipped_bad_rows, trace.skipped_never_ran
-                    );
-                }
             }
         }
         Some(SimSub::Compare { policies, opts: o }) => {
@@ -425,6 +485,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             let (trace, cluster) = load(&o)?;
             let cfgs: Vec<SimConfig> =
                 policies.iter().map(|p| named_config(&o, Some(*p), &cluster)).collect::<Result<_>>()?;
+            check_outputs(&o, &names)?;
             let tty = std::io::stderr().is_terminal() && o.output == "table";
             let results: Vec<SimResult> = std::thread::scope(|s| {
                 let handles: Vec<_> = cfgs
@@ -445,6 +506,18 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
+            let mut results = results;
+            for (r, p) in results.iter_mut().zip(&policies) {
+                if *p == PolicyName::Recommended {
+                    r.setting = Some(p.name().to_string());
+                }
+                warn_never_fit(r);
+            }
+            if o.output == "json" {
+                print_out(&format!("{}\n", serde_json::to_string(&results)?))?;
+            } else {
+                print_out(&table(&results))?;
+            }
             // Files and reports are named by policy, `auto` apart from a plain `srgf` (both run SRGF).
             if let Some(p) = &o.jobs_out {
                 for (r, name) in results.iter().zip(&names) {
@@ -455,11 +528,6 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                 for (r, name) in results.iter().zip(&names) {
                     report::write_report(&dir.join(name), &format!("{} under {name}", o.trace.display()), r)?;
                 }
-            }
-            if o.output == "json" {
-                println!("{}", serde_json::to_string(&results)?);
-            } else {
-                print!("{}", table(&results));
             }
         }
     }

@@ -311,3 +311,61 @@ fn sim_policy_auto_is_the_recommended_setting() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("fifo is named twice"), "{err}");
 }
+
+/// What a researcher met (a read of the simulator's docs): a run whose output files cannot be written is refused
+/// before it replays (it ran, then lost everything); results are printed before the files are written; a reader that
+/// goes away (`| head`) ends it quietly (it panicked); `--max-jobs 0` is refused (it "succeeded" with nothing); a job
+/// no node could hold is named in a warning (averages over completed jobs silently left it out); `auto` is named as
+/// such next to a plain `srgf`; a trace submitted at one instant has a span utilisation (it said 0%).
+#[test]
+fn sim_output_is_checked_first_and_said_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(&trace, "id,submit_s,duration_s,gpus,tenant\na,0,100,1,t\nb,0,100,1,t\nwide,0,100,64,t\n").unwrap();
+    let cluster = dir.path().join("c.toml");
+    std::fs::write(&cluster, "version = 1\n[[node_group]]\ncount = 2\ngpus_per_node = 4\ngpu_model = \"T4\"\n")
+        .unwrap();
+    let (t, c) = (trace.to_str().unwrap(), cluster.to_str().unwrap());
+    let missing = dir.path().join("no/such/jobs.csv");
+    let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--jobs-out", missing.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("invalid --jobs-out") && err.contains("does not exist"), "{err}");
+    assert!(out.stdout.is_empty(), "refused before any replay");
+    let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--report", t]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --report"), "{out:?}");
+    let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--max-jobs", "0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --max-jobs 0"), "{out:?}");
+    // The wide job can never run here: a warning names it; the rest replays.
+    let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--output", "json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("1 of 3 jobs can never run on this cluster") && err.contains("(first: wide:"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["completed"].as_u64(), v["unfinished"].as_u64(), v["never_fit"].as_u64()),
+        (Some(2), Some(1), Some(1))
+    );
+    // Submitted at one instant: the span is empty, and its utilisation is the whole run's (2 of 8 GPUs busy).
+    assert_eq!((v["utilization_span"].as_f64(), v["utilization"].as_f64()), (Some(0.25), Some(0.25)), "{v}");
+    // `auto` and a plain `srgf` told apart, in the table's heads and the JSON.
+    let compare = |output: &str| {
+        gpunet(&["sim", "compare", "--policies", "auto,srgf", "--trace", t, "--cluster", c, "--output", output])
+    };
+    let out = compare("json");
+    let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&both[0]["setting"], both[1].get("setting")), (&serde_json::json!("auto"), None), "{both}");
+    assert_eq!((&both[0]["shorter_ratio"], &both[0]["defragment"]), (&serde_json::json!(8), &serde_json::json!(true)));
+    let head = String::from_utf8_lossy(&compare("table").stdout).lines().next().unwrap_or_default().to_string();
+    assert!(head.contains("auto+pre+bf") && head.contains("srgf"), "{head}");
+    // A reader that closes its end before the results come: no panic, a clean exit.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpunet"))
+        .args(["sim", "--trace", &data("philly/philly_pollux.csv.gz"), "--cluster", "philly", "--max-jobs", "2000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{:?} {err}", out.status);
+}
