@@ -284,6 +284,20 @@ impl FromStr for PolicyName {
     }
 }
 
+/// In files as in `--policy`: `"auto"` or a policy's name.
+impl<'de> Deserialize<'de> for PolicyName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PolicyName, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for PolicyName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl SchedConfig {
     /// The default configuration with a policy.
     pub fn with_policy(policy: Policy) -> SchedConfig {
@@ -410,7 +424,7 @@ impl SchedConfig {
         }
         if self.preemption.shorter_ratio == 0 {
             return Err(CoreError::InvalidField {
-                field: "preemption.shorter_ratio",
+                field: "shorter_ratio",
                 value: "0".into(),
                 allowed: "a ratio of at least 1".into(),
             });
@@ -419,7 +433,7 @@ impl SchedConfig {
         // (each as long as the other), every minimum run time, and neither would reach a checkpoint.
         if self.policy == Policy::Sjf && self.preemption.shorter_first && self.preemption.shorter_ratio < 2 {
             return Err(CoreError::InvalidField {
-                field: "preemption.shorter_ratio",
+                field: "shorter_ratio",
                 value: self.preemption.shorter_ratio.to_string(),
                 allowed:
                     "at least 2 under preemptive sjf (its keys never change: at 1, two jobs of one estimate would \
@@ -429,7 +443,7 @@ impl SchedConfig {
         }
         if self.preemption.victim_scan_limit == 0 {
             return Err(CoreError::InvalidField {
-                field: "preemption.victim_scan_limit",
+                field: "victim_scan_limit",
                 value: "0".into(),
                 allowed: "at least 1 running job".into(),
             });
@@ -437,7 +451,7 @@ impl SchedConfig {
         if let Some(p) = self.probe.filter(|p| p.0 > u32::MAX as u64) {
             return Err(CoreError::InvalidField {
                 field: "probe",
-                value: format!("{}ms", p.0),
+                value: human(p),
                 allowed: "at most 49 days (4294967295ms)".into(),
             });
         }
@@ -458,6 +472,17 @@ impl SchedConfig {
             });
         }
         Ok(())
+    }
+}
+
+/// A duration as a file would write it: in the largest unit that divides it (`"2d"`, `"90s"`, `"1500ms"`).
+fn human(d: Dur) -> String {
+    let ms = d.0;
+    let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    match units.iter().find(|(u, _)| ms > 0 && ms % u == 0) {
+        Some((u, name)) => format!("{}{name}", ms / u),
+        None if ms == 0 => "0s".into(),
+        None => format!("{ms}ms"),
     }
 }
 
@@ -537,8 +562,9 @@ impl<'de> Deserialize<'de> for HumanDur {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedKnobs {
-    /// Queue policy (`fifo`, `priority`, `sjf`, `srtf`, `srgf`, `drf`, `fairshare`, `las`).
-    pub policy: Option<Policy>,
+    /// Queue policy (`fifo`, `priority`, `sjf`, `srtf`, `srgf`, `drf`, `fairshare`, `las`), or `auto`: the
+    /// recommended setting ([`SchedConfig::use_recommended_policy`], with backfill), which the file's other knobs tune.
+    pub policy: Option<PolicyName>,
     /// EASY backfill.
     pub backfill: Option<bool>,
     /// Preemption at all.
@@ -612,8 +638,13 @@ impl SchedKnobs {
     }
 
     fn apply_unchecked(&self, cfg: &mut SchedConfig) -> Result<(), CoreError> {
-        if let Some(p) = self.policy {
-            cfg.policy = p;
+        match self.policy {
+            Some(PolicyName::Plain(p)) => cfg.policy = p,
+            Some(PolicyName::Recommended) => {
+                cfg.use_recommended_policy();
+                cfg.backfill = true;
+            }
+            None => {}
         }
         if let Some(b) = self.backfill {
             cfg.backfill = b;
@@ -675,7 +706,7 @@ impl SchedKnobs {
         if let Some(t) = self.tick.filter(|t| t.0 == Dur::ZERO || t.0 > MAX_TICK) {
             return Err(CoreError::InvalidField {
                 field: "tick",
-                value: format!("{}ms", t.0 .0),
+                value: human(t.0),
                 allowed: "a positive duration of at most 1h (a pass runs at least this often while jobs wait: what \
                           time alone changes, a backoff's end, a minimum run time, a LAS demotion, waits for it)"
                     .into(),
@@ -684,7 +715,7 @@ impl SchedKnobs {
         if let Some(t) = self.stop_time.filter(|t| t.0 > MAX_STOP_TIME) {
             return Err(CoreError::InvalidField {
                 field: "stop_time",
-                value: format!("{}ms", t.0 .0),
+                value: human(t.0),
                 allowed: "at most 1d (86400s), as --stop-time-s".into(),
             });
         }
@@ -767,6 +798,25 @@ mod tests {
         assert_eq!(k.stop_time, Some(HumanDur(Dur(500))));
     }
 
+    /// `policy = "auto"` in a file is the recommended setting, as `--policy auto` is (it was refused as an unknown
+    /// variant), and the file's other knobs tune it; a bad name lists `auto` with the policies.
+    #[test]
+    fn a_file_may_name_auto() {
+        let k = SchedKnobs::from_toml("[scheduler]\npolicy = \"auto\"\nshorter_ratio = 4\n").unwrap();
+        assert_eq!(k.policy, Some(PolicyName::Recommended));
+        let mut c = SchedConfig::default();
+        k.apply(&mut c).unwrap();
+        let auto = SchedConfig {
+            preemption: PreemptionConfig { shorter_ratio: 4, ..SchedConfig::recommended().preemption },
+            ..SchedConfig::recommended()
+        };
+        assert_eq!(c, auto);
+        let k = SchedKnobs::from_toml("[scheduler]\npolicy = \"srtf\"\n").unwrap();
+        assert_eq!(k.policy, Some(PolicyName::Plain(Policy::Srtf)));
+        let e = SchedKnobs::from_toml("[scheduler]\npolicy = \"lottery\"\n").unwrap_err().to_string();
+        assert!(e.contains("lottery") && e.contains("auto, fifo"), "{e}");
+    }
+
     #[test]
     fn the_probe_knob_sets_a_length_or_turns_it_off_and_auto_has_one() {
         let mut c = SchedConfig::recommended();
@@ -827,12 +877,12 @@ mod tests {
             |text: &str| SchedKnobs::from_toml(text).and_then(|k| k.apply(&mut c)).unwrap_err().to_string();
         // Bounds: a tick over an hour, a stop time over a day, a walk over a million jobs.
         assert!(refused("[scheduler]\ntick = \"61m\"\n")
-            .starts_with("invalid tick \"3660000ms\": allowed is a positive duration of at most 1h"));
+            .starts_with("invalid tick \"61m\": allowed is a positive duration of at most 1h"));
         assert!(refused("[scheduler]\nstop_time = \"2d\"\n").contains("invalid stop_time"));
         assert!(refused("[scheduler]\nreservation_horizon = 2000000\n").contains("invalid reservation_horizon"));
         assert!(refused("[scheduler]\nfairshare_half_life = \"0s\"\n").contains("fairshare_half_life"));
         let e = refused("[scheduler]\npolicy = \"sjf\"\npreemptive = true\nshorter_ratio = 1\n");
-        assert!(e.contains("preemption.shorter_ratio") && e.contains("at least 2 under preemptive sjf"), "{e}");
+        assert!(e.contains("invalid shorter_ratio \"1\"") && e.contains("at least 2 under preemptive sjf"), "{e}");
         // At 1 under SRTF and SRGF a job's key falls as it runs: it is not evicted back.
         for policy in ["srtf", "srgf"] {
             let k = SchedKnobs::from_toml(&format!(

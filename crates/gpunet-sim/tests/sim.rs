@@ -378,7 +378,10 @@ fn knob_fairshare_half_life_decides_whose_old_usage_still_counts() {
 fn knob_policy_from_the_file_orders_the_queue() {
     // One GPU: a runs 0–100; at 100, b (50 s, submitted at 10) and c (10 s, at 20) wait. FIFO runs b first, SJF c.
     let (cluster, _) = knobbed(Policy::Fifo, 1, "policy = \"sjf\"\n");
-    let policy = cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap();
+    let policy = match cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap() {
+        gpunet_core::config::PolicyName::Plain(p) => p,
+        gpunet_core::config::PolicyName::Recommended => unreachable!("the file names sjf"),
+    };
     let (_, c) = knobbed(policy, 1, "policy = \"sjf\"\n");
     assert_eq!(c.sched.policy, Policy::Sjf);
     assert_eq!(jcts_by_id(&csv(THREE_JOBS), &cluster, &c).jcts, vec![90.0, 100.0, 150.0]);

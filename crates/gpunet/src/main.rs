@@ -301,7 +301,10 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
     };
     use gpunet_core::config::PolicyName;
     let named: Option<PolicyName> = policy.map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-    let file_names_policy = knobs.as_ref().is_some_and(|(_, k)| k.policy.is_some());
+    // A file naming `auto` names no plain policy: the recommended setting, tuned by its other knobs.
+    let file_names_policy = knobs
+        .as_ref()
+        .is_some_and(|(_, k)| k.policy.is_some_and(|p| p != gpunet_core::config::PolicyName::Recommended));
     let auto = named.map_or(!file_names_policy, |n| n == PolicyName::Recommended);
     // `auto` first, so that the file's knobs (a `shorter_ratio`, `preemptive = false`) tune it.
     if auto {

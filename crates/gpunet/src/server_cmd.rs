@@ -404,8 +404,10 @@ mod tests {
             shape(&sched(&[], Some("policy = \"srtf\"\npreemptive = true\n")).unwrap()),
             (Policy::Srtf, true, true, 2)
         );
-        // A file that names no policy tunes the recommended one.
+        // A file that names no policy tunes the recommended one; one that names `auto` likewise.
         assert_eq!(shape(&sched(&[], Some("shorter_ratio = 4\n")).unwrap()), (Policy::Srgf, true, true, 4));
+        let named_auto = sched(&[], Some("policy = \"auto\"\nshorter_ratio = 4\n")).unwrap();
+        assert_eq!((shape(&named_auto), named_auto.probe.is_some()), ((Policy::Srgf, true, true, 4), true));
         assert_eq!(shape(&sched(&["--policy", "auto"], Some("policy = \"drf\"\n")).unwrap()), auto);
         assert_eq!(
             shape(&sched(&["--policy", "auto"], Some("shorter_ratio = 4\n")).unwrap()),

@@ -425,10 +425,12 @@ fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
 /// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter,
 /// defragmentation, a probe of 15 minutes), tuned by the cluster file's `[scheduler]` knobs as the server's file tunes it.
 fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -> Result<SimConfig> {
+    // Named on the command line, else by the cluster's `[scheduler] policy` (`auto` too), else FIFO.
+    let named = named.or_else(|| cluster.scheduler.as_ref().and_then(|k| k.policy));
     let policy = match named {
         Some(PolicyName::Recommended) => gpunet_core::SchedConfig::RECOMMENDED_POLICY,
         Some(PolicyName::Plain(p)) => p,
-        None => cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap_or(Policy::Fifo),
+        None => Policy::Fifo,
     };
     config(o, policy, named == Some(PolicyName::Recommended), cluster)
 }
@@ -441,6 +443,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             let (trace, cluster) = load(&o)?;
             let named: Option<PolicyName> =
                 cmd.policy.as_deref().map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+            let named = named.or_else(|| cluster.scheduler.as_ref().and_then(|k| k.policy));
             let cfg = named_config(&o, named, &cluster)?;
             check_outputs(&o, &[])?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
