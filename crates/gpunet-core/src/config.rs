@@ -479,7 +479,7 @@ impl SchedConfig {
 fn human(d: Dur) -> String {
     let ms = d.0;
     let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
-    match units.iter().find(|(u, _)| ms > 0 && ms % u == 0) {
+    match units.iter().find(|(u, _)| ms > 0 && ms.is_multiple_of(*u)) {
         Some((u, name)) => format!("{}{name}", ms / u),
         None if ms == 0 => "0s".into(),
         None => format!("{ms}ms"),
