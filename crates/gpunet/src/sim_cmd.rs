@@ -229,6 +229,15 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
     for w in sched.ignored_knobs(&given) {
         eprintln!("warning: {w}");
     }
+    // A probe given applies to learned estimates (and, under SRTF and SRGF, to none): with given ones it does nothing.
+    let probe_given = o.probe_s.is_some_and(|s| s > 0) || given.probe.is_some_and(|p| p.0 > Dur::ZERO);
+    if probe_given && o.estimates != "history" {
+        eprintln!(
+            "warning: the probe does nothing with --estimates {}: every job's run time is given (it applies to learned \
+             estimates, --estimates history)",
+            o.estimates
+        );
+    }
     match o.checkpoint_mins {
         Some(0) => bail!("invalid --checkpoint-mins 0: allowed is at least 1"),
         Some(m) => base.checkpoint_interval = Dur::from_mins(m),
@@ -281,7 +290,14 @@ fn load(o: &SimOpts) -> Result<(Trace, ClusterSpec)> {
     let format = o.trace_format.as_deref().map(str::parse).transpose()?;
     let trace = read_trace(&o.trace, ReadOptions { format, skip_bad_rows: o.skip_bad_rows })?;
     if trace.jobs.is_empty() {
-        bail!("read {}: the trace has no jobs", o.trace.display());
+        let skipped = match trace.skipped_bad_rows + trace.skipped_never_ran {
+            0 => String::new(),
+            _ => format!(
+                " ({} malformed rows skipped under --skip-bad-rows, {} that never ran)",
+                trace.skipped_bad_rows, trace.skipped_never_ran
+            ),
+        };
+        bail!("read {}: the trace has no jobs{skipped}", o.trace.display());
     }
     let cluster = ClusterSpec::load(&o.cluster)?;
     Ok((trace, cluster))

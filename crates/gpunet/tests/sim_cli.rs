@@ -335,6 +335,14 @@ fn sim_output_is_checked_first_and_said_plainly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --report"), "{out:?}");
     let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--max-jobs", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --max-jobs 0"), "{out:?}");
+    // A trace of bad rows only, skipped: the error says they were skipped.
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "id,submit_s,duration_s,gpus,tenant\na,x,1,1,t\n").unwrap();
+    let out = gpunet(&["sim", "--trace", bad.to_str().unwrap(), "--cluster", c, "--skip-bad-rows"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no jobs (1 malformed rows skipped"), "{out:?}");
+    // A probe with given estimates does nothing, and says so.
+    let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--policy", "srtf", "--probe-s", "60"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the probe does nothing with --estimates oracle"), "{out:?}");
     // The wide job can never run here: a warning names it; the rest replays.
     let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--output", "json"]);
     let err = String::from_utf8_lossy(&out.stderr);
