@@ -881,7 +881,7 @@ pub fn simulate(
     durs.sort_by(f64::total_cmp);
     let median = durs.get(durs.len() / 2).copied().unwrap_or(0.0);
     let sample_dt = ((last_submit - t0) as f64 + median * 1000.0) / cfg.samples.max(1) as f64;
-    let sample_dt = (sample_dt as u64).max(60_000);
+    let mut sample_dt = (sample_dt as u64).max(60_000);
     e.push(t0, Ev::Sample);
     // Failures and spot reclaims.
     let node_count = e.st.nodes().count();
@@ -1036,6 +1036,17 @@ pub fn simulate(
                 }
                 Ev::Sample => {
                     e.sample(now);
+                    // A run far longer than its submissions and median job (one job of years among short ones) would
+                    // sample for ever at the same step: past 8 times the samples asked for, every other one is
+                    // dropped and the step doubled, so the series stays bounded (it grew to gigabytes).
+                    if e.series.len() >= 8 * cfg.samples.max(1) {
+                        let mut k = 0;
+                        e.series.retain(|_| {
+                            k += 1;
+                            k % 2 == 1
+                        });
+                        sample_dt = sample_dt.saturating_mul(2);
+                    }
                     e.push(now + sample_dt, Ev::Sample);
                 }
                 Ev::Autoscale => {

@@ -349,6 +349,17 @@ fn a_loop_of_evictions_stops_the_replay_with_an_error() {
     assert_eq!(jcts_by_id(&csv("a,0,1000,1,t\nb,10,20,1,t\n"), &cluster, &c).preemptions, 1);
 }
 
+/// One job of 317 years among short ones: the samples thin out as the run goes on (every 60 s of it, they grew to
+/// gigabytes), and the series stays within 8 times the samples asked for.
+#[test]
+fn a_run_far_longer_than_its_trace_keeps_a_bounded_series() {
+    let r = jcts_by_id(&csv("a,0,1,1,t\nb,0,1,1,t\nc,0,10000000000,1,t\n"), &one_node(1), &cfg(Policy::Fifo));
+    assert_eq!(r.completed, 3);
+    let asked = SimConfig::default().samples;
+    assert!(r.series.len() <= 8 * asked && r.series.len() >= asked, "{}", r.series.len());
+    assert!(r.series.windows(2).all(|w| w[0].t_s < w[1].t_s), "in time order");
+}
+
 /// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.
 #[test]
 fn knob_preemption_off_evicts_nothing() {

@@ -339,6 +339,8 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
                 );
             }
         }
+        // A policy named on the command line wins over the file's: the file's `"auto"` brings none of its knobs then.
+        let k = if named.is_some() { gpunet_core::SchedKnobs { policy: None, ..k } } else { k };
         k.apply(&mut cfg.sched).with_context(|| format!("load --sched-config {}", p.display()))?;
         if let Some(t) = k.tick {
             cfg.tick = std::time::Duration::from_millis(t.0 .0);

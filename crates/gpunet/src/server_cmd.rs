@@ -408,6 +408,12 @@ mod tests {
         assert_eq!(shape(&sched(&[], Some("shorter_ratio = 4\n")).unwrap()), (Policy::Srgf, true, true, 4));
         let named_auto = sched(&[], Some("policy = \"auto\"\nshorter_ratio = 4\n")).unwrap();
         assert_eq!((shape(&named_auto), named_auto.probe.is_some()), ((Policy::Srgf, true, true, 4), true));
+        // A plain policy on the command line wins over the file's `auto`, whose knobs it does not take.
+        let fifo = sched(&["--policy", "fifo"], Some("policy = \"auto\"\n")).unwrap();
+        assert_eq!(
+            (shape(&fifo), fifo.probe, fifo.preemption.defragment),
+            ((Policy::Fifo, true, false, 2), None, false)
+        );
         assert_eq!(shape(&sched(&["--policy", "auto"], Some("policy = \"drf\"\n")).unwrap()), auto);
         assert_eq!(
             shape(&sched(&["--policy", "auto"], Some("shorter_ratio = 4\n")).unwrap()),

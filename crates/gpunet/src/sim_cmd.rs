@@ -185,7 +185,10 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
         base.sched.backfill = true;
     }
     if let Some(k) = &cluster.scheduler {
-        base.apply_knobs(k).context("the cluster's [scheduler]")?;
+        // Its policy is in `policy` and `recommended` already (`named_config`), unless the command line named
+        // another, which wins: a file's `"auto"` would otherwise bring its knobs to `--policy fifo`.
+        let k = gpunet_core::SchedKnobs { policy: None, ..k.clone() };
+        base.apply_knobs(&k).context("the cluster's [scheduler]")?;
     }
     let sched = &mut base.sched;
     sched.policy = policy;
@@ -516,10 +519,11 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     .collect();
                 handles
                     .into_iter()
-                    .map(|h| {
+                    .zip(&names)
+                    .map(|(h, name)| {
                         let r = h.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))??;
                         if tty {
-                            eprintln!("done: {} ({:.0} ms)", r.policy, r.wall_ms);
+                            eprintln!("done: {name} ({:.0} ms)", r.wall_ms);
                         }
                         Ok(r)
                     })

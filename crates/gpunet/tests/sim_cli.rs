@@ -365,6 +365,31 @@ fn sim_output_is_checked_first_and_said_plainly() {
     assert_eq!((&both[0]["shorter_ratio"], &both[0]["defragment"]), (&serde_json::json!(8), &serde_json::json!(true)));
     let head = String::from_utf8_lossy(&compare("table").stdout).lines().next().unwrap_or_default().to_string();
     assert!(head.contains("auto+pre+bf") && head.contains("srgf"), "{head}");
+    // A cluster file naming `auto` is the recommended setting; a plain policy on the command line wins over it and
+    // takes none of its knobs (it ran FIFO with preemption, defragmentation and a probe).
+    let auto_file = dir.path().join("auto.toml");
+    std::fs::write(
+        &auto_file,
+        "version = 1\n[[node_group]]\ncount = 2\ngpus_per_node = 4\ngpu_model = \"T4\"\n[scheduler]\npolicy = \"auto\"\n",
+    )
+    .unwrap();
+    let a = auto_file.to_str().unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["sim", "--trace", t, "--cluster", a, "--output", "json"];
+        all.extend_from_slice(args);
+        serde_json::from_slice(&gpunet(&all).stdout).unwrap()
+    };
+    let by_file = json(&[]);
+    assert_eq!(
+        (&by_file["setting"], &by_file["defragment"], &by_file["probe_s"]),
+        (&"auto".into(), &true.into(), &900.0.into())
+    );
+    let fifo = json(&["--policy", "fifo"]);
+    assert_eq!(
+        (&fifo["policy"], &fifo["preemptive"], fifo.get("defragment"), fifo.get("probe_s")),
+        (&"fifo".into(), &false.into(), None, None),
+        "{fifo}"
+    );
     // A reader that closes its end before the results come: no panic, a clean exit.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpunet"))
         .args(["sim", "--trace", &data("philly/philly_pollux.csv.gz"), "--cluster", "philly", "--max-jobs", "2000"])
