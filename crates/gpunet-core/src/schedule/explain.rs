@@ -338,6 +338,8 @@ impl Pass<'_> {
     }
 
     /// Forgets what was noted of `job`: it is explained as a job no pass noted (in order behind the head).
+    #[cold]
+    #[inline(never)]
     pub(super) fn unnote(&mut self, job: JobId) {
         if self.trace == Some(job) {
             self.outcome = None;

@@ -176,7 +176,10 @@ impl Pass<'_> {
     }
 
     /// Undoes the start [`Pass::commit_start`] has just made (`mark`: the pass's pool before it), for a job a queue
-    /// view's pass looks at past the walk's end only to explain it.
+    /// view's pass looks at past the walk's end only to explain it. Cold: only explaining passes come here, and the
+    /// walk it sits in is the hot loop of every pass.
+    #[cold]
+    #[inline(never)]
     pub(super) fn undo_start(&mut self, mark: usize) {
         let st = self.st;
         let Some(Decision::Start { job, placement, .. }) = self.decisions.last() else { return };
