@@ -131,6 +131,14 @@ pub struct AttemptView {
     pub message: Option<String>,
 }
 
+impl AttemptView {
+    /// Milliseconds these attempts held their resources, each ended one from its start to its confirmed end (one that
+    /// runs is not counted).
+    pub fn held_ms(attempts: &[AttemptView]) -> u64 {
+        attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum()
+    }
+}
+
 /// A job's run-time estimate as the scheduler uses it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EstimateView {

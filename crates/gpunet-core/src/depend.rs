@@ -113,16 +113,20 @@ impl ClusterState {
         Ok(match self.deps_outcome(&spec) {
             DepOutcome::Met => DependencyCheck::Met,
             DepOutcome::Never(why) => DependencyCheck::Never(why),
-            DepOutcome::Wait(w) => DependencyCheck::Waits(
-                w.into_iter()
-                    .map(|(kind, job)| crate::schedule::DepWait {
-                        kind,
-                        job,
-                        state: self.dep_state(job).unwrap_or(JobState::Pending),
-                    })
-                    .collect(),
-            ),
+            DepOutcome::Wait(w) => DependencyCheck::Waits(self.dep_waits(w)),
         })
+    }
+
+    /// The jobs waited for, each with the state a dependency sees of it now (`why`'s and a dry run's list).
+    pub(crate) fn dep_waits(&self, waits: Vec<(DepKind, JobId)>) -> Vec<crate::schedule::DepWait> {
+        waits
+            .into_iter()
+            .map(|(kind, job)| crate::schedule::DepWait {
+                kind,
+                job,
+                state: self.dep_state(job).unwrap_or(JobState::Pending),
+            })
+            .collect()
     }
 
     /// Checks a new job's dependencies against what exists: each named job must exist (a job is never its own

@@ -554,8 +554,7 @@ fn restore_job(
     o.names.share(&mut d);
     // Stored by a version that kept no `held_ms`: seeded from its attempts' records (the newest of them).
     if d.more().held_ms == 0 {
-        let held: u64 =
-            d.more().attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum();
+        let held = gpunet_api::types::AttemptView::held_ms(&d.more().attempts);
         if held > 0 {
             d.more_mut().held_ms = held;
         }

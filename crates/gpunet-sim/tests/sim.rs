@@ -383,17 +383,12 @@ fn knob_fairshare_half_life_decides_whose_old_usage_still_counts() {
     assert_eq!(r.jcts, vec![300.0, 500.0, 1000.0, 1300.0]);
 }
 
-/// The table's `policy` is the replay's when none is given otherwise (`gpunet sim` without `--policy` does the same:
-/// `sim_cmd::named_config`).
+/// The table's `policy` is the replay's over the configuration it is applied to (here FIFO's); `gpunet sim` without
+/// `--policy` takes it as named (`sim_cmd::named_config`, `sim_cli.rs`).
 #[test]
 fn knob_policy_from_the_file_orders_the_queue() {
     // One GPU: a runs 0–100; at 100, b (50 s, submitted at 10) and c (10 s, at 20) wait. FIFO runs b first, SJF c.
-    let (cluster, _) = knobbed(Policy::Fifo, 1, "policy = \"sjf\"\n");
-    let policy = match cluster.scheduler.as_ref().and_then(|k| k.policy).unwrap() {
-        gpunet_core::config::PolicyName::Plain(p) => p,
-        gpunet_core::config::PolicyName::Recommended => unreachable!("the file names sjf"),
-    };
-    let (_, c) = knobbed(policy, 1, "policy = \"sjf\"\n");
+    let (cluster, c) = knobbed(Policy::Fifo, 1, "policy = \"sjf\"\n");
     assert_eq!(c.sched.policy, Policy::Sjf);
     assert_eq!(jcts_by_id(&csv(THREE_JOBS), &cluster, &c).jcts, vec![90.0, 100.0, 150.0]);
     assert_eq!(run_knobbed(THREE_JOBS, Policy::Fifo, 1, "").jcts, vec![100.0, 140.0, 140.0]);

@@ -185,8 +185,8 @@ fn wait_s(j: &JobView, until: u64) -> f64 {
         (None, "running", Some(s)) => s,
         _ => until.max(j.submitted_ms),
     };
-    let recorded: u64 = j.attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum();
-    to.saturating_sub(j.submitted_ms).saturating_sub(j.held_ms.max(recorded)) as f64 / 1000.0
+    let held = j.held_ms.max(gpunet_api::types::AttemptView::held_ms(&j.attempts));
+    to.saturating_sub(j.submitted_ms).saturating_sub(held) as f64 / 1000.0
 }
 
 /// Builds the report from the ledger's usage and the jobs (pure: the CLI fetches, this computes).

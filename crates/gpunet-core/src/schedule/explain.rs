@@ -224,11 +224,7 @@ fn explain_outside(state: &ClusterState, job: JobId, now: Time) -> Result<Option
         return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
     }
     if state.dep_waiting.contains(&job) {
-        let waiting_for: Vec<DepWait> = state
-            .waiting_for(job)
-            .into_iter()
-            .map(|(kind, t)| DepWait { kind, job: t, state: state.dep_state(t).unwrap_or(JobState::Pending) })
-            .collect();
+        let waiting_for = state.dep_waits(state.waiting_for(job));
         let reason = PendingReason::Dependency { waiting_for };
         return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
     }

@@ -99,7 +99,7 @@ impl Owner {
     }
 
     /// A job's life for the metrics, as it ends at `ended` (ms): its attempts' time held, from its document.
-    fn life(&self, id: u64, submitted: Time, ended: u64) -> crate::metrics::Life {
+    pub(super) fn life(&self, id: u64, submitted: Time, ended: u64) -> crate::metrics::Life {
         let held = self.docs.get(&id).map_or(0, |d| d.more().held_ms);
         crate::metrics::Life { submitted: submitted.0, ended, held }
     }

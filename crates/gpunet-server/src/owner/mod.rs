@@ -716,10 +716,9 @@ impl Owner {
             preemptions: j.preemptions,
             losses: j.losses,
             // Stored with the job; for one ended before it was, its attempts' records (the newest of them).
-            held_ms: d
-                .more()
-                .held_ms
-                .max(d.more().attempts.iter().filter_map(|a| a.ended_ms.map(|e| e.saturating_sub(a.started_ms))).sum()),
+            // Stored; seeded at start from the attempts' records for a document older than it (lib.rs `restore_job`),
+            // so never below their sum.
+            held_ms: d.more().held_ms,
             stopping: self.stopping_of(j),
             placement: last.map(|r| placement_view(&self.st, &r.placement)).unwrap_or_default(),
             warnings: d.more().warnings.clone(),

@@ -608,16 +608,11 @@ impl Owner {
             let rows = self.usage_rows(&bj, &b, now);
             let ran = bj.run.as_ref().map_or(0, |r| now.saturating_sub(r.started.0));
             // Held in all, stored with the job (written below with its document), so that a restart loses none.
-            let held = self.docs.get_mut(&id).map_or(ran, |d| {
+            if let Some(d) = self.docs.get_mut(&id) {
                 let m = d.more_mut();
                 m.held_ms = m.held_ms.saturating_add(ran);
-                m.held_ms
-            });
-            let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| crate::metrics::Life {
-                submitted: j.submitted.0,
-                ended: now,
-                held,
-            });
+            }
+            let life = self.st.job(e.job).filter(|j| j.state.is_terminal()).map(|j| self.life(id, j.submitted, now));
             let used = rows.iter().fold((0.0, 0.0), |a, r| (a.0 + r.gpu_seconds, a.1 + r.cost));
             self.metrics.attempt_ended(id, &b.tenant, used, life);
             writes.extend(rows.into_iter().map(Write::Usage));
