@@ -926,6 +926,9 @@ pub fn simulate(
         }
         e.advance(now);
         let mut changed = false;
+        // A sample due at this instant is taken after its pass: before it, a job ended or submitted at this instant
+        // would show as GPUs idle and a job waiting that the pass is about to start.
+        let mut sample_due = false;
         // Events at this instant, and of them scheduling ticks (a pass for a tick alone: `tick_passes`).
         let (mut events, mut ticks) = (0u32, 0u32);
         while next < order.len() && ms(trace.jobs[order[next]].submit_s) == now {
@@ -1035,7 +1038,7 @@ pub fn simulate(
                     changed = true;
                 }
                 Ev::Sample => {
-                    e.sample(now);
+                    sample_due = true;
                     // A run far longer than its submissions and median job (one job of years among short ones) would
                     // sample for ever at the same step: past 8 times the samples asked for, every other one is
                     // dropped and the step doubled, so the series stays bounded (it grew to gigabytes).
@@ -1125,6 +1128,9 @@ pub fn simulate(
                 e.tick_pending = true;
                 e.push(now + cfg.tick.0, Ev::Tick);
             }
+        }
+        if sample_due {
+            e.sample(now);
         }
     }
     progress(total, total);

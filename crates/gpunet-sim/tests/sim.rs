@@ -360,6 +360,24 @@ fn a_run_far_longer_than_its_trace_keeps_a_bounded_series() {
     assert!(r.series.windows(2).all(|w| w[0].t_s < w[1].t_s), "in time order");
 }
 
+/// A sample falls at the instants where a job ends and the waiting one starts (samples every 100 s on one node of 8
+/// GPUs; two jobs of 6 GPUs and 100 s submitted at 0): it is taken after that instant's pass, so it shows the GPUs
+/// the pass gave out and the job it left waiting, not the state before the instant (it showed nothing used and both
+/// jobs queued at 0 s, a still running and b queued at 100 s, b still running at 200 s).
+#[test]
+fn a_sample_at_an_event_shows_the_cluster_after_its_pass() {
+    let mut c = cfg(Policy::Fifo);
+    c.samples = 1;
+    let r = jcts_by_id(&csv("a,0,100,6,t\nb,0,100,6,t\n"), &one_node(8), &c);
+    let got: Vec<(f64, f64, usize, f64)> =
+        r.series.iter().map(|s| (s.t_s, s.utilization, s.queued, s.fragmentation)).collect();
+    // At 0 s: a runs on 6 of 8 GPUs, b waits for 6 and the 2 left free cannot serve it. At 100 s: b runs, nothing
+    // waits. At 200 s b has ended and the replay ends with this sample.
+    assert_eq!(got, vec![(0.0, 0.75, 1, 0.25), (100.0, 0.75, 0, 0.0), (200.0, 0.0, 0, 0.0)]);
+    // The run's fragmentation is the mean over samples with jobs waiting: the one at 0 s.
+    assert!((r.fragmentation - 0.25).abs() < 1e-9, "{}", r.fragmentation);
+}
+
 /// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.
 #[test]
 fn knob_preemption_off_evicts_nothing() {
