@@ -9,8 +9,8 @@
 //! level: `n/(n+2) · exp(−spread) · level factor` (1, 0.7, 0.5, 0.3).
 //!
 //! It is pure and deterministic; the simulator feeds it the trace's past only (`--estimates history`) and the
-//! server feeds it the jobs that succeeded. The exact level is bounded ([`Predictor::MAX_KEYS`] keys; new keys past
-//! it are not learned at that level) so that hostile names cannot grow it without limit.
+//! server feeds it the jobs that succeeded. Each level is bounded ([`Predictor::MAX_KEYS`] keys; a new key past it is
+//! not learned at that level nor the finer ones) so that hostile names cannot grow it without limit.
 
 use crate::fxhash::FxHashMap;
 use crate::units::Dur;
@@ -116,14 +116,31 @@ pub struct JobKey<'a> {
 /// The online predictor.
 #[derive(Debug, Clone, Default)]
 pub struct Predictor {
-    exact: FxHashMap<(String, String, u32), Stats>,
-    user_gpus: FxHashMap<(String, u32), Stats>,
-    user: FxHashMap<String, Stats>,
+    /// Each user's history, and within it by GPU count, and within that by name: a lookup borrows the key's parts
+    /// (a map keyed by owned tuples made three strings for every prediction and every run learned).
+    users: FxHashMap<String, UserHistory>,
     all: Stats,
+    /// Keys held at the levels of the same user and GPUs, and of the same user, name and GPUs.
+    user_gpus_keys: usize,
+    exact_keys: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+struct UserHistory {
+    stats: Stats,
+    by_gpus: FxHashMap<u32, GpuHistory>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct GpuHistory {
+    stats: Stats,
+    by_name: FxHashMap<String, Stats>,
 }
 
 impl Predictor {
-    /// Most keys of each level (user, user and GPUs, user, name and GPUs).
+    /// Most keys of each level (user, user and GPUs, user, name and GPUs). A run of a key new past its level's
+    /// bound is not learned at that level nor at the finer ones below it (a user's names sit within the user's
+    /// GPU counts, which sit within the user).
     pub const MAX_KEYS: usize = 200_000;
 
     /// An empty predictor.
@@ -135,27 +152,40 @@ impl Predictor {
     pub fn observe(&mut self, key: JobKey<'_>, ran: Dur) {
         let x = (ran.0.max(1) as f64 / 1000.0).ln();
         self.all.add(x);
-        fn bump<K: std::hash::Hash + Eq>(m: &mut FxHashMap<K, Stats>, k: K, x: f64) {
-            let len = m.len();
-            match m.get_mut(&k) {
-                Some(s) => s.add(x),
-                None if len < Predictor::MAX_KEYS => m.entry(k).or_default().add(x),
-                None => {}
+        let users = self.users.len();
+        let user = match self.users.get_mut(key.user) {
+            Some(u) => u,
+            None if users < Predictor::MAX_KEYS => self.users.entry(key.user.to_string()).or_default(),
+            None => return,
+        };
+        user.stats.add(x);
+        let gpus = match user.by_gpus.get_mut(&key.gpus) {
+            Some(g) => g,
+            None if self.user_gpus_keys < Predictor::MAX_KEYS => {
+                self.user_gpus_keys += 1;
+                user.by_gpus.entry(key.gpus).or_default()
             }
+            None => return,
+        };
+        gpus.stats.add(x);
+        match gpus.by_name.get_mut(key.name) {
+            Some(s) => s.add(x),
+            None if self.exact_keys < Predictor::MAX_KEYS => {
+                self.exact_keys += 1;
+                gpus.by_name.entry(key.name.to_string()).or_default().add(x);
+            }
+            None => {}
         }
-        bump(&mut self.user, key.user.to_string(), x);
-        bump(&mut self.user_gpus, (key.user.to_string(), key.gpus), x);
-        bump(&mut self.exact, (key.user.to_string(), key.name.to_string(), key.gpus), x);
     }
 
     /// The prediction for a job like `key`, from the most specific level with history; `None` before any run.
     pub fn predict(&self, key: JobKey<'_>) -> Option<Prediction> {
-        // Lookups by borrowed parts would need raw-entry APIs; the keys are short, so they are built.
-        self.exact
-            .get(&(key.user.to_string(), key.name.to_string(), key.gpus))
+        let user = self.users.get(key.user);
+        let gpus = user.and_then(|u| u.by_gpus.get(&key.gpus));
+        gpus.and_then(|g| g.by_name.get(key.name))
             .and_then(|s| s.predict(Basis::UserNameGpus))
-            .or_else(|| self.user_gpus.get(&(key.user.to_string(), key.gpus)).and_then(|s| s.predict(Basis::UserGpus)))
-            .or_else(|| self.user.get(key.user).and_then(|s| s.predict(Basis::User)))
+            .or_else(|| gpus.and_then(|g| g.stats.predict(Basis::UserGpus)))
+            .or_else(|| user.and_then(|u| u.stats.predict(Basis::User)))
             .or_else(|| self.all.predict(Basis::All))
     }
 
@@ -228,11 +258,44 @@ mod tests {
     #[test]
     fn the_exact_level_is_bounded() {
         let mut p = Predictor::new();
-        for i in 0..Predictor::MAX_KEYS {
-            p.exact.insert(("u".into(), format!("n{i}"), 1), Stats::default());
-        }
+        p.exact_keys = Predictor::MAX_KEYS - 1;
+        p.observe(key("u", "last", 1), Dur::from_secs(50));
+        assert_eq!(p.exact_keys, Predictor::MAX_KEYS);
         p.observe(key("u", "one-more", 1), Dur::from_secs(5));
-        assert_eq!(p.exact.len(), Predictor::MAX_KEYS, "a new name past the bound is not kept");
+        assert_eq!(p.exact_keys, Predictor::MAX_KEYS, "a new name past the bound is not kept");
         assert_eq!(p.predict(key("u", "one-more", 1)).unwrap().basis, Basis::UserGpus);
+        // A name already kept still learns.
+        p.observe(key("u", "last", 1), Dur::from_secs(50));
+        let last = p.predict(key("u", "last", 1)).unwrap();
+        assert_eq!((last.basis, last.samples, last.duration), (Basis::UserNameGpus, 2, Dur::from_secs(50)));
+        // Past the bound of GPU counts, a new count is learned at the user's level only.
+        p.user_gpus_keys = Predictor::MAX_KEYS;
+        p.observe(key("u", "wide", 8), Dur::from_secs(500));
+        assert_eq!(p.predict(key("u", "wide", 8)).unwrap().basis, Basis::User);
+        assert_eq!(p.predict(key("u", "last", 1)).unwrap().basis, Basis::UserNameGpus, "known keys unaffected");
+    }
+
+    /// Many users, names and GPU counts: every key predicts from its own runs, and the counts of keys held are
+    /// those of the distinct keys learned.
+    #[test]
+    fn every_level_keeps_its_own_history() {
+        let mut p = Predictor::new();
+        for u in 0..30u64 {
+            for g in [1, 2, 8] {
+                for n in 0..5u64 {
+                    let secs = 10 + u * 1000 + u64::from(g) * 100 + n;
+                    p.observe(key(&format!("u{u}"), &format!("n{n}"), g), Dur::from_secs(secs));
+                }
+            }
+        }
+        assert_eq!((p.users.len(), p.user_gpus_keys, p.exact_keys), (30, 90, 450));
+        let e = p.predict(key("u7", "n3", 2)).unwrap();
+        assert_eq!((e.basis, e.samples, e.duration), (Basis::UserNameGpus, 1, Dur::from_secs(10 + 7000 + 200 + 3)));
+        let g = p.predict(key("u7", "new", 2)).unwrap();
+        assert_eq!((g.basis, g.samples), (Basis::UserGpus, 5));
+        let u = p.predict(key("u7", "new", 4)).unwrap();
+        assert_eq!((u.basis, u.samples), (Basis::User, 15));
+        let a = p.predict(key("nobody", "new", 4)).unwrap();
+        assert_eq!((a.basis, a.samples), (Basis::All, 450));
     }
 }
