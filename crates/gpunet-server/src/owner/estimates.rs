@@ -7,7 +7,7 @@
 //! anyone may ask for with any name and GPU count) says nothing of another tenant's runs — not how long they took,
 //! nor how many there were — and one tenant's many runs neither crowd out nor skew another's. (A start time is
 //! another matter: the ETA replays the whole cluster, so it depends on when other tenants' running jobs are expected
-//! to end, as a place in the queue depends on their jobs.) Each predictor's exact level holds at most
+//! to end, as a place in the queue depends on their jobs.) Each level of each predictor holds at most
 //! [`Predictor::MAX_KEYS`] keys, so the memory of all of them grows with the number of tenants (only an admin
 //! creates one).
 
