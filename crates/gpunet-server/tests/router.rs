@@ -486,6 +486,51 @@ async fn portal_apis_queue_in_policy_order_and_mask_other_tenants() {
     assert!(p["at_ms"].as_u64().unwrap() > 0 && p.get("gpus_allocated").is_some() && p.get("queue_length").is_some());
 }
 
+/// A job behind another tenant's blocked head (FIFO without backfill): `why` names the head to the admin and calls it
+/// another tenant's job to the tenant, and names no tenant to either (it named the explained job's own tenant, as if
+/// the head's, and so told the tenant "another tenant's job … (tenant team-b)" of its own name).
+#[tokio::test]
+async fn a_blocked_head_of_another_tenant_is_named_to_the_admin_only_and_no_tenant_is() {
+    let app = App::with_config(Path::new("/nonexistent"), Arc::new(MemoryStore::new()), "admin", "join", |c| {
+        c.sched = gpunet_core::SchedConfig::with_policy(gpunet_core::Policy::Fifo);
+    });
+    let a = app.tenant("team-a", None).await;
+    let b = app.tenant("team-b", None).await;
+    app.node("n1", 4).await;
+    let submit = |tok: String, body: &'static str| {
+        let app = &app;
+        async move {
+            let (s, v) = app.call("POST", "/v1/jobs", Some(&tok), Some(body.into())).await;
+            assert_eq!(s, StatusCode::CREATED, "{v}");
+            v["id"].as_u64().unwrap()
+        }
+    };
+    let holder = submit(a.clone(), r#"{"name": "hold", "gpus": 2, "estimated_duration": "1h"}"#).await;
+    wait_state(&app, holder, "running").await;
+    let head = submit(a.clone(), r#"{"name": "wide", "gpus": 4, "estimated_duration": "1h"}"#).await;
+    let behind = submit(b.clone(), r#"{"name": "narrow", "gpus": 1, "estimated_duration": "1m"}"#).await;
+    let why = |tok: String| {
+        let app = &app;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let (s, e) = app.call("GET", &format!("/v1/jobs/{behind}/explain"), Some(&tok), None).await;
+                assert_eq!(s, StatusCode::OK, "{e}");
+                let m = e["message"].as_str().unwrap().to_string();
+                if m.contains("blocks the queue") || std::time::Instant::now() > deadline {
+                    return m;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let admin = why("admin".into()).await;
+    assert_eq!(admin, format!("order: 1 jobs ahead under fifo; job-{head} does not fit and blocks the queue"));
+    let tenant = why(b.clone()).await;
+    assert!(tenant.ends_with("another tenant's job does not fit and blocks the queue"), "{tenant}");
+    assert!(!tenant.contains("team-") && !tenant.contains(&format!("job-{head}")), "{tenant}");
+}
+
 #[tokio::test]
 async fn the_portal_is_served_from_the_binary() {
     let app = App::new().await;

@@ -130,7 +130,7 @@ pub fn explain(state: &ClusterState, job: JobId, now: Time) -> Result<Explanatio
         Some(r) => r,
         None => PendingReason::Order { ahead, policy: state.cfg.policy, blocked_by: p.blocked_by },
     };
-    let message = describe(state, j, &reason, now);
+    let message = describe(j, &reason, now);
     Ok(Explanation { job, reason, message, position: ahead })
 }
 
@@ -187,7 +187,7 @@ pub fn explain_queue(state: &ClusterState, jobs: &[(JobId, usize)], now: Time) -
                 policy: state.cfg.policy,
                 blocked_by: p.blocked_by,
             });
-            Some(Explanation { job: *id, message: describe(state, j, &reason, now), reason, position: *position })
+            Some(Explanation { job: *id, message: describe(j, &reason, now), reason, position: *position })
         })
         .collect()
 }
@@ -221,12 +221,12 @@ fn explain_outside(state: &ClusterState, job: JobId, now: Time) -> Result<Option
     let j = state.job(job).ok_or(CoreError::UnknownJob(job))?;
     if state.held.contains(&job) {
         let reason = PendingReason::Held;
-        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+        return Ok(Some(Explanation { job, message: describe(j, &reason, now), reason, position: 0 }));
     }
     if state.dep_waiting.contains(&job) {
         let waiting_for = state.dep_waits(state.waiting_for(job));
         let reason = PendingReason::Dependency { waiting_for };
-        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+        return Ok(Some(Explanation { job, message: describe(j, &reason, now), reason, position: 0 }));
     }
     if !j.state.is_queued() {
         let reason = PendingReason::NotQueued { state: j.state };
@@ -239,16 +239,15 @@ fn explain_outside(state: &ClusterState, job: JobId, now: Time) -> Result<Option
     // A job no node could ever hold is explained by that before anything the pass meets first (its quota, say).
     if let Some(detail) = state.parked_reason(job).or_else(|| super::placement::never_fits(state, &j.spec)) {
         let reason = PendingReason::NeverFits { detail };
-        return Ok(Some(Explanation { job, message: describe(state, j, &reason, now), reason, position: 0 }));
+        return Ok(Some(Explanation { job, message: describe(j, &reason, now), reason, position: 0 }));
     }
     Ok(None)
 }
 
 /// The reason in one sentence. Times are said relative to `now` ("in 2h5m"): the core's clock is an offset that
 /// means nothing to a reader (the server's is ms since the Unix epoch); the structured reason keeps the instants.
-fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> String {
+fn describe(j: &Job, r: &PendingReason, now: Time) -> String {
     let after = |t: &Time| Dur(t.0.saturating_sub(now.0));
-    let tenant = state.tenant(j.spec.tenant).map_or("?", |t| t.name.as_str());
     match r {
         PendingReason::Starting => format!("{} fits now and starts in the next scheduling pass", j.id),
         PendingReason::Backoff { until } => {
@@ -287,9 +286,9 @@ fn describe(state: &ClusterState, j: &Job, r: &PendingReason, now: Time) -> Stri
             format!("waiting for the reservation of {holder}; this job would outlast it")
         }
         PendingReason::Order { ahead, policy, blocked_by } => match blocked_by {
-            Some(b) => format!(
-                "order: {ahead} jobs ahead under {policy}; {b} does not fit and blocks the queue (tenant {tenant})"
-            ),
+            // The blocker's own tenant is not named: to a tenant reading of its own job, another tenant's name is
+            // not its to know (it named the explained job's tenant, as if the blocker's).
+            Some(b) => format!("order: {ahead} jobs ahead under {policy}; {b} does not fit and blocks the queue"),
             None => format!("order: {ahead} jobs ahead under {policy}"),
         },
         PendingReason::NotQueued { state } => format!("{} is {state}", j.id),
