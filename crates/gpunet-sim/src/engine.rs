@@ -135,7 +135,9 @@ pub struct SimConfig {
     /// Check the core's invariants after every pass (slow; for tests).
     pub check_invariants: bool,
     /// The most evictions of one job before the replay stops as a loop of evictions, with an error (default
-    /// 100,000; Philly's most evicted job under `auto` is evicted 362 times).
+    /// 100,000; Philly's most evicted job under `auto` is evicted 362 times); and the most attempts of one job in a
+    /// row cut by the loss of their node without keeping work, past which the replay stops too (failures faster than
+    /// its checkpoints).
     pub eviction_loop_limit: u32,
     /// Grow and shrink a spot pool with the core's autoscaler decision.
     pub autoscale: Option<AutoscaleSim>,
@@ -290,6 +292,10 @@ struct JobRec {
     held_ms: u64,
     /// Evictions suffered.
     evictions: u32,
+    /// Attempts in a row ended by the loss of their node without the job keeping more work than at the last one.
+    losses: u32,
+    /// The job's kept work (ms) when an attempt of it last ended with its node and kept more than the one before.
+    progress_at_loss: u64,
     /// The current attempt is being evicted.
     evicting: bool,
     /// The estimate given at submission, seconds.
@@ -584,10 +590,41 @@ impl Engine<'_> {
                     self.node_losses += 1;
                 }
                 self.confirm_end(idx, now)?;
+                if state == NodeState::Lost {
+                    self.lost_without_progress(idx, now)?;
+                }
             } else {
                 let attempt = self.jobs[idx].attempt;
                 self.push(now + stop.0, Ev::StopConfirmed { job: idx as u32, attempt });
             }
+        }
+        Ok(())
+    }
+
+    /// Counts an attempt of the job cut by the loss of its node that kept no work over the last one so cut. A job
+    /// whose node fails more often than it checkpoints may never finish (nodes failing every 18 minutes under jobs of
+    /// several nodes that checkpoint every 30 ran for ever): past the same limit as a loop of evictions, that many
+    /// such losses in a row stop the replay with an error.
+    fn lost_without_progress(&mut self, idx: usize, now: u64) -> Result<(), SimError> {
+        let id = JobId(idx as u64 + 1);
+        let progress = self.st.job(id).map_or(0, |j| j.progress.0);
+        let rec = &mut self.jobs[idx];
+        if progress > rec.progress_at_loss {
+            rec.progress_at_loss = progress;
+            rec.losses = 0;
+            return Ok(());
+        }
+        rec.losses += 1;
+        let limit = self.cfg.eviction_loop_limit;
+        if rec.losses > limit {
+            return Err(SimError::invalid(
+                format!("replay at t={} s", (now - self.t0) / 1000),
+                format!(
+                    "{id} lost its node more than {limit} times in a row without keeping any work: failures come \
+                     faster than it checkpoints and it may never finish (a longer --mtbf-hours or a shorter \
+                     --checkpoint-mins)"
+                ),
+            ));
         }
         Ok(())
     }

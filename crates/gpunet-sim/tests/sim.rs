@@ -349,6 +349,24 @@ fn a_loop_of_evictions_stops_the_replay_with_an_error() {
     assert_eq!(jcts_by_id(&csv("a,0,1000,1,t\nb,10,20,1,t\n"), &cluster, &c).preemptions, 1);
 }
 
+/// Nodes that fail far more often than a job checkpoints: the job never keeps any work, and past the loop limit the
+/// replay stops with an error naming it (a replay with `--mtbf-hours 0.3` on the Pollux workloads ran for ever).
+#[test]
+fn a_job_whose_node_fails_faster_than_it_checkpoints_stops_the_replay_with_an_error() {
+    let mut c = cfg(Policy::Fifo);
+    c.mtbf = Some(Dur::from_secs(60));
+    c.mttr = Dur::from_secs(1);
+    c.checkpoint_interval = Dur::from_hours(1);
+    c.eviction_loop_limit = 50;
+    let e = simulate(&csv("long,0,100000,1,t\n"), &one_node(1), &c, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("job-1 lost its node more than 50 times in a row without keeping any work"), "{e}");
+    // With checkpoints every 10 s it keeps its work between failures and finishes.
+    c.checkpoint_interval = Dur::from_secs(10);
+    let r = jcts_by_id(&csv("long,0,100000,1,t\n"), &one_node(1), &c);
+    assert_eq!(r.completed, 1);
+    assert!(r.node_losses > 50, "{}", r.node_losses);
+}
+
 /// One job of 317 years among short ones: the samples thin out as the run goes on (every 60 s of it, they grew to
 /// gigabytes), and the series stays within 8 times the samples asked for.
 #[test]
