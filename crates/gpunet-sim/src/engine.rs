@@ -318,6 +318,9 @@ struct Engine<'a> {
     alloc_area: f64,
     cap_area: f64,
     queued_sizes: BTreeMap<u32, u32>,
+    /// Fragmentation summed over the samples where a job some node could hold waits, and their count.
+    frag_sum: f64,
+    frag_samples: u32,
     preemptions: usize,
     restarts: usize,
     node_losses: usize,
@@ -728,8 +731,12 @@ impl Engine<'_> {
     fn sample(&mut self, now: u64) {
         let cap = self.st.capacity_gpus().max(1) as f64;
         let queued = self.st.queued_count();
-        let frag = match self.queued_sizes.keys().next() {
-            Some(&min) if queued > 0 && min > 0 => {
+        // The smallest waiting task some ready node could hold: a job no node could ever hold would count every free
+        // GPU as stranded (one such job made an idle cluster 100% fragmented).
+        let largest = self.st.nodes().filter(|n| n.state == NodeState::Ready).map(|n| n.spec.gpus.len() as u32).max();
+        let smallest = self.queued_sizes.keys().copied().find(|k| largest.is_some_and(|l| *k <= l));
+        let frag = match smallest {
+            Some(min) if queued > 0 && min > 0 => {
                 let stranded: u64 = self
                     .st
                     .nodes()
@@ -742,6 +749,12 @@ impl Engine<'_> {
             }
             _ => 0.0,
         };
+        // The run's figure is over the samples where a job some node could hold waits (all of them, the series
+        // thinned or not).
+        if queued > 0 && smallest.is_some() {
+            self.frag_sum += frag;
+            self.frag_samples += 1;
+        }
         self.series.push(Sample {
             t_s: (now - self.t0) as f64 / 1000.0,
             utilization: self.alloc_gpus as f64 / cap,
@@ -869,6 +882,8 @@ pub fn simulate(
         alloc_area: 0.0,
         cap_area: 0.0,
         queued_sizes: BTreeMap::new(),
+        frag_sum: 0.0,
+        frag_samples: 0,
         preemptions: 0,
         restarts: 0,
         node_losses: 0,
@@ -1219,8 +1234,7 @@ pub fn simulate(
     }
     let total_gpu_time: f64 = e.gpu_time_by_tenant.iter().sum::<f64>().max(1e-9);
     let shares: Vec<f64> = e.gpu_time_by_tenant.iter().map(|g| g / total_gpu_time).collect();
-    let waiting: Vec<f64> = e.series.iter().filter(|s| s.queued > 0).map(|s| s.fragmentation).collect();
-    let fragmentation = if waiting.is_empty() { 0.0 } else { waiting.iter().sum::<f64>() / waiting.len() as f64 };
+    let fragmentation = if e.frag_samples == 0 { 0.0 } else { e.frag_sum / e.frag_samples as f64 };
     let ratio = |a: f64, c: f64| if c > 0.0 { (a / c).min(1.0) } else { 0.0 };
     // Every job submitted at one instant leaves no span: the whole run's figure is given instead.
     let (span_alloc, span_cap) = e.span_area.filter(|(_, c)| *c > 0.0).unwrap_or((e.alloc_area, e.cap_area));

@@ -90,6 +90,8 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     let mut md = String::new();
     let _ = writeln!(md, "# gpunet simulation: {title}\n");
     let _ = writeln!(md, "| metric | value |\n|---|---|");
+    // Averages over completed jobs: none completed, none to give.
+    let done = |figure: String| if r.completed == 0 { "n/a".to_string() } else { figure };
     let rows: [(&str, String); 22] = [
         (
             "policy",
@@ -104,15 +106,15 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
             "jobs (completed / failed / unfinished)",
             format!("{} ({} / {} / {})", r.jobs, r.completed, r.failed, r.unfinished),
         ),
-        ("average JCT", format!("{:.0} s", r.avg_jct_s)),
-        ("median JCT", format!("{:.0} s", r.median_jct_s)),
-        ("p95 JCT", format!("{:.0} s", r.p95_jct_s)),
-        ("p99 JCT", format!("{:.0} s", r.p99_jct_s)),
-        ("average wait (all time not running)", format!("{:.0} s", r.avg_wait_s)),
-        ("p99 wait", format!("{:.0} s", r.p99_wait_s)),
-        ("average time to first start", format!("{:.0} s", r.avg_first_start_s)),
-        ("p99 time to first start", format!("{:.0} s", r.p99_first_start_s)),
-        ("average bounded slowdown", format!("{:.2}", r.avg_bounded_slowdown)),
+        ("average JCT", done(format!("{:.0} s", r.avg_jct_s))),
+        ("median JCT", done(format!("{:.0} s", r.median_jct_s))),
+        ("p95 JCT", done(format!("{:.0} s", r.p95_jct_s))),
+        ("p99 JCT", done(format!("{:.0} s", r.p99_jct_s))),
+        ("average wait (all time not running)", done(format!("{:.0} s", r.avg_wait_s))),
+        ("p99 wait", done(format!("{:.0} s", r.p99_wait_s))),
+        ("average time to first start", done(format!("{:.0} s", r.avg_first_start_s))),
+        ("p99 time to first start", done(format!("{:.0} s", r.p99_first_start_s))),
+        ("average bounded slowdown", done(format!("{:.2}", r.avg_bounded_slowdown))),
         ("makespan", format!("{:.0} s", r.makespan_s)),
         ("GPU utilisation", format!("{:.1}%", r.utilization * 100.0)),
         ("fragmentation while jobs wait", format!("{:.1}%", r.fragmentation * 100.0)),

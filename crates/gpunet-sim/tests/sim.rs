@@ -396,6 +396,29 @@ fn a_sample_at_an_event_shows_the_cluster_after_its_pass() {
     assert!((r.fragmentation - 0.25).abs() < 1e-9, "{}", r.fragmentation);
 }
 
+/// A job no node could ever hold (one task of 8 GPUs on a node of 4) is no measure of fragmentation: the free GPUs
+/// are counted against the smallest waiting task a node could hold, and only samples where such a task waits count
+/// (the job alone made the node's free GPUs all stranded: 75% here, 100% on an idle cluster). The table reads "n/a"
+/// for averages over completed jobs when none completed.
+#[test]
+fn a_job_that_never_fits_is_no_measure_of_fragmentation() {
+    let trace = |rows: &str| {
+        let body = format!("id,submit_s,duration_s,gpus,tenant,tasks\n{rows}");
+        read_trace_from(body.as_bytes(), "t.csv", ReadOptions::default()).unwrap()
+    };
+    let mut c = cfg(Policy::Fifo);
+    c.samples = 1;
+    let r = jcts_by_id(&trace("a,0,100,2,t,1\nnf,0,100,8,t,1\n"), &one_node(4), &c);
+    assert_eq!((r.completed, r.never_fit), (1, 1));
+    assert_eq!(r.fragmentation, 0.0);
+    // Beside it, a job of 4 GPUs waits at 0 s while a holds 2 of the 4: those 2 are stranded; at 100 s and 200 s
+    // only the job that never fits waits, and those samples do not count.
+    let r = jcts_by_id(&trace("a,0,100,2,t,1\nw,0,100,4,t,1\nnf,0,100,8,t,1\n"), &one_node(4), &c);
+    let waiting: Vec<(f64, usize, f64)> = r.series.iter().map(|s| (s.t_s, s.queued, s.fragmentation)).collect();
+    assert_eq!(waiting, vec![(0.0, 2, 0.5), (100.0, 1, 0.0), (200.0, 1, 0.0)]);
+    assert_eq!(r.fragmentation, 0.5);
+}
+
 /// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.
 #[test]
 fn knob_preemption_off_evicts_nothing() {

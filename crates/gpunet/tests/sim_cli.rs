@@ -355,6 +355,17 @@ fn sim_output_is_checked_first_and_said_plainly() {
     );
     // Submitted at one instant: the span is empty, and its utilisation is the whole run's (2 of 8 GPUs busy).
     assert_eq!((v["utilization_span"].as_f64(), v["utilization"].as_f64()), (Some(0.25), Some(0.25)), "{v}");
+    // A trace whose only job never runs has no averages over completed jobs: the table says "n/a" (its bounded
+    // slowdown read 0.00, below the metric's floor of 1), and the class without jobs "-".
+    let lone = dir.path().join("lone.csv");
+    std::fs::write(&lone, "id,submit_s,duration_s,gpus,tenant\nwide,0,100,64,t\n").unwrap();
+    let out = gpunet(&["sim", "--trace", lone.to_str().unwrap(), "--cluster", c]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = |label: &str| table.lines().find(|l| l.starts_with(label)).unwrap_or_default().to_string();
+    for label in ["avg JCT (s)", "avg wait, all not running (s)", "avg bounded slowdown"] {
+        assert!(row(label).trim_end().ends_with("n/a"), "{label}: {table}");
+    }
+    assert!(row("avg wait by size").trim_end().ends_with("-|-|-|-"), "{table}");
     // `auto` and a plain `srgf` told apart, in the table's heads and the JSON.
     let compare = |output: &str| {
         gpunet(&["sim", "compare", "--policies", "auto,srgf", "--trace", t, "--cluster", c, "--output", output])
