@@ -237,6 +237,12 @@ pub const MAX_TICK: Dur = Dur::from_hours(1);
 /// The longest stop time a file or flag may set (the simulator's: from asking an evicted job to stop until it is gone).
 pub const MAX_STOP_TIME: Dur = Dur::from_hours(24);
 
+/// The longest restart backoff a file or flag may set (it doubles with each restart, up to 32 times this).
+pub const MAX_RESTART_BACKOFF: Dur = Dur::from_hours(24);
+
+/// The longest minimum run time a file or flag may set (no running job younger than it is evicted for another).
+pub const MAX_MIN_RUN_TIME: Dur = Dur::from_hours(24 * 7);
+
 /// The name of the recommended scheduler setting ([`SchedConfig::recommended`]), accepted by `--policy` and the
 /// default of `gpunet up` and `gpunet server`.
 pub const RECOMMENDED_POLICY: &str = "auto";
@@ -439,6 +445,22 @@ impl SchedConfig {
                     "at least 2 under preemptive sjf (its keys never change: at 1, two jobs of one estimate would \
                           evict each other forever)"
                         .into(),
+            });
+        }
+        // A backoff or minimum run time of years reads as one that never ends: a failed job shown waiting "for
+        // 5111999999999h more", preemption quietly off.
+        if self.restart_backoff > MAX_RESTART_BACKOFF {
+            return Err(CoreError::InvalidField {
+                field: "restart_backoff",
+                value: human(self.restart_backoff),
+                allowed: "at most 1d (86400s): it doubles with each restart, up to 32 times that".into(),
+            });
+        }
+        if self.preemption.min_run_time > MAX_MIN_RUN_TIME {
+            return Err(CoreError::InvalidField {
+                field: "min_run_time",
+                value: human(self.preemption.min_run_time),
+                allowed: "at most 7d (604800s); to evict nothing, preemption = false".into(),
             });
         }
         if self.preemption.victim_scan_limit == 0 {
@@ -881,6 +903,16 @@ mod tests {
         assert!(refused("[scheduler]\nstop_time = \"2d\"\n").contains("invalid stop_time"));
         assert!(refused("[scheduler]\nreservation_horizon = 2000000\n").contains("invalid reservation_horizon"));
         assert!(refused("[scheduler]\nfairshare_half_life = \"0s\"\n").contains("fairshare_half_life"));
+        // A restart backoff over a day, a minimum run time over a week (a failed job waited "5111999999999h more").
+        let e = refused("[scheduler]\nrestart_backoff = \"213000000000d\"\n");
+        assert!(e.starts_with("invalid restart_backoff \"213000000000d\": allowed is at most 1d"), "{e}");
+        let e = refused("[scheduler]\nmin_run_time = \"8d\"\n");
+        assert!(
+            e.starts_with("invalid min_run_time \"8d\": allowed is at most 7d") && e.contains("preemption = false")
+        );
+        for ok in ["[scheduler]\nrestart_backoff = \"1d\"\n", "[scheduler]\nmin_run_time = \"7d\"\n"] {
+            SchedKnobs::from_toml(ok).unwrap().apply(&mut SchedConfig::default()).unwrap();
+        }
         let e = refused("[scheduler]\npolicy = \"sjf\"\npreemptive = true\nshorter_ratio = 1\n");
         assert!(e.contains("invalid shorter_ratio \"1\"") && e.contains("at least 2 under preemptive sjf"), "{e}");
         // At 1 under SRTF and SRGF a job's key falls as it runs: it is not evicted back.

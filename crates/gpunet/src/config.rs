@@ -67,6 +67,11 @@ pub(crate) struct ServerFile {
     /// What to warn about once logging is set up (e.g. a file holding a token that others can read).
     #[serde(skip)]
     pub(crate) warnings: Vec<String>,
+    /// Whether `--preempt-min-run-s` and `--restart-backoff-s` were given on the command line: one that was, even at
+    /// its default, must agree with a `--sched-config` file's value (set at its default, it was overridden
+    /// quietly). Never read from a file.
+    #[serde(skip)]
+    pub(crate) flags_given: crate::SchedFlagsGiven,
 }
 
 impl Default for ServerFile {
@@ -104,6 +109,7 @@ impl Default for ServerFile {
             pool_agent_server: None,
             pool_agent_ca: None,
             warnings: Vec::new(),
+            flags_given: crate::SchedFlagsGiven::default(),
         }
     }
 }

@@ -289,7 +289,21 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
 /// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`. Without either naming a
 /// policy, or with `--policy auto`, the recommended setting is used (`SchedConfig::recommended`); a policy named in
 /// the file or on the command line is used as named, preemptive for shorter jobs only if the file says so.
-fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, policy: Option<&str>) -> Result<()> {
+/// Which of the server's scheduler flags were given on the command line ([`load_sched`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SchedFlagsGiven {
+    /// `--preempt-min-run-s`.
+    pub(crate) min_run_time: bool,
+    /// `--restart-backoff-s`.
+    pub(crate) restart_backoff: bool,
+}
+
+fn load_sched(
+    cfg: &mut gpunet_server::Config,
+    file: Option<&std::path::Path>,
+    policy: Option<&str>,
+    flags: SchedFlagsGiven,
+) -> Result<()> {
     let knobs = match file {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
@@ -315,8 +329,9 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
     }
     let given = knobs.as_ref().map(|(_, k)| k.clone()).unwrap_or_default();
     if let Some((p, k)) = knobs {
-        // The file's minimum run time and restart backoff apply over the server's defaults; set to another value on
-        // the command line or in the server's file as well, the two disagree and neither is taken quietly.
+        // The file's minimum run time and restart backoff apply over the server's defaults; given on the command
+        // line (at any value) or set to another value in the server's file as well, the two disagree and neither
+        // is taken quietly.
         let d = gpunet_core::SchedConfig::default();
         let pairs = [
             (
@@ -325,11 +340,19 @@ fn load_sched(cfg: &mut gpunet_server::Config, file: Option<&std::path::Path>, p
                 k.min_run_time,
                 cfg.sched.preemption.min_run_time,
                 d.preemption.min_run_time,
+                flags.min_run_time,
             ),
-            ("restart_backoff", "--restart-backoff-s", k.restart_backoff, cfg.sched.restart_backoff, d.restart_backoff),
+            (
+                "restart_backoff",
+                "--restart-backoff-s",
+                k.restart_backoff,
+                cfg.sched.restart_backoff,
+                d.restart_backoff,
+                flags.restart_backoff,
+            ),
         ];
-        for (key, flag, file, server, default) in pairs {
-            if let Some(f) = file.filter(|f| server != default && f.0 != server) {
+        for (key, flag, file, server, default, flag_given) in pairs {
+            if let Some(f) = file.filter(|f| (server != default || flag_given) && f.0 != server) {
                 bail!(
                     "invalid --sched-config {}: its {key} ({} ms) disagrees with {flag} ({} ms, from the command line \
                      or the server's file); set it in one place",
@@ -785,7 +808,7 @@ fn real_main() -> Result<()> {
             cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
-            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
+            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), SchedFlagsGiven::default())?;
             cfg.prices = load_prices(a.prices.as_deref())?;
             if let Some(sp) = &a.spot_pool {
                 let mut p = gpunet_server::pools::PoolConfig::parse_short("spot", sp)?;

@@ -135,6 +135,10 @@ impl ServerArgs {
         over(&self.node_fence_s, &mut f.node_fence_s);
         over(&self.restart_backoff_s, &mut f.restart_backoff_s);
         over(&self.preempt_min_run_s, &mut f.preempt_min_run_s);
+        f.flags_given = crate::SchedFlagsGiven {
+            min_run_time: self.preempt_min_run_s.is_some(),
+            restart_backoff: self.restart_backoff_s.is_some(),
+        };
         if !self.checkpoint_roots.is_empty() {
             f.checkpoint_roots.clone_from(&self.checkpoint_roots);
         }
@@ -179,7 +183,7 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
         bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
     }
     cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
-    crate::load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref())?;
+    crate::load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), a.flags_given)?;
     if !a.backfill {
         cfg.sched.backfill = false;
     }
@@ -449,6 +453,12 @@ mod tests {
         assert!(e.contains("min_run_time (600000 ms) disagrees with --preempt-min-run-s (60000 ms"), "{e}");
         let e = sched(&["--restart-backoff-s", "1"], Some("restart_backoff = \"20s\"\n")).unwrap_err().to_string();
         assert!(e.contains("restart_backoff (20000 ms) disagrees with --restart-backoff-s"), "{e}");
+        // A flag given at its default disagrees as well (it was overridden by the file without a word); a file's
+        // default (one `gpunet admin config` writes) is no flag given.
+        let e = sched(&["--restart-backoff-s", "10"], Some("restart_backoff = \"30s\"\n")).unwrap_err().to_string();
+        assert!(e.contains("restart_backoff (30000 ms) disagrees with --restart-backoff-s (10000 ms"), "{e}");
+        let e = sched(&["--preempt-min-run-s", "300"], Some("min_run_time = \"1m\"\n")).unwrap_err().to_string();
+        assert!(e.contains("min_run_time (60000 ms) disagrees with --preempt-min-run-s (300000 ms"), "{e}");
         // The file and `--policy` together are checked as the server runs them.
         let e = sched(&["--policy", "sjf"], Some("preemptive = true\nshorter_ratio = 1\n")).unwrap_err();
         assert!(format!("{e:#}").contains("at least 2 under preemptive sjf"), "{e:#}");
