@@ -741,9 +741,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Errors end the process with their causes on one line and status 1, never with a backtrace (even where
 /// `RUST_BACKTRACE` is set: they are for people, not developers).
+/// `eprintln!` that never panics: standard error closed early (`gpunet sim … 2>&1 | head -1`) made the process
+/// panic and exit 101 instead of 1.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
+pub(crate) use say;
+
 fn main() {
     if let Err(e) = real_main() {
-        eprintln!("error: {e:#}");
+        say!("error: {e:#}");
         std::process::exit(1);
     }
 }
@@ -832,7 +842,7 @@ fn real_main() -> Result<()> {
             cfg.checkpoint_roots = vec![format!("file://{}/tiers/{{tenant}}", data.display())];
             let tenant_uids = gpunet_agent::running_as_root() && gpunet_agent::others_can_reach(&data);
             if gpunet_agent::running_as_root() && !tenant_uids {
-                eprintln!(
+                say!(
                     "warning: {} is not reachable by other users, so every tenant's tasks run as root; use a data \
                      directory under a path like /srv or /var/lib for per-tenant users",
                     data.display()

@@ -230,12 +230,12 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
     given.preemptive = given.preemptive.filter(|_| !o.preemptive).or(o.preemptive.then_some(true));
     given.defragment = given.defragment.filter(|_| !o.defragment).or(o.defragment.then_some(true));
     for w in sched.ignored_knobs(&given) {
-        eprintln!("warning: {w}");
+        crate::say!("warning: {w}");
     }
     // A probe given applies to learned estimates (and, under SRTF and SRGF, to none): with given ones it does nothing.
     let probe_given = o.probe_s.is_some_and(|s| s > 0) || given.probe.is_some_and(|p| p.0 > Dur::ZERO);
     if probe_given && o.estimates != "history" {
-        eprintln!(
+        crate::say!(
             "warning: the probe does nothing with --estimates {}: every job's run time is given (it applies to learned \
              estimates, --estimates history)",
             o.estimates
@@ -311,9 +311,9 @@ fn progress_bar(enabled: bool) -> impl FnMut(usize, usize) {
         if enabled {
             let pct = done * 100 / total.max(1);
             let bar = "#".repeat(pct / 4);
-            eprint!("\r[{bar:<25}] {pct:>3}% {done}/{total} jobs");
+            let _ = write!(std::io::stderr(), "\r[{bar:<25}] {pct:>3}% {done}/{total} jobs");
             if done >= total {
-                eprintln!();
+                crate::say!();
             }
             let _ = std::io::stderr().flush();
         }
@@ -430,7 +430,7 @@ fn check_outputs(o: &SimOpts, names: &[&str]) -> Result<()> {
 /// jobs) leave them out.
 fn warn_never_fit(r: &SimResult) {
     if r.never_fit > 0 {
-        eprintln!(
+        crate::say!(
             "warning: {}: {} of {} jobs can never run on this cluster and are left unfinished (first: {}); the \
              averages are over completed jobs",
             r.setting.as_deref().unwrap_or(&r.policy),
@@ -534,7 +534,7 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                     .map(|(h, name)| {
                         let r = h.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))??;
                         if tty {
-                            eprintln!("done: {name} ({:.0} ms)", r.wall_ms);
+                            crate::say!("done: {name} ({:.0} ms)", r.wall_ms);
                         }
                         Ok(r)
                     })

@@ -355,6 +355,17 @@ fn sim_output_is_checked_first_and_said_plainly() {
     );
     // Submitted at one instant: the span is empty, and its utilisation is the whole run's (2 of 8 GPUs busy).
     assert_eq!((v["utilization_span"].as_f64(), v["utilization"].as_f64()), (Some(0.25), Some(0.25)), "{v}");
+    // Standard error closed before anything is written: the error still ends the process with 1, not a panic's 101
+    // (`gpunet sim … 2>&1 >/dev/null | head -1` got 101 one time in five).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = Command::new(env!("CARGO_BIN_EXE_gpunet"))
+        .args(["sim", "--trace", t, "--cluster", t])
+        .stdout(std::process::Stdio::null())
+        .stderr(writer)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
     // A trace whose only job never runs has no averages over completed jobs: the table says "n/a" (its bounded
     // slowdown read 0.00, below the metric's floor of 1), and the class without jobs "-".
     let lone = dir.path().join("lone.csv");
