@@ -527,7 +527,21 @@ impl FromStr for HumanDur {
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         if unit.starts_with('.') && !num.is_empty() {
-            return Err(format!("{s:?} is not a whole number: write e.g. \"90m\" for \"1.5h\""));
+            // The same in the next smaller unit ("1.5h": "90m"; "1.5s": "1500ms"), rounded.
+            let end = 1 + unit[1..].find(|c: char| !c.is_ascii_digit()).unwrap_or(unit.len() - 1);
+            let (frac, u) = unit.split_at(end);
+            let x: f64 = format!("{num}{frac}").parse().unwrap_or(0.0);
+            let smaller = match u {
+                "d" => Some((24.0, "h")),
+                "h" => Some((60.0, "m")),
+                "m" => Some((60.0, "s")),
+                "" | "s" => Some((1000.0, "ms")),
+                _ => None,
+            };
+            return Err(match smaller {
+                Some((k, v)) => format!("{s:?} is not a whole number: write e.g. \"{}{v}\"", (x * k).round() as u64),
+                None => format!("{s:?} is not a whole number: ms is the smallest unit"),
+            });
         }
         let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration such as \"90s\" or \"10m\""))?;
         let ms: u64 = match unit {
@@ -640,12 +654,8 @@ impl SchedKnobs {
             what: "the [scheduler] table (docs/scheduler.md, \"Knobs\")",
             message: e.to_string().trim_end().to_string(),
         })?;
-        if f.version.is_some_and(|v| v != 1) {
-            return Err(CoreError::InvalidField {
-                field: "version",
-                value: format!("{:?}", f.version),
-                allowed: "1".into(),
-            });
+        if let Some(v) = f.version.filter(|v| *v != 1) {
+            return Err(CoreError::InvalidField { field: "version", value: v.to_string(), allowed: "1".into() });
         }
         Ok(f.scheduler.unwrap_or_default())
     }
@@ -935,6 +945,9 @@ mod tests {
             ("1.5", "1.5 is not a whole number of seconds"),
             ("nan", "NaN is not a whole number of seconds"),
             ("\"1.5h\"", "\"1.5h\" is not a whole number: write e.g. \"90m\""),
+            ("\"1.5s\"", "\"1.5s\" is not a whole number: write e.g. \"1500ms\""),
+            ("\"2.25d\"", "\"2.25d\" is not a whole number: write e.g. \"54h\""),
+            ("\"1.5ms\"", "\"1.5ms\" is not a whole number: ms is the smallest unit"),
             ("true", "expected a duration such as \"90s\""),
         ] {
             let m = e(v);
@@ -945,6 +958,8 @@ mod tests {
         let m = SchedKnobs::from_toml("[scheduler]\nmin_run_time = -1\n").unwrap_err();
         assert!(matches!(m, CoreError::InvalidFile { .. }), "{m:?}");
         assert!(m.to_string().starts_with("the [scheduler] table") && m.to_string().contains("\n"), "{m}");
+        let v = SchedKnobs::from_toml("version = 2\n[scheduler]\n").unwrap_err().to_string();
+        assert_eq!(v, "invalid version \"2\": allowed is 1");
     }
 
     /// Knobs given that do nothing with the rest of the configuration are named (a server warns at start, `sim`

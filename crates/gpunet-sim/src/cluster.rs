@@ -83,6 +83,9 @@ pub struct TenantDef {
     pub cohort: Option<String>,
 }
 
+/// The most nodes a cluster spec may hold in all (`gpunet bench sched` models 10,000).
+pub const MAX_NODES: u64 = 100_000;
+
 /// A cluster spec.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,7 +149,7 @@ impl ClusterSpec {
         Self::from_toml(&text, name_or_path)
     }
 
-    /// Parses and validates a TOML spec.
+    /// Parses and validates a TOML spec (at most [`MAX_NODES`] nodes).
     pub fn from_toml(text: &str, name: &str) -> Result<ClusterSpec, SimError> {
         let what = format!("cluster spec {name}");
         let spec: ClusterSpec = toml::from_str(text).map_err(|e| SimError::invalid(&what, e.to_string()))?;
@@ -186,6 +189,14 @@ impl ClusterSpec {
                 gpunet_core::pricing::check_price("price_per_gpu_hour", p)
                     .map_err(|e| SimError::invalid(&at, e.to_string()))?;
             }
+        }
+        // A spec of a hundred million nodes aborted the process allocating them; a million ran for minutes.
+        let nodes: u64 = spec.node_group.iter().map(|g| u64::from(g.count)).sum();
+        if nodes > MAX_NODES {
+            return Err(SimError::invalid(
+                &what,
+                format!("its node groups hold {nodes} nodes in all; allowed is at most {MAX_NODES}"),
+            ));
         }
         for t in &spec.tenant {
             if let (Some(g), Some(l)) = (t.guarantee_gpus, t.limit_gpus) {
@@ -380,5 +391,20 @@ mod tests {
         assert!(e.contains("colour"), "{e}");
         let e = ClusterSpec::load("nonexistent-preset").unwrap_err().to_string();
         assert!(e.contains("philly") && e.contains("pai2023"), "{e}");
+        // At most 100,000 nodes in all (a hundred million aborted the process as it allocated them).
+        let groups = |a: u32, b: u32| {
+            let g = |n: u32| format!("[[node_group]]\ncount = {n}\ngpus_per_node = 8\ngpu_model = \"T4\"\n");
+            ClusterSpec::from_toml(&format!("{}{}", g(a), g(b)), "c.toml")
+        };
+        assert!(groups(60_000, 40_000).is_ok());
+        let e = groups(60_000, 40_001).unwrap_err().to_string();
+        assert!(e.contains("its node groups hold 100001 nodes in all; allowed is at most 100000"), "{e}");
+        let e = ClusterSpec::from_toml(
+            "version = 2\n[[node_group]]\ncount = 1\ngpus_per_node = 8\ngpu_model = \"T4\"\n",
+            "c",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("version 2 is unknown; allowed is 1"), "{e}");
     }
 }
