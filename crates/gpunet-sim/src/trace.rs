@@ -317,6 +317,7 @@ pub fn read_trace_from(reader: impl Read, name: &str, opts: ReadOptions) -> Resu
     let mut philly_times: Vec<i64> = Vec::new();
     let mut rec = csv::StringRecord::new();
     let mut line = 1u64;
+    let mut seen_ids: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     loop {
         match rdr.read_record(&mut rec) {
             Ok(false) => break,
@@ -337,7 +338,19 @@ pub fn read_trace_from(reader: impl Read, name: &str, opts: ReadOptions) -> Resu
         }
         let row = Row { file: name, line, rec: &rec, cols: &cols };
         let parsed = match format {
-            TraceFormat::Gpunet => parse_gpunet(&row).map(Some),
+            // Ids name jobs for dependencies and in `--jobs-out`: two rows of one id could not be told apart (a
+            // dependency named the later one).
+            TraceFormat::Gpunet => parse_gpunet(&row).and_then(|j| match seen_ids.get(j.id.as_str()) {
+                Some(first) => Err(SimError::Csv {
+                    file: name.into(),
+                    line,
+                    reason: format!("duplicate id {:?} (first at line {first}): ids name one job each", j.id),
+                }),
+                None => {
+                    seen_ids.insert(j.id.clone(), line);
+                    Ok(Some(j))
+                }
+            }),
             TraceFormat::Philly => parse_philly(&row).map(|(j, t)| {
                 philly_times.push(t);
                 Some(j)
@@ -577,6 +590,12 @@ mod tests {
         assert!(e.contains("--trace-format"), "{e}");
         let e = read("id,submit_s,duration_s,gpus,tenant\na,0,1,1,t,extra\n", ReadOptions::default()).unwrap_err();
         assert!(e.to_string().contains("t.csv:2"), "{e}");
+        // One id, two rows: refused where the second is (a dependency named the later one); skipped, the first stays.
+        let dup = "id,submit_s,duration_s,gpus,tenant\ng,0,10,1,t\nh,0,10,1,t\ng,5,10,1,t\n";
+        let e = read(dup, ReadOptions::default()).unwrap_err().to_string();
+        assert_eq!(e, "read t.csv:4: duplicate id \"g\" (first at line 2): ids name one job each");
+        let t = read(dup, ReadOptions { skip_bad_rows: true, ..Default::default() }).unwrap();
+        assert_eq!((t.jobs.len(), t.skipped_bad_rows, t.jobs[0].submit_s), (2, 1, 0.0));
     }
 
     #[test]
