@@ -409,6 +409,41 @@ impl SchedConfig {
                 self.policy
             ));
         }
+        let shorter_in_effect =
+            pre.enabled && pre.shorter_first && matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf);
+        if given.shorter_ratio.is_some() && !shorter_in_effect {
+            out.push(format!(
+                "shorter_ratio does nothing here: no job is evicted for a shorter one under {} (that takes \
+                 preemption, preemptive = true and sjf, srtf or srgf)",
+                self.policy
+            ));
+        }
+        if given.las_thresholds_gpu_s.is_some() && self.policy != Policy::Las {
+            out.push(format!(
+                "las_thresholds_gpu_s does nothing under {}: only las queues jobs by their attained service",
+                self.policy
+            ));
+        }
+        if given.fairshare_half_life.is_some() && self.policy != Policy::FairShare {
+            out.push(format!(
+                "fairshare_half_life orders nothing under {}: only fairshare ranks tenants by their decayed usage \
+                 (the usage tenants are shown still decays by it)",
+                self.policy
+            ));
+        }
+        if given.max_evictions == Some(0) && pre.enabled {
+            out.push("max_evictions = 0 allows no eviction at all: preemption = false says so".into());
+        }
+        if given.probe.is_some_and(|p| p.0 != Dur::ZERO)
+            && !matches!(self.policy, Policy::Srtf | Policy::Srgf)
+            && !self.backfill
+        {
+            out.push(format!(
+                "probe does nothing under {} without backfill: only srtf and srgf rank jobs by it, and backfill \
+                 counts a probing job's end by it",
+                self.policy
+            ));
+        }
         if given.learned_rank == Some(LearnedRank::Gittins) && self.learned_rule() == crate::gittins::Rule::Median {
             out.push(
                 "learned_rank = \"gittins\" does nothing here: Gittins ranks are used only under srtf or srgf with \
@@ -986,5 +1021,34 @@ mod tests {
             vec!["preemptive = true does nothing under las: only sjf, srtf and srgf evict for shorter jobs".to_string()]
         );
         assert_eq!(c.ignored_knobs(&all).len(), 2, "and Gittins ranks are not used under las");
+        // Knobs of other policies, or of an eviction that never happens.
+        let fifo = SchedConfig::with_policy(Policy::Fifo);
+        let w = fifo.ignored_knobs(&knobs(
+            "shorter_ratio = 4\nlas_thresholds_gpu_s = [60]\nfairshare_half_life = \"1h\"\nmax_evictions = 0\n\
+             probe = \"15m\"\n",
+        ));
+        let starts = [
+            "shorter_ratio does nothing here: no job is evicted for a shorter one under fifo",
+            "las_thresholds_gpu_s does nothing under fifo",
+            "fairshare_half_life orders nothing under fifo",
+            "max_evictions = 0 allows no eviction at all",
+            "probe does nothing under fifo without backfill",
+        ];
+        assert_eq!(w.len(), starts.len(), "{w:?}");
+        for (w, s) in w.iter().zip(starts) {
+            assert!(w.starts_with(s), "{w} / {s}");
+        }
+        // Where each does something, nothing is said.
+        let mut srtf = SchedConfig::with_policy(Policy::Srtf);
+        knobs("preemptive = true\n").apply(&mut srtf).unwrap();
+        assert!(srtf.ignored_knobs(&knobs("shorter_ratio = 4\nprobe = \"15m\"\n")).is_empty());
+        let las = SchedConfig::with_policy(Policy::Las);
+        assert!(las.ignored_knobs(&knobs("las_thresholds_gpu_s = [60]\n")).is_empty());
+        let fs = SchedConfig::with_policy(Policy::FairShare);
+        assert!(fs.ignored_knobs(&knobs("fairshare_half_life = \"1h\"\n")).is_empty());
+        let fifo_bf = SchedConfig { backfill: true, ..SchedConfig::with_policy(Policy::Fifo) };
+        assert!(fifo_bf.ignored_knobs(&knobs("probe = \"15m\"\n")).is_empty());
+        let off = SchedConfig { preemption: PreemptionConfig { enabled: false, ..Default::default() }, ..fifo };
+        assert!(off.ignored_knobs(&knobs("max_evictions = 0\n")).iter().all(|w| !w.starts_with("max_evictions")));
     }
 }

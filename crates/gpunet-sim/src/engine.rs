@@ -1244,7 +1244,10 @@ pub fn simulate(
     let mut r = SimResult {
         policy: cfg.sched.policy.name().to_string(),
         backfill: cfg.sched.backfill,
-        preemptive: cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first,
+        // In effect: preemptive = true under a policy that does not evict for shorter jobs reads false.
+        preemptive: cfg.sched.preemption.enabled
+            && cfg.sched.preemption.shorter_first
+            && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf),
         shorter_ratio: (cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first)
             .then_some(cfg.sched.preemption.shorter_ratio),
         defragment: cfg.sched.preemption.enabled && cfg.sched.preemption.defragment,
