@@ -229,6 +229,15 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
     let mut given = cluster.scheduler.clone().unwrap_or_default();
     given.preemptive = given.preemptive.filter(|_| !o.preemptive).or(o.preemptive.then_some(true));
     given.defragment = given.defragment.filter(|_| !o.defragment).or(o.defragment.then_some(true));
+    if o.las_thresholds.is_some() {
+        given.las_thresholds_gpu_s = Some(sched.las_thresholds_gpu_s.clone());
+    }
+    if let Some(s) = o.probe_s {
+        given.probe = Some(gpunet_core::HumanDur(Dur::from_secs(s)));
+    }
+    if let Some(n) = o.max_evictions {
+        given.max_evictions = Some(n);
+    }
     for w in sched.ignored_knobs(&given) {
         crate::say!("warning: {w}");
     }

@@ -343,6 +343,31 @@ fn sim_output_is_checked_first_and_said_plainly() {
     // A probe with given estimates does nothing, and says so.
     let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--policy", "srtf", "--probe-s", "60"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("the probe does nothing with --estimates oracle"), "{out:?}");
+    // Flags of other policies say so too, as the file's knobs do; the JSON's `preemptive` is what is in effect.
+    let out = gpunet(&[
+        "sim",
+        "--trace",
+        t,
+        "--cluster",
+        c,
+        "--policy",
+        "fifo",
+        "--las-thresholds",
+        "60",
+        "--max-evictions",
+        "0",
+        "--preemptive",
+        "--output",
+        "json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for w in
+        ["las_thresholds_gpu_s does nothing under fifo", "max_evictions = 0 allows no eviction", "preemptive = true"]
+    {
+        assert!(err.contains(w), "{w}: {err}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["preemptive"], false, "not in effect under fifo");
     // The wide job can never run here: a warning names it; the rest replays.
     let out = gpunet(&["sim", "--trace", t, "--cluster", c, "--output", "json"]);
     let err = String::from_utf8_lossy(&out.stderr);
