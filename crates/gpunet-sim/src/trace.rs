@@ -347,6 +347,15 @@ pub fn read_trace_from(reader: impl Read, name: &str, opts: ReadOptions) -> Resu
                     reason: format!("duplicate id {:?} (first at line {first}): ids name one job each", j.id),
                 }),
                 None => {
+                    // A dependency names earlier rows' ids (a typo was found only in the replay, without its line).
+                    let unknown = j.dependency.iter().flat_map(|(_, ids)| ids).find(|d| !seen_ids.contains_key(*d));
+                    if let Some(d) = unknown {
+                        return Err(SimError::Csv {
+                            file: name.into(),
+                            line,
+                            reason: format!("dependency names {d:?}, the id of no earlier row"),
+                        });
+                    }
                     seen_ids.insert(j.id.clone(), line);
                     Ok(Some(j))
                 }
@@ -596,6 +605,12 @@ mod tests {
         assert_eq!(e, "read t.csv:4: duplicate id \"g\" (first at line 2): ids name one job each");
         let t = read(dup, ReadOptions { skip_bad_rows: true, ..Default::default() }).unwrap();
         assert_eq!((t.jobs.len(), t.skipped_bad_rows, t.jobs[0].submit_s), (2, 1, 0.0));
+        // A dependency on an id of no earlier row is refused at its row.
+        let head = "id,submit_s,duration_s,gpus,tenant,dependency\n";
+        let e = read(&format!("{head}a,0,10,1,t,\nb,0,10,1,t,afterok:a:c\nc,0,10,1,t,\n"), ReadOptions::default());
+        assert_eq!(e.unwrap_err().to_string(), "read t.csv:3: dependency names \"c\", the id of no earlier row");
+        let t = read(&format!("{head}a,0,10,1,t,\nb,0,10,1,t,afterok:a\n"), ReadOptions::default()).unwrap();
+        assert_eq!(t.jobs[1].dependency.len(), 1);
     }
 
     #[test]

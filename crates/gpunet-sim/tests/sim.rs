@@ -737,8 +737,12 @@ fn a_trace_with_dependencies_starts_each_dependent_after_its_dependency_ends() {
     // a: 100; b: 100 + 10; c: after b, 110 + 10; d failed (a succeeded): not completed.
     assert_eq!((r.completed, r.failed), (3, 1), "{r:?}");
     assert!((r.avg_jct_s - (100.0 + 110.0 + 120.0) / 3.0).abs() < 1e-6, "{}", r.avg_jct_s);
-    // A dependency on a later or unknown row is an error naming the job.
-    let bad = read("a,0,10,1,t,afterok:b\nb,5,10,1,t,\n");
+    // A dependency on a later or unknown row is an error naming the file and line; on an earlier row submitted
+    // later, the replay's error names the job.
+    let body = "id,submit_s,duration_s,gpus,tenant,dependency\na,0,10,1,t,afterok:b\nb,5,10,1,t,\n";
+    let e = read_trace_from(body.as_bytes(), "deps.csv", ReadOptions::default()).unwrap_err().to_string();
+    assert_eq!(e, "read deps.csv:2: dependency names \"b\", the id of no earlier row");
+    let bad = read("b,5,10,1,t,\na,0,10,1,t,afterok:b\n");
     let e = simulate(&bad, &one_node(4), &cfg(Policy::Fifo), &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("job \"a\": dependency afterok:b names no job submitted before it"), "{e}");
     let e = read_trace_from(
