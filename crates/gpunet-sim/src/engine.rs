@@ -292,6 +292,8 @@ struct JobRec {
     held_ms: u64,
     /// Evictions suffered.
     evictions: u32,
+    /// No node of the cluster could hold it when it was submitted (`gpunet_core::never_fits`).
+    never_fits: bool,
     /// Attempts in a row ended by the loss of their node without the job keeping more work than at the last one.
     losses: u32,
     /// The job's kept work (ms) when an attempt of it last ended with its node and kept more than the one before.
@@ -318,9 +320,10 @@ struct Engine<'a> {
     alloc_area: f64,
     cap_area: f64,
     queued_sizes: BTreeMap<u32, u32>,
-    /// Fragmentation summed over the samples where a job some node could hold waits, and their count.
+    /// Fragmentation times the time each sample stands for, summed over the samples where a job some node could
+    /// hold waits, and that time.
     frag_sum: f64,
-    frag_samples: u32,
+    frag_weight: f64,
     preemptions: usize,
     restarts: usize,
     node_losses: usize,
@@ -396,6 +399,9 @@ impl Engine<'_> {
             self.queued_gpus += g;
         } else {
             self.queued_gpus -= g;
+        }
+        if self.jobs[idx].never_fits {
+            return;
         }
         let k = self.jobs[idx].per_task;
         let e = self.queued_sizes.entry(k).or_default();
@@ -728,7 +734,8 @@ impl Engine<'_> {
         }
     }
 
-    fn sample(&mut self, now: u64) {
+    /// Takes a load sample; `step`: the time it stands for (ms), its weight in the run's fragmentation.
+    fn sample(&mut self, now: u64, step: u64) {
         let cap = self.st.capacity_gpus().max(1) as f64;
         let queued = self.st.queued_count();
         // The smallest waiting task some ready node could hold: a job no node could ever hold would count every free
@@ -749,11 +756,11 @@ impl Engine<'_> {
             }
             _ => 0.0,
         };
-        // The run's figure is over the samples where a job some node could hold waits (all of them, the series
-        // thinned or not).
+        // The run's figure is over the samples where a job some node could hold waits, each weighed by the time it
+        // stands for (all of them, thinned from the series or not: as the step doubles, a sample stands for more).
         if queued > 0 && smallest.is_some() {
-            self.frag_sum += frag;
-            self.frag_samples += 1;
+            self.frag_sum += frag * step as f64;
+            self.frag_weight += step as f64;
         }
         self.series.push(Sample {
             t_s: (now - self.t0) as f64 / 1000.0,
@@ -883,7 +890,7 @@ pub fn simulate(
         cap_area: 0.0,
         queued_sizes: BTreeMap::new(),
         frag_sum: 0.0,
-        frag_samples: 0,
+        frag_weight: 0.0,
         preemptions: 0,
         restarts: 0,
         node_losses: 0,
@@ -980,7 +987,7 @@ pub fn simulate(
         let mut changed = false;
         // A sample due at this instant is taken after its pass: before it, a job ended or submitted at this instant
         // would show as GPUs idle and a job waiting that the pass is about to start.
-        let mut sample_due = false;
+        let mut sample_due: Option<u64> = None;
         // Events at this instant, and of them scheduling ticks (a pass for a tick alone: `tick_passes`).
         let (mut events, mut ticks) = (0u32, 0u32);
         while next < order.len() && ms(trace.jobs[order[next]].submit_s) == now {
@@ -1046,6 +1053,8 @@ pub fn simulate(
             if cfg.estimates == EstimateMode::History {
                 e.job_names.push(tj.id.clone());
             }
+            // A job no node could ever hold is left out of the waiting tasks fragmentation is measured against.
+            e.jobs[idx].never_fits = gpunet_core::never_fits(&e.st, &spec).is_some();
             e.st.submit(JobId(idx as u64 + 1), spec, Time(now))?;
             e.queued_add(idx, 1);
             next += 1;
@@ -1090,7 +1099,6 @@ pub fn simulate(
                     changed = true;
                 }
                 Ev::Sample => {
-                    sample_due = true;
                     // A run far longer than its submissions and median job (one job of years among short ones) would
                     // sample for ever at the same step: past 8 times the samples asked for, every other one is
                     // dropped and the step doubled, so the series stays bounded (it grew to gigabytes).
@@ -1102,6 +1110,8 @@ pub fn simulate(
                         });
                         sample_dt = sample_dt.saturating_mul(2);
                     }
+                    // It stands for the time until the next one.
+                    sample_due = Some(sample_dt);
                     e.push(now + sample_dt, Ev::Sample);
                 }
                 Ev::Autoscale => {
@@ -1181,8 +1191,8 @@ pub fn simulate(
                 e.push(now + cfg.tick.0, Ev::Tick);
             }
         }
-        if sample_due {
-            e.sample(now);
+        if let Some(step) = sample_due {
+            e.sample(now, step);
         }
     }
     progress(total, total);
@@ -1234,22 +1244,23 @@ pub fn simulate(
     }
     let total_gpu_time: f64 = e.gpu_time_by_tenant.iter().sum::<f64>().max(1e-9);
     let shares: Vec<f64> = e.gpu_time_by_tenant.iter().map(|g| g / total_gpu_time).collect();
-    let fragmentation = if e.frag_samples == 0 { 0.0 } else { e.frag_sum / e.frag_samples as f64 };
+    let fragmentation = if e.frag_weight == 0.0 { 0.0 } else { e.frag_sum / e.frag_weight };
     let ratio = |a: f64, c: f64| if c > 0.0 { (a / c).min(1.0) } else { 0.0 };
     // Every job submitted at one instant leaves no span: the whole run's figure is given instead.
     let (span_alloc, span_cap) = e.span_area.filter(|(_, c)| *c > 0.0).unwrap_or((e.alloc_area, e.cap_area));
     let gpu_hours_used = e.alloc_area / 3_600_000.0;
     let eviction_lost_gpu_hours = e.evict_lost_gpu_ms / 3_600_000.0;
     let latency = crate::metrics::latency(&rows, &names);
+    let shorter_in_effect = cfg.sched.preemption.enabled
+        && cfg.sched.preemption.shorter_first
+        && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf);
     let mut r = SimResult {
         policy: cfg.sched.policy.name().to_string(),
         backfill: cfg.sched.backfill,
-        // In effect: preemptive = true under a policy that does not evict for shorter jobs reads false.
-        preemptive: cfg.sched.preemption.enabled
-            && cfg.sched.preemption.shorter_first
-            && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf),
-        shorter_ratio: (cfg.sched.preemption.enabled && cfg.sched.preemption.shorter_first)
-            .then_some(cfg.sched.preemption.shorter_ratio),
+        // In effect: preemptive = true under a policy that does not evict for shorter jobs reads false (and gives no
+        // ratio).
+        preemptive: shorter_in_effect,
+        shorter_ratio: shorter_in_effect.then_some(cfg.sched.preemption.shorter_ratio),
         defragment: cfg.sched.preemption.enabled && cfg.sched.preemption.defragment,
         setting: None,
         estimates: match cfg.estimates {

@@ -118,7 +118,7 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         ("makespan", format!("{:.0} s", r.makespan_s)),
         ("GPU utilisation", format!("{:.1}%", r.utilization * 100.0)),
         ("fragmentation while jobs wait", format!("{:.1}%", r.fragmentation * 100.0)),
-        ("Jain's fairness (tenants)", format!("{:.3}", r.jain_fairness)),
+        ("Jain's fairness (tenants)", done(format!("{:.3}", r.jain_fairness))),
         ("preemptions / restarts", format!("{} / {}", r.preemptions, r.restarts)),
         ("lost GPU-hours", format!("{:.1}", r.lost_gpu_hours)),
         (
@@ -144,15 +144,17 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         md,
         "## Tenants\n\n| tenant | jobs | avg JCT (s) | avg wait (s) | avg slowdown | GPU share |\n|---|---:|---:|---:|---:|---:|"
     );
+    // A row without completed jobs has no averages: "-".
+    let avg = |jobs: usize, v: f64, digits: usize| if jobs == 0 { "-".to_string() } else { format!("{v:.digits$}") };
     for t in &r.per_tenant {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.1}% |",
+            "| {} | {} | {} | {} | {} | {:.1}% |",
             t.tenant,
             t.jobs,
-            t.avg_jct_s,
-            t.avg_wait_s,
-            t.avg_bounded_slowdown,
+            avg(t.jobs, t.avg_jct_s, 0),
+            avg(t.jobs, t.avg_wait_s, 0),
+            avg(t.jobs, t.avg_bounded_slowdown, 2),
             t.gpu_share * 100.0
         );
     }
@@ -163,8 +165,13 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     for c in &r.by_size {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
-            c.class, c.jobs, c.avg_jct_s, c.avg_wait_s, c.p99_wait_s, c.avg_bounded_slowdown
+            "| {} | {} | {} | {} | {} | {} |",
+            c.class,
+            c.jobs,
+            avg(c.jobs, c.avg_jct_s, 0),
+            avg(c.jobs, c.avg_wait_s, 0),
+            avg(c.jobs, c.p99_wait_s, 0),
+            avg(c.jobs, c.avg_bounded_slowdown, 2)
         );
     }
     let p = dir.join("report.md");

@@ -417,6 +417,25 @@ fn a_job_that_never_fits_is_no_measure_of_fragmentation() {
     let waiting: Vec<(f64, usize, f64)> = r.series.iter().map(|s| (s.t_s, s.queued, s.fragmentation)).collect();
     assert_eq!(waiting, vec![(0.0, 2, 0.5), (100.0, 1, 0.0), (200.0, 1, 0.0)]);
     assert_eq!(r.fragmentation, 0.5);
+    // A job split into tasks of a node's size that still never fits (64 GPUs on one node of 4) is no measure either.
+    let r = jcts_by_id(&trace("a,0,100,2,t,\nwide,0,100,64,t,\n"), &one_node(4), &c);
+    assert_eq!((r.never_fit, r.fragmentation), (1, 0.0));
+}
+
+/// The run's fragmentation weighs each sample by the time it stands for: as a long run thins its samples and doubles
+/// their step, late samples stand for more (an average over samples taken counted the first hours most). One node
+/// of 4 GPUs: x (2 GPUs) for 192,000 s and y (1 GPU) for 10^7 s hold it while w (4 GPUs) waits: 1 GPU stranded (0.25)
+/// until x ends, then 3 (0.75) — 0.7404 over the time w waits.
+#[test]
+fn fragmentation_is_weighed_by_the_time_each_sample_stands_for() {
+    let mut rows = "x,0,192000,2,t\ny,0,10000000,1,t\n".to_string();
+    for k in 0..10 {
+        rows += &format!("k{k},0,1,1,t\n");
+    }
+    rows += "w,0,100,4,t\n";
+    let r = jcts_by_id(&csv(&rows), &one_node(4), &cfg(Policy::Fifo));
+    let expected = (0.25 * 192_000.0 + 0.75 * (10_000_000.0 - 192_000.0)) / 10_000_000.0;
+    assert!((r.fragmentation - expected).abs() < 0.01, "{} against {expected}", r.fragmentation);
 }
 
 /// `preemption = false`: the newcomer 50 times shorter waits for the long job instead of evicting it.

@@ -145,7 +145,15 @@ pub(crate) enum SimSub {
     },
 }
 
-fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec) -> Result<SimConfig> {
+/// `warnings`: what is given but does nothing, each a sentence (printed by the caller: once per text in `sim
+/// compare`, naming the policies it applies to).
+fn config(
+    o: &SimOpts,
+    policy: Policy,
+    recommended: bool,
+    cluster: &ClusterSpec,
+    warnings: &mut Vec<String>,
+) -> Result<SimConfig> {
     let borrowing = match o.borrowing.as_str() {
         "on" => true,
         "off" => false,
@@ -238,17 +246,15 @@ fn config(o: &SimOpts, policy: Policy, recommended: bool, cluster: &ClusterSpec)
     if let Some(n) = o.max_evictions {
         given.max_evictions = Some(n);
     }
-    for w in sched.ignored_knobs(&given) {
-        crate::say!("warning: {w}");
-    }
+    warnings.extend(sched.ignored_knobs(&given));
     // A probe given applies to learned estimates (and, under SRTF and SRGF, to none): with given ones it does nothing.
     let probe_given = o.probe_s.is_some_and(|s| s > 0) || given.probe.is_some_and(|p| p.0 > Dur::ZERO);
     if probe_given && o.estimates != "history" {
-        crate::say!(
-            "warning: the probe does nothing with --estimates {}: every job's run time is given (it applies to learned \
+        warnings.push(format!(
+            "the probe does nothing with --estimates {}: every job's run time is given (it applies to learned \
              estimates, --estimates history)",
             o.estimates
-        );
+        ));
     }
     match o.checkpoint_mins {
         Some(0) => bail!("invalid --checkpoint-mins 0: allowed is at least 1"),
@@ -362,7 +368,7 @@ const ROWS: [Row; 23] = [
     ("utilization (trace span)", |r| format!("{:.1}%", r.utilization_span * 100.0)),
     ("fragmentation", |r| format!("{:.1}%", r.fragmentation * 100.0)),
     ("makespan (s)", |r| format!("{:.0}", r.makespan_s)),
-    ("Jain fairness", |r| format!("{:.3}", r.jain_fairness)),
+    ("Jain fairness", |r| completed(r, format!("{:.3}", r.jain_fairness))),
     ("preemptions / restarts", |r| format!("{} / {}", r.preemptions, r.restarts)),
     ("lost GPU-hours", |r| format!("{:.1}", r.lost_gpu_hours)),
     ("lost to evictions (GPU-h)", |r| {
@@ -463,7 +469,12 @@ fn per_policy_path(p: &std::path::Path, policy: &str) -> PathBuf {
 /// The simulation's configuration for a policy named on the command line (`None`: the cluster file's, else FIFO):
 /// `auto` is the live default, `SchedConfig::recommended` (SRGF, backfill, eviction for jobs 8× shorter,
 /// defragmentation, a probe of 15 minutes), tuned by the cluster file's `[scheduler]` knobs as the server's file tunes it.
-fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -> Result<SimConfig> {
+fn named_config(
+    o: &SimOpts,
+    named: Option<PolicyName>,
+    cluster: &ClusterSpec,
+    warnings: &mut Vec<String>,
+) -> Result<SimConfig> {
     // Named on the command line, else by the cluster's `[scheduler] policy` (`auto` too), else FIFO.
     let named = named.or_else(|| cluster.scheduler.as_ref().and_then(|k| k.policy));
     let policy = match named {
@@ -471,7 +482,7 @@ fn named_config(o: &SimOpts, named: Option<PolicyName>, cluster: &ClusterSpec) -
         Some(PolicyName::Plain(p)) => p,
         None => Policy::Fifo,
     };
-    config(o, policy, named == Some(PolicyName::Recommended), cluster)
+    config(o, policy, named == Some(PolicyName::Recommended), cluster, warnings)
 }
 
 /// Runs `gpunet sim …`.
@@ -483,7 +494,11 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
             let named: Option<PolicyName> =
                 cmd.policy.as_deref().map(str::parse).transpose().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
             let named = named.or_else(|| cluster.scheduler.as_ref().and_then(|k| k.policy));
-            let cfg = named_config(&o, named, &cluster)?;
+            let mut warnings = Vec::new();
+            let cfg = named_config(&o, named, &cluster, &mut warnings)?;
+            for w in warnings {
+                crate::say!("warning: {w}");
+            }
             check_outputs(&o, &[])?;
             let mut bar = progress_bar(std::io::stderr().is_terminal() && o.output == "table");
             let mut r = simulate(&trace, &cluster, &cfg, &mut bar)?;
@@ -525,8 +540,22 @@ pub(crate) fn run(cmd: SimCmd) -> Result<()> {
                 bail!("invalid --policies: name at least one policy");
             }
             let (trace, cluster) = load(&o)?;
-            let cfgs: Vec<SimConfig> =
-                policies.iter().map(|p| named_config(&o, Some(*p), &cluster)).collect::<Result<_>>()?;
+            // Each warning once, naming the policies it applies to (it was printed once per policy, unnamed).
+            let mut said: Vec<(String, Vec<&str>)> = Vec::new();
+            let mut cfgs: Vec<SimConfig> = Vec::with_capacity(policies.len());
+            for (p, name) in policies.iter().zip(&names) {
+                let mut warnings = Vec::new();
+                cfgs.push(named_config(&o, Some(*p), &cluster, &mut warnings)?);
+                for w in warnings {
+                    match said.iter_mut().find(|(t, _)| *t == w) {
+                        Some((_, who)) => who.push(name),
+                        None => said.push((w, vec![name])),
+                    }
+                }
+            }
+            for (w, who) in said {
+                crate::say!("warning ({}): {w}", who.join(", "));
+            }
             check_outputs(&o, &names)?;
             let tty = std::io::stderr().is_terminal() && o.output == "table";
             let results: Vec<SimResult> = std::thread::scope(|s| {

@@ -402,10 +402,36 @@ fn sim_output_is_checked_first_and_said_plainly() {
         assert!(row(label).trim_end().ends_with("n/a"), "{label}: {table}");
     }
     assert!(row("avg wait by size").trim_end().ends_with("-|-|-|-"), "{table}");
+    assert!(row("Jain fairness").trim_end().ends_with("n/a"), "{table}");
+    let rep = dir.path().join("rep");
+    let out = gpunet(&["sim", "--trace", lone.to_str().unwrap(), "--cluster", c, "--report", rep.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let md = std::fs::read_to_string(rep.join("report.md")).unwrap();
+    for line in
+        ["| average bounded slowdown | n/a |", "| Jain's fairness (tenants) | n/a |", "| >8 | 0 | - | - | - | - |"]
+    {
+        assert!(md.contains(line), "{line}: {md}");
+    }
     // `auto` and a plain `srgf` told apart, in the table's heads and the JSON.
     let compare = |output: &str| {
         gpunet(&["sim", "compare", "--policies", "auto,srgf", "--trace", t, "--cluster", c, "--output", output])
     };
+    // A warning of several policies is said once, naming them (it was said once per policy, naming none).
+    let out = gpunet(&[
+        "sim",
+        "compare",
+        "--policies",
+        "fifo,las,srtf",
+        "--trace",
+        t,
+        "--cluster",
+        c,
+        "--max-evictions",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("max_evictions = 0").count(), 1, "{err}");
+    assert!(err.contains("warning (fifo, las, srtf): max_evictions = 0 allows no eviction at all"), "{err}");
     let out = compare("json");
     let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((&both[0]["setting"], both[1].get("setting")), (&serde_json::json!("auto"), None), "{both}");
