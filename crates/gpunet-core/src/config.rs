@@ -555,6 +555,16 @@ impl From<HumanDur> for String {
     }
 }
 
+/// A duration unit's name, for messages.
+fn unit_name(unit: &str) -> &'static str {
+    match unit {
+        "d" => "days",
+        "h" => "hours",
+        "m" => "minutes",
+        _ => "seconds",
+    }
+}
+
 impl FromStr for HumanDur {
     type Err = String;
     fn from_str(s: &str) -> Result<HumanDur, String> {
@@ -567,15 +577,20 @@ impl FromStr for HumanDur {
             let (frac, u) = unit.split_at(end);
             let x: f64 = format!("{num}{frac}").parse().unwrap_or(0.0);
             let smaller = match u {
-                "d" => Some((24.0, "h")),
-                "h" => Some((60.0, "m")),
-                "m" => Some((60.0, "s")),
-                "" | "s" => Some((1000.0, "ms")),
-                _ => None,
+                "d" => (24.0, "h"),
+                "h" => (60.0, "m"),
+                "m" => (60.0, "s"),
+                "" | "s" => (1000.0, "ms"),
+                "ms" => return Err(format!("{s:?} is not a whole number: ms is the smallest unit")),
+                _ => return Err(format!("{s:?} has an unknown unit; allowed are ms, s, m, h, d")),
             };
-            return Err(match smaller {
-                Some((k, v)) => format!("{s:?} is not a whole number: write e.g. \"{}{v}\"", (x * k).round() as u64),
-                None => format!("{s:?} is not a whole number: ms is the smallest unit"),
+            let (k, v) = smaller;
+            let n = (x * k).round();
+            // Only a whole number of that unit that is the same duration is suggested (not "0ms" for "0.0001s").
+            return Err(if (1.0..1e12).contains(&n) && (n - x * k).abs() < 1e-9 * n.max(1.0) {
+                format!("{s:?} is not a whole number: write e.g. \"{}{v}\"", n as u64)
+            } else {
+                format!("{s:?} is not a whole number of {}: write a whole number of a smaller unit", unit_name(u))
             });
         }
         let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration such as \"90s\" or \"10m\""))?;
@@ -983,6 +998,11 @@ mod tests {
             ("\"1.5s\"", "\"1.5s\" is not a whole number: write e.g. \"1500ms\""),
             ("\"2.25d\"", "\"2.25d\" is not a whole number: write e.g. \"54h\""),
             ("\"1.5ms\"", "\"1.5ms\" is not a whole number: ms is the smallest unit"),
+            ("\"1.5x\"", "\"1.5x\" has an unknown unit; allowed are ms, s, m, h, d"),
+            ("\"1.5min\"", "\"1.5min\" has an unknown unit"),
+            ("\"0.0001s\"", "\"0.0001s\" is not a whole number of seconds: write a whole number of a smaller unit"),
+            ("\"1.2345s\"", "\"1.2345s\" is not a whole number of seconds: write a whole number of a smaller unit"),
+            ("\"99999999999999999999.5d\"", "is not a whole number of days"),
             ("true", "expected a duration such as \"90s\""),
         ] {
             let m = e(v);

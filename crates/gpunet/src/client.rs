@@ -292,7 +292,7 @@ pub(crate) async fn wait_for_jobs(c: &Client, ids: &[u64]) -> Result<i32> {
             if states[i].is_none() {
                 let j: JobView = c.get(&format!("/v1/jobs/{id}")).await?;
                 if ENDED.contains(&j.state.as_str()) {
-                    eprintln!("job-{id} {}", j.state);
+                    crate::say!("job-{id} {}", j.state);
                     states[i] = Some(j.state);
                 }
             }

@@ -289,13 +289,16 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
 /// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`. Without either naming a
 /// policy, or with `--policy auto`, the recommended setting is used (`SchedConfig::recommended`); a policy named in
 /// the file or on the command line is used as named, preemptive for shorter jobs only if the file says so.
-/// Which of the server's scheduler flags were given on the command line ([`load_sched`]).
+/// The server's scheduler flags that bear on a `--sched-config` file ([`load_sched`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SchedFlagsGiven {
     /// `--preempt-min-run-s`.
     pub(crate) min_run_time: bool,
     /// `--restart-backoff-s`.
     pub(crate) restart_backoff: bool,
+    /// Backfill turned off (`--no-backfill`, or `backfill = false` in the server's file): it wins over the
+    /// `--sched-config` file, and the warnings are about the setting with it.
+    pub(crate) no_backfill: bool,
 }
 
 fn load_sched(
@@ -303,7 +306,7 @@ fn load_sched(
     file: Option<&std::path::Path>,
     policy: Option<&str>,
     flags: SchedFlagsGiven,
-) -> Result<()> {
+) -> Result<Vec<String>> {
     let knobs = match file {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("read --sched-config {}", p.display()))?;
@@ -382,13 +385,14 @@ fn load_sched(
         Some(PolicyName::Plain(p)) => cfg.sched.policy = p,
         None => {}
     }
+    if flags.no_backfill {
+        cfg.sched.backfill = false;
+    }
     // Checked again as the server will run it: the file was checked under its own policy (preemptive SJF at a ratio
     // of 1 passed as SRGF, then ran as SJF under `--policy sjf`).
     cfg.sched.validate().context("invalid scheduler settings (--policy with the --sched-config file)")?;
-    for w in cfg.sched.ignored_knobs(&given) {
-        tracing::warn!("scheduler: {w}");
-    }
-    Ok(())
+    // Said by the caller (the server's log at start), of the settings as they will run.
+    Ok(cfg.sched.ignored_knobs(&given).into_iter().map(|w| format!("scheduler: {w}")).collect())
 }
 
 fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatalogue> {
@@ -818,7 +822,9 @@ fn real_main() -> Result<()> {
             cfg.tls = Some(ca.server.clone());
             cfg.admin_token = Some(admin.clone());
             cfg.join_token = Some(join.clone());
-            load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), SchedFlagsGiven::default())?;
+            for w in load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), SchedFlagsGiven::default())? {
+                tracing::warn!("{w}");
+            }
             cfg.prices = load_prices(a.prices.as_deref())?;
             if let Some(sp) = &a.spot_pool {
                 let mut p = gpunet_server::pools::PoolConfig::parse_short("spot", sp)?;

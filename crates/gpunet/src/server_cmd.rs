@@ -37,7 +37,8 @@ pub(crate) struct ServerArgs {
     /// Scheduler knobs (TOML, a `[scheduler]` table: policy, backfill, preemptive, LAS thresholds, minimum run time,
     /// eviction rate limit, restart backoff, tick; see docs/scheduler.md). `--policy` and `--no-backfill` win over
     /// it; its minimum run time and restart backoff, when it sets them, apply over the defaults of
-    /// `--preempt-min-run-s` and `--restart-backoff-s` (set to other values there too, the server refuses to start).
+    /// `--preempt-min-run-s` and `--restart-backoff-s` (given on the command line at another value, even the
+    /// default, or set to another value in the server's file, the server refuses to start).
     #[arg(long, env = "GPUNET_SCHED_CONFIG")]
     sched_config: Option<PathBuf>,
     /// Turn EASY backfill off (file: `backfill = false`).
@@ -138,6 +139,7 @@ impl ServerArgs {
         f.flags_given = crate::SchedFlagsGiven {
             min_run_time: self.preempt_min_run_s.is_some(),
             restart_backoff: self.restart_backoff_s.is_some(),
+            no_backfill: false,
         };
         if !self.checkpoint_roots.is_empty() {
             f.checkpoint_roots.clone_from(&self.checkpoint_roots);
@@ -162,8 +164,9 @@ impl ServerArgs {
     }
 }
 
-/// Checks the merged settings into the server's configuration; errors name the flag (= the file's key).
-fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
+/// Checks the merged settings into the server's configuration; errors name the flag (= the file's key). With it, the
+/// warnings to log at start: scheduler knobs given that do nothing as the server will run.
+fn server_config(a: &ServerFile) -> Result<(gpunet_server::Config, Vec<String>)> {
     let mut cfg = gpunet_server::Config::new(a.data_dir.clone());
     cfg.listen = a.listen;
     cfg.admin_token.clone_from(&a.admin_token);
@@ -183,10 +186,25 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
         bail!("invalid --preempt-min-run-s {}: allowed is seconds >= 0", a.preempt_min_run_s);
     }
     cfg.sched.preemption.min_run_time = gpunet_core::Dur((a.preempt_min_run_s * 1000.0) as u64);
-    crate::load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), a.flags_given)?;
-    if !a.backfill {
-        cfg.sched.backfill = false;
+    // The scheduler's bounds, said of the flags (the check of the settings together names the file's keys).
+    let (max_backoff, max_min_run) = (gpunet_core::config::MAX_RESTART_BACKOFF, gpunet_core::config::MAX_MIN_RUN_TIME);
+    if cfg.sched.restart_backoff > max_backoff {
+        bail!(
+            "invalid --restart-backoff-s {}: allowed is at most {} (a day)",
+            a.restart_backoff_s,
+            max_backoff.0 / 1000
+        );
     }
+    if cfg.sched.preemption.min_run_time > max_min_run {
+        bail!(
+            "invalid --preempt-min-run-s {}: allowed is at most {} (a week; to evict nothing, --sched-config with \
+             preemption = false)",
+            a.preempt_min_run_s,
+            max_min_run.0 / 1000
+        );
+    }
+    let flags = crate::SchedFlagsGiven { no_backfill: !a.backfill, ..a.flags_given };
+    let warnings = crate::load_sched(&mut cfg, a.sched_config.as_deref(), a.policy.as_deref(), flags)?;
     for r in &a.checkpoint_roots {
         if !(r.starts_with("file:///") || r.starts_with("s3://")) || r.contains("..") {
             bail!("invalid --checkpoint-root {r:?}: allowed is file:///PATH or s3://BUCKET/PREFIX without '..'");
@@ -231,7 +249,7 @@ fn server_config(a: &ServerFile) -> Result<gpunet_server::Config> {
         address: None,
         reap: Some(crate::ops::local_reaper()),
     };
-    Ok(cfg)
+    Ok((cfg, warnings))
 }
 
 /// The lease of a replica on PostgreSQL, from the merged settings.
@@ -279,7 +297,10 @@ pub(crate) fn run(a: &ServerArgs, log_format: Option<LogFormat>) -> Result<()> {
     for w in &f.warnings {
         tracing::warn!("{w}");
     }
-    let cfg = server_config(&f)?;
+    let (cfg, sched_warnings) = server_config(&f)?;
+    for w in &sched_warnings {
+        tracing::warn!("{w}");
+    }
     let store_url = match &f.store {
         Some(s) => gpunet_store::StoreUrl::parse(s).context("invalid --store")?,
         None => gpunet_store::StoreUrl::Sqlite(f.data_dir.clone()),
@@ -394,7 +415,7 @@ mod tests {
             }
             argv.extend(args.iter().map(|a| a.to_string()));
             let crate::Cmd::Server(a) = crate::Cli::try_parse_from(argv).unwrap().cmd else { panic!() };
-            Ok(server_config(&a.merged()?)?.sched)
+            Ok(server_config(&a.merged()?)?.0.sched)
         };
         let shape = |c: &SchedConfig| (c.policy, c.backfill, c.preemption.shorter_first, c.preemption.shorter_ratio);
         let auto = (Policy::Srgf, true, true, 8);
@@ -453,6 +474,26 @@ mod tests {
         assert!(e.contains("min_run_time (600000 ms) disagrees with --preempt-min-run-s (60000 ms"), "{e}");
         let e = sched(&["--restart-backoff-s", "1"], Some("restart_backoff = \"20s\"\n")).unwrap_err().to_string();
         assert!(e.contains("restart_backoff (20000 ms) disagrees with --restart-backoff-s"), "{e}");
+        // The bounds are said of the flags when the flags set them.
+        let e = sched(&["--restart-backoff-s", "90000"], None).unwrap_err().to_string();
+        assert!(e.starts_with("invalid --restart-backoff-s 90000: allowed is at most 86400"), "{e}");
+        let e = sched(&["--preempt-min-run-s", "700000"], None).unwrap_err().to_string();
+        assert!(e.starts_with("invalid --preempt-min-run-s 700000: allowed is at most 604800"), "{e}");
+        // Warnings are of the settings as the server runs them: `--no-backfill` applied first (a probe under FIFO
+        // without backfill does nothing; the warning was missed when backfill went off after the check).
+        let warned = |args: &[&str], knobs: &str| {
+            let path = dir.path().join("warn.toml");
+            std::fs::write(&path, format!("[scheduler]\n{knobs}")).unwrap();
+            let mut argv = vec!["gpunet".to_string(), "server".into(), "--sched-config".into()];
+            argv.push(path.display().to_string());
+            argv.extend(args.iter().map(|a| a.to_string()));
+            let crate::Cmd::Server(a) = crate::Cli::try_parse_from(argv).unwrap().cmd else { panic!() };
+            let (c, w) = server_config(&a.merged().unwrap()).unwrap();
+            (c.sched.backfill, w)
+        };
+        let (backfill, w) = warned(&["--policy", "fifo", "--no-backfill"], "probe = \"15m\"\n");
+        assert!(!backfill && w.len() == 1 && w[0].starts_with("scheduler: probe does nothing under fifo"), "{w:?}");
+        assert_eq!(warned(&["--policy", "fifo"], "probe = \"15m\"\n").1, Vec::<String>::new(), "with backfill");
         // A flag given at its default disagrees as well (it was overridden by the file without a word); a file's
         // default (one `gpunet admin config` writes) is no flag given.
         let e = sched(&["--restart-backoff-s", "10"], Some("restart_backoff = \"30s\"\n")).unwrap_err().to_string();
@@ -491,7 +532,7 @@ mod tests {
         assert_eq!((f.policy.as_deref(), f.max_connections), (Some("las"), 9), "flags win");
         assert!(!f.backfill && f.node_fence_s == 5.0);
         assert_eq!(f.header_timeout_s, 10.0, "the default where neither says");
-        let cfg = server_config(&f).unwrap();
+        let (cfg, _) = server_config(&f).unwrap();
         assert_eq!(cfg.node_fence_after, std::time::Duration::from_secs(5));
         assert!(!cfg.sched.backfill);
     }

@@ -283,7 +283,7 @@ pub(crate) fn run(args: &SchedArgs) -> Result<SchedReport> {
         if debug {
             // One line per event: considered, started, backfilled, preempted, the event's µs, placement searches,
             // reservation releases, and of the event's time the pass's and the decisions' application's µs.
-            eprintln!(
+            crate::say!(
                 "{} {} {} {} {:.0} {} {} {:.0} {:.0}",
                 st.considered,
                 st.started,

@@ -258,7 +258,7 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
         let r: DryRun = c.post(&format!("/v1/jobs/dry-run{q}"), Some(body), "application/yaml").await?;
         // As a submission's: what the conversion of a Kubernetes Job left out or changed.
         for w in &r.warnings {
-            eprintln!("warning: {}", client::printable(w));
+            crate::say!("warning: {}", client::printable(w));
         }
         return emit(c.output, &r, |r, _| {
             let mut s = String::new();
@@ -278,7 +278,7 @@ pub(crate) async fn submit(a: &SubmitArgs) -> Result<()> {
     }
     let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
     for w in &r.warnings {
-        eprintln!("warning: {}", client::printable(w));
+        crate::say!("warning: {}", client::printable(w));
     }
     emit(c.output, &r, |r, _| format!("job-{} submitted ({})\n", r.id, r.state))
 }
@@ -644,7 +644,7 @@ pub(crate) async fn cancel(a: &CancelArgs) -> Result<()> {
             ids.retain(|i| listed.contains(i));
         }
         if ids.is_empty() {
-            eprintln!("no unfinished job matches");
+            crate::say!("no unfinished job matches");
             return Ok(());
         }
     } else if ids.is_empty() {
@@ -667,7 +667,7 @@ pub(crate) async fn cancel(a: &CancelArgs) -> Result<()> {
                 done.push(j);
             }
             Err(e) => {
-                eprintln!("error: cancel job-{id}: {e:#}");
+                crate::say!("error: cancel job-{id}: {e:#}");
                 failed += 1;
             }
         }
@@ -714,7 +714,7 @@ pub(crate) async fn hold(a: &HoldArgs, release: bool) -> Result<()> {
                 done.push(j);
             }
             Err(e) => {
-                eprintln!("error: {action} {t}: {e:#}");
+                crate::say!("error: {action} {t}: {e:#}");
                 failed += 1;
             }
         }

@@ -49,7 +49,7 @@ pub(crate) fn out_bytes(b: &[u8]) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: write to standard output: {e}");
+        crate::say!("error: write to standard output: {e}");
         std::process::exit(1);
     }
 }

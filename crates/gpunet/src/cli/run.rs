@@ -36,7 +36,7 @@ async fn until_started(c: &Client, id: u64) -> Result<Waited> {
             return Ok(Waited::Job(Box::new(j)));
         }
         if said != j.state {
-            eprintln!("job-{id} {} (gpunet why {id} says why)", j.state);
+            crate::say!("job-{id} {} (gpunet why {id} says why)", j.state);
             said = j.state.clone();
         }
         tokio::select! {
@@ -48,9 +48,9 @@ async fn until_started(c: &Client, id: u64) -> Result<Waited> {
 
 /// Cancels the job after Ctrl-C and says so.
 async fn cancel(c: &Client, id: u64) {
-    eprintln!("interrupted: cancelling job-{id}");
+    crate::say!("interrupted: cancelling job-{id}");
     if let Err(e) = c.post::<JobView>(&format!("/v1/jobs/{id}/cancel"), None, "").await {
-        eprintln!("error: cancel job-{id}: {e:#}");
+        crate::say!("error: cancel job-{id}: {e:#}");
     }
 }
 
@@ -98,10 +98,10 @@ pub(crate) async fn run(a: &RunArgs) -> Result<i32> {
     // With an idempotency key, as `gpunet submit`'s: retried through a failover, it never makes a second job.
     let r: Submitted = c.submit(&format!("/v1/jobs{q}"), body, "application/yaml").await?;
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        crate::say!("warning: {w}");
     }
     let id = r.id;
-    eprintln!("job-{id} submitted");
+    crate::say!("job-{id} submitted");
     let j = match until_started(&c, id).await? {
         Waited::Job(j) => *j,
         Waited::Interrupted => {
@@ -111,7 +111,7 @@ pub(crate) async fn run(a: &RunArgs) -> Result<i32> {
     };
     if j.state == "running" {
         let nodes: Vec<String> = j.placement.iter().map(|t| format!("{}:{:?}", t.node, t.gpus)).collect();
-        eprintln!("job-{id} running on {}", nodes.join(" "));
+        crate::say!("job-{id} running on {}", nodes.join(" "));
     }
     let tasks = j.tasks.max(1);
     let c = std::sync::Arc::new(c);
@@ -144,7 +144,7 @@ pub(crate) async fn run(a: &RunArgs) -> Result<i32> {
         let code = client::wait_for_jobs(&c, &[id]).await?;
         return Ok(if interrupted { INTERRUPTED } else { code });
     }
-    eprintln!("job-{id} {}", j.state);
+    crate::say!("job-{id} {}", j.state);
     if interrupted {
         return Ok(INTERRUPTED);
     }
