@@ -70,6 +70,13 @@ impl App {
         v["token"].as_str().unwrap().to_string()
     }
 
+    /// Submits `body` with `token`, which must be accepted; returns the job's id.
+    async fn submit(&self, token: &str, body: &str) -> u64 {
+        let (s, v) = self.call("POST", "/v1/jobs", Some(token), Some(body.into())).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        v["id"].as_u64().unwrap()
+    }
+
     /// Registers a node with the join token; returns the node's own credential.
     async fn node(&self, name: &str, gpus: usize) -> String {
         self.node_with(name, gpus, "join").await
@@ -428,18 +435,10 @@ async fn portal_apis_queue_in_policy_order_and_mask_other_tenants() {
     let (s, v) = app.call("GET", "/v1/whoami", Some("join"), None).await;
     assert_eq!((s, err(&v).0), (StatusCode::FORBIDDEN, "forbidden"));
 
-    let submit = |tok: String, body: &'static str| {
-        let app = &app;
-        async move {
-            let (s, v) = app.call("POST", "/v1/jobs", Some(&tok), Some(body.into())).await;
-            assert_eq!(s, StatusCode::CREATED, "{v}");
-            v["id"].as_u64().unwrap()
-        }
-    };
-    let holder = submit(a.clone(), r#"{"name": "hold", "gpus": 2, "estimated_duration": "10m"}"#).await;
+    let holder = app.submit(&a, r#"{"name": "hold", "gpus": 2, "estimated_duration": "10m"}"#).await;
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let first = submit(a.clone(), r#"{"name": "a-next", "gpus": 1, "estimated_duration": "1h"}"#).await;
-    let second = submit(b.clone(), r#"{"name": "b-next", "gpus": 1, "estimated_duration": "1m"}"#).await;
+    let first = app.submit(&a, r#"{"name": "a-next", "gpus": 1, "estimated_duration": "1h"}"#).await;
+    let second = app.submit(&b, r#"{"name": "b-next", "gpus": 1, "estimated_duration": "1m"}"#).await;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
 
     // The admin's view has the tenants' submissions from the next build on (a read waits only for its own token's).
@@ -497,18 +496,10 @@ async fn a_blocked_head_of_another_tenant_is_named_to_the_admin_only_and_no_tena
     let a = app.tenant("team-a", None).await;
     let b = app.tenant("team-b", None).await;
     app.node("n1", 4).await;
-    let submit = |tok: String, body: &'static str| {
-        let app = &app;
-        async move {
-            let (s, v) = app.call("POST", "/v1/jobs", Some(&tok), Some(body.into())).await;
-            assert_eq!(s, StatusCode::CREATED, "{v}");
-            v["id"].as_u64().unwrap()
-        }
-    };
-    let holder = submit(a.clone(), r#"{"name": "hold", "gpus": 2, "estimated_duration": "1h"}"#).await;
+    let holder = app.submit(&a, r#"{"name": "hold", "gpus": 2, "estimated_duration": "1h"}"#).await;
     wait_state(&app, holder, "running").await;
-    let head = submit(a.clone(), r#"{"name": "wide", "gpus": 4, "estimated_duration": "1h"}"#).await;
-    let behind = submit(b.clone(), r#"{"name": "narrow", "gpus": 1, "estimated_duration": "1m"}"#).await;
+    let head = app.submit(&a, r#"{"name": "wide", "gpus": 4, "estimated_duration": "1h"}"#).await;
+    let behind = app.submit(&b, r#"{"name": "narrow", "gpus": 1, "estimated_duration": "1m"}"#).await;
     let why = |tok: String| {
         let app = &app;
         async move {
@@ -1267,8 +1258,24 @@ async fn time_not_running_counts_attempts_from_before_a_restart() {
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     let (s, v) = app.sync("n1", &cred, exited(0, 1)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    // A restart of the server between the two attempts.
+    // A restart of the server between the two attempts. The old server's tasks go on in this runtime after its router
+    // is dropped: it is let restart the job first, so that it writes none of it while the new one restores from the
+    // same store (two servers never share one; under load the job changed state between the restore's two passes and
+    // was restored by neither: "find dependency job-1: no such job").
     drop(app);
+    {
+        use gpunet_store::Store;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let page = store.jobs_page(None, 10).unwrap();
+            let doc: Value = serde_json::from_str(&page[0].1).unwrap();
+            if doc["job"]["state"] == "running" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the old server restarts the job: {doc}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
     let app = App::with_config(Path::new("/nonexistent"), store.clone(), "admin", "join", fast);
     let dep = format!(r#"{{"name": "d", "gpus": 1, "dependency": "afternotok:{id}"}}"#);
     let (s, v) = app.call("POST", "/v1/jobs", Some(&a), Some(dep)).await;
