@@ -388,6 +388,13 @@ impl SchedConfig {
         Dur(self.restart_backoff.0.saturating_mul(1 << n.saturating_sub(1).min(5)))
     }
 
+    /// Whether a running job may be evicted for a much shorter one: preemption on, `preemptive`, and a policy with
+    /// a key of remaining work (SJF, SRTF, SRGF).
+    pub fn evicts_for_shorter(&self) -> bool {
+        let pre = &self.preemption;
+        pre.enabled && pre.shorter_first && matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf)
+    }
+
     /// Knobs `given` sets (a file's, with the flags given laid over them) to something that has no effect with the
     /// rest of this configuration, each said as a sentence (a server logs them as warnings at start, the simulator
     /// prints them): the configuration is valid, but it is probably not what was meant. What a policy sets by itself
@@ -403,15 +410,13 @@ impl SchedConfig {
                     out.push(format!("{knob} = true does nothing with preemption = false (no job is evicted)"));
                 }
             }
-        } else if preemptive && !matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf) {
+        } else if preemptive && !self.evicts_for_shorter() {
             out.push(format!(
                 "preemptive = true does nothing under {}: only sjf, srtf and srgf evict for shorter jobs",
                 self.policy
             ));
         }
-        let shorter_in_effect =
-            pre.enabled && pre.shorter_first && matches!(self.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf);
-        if given.shorter_ratio.is_some() && !shorter_in_effect {
+        if given.shorter_ratio.is_some() && !self.evicts_for_shorter() {
             out.push(format!(
                 "shorter_ratio does nothing here: no job is evicted for a shorter one under {} (that takes \
                  preemption, preemptive = true and sjf, srtf or srgf)",

@@ -740,10 +740,15 @@ impl Engine<'_> {
         let queued = self.st.queued_count();
         // The smallest waiting task some ready node could hold: a job no node could ever hold would count every free
         // GPU as stranded (one such job made an idle cluster 100% fragmented).
-        let largest = self.st.nodes().filter(|n| n.state == NodeState::Ready).map(|n| n.spec.gpus.len() as u32).max();
-        let smallest = self.queued_sizes.keys().copied().find(|k| largest.is_some_and(|l| *k <= l));
+        let smallest = if queued == 0 {
+            None
+        } else {
+            let largest =
+                self.st.nodes().filter(|n| n.state == NodeState::Ready).map(|n| n.spec.gpus.len() as u32).max();
+            self.queued_sizes.keys().copied().find(|k| largest.is_some_and(|l| *k <= l))
+        };
         let frag = match smallest {
-            Some(min) if queued > 0 && min > 0 => {
+            Some(min) if min > 0 => {
                 let stranded: u64 = self
                     .st
                     .nodes()
@@ -758,7 +763,7 @@ impl Engine<'_> {
         };
         // The run's figure is over the samples where a job some node could hold waits, each weighed by the time it
         // stands for (all of them, thinned from the series or not: as the step doubles, a sample stands for more).
-        if queued > 0 && smallest.is_some() {
+        if smallest.is_some() {
             self.frag_sum += frag * step as f64;
             self.frag_weight += step as f64;
         }
@@ -874,7 +879,7 @@ pub fn simulate(
     let pre = &cfg.sched.preemption;
     let needs_tick = matches!(cfg.sched.policy, Policy::Las | Policy::FairShare)
         || (pre.enabled && (cfg.borrowing || order.iter().any(|i| trace.jobs[*i].priority != 0)))
-        || (pre.enabled && pre.shorter_first && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf));
+        || cfg.sched.evicts_for_shorter();
     let t0 = order.first().map_or(0, |i| ms(trace.jobs[*i].submit_s));
     let mut e = Engine {
         cfg,
@@ -1251,9 +1256,7 @@ pub fn simulate(
     let gpu_hours_used = e.alloc_area / 3_600_000.0;
     let eviction_lost_gpu_hours = e.evict_lost_gpu_ms / 3_600_000.0;
     let latency = crate::metrics::latency(&rows, &names);
-    let shorter_in_effect = cfg.sched.preemption.enabled
-        && cfg.sched.preemption.shorter_first
-        && matches!(cfg.sched.policy, Policy::Sjf | Policy::Srtf | Policy::Srgf);
+    let shorter_in_effect = cfg.sched.evicts_for_shorter();
     let mut r = SimResult {
         policy: cfg.sched.policy.name().to_string(),
         backfill: cfg.sched.backfill,

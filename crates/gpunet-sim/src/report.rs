@@ -65,6 +65,25 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// A figure averaged over the completed jobs (JCT, waits, slowdown, Jain's index), or "n/a" when none completed (a
+/// slowdown of 0.00, below the metric's floor of 1, was printed): for the table and the report.
+pub fn over_completed(r: &SimResult, figure: String) -> String {
+    if r.completed == 0 {
+        "n/a".into()
+    } else {
+        figure
+    }
+}
+
+/// A tenant's or size class's average over its `jobs` completed jobs with `digits` decimals, or "-" without any.
+pub fn row_avg(jobs: usize, v: f64, digits: usize) -> String {
+    if jobs == 0 {
+        "-".into()
+    } else {
+        format!("{v:.digits$}")
+    }
+}
+
 /// Writes `report.md`, `utilization.svg`, `queue.svg` and `jct_cdf.svg` into `dir`; `title` names the run.
 pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimError> {
     std::fs::create_dir_all(dir).map_err(|e| SimError::io_write(dir, e))?;
@@ -90,8 +109,7 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
     let mut md = String::new();
     let _ = writeln!(md, "# gpunet simulation: {title}\n");
     let _ = writeln!(md, "| metric | value |\n|---|---|");
-    // Averages over completed jobs: none completed, none to give.
-    let done = |figure: String| if r.completed == 0 { "n/a".to_string() } else { figure };
+    let done = |figure: String| over_completed(r, figure);
     let rows: [(&str, String); 22] = [
         (
             "policy",
@@ -144,17 +162,15 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
         md,
         "## Tenants\n\n| tenant | jobs | avg JCT (s) | avg wait (s) | avg slowdown | GPU share |\n|---|---:|---:|---:|---:|---:|"
     );
-    // A row without completed jobs has no averages: "-".
-    let avg = |jobs: usize, v: f64, digits: usize| if jobs == 0 { "-".to_string() } else { format!("{v:.digits$}") };
     for t in &r.per_tenant {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {:.1}% |",
             t.tenant,
             t.jobs,
-            avg(t.jobs, t.avg_jct_s, 0),
-            avg(t.jobs, t.avg_wait_s, 0),
-            avg(t.jobs, t.avg_bounded_slowdown, 2),
+            row_avg(t.jobs, t.avg_jct_s, 0),
+            row_avg(t.jobs, t.avg_wait_s, 0),
+            row_avg(t.jobs, t.avg_bounded_slowdown, 2),
             t.gpu_share * 100.0
         );
     }
@@ -168,10 +184,10 @@ pub fn write_report(dir: &Path, title: &str, r: &SimResult) -> Result<(), SimErr
             "| {} | {} | {} | {} | {} | {} |",
             c.class,
             c.jobs,
-            avg(c.jobs, c.avg_jct_s, 0),
-            avg(c.jobs, c.avg_wait_s, 0),
-            avg(c.jobs, c.p99_wait_s, 0),
-            avg(c.jobs, c.avg_bounded_slowdown, 2)
+            row_avg(c.jobs, c.avg_jct_s, 0),
+            row_avg(c.jobs, c.avg_wait_s, 0),
+            row_avg(c.jobs, c.p99_wait_s, 0),
+            row_avg(c.jobs, c.avg_bounded_slowdown, 2)
         );
     }
     let p = dir.join("report.md");

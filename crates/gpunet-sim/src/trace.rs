@@ -338,27 +338,10 @@ pub fn read_trace_from(reader: impl Read, name: &str, opts: ReadOptions) -> Resu
         }
         let row = Row { file: name, line, rec: &rec, cols: &cols };
         let parsed = match format {
-            // Ids name jobs for dependencies and in `--jobs-out`: two rows of one id could not be told apart (a
-            // dependency named the later one).
-            TraceFormat::Gpunet => parse_gpunet(&row).and_then(|j| match seen_ids.get(j.id.as_str()) {
-                Some(first) => Err(SimError::Csv {
-                    file: name.into(),
-                    line,
-                    reason: format!("duplicate id {:?} (first at line {first}): ids name one job each", j.id),
-                }),
-                None => {
-                    // A dependency names earlier rows' ids (a typo was found only in the replay, without its line).
-                    let unknown = j.dependency.iter().flat_map(|(_, ids)| ids).find(|d| !seen_ids.contains_key(*d));
-                    if let Some(d) = unknown {
-                        return Err(SimError::Csv {
-                            file: name.into(),
-                            line,
-                            reason: format!("dependency names {d:?}, the id of no earlier row"),
-                        });
-                    }
-                    seen_ids.insert(j.id.clone(), line);
-                    Ok(Some(j))
-                }
+            TraceFormat::Gpunet => parse_gpunet(&row).and_then(|j| {
+                check_ids(&j, &seen_ids).map_err(|reason| SimError::Csv { file: name.into(), line, reason })?;
+                seen_ids.insert(j.id.clone(), line);
+                Ok(Some(j))
             }),
             TraceFormat::Philly => parse_philly(&row).map(|(j, t)| {
                 philly_times.push(t);
@@ -385,6 +368,19 @@ pub fn read_trace_from(reader: impl Read, name: &str, opts: ReadOptions) -> Resu
         }
     }
     Ok(trace)
+}
+
+/// A gpunet-format row's id against the earlier rows' (`seen`: id → line): ids name jobs for dependencies and in
+/// `--jobs-out`, so two rows of one id could not be told apart (a dependency named the later one); and its
+/// dependencies name earlier rows (a typo was found only in the replay, without its line).
+fn check_ids(j: &TraceJob, seen: &std::collections::HashMap<String, u64>) -> Result<(), String> {
+    if let Some(first) = seen.get(j.id.as_str()) {
+        return Err(format!("duplicate id {:?} (first at line {first}): ids name one job each", j.id));
+    }
+    match j.dependency.iter().flat_map(|(_, ids)| ids).find(|d| !seen.contains_key(*d)) {
+        Some(d) => Err(format!("dependency names {d:?}, the id of no earlier row")),
+        None => Ok(()),
+    }
 }
 
 fn parse_gpunet(r: &Row<'_>) -> Result<TraceJob, SimError> {

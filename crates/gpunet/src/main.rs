@@ -285,10 +285,6 @@ fn real_gpus() -> Result<Vec<gpunet_agent::gpus::DiscoveredGpu>> {
     }
 }
 
-/// The price catalogue of `--prices FILE`, or the shipped one.
-/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy`. Without either naming a
-/// policy, or with `--policy auto`, the recommended setting is used (`SchedConfig::recommended`); a policy named in
-/// the file or on the command line is used as named, preemptive for shorter jobs only if the file says so.
 /// The server's scheduler flags that bear on a `--sched-config` file ([`load_sched`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SchedFlagsGiven {
@@ -301,6 +297,10 @@ pub(crate) struct SchedFlagsGiven {
     pub(crate) no_backfill: bool,
 }
 
+/// Applies a `--sched-config` file to the server's settings, then an explicit `--policy` and `flags`. Without either
+/// naming a policy, or with `--policy auto`, the recommended setting is used (`SchedConfig::recommended`); a policy
+/// named in the file or on the command line is used as named, preemptive for shorter jobs only if the file says so.
+/// Returns the warnings to log: knobs given that do nothing as the server will run.
 fn load_sched(
     cfg: &mut gpunet_server::Config,
     file: Option<&std::path::Path>,
@@ -395,6 +395,7 @@ fn load_sched(
     Ok(cfg.sched.ignored_knobs(&given).into_iter().map(|w| format!("scheduler: {w}")).collect())
 }
 
+/// The price catalogue of `--prices FILE`, or the shipped one.
 fn load_prices(path: Option<&std::path::Path>) -> Result<gpunet_core::PriceCatalogue> {
     let Some(p) = path else { return Ok(gpunet_core::PriceCatalogue::shipped()) };
     let text = std::fs::read_to_string(p).with_context(|| format!("read --prices {}", p.display()))?;
@@ -743,8 +744,6 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-/// Errors end the process with their causes on one line and status 1, never with a backtrace (even where
-/// `RUST_BACKTRACE` is set: they are for people, not developers).
 /// `eprintln!` that never panics: standard error closed early (`gpunet sim … 2>&1 | head -1`) made the process
 /// panic and exit 101 instead of 1.
 macro_rules! say {
@@ -755,6 +754,8 @@ macro_rules! say {
 }
 pub(crate) use say;
 
+/// Errors end the process with their causes on one line and status 1, never with a backtrace (even where
+/// `RUST_BACKTRACE` is set: they are for people, not developers).
 fn main() {
     if let Err(e) = real_main() {
         say!("error: {e:#}");

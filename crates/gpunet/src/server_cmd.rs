@@ -406,7 +406,8 @@ mod tests {
     fn the_recommended_setting_is_the_default_and_a_named_policy_is_used_as_named() {
         use gpunet_core::{Policy, SchedConfig};
         let dir = tempfile::tempdir().unwrap();
-        let sched = |args: &[&str], knobs: Option<&str>| -> anyhow::Result<SchedConfig> {
+        // The scheduler settings a server started so would run, and the warnings it would log.
+        let warned = |args: &[&str], knobs: Option<&str>| -> anyhow::Result<(SchedConfig, Vec<String>)> {
             let mut argv = vec!["gpunet".to_string(), "server".into()];
             if let Some(k) = knobs {
                 let path = dir.path().join("sched.toml");
@@ -415,8 +416,10 @@ mod tests {
             }
             argv.extend(args.iter().map(|a| a.to_string()));
             let crate::Cmd::Server(a) = crate::Cli::try_parse_from(argv).unwrap().cmd else { panic!() };
-            Ok(server_config(&a.merged()?)?.0.sched)
+            let (cfg, warnings) = server_config(&a.merged()?)?;
+            Ok((cfg.sched, warnings))
         };
+        let sched = |args: &[&str], knobs: Option<&str>| warned(args, knobs).map(|(c, _)| c);
         let shape = |c: &SchedConfig| (c.policy, c.backfill, c.preemption.shorter_first, c.preemption.shorter_ratio);
         let auto = (Policy::Srgf, true, true, 8);
         assert_eq!(shape(&sched(&[], None).unwrap()), auto);
@@ -481,19 +484,9 @@ mod tests {
         assert!(e.starts_with("invalid --preempt-min-run-s 700000: allowed is at most 604800"), "{e}");
         // Warnings are of the settings as the server runs them: `--no-backfill` applied first (a probe under FIFO
         // without backfill does nothing; the warning was missed when backfill went off after the check).
-        let warned = |args: &[&str], knobs: &str| {
-            let path = dir.path().join("warn.toml");
-            std::fs::write(&path, format!("[scheduler]\n{knobs}")).unwrap();
-            let mut argv = vec!["gpunet".to_string(), "server".into(), "--sched-config".into()];
-            argv.push(path.display().to_string());
-            argv.extend(args.iter().map(|a| a.to_string()));
-            let crate::Cmd::Server(a) = crate::Cli::try_parse_from(argv).unwrap().cmd else { panic!() };
-            let (c, w) = server_config(&a.merged().unwrap()).unwrap();
-            (c.sched.backfill, w)
-        };
-        let (backfill, w) = warned(&["--policy", "fifo", "--no-backfill"], "probe = \"15m\"\n");
-        assert!(!backfill && w.len() == 1 && w[0].starts_with("scheduler: probe does nothing under fifo"), "{w:?}");
-        assert_eq!(warned(&["--policy", "fifo"], "probe = \"15m\"\n").1, Vec::<String>::new(), "with backfill");
+        let (c, w) = warned(&["--policy", "fifo", "--no-backfill"], Some("probe = \"15m\"\n")).unwrap();
+        assert!(!c.backfill && w.len() == 1 && w[0].starts_with("scheduler: probe does nothing under fifo"), "{w:?}");
+        assert_eq!(warned(&["--policy", "fifo"], Some("probe = \"15m\"\n")).unwrap().1, Vec::<String>::new());
         // A flag given at its default disagrees as well (it was overridden by the file without a word); a file's
         // default (one `gpunet admin config` writes) is no flag given.
         let e = sched(&["--restart-backoff-s", "10"], Some("restart_backoff = \"30s\"\n")).unwrap_err().to_string();

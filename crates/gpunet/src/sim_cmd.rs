@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use gpunet_core::config::PolicyName;
 use gpunet_core::{Dur, Policy};
+use gpunet_sim::report::{over_completed, row_avg};
 use gpunet_sim::{read_trace, report, simulate, ClusterSpec, ReadOptions, SimConfig, SimResult, Trace};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -335,40 +336,29 @@ fn progress_bar(enabled: bool) -> impl FnMut(usize, usize) {
     }
 }
 
-/// A figure averaged over the completed jobs, or "n/a" when none completed (a slowdown of 0.00 read as a figure).
-fn completed(r: &SimResult, figure: String) -> String {
-    if r.completed == 0 {
-        "n/a".into()
-    } else {
-        figure
-    }
-}
-
 /// A table row: its label and how to print it.
 type Row = (&'static str, fn(&SimResult) -> String);
 
 const ROWS: [Row; 23] = [
     ("jobs", |r| r.jobs.to_string()),
     ("completed / unfinished", |r| format!("{} / {}", r.completed, r.unfinished)),
-    ("avg JCT (s)", |r| completed(r, format!("{:.0}", r.avg_jct_s))),
-    ("median JCT (s)", |r| completed(r, format!("{:.0}", r.median_jct_s))),
-    ("p95 JCT (s)", |r| completed(r, format!("{:.0}", r.p95_jct_s))),
-    ("p99 JCT (s)", |r| completed(r, format!("{:.0}", r.p99_jct_s))),
-    ("avg wait, all not running (s)", |r| completed(r, format!("{:.0}", r.avg_wait_s))),
-    ("p50 / p99 wait (s)", |r| completed(r, format!("{:.0} / {:.0}", r.median_wait_s, r.p99_wait_s))),
-    ("avg to first start (s)", |r| completed(r, format!("{:.0}", r.avg_first_start_s))),
-    ("p99 to first start (s)", |r| completed(r, format!("{:.0}", r.p99_first_start_s))),
-    ("avg bounded slowdown", |r| completed(r, format!("{:.2}", r.avg_bounded_slowdown))),
+    ("avg JCT (s)", |r| over_completed(r, format!("{:.0}", r.avg_jct_s))),
+    ("median JCT (s)", |r| over_completed(r, format!("{:.0}", r.median_jct_s))),
+    ("p95 JCT (s)", |r| over_completed(r, format!("{:.0}", r.p95_jct_s))),
+    ("p99 JCT (s)", |r| over_completed(r, format!("{:.0}", r.p99_jct_s))),
+    ("avg wait, all not running (s)", |r| over_completed(r, format!("{:.0}", r.avg_wait_s))),
+    ("p50 / p99 wait (s)", |r| over_completed(r, format!("{:.0} / {:.0}", r.median_wait_s, r.p99_wait_s))),
+    ("avg to first start (s)", |r| over_completed(r, format!("{:.0}", r.avg_first_start_s))),
+    ("p99 to first start (s)", |r| over_completed(r, format!("{:.0}", r.p99_first_start_s))),
+    ("avg bounded slowdown", |r| over_completed(r, format!("{:.2}", r.avg_bounded_slowdown))),
     ("avg wait by size 1|2-4|5-8|>8 (s)", |r| {
-        // A class without completed jobs has no average: "-".
-        let wait = |c: &gpunet_sim::SizeResult| if c.jobs == 0 { "-".into() } else { format!("{:.0}", c.avg_wait_s) };
-        r.by_size.iter().map(wait).collect::<Vec<_>>().join("|")
+        r.by_size.iter().map(|c| row_avg(c.jobs, c.avg_wait_s, 0)).collect::<Vec<_>>().join("|")
     }),
     ("utilization (to last end)", |r| format!("{:.1}%", r.utilization * 100.0)),
     ("utilization (trace span)", |r| format!("{:.1}%", r.utilization_span * 100.0)),
     ("fragmentation", |r| format!("{:.1}%", r.fragmentation * 100.0)),
     ("makespan (s)", |r| format!("{:.0}", r.makespan_s)),
-    ("Jain fairness", |r| completed(r, format!("{:.3}", r.jain_fairness))),
+    ("Jain fairness", |r| over_completed(r, format!("{:.3}", r.jain_fairness))),
     ("preemptions / restarts", |r| format!("{} / {}", r.preemptions, r.restarts)),
     ("lost GPU-hours", |r| format!("{:.1}", r.lost_gpu_hours)),
     ("lost to evictions (GPU-h)", |r| {

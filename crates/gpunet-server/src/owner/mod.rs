@@ -715,7 +715,6 @@ impl Owner {
             restarts: j.restarts,
             preemptions: j.preemptions,
             losses: j.losses,
-            // Stored with the job; for one ended before it was, its attempts' records (the newest of them).
             // Stored; seeded at start from the attempts' records for a document older than it (lib.rs `restore_job`),
             // so never below their sum.
             held_ms: d.more().held_ms,
